@@ -1,0 +1,165 @@
+package controls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// Call is one delegate call a control asks for.
+type Call struct {
+	// Delegate is the registry name of the delegate.
+	Delegate string
+	// Brief is the brief exactly as it must be sent.
+	Brief string
+	// Attempt is the run-wide attempt number, starting at 1.
+	Attempt int32
+}
+
+// Delegates is how a control reaches delegates.
+type Delegates interface {
+	// Call sends one attempt. A failure is returned as a *CallError, or as the
+	// context's error when ctx ended.
+	Call(ctx context.Context, c Call) (*stubbornv1.Result, error)
+	// Info describes a delegate from the registry.
+	Info(name string) DelegateInfo
+	// Serving reports whether the delegate's health check says it serves.
+	// Implementations answer true when they cannot tell.
+	Serving(ctx context.Context, name string) bool
+}
+
+// DelegateInfo is what the registry declares about a delegate.
+type DelegateInfo struct {
+	// Idempotent says a repeated call has no further side effect.
+	Idempotent bool
+	// ReadOnly says a call has no side effect at all.
+	ReadOnly bool
+}
+
+// CallError is a failed delegate call, already classified by the delegates
+// layer.
+type CallError struct {
+	// Code is the gRPC status code of the failure.
+	Code codes.Code
+	// Message is the status message.
+	Message string
+	// HTTPStatus is the upstream HTTP status the delegate attached, or 0.
+	HTTPStatus int
+	// RetryHint is the wait the delegate asked for; valid when HasHint.
+	RetryHint time.Duration
+	// HasHint says the delegate sent a RetryInfo or a pushback.
+	HasHint bool
+	// NotSent says the call provably never reached the delegate (for
+	// example, connection refused), so retrying it is safe whatever the
+	// delegate's idempotency.
+	NotSent bool
+	// Refused says Stubborn's own middleware refused the call; it is never
+	// retried.
+	Refused bool
+}
+
+func (e *CallError) Error() string {
+	if e.Message == "" {
+		return e.Code.String()
+	}
+	return e.Message
+}
+
+// Message returns the text the reference contracts call e.message: the
+// status message of a *CallError, or err.Error() otherwise.
+func Message(err error) string {
+	var ce *CallError
+	if errors.As(err, &ce) {
+		return ce.Message
+	}
+	return err.Error()
+}
+
+// Verdict is what failure criteria decided about a result.
+type Verdict struct {
+	// Failed says the result counts as a failure.
+	Failed bool
+	// Reason says why, when Failed.
+	Reason string
+	// Note carries extra words for the event, such as a judge's unreadable
+	// answer that was accepted (fail open).
+	Note string
+}
+
+// Criteria judges a delegate's result. A nil Criteria accepts every result.
+type Criteria interface {
+	// Check judges r. An error means the judging itself failed; the attempt
+	// then fails with that error as its reason.
+	Check(ctx context.Context, attempt int32, delegate string, r *stubbornv1.Result) (Verdict, error)
+}
+
+// Clock tells time and waits. Tests use a fake one.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// Sleep waits for d, or returns ctx.Err() as soon as ctx is done.
+	Sleep(ctx context.Context, d time.Duration) error
+}
+
+// RealClock is the wall clock.
+type RealClock struct{}
+
+// Now returns time.Now().
+func (RealClock) Now() time.Time { return time.Now() }
+
+// Sleep waits for d or until ctx is done, with one timer and no goroutine.
+func (RealClock) Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Env is everything a control needs from outside.
+type Env struct {
+	// Delegates reaches delegates by name. Required.
+	Delegates Delegates
+	// Tracker keeps the run's state and emits its events. Required.
+	Tracker *Tracker
+	// Clock defaults to RealClock.
+	Clock Clock
+	// Rand draws backoff jitter. Nil means a randomly seeded source.
+	Rand *rand.Rand
+	// Criteria judges results. Nil means only errors are failures.
+	Criteria Criteria
+}
+
+func (e *Env) clock() Clock {
+	if e.Clock == nil {
+		return RealClock{}
+	}
+	return e.Clock
+}
+
+// check applies the criteria to a result.
+func (e *Env) check(ctx context.Context, attempt int32, delegate string, r *stubbornv1.Result) (Verdict, error) {
+	if e.Criteria == nil {
+		return Verdict{}, nil
+	}
+	return e.Criteria.Check(ctx, attempt, delegate, r)
+}
+
+// ErrInvalidSpec reports a control spec that cannot run.
+var ErrInvalidSpec = errors.New("invalid control spec")
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidSpec, fmt.Sprintf(format, args...))
+}
