@@ -140,6 +140,9 @@ type Env struct {
 	Rand *rand.Rand
 	// Criteria judges results. Nil means only errors are failures.
 	Criteria Criteria
+	// Path says where this control sits when controls are nested through
+	// presets (for example "chain[0]"). Empty for the run's own control.
+	Path string
 }
 
 func (e *Env) clock() Clock {

@@ -1,0 +1,248 @@
+// Package controlstest provides a fake clock, scripted fake delegates and an
+// event recorder for testing controls in milliseconds, deterministically.
+package controlstest
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/controls"
+)
+
+// Clock is a fake controls.Clock: Sleep returns at once (unless ctx is
+// already done) and moves Now forward by the slept duration. Every sleep is
+// recorded.
+type Clock struct {
+	mu     sync.Mutex
+	now    time.Time
+	sleeps []time.Duration
+	// Block, when set, makes Sleep wait on ctx instead of returning: for
+	// tests of timeouts that must never fire on their own.
+	Block bool
+}
+
+// NewClock returns a fake clock set to a fixed instant.
+func NewClock() *Clock {
+	return &Clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+// Now returns the fake time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Sleep records d and advances the clock by it.
+func (c *Clock) Sleep(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	block := c.Block
+	c.sleeps = append(c.sleeps, d)
+	if !block {
+		c.now = c.now.Add(d)
+	}
+	c.mu.Unlock()
+	if block {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return nil
+}
+
+// Sleeps returns every duration slept so far, in order.
+func (c *Clock) Sleeps() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Duration(nil), c.sleeps...)
+}
+
+// Reply is one scripted answer of a fake delegate.
+type Reply struct {
+	// Text is the result text when Err is nil.
+	Text string
+	// Err is returned instead of a result when set.
+	Err error
+	// Hang makes the call block until its context ends, then return the
+	// context's error.
+	Hang bool
+	// HangForever makes the call block and ignore its context (a badly
+	// behaved delegate). Release with Delegates.Release.
+	HangForever bool
+}
+
+// Fail returns a Reply failing with a classified call error.
+func Fail(code codes.Code, msg string) Reply {
+	return Reply{Err: &controls.CallError{Code: code, Message: msg}}
+}
+
+// OK returns a Reply answering text.
+func OK(text string) Reply { return Reply{Text: text} }
+
+// Delegates is a set of scripted fake delegates. Each delegate answers its
+// replies in order and repeats the last one when they run out.
+type Delegates struct {
+	mu         sync.Mutex
+	script     map[string][]Reply
+	info       map[string]controls.DelegateInfo
+	notServing map[string]bool
+	calls      []controls.Call
+	release    chan struct{}
+	once       sync.Once
+}
+
+// NewDelegates returns fake delegates with the given scripts.
+func NewDelegates(script map[string][]Reply) *Delegates {
+	return &Delegates{
+		script:     script,
+		info:       map[string]controls.DelegateInfo{},
+		notServing: map[string]bool{},
+		release:    make(chan struct{}),
+	}
+}
+
+// SetInfo declares a delegate's registry properties.
+func (d *Delegates) SetInfo(name string, info controls.DelegateInfo) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.info[name] = info
+}
+
+// SetNotServing makes the delegate's health check report NOT_SERVING.
+func (d *Delegates) SetNotServing(name string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.notServing[name] = true
+}
+
+// Release unblocks every HangForever call.
+func (d *Delegates) Release() { d.once.Do(func() { close(d.release) }) }
+
+// Calls returns every call made so far, in order.
+func (d *Delegates) Calls() []controls.Call {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]controls.Call(nil), d.calls...)
+}
+
+// CallsTo returns the calls made to one delegate.
+func (d *Delegates) CallsTo(name string) []controls.Call {
+	var out []controls.Call
+	for _, c := range d.Calls() {
+		if c.Delegate == name {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Call answers with the delegate's next scripted reply.
+func (d *Delegates) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+	d.mu.Lock()
+	d.calls = append(d.calls, c)
+	replies := d.script[c.Delegate]
+	var r Reply
+	switch len(replies) {
+	case 0:
+		d.mu.Unlock()
+		return nil, &controls.CallError{Code: codes.NotFound, Message: "no script for " + c.Delegate}
+	case 1:
+		r = replies[0]
+	default:
+		r = replies[0]
+		d.script[c.Delegate] = replies[1:]
+	}
+	d.mu.Unlock()
+	switch {
+	case r.HangForever:
+		<-d.release
+		return nil, context.Canceled
+	case r.Hang:
+		<-ctx.Done()
+		return nil, ctx.Err()
+	case r.Err != nil:
+		return nil, r.Err
+	}
+	return &stubbornv1.Result{Text: r.Text}, nil
+}
+
+// Info returns what SetInfo declared.
+func (d *Delegates) Info(name string) controls.DelegateInfo {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.info[name]
+}
+
+// Serving reports false only for delegates marked with SetNotServing.
+func (d *Delegates) Serving(_ context.Context, name string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return !d.notServing[name]
+}
+
+// Events collects the events a Tracker emits.
+type Events struct {
+	mu  sync.Mutex
+	evs []*stubbornv1.RunEvent
+}
+
+// Sink is a controls.Sink that records into e.
+func (e *Events) Sink(ev *stubbornv1.RunEvent) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.evs = append(e.evs, ev)
+}
+
+// All returns the recorded events.
+func (e *Events) All() []*stubbornv1.RunEvent {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]*stubbornv1.RunEvent(nil), e.evs...)
+}
+
+// Kinds returns the recorded events' kinds as short names such as
+// "attempt_started", in order.
+func (e *Events) Kinds() []string {
+	var out []string
+	for _, ev := range e.All() {
+		out = append(out, Kind(ev))
+	}
+	return out
+}
+
+// Kind names an event's kind.
+func Kind(ev *stubbornv1.RunEvent) string {
+	switch ev.GetKind().(type) {
+	case *stubbornv1.RunEvent_RunStarted:
+		return "run_started"
+	case *stubbornv1.RunEvent_AttemptStarted:
+		return "attempt_started"
+	case *stubbornv1.RunEvent_AttemptFinished:
+		return "attempt_finished"
+	case *stubbornv1.RunEvent_FailureAnalyzed:
+		return "failure_analyzed"
+	case *stubbornv1.RunEvent_BackoffScheduled:
+		return "backoff_scheduled"
+	case *stubbornv1.RunEvent_DecisionRequested:
+		return "decision_requested"
+	case *stubbornv1.RunEvent_DecisionReceived:
+		return "decision_received"
+	case *stubbornv1.RunEvent_RunFinished:
+		return "run_finished"
+	}
+	return "unknown"
+}
+
+// NewEnv returns an Env over fake delegates and a fake clock, with a tracker
+// that records into events, for the task brief.
+func NewEnv(d *Delegates, clock *Clock, events *Events, brief string) *controls.Env {
+	st := &stubbornv1.ControlState{RunId: "run-test", TaskBrief: brief, Status: stubbornv1.RunStatus_RUN_STATUS_PENDING}
+	tr := controls.NewTracker(st, clock, events.Sink)
+	return &controls.Env{Delegates: d, Tracker: tr, Clock: clock}
+}

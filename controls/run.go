@@ -1,0 +1,150 @@
+package controls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// Outcome is how a control ended.
+type Outcome struct {
+	// Status is terminal: SUCCEEDED, EXHAUSTED, FAILED or CANCELLED.
+	Status stubbornv1.RunStatus
+	// Result is the accepted result; set only for SUCCEEDED.
+	Result *stubbornv1.Result
+	// Winner is the delegate whose result was accepted.
+	Winner string
+	// Reason says, in words, why the control ended this way.
+	Reason string
+}
+
+// Execute runs the control that spec selects over brief, start to end. It
+// does not call Tracker.Start or Tracker.Finish: the caller owns the run's
+// life.
+func Execute(ctx context.Context, env *Env, brief string, spec *stubbornv1.ControlSpec) Outcome {
+	switch k := spec.GetKind().(type) {
+	case *stubbornv1.ControlSpec_RetryWithLearning:
+		return RetryWithLearning(ctx, env, brief, k.RetryWithLearning)
+	case *stubbornv1.ControlSpec_FallbackChain:
+		return FallbackChain(ctx, env, brief, k.FallbackChain)
+	case *stubbornv1.ControlSpec_Race:
+		return Race(ctx, env, brief, k.Race)
+	}
+	return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_FAILED, Reason: "no control in spec"}
+}
+
+// stopped is the outcome of a control whose run context ended: the run's
+// own deadline fails it, anything else (CancelRun, shutdown) cancels it.
+func stopped(ctx context.Context) Outcome {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_FAILED, Reason: "run timeout exceeded"}
+	}
+	reason := "cancelled"
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		reason = "cancelled: " + cause.Error()
+	} else if cause != nil && cause != context.Canceled {
+		reason = cause.Error()
+	}
+	return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_CANCELLED, Reason: reason}
+}
+
+// exhausted is the outcome once every allowed attempt failed.
+func exhausted(format string, args ...any) Outcome {
+	return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED, Reason: fmt.Sprintf(format, args...)}
+}
+
+// ResultString is the reference contracts' String(result): the text, or the
+// structured data as JSON when there is no text.
+func ResultString(r *stubbornv1.Result) string {
+	if r.GetText() != "" || r.GetData() == nil {
+		return r.GetText()
+	}
+	b, err := protojson.Marshal(r.GetData())
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+// firstChars returns the first n characters (not bytes) of s, like the
+// reference's String.slice(0, n).
+func firstChars(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := 0
+	for pos := range s {
+		if i == n {
+			return s[:pos]
+		}
+		i++
+	}
+	return s
+}
+
+// attemptResult is what one delegate call, judged, came to.
+type attemptResult struct {
+	outcome stubbornv1.AttemptOutcome
+	result  *stubbornv1.Result
+	err     error  // the call's error, when it failed
+	failed  bool   // the call failed or the criteria rejected the result
+	reason  string // why, when failed
+	summary string // the failure record's summary, when failed
+	note    string // extra words for the attempt_finished event
+}
+
+// attempt calls a delegate once, judges the answer, and records the
+// attempt's start and end. The caller checks ctx.Err() afterwards.
+func attempt(ctx context.Context, env *Env, path, delegate, brief string, waitBefore time.Duration) (int32, attemptResult) {
+	n := env.Tracker.BeginAttempt(path, delegate, brief, waitBefore)
+	a := call(ctx, env, n, delegate, brief)
+	endAttempt(env, n, a)
+	return n, a
+}
+
+// call sends attempt n to a delegate and judges the answer, without
+// recording anything.
+func call(ctx context.Context, env *Env, n int32, delegate, brief string) attemptResult {
+	res, err := env.Delegates.Call(ctx, Call{Delegate: delegate, Brief: brief, Attempt: n})
+	if ctx.Err() != nil {
+		return attemptResult{
+			outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED,
+			err:     ctx.Err(), failed: true, reason: "cancelled", summary: "Error: cancelled",
+		}
+	}
+	if err != nil {
+		msg := Message(err)
+		return attemptResult{
+			outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_ERROR,
+			err:     err, failed: true, reason: msg, summary: "Error: " + msg,
+		}
+	}
+	if res == nil {
+		res = &stubbornv1.Result{}
+	}
+	v, jerr := env.check(ctx, n, delegate, res)
+	rejected := attemptResult{
+		outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED,
+		result:  res, failed: true, summary: firstChars(ResultString(res), 200),
+	}
+	switch {
+	case jerr != nil:
+		rejected.reason = Message(jerr)
+		rejected.note = "failure criteria could not be checked: " + rejected.reason
+		return rejected
+	case v.Failed:
+		rejected.reason, rejected.note = v.Reason, v.Note
+		return rejected
+	}
+	return attemptResult{outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED, result: res, note: v.Note}
+}
+
+// endAttempt records how attempt n ended.
+func endAttempt(env *Env, n int32, a attemptResult) {
+	env.Tracker.EndAttempt(n, a.outcome, a.result, a.err, a.note)
+}
