@@ -143,6 +143,9 @@ type Env struct {
 	// Path says where this control sits when controls are nested through
 	// presets (for example "chain[0]"). Empty for the run's own control.
 	Path string
+	// Budgets throttles the retry control's retries per delegate. Nil (the
+	// default) means no retry budget.
+	Budgets Budgets
 }
 
 func (e *Env) clock() Clock {

@@ -1,0 +1,309 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+const defaultAddr = "127.0.0.1:7300"
+
+// dial connects to a Stubborn server.
+func dial(addr string) (stubbornv1.ControlServiceClient, func(), error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, err
+	}
+	return stubbornv1.NewControlServiceClient(conn), func() { _ = conn.Close() }, nil
+}
+
+// runFlags are the flags of `stubborn run` that build a RunRequest.
+type runFlags struct {
+	control, brief, target, list, request string
+	attempts, maxRetries                  int
+	maxWait, baseWait, runTimeout         time.Duration
+	attemptTimeout                        time.Duration
+	onExhausted                           string
+}
+
+func (f *runFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.control, "control", "fallback-chain", "retry | retry-with-learning | fallback-chain | race")
+	fs.StringVar(&f.brief, "brief", "", "the task brief (required unless -request)")
+	fs.StringVar(&f.target, "target", "", "delegate for retry and retry-with-learning")
+	fs.StringVar(&f.list, "delegates", "", "comma-separated delegates for fallback-chain and race")
+	fs.IntVar(&f.attempts, "attempts", -1, "retry: retries after the first try (default 6)")
+	fs.IntVar(&f.maxRetries, "max-retries", 0, "retry-with-learning: total attempts (default 3)")
+	fs.DurationVar(&f.maxWait, "max-wait", 0, "retry: longest wait (default 60s)")
+	fs.DurationVar(&f.baseWait, "base-wait", 0, "retry: base of the backoff (default 1s)")
+	fs.StringVar(&f.onExhausted, "on-exhausted", "ask", "retry: ask | fail")
+	fs.DurationVar(&f.runTimeout, "run-timeout", 0, "deadline of the whole run (default none)")
+	fs.DurationVar(&f.attemptTimeout, "attempt-timeout", 0, "timeout of each delegate call (default: the delegate's)")
+	fs.StringVar(&f.request, "request", "", "read the whole RunRequest as protojson from this file (- for stdin)")
+}
+
+// build turns the flags into a RunRequest.
+func (f *runFlags) build(stdin io.Reader) (*stubbornv1.RunRequest, error) {
+	if f.request != "" {
+		var b []byte
+		var err error
+		if f.request == "-" {
+			b, err = io.ReadAll(stdin)
+		} else {
+			b, err = os.ReadFile(f.request)
+		}
+		if err != nil {
+			return nil, err
+		}
+		req := &stubbornv1.RunRequest{}
+		if err := protojson.Unmarshal(b, req); err != nil {
+			return nil, fmt.Errorf("-request: %w", err)
+		}
+		return req, nil
+	}
+	req := &stubbornv1.RunRequest{TaskBrief: f.brief, Options: &stubbornv1.RunOptions{}}
+	if f.runTimeout > 0 {
+		req.Options.RunTimeout = durationpb.New(f.runTimeout)
+	}
+	if f.attemptTimeout > 0 {
+		req.Options.AttemptTimeout = durationpb.New(f.attemptTimeout)
+	}
+	var names []string
+	if f.list != "" {
+		names = strings.Split(f.list, ",")
+	}
+	switch f.control {
+	case "retry":
+		r := &stubbornv1.RetrySpec{Target: f.target}
+		if f.attempts >= 0 {
+			r.Attempts = ptr(int32(f.attempts))
+		}
+		if f.maxWait > 0 {
+			r.MaxWait = durationpb.New(f.maxWait)
+		}
+		if f.baseWait > 0 {
+			r.BaseWait = durationpb.New(f.baseWait)
+		}
+		switch f.onExhausted {
+		case "ask":
+			r.OnExhausted = stubbornv1.OnExhausted_ON_EXHAUSTED_ASK
+		case "fail":
+			r.OnExhausted = stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL
+		default:
+			return nil, fmt.Errorf("-on-exhausted must be ask or fail, got %q", f.onExhausted)
+		}
+		req.Retry = r
+	case "retry-with-learning":
+		r := &stubbornv1.RetryWithLearningSpec{Target: f.target}
+		if f.maxRetries != 0 {
+			r.MaxRetries = ptr(int32(f.maxRetries))
+		}
+		req.RetryWithLearning = r
+	case "fallback-chain":
+		req.FallbackChain = &stubbornv1.FallbackChainSpec{Chain: names}
+	case "race":
+		req.Race = &stubbornv1.RaceSpec{Candidates: names}
+	default:
+		return nil, fmt.Errorf("-control must be retry, retry-with-learning, fallback-chain or race, got %q", f.control)
+	}
+	return req, nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// follow prints a run's stream until it ends and returns the final state.
+func follow[T any, PT interface {
+	*T
+	GetEvent() *stubbornv1.RunEvent
+}](stream grpc.ServerStreamingClient[T], p printer) (*stubbornv1.ControlState, error) {
+	var final *stubbornv1.ControlState
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return final, nil
+		}
+		if err != nil {
+			return final, err
+		}
+		ev := PT(msg).GetEvent()
+		p.event(ev)
+		if f := ev.GetRunFinished(); f != nil {
+			final = f.GetState()
+		}
+	}
+}
+
+// exitCode is 0 for a succeeded run, 1 otherwise.
+func exitCode(st *stubbornv1.ControlState) int {
+	if st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		return 0
+	}
+	return 1
+}
+
+func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	addr := fs.String("addr", defaultAddr, "Stubborn server address")
+	asJSON := fs.Bool("json", false, "print events as protojson lines")
+	var f runFlags
+	f.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return 2, err
+	}
+	req, err := f.build(os.Stdin)
+	if err != nil {
+		return 2, err
+	}
+	client, closeConn, err := dial(*addr)
+	if err != nil {
+		return 1, err
+	}
+	defer closeConn()
+	stream, err := client.Run(ctx, req)
+	if err != nil {
+		return 1, err
+	}
+	st, err := follow(stream, printer{w: stdout, json: *asJSON})
+	if err != nil {
+		return 1, err
+	}
+	return exitCode(st), nil
+}
+
+func cmdWatch(ctx context.Context, args []string, stdout io.Writer) (int, error) {
+	fs := flag.NewFlagSet("watch", flag.ContinueOnError)
+	addr := fs.String("addr", defaultAddr, "Stubborn server address")
+	after := fs.Int64("after", 0, "only events after this seq")
+	asJSON := fs.Bool("json", false, "print events as protojson lines")
+	id, _, err := parseWithID(fs, args)
+	if err != nil {
+		return 2, err
+	}
+	client, closeConn, err := dial(*addr)
+	if err != nil {
+		return 1, err
+	}
+	defer closeConn()
+	stream, err := client.WatchRun(ctx, &stubbornv1.WatchRunRequest{RunId: id, AfterSeq: *after})
+	if err != nil {
+		return 1, err
+	}
+	st, err := follow(stream, printer{w: stdout, json: *asJSON})
+	if err != nil {
+		return 1, err
+	}
+	return exitCode(st), nil
+}
+
+// cmdUnary runs get, cancel and decide, which print the run's state.
+func cmdUnary(ctx context.Context, name string, args []string, stdout io.Writer) (int, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	addr := fs.String("addr", defaultAddr, "Stubborn server address")
+	id, rest, err := parseWithID(fs, args)
+	if err != nil {
+		return 2, err
+	}
+	client, closeConn, err := dial(*addr)
+	if err != nil {
+		return 1, err
+	}
+	defer closeConn()
+	var st *stubbornv1.ControlState
+	switch name {
+	case "get":
+		var res *stubbornv1.GetRunResponse
+		res, err = client.GetRun(ctx, &stubbornv1.GetRunRequest{RunId: id})
+		st = res.GetState()
+	case "cancel":
+		var res *stubbornv1.CancelRunResponse
+		res, err = client.CancelRun(ctx, &stubbornv1.CancelRunRequest{RunId: id})
+		st = res.GetState()
+	case "decide":
+		d := stubbornv1.Decision_DECISION_UNSPECIFIED
+		answer := ""
+		if len(rest) > 0 {
+			answer = rest[0]
+		}
+		switch strings.ToLower(answer) {
+		case "retry":
+			d = stubbornv1.Decision_DECISION_RETRY
+		case "fail":
+			d = stubbornv1.Decision_DECISION_FAIL
+		default:
+			return 2, fmt.Errorf("usage: stubborn decide RUN_ID retry|fail")
+		}
+		var res *stubbornv1.DecideRunResponse
+		res, err = client.DecideRun(ctx, &stubbornv1.DecideRunRequest{RunId: id, Decision: d})
+		st = res.GetState()
+	}
+	if err != nil {
+		return 1, err
+	}
+	b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true}.Marshal(st)
+	if err != nil {
+		return 1, err
+	}
+	fmt.Fprintf(stdout, "%s\n", b)
+	return 0, nil
+}
+
+func cmdList(ctx context.Context, args []string, stdout io.Writer) (int, error) {
+	fs := flag.NewFlagSet("list", flag.ContinueOnError)
+	addr := fs.String("addr", defaultAddr, "Stubborn server address")
+	statusFlag := fs.String("status", "", "only runs with this status (for example succeeded, awaiting_decision)")
+	if err := fs.Parse(args); err != nil {
+		return 2, err
+	}
+	filter := stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+	if *statusFlag != "" {
+		v, ok := stubbornv1.RunStatus_value["RUN_STATUS_"+strings.ToUpper(*statusFlag)]
+		if !ok {
+			return 2, fmt.Errorf("unknown -status %q", *statusFlag)
+		}
+		filter = stubbornv1.RunStatus(v)
+	}
+	client, closeConn, err := dial(*addr)
+	if err != nil {
+		return 1, err
+	}
+	defer closeConn()
+	res, err := client.ListRuns(ctx, &stubbornv1.ListRunsRequest{Status: filter})
+	if err != nil {
+		return 1, err
+	}
+	for _, st := range res.GetRuns() {
+		fmt.Fprintf(stdout, "%s  %-18s %-40s attempts=%d\n", st.GetRunId(), statusName(st.GetStatus()), controlName(st.GetControl()), st.GetAttempts())
+	}
+	return 0, nil
+}
+
+// parseWithID parses flags, which may come before or after the positional
+// arguments, and returns the run id, which must come first.
+func parseWithID(fs *flag.FlagSet, args []string) (string, []string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return "", nil, err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(pos) == 0 {
+		return "", nil, fmt.Errorf("usage: stubborn %s RUN_ID", fs.Name())
+	}
+	return pos[0], pos[1:], nil
+}

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/stubbornhq/stubborn/delegates"
+	"github.com/stubbornhq/stubborn/delegates/demo"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/server"
+)
+
+// demoDelegate is one demo delegate and how the registry declares it.
+type demoDelegate struct {
+	name       string
+	svc        stubbornv1.DelegateServiceServer
+	idempotent bool
+}
+
+// demoDelegates returns the demo delegates. Each answers after latency, so
+// that progress is visible live.
+func demoDelegates(latency time.Duration) []demoDelegate {
+	slowly := func(svc stubbornv1.DelegateServiceServer) stubbornv1.DelegateServiceServer {
+		return demo.NewScripted(func(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+			select {
+			case <-time.After(latency):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return svc.Execute(ctx, req)
+		})
+	}
+	return []demoDelegate{
+		{name: "echo", svc: slowly(demo.Echo{}), idempotent: true},
+		{name: "flaky", svc: slowly(&demo.Flaky{FailFirst: 2}), idempotent: true},
+		{name: "down", svc: demo.Down{}},
+		{name: "slow", svc: &demo.Slow{Delay: 30 * time.Second}, idempotent: true},
+		{name: "search-backup", svc: slowly(demo.NewScripted(func(context.Context, *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+			return nil, status.Error(codes.Internal, "search-backup: index is corrupt")
+		}))},
+	}
+}
+
+// serveDemoDelegates serves each demo delegate on its own listener and
+// returns the registry entries that reach them, and a stop function.
+func serveDemoDelegates(host string, firstPort int, latency time.Duration) ([]delegates.Delegate, func(), error) {
+	var (
+		entries []delegates.Delegate
+		servers []*grpc.Server
+	)
+	stop := func() {
+		for _, s := range servers {
+			s.Stop()
+		}
+	}
+	for i, d := range demoDelegates(latency) {
+		port := 0
+		if firstPort > 0 {
+			port = firstPort + i
+		}
+		lis, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		servers = append(servers, demo.Serve(lis, d.svc))
+		entries = append(entries, delegates.Delegate{
+			Name: d.name, Target: lis.Addr().String(), Idempotent: d.idempotent,
+			Timeout: delegates.Duration(time.Minute),
+		})
+	}
+	return entries, stop, nil
+}
+
+func cmdDelegates(ctx context.Context, args []string, stdout io.Writer) (int, error) {
+	fs := flag.NewFlagSet("delegates", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:7400", "host and first port; each demo delegate takes the next port")
+	latency := fs.Duration("latency", 300*time.Millisecond, "how long each demo answer takes")
+	if err := fs.Parse(args); err != nil {
+		return 2, err
+	}
+	host, portText, err := net.SplitHostPort(*listen)
+	if err != nil {
+		return 2, err
+	}
+	port, err := strconv.Atoi(portText)
+	if err != nil {
+		return 2, fmt.Errorf("-listen: bad port %q", portText)
+	}
+	entries, stop, err := serveDemoDelegates(host, port, *latency)
+	if err != nil {
+		return 1, err
+	}
+	defer stop()
+	fmt.Fprintln(stdout, "# demo delegates are serving; a config for `stubborn serve -config`:")
+	fmt.Fprintln(stdout, "delegates:")
+	for _, e := range entries {
+		fmt.Fprintf(stdout, "  - {name: %s, target: %q, idempotent: %t, timeout: 1m}\n", e.Name, e.Target, e.Idempotent)
+	}
+	fmt.Fprintln(stdout, "  - {name: unreachable, target: \"127.0.0.1:1\", timeout: 5s}")
+	<-ctx.Done()
+	return 0, nil
+}
+
+// demoRun is one run the demo shows, and the status it must end with.
+type demoRun struct {
+	title string
+	req   *stubbornv1.RunRequest
+	want  stubbornv1.RunStatus
+}
+
+func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	latency := fs.Duration("latency", 300*time.Millisecond, "how long each demo delegate answer takes")
+	asJSON := fs.Bool("json", false, "print events as protojson lines")
+	if err := fs.Parse(args); err != nil {
+		return 2, err
+	}
+	entries, stopDelegates, err := serveDemoDelegates("127.0.0.1", 0, *latency)
+	if err != nil {
+		return 1, err
+	}
+	defer stopDelegates()
+	entries = append(entries, delegates.Delegate{Name: "unreachable", Target: "127.0.0.1:1", Timeout: delegates.Duration(5 * time.Second)})
+	cfg := &delegates.Config{Delegates: entries}
+	s, err := server.New(server.Config{Registry: cfg, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return 1, err
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 1, err
+	}
+	go func() { _ = s.Serve(lis) }()
+	defer s.Stop(5 * time.Second)
+
+	client, closeConn, err := dial(lis.Addr().String())
+	if err != nil {
+		return 1, err
+	}
+	defer closeConn()
+
+	fmt.Fprintf(stdout, "Stubborn demo: server on %s, demo delegates echo, flaky (fails its first 2 calls), down (health NOT_SERVING), search-backup (always fails), unreachable (nothing listens).\n", lis.Addr())
+	demoRuns := []demoRun{
+		{
+			title: "fallback-chain [down, unreachable, search-backup, echo]: down is skipped on its health check, unreachable refuses the connection, search-backup fails, echo wins",
+			req: &stubbornv1.RunRequest{
+				TaskBrief:     "find the 2026 rainfall report",
+				FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"down", "unreachable", "search-backup", "echo"}},
+			},
+			want: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED,
+		},
+		{
+			title: "retry-with-learning of flaky (max_retries 3): two failures, each retry's brief carries the failure history, the third attempt succeeds",
+			req: &stubbornv1.RunRequest{
+				TaskBrief:         "summarise the rainfall report in one line",
+				RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: "flaky", MaxRetries: ptr(int32(3))},
+			},
+			want: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED,
+		},
+	}
+	for i, r := range demoRuns {
+		fmt.Fprintf(stdout, "\n== run %d: %s\n", i+1, r.title)
+		stream, err := client.Run(ctx, r.req)
+		if err != nil {
+			return 1, err
+		}
+		st, err := follow(stream, printer{w: stdout, json: *asJSON})
+		if err != nil {
+			return 1, err
+		}
+		if st.GetStatus() != r.want {
+			return 1, fmt.Errorf("run %d ended %s, want %s", i+1, statusName(st.GetStatus()), statusName(r.want))
+		}
+	}
+	fmt.Fprintln(stdout, "\nDemo finished: every run ended as expected.")
+	return 0, nil
+}

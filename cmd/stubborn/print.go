@@ -1,0 +1,148 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// printer writes run events, one readable line each, or protojson lines.
+type printer struct {
+	w    io.Writer
+	json bool
+}
+
+var jsonLine = protojson.MarshalOptions{UseProtoNames: true}
+
+func (p printer) event(ev *stubbornv1.RunEvent) {
+	if p.json {
+		b, err := jsonLine.Marshal(ev)
+		if err != nil {
+			fmt.Fprintf(p.w, "{\"error\": %q}\n", err.Error())
+			return
+		}
+		fmt.Fprintf(p.w, "%s\n", b)
+		return
+	}
+	where := ""
+	if ev.GetPath() != "" {
+		where = "[" + ev.GetPath() + "] "
+	}
+	fmt.Fprintf(p.w, "%3d %s %s%s\n", ev.GetSeq(), ev.GetTime().AsTime().Local().Format("15:04:05.000"), where, describe(ev))
+}
+
+// describe renders an event as one line: attempt n → delegate, outcome,
+// wait, reason.
+func describe(ev *stubbornv1.RunEvent) string {
+	switch k := ev.GetKind().(type) {
+	case *stubbornv1.RunEvent_RunStarted:
+		st := k.RunStarted.GetState()
+		return fmt.Sprintf("run %s started: %s", st.GetRunId(), controlName(st.GetControl()))
+	case *stubbornv1.RunEvent_AttemptStarted:
+		a := k.AttemptStarted.GetAttempt()
+		s := fmt.Sprintf("attempt %d → %s", a.GetNumber(), a.GetDelegate())
+		if w := a.GetWaitBefore().AsDuration(); w > 0 {
+			s += fmt.Sprintf(" (after waiting %s)", round(w))
+		}
+		first, rest, _ := strings.Cut(a.GetBrief(), "\n")
+		s += ": brief " + quote(first, 60)
+		if rest = strings.TrimSpace(rest); rest != "" {
+			s += "\n      │ " + strings.ReplaceAll(rest, "\n", "\n      │ ")
+		}
+		return s
+	case *stubbornv1.RunEvent_AttemptFinished:
+		a := k.AttemptFinished.GetAttempt()
+		s := fmt.Sprintf("attempt %d ← %s: %s", a.GetNumber(), a.GetDelegate(), outcomeName(a.GetOutcome()))
+		if e := a.GetError(); e != nil {
+			s += fmt.Sprintf(" %s %s", codes.Code(e.GetCode()), quote(e.GetMessage(), 80))
+		} else if a.GetResult() != nil {
+			s += " " + quote(a.GetResult().GetText(), 80)
+		}
+		if n := k.AttemptFinished.GetNote(); n != "" {
+			s += " (" + n + ")"
+		}
+		return s + fmt.Sprintf(" in %s", round(a.GetEndTime().AsTime().Sub(a.GetStartTime().AsTime())))
+	case *stubbornv1.RunEvent_FailureAnalyzed:
+		f := k.FailureAnalyzed.GetFailure()
+		s := fmt.Sprintf("failure of attempt %d (%s): %s", f.GetAttempt(), f.GetDelegate(), quote(f.GetReason(), 80))
+		switch {
+		case k.FailureAnalyzed.GetWillRetry():
+			s += "; next attempt follows"
+		case f.GetNotRetriedReason() != "":
+			s += "; not retried: " + f.GetNotRetriedReason()
+		}
+		return s
+	case *stubbornv1.RunEvent_BackoffScheduled:
+		b := k.BackoffScheduled
+		src := fmt.Sprintf("drawn from [0, %s]", round(b.GetBound().AsDuration()))
+		if b.GetFromHint() {
+			src = "as the delegate asked"
+		}
+		return fmt.Sprintf("backing off %s before attempt %d (%s), until %s", round(b.GetWait().AsDuration()), b.GetNextAttempt(), src, b.GetUntil().AsTime().Local().Format("15:04:05.000"))
+	case *stubbornv1.RunEvent_DecisionRequested:
+		return fmt.Sprintf("AWAITING DECISION: %s — answer with `stubborn decide %s retry|fail`", k.DecisionRequested.GetReason(), ev.GetRunId())
+	case *stubbornv1.RunEvent_DecisionReceived:
+		return "decision received: " + strings.TrimPrefix(k.DecisionReceived.GetDecision().String(), "DECISION_")
+	case *stubbornv1.RunEvent_RunFinished:
+		st := k.RunFinished.GetState()
+		s := fmt.Sprintf("run finished: %s after %d attempt(s)", statusName(st.GetStatus()), st.GetAttempts())
+		if st.GetWinner() != "" {
+			s += ", winner " + st.GetWinner()
+		}
+		if st.GetResult() != nil {
+			s += ", result " + quote(st.GetResult().GetText(), 80)
+		}
+		if st.GetStatusReason() != "" {
+			s += " (" + st.GetStatusReason() + ")"
+		}
+		return s
+	}
+	return "unknown event"
+}
+
+func controlName(c *stubbornv1.ControlSpec) string {
+	switch k := c.GetKind().(type) {
+	case *stubbornv1.ControlSpec_Retry:
+		return "retry of " + k.Retry.GetTarget()
+	case *stubbornv1.ControlSpec_RetryWithLearning:
+		return "retry-with-learning of " + k.RetryWithLearning.GetTarget()
+	case *stubbornv1.ControlSpec_FallbackChain:
+		return "fallback-chain " + strings.Join(k.FallbackChain.GetChain(), " → ")
+	case *stubbornv1.ControlSpec_Race:
+		return "race of " + strings.Join(k.Race.GetCandidates(), ", ")
+	}
+	return "unknown control"
+}
+
+func statusName(s stubbornv1.RunStatus) string {
+	return strings.TrimPrefix(s.String(), "RUN_STATUS_")
+}
+
+func outcomeName(o stubbornv1.AttemptOutcome) string {
+	return strings.TrimPrefix(o.String(), "ATTEMPT_OUTCOME_")
+}
+
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(10 * time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(100 * time.Microsecond)
+	}
+	return d
+}
+
+// quote shows s in quotes on one line, cut to n characters.
+func quote(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		s = string(r[:n]) + "…"
+	}
+	return fmt.Sprintf("%q", s)
+}

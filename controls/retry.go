@@ -1,0 +1,254 @@
+package controls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// Defaults for the retry control's unset RetrySpec fields.
+const (
+	// DefaultRetryAttempts is the number of retries after the first try.
+	DefaultRetryAttempts = 6
+	// DefaultRetryBaseWait is the base of the exponential backoff.
+	DefaultRetryBaseWait = time.Second
+	// DefaultRetryMaxWait is the longest wait before any retry.
+	DefaultRetryMaxWait = 60 * time.Second
+)
+
+// Reasons a failure is not retried that are not built from the failure.
+const (
+	reasonRejected = "not transient: the failure criteria rejected the result (only errors are retried)"
+	reasonDeadline = "retry would end after the run's deadline"
+	reasonBudget   = "retry budget exhausted"
+)
+
+// Retry calls the same delegate again after a full-jitter exponential
+// backoff, for transient failures only (spec/retry-backoff.md). Every
+// attempt gets the original brief.
+//
+// A failed attempt is retried only when all of these hold, checked in this
+// order; the first that fails is the record's not_retried_reason:
+//   - the failure is transient (see [Transient]). A result the criteria
+//     reject is not: the retry contract retries raised errors only;
+//   - the delegate is declared idempotent or read_only, or the call never
+//     reached it (CallError.NotSent);
+//   - a server hint, if any, is neither negative ("do not retry") nor
+//     longer than max_wait;
+//   - the round still has retries left (see below);
+//   - the wait ends before the run's deadline (ctx's deadline, compared
+//     with env's clock): a wait ending at or after it leaves no time for
+//     the attempt;
+//   - the retry budget, if env.Budgets is set, allows it.
+//
+// The wait before retry n of a round is drawn by [Backoff] from
+// [0, min(max_wait, base·2^(n-1))]; a server hint replaces it, and its
+// backoff_scheduled event then has from_hint set and bound = max_wait (the
+// only bound a hint obeys). The backoff event is emitted before every wait,
+// and the wait slept is the wait announced.
+//
+// A failure that is not retried for any reason but the round running out
+// ends the run FAILED with that reason, without asking anyone. When the
+// round runs out (attempts retries after the first try), on_exhausted FAIL
+// ends the run FAILED "retries exhausted"; ASK (the default) waits for a
+// decision. FAIL ends the run FAILED "decision: FAIL"; no decision within
+// decision_timeout ends it FAILED "no decision within <timeout>". RETRY
+// grants a new round of attempts retries (at least one, so that a person's
+// RETRY always leads to a call) whose backoff starts again from the base:
+// the first retry waits a backoff drawn from [0, min(max_wait, base)] like
+// any first retry, so the delegate gets the same spacing whether or not a
+// person was asked. That retry still respects the run's deadline but not the
+// retry budget: a person asked for it explicitly.
+//
+// The run's context ending, during an attempt, a wait or the decision,
+// ends the control at once with [stopped]'s outcome, never with a retry.
+func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.RetrySpec) Outcome {
+	target := spec.GetTarget()
+	retries := DefaultRetryAttempts
+	if spec != nil && spec.Attempts != nil {
+		retries = max(0, int(spec.GetAttempts()))
+	}
+	base := durationOr(spec.GetBaseWait().AsDuration(), spec.GetBaseWait() != nil, DefaultRetryBaseWait)
+	maxWait := durationOr(spec.GetMaxWait().AsDuration(), spec.GetMaxWait() != nil, DefaultRetryMaxWait)
+	decisionTimeout := spec.GetDecisionTimeout().AsDuration() // unset: 0, wait for ever
+	ask := spec.GetOnExhausted() != stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL
+	info := env.Delegates.Info(target)
+	record := func(success bool) {
+		if env.Budgets != nil {
+			env.Budgets.Record(target, success)
+		}
+	}
+
+	round, allowed, used := 1, retries, 0 // retries granted and spent in this round
+	var waitBefore time.Duration
+	for {
+		if ctx.Err() != nil {
+			return stopped(ctx)
+		}
+		n, a := attempt(ctx, env, env.Path, target, taskBrief, waitBefore)
+		if ctx.Err() != nil {
+			return stopped(ctx)
+		}
+		if a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED ||
+			a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED {
+			record(true) // the delegate answered: it is not overloaded
+		}
+		if !a.failed {
+			return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Result: a.result, Winner: target}
+		}
+
+		// Why this failure is not retried; empty while a retry may follow.
+		rec := &stubbornv1.FailureRecord{Attempt: n, Delegate: target, Summary: a.summary, Reason: a.reason, Path: env.Path}
+		var ce *CallError
+		errors.As(a.err, &ce)
+		var notRetried string
+		if a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED {
+			notRetried = reasonRejected
+		} else {
+			rec.Transient, notRetried = Transient(ce)
+		}
+		if rec.Transient {
+			record(false)
+		}
+		switch {
+		case notRetried != "": // not transient; ce may be nil
+		case !info.Idempotent && !info.ReadOnly && !ce.NotSent:
+			notRetried = fmt.Sprintf("delegate %q is neither idempotent nor read_only", target)
+		case ce.HasHint && ce.RetryHint < 0:
+			notRetried = fmt.Sprintf("retry hint %v asks not to retry", ce.RetryHint)
+		case ce.HasHint && ce.RetryHint > maxWait:
+			notRetried = fmt.Sprintf("retry hint %v exceeds max_wait %v", ce.RetryHint, maxWait)
+		}
+		roundOver := notRetried == "" && used >= allowed
+		if roundOver {
+			notRetried = fmt.Sprintf("retries exhausted (%d of %d)", used, allowed)
+			if round > 1 {
+				notRetried = fmt.Sprintf("retries exhausted (%d of %d in round %d)", used, allowed, round)
+			}
+		}
+
+		// The wait before the retry: the delegate's hint, else the backoff.
+		var wait, bound time.Duration
+		fromHint := notRetried == "" && ce.HasHint
+		switch {
+		case notRetried != "":
+		case fromHint:
+			wait, bound = ce.RetryHint, maxWait
+		default:
+			wait, bound = Backoff(env.Rand, used+1, base, maxWait)
+		}
+		switch {
+		case notRetried != "":
+		case endsPastDeadline(ctx, env, wait):
+			notRetried = reasonDeadline
+		case env.Budgets != nil && !env.Budgets.Allow(target):
+			notRetried = reasonBudget
+		}
+
+		rec.NotRetriedReason = notRetried
+		if notRetried == "" {
+			env.Tracker.Failure(rec, true, taskBrief)
+		} else {
+			env.Tracker.Failure(rec, false, "")
+			switch {
+			case !roundOver:
+				return failedWith(notRetried)
+			case !ask:
+				return failedWith("retries exhausted")
+			}
+			d, timedOut, err := env.Tracker.AwaitDecision(ctx, env.Path, notRetried, decisionTimeout)
+			switch {
+			case err != nil:
+				return stopped(ctx)
+			case timedOut:
+				return failedWith(fmt.Sprintf("no decision within %v", decisionTimeout))
+			case d != stubbornv1.Decision_DECISION_RETRY:
+				return failedWith("decision: " + strings.TrimPrefix(d.String(), "DECISION_"))
+			}
+			// A new round, its backoff starting again from the base.
+			round, allowed, used = round+1, max(retries, 1), 0
+			wait, bound = Backoff(env.Rand, 1, base, maxWait)
+			fromHint = false
+			if endsPastDeadline(ctx, env, wait) {
+				return failedWith(reasonDeadline)
+			}
+		}
+
+		used++
+		env.Tracker.Backoff(env.Path, n+1, wait, bound, fromHint)
+		if env.clock().Sleep(ctx, wait) != nil || ctx.Err() != nil {
+			return stopped(ctx)
+		}
+		waitBefore = wait
+	}
+}
+
+// Transient reports whether a retry may fix a failed call, and when not,
+// why, as a FailureRecord.not_retried_reason. In order:
+//   - nil (the error was not a *CallError) is not transient;
+//   - a call Stubborn's own middleware refused never is;
+//   - an upstream HTTP status of 408, 425, 429 or 5xx is, whatever the code;
+//   - any other 4xx is not, whatever the code;
+//   - otherwise the gRPC code decides: UNAVAILABLE, DEADLINE_EXCEEDED (of
+//     the attempt: the run's own end never reaches here), RESOURCE_EXHAUSTED
+//     and ABORTED are transient, every other code is not.
+func Transient(ce *CallError) (bool, string) {
+	switch {
+	case ce == nil:
+		return false, "not transient: not a classified delegate error"
+	case ce.Refused:
+		return false, "not transient: refused by Stubborn's own middleware"
+	case ce.HTTPStatus == 408 || ce.HTTPStatus == 425 || ce.HTTPStatus == 429 ||
+		ce.HTTPStatus >= 500 && ce.HTTPStatus <= 599:
+		return true, ""
+	case ce.HTTPStatus >= 400 && ce.HTTPStatus <= 499:
+		return false, fmt.Sprintf("not transient: HTTP %d", ce.HTTPStatus)
+	}
+	switch ce.Code {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted:
+		return true, ""
+	}
+	return false, "not transient: " + codeName(ce.Code)
+}
+
+// codeNames are the canonical names of the gRPC codes (google.rpc.Code);
+// codes.Code.String() spells them in Go's camel case instead.
+var codeNames = [...]string{
+	"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+	"ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+	"ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+	"UNAUTHENTICATED",
+}
+
+func codeName(c codes.Code) string {
+	if int(c) < len(codeNames) {
+		return codeNames[c]
+	}
+	return fmt.Sprintf("CODE_%d", uint32(c))
+}
+
+// durationOr returns d when set (negative counts as zero), else def.
+func durationOr(d time.Duration, set bool, def time.Duration) time.Duration {
+	if !set {
+		return def
+	}
+	return max(d, 0)
+}
+
+// endsPastDeadline reports whether a wait starting now ends at or after the
+// run's deadline, leaving no time for the attempt that follows it.
+func endsPastDeadline(ctx context.Context, env *Env, wait time.Duration) bool {
+	dl, ok := ctx.Deadline()
+	return ok && wait >= dl.Sub(env.clock().Now())
+}
+
+// failedWith is the outcome of a run that ends without a result for reason.
+func failedWith(reason string) Outcome {
+	return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_FAILED, Reason: reason}
+}

@@ -1,0 +1,339 @@
+// Package delegates resolves delegate names to gRPC services and calls them.
+//
+// A YAML file (see [Parse]) names the delegates and the limits Stubborn
+// enforces. A [Pool] built from it holds one shared gRPC client connection per
+// delegate and implements [controls.Delegates]: it sends
+// stubborn.v1.DelegateService/Execute, applies the per-attempt timeout, and
+// turns failures into classified [controls.CallError] values ([Classify]).
+package delegates
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/stubbornhq/stubborn/controls"
+)
+
+// Defaults applied when the config leaves a value unset or zero.
+const (
+	// DefaultTimeout is a delegate's per-attempt timeout when none is given.
+	DefaultTimeout = 30 * time.Second
+	// DefaultMaxBriefBytes is the default cap on a task brief's size.
+	DefaultMaxBriefBytes = 64 << 10
+	// DefaultMaxAttempts is the default cap on retry attempts and max_retries.
+	DefaultMaxAttempts = 100
+	// DefaultMaxChain is the default cap on a fallback chain's or a race's
+	// candidate list's length.
+	DefaultMaxChain = 32
+	// DefaultMaxWait is the default cap on a retry's max_wait.
+	DefaultMaxWait = time.Hour
+)
+
+// ErrInvalidConfig is wrapped by every error [Parse] and [Load] return for a
+// config that is malformed or fails validation.
+var ErrInvalidConfig = errors.New("invalid delegates config")
+
+// Config is the delegates file: the registry of delegates plus server-wide
+// settings. Fields are added here (with their yaml tags) as the file grows;
+// unknown keys in a file are rejected.
+type Config struct {
+	// Judge names the default judge delegate for failure_criteria. Empty
+	// means none; when set it must name a delegate in Delegates.
+	Judge string `yaml:"judge,omitempty"`
+	// Limits caps what requests may ask for. Zero fields take defaults.
+	Limits Limits `yaml:"limits,omitempty"`
+	// Delegates is the registry, in file order. Names are unique.
+	Delegates []Delegate `yaml:"delegates"`
+}
+
+// Limits are the configurable caps on requests. The delegates package only
+// loads them; the server and the controls enforce them.
+type Limits struct {
+	// MaxBriefBytes caps the size of a task brief in bytes.
+	MaxBriefBytes int `yaml:"max_brief_bytes,omitempty"`
+	// MaxAttempts caps retry's attempts and retry-with-learning's max_retries.
+	MaxAttempts int `yaml:"max_attempts,omitempty"`
+	// MaxChain caps the length of a fallback chain or a race's candidates.
+	MaxChain int `yaml:"max_chain,omitempty"`
+	// MaxWait caps retry's max_wait.
+	MaxWait Duration `yaml:"max_wait,omitempty"`
+}
+
+// DefaultLimits returns the limits used for every field a config leaves zero.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxBriefBytes: DefaultMaxBriefBytes,
+		MaxAttempts:   DefaultMaxAttempts,
+		MaxChain:      DefaultMaxChain,
+		MaxWait:       Duration(DefaultMaxWait),
+	}
+}
+
+// Delegate is one registry entry.
+type Delegate struct {
+	// Name is how runs refer to the delegate. Required and unique.
+	Name string `yaml:"name"`
+	// Target is any gRPC target string: host:port, dns:///host:port,
+	// unix:///path, … Required.
+	Target string `yaml:"target"`
+	// Idempotent says a repeated call has no further side effect.
+	Idempotent bool `yaml:"idempotent,omitempty"`
+	// ReadOnly says a call has no side effect at all.
+	ReadOnly bool `yaml:"read_only,omitempty"`
+	// Timeout is the per-attempt timeout; zero means DefaultTimeout. A run
+	// may override it per attempt (see CallOptions.AttemptTimeout).
+	Timeout Duration `yaml:"timeout,omitempty"`
+	// TLS makes the connection use TLS with the system's root certificates;
+	// otherwise it is plaintext.
+	TLS bool `yaml:"tls,omitempty"`
+}
+
+// Info returns what the controls need to know about the delegate.
+func (d Delegate) Info() controls.DelegateInfo {
+	return controls.DelegateInfo{Idempotent: d.Idempotent, ReadOnly: d.ReadOnly}
+}
+
+// Duration is a time.Duration written in YAML as a Go duration string
+// ("500ms", "5s", "1m30s").
+type Duration time.Duration
+
+// Std returns d as a time.Duration.
+func (d Duration) Std() time.Duration { return time.Duration(d) }
+
+// String formats d like time.Duration.
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// UnmarshalYAML parses a scalar with time.ParseDuration.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: a duration must be a string such as \"5s\"", n.Line)}}
+	}
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: invalid duration %q: use Go duration syntax such as 500ms, 5s, 1m30s", n.Line, n.Value)}}
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes d as a duration string.
+func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
+
+// Load reads and parses the delegates file at path.
+func Load(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("delegates config: %w", err)
+	}
+	cfg, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Parse decodes a delegates file, rejects unknown keys, fills in defaults
+// (Limits, delegate timeouts) and validates it. Every problem found is
+// reported, each naming the entry and field it is about. An empty document is
+// a valid config with no delegates.
+func Parse(b []byte) (*Config, error) {
+	var cfg Config
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return nil, decodeError(b, err)
+	}
+	cfg.applyDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &cfg, nil
+}
+
+func (c *Config) applyDefaults() {
+	def := DefaultLimits()
+	if c.Limits.MaxBriefBytes == 0 {
+		c.Limits.MaxBriefBytes = def.MaxBriefBytes
+	}
+	if c.Limits.MaxAttempts == 0 {
+		c.Limits.MaxAttempts = def.MaxAttempts
+	}
+	if c.Limits.MaxChain == 0 {
+		c.Limits.MaxChain = def.MaxChain
+	}
+	if c.Limits.MaxWait == 0 {
+		c.Limits.MaxWait = def.MaxWait
+	}
+	for i := range c.Delegates {
+		if c.Delegates[i].Timeout == 0 {
+			c.Delegates[i].Timeout = Duration(DefaultTimeout)
+		}
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...)))
+	}
+	for _, l := range []struct {
+		field string
+		v     int64
+	}{
+		{"max_brief_bytes", int64(c.Limits.MaxBriefBytes)},
+		{"max_attempts", int64(c.Limits.MaxAttempts)},
+		{"max_chain", int64(c.Limits.MaxChain)},
+		{"max_wait", int64(c.Limits.MaxWait)},
+	} {
+		if l.v < 0 {
+			bad("limits.%s: must not be negative", l.field)
+		}
+	}
+	seen := make(map[string]int, len(c.Delegates))
+	for i, d := range c.Delegates {
+		where := fmt.Sprintf("delegates[%d]", i)
+		if d.Name == "" {
+			bad("%s: name is empty", where)
+		} else {
+			where = fmt.Sprintf("delegates[%d] (%q)", i, d.Name)
+			if j, dup := seen[d.Name]; dup {
+				bad("%s: name: duplicate of delegates[%d]", where, j)
+			} else {
+				seen[d.Name] = i
+			}
+		}
+		if strings.TrimSpace(d.Target) == "" {
+			bad("%s: target is empty", where)
+		}
+		if d.Timeout < 0 {
+			bad("%s: timeout: must not be negative (got %s)", where, d.Timeout)
+		}
+	}
+	if c.Judge != "" {
+		if _, ok := seen[c.Judge]; !ok {
+			bad("judge: %q is not a delegate in the registry", c.Judge)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// yamlLine matches the "line N: message" form of yaml.v3's type errors.
+var yamlLine = regexp.MustCompile(`^line (\d+): (.*)$`)
+
+// yamlUnknownField matches yaml.v3's wording for an unknown key.
+var yamlUnknownField = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
+
+// decodeError rewrites a yaml decoding error so that each problem names the
+// entry and field it is about (for example `delegates[1] ("search").tmeout:
+// unknown field (line 7)`).
+func decodeError(src []byte, err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	var root yaml.Node
+	if yaml.Unmarshal(src, &root) != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	errs := make([]error, 0, len(te.Errors))
+	for _, e := range te.Errors {
+		m := yamlLine.FindStringSubmatch(e)
+		if m == nil {
+			errs = append(errs, fmt.Errorf("%w: %s", ErrInvalidConfig, e))
+			continue
+		}
+		line, _ := strconv.Atoi(m[1])
+		msg := m[2]
+		if u := yamlUnknownField.FindStringSubmatch(msg); u != nil {
+			msg = "unknown field"
+		}
+		path, ok := locate(&root, line, "")
+		if !ok || path == "" {
+			path = "config"
+		}
+		errs = append(errs, fmt.Errorf("%w: %s: %s (line %d)", ErrInvalidConfig, path, msg, line))
+	}
+	return errors.Join(errs...)
+}
+
+// locate returns the path (such as `delegates[1] ("search").timeout`) of the
+// node on the given line of a parsed document.
+func locate(n *yaml.Node, line int, path string) (string, bool) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if p, ok := locate(c, line, path); ok {
+				return p, true
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := k.Value
+			if path != "" {
+				p = path + "." + k.Value
+			}
+			if k.Line == line {
+				return p, true
+			}
+			if within(v, line) {
+				if sub, ok := locate(v, line, p); ok {
+					return sub, true
+				}
+				return p, true
+			}
+		}
+	case yaml.SequenceNode:
+		for i, item := range n.Content {
+			if !within(item, line) {
+				continue
+			}
+			p := fmt.Sprintf("%s[%d]", path, i)
+			if name := mappingValue(item, "name"); name != "" {
+				p += fmt.Sprintf(" (%q)", name)
+			}
+			if sub, ok := locate(item, line, p); ok {
+				return sub, true
+			}
+			return p, true
+		}
+	}
+	return "", false
+}
+
+// within says whether line falls between n's first and last line.
+func within(n *yaml.Node, line int) bool {
+	return line >= n.Line && line <= lastLine(n)
+}
+
+func lastLine(n *yaml.Node) int {
+	last := n.Line
+	for _, c := range n.Content {
+		if l := lastLine(c); l > last {
+			last = l
+		}
+	}
+	return last
+}
+
+// mappingValue returns the scalar value of key in mapping node n, or "".
+func mappingValue(n *yaml.Node, key string) string {
+	if n.Kind != yaml.MappingNode {
+		return ""
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key && n.Content[i+1].Kind == yaml.ScalarNode {
+			return n.Content[i+1].Value
+		}
+	}
+	return ""
+}

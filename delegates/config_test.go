@@ -1,0 +1,184 @@
+package delegates_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/delegates"
+)
+
+const fullConfig = `
+judge: judge-name
+limits:
+  max_brief_bytes: 1000
+  max_attempts: 10
+  max_chain: 4
+  max_wait: 90s
+delegates:
+  - name: search
+    target: 127.0.0.1:7301
+    idempotent: true
+    read_only: false
+    timeout: 5s
+  - name: judge-name
+    target: dns:///judge.internal:443
+    read_only: true
+    tls: true
+  - name: local
+    target: unix:///run/local.sock
+`
+
+func TestParseFull(t *testing.T) {
+	cfg, err := delegates.Parse([]byte(fullConfig))
+	require.NoError(t, err)
+	assert.Equal(t, "judge-name", cfg.Judge)
+	assert.Equal(t, delegates.Limits{
+		MaxBriefBytes: 1000, MaxAttempts: 10, MaxChain: 4,
+		MaxWait: delegates.Duration(90 * time.Second),
+	}, cfg.Limits)
+	require.Len(t, cfg.Delegates, 3)
+	assert.Equal(t, delegates.Delegate{
+		Name: "search", Target: "127.0.0.1:7301", Idempotent: true,
+		Timeout: delegates.Duration(5 * time.Second),
+	}, cfg.Delegates[0])
+	assert.Equal(t, delegates.Delegate{
+		Name: "judge-name", Target: "dns:///judge.internal:443", ReadOnly: true, TLS: true,
+		Timeout: delegates.Duration(delegates.DefaultTimeout),
+	}, cfg.Delegates[1])
+	assert.Equal(t, controls.DelegateInfo{ReadOnly: true}, cfg.Delegates[1].Info())
+	assert.Equal(t, delegates.DefaultTimeout, cfg.Delegates[2].Timeout.Std())
+}
+
+func TestParseDefaults(t *testing.T) {
+	for name, src := range map[string]string{
+		"empty":          "",
+		"comment only":   "# nothing yet\n",
+		"no limits":      "delegates: []\n",
+		"partial limits": "limits:\n  max_chain: 0\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg, err := delegates.Parse([]byte(src))
+			require.NoError(t, err)
+			assert.Equal(t, delegates.DefaultLimits(), cfg.Limits)
+			assert.Empty(t, cfg.Delegates)
+			assert.Empty(t, cfg.Judge)
+		})
+	}
+	assert.Equal(t, delegates.Limits{
+		MaxBriefBytes: 65536, MaxAttempts: 100, MaxChain: 32, MaxWait: delegates.Duration(time.Hour),
+	}, delegates.DefaultLimits())
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		src  string
+		want []string // substrings of the error
+	}{
+		{
+			name: "duplicate name",
+			src:  "delegates:\n  - {name: a, target: x:1}\n  - {name: b, target: x:2}\n  - {name: a, target: x:3}\n",
+			want: []string{`delegates[2] ("a"): name: duplicate of delegates[0]`},
+		},
+		{
+			name: "empty name",
+			src:  "delegates:\n  - target: x:1\n",
+			want: []string{`delegates[0]: name is empty`},
+		},
+		{
+			name: "empty target",
+			src:  "delegates:\n  - name: a\n    target: \"  \"\n",
+			want: []string{`delegates[0] ("a"): target is empty`},
+		},
+		{
+			name: "negative timeout",
+			src:  "delegates:\n  - name: a\n    target: x:1\n    timeout: -5s\n",
+			want: []string{`delegates[0] ("a"): timeout: must not be negative (got -5s)`},
+		},
+		{
+			name: "unknown delegate key",
+			src:  "delegates:\n  - name: a\n    target: x:1\n  - name: b\n    target: x:2\n    tmeout: 5s\n",
+			want: []string{`delegates[1] ("b").tmeout: unknown field (line 6)`},
+		},
+		{
+			name: "unknown top-level key",
+			src:  "judge: \"\"\npresetz: {}\n",
+			want: []string{`presetz: unknown field (line 2)`},
+		},
+		{
+			name: "unknown limits key",
+			src:  "limits:\n  max_attempt: 3\n",
+			want: []string{`limits.max_attempt: unknown field (line 2)`},
+		},
+		{
+			name: "bad duration",
+			src:  "delegates:\n  - name: a\n    target: x:1\n    timeout: 5 seconds\n",
+			want: []string{`delegates[0] ("a").timeout: invalid duration "5 seconds"`, "(line 4)"},
+		},
+		{
+			name: "bad max_wait",
+			src:  "limits:\n  max_wait: [1]\n",
+			want: []string{`limits.max_wait: a duration must be a string`},
+		},
+		{
+			name: "wrong type",
+			src:  "delegates:\n  - name: a\n    target: x:1\n    idempotent: maybe\n",
+			want: []string{`delegates[0] ("a").idempotent: cannot unmarshal`},
+		},
+		{
+			name: "negative limits",
+			src:  "limits:\n  max_attempts: -1\n  max_wait: -1s\n",
+			want: []string{"limits.max_attempts: must not be negative", "limits.max_wait: must not be negative"},
+		},
+		{
+			name: "unknown judge",
+			src:  "judge: nobody\ndelegates:\n  - {name: a, target: x:1}\n",
+			want: []string{`judge: "nobody" is not a delegate in the registry`},
+		},
+		{
+			name: "several problems at once",
+			src:  "delegates:\n  - name: a\n  - name: a\n    target: x:1\n",
+			want: []string{`delegates[0] ("a"): target is empty`, `delegates[1] ("a"): name: duplicate of delegates[0]`},
+		},
+		{
+			name: "not yaml",
+			src:  "delegates: [\n",
+			want: []string{"invalid delegates config"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := delegates.Parse([]byte(tt.src))
+			require.Error(t, err)
+			assert.Nil(t, cfg)
+			assert.ErrorIs(t, err, delegates.ErrInvalidConfig)
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "delegates.yaml")
+	require.NoError(t, os.WriteFile(good, []byte(fullConfig), 0o600))
+	cfg, err := delegates.Load(good)
+	require.NoError(t, err)
+	assert.Len(t, cfg.Delegates, 3)
+
+	bad := filepath.Join(dir, "bad.yaml")
+	require.NoError(t, os.WriteFile(bad, []byte("delegates:\n  - name: a\n"), 0o600))
+	_, err = delegates.Load(bad)
+	require.ErrorIs(t, err, delegates.ErrInvalidConfig)
+	assert.Contains(t, err.Error(), bad+": ")
+
+	_, err = delegates.Load(filepath.Join(dir, "missing.yaml"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+}

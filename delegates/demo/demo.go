@@ -1,0 +1,186 @@
+// Package demo provides small DelegateService implementations for the README
+// demo and for tests, and Serve to run one on a listener with gRPC health.
+//
+// The demo of "connection refused" needs no code: register a delegate whose
+// target has no listener (for example 127.0.0.1:1). Its calls fail with
+// UNAVAILABLE before reaching any server, which Stubborn marks NotSent.
+package demo
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// HealthReporter is implemented by a delegate that wants Serve to report a
+// health status other than SERVING.
+type HealthReporter interface {
+	// HealthStatus is the status Serve registers for service "".
+	HealthStatus() healthpb.HealthCheckResponse_ServingStatus
+}
+
+// Serve registers svc and a grpc.health.v1 service (SERVING, or what svc's
+// HealthStatus says) on a new server and serves lis in a goroutine. Stop the
+// returned server to end it.
+func Serve(lis net.Listener, svc stubbornv1.DelegateServiceServer, opts ...grpc.ServerOption) *grpc.Server {
+	s := grpc.NewServer(opts...)
+	stubbornv1.RegisterDelegateServiceServer(s, svc)
+	hs := health.NewServer()
+	st := healthpb.HealthCheckResponse_SERVING
+	if r, ok := svc.(HealthReporter); ok {
+		st = r.HealthStatus()
+	}
+	hs.SetServingStatus("", st)
+	healthpb.RegisterHealthServer(s, hs)
+	go func() { _ = s.Serve(lis) }()
+	return s
+}
+
+func text(s string) *stubbornv1.ExecuteResponse {
+	return &stubbornv1.ExecuteResponse{Result: &stubbornv1.Result{Text: s}}
+}
+
+// Echo answers every brief with "echo: " + brief.
+type Echo struct {
+	stubbornv1.UnimplementedDelegateServiceServer
+}
+
+// Execute echoes the brief.
+func (Echo) Execute(_ context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+	return text("echo: " + req.GetBrief()), nil
+}
+
+// Flaky fails its first FailFirst calls, then echoes like Echo. Calls are
+// counted per value, across goroutines; use a *Flaky.
+type Flaky struct {
+	stubbornv1.UnimplementedDelegateServiceServer
+	// FailFirst is how many calls fail.
+	FailFirst int
+	// Code is the failures' status code; zero (OK) means UNAVAILABLE.
+	Code codes.Code
+
+	calls atomic.Int64
+}
+
+// Execute fails with "flaky: failing call i of N" for calls 1..N, then
+// echoes.
+func (f *Flaky) Execute(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+	n := f.calls.Add(1)
+	if n <= int64(f.FailFirst) {
+		code := f.Code
+		if code == codes.OK {
+			code = codes.Unavailable
+		}
+		return nil, status.Errorf(code, "flaky: failing call %d of %d", n, f.FailFirst)
+	}
+	return Echo{}.Execute(ctx, req)
+}
+
+// Calls returns how many calls Execute has received.
+func (f *Flaky) Calls() int { return int(f.calls.Load()) }
+
+// Down is a delegate that is down: its health reports NOT_SERVING and
+// Execute fails with UNAVAILABLE "down: not serving".
+type Down struct {
+	stubbornv1.UnimplementedDelegateServiceServer
+}
+
+// Execute always fails with UNAVAILABLE.
+func (Down) Execute(context.Context, *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+	return nil, status.Error(codes.Unavailable, "down: not serving")
+}
+
+// HealthStatus reports NOT_SERVING.
+func (Down) HealthStatus() healthpb.HealthCheckResponse_ServingStatus {
+	return healthpb.HealthCheckResponse_NOT_SERVING
+}
+
+// Slow answers "slow: " + brief after Delay, unless the call's context ends
+// first; it counts such cancellations, so tests can see that a caller's
+// cancellation reached the server. Use a *Slow.
+type Slow struct {
+	stubbornv1.UnimplementedDelegateServiceServer
+	// Delay is how long each call takes.
+	Delay time.Duration
+
+	started   atomic.Int64
+	cancelled atomic.Int64
+}
+
+// Execute waits Delay or until ctx ends, whichever is first.
+func (s *Slow) Execute(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+	s.started.Add(1)
+	t := time.NewTimer(s.Delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return text("slow: " + req.GetBrief()), nil
+	case <-ctx.Done():
+		s.cancelled.Add(1)
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// Started returns how many calls Execute has received.
+func (s *Slow) Started() int { return int(s.started.Load()) }
+
+// Cancelled returns how many calls saw their context end before Delay.
+func (s *Slow) Cancelled() int { return int(s.cancelled.Load()) }
+
+// Func is a delegate written as a function. Wrap it with NewScripted to
+// serve it.
+type Func func(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error)
+
+// Received is one request a Scripted delegate got.
+type Received struct {
+	// Request is the request as received.
+	Request *stubbornv1.ExecuteRequest
+	// Header is the request's incoming gRPC metadata.
+	Header metadata.MD
+}
+
+// Scripted serves a Func and records every request it receives.
+type Scripted struct {
+	stubbornv1.UnimplementedDelegateServiceServer
+	fn Func
+
+	mu       sync.Mutex
+	received []Received
+}
+
+// NewScripted returns a delegate that answers with fn; a nil fn echoes like
+// Echo.
+func NewScripted(fn Func) *Scripted {
+	if fn == nil {
+		fn = Echo{}.Execute
+	}
+	return &Scripted{fn: fn}
+}
+
+// Execute records the request and calls the Func.
+func (s *Scripted) Execute(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	s.mu.Lock()
+	s.received = append(s.received, Received{Request: req, Header: md.Copy()})
+	s.mu.Unlock()
+	return s.fn(ctx, req)
+}
+
+// Received returns the requests received so far, in order.
+func (s *Scripted) Received() []Received {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Received(nil), s.received...)
+}
+

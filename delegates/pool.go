@@ -1,0 +1,281 @@
+package delegates
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/controls"
+)
+
+// Request headers Pool.Call sends with every Execute, besides the request
+// fields of the same meaning, so that interceptors and proxies can see them.
+const (
+	// HeaderAttempt carries the attempt number (decimal), when known.
+	HeaderAttempt = "stubborn-attempt"
+	// HeaderIdempotencyKey carries the run's idempotency key, when there is
+	// one.
+	HeaderIdempotencyKey = "stubborn-idempotency-key"
+	// HeaderRunID carries the run id, when there is one.
+	HeaderRunID = "stubborn-run-id"
+)
+
+const (
+	// HealthTimeout bounds one health check made by Pool.Serving.
+	HealthTimeout = 500 * time.Millisecond
+	// HealthCacheTTL is how long Pool.Serving reuses a health answer.
+	HealthCacheTTL = time.Second
+)
+
+// CallOptions is what a call needs beyond controls.Call: the run it belongs
+// to and the per-attempt timeout. The runs layer puts it in the run's context
+// with WithCallOptions; Pool.Call reads it with CallOptionsFrom.
+type CallOptions struct {
+	// RunID is sent as ExecuteRequest.run_id and the stubborn-run-id header.
+	RunID string
+	// IdempotencyKey is sent as ExecuteRequest.idempotency_key and the
+	// stubborn-idempotency-key header.
+	IdempotencyKey string
+	// Metadata is sent as ExecuteRequest.metadata (not as gRPC headers).
+	Metadata map[string]string
+	// AttemptTimeout, when positive, replaces the delegate's configured
+	// timeout for each attempt. The run's own deadline still applies.
+	AttemptTimeout time.Duration
+}
+
+type callOptionsKey struct{}
+
+// WithCallOptions returns a child of ctx that carries o for Pool.Call.
+func WithCallOptions(ctx context.Context, o CallOptions) context.Context {
+	return context.WithValue(ctx, callOptionsKey{}, o)
+}
+
+// CallOptionsFrom returns the CallOptions in ctx, or zero options.
+func CallOptionsFrom(ctx context.Context) CallOptions {
+	o, _ := ctx.Value(callOptionsKey{}).(CallOptions)
+	return o
+}
+
+// Pool is the delegate registry with one shared, lazily connecting gRPC client
+// connection per delegate. It implements controls.Delegates and is safe for
+// concurrent use. Close it when done.
+type Pool struct {
+	order []string
+	byKey map[string]*entry
+
+	mu     sync.Mutex
+	health map[string]healthAnswer
+	now    func() time.Time
+}
+
+type entry struct {
+	cfg    Delegate
+	conn   *grpc.ClientConn
+	client stubbornv1.DelegateServiceClient
+	health healthpb.HealthClient
+}
+
+type healthAnswer struct {
+	serving bool
+	at      time.Time
+}
+
+var _ controls.Delegates = (*Pool)(nil)
+
+// NewPool creates a client connection for every delegate in cfg with
+// grpc.NewClient (which does not connect until the first call). Connections
+// are plaintext unless the delegate sets tls, which uses the system roots.
+// gRPC's own policy retries are disabled (Stubborn's controls decide
+// retries); its transparent retries of never-processed RPCs stay on. opts
+// are appended to every connection's options, so they can add dialers,
+// interceptors or stats handlers, or replace the credentials.
+func NewPool(cfg *Config, opts ...grpc.DialOption) (*Pool, error) {
+	p := &Pool{
+		byKey:  make(map[string]*entry, len(cfg.Delegates)),
+		health: make(map[string]healthAnswer),
+		now:    time.Now,
+	}
+	for i, d := range cfg.Delegates {
+		if _, dup := p.byKey[d.Name]; dup || d.Name == "" || d.Target == "" {
+			p.Close()
+			return nil, fmt.Errorf("%w: delegates[%d] (%q): empty or duplicate name, or empty target", ErrInvalidConfig, i, d.Name)
+		}
+		if d.Timeout <= 0 {
+			d.Timeout = Duration(DefaultTimeout)
+		}
+		creds := insecure.NewCredentials()
+		if d.TLS {
+			creds = credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})
+		}
+		all := append([]grpc.DialOption{
+			grpc.WithTransportCredentials(creds),
+			grpc.WithDisableRetry(),
+		}, opts...)
+		conn, err := grpc.NewClient(d.Target, all...)
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("delegate %q: target %q: %w", d.Name, d.Target, err)
+		}
+		p.order = append(p.order, d.Name)
+		p.byKey[d.Name] = &entry{
+			cfg:    d,
+			conn:   conn,
+			client: stubbornv1.NewDelegateServiceClient(conn),
+			health: healthpb.NewHealthClient(conn),
+		}
+	}
+	return p, nil
+}
+
+// Close closes every connection. Calls after Close fail.
+func (p *Pool) Close() error {
+	var errs []error
+	for _, name := range p.order {
+		if err := p.byKey[name].conn.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("delegate %q: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Names returns the delegates' names in config order.
+func (p *Pool) Names() []string {
+	return append([]string(nil), p.order...)
+}
+
+// Lookup returns a delegate's registry entry (with defaults filled in).
+func (p *Pool) Lookup(name string) (Delegate, bool) {
+	e, ok := p.byKey[name]
+	if !ok {
+		return Delegate{}, false
+	}
+	return e.cfg, true
+}
+
+// Info returns what the registry declares about a delegate; zero for an
+// unknown name.
+func (p *Pool) Info(name string) controls.DelegateInfo {
+	d, _ := p.Lookup(name)
+	return d.Info()
+}
+
+// NotFound returns the error for a delegate name that is not in the registry:
+// NOT_FOUND, refused by Stubborn (so never retried).
+func NotFound(name string) *controls.CallError {
+	return &controls.CallError{
+		Code:    codes.NotFound,
+		Message: fmt.Sprintf("delegate %q is not in the registry", name),
+		Refused: true,
+	}
+}
+
+// Call sends one Execute attempt to the named delegate. It applies the
+// delegate's timeout, or CallOptions.AttemptTimeout from ctx, to the attempt,
+// and sends the CallOptions' run id, idempotency key and metadata. When ctx
+// itself ends (the run was cancelled or hit its deadline) Call returns
+// ctx.Err(); every other failure is a *controls.CallError (see Classify), so
+// an attempt that timed out while the run goes on is a DEADLINE_EXCEEDED
+// CallError. An unset result is returned as an empty one.
+func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+	e, ok := p.byKey[c.Delegate]
+	if !ok {
+		return nil, NotFound(c.Delegate)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	o := CallOptionsFrom(ctx)
+	timeout := e.cfg.Timeout.Std()
+	if o.AttemptTimeout > 0 {
+		timeout = o.AttemptTimeout
+	}
+	actx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	kv := make([]string, 0, 6)
+	if c.Attempt > 0 {
+		kv = append(kv, HeaderAttempt, strconv.Itoa(int(c.Attempt)))
+	}
+	if o.IdempotencyKey != "" {
+		kv = append(kv, HeaderIdempotencyKey, o.IdempotencyKey)
+	}
+	if o.RunID != "" {
+		kv = append(kv, HeaderRunID, o.RunID)
+	}
+	if len(kv) > 0 {
+		actx = metadata.AppendToOutgoingContext(actx, kv...)
+	}
+
+	req := &stubbornv1.ExecuteRequest{
+		Brief:          c.Brief,
+		RunId:          o.RunID,
+		Attempt:        c.Attempt,
+		IdempotencyKey: o.IdempotencyKey,
+		Metadata:       maps.Clone(o.Metadata),
+	}
+	var (
+		trailer metadata.MD
+		pr      peer.Peer
+	)
+	resp, err := e.client.Execute(actx, req, grpc.Trailer(&trailer), grpc.Peer(&pr))
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr
+		}
+		ce := Classify(err, trailer)
+		if pr.Addr != nil {
+			// A connection to the delegate carried the call: whatever the
+			// message says, it may have been received.
+			ce.NotSent = false
+		}
+		return nil, ce
+	}
+	if r := resp.GetResult(); r != nil {
+		return r, nil
+	}
+	return &stubbornv1.Result{}, nil
+}
+
+// Serving asks the delegate's grpc.health.v1 service about service "" (at
+// most HealthTimeout, and never past ctx). It returns false only for an
+// answer of NOT_SERVING; any other answer, UNIMPLEMENTED, an error or an
+// unknown name gives true, since a delegate that cannot be judged is worth
+// trying. Answers are reused for HealthCacheTTL.
+func (p *Pool) Serving(ctx context.Context, name string) bool {
+	e, ok := p.byKey[name]
+	if !ok {
+		return true
+	}
+	p.mu.Lock()
+	a, hit := p.health[name]
+	p.mu.Unlock()
+	if hit && p.now().Sub(a.at) < HealthCacheTTL {
+		return a.serving
+	}
+	hctx, cancel := context.WithTimeout(ctx, HealthTimeout)
+	defer cancel()
+	resp, err := e.health.Check(hctx, &healthpb.HealthCheckRequest{Service: ""})
+	serving := err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING
+	if ctx.Err() != nil {
+		// The caller gave up; that says nothing about the delegate.
+		return true
+	}
+	p.mu.Lock()
+	p.health[name] = healthAnswer{serving: serving, at: p.now()}
+	p.mu.Unlock()
+	return serving
+}

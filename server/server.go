@@ -1,0 +1,236 @@
+// Package server implements stubborn.v1.ControlService over package runs,
+// and builds the gRPC server with its interceptors, health and reflection.
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"runtime/debug"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// Options configure the ControlService.
+type Options struct {
+	// Limits bound requests. Zero fields take DefaultLimits.
+	Limits Limits
+	// Known reports whether a delegate name is in the registry. Required.
+	Known func(name string) bool
+	// HasJudge says a default judge delegate is configured.
+	HasJudge bool
+	// Logger receives request logs and recovered panics. Nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Service implements stubborn.v1.ControlService.
+type Service struct {
+	stubbornv1.UnimplementedControlServiceServer
+	runs *runs.Manager
+	val  validator
+}
+
+var _ stubbornv1.ControlServiceServer = (*Service)(nil)
+
+// NewService returns the ControlService over m.
+func NewService(m *runs.Manager, o Options) *Service {
+	return &Service{runs: m, val: validator{limits: o.Limits.withDefaults(), known: o.Known, hasJudge: o.HasJudge}}
+}
+
+// NewGRPCServer returns a gRPC server with recovery and logging
+// interceptors, the ControlService, health (grpc.health.v1) and reflection
+// registered. The returned health server lets the caller flip the status on
+// shutdown.
+func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.Server, *health.Server) {
+	logger := o.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	logAdapter := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		logger.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+	onPanic := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		logger.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
+		return status.Error(codes.Internal, "internal error")
+	})
+	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+	opts := append([]grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(
+			logging.UnaryServerInterceptor(logAdapter, logOpts...),
+			recovery.UnaryServerInterceptor(onPanic),
+		),
+		grpc.ChainStreamInterceptor(
+			logging.StreamServerInterceptor(logAdapter, logOpts...),
+			recovery.StreamServerInterceptor(onPanic),
+		),
+	}, extra...)
+	g := grpc.NewServer(opts...)
+	stubbornv1.RegisterControlServiceServer(g, svc)
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(stubbornv1.ControlService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(g, hs)
+	reflection.Register(g)
+	return g, hs
+}
+
+// Run starts a run and streams its events until it ends. The run goes on
+// if the client hangs up.
+func (s *Service) Run(req *stubbornv1.RunRequest, stream grpc.ServerStreamingServer[stubbornv1.RunResponse]) error {
+	st, err := s.start(req)
+	if err != nil {
+		return err
+	}
+	return s.watch(stream.Context(), st.GetRunId(), 0, func(ev *stubbornv1.RunEvent) error {
+		return stream.Send(&stubbornv1.RunResponse{Event: ev})
+	})
+}
+
+// StartRun starts a run detached.
+func (s *Service) StartRun(_ context.Context, req *stubbornv1.StartRunRequest) (*stubbornv1.StartRunResponse, error) {
+	st, err := s.start(req)
+	if err != nil {
+		return nil, err
+	}
+	return &stubbornv1.StartRunResponse{RunId: st.GetRunId(), State: st}, nil
+}
+
+func (s *Service) start(req runRequest) (*stubbornv1.ControlState, error) {
+	spec, err := s.val.runSpec(req)
+	if err != nil {
+		return nil, err
+	}
+	st, err := s.runs.Start(req.GetTaskBrief(), spec, req.GetOptions())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return st, nil
+}
+
+// WatchRun streams a run's events after after_seq, then live ones.
+func (s *Service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerStreamingServer[stubbornv1.WatchRunResponse]) error {
+	if err := runID(req.GetRunId()); err != nil {
+		return err
+	}
+	if req.GetAfterSeq() < 0 {
+		var v violations
+		v.add("after_seq", "must not be negative, got %d", req.GetAfterSeq())
+		return v.err()
+	}
+	return s.watch(stream.Context(), req.GetRunId(), req.GetAfterSeq(), func(ev *stubbornv1.RunEvent) error {
+		return stream.Send(&stubbornv1.WatchRunResponse{Event: ev})
+	})
+}
+
+func (s *Service) watch(ctx context.Context, id string, after int64, send func(*stubbornv1.RunEvent) error) error {
+	err := s.runs.Watch(ctx, id, after, send)
+	if err != nil && ctx.Err() != nil {
+		// The client went away; the run goes on.
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	return toStatus(err)
+}
+
+// GetRun returns a run's state.
+func (s *Service) GetRun(_ context.Context, req *stubbornv1.GetRunRequest) (*stubbornv1.GetRunResponse, error) {
+	if err := runID(req.GetRunId()); err != nil {
+		return nil, err
+	}
+	st, err := s.runs.Get(req.GetRunId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &stubbornv1.GetRunResponse{State: st}, nil
+}
+
+// ListRuns pages through runs, newest first.
+func (s *Service) ListRuns(_ context.Context, req *stubbornv1.ListRunsRequest) (*stubbornv1.ListRunsResponse, error) {
+	var v violations
+	if req.GetPageSize() < 0 {
+		v.add("page_size", "must not be negative, got %d", req.GetPageSize())
+	}
+	if _, ok := stubbornv1.RunStatus_name[int32(req.GetStatus())]; !ok {
+		v.add("status", "unknown value %d", req.GetStatus())
+	}
+	if err := v.err(); err != nil {
+		return nil, err
+	}
+	size := int(req.GetPageSize())
+	switch {
+	case size == 0:
+		size = 50
+	case size > 1000:
+		size = 1000
+	}
+	list, next, err := s.runs.List(req.GetStatus(), size, req.GetPageToken())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &stubbornv1.ListRunsResponse{Runs: list, NextPageToken: next}, nil
+}
+
+// CancelRun cancels a run and returns its state once it has ended.
+func (s *Service) CancelRun(ctx context.Context, req *stubbornv1.CancelRunRequest) (*stubbornv1.CancelRunResponse, error) {
+	if err := runID(req.GetRunId()); err != nil {
+		return nil, err
+	}
+	st, err := s.runs.Cancel(ctx, req.GetRunId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &stubbornv1.CancelRunResponse{State: st}, nil
+}
+
+// DecideRun answers a run awaiting a decision.
+func (s *Service) DecideRun(_ context.Context, req *stubbornv1.DecideRunRequest) (*stubbornv1.DecideRunResponse, error) {
+	var v violations
+	if req.GetRunId() == "" {
+		v.add("run_id", "must not be empty")
+	}
+	switch req.GetDecision() {
+	case stubbornv1.Decision_DECISION_RETRY, stubbornv1.Decision_DECISION_FAIL:
+	default:
+		v.add("decision", "must be DECISION_RETRY or DECISION_FAIL, got %s", req.GetDecision())
+	}
+	if err := v.err(); err != nil {
+		return nil, err
+	}
+	st, err := s.runs.Decide(req.GetRunId(), req.GetDecision())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &stubbornv1.DecideRunResponse{State: st}, nil
+}
+
+// toStatus maps the runs layer's errors to gRPC status errors.
+func toStatus(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, runs.ErrNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, runs.ErrNotAwaitingDecision):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, runs.ErrBadPageToken):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, runs.ErrClosed):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Error(codes.Internal, err.Error())
+}

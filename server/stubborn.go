@@ -1,0 +1,103 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/delegates"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// Config is everything a Stubborn server is built from.
+type Config struct {
+	// Registry names the delegates and sets the limits. Required.
+	Registry *delegates.Config
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Clock defaults to the wall clock; tests pass a fake one.
+	Clock controls.Clock
+	// Seed, when non-zero, makes backoff jitter deterministic (tests).
+	Seed uint64
+	// DialOptions are added to every delegate connection.
+	DialOptions []grpc.DialOption
+	// ServerOptions are added to the gRPC server.
+	ServerOptions []grpc.ServerOption
+}
+
+// Stubborn is a ready server: the gRPC server with every service registered,
+// the runs it drives and the delegate connections it holds.
+type Stubborn struct {
+	GRPC   *grpc.Server
+	Health *health.Server
+	Runs   *runs.Manager
+	Pool   *delegates.Pool
+}
+
+// New builds a Stubborn server from cfg. Serve it, then Stop it.
+func New(cfg Config) (*Stubborn, error) {
+	pool, err := delegates.NewPool(cfg.Registry, cfg.DialOptions...)
+	if err != nil {
+		return nil, err
+	}
+	m := runs.New(runs.Config{
+		Delegates: pool,
+		Clock:     cfg.Clock,
+		Seed:      cfg.Seed,
+		CallContext: func(ctx context.Context, st *stubbornv1.ControlState) context.Context {
+			o := st.GetOptions()
+			return delegates.WithCallOptions(ctx, delegates.CallOptions{
+				RunID:          st.GetRunId(),
+				IdempotencyKey: o.GetIdempotencyKey(),
+				Metadata:       o.GetMetadata(),
+				AttemptTimeout: o.GetAttemptTimeout().AsDuration(),
+			})
+		},
+	})
+	l := cfg.Registry.Limits
+	opts := Options{
+		Limits: Limits{
+			MaxBriefBytes: l.MaxBriefBytes,
+			MaxAttempts:   l.MaxAttempts,
+			MaxChain:      l.MaxChain,
+			MaxWait:       l.MaxWait.Std(),
+		},
+		Known: func(name string) bool {
+			_, ok := pool.Lookup(name)
+			return ok
+		},
+		HasJudge: cfg.Registry.Judge != "",
+		Logger:   cfg.Logger,
+	}
+	g, hs := NewGRPCServer(NewService(m, opts), opts, cfg.ServerOptions...)
+	return &Stubborn{GRPC: g, Health: hs, Runs: m, Pool: pool}, nil
+}
+
+// Serve serves on lis until Stop.
+func (s *Stubborn) Serve(lis net.Listener) error { return s.GRPC.Serve(lis) }
+
+// Stop reports NOT_SERVING, ends every run (their streams end with them),
+// lets the RPCs in flight finish for up to grace, then closes everything.
+func (s *Stubborn) Stop(grace time.Duration) {
+	s.Health.Shutdown()
+	s.Runs.Close()
+	done := make(chan struct{})
+	go func() {
+		s.GRPC.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		s.GRPC.Stop()
+		<-done
+	}
+	_ = s.Pool.Close()
+}
+
