@@ -56,13 +56,18 @@ func (t *Tracker) Status() stubbornv1.RunStatus {
 	return t.state.GetStatus()
 }
 
-// emit stamps the event's path and hands it to the sink. Callers hold t.mu,
-// so events leave in the order the state changed.
+// touch sets the state's update time to now, before a change. Callers hold
+// t.mu.
+func (t *Tracker) touch() {
+	t.state.UpdateTime = timestamppb.New(t.clock.Now())
+}
+
+// emit stamps the event with the path and the time of the change it
+// reports, and hands it to the sink. Callers hold t.mu, so events leave in
+// the order the state changed.
 func (t *Tracker) emit(path string, ev *stubbornv1.RunEvent) {
-	now := t.clock.Now()
-	t.state.UpdateTime = timestamppb.New(now)
 	ev.Path = path
-	ev.Time = timestamppb.New(now)
+	ev.Time = proto.CloneOf(t.state.UpdateTime)
 	if t.sink != nil {
 		t.sink(ev)
 	}
@@ -72,6 +77,7 @@ func (t *Tracker) emit(path string, ev *stubbornv1.RunEvent) {
 func (t *Tracker) Start() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.touch()
 	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
 	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunStarted{
 		RunStarted: &stubbornv1.RunStarted{State: proto.CloneOf(t.state)},
@@ -83,6 +89,7 @@ func (t *Tracker) Start() {
 func (t *Tracker) BeginAttempt(path, delegate, brief string, waitBefore time.Duration) int32 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.touch()
 	n := int32(len(t.state.AttemptLog)) + 1
 	a := &stubbornv1.Attempt{
 		Number:    n,
@@ -108,6 +115,7 @@ func (t *Tracker) BeginAttempt(path, delegate, brief string, waitBefore time.Dur
 func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result *stubbornv1.Result, err error, note string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.touch()
 	a := t.state.AttemptLog[n-1]
 	a.EndTime = timestamppb.New(t.clock.Now())
 	a.Outcome = outcome
@@ -124,6 +132,7 @@ func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result 
 func (t *Tracker) Failure(rec *stubbornv1.FailureRecord, willRetry bool, nextBrief string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.touch()
 	t.state.FailureHistory = append(t.state.FailureHistory, rec)
 	t.emit(rec.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_FailureAnalyzed{
 		FailureAnalyzed: &stubbornv1.FailureAnalyzed{
@@ -139,6 +148,7 @@ func (t *Tracker) Failure(rec *stubbornv1.FailureRecord, willRetry bool, nextBri
 func (t *Tracker) Backoff(path string, nextAttempt int32, wait, bound time.Duration, fromHint bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.touch()
 	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF
 	t.emit(path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_BackoffScheduled{
 		BackoffScheduled: &stubbornv1.BackoffScheduled{
@@ -157,6 +167,7 @@ func (t *Tracker) Backoff(path string, nextAttempt int32, wait, bound time.Durat
 func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, timeout time.Duration) (d stubbornv1.Decision, timedOut bool, err error) {
 	ch := make(chan stubbornv1.Decision, 1)
 	t.mu.Lock()
+	t.touch()
 	t.decision = ch
 	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
 	t.state.StatusReason = reason
@@ -208,6 +219,7 @@ func (t *Tracker) Decide(d stubbornv1.Decision) error {
 	if t.decision == nil {
 		return ErrNotAwaitingDecision
 	}
+	t.touch()
 	t.decision <- d
 	t.decision = nil
 	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
@@ -226,12 +238,13 @@ func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result,
 	if t.state.GetEndTime() != nil {
 		return proto.CloneOf(t.state)
 	}
+	t.touch()
 	t.decision = nil
 	t.state.Status = status
 	t.state.Result = result
 	t.state.Winner = winner
 	t.state.StatusReason = reason
-	t.state.EndTime = timestamppb.New(t.clock.Now())
+	t.state.EndTime = proto.CloneOf(t.state.UpdateTime)
 	final := proto.CloneOf(t.state)
 	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunFinished{
 		RunFinished: &stubbornv1.RunFinished{State: final},
