@@ -100,4 +100,3 @@ func (s *Stubborn) Stop(grace time.Duration) {
 	}
 	_ = s.Pool.Close()
 }
-

@@ -9,8 +9,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/controls"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
 // Clock is a fake controls.Clock: Sleep returns at once (unless ctx is
