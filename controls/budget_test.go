@@ -60,8 +60,8 @@ func TestBudgetTokenBucket(t *testing.T) {
 			t.Fatalf("step %d: Allow() = %v with %v tokens, want %v", i, got, s.tokens, s.allow)
 		}
 	}
-	if got := b.Suppressed(); got != 7 {
-		t.Errorf("Suppressed() = %d, want 7 (one per refused Allow)", got)
+	if got := b.Suppressed(); got != 8 {
+		t.Errorf("Suppressed() = %d, want 8 (one per refused Allow)", got)
 	}
 }
 

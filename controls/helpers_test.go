@@ -85,6 +85,7 @@ type fixture struct {
 	// inline (with the tracker locked): a test may block in it to hold the
 	// control still.
 	onEvent func(ev *stubbornv1.RunEvent)
+	evs     chan *stubbornv1.RunEvent // every event, as emitted
 
 	// Only the test goroutine touches these.
 	started map[string][]controls.Call
@@ -96,6 +97,7 @@ func newFixture(script map[string][]controlstest.Reply) *fixture {
 		fakes:   controlstest.NewDelegates(script),
 		started: map[string][]controls.Call{},
 		back:    map[string][]returned{},
+		evs:     make(chan *stubbornv1.RunEvent, 1024),
 	}
 	f.obs = &observed{
 		Delegates: f.fakes,
@@ -109,6 +111,7 @@ func newFixture(script map[string][]controlstest.Reply) *fixture {
 		Delegates: f.obs,
 		Tracker: controls.NewTracker(st, clock, func(ev *stubbornv1.RunEvent) {
 			f.events.Sink(ev)
+			f.evs <- ev
 			if f.onEvent != nil {
 				f.onEvent(ev)
 			}
@@ -185,6 +188,18 @@ func (f *fixture) waitReturned(t *testing.T, names ...string) map[string]returne
 		out[n] = f.back[n][0]
 	}
 	return out
+}
+
+// waitFailureOf waits until the failure of the named delegate has been
+// recorded.
+func (f *fixture) waitFailureOf(t *testing.T, name string) {
+	t.Helper()
+	for {
+		ev := recv(t, f.evs, "the failure of "+name+" to be recorded")
+		if ev.GetFailureAnalyzed().GetFailure().GetDelegate() == name {
+			return
+		}
+	}
 }
 
 // recv receives from ch, or fails the test after patience.

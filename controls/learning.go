@@ -31,6 +31,9 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 
 	brief := taskBrief
 	for i := 0; i < maxRetries; i++ {
+		if ctx.Err() != nil {
+			return stopped(ctx)
+		}
 		n, a := attempt(ctx, env, env.Path, target, brief, 0)
 		if ctx.Err() != nil {
 			return stopped(ctx)

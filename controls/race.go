@@ -18,6 +18,9 @@ var errLostRace = errors.New("another candidate won the race")
 // one in the list. When every candidate fails the outcome is EXHAUSTED.
 func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.RaceSpec) Outcome {
 	candidates := spec.GetCandidates()
+	if ctx.Err() != nil {
+		return stopped(ctx)
+	}
 	raceCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
@@ -105,6 +108,11 @@ func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Race
 		}
 		cancelPending(errLostRace)
 		return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Result: winner.a.result, Winner: candidates[winner.index]}
+	}
+	// The last calls may have come back cancelled before the loop saw the
+	// run's end: they failed because the run ended, not on their own.
+	if ctx.Err() != nil {
+		return stopped(ctx)
 	}
 	return exhausted("all %d candidates failed", len(candidates))
 }

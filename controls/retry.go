@@ -135,20 +135,19 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 
 		// The wait before the retry: the delegate's hint, else the backoff.
 		var wait, bound time.Duration
-		fromHint := notRetried == "" && ce.HasHint
-		switch {
-		case notRetried != "":
-		case fromHint:
-			wait, bound = ce.RetryHint, maxWait
-		default:
-			wait, bound = Backoff(env.Rand, used+1, base, maxWait)
-		}
-		switch {
-		case notRetried != "":
-		case endsPastDeadline(ctx, env, wait):
-			notRetried = reasonDeadline
-		case env.Budgets != nil && !env.Budgets.Allow(target):
-			notRetried = reasonBudget
+		var fromHint bool
+		if notRetried == "" {
+			if fromHint = ce.HasHint; fromHint {
+				wait, bound = ce.RetryHint, maxWait
+			} else {
+				wait, bound = Backoff(env.Rand, used+1, base, maxWait)
+			}
+			switch {
+			case endsPastDeadline(ctx, env, wait):
+				notRetried = reasonDeadline
+			case env.Budgets != nil && !env.Budgets.Allow(target):
+				notRetried = reasonBudget
+			}
 		}
 
 		rec.NotRetriedReason = notRetried

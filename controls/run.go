@@ -34,6 +34,8 @@ func Execute(ctx context.Context, env *Env, brief string, spec *stubbornv1.Contr
 		return FallbackChain(ctx, env, brief, k.FallbackChain)
 	case *stubbornv1.ControlSpec_Race:
 		return Race(ctx, env, brief, k.Race)
+	case *stubbornv1.ControlSpec_Retry:
+		return Retry(ctx, env, brief, k.Retry)
 	}
 	return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_FAILED, Reason: "no control in spec"}
 }
