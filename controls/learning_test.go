@@ -460,6 +460,7 @@ func TestRetryWithLearningRunContext(t *testing.T) {
 
 		assert.Equal(t, failed, r.out.Status)
 		assert.Equal(t, "run timeout exceeded", r.out.Reason)
-		assert.Len(t, r.calls, 1)
+		// One call, unless the deadline passed before it could start.
+		assert.LessOrEqual(t, len(r.calls), 1, "no attempt after the deadline")
 	})
 }

@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/controls"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
 // PushbackTrailer is the trailer a server sets to tell a client how long to
@@ -62,7 +62,8 @@ const waitingForConnection = "while waiting for connections to become ready"
 // at any caller context: Pool.Call returns the run's ctx.Err() instead of
 // calling Classify when the run's context is done.
 //
-//   - Code and Message are the gRPC status code and message. A bare context
+//   - Code and Message are the gRPC status code and message (of the
+//     innermost status when err wraps one). A bare context
 //     error becomes DEADLINE_EXCEEDED or CANCELLED; any other non-status
 //     error becomes UNKNOWN with err.Error() as its message.
 //   - HTTPStatus is the first non-zero stubborn.v1.UpstreamStatus detail.
@@ -91,8 +92,14 @@ func Classify(err error, trailer metadata.MD) *controls.CallError {
 	if errors.As(err, &ce) {
 		return ce
 	}
-	st, ok := status.FromError(err)
-	if !ok {
+	// The innermost status's own message, even when err wraps it (where
+	// status.FromError would return the whole wrapped text).
+	var st *status.Status
+	var gs interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &gs) {
+		st = gs.GRPCStatus()
+	}
+	if st == nil {
 		st = status.FromContextError(err)
 	}
 	ce = &controls.CallError{Code: st.Code(), Message: st.Message()}

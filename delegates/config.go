@@ -159,20 +159,27 @@ func Parse(b []byte) (*Config, error) {
 	return &cfg, nil
 }
 
-func (c *Config) applyDefaults() {
+// WithDefaults returns l with every zero field set from DefaultLimits, for
+// a Config built in code rather than by Parse.
+func (l Limits) WithDefaults() Limits {
 	def := DefaultLimits()
-	if c.Limits.MaxBriefBytes == 0 {
-		c.Limits.MaxBriefBytes = def.MaxBriefBytes
+	if l.MaxBriefBytes == 0 {
+		l.MaxBriefBytes = def.MaxBriefBytes
 	}
-	if c.Limits.MaxAttempts == 0 {
-		c.Limits.MaxAttempts = def.MaxAttempts
+	if l.MaxAttempts == 0 {
+		l.MaxAttempts = def.MaxAttempts
 	}
-	if c.Limits.MaxChain == 0 {
-		c.Limits.MaxChain = def.MaxChain
+	if l.MaxChain == 0 {
+		l.MaxChain = def.MaxChain
 	}
-	if c.Limits.MaxWait == 0 {
-		c.Limits.MaxWait = def.MaxWait
+	if l.MaxWait == 0 {
+		l.MaxWait = def.MaxWait
 	}
+	return l
+}
+
+func (c *Config) applyDefaults() {
+	c.Limits = c.Limits.WithDefaults()
 	for i := range c.Delegates {
 		if c.Delegates[i].Timeout == 0 {
 			c.Delegates[i].Timeout = Duration(DefaultTimeout)

@@ -73,6 +73,9 @@ func TestParseDefaults(t *testing.T) {
 	assert.Equal(t, delegates.Limits{
 		MaxBriefBytes: 65536, MaxAttempts: 100, MaxChain: 32, MaxWait: delegates.Duration(time.Hour),
 	}, delegates.DefaultLimits())
+	assert.Equal(t, delegates.Limits{
+		MaxBriefBytes: 10, MaxAttempts: 100, MaxChain: 32, MaxWait: delegates.Duration(time.Hour),
+	}, delegates.Limits{MaxBriefBytes: 10}.WithDefaults())
 }
 
 func TestParseErrors(t *testing.T) {

@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
-	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/controls"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
 // Request headers Pool.Call sends with every Execute, besides the request
@@ -185,11 +185,14 @@ func NotFound(name string) *controls.CallError {
 
 // Call sends one Execute attempt to the named delegate. It applies the
 // delegate's timeout, or CallOptions.AttemptTimeout from ctx, to the attempt,
-// and sends the CallOptions' run id, idempotency key and metadata. When ctx
-// itself ends (the run was cancelled or hit its deadline) Call returns
-// ctx.Err(); every other failure is a *controls.CallError (see Classify), so
-// an attempt that timed out while the run goes on is a DEADLINE_EXCEEDED
-// CallError. An unset result is returned as an empty one.
+// and sends the CallOptions' run id, idempotency key and metadata (in the
+// request, plus the stubborn-* headers). When ctx itself ends (the run was
+// cancelled or hit its deadline) Call returns ctx.Err() (or
+// context.DeadlineExceeded when ctx's deadline has passed but its timer has
+// not fired yet); every other failure is a *controls.CallError (see Classify).
+// So an attempt that timed out while the run goes on is a DEADLINE_EXCEEDED
+// CallError with the message "attempt timed out after <timeout>". An unset
+// result is returned as an empty one.
 func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
 	e, ok := p.byKey[c.Delegate]
 	if !ok {
@@ -233,7 +236,7 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 	)
 	resp, err := e.client.Execute(actx, req, grpc.Trailer(&trailer), grpc.Peer(&pr))
 	if err != nil {
-		if cerr := ctx.Err(); cerr != nil {
+		if cerr := ended(ctx); cerr != nil {
 			return nil, cerr
 		}
 		ce := Classify(err, trailer)
@@ -242,12 +245,32 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 			// message says, it may have been received.
 			ce.NotSent = false
 		}
+		if (ce.Code == codes.DeadlineExceeded || ce.Code == codes.Canceled) && ended(actx) != nil {
+			// The attempt's deadline ended it, even when the delegate's
+			// server (which enforces the same deadline) reset the stream
+			// before our own timer fired.
+			ce.Code = codes.DeadlineExceeded
+			ce.Message = fmt.Sprintf("attempt timed out after %s", timeout)
+		}
 		return nil, ce
 	}
 	if r := resp.GetResult(); r != nil {
 		return r, nil
 	}
 	return &stubbornv1.Result{}, nil
+}
+
+// ended returns ctx's error, or context.DeadlineExceeded once ctx's deadline
+// has passed even if its timer has not fired yet: the delegate's server
+// enforces the same deadline and may end the call first.
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // Serving asks the delegate's grpc.health.v1 service about service "" (at

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -63,8 +66,25 @@ type env struct {
 	gate   *gate
 }
 
+// setup varies what start builds.
+type setup struct {
+	limits delegates.Limits
+	clock  controls.Clock
+	// extra delegates, served next to the standard ones.
+	extra map[string]stubbornv1.DelegateServiceServer
+	// notIdempotent lists delegates declared neither idempotent nor
+	// read_only; all others are idempotent.
+	notIdempotent []string
+}
+
 func start(t *testing.T, limits delegates.Limits) *env {
 	t.Helper()
+	return startWith(t, setup{limits: limits})
+}
+
+func startWith(t *testing.T, su setup) *env {
+	t.Helper()
+	limits := su.limits
 	e := &env{slow: &demo.Slow{Delay: time.Minute}, gate: newGate()}
 	svcs := map[string]stubbornv1.DelegateServiceServer{
 		"echo":  demo.Echo{},
@@ -76,15 +96,19 @@ func start(t *testing.T, limits delegates.Limits) *env {
 			return nil, status.Error(codes.Internal, "broken: always fails")
 		}),
 	}
+	maps.Copy(svcs, su.extra)
 	cfg := &delegates.Config{Limits: limits}
 	for name, svc := range svcs {
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
 		s := demo.Serve(lis, svc)
 		t.Cleanup(s.Stop)
-		cfg.Delegates = append(cfg.Delegates, delegates.Delegate{Name: name, Target: lis.Addr().String(), Idempotent: true, Timeout: delegates.Duration(time.Minute)})
+		cfg.Delegates = append(cfg.Delegates, delegates.Delegate{
+			Name: name, Target: lis.Addr().String(), Idempotent: !slices.Contains(su.notIdempotent, name),
+			Timeout: delegates.Duration(time.Minute),
+		})
 	}
-	st, err := server.New(server.Config{Registry: cfg, Logger: slog.New(slog.DiscardHandler)})
+	st, err := server.New(server.Config{Registry: cfg, Logger: slog.New(slog.DiscardHandler), Clock: su.clock})
 	require.NoError(t, err)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

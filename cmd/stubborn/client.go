@@ -153,7 +153,7 @@ func exitCode(st *stubbornv1.ControlState) int {
 }
 
 func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs := newFlagSet("run")
 	addr := fs.String("addr", defaultAddr, "Stubborn server address")
 	asJSON := fs.Bool("json", false, "print events as protojson lines")
 	var f runFlags
@@ -182,7 +182,7 @@ func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 }
 
 func cmdWatch(ctx context.Context, args []string, stdout io.Writer) (int, error) {
-	fs := flag.NewFlagSet("watch", flag.ContinueOnError)
+	fs := newFlagSet("watch")
 	addr := fs.String("addr", defaultAddr, "Stubborn server address")
 	after := fs.Int64("after", 0, "only events after this seq")
 	asJSON := fs.Bool("json", false, "print events as protojson lines")
@@ -259,7 +259,7 @@ func cmdUnary(ctx context.Context, name string, args []string, stdout io.Writer)
 }
 
 func cmdList(ctx context.Context, args []string, stdout io.Writer) (int, error) {
-	fs := flag.NewFlagSet("list", flag.ContinueOnError)
+	fs := newFlagSet("list")
 	addr := fs.String("addr", defaultAddr, "Stubborn server address")
 	statusFlag := fs.String("status", "", "only runs with this status (for example succeeded, awaiting_decision)")
 	if err := fs.Parse(args); err != nil {

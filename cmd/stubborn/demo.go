@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
@@ -45,6 +45,7 @@ func demoDelegates(latency time.Duration) []demoDelegate {
 		{name: "flaky", svc: slowly(&demo.Flaky{FailFirst: 2}), idempotent: true},
 		{name: "down", svc: demo.Down{}},
 		{name: "slow", svc: &demo.Slow{Delay: 30 * time.Second}, idempotent: true},
+		{name: "flaky-api", svc: slowly(&demo.Flaky{FailFirst: 2}), idempotent: true},
 		{name: "search-backup", svc: slowly(demo.NewScripted(func(context.Context, *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
 			return nil, status.Error(codes.Internal, "search-backup: index is corrupt")
 		}))},
@@ -83,7 +84,7 @@ func serveDemoDelegates(host string, firstPort int, latency time.Duration) ([]de
 }
 
 func cmdDelegates(ctx context.Context, args []string, stdout io.Writer) (int, error) {
-	fs := flag.NewFlagSet("delegates", flag.ContinueOnError)
+	fs := newFlagSet("delegates")
 	listen := fs.String("listen", "127.0.0.1:7400", "host and first port; each demo delegate takes the next port")
 	latency := fs.Duration("latency", 300*time.Millisecond, "how long each demo answer takes")
 	if err := fs.Parse(args); err != nil {
@@ -120,7 +121,7 @@ type demoRun struct {
 }
 
 func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs := newFlagSet("demo")
 	latency := fs.Duration("latency", 300*time.Millisecond, "how long each demo delegate answer takes")
 	asJSON := fs.Bool("json", false, "print events as protojson lines")
 	if err := fs.Parse(args); err != nil {
@@ -150,7 +151,7 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	}
 	defer closeConn()
 
-	fmt.Fprintf(stdout, "Stubborn demo: server on %s, demo delegates echo, flaky (fails its first 2 calls), down (health NOT_SERVING), search-backup (always fails), unreachable (nothing listens).\n", lis.Addr())
+	fmt.Fprintf(stdout, "Stubborn demo: server on %s, demo delegates echo, flaky and flaky-api (each fails its first 2 calls), down (health NOT_SERVING), search-backup (always fails), unreachable (nothing listens).\n", lis.Addr())
 	demoRuns := []demoRun{
 		{
 			title: "fallback-chain [down, unreachable, search-backup, echo]: down is skipped on its health check, unreachable refuses the connection, search-backup fails, echo wins",
@@ -165,6 +166,16 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 			req: &stubbornv1.RunRequest{
 				TaskBrief:         "summarise the rainfall report in one line",
 				RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: "flaky", MaxRetries: ptr(int32(3))},
+			},
+			want: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED,
+		},
+		{
+			title: "retry of flaky-api (idempotent, base_wait 250ms): UNAVAILABLE twice, a full-jitter backoff before each retry, then success",
+			req: &stubbornv1.RunRequest{
+				TaskBrief: "fetch today's rainfall",
+				Retry: &stubbornv1.RetrySpec{
+					Target: "flaky-api", BaseWait: durationpb.New(250 * time.Millisecond), MaxWait: durationpb.New(2 * time.Second),
+				},
 			},
 			want: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED,
 		},

@@ -72,6 +72,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	return 2, fmt.Errorf("unknown command %q", cmd)
 }
 
+// newFlagSet returns a flag set that reports errors instead of exiting.
+func newFlagSet(name string) *flag.FlagSet {
+	return flag.NewFlagSet(name, flag.ContinueOnError)
+}
+
 func newLogger(format string, level slog.Level) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: level}
 	switch format {
@@ -84,7 +89,7 @@ func newLogger(format string, level slog.Level) (*slog.Logger, error) {
 }
 
 func cmdServe(ctx context.Context, args []string) (int, error) {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs := newFlagSet("serve")
 	configPath := fs.String("config", "stubborn.yaml", "delegates config (YAML)")
 	listen := fs.String("listen", defaultAddr, "address to serve gRPC on")
 	logFormat := fs.String("log-format", "text", "text or json")

@@ -183,4 +183,3 @@ func (s *Scripted) Received() []Received {
 	defer s.mu.Unlock()
 	return append([]Received(nil), s.received...)
 }
-
