@@ -45,7 +45,7 @@ checkgenerate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Fail if gen/ dif
 .PHONY: lint
 lint: $(BUF) ## go vet, gofmt, buf lint, buf format.
 	go vet ./...
-	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' | grep -v '^gen/' || true)); \
+	@out=$$(find . -name '*.go' -not -path './gen/*' -not -path './.tools/*' -not -path './clients/*' -print0 | xargs -0 gofmt -l); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	buf lint
 	buf format -d --exit-code

@@ -56,13 +56,17 @@ func TestRunFlagsBuildRequests(t *testing.T) {
 				assert.Equal(t, stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL, r.GetRetry().GetOnExhausted())
 			}, ""},
 		{[]string{"-control", "retry", "-target", "a", "-brief", "b"},
-			func(t *testing.T, r *stubbornv1.RunRequest) { assert.Nil(t, r.GetRetry().Attempts, "unset means the default") }, ""},
+			func(t *testing.T, r *stubbornv1.RunRequest) {
+				assert.Nil(t, r.GetRetry().Attempts, "unset means the default")
+			}, ""},
 		{[]string{"-control", "race", "-delegates", "a,b", "-brief", "b"},
 			func(t *testing.T, r *stubbornv1.RunRequest) {
 				assert.Equal(t, []string{"a", "b"}, r.GetRace().GetCandidates())
 			}, ""},
 		{[]string{"-control", "retry-with-learning", "-target", "a", "-max-retries", "4", "-brief", "b"},
-			func(t *testing.T, r *stubbornv1.RunRequest) { assert.EqualValues(t, 4, r.GetRetryWithLearning().GetMaxRetries()) }, ""},
+			func(t *testing.T, r *stubbornv1.RunRequest) {
+				assert.EqualValues(t, 4, r.GetRetryWithLearning().GetMaxRetries())
+			}, ""},
 		{[]string{"-control", "nope"}, nil, "-control must be"},
 		{[]string{"-control", "retry", "-on-exhausted", "maybe"}, nil, "-on-exhausted"},
 	}
