@@ -1,0 +1,228 @@
+package runs_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func chain(names ...string) *stubbornv1.ControlSpec {
+	return &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: names}}}
+}
+
+func newManager(t *testing.T, d controls.Delegates, cfg runs.Config) *runs.Manager {
+	t.Helper()
+	cfg.Delegates = d
+	if cfg.Clock == nil {
+		cfg.Clock = controlstest.NewClock()
+	}
+	m := runs.New(cfg)
+	t.Cleanup(m.Close)
+	return m
+}
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func watchAll(t *testing.T, m *runs.Manager, id string, after int64) []*stubbornv1.RunEvent {
+	t.Helper()
+	var evs []*stubbornv1.RunEvent
+	require.NoError(t, m.Watch(ctxFor(t), id, after, func(ev *stubbornv1.RunEvent) error {
+		evs = append(evs, ev)
+		return nil
+	}))
+	return evs
+}
+
+func final(t *testing.T, evs []*stubbornv1.RunEvent) *stubbornv1.ControlState {
+	t.Helper()
+	require.NotEmpty(t, evs)
+	require.NotNil(t, evs[len(evs)-1].GetRunFinished(), "the last event is run_finished")
+	return evs[len(evs)-1].GetRunFinished().GetState()
+}
+
+func TestWatchersSeeTheSameDenseSequence(t *testing.T) {
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{
+		"a": {controlstest.Fail(14, "down")},
+		"b": {controlstest.OK("fine")},
+	})
+	m := newManager(t, d, runs.Config{})
+	st, err := m.Start("brief", chain("a", "b"), nil)
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_PENDING, st.GetStatus())
+	assert.Equal(t, st.GetRunId(), st.GetOptions().GetIdempotencyKey(), "the run id is the default idempotency key")
+
+	const watchers = 50
+	got := make([][]*stubbornv1.RunEvent, watchers)
+	var wg sync.WaitGroup
+	for i := range watchers {
+		wg.Go(func() { got[i] = watchAll(t, m, st.GetRunId(), 0) })
+	}
+	wg.Wait()
+	for i := range watchers {
+		require.Len(t, got[i], len(got[0]))
+		for j, ev := range got[i] {
+			assert.EqualValues(t, j+1, ev.GetSeq())
+			assert.Equal(t, st.GetRunId(), ev.GetRunId())
+			assert.True(t, proto.Equal(got[0][j], ev))
+		}
+	}
+	fin := final(t, got[0])
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
+	assert.Equal(t, "b", fin.GetWinner())
+
+	// Resuming anywhere gives exactly the rest; past the end, nothing.
+	for k := range int64(len(got[0]) + 2) {
+		rest := watchAll(t, m, st.GetRunId(), k)
+		assert.Len(t, rest, max(0, len(got[0])-int(k)), "after_seq %d", k)
+	}
+	g, err := m.Get(st.GetRunId())
+	require.NoError(t, err)
+	assert.True(t, proto.Equal(fin, g))
+}
+
+func TestCancelEndsAHangingRun(t *testing.T) {
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
+	m := newManager(t, d, runs.Config{})
+	st, err := m.Start("brief", chain("hang"), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
+	got, err := m.Cancel(ctxFor(t), st.GetRunId())
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
+	assert.Equal(t, "cancelled: cancelled by CancelRun", got.GetStatusReason())
+	assert.Equal(t, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED, got.GetAttemptLog()[0].GetOutcome())
+}
+
+func TestRunTimeoutFailsTheRun(t *testing.T) {
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
+	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}})
+	st, err := m.Start("brief", chain("hang"), &stubbornv1.RunOptions{RunTimeout: durationpb.New(20 * time.Millisecond)})
+	require.NoError(t, err)
+	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
+	assert.Equal(t, "run timeout exceeded", fin.GetStatusReason())
+}
+
+func TestDecideOnlyWhenAwaiting(t *testing.T) {
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
+	m := newManager(t, d, runs.Config{})
+	st, err := m.Start("brief", chain("a"), nil)
+	require.NoError(t, err)
+	watchAll(t, m, st.GetRunId(), 0)
+	_, err = m.Decide(st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
+	_, err = m.Decide("run_missing", stubbornv1.Decision_DECISION_RETRY)
+	assert.ErrorIs(t, err, runs.ErrNotFound)
+}
+
+func TestFinishedRunsBeyondTheLimitAreForgotten(t *testing.T) {
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
+	m := newManager(t, d, runs.Config{MaxFinished: 2})
+	var ids []string
+	for range 3 {
+		st, err := m.Start("brief", chain("a"), nil)
+		require.NoError(t, err)
+		watchAll(t, m, st.GetRunId(), 0)
+		ids = append(ids, st.GetRunId())
+	}
+	require.Eventually(t, func() bool { _, err := m.Get(ids[0]); return err != nil }, 5*time.Second, time.Millisecond)
+	_, err := m.Get(ids[0])
+	assert.ErrorIs(t, err, runs.ErrNotFound)
+	for _, id := range ids[1:] {
+		_, err := m.Get(id)
+		assert.NoError(t, err)
+	}
+}
+
+// panicking is a Delegates whose calls panic, like a bug in a control.
+type panicking struct{ controls.Delegates }
+
+func (panicking) Call(context.Context, controls.Call) (*stubbornv1.Result, error) {
+	panic("boom")
+}
+
+func TestPanicInARunFailsOnlyThatRun(t *testing.T) {
+	d := controlstest.NewDelegates(nil)
+	m := newManager(t, panicking{d}, runs.Config{})
+	st, err := m.Start("brief", chain("a"), nil)
+	require.NoError(t, err)
+	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
+	assert.Equal(t, "internal error", fin.GetStatusReason())
+	_, err = m.Start("again", chain("a"), nil)
+	assert.NoError(t, err, "the manager still takes runs")
+}
+
+func TestListFiltersAndPages(t *testing.T) {
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{
+		"ok": {controlstest.OK("x")}, "bad": {controlstest.Fail(3, "no")},
+	})
+	m := newManager(t, d, runs.Config{})
+	var ok, bad []string
+	for i := range 6 {
+		name := "ok"
+		if i%2 == 1 {
+			name = "bad"
+		}
+		st, err := m.Start("brief", chain(name), nil)
+		require.NoError(t, err)
+		watchAll(t, m, st.GetRunId(), 0)
+		if name == "ok" {
+			ok = append([]string{st.GetRunId()}, ok...)
+		} else {
+			bad = append([]string{st.GetRunId()}, bad...)
+		}
+	}
+	var got []string
+	token := ""
+	for {
+		page, next, err := m.List(stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED, 2, token)
+		require.NoError(t, err)
+		for _, st := range page {
+			got = append(got, st.GetRunId())
+		}
+		if token = next; token == "" {
+			break
+		}
+	}
+	assert.Equal(t, bad, got)
+	all, next, err := m.List(stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED, 100, "")
+	require.NoError(t, err)
+	assert.Empty(t, next)
+	assert.Len(t, all, len(ok)+len(bad))
+	_, _, err = m.List(stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED, 1, "bm90LWEtdG9rZW4")
+	assert.ErrorIs(t, err, runs.ErrBadPageToken)
+}
+
+func TestCloseCancelsRunsAndRefusesNewOnes(t *testing.T) {
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
+	m := runs.New(runs.Config{Delegates: d, Clock: controlstest.NewClock()})
+	st, err := m.Start("brief", chain("hang"), nil)
+	require.NoError(t, err)
+	m.Close()
+	got, err := m.Get(st.GetRunId())
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
+	_, err = m.Start("brief", chain("hang"), nil)
+	assert.ErrorIs(t, err, runs.ErrClosed)
+}
