@@ -3,7 +3,6 @@ package controls
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -161,11 +160,4 @@ func (e *Env) check(ctx context.Context, attempt int32, delegate string, r *stub
 		return Verdict{}, nil
 	}
 	return e.Criteria.Check(ctx, attempt, delegate, r)
-}
-
-// ErrInvalidSpec reports a control spec that cannot run.
-var ErrInvalidSpec = errors.New("invalid control spec")
-
-func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrInvalidSpec, fmt.Sprintf(format, args...))
 }

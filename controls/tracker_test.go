@@ -1,0 +1,93 @@
+package controls_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+func TestTracker(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a nested control's attempts, failures and events carry its path", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(map[string][]controlstest.Reply{"target": {unavailable("down"), ok("done")}})
+		f.env.Path = "chain[0]"
+		r := f.run(t, testCtx(t), learning(nil))
+		require.Equal(t, succeeded, r.out.Status)
+		for _, a := range r.state.GetAttemptLog() {
+			assert.Equal(t, "chain[0]", a.GetPath())
+		}
+		for _, rec := range r.state.GetFailureHistory() {
+			assert.Equal(t, "chain[0]", rec.GetPath())
+		}
+		for _, ev := range f.events.All() {
+			switch ev.GetKind().(type) {
+			case *stubbornv1.RunEvent_RunStarted, *stubbornv1.RunEvent_RunFinished:
+				assert.Empty(t, ev.GetPath(), "the run's own events")
+			default:
+				assert.Equal(t, "chain[0]", ev.GetPath(), controlstest.Kind(ev))
+			}
+		}
+	})
+
+	t.Run("Finish has an effect only once", func(t *testing.T) {
+		t.Parallel()
+		var events controlstest.Events
+		tr := controls.NewTracker(&stubbornv1.ControlState{RunId: "r"}, controlstest.NewClock(), events.Sink)
+		tr.Start()
+		first := tr.Finish(cancelled, nil, "", "cancelled")
+		again := tr.Finish(succeeded, &stubbornv1.Result{Text: "late"}, "x", "")
+		assert.Equal(t, cancelled, first.GetStatus())
+		assert.Equal(t, cancelled, again.GetStatus())
+		assert.Nil(t, again.GetResult())
+		assert.Equal(t, cancelled, tr.Snapshot().GetStatus())
+		assert.Equal(t, []string{"run_started", "run_finished"}, events.Kinds())
+	})
+
+	t.Run("Snapshot is a copy", func(t *testing.T) {
+		t.Parallel()
+		tr := controls.NewTracker(&stubbornv1.ControlState{RunId: "r"}, controlstest.NewClock(), nil)
+		s := tr.Snapshot()
+		s.RunId = "changed"
+		assert.Equal(t, "r", tr.Snapshot().GetRunId())
+	})
+
+	t.Run("Decide is refused when no decision is awaited", func(t *testing.T) {
+		t.Parallel()
+		tr := controls.NewTracker(&stubbornv1.ControlState{RunId: "r"}, controlstest.NewClock(), nil)
+		assert.ErrorIs(t, tr.Decide(stubbornv1.Decision_DECISION_RETRY), controls.ErrNotAwaitingDecision)
+	})
+
+	t.Run("AwaitDecision returns what Decide answers", func(t *testing.T) {
+		t.Parallel()
+		var events controlstest.Events
+		requested := make(chan struct{})
+		tr := controls.NewTracker(&stubbornv1.ControlState{RunId: "r"}, controlstest.NewClock(), func(ev *stubbornv1.RunEvent) {
+			events.Sink(ev)
+			if ev.GetDecisionRequested() != nil {
+				close(requested)
+			}
+		})
+		type answer struct {
+			d        stubbornv1.Decision
+			timedOut bool
+			err      error
+		}
+		got := make(chan answer, 1)
+		ctx := testCtx(t)
+		go func() {
+			d, timedOut, err := tr.AwaitDecision(ctx, "", "retries exhausted", 0)
+			got <- answer{d, timedOut, err}
+		}()
+		recv(t, requested, "decision_requested")
+		require.NoError(t, tr.Decide(stubbornv1.Decision_DECISION_RETRY))
+		assert.Equal(t, answer{d: stubbornv1.Decision_DECISION_RETRY}, recv(t, got, "AwaitDecision to return"))
+		assert.Equal(t, []string{"decision_requested", "decision_received"}, events.Kinds())
+	})
+}
