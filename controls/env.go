@@ -80,6 +80,13 @@ func Message(err error) string {
 	return err.Error()
 }
 
+// Presets resolves names that stand for a whole control rather than a
+// delegate, so that controls nest.
+type Presets interface {
+	// Preset returns the control a name stands for, if it is a preset.
+	Preset(name string) (*stubbornv1.ControlSpec, bool)
+}
+
 // Verdict is what failure criteria decided about a result.
 type Verdict struct {
 	// Failed says the result counts as a failure.
@@ -142,6 +149,8 @@ type Env struct {
 	// Path says where this control sits when controls are nested through
 	// presets (for example "chain[0]"). Empty for the run's own control.
 	Path string
+	// Presets resolves preset names. Nil means there are none.
+	Presets Presets
 	// Budgets throttles the retry control's retries per delegate. Nil (the
 	// default) means no retry budget.
 	Budgets Budgets

@@ -2,6 +2,7 @@ package controls
 
 import (
 	"context"
+	"fmt"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -23,7 +24,7 @@ func FallbackChain(ctx context.Context, env *Env, taskBrief string, spec *stubbo
 			a attemptResult
 		)
 		if env.Delegates.Serving(ctx, name) {
-			n, a = attempt(ctx, env, env.Path, name, taskBrief, 0)
+			n, a = attempt(ctx, env, fmt.Sprintf("chain[%d]", i), name, taskBrief, 0)
 			if ctx.Err() != nil {
 				return stopped(ctx)
 			}

@@ -34,7 +34,7 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 		if ctx.Err() != nil {
 			return stopped(ctx)
 		}
-		n, a := attempt(ctx, env, env.Path, target, brief, 0)
+		n, a := attempt(ctx, env, "target", target, brief, 0)
 		if ctx.Err() != nil {
 			return stopped(ctx)
 		}

@@ -91,7 +91,7 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 		if ctx.Err() != nil {
 			return stopped(ctx)
 		}
-		n, a := attempt(ctx, env, env.Path, target, taskBrief, waitBefore)
+		n, a := attempt(ctx, env, "target", target, taskBrief, waitBefore)
 		if ctx.Err() != nil {
 			return stopped(ctx)
 		}
@@ -180,7 +180,7 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 		}
 
 		used++
-		env.Tracker.Backoff(env.Path, n+1, wait, bound, fromHint)
+		env.Tracker.Backoff(env.Path, env.Tracker.NextAttempt(), wait, bound, fromHint)
 		if env.clock().Sleep(ctx, wait) != nil || ctx.Err() != nil {
 			return stopped(ctx)
 		}

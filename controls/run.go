@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -100,19 +102,29 @@ type attemptResult struct {
 	note    string // extra words for the attempt_finished event
 }
 
-// attempt calls a delegate once, judges the answer, and records the
-// attempt's start and end. The caller checks ctx.Err() afterwards.
-func attempt(ctx context.Context, env *Env, path, delegate, brief string, waitBefore time.Duration) (int32, attemptResult) {
-	n := env.Tracker.BeginAttempt(path, delegate, brief, waitBefore)
-	a := call(ctx, env, n, delegate, brief)
+// attempt calls a delegate (or runs a preset) once, judges the answer, and
+// records the attempt's start and end. slot names the spec field the name
+// came from (such as "chain[1]"); a preset's own attempts are recorded under
+// it. The caller checks ctx.Err() afterwards.
+func attempt(ctx context.Context, env *Env, slot, delegate, brief string, waitBefore time.Duration) (int32, attemptResult) {
+	n := env.Tracker.BeginAttempt(env.Path, delegate, brief, waitBefore)
+	a := call(ctx, env, n, slot, delegate, brief)
 	endAttempt(env, n, a)
 	return n, a
 }
 
-// call sends attempt n to a delegate and judges the answer, without
-// recording anything.
-func call(ctx context.Context, env *Env, n int32, delegate, brief string) attemptResult {
-	res, err := env.Delegates.Call(ctx, Call{Delegate: delegate, Brief: brief, Attempt: n})
+// call sends attempt n to a delegate, or runs the preset of that name, and
+// judges the answer, without recording the attempt itself.
+func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) attemptResult {
+	var (
+		res *stubbornv1.Result
+		err error
+	)
+	if spec, ok := env.preset(delegate); ok {
+		res, err = nested(ctx, env, slot, delegate, brief, spec)
+	} else {
+		res, err = env.Delegates.Call(ctx, Call{Delegate: delegate, Brief: brief, Attempt: n})
+	}
 	if ctx.Err() != nil {
 		return attemptResult{
 			outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED,
@@ -144,6 +156,37 @@ func call(ctx context.Context, env *Env, n int32, delegate, brief string) attemp
 		return rejected
 	}
 	return attemptResult{outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED, result: res, note: v.Note}
+}
+
+// nested runs a preset's control as one step of its parent: its attempts
+// are recorded with the path parent/slot, and its outcome becomes the step's
+// result or error. A preset that does not succeed fails the step with a
+// non-transient error, so an enclosing retry does not repeat a whole
+// control that already gave up.
+func nested(ctx context.Context, env *Env, slot, name, brief string, spec *stubbornv1.ControlSpec) (*stubbornv1.Result, error) {
+	child := *env
+	child.Path = slot
+	if env.Path != "" {
+		child.Path = env.Path + "/" + slot
+	}
+	child.Criteria = nil // a preset's own criteria are not supported yet
+	out := Execute(ctx, &child, brief, spec)
+	switch out.Status {
+	case stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED:
+		return out.Result, nil
+	case stubbornv1.RunStatus_RUN_STATUS_CANCELLED:
+		return nil, ctx.Err()
+	}
+	msg := fmt.Sprintf("preset %q ended %s: %s", name, strings.TrimPrefix(out.Status.String(), "RUN_STATUS_"), out.Reason)
+	return nil, &CallError{Code: codes.Unknown, Message: msg}
+}
+
+// preset resolves a preset name.
+func (e *Env) preset(name string) (*stubbornv1.ControlSpec, bool) {
+	if e.Presets == nil {
+		return nil, false
+	}
+	return e.Presets.Preset(name)
 }
 
 // endAttempt records how attempt n ended.

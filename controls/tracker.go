@@ -102,12 +102,23 @@ func (t *Tracker) BeginAttempt(path, delegate, brief string, waitBefore time.Dur
 		a.WaitBefore = durationpb.New(waitBefore)
 	}
 	t.state.AttemptLog = append(t.state.AttemptLog, a)
-	t.state.Attempts = n
+	if path == "" {
+		// ControlState.attempts counts the run's own control's attempts; a
+		// nested preset's attempts are in the log under their path.
+		t.state.Attempts++
+	}
 	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
 	t.emit(path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptStarted{
 		AttemptStarted: &stubbornv1.AttemptStarted{Attempt: proto.CloneOf(a)},
 	}})
 	return n
+}
+
+// NextAttempt returns the number the next attempt will get.
+func (t *Tracker) NextAttempt() int32 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return int32(len(t.state.AttemptLog)) + 1
 }
 
 // EndAttempt records how attempt n ended and emits attempt_finished. err,

@@ -53,6 +53,8 @@ type Config struct {
 	Limits Limits `yaml:"limits,omitempty"`
 	// Delegates is the registry, in file order. Names are unique.
 	Delegates []Delegate `yaml:"delegates"`
+	// Presets are named control specs that runs may name like delegates.
+	Presets []Preset `yaml:"presets,omitempty"`
 }
 
 // Limits are the configurable caps on requests. The delegates package only
@@ -230,6 +232,7 @@ func (c *Config) validate() error {
 			bad("judge: %q is not a delegate in the registry", c.Judge)
 		}
 	}
+	errs = append(errs, c.validatePresets(seen)...)
 	return errors.Join(errs...)
 }
 

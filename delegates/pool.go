@@ -74,8 +74,9 @@ func CallOptionsFrom(ctx context.Context) CallOptions {
 // connection per delegate. It implements controls.Delegates and is safe for
 // concurrent use. Close it when done.
 type Pool struct {
-	order []string
-	byKey map[string]*entry
+	order   []string
+	byKey   map[string]*entry
+	presets map[string]*stubbornv1.ControlSpec
 
 	mu     sync.Mutex
 	health map[string]healthAnswer
@@ -94,7 +95,10 @@ type healthAnswer struct {
 	at      time.Time
 }
 
-var _ controls.Delegates = (*Pool)(nil)
+var (
+	_ controls.Delegates = (*Pool)(nil)
+	_ controls.Presets   = (*Pool)(nil)
+)
 
 // NewPool creates a client connection for every delegate in cfg with
 // grpc.NewClient (which does not connect until the first call). Connections
@@ -105,9 +109,13 @@ var _ controls.Delegates = (*Pool)(nil)
 // interceptors or stats handlers, or replace the credentials.
 func NewPool(cfg *Config, opts ...grpc.DialOption) (*Pool, error) {
 	p := &Pool{
-		byKey:  make(map[string]*entry, len(cfg.Delegates)),
-		health: make(map[string]healthAnswer),
-		now:    time.Now,
+		byKey:   make(map[string]*entry, len(cfg.Delegates)),
+		presets: make(map[string]*stubbornv1.ControlSpec, len(cfg.Presets)),
+		health:  make(map[string]healthAnswer),
+		now:     time.Now,
+	}
+	for _, pr := range cfg.Presets {
+		p.presets[pr.Name] = pr.Spec
 	}
 	for i, d := range cfg.Delegates {
 		if _, dup := p.byKey[d.Name]; dup || d.Name == "" || d.Target == "" {
@@ -164,6 +172,19 @@ func (p *Pool) Lookup(name string) (Delegate, bool) {
 		return Delegate{}, false
 	}
 	return e.cfg, true
+}
+
+// Preset returns the control spec of a preset from the config.
+func (p *Pool) Preset(name string) (*stubbornv1.ControlSpec, bool) {
+	spec, ok := p.presets[name]
+	return spec, ok
+}
+
+// Known reports whether name is a delegate or a preset.
+func (p *Pool) Known(name string) bool {
+	_, isDelegate := p.byKey[name]
+	_, isPreset := p.presets[name]
+	return isDelegate || isPreset
 }
 
 // Info returns what the registry declares about a delegate; zero for an

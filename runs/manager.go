@@ -43,6 +43,9 @@ var errShutdown = errors.New("server shut down")
 type Config struct {
 	// Delegates reaches delegates by name. Required.
 	Delegates controls.Delegates
+	// Presets resolves preset names (controls named in the config). Nil
+	// means none.
+	Presets controls.Presets
 	// CallContext, when set, decorates the context of a run's delegate calls
 	// with what the delegates layer needs (run id, idempotency key,
 	// metadata, attempt timeout).
@@ -160,6 +163,7 @@ func (m *Manager) drive(ctx context.Context, r *run, brief string, spec *stubbor
 	snapshot := r.tracker.Snapshot()
 	env := &controls.Env{
 		Delegates: m.cfg.Delegates,
+		Presets:   m.cfg.Presets,
 		Tracker:   r.tracker,
 		Clock:     m.cfg.Clock,
 		Rand:      m.rand(r),

@@ -75,6 +75,8 @@ type setup struct {
 	// notIdempotent lists delegates declared neither idempotent nor
 	// read_only; all others are idempotent.
 	notIdempotent []string
+	// presets go into the config as they are.
+	presets []delegates.Preset
 }
 
 func start(t *testing.T, limits delegates.Limits) *env {
@@ -97,7 +99,7 @@ func startWith(t *testing.T, su setup) *env {
 		}),
 	}
 	maps.Copy(svcs, su.extra)
-	cfg := &delegates.Config{Limits: limits}
+	cfg := &delegates.Config{Limits: limits, Presets: su.presets}
 	for name, svc := range svcs {
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)

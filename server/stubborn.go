@@ -48,6 +48,7 @@ func New(cfg Config) (*Stubborn, error) {
 	}
 	m := runs.New(runs.Config{
 		Delegates: pool,
+		Presets:   pool,
 		Clock:     cfg.Clock,
 		Seed:      cfg.Seed,
 		CallContext: func(ctx context.Context, st *stubbornv1.ControlState) context.Context {
@@ -68,10 +69,7 @@ func New(cfg Config) (*Stubborn, error) {
 			MaxChain:      l.MaxChain,
 			MaxWait:       l.MaxWait.Std(),
 		},
-		Known: func(name string) bool {
-			_, ok := pool.Lookup(name)
-			return ok
-		},
+		Known:    pool.Known,
 		HasJudge: cfg.Registry.Judge != "",
 		Logger:   cfg.Logger,
 	}

@@ -1,0 +1,82 @@
+package delegates_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stubbornhq/stubborn/delegates"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+func TestPresetsParse(t *testing.T) {
+	cfg, err := delegates.Parse([]byte(`
+delegates:
+  - {name: search-primary, target: "127.0.0.1:1", idempotent: true}
+  - {name: search-backup, target: "127.0.0.1:2"}
+presets:
+  - name: search-with-retry
+    retry: {target: search-primary, attempts: 2, base_wait: 100ms, max_wait: 1s, on_exhausted: fail}
+  - name: careful-search
+    fallback_chain: {chain: [search-with-retry, search-backup]}
+`))
+	require.NoError(t, err)
+	require.Len(t, cfg.Presets, 2)
+	r := cfg.Presets[0].Spec.GetRetry()
+	require.NotNil(t, r)
+	assert.Equal(t, "search-primary", r.GetTarget())
+	assert.EqualValues(t, 2, r.GetAttempts())
+	assert.Equal(t, 100*time.Millisecond, r.GetBaseWait().AsDuration())
+	assert.Equal(t, time.Second, r.GetMaxWait().AsDuration())
+	assert.Equal(t, stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL, r.GetOnExhausted())
+	assert.Equal(t, []string{"search-with-retry", "search-backup"}, cfg.Presets[1].Spec.GetFallbackChain().GetChain())
+
+	pool, err := delegates.NewPool(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pool.Close() })
+	assert.True(t, pool.Known("careful-search"))
+	assert.True(t, pool.Known("search-backup"))
+	assert.False(t, pool.Known("nope"))
+	spec, ok := pool.Preset("careful-search")
+	require.True(t, ok)
+	assert.NotNil(t, spec.GetFallbackChain())
+}
+
+func TestPresetsRejected(t *testing.T) {
+	const delegatesYAML = "delegates:\n  - {name: a, target: \"127.0.0.1:1\"}\n"
+	tests := []struct {
+		name, presets, want string
+	}{
+		{"a cycle", `
+  - {name: p, fallback_chain: {chain: [q]}}
+  - {name: q, race: {candidates: [a, p]}}`, "cycle: p → q → p"},
+		{"a preset naming itself", `
+  - {name: p, retry: {target: p}}`, "cycle: p → p"},
+		{"an unknown reference", `
+  - {name: p, fallback_chain: {chain: [a, nope]}}`, `"nope" is neither a delegate nor a preset`},
+		{"two controls", `
+  - {name: p, retry: {target: a}, race: {candidates: [a]}}`, "needs exactly one of"},
+		{"no control", `
+  - {name: p}`, "needs exactly one of"},
+		{"a name taken by a delegate", `
+  - {name: a, retry: {target: a}}`, "a delegate has the same name"},
+		{"a duplicate preset", `
+  - {name: p, retry: {target: a}}
+  - {name: p, retry: {target: a}}`, "duplicate preset"},
+		{"an unknown field", `
+  - {name: p, retry: {target: a, tries: 3}}`, "tries"},
+		{"a bad duration", `
+  - {name: p, retry: {target: a, max_wait: soon}}`, `invalid duration "soon"`},
+		{"criteria in a preset", `
+  - {name: p, fallback_chain: {chain: [a], failure_when: "true"}}`, "not supported in presets"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := delegates.Parse([]byte(delegatesYAML + "presets:" + tt.presets + "\n"))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
