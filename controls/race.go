@@ -2,8 +2,8 @@ package controls
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -36,7 +36,9 @@ func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Race
 		numbers[i] = env.Tracker.BeginAttempt(env.Path, name, taskBrief, 0)
 	}
 	for i, name := range candidates {
-		go func() { done <- finish{index: i, a: call(raceCtx, env, numbers[i], fmt.Sprintf("candidates[%d]", i), name, taskBrief)} }()
+		go func() {
+			done <- finish{index: i, a: call(raceCtx, env, numbers[i], fmt.Sprintf("candidates[%d]", i), name, taskBrief)}
+		}()
 	}
 
 	pending := make(map[int]bool, len(candidates))
