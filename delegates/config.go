@@ -55,6 +55,19 @@ type Config struct {
 	Delegates []Delegate `yaml:"delegates"`
 	// Presets are named control specs that runs may name like delegates.
 	Presets []Preset `yaml:"presets,omitempty"`
+	// RetryBudget, when set, limits the retry control's retries per delegate
+	// the way gRPC's retry throttling does. Nil means no budget.
+	RetryBudget *RetryBudget `yaml:"retry_budget,omitempty"`
+}
+
+// RetryBudget is a per-delegate token bucket: each transient failure costs
+// a token, each answer refunds token_ratio, and retries stop while the
+// tokens are at or below half of max_tokens.
+type RetryBudget struct {
+	// MaxTokens is the bucket's size; it starts full. Must be positive.
+	MaxTokens float64 `yaml:"max_tokens"`
+	// TokenRatio is what an answer refunds. Must be positive.
+	TokenRatio float64 `yaml:"token_ratio"`
 }
 
 // Limits are the configurable caps on requests. The delegates package only
@@ -231,6 +244,9 @@ func (c *Config) validate() error {
 		if _, ok := seen[c.Judge]; !ok {
 			bad("judge: %q is not a delegate in the registry", c.Judge)
 		}
+	}
+	if b := c.RetryBudget; b != nil && (b.MaxTokens <= 0 || b.TokenRatio <= 0) {
+		bad("retry_budget: max_tokens and token_ratio must be positive (got %g and %g)", b.MaxTokens, b.TokenRatio)
 	}
 	errs = append(errs, c.validatePresets(seen)...)
 	return errors.Join(errs...)

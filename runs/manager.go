@@ -46,6 +46,9 @@ type Config struct {
 	// Presets resolves preset names (controls named in the config). Nil
 	// means none.
 	Presets controls.Presets
+	// Budgets limits the retry control's retries per delegate. Nil means no
+	// budget.
+	Budgets controls.Budgets
 	// CallContext, when set, decorates the context of a run's delegate calls
 	// with what the delegates layer needs (run id, idempotency key,
 	// metadata, attempt timeout).
@@ -164,6 +167,7 @@ func (m *Manager) drive(ctx context.Context, r *run, brief string, spec *stubbor
 	env := &controls.Env{
 		Delegates: m.cfg.Delegates,
 		Presets:   m.cfg.Presets,
+		Budgets:   m.cfg.Budgets,
 		Tracker:   r.tracker,
 		Clock:     m.cfg.Clock,
 		Rand:      m.rand(r),

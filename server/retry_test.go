@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/stubbornhq/stubborn/controls/controlstest"
+	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -183,6 +184,27 @@ func TestRetryEndToEnd(t *testing.T) {
 
 	// Every wait went through the fake clock: nothing slept for real.
 	assert.NotEmpty(t, clock.Sleeps())
+}
+
+func TestRetryBudgetSuppressesRetries(t *testing.T) {
+	e := startWith(t, setup{
+		clock:  controlstest.NewClock(),
+		budget: &delegates.RetryBudget{MaxTokens: 4, TokenRatio: 0.5},
+		extra: map[string]stubbornv1.DelegateServiceServer{
+			"overloaded": failing(1000, func() error { return status.Error(codes.ResourceExhausted, "overloaded") }),
+		},
+	})
+	ctx := testCtx(t)
+	s, err := e.client.Run(ctx, retryRun("overloaded", func(r *stubbornv1.RetrySpec) { r.OnExhausted = stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL }))
+	require.NoError(t, err)
+	st := lastState(t, collect(t, s))
+	// 4 tokens: each failure costs one and retries stop at or below 2, so
+	// the first try and one retry happen, out of the 7 allowed.
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, st.GetStatus())
+	assert.EqualValues(t, 2, st.GetAttempts())
+	last := st.GetFailureHistory()[len(st.GetFailureHistory())-1]
+	assert.Equal(t, "retry budget exhausted", last.GetNotRetriedReason())
+	assert.Equal(t, "retry budget exhausted", st.GetStatusReason())
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -77,6 +77,8 @@ type setup struct {
 	notIdempotent []string
 	// presets go into the config as they are.
 	presets []delegates.Preset
+	// budget goes into the config as it is.
+	budget *delegates.RetryBudget
 }
 
 func start(t *testing.T, limits delegates.Limits) *env {
@@ -99,7 +101,7 @@ func startWith(t *testing.T, su setup) *env {
 		}),
 	}
 	maps.Copy(svcs, su.extra)
-	cfg := &delegates.Config{Limits: limits, Presets: su.presets}
+	cfg := &delegates.Config{Limits: limits, Presets: su.presets, RetryBudget: su.budget}
 	for name, svc := range svcs {
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)

@@ -46,7 +46,17 @@ func New(cfg Config) (*Stubborn, error) {
 	if err != nil {
 		return nil, err
 	}
+	var budgets controls.Budgets
+	if b := cfg.Registry.RetryBudget; b != nil {
+		set, err := controls.NewBudgetSet(b.MaxTokens, b.TokenRatio)
+		if err != nil {
+			_ = pool.Close()
+			return nil, err
+		}
+		budgets = set
+	}
 	m := runs.New(runs.Config{
+		Budgets:   budgets,
 		Delegates: pool,
 		Presets:   pool,
 		Clock:     cfg.Clock,
