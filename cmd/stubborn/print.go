@@ -89,6 +89,8 @@ func describe(ev *stubbornv1.RunEvent) string {
 		return fmt.Sprintf("AWAITING DECISION: %s — answer with `stubborn decide %s retry|fail`", k.DecisionRequested.GetReason(), ev.GetRunId())
 	case *stubbornv1.RunEvent_DecisionReceived:
 		return "decision received: " + strings.TrimPrefix(k.DecisionReceived.GetDecision().String(), "DECISION_")
+	case *stubbornv1.RunEvent_RunResumed:
+		return fmt.Sprintf("run resumed by %s: %s", k.RunResumed.GetOwner(), k.RunResumed.GetReason())
 	case *stubbornv1.RunEvent_RunFinished:
 		st := k.RunFinished.GetState()
 		s := fmt.Sprintf("run finished: %s after %d attempt(s)", statusName(st.GetStatus()), st.GetAttempts())

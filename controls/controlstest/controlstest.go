@@ -235,6 +235,8 @@ func Kind(ev *stubbornv1.RunEvent) string {
 		return "decision_received"
 	case *stubbornv1.RunEvent_RunFinished:
 		return "run_finished"
+	case *stubbornv1.RunEvent_RunResumed:
+		return "run_resumed"
 	}
 	return "unknown"
 }

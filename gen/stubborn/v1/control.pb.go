@@ -231,6 +231,11 @@ const (
 	// The delegate was not called because its health check reported
 	// NOT_SERVING.
 	AttemptOutcome_ATTEMPT_OUTCOME_SKIPPED AttemptOutcome = 5
+	// The call was in flight when the server driving the run stopped; whether
+	// the delegate finished it is unknown. The run goes on under another
+	// owner, and the same delegate is called again only if it is declared
+	// idempotent or read_only.
+	AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED AttemptOutcome = 6
 )
 
 // Enum value maps for AttemptOutcome.
@@ -242,6 +247,7 @@ var (
 		3: "ATTEMPT_OUTCOME_REJECTED",
 		4: "ATTEMPT_OUTCOME_CANCELLED",
 		5: "ATTEMPT_OUTCOME_SKIPPED",
+		6: "ATTEMPT_OUTCOME_INTERRUPTED",
 	}
 	AttemptOutcome_value = map[string]int32{
 		"ATTEMPT_OUTCOME_UNSPECIFIED": 0,
@@ -250,6 +256,7 @@ var (
 		"ATTEMPT_OUTCOME_REJECTED":    3,
 		"ATTEMPT_OUTCOME_CANCELLED":   4,
 		"ATTEMPT_OUTCOME_SKIPPED":     5,
+		"ATTEMPT_OUTCOME_INTERRUPTED": 6,
 	}
 )
 
@@ -278,6 +285,75 @@ func (x AttemptOutcome) Number() protoreflect.EnumNumber {
 // Deprecated: Use AttemptOutcome.Descriptor instead.
 func (AttemptOutcome) EnumDescriptor() ([]byte, []int) {
 	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{3}
+}
+
+// FailureSource says who or what decided that an attempt failed.
+type FailureSource int32
+
+const (
+	// Not recorded: failure criteria of a kind this server does not classify.
+	FailureSource_FAILURE_SOURCE_UNSPECIFIED FailureSource = 0
+	// The delegate call failed: an error status, a timeout, or a preset that
+	// did not succeed.
+	FailureSource_FAILURE_SOURCE_ERROR FailureSource = 1
+	// The judge delegate: it judged the answer a failure (or not acceptable),
+	// or the call to it failed (the reason says which).
+	FailureSource_FAILURE_SOURCE_JUDGE FailureSource = 2
+	// The CEL expression (failure_when, accept_when): it rejected the answer,
+	// or it could not be evaluated (for example, it hit the cost limit).
+	FailureSource_FAILURE_SOURCE_CEL FailureSource = 3
+	// The delegate was skipped because its health check reported NOT_SERVING.
+	FailureSource_FAILURE_SOURCE_HEALTH FailureSource = 4
+	// The call was cancelled: the run was cancelled or another race candidate
+	// won.
+	FailureSource_FAILURE_SOURCE_CANCELLED FailureSource = 5
+)
+
+// Enum value maps for FailureSource.
+var (
+	FailureSource_name = map[int32]string{
+		0: "FAILURE_SOURCE_UNSPECIFIED",
+		1: "FAILURE_SOURCE_ERROR",
+		2: "FAILURE_SOURCE_JUDGE",
+		3: "FAILURE_SOURCE_CEL",
+		4: "FAILURE_SOURCE_HEALTH",
+		5: "FAILURE_SOURCE_CANCELLED",
+	}
+	FailureSource_value = map[string]int32{
+		"FAILURE_SOURCE_UNSPECIFIED": 0,
+		"FAILURE_SOURCE_ERROR":       1,
+		"FAILURE_SOURCE_JUDGE":       2,
+		"FAILURE_SOURCE_CEL":         3,
+		"FAILURE_SOURCE_HEALTH":      4,
+		"FAILURE_SOURCE_CANCELLED":   5,
+	}
+)
+
+func (x FailureSource) Enum() *FailureSource {
+	p := new(FailureSource)
+	*p = x
+	return p
+}
+
+func (x FailureSource) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FailureSource) Descriptor() protoreflect.EnumDescriptor {
+	return file_stubborn_v1_control_proto_enumTypes[4].Descriptor()
+}
+
+func (FailureSource) Type() protoreflect.EnumType {
+	return &file_stubborn_v1_control_proto_enumTypes[4]
+}
+
+func (x FailureSource) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FailureSource.Descriptor instead.
+func (FailureSource) EnumDescriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{4}
 }
 
 // RetrySpec configures the retry control: the same delegate again, after a
@@ -398,16 +474,70 @@ type RetryWithLearningSpec struct {
 	// Total number of attempts, the first included. Unset means 3; 0 or
 	// negative is INVALID_ARGUMENT.
 	MaxRetries *int32 `protobuf:"varint,2,opt,name=max_retries,json=maxRetries,proto3,oneof" json:"max_retries,omitempty"`
-	// Natural-language description of a failed result, judged by the judge
-	// delegate (RunOptions.judge, else the server default). Empty means only
-	// errors are failures.
+	// Natural-language description of a failed result, for example "result
+	// contains 'no results found' or is empty", judged by the judge delegate:
+	// RunOptions.judge, else the server's configured judge. With neither, the
+	// request is INVALID_ARGUMENT. At most the server's brief limit in bytes.
+	//
+	// After each answer the judge gets this brief (\n is a newline):
+	//
+	//	Does this result satisfy the failure criteria? Criteria: "<criteria>"\n\nResult:\n<result>\n\nRespond with JSON: { "is_failure": true/false, "reason": "..." }
+	//
+	// where <result> is the first 2000 characters of the answer's text (its
+	// data as JSON when it has no text). The judge's answer is searched for a
+	// JSON object containing "is_failure" (from the first "{" to the last "}"
+	// around it, as the reference does) and parsed:
+	//
+	//   - is_failure true: the attempt fails (ATTEMPT_OUTCOME_REJECTED) with
+	//     the judge's "reason" as its reason; FailureRecord.source is
+	//     FAILURE_SOURCE_JUDGE.
+	//   - is_failure false: the answer is accepted.
+	//   - the strings "true" and "false" (any case, spaces trimmed) count as
+	//     those booleans: a quoted boolean still says what the judge meant.
+	//   - anything else (no such object, invalid JSON, is_failure missing or
+	//     of another type such as a number, null or another string): the
+	//     answer is accepted (fail open) and the attempt_finished note says the
+	//     judge's answer could not be read.
+	//   - an error from the judge: the attempt fails with the reason
+	//     `judge "<name>" failed: <message>`.
+	//
+	// The judge call is not an attempt: it is not in the attempt log. Empty
+	// means no judge is asked.
 	FailureCriteria string `protobuf:"bytes,3,opt,name=failure_criteria,json=failureCriteria,proto3" json:"failure_criteria,omitempty"`
-	// CEL expression over result.text, result.data, attempt and delegate; true
-	// means the attempt failed. Compiled at submission. Empty means none.
+	// CEL expression judging each answer, deterministically and without a
+	// judge: true means the attempt failed, with the reason
+	// "failure_when is true: <expression>". Variables: result.text (string),
+	// result.data (dyn: Result.data as a JSON-like value, null when unset),
+	// attempt (int, the run-wide attempt number) and delegate (string). The
+	// standard CEL library and the strings extension are available. For
+	// example: result.text == "", result.text.contains("no results"),
+	// size(result.data.items) < 3.
+	//
+	// Compiled and type-checked at submission: an expression that does not
+	// parse, names an unknown variable or field, is longer than 4096
+	// characters, or whose type is neither bool nor dyn is INVALID_ARGUMENT
+	// with the CEL error. A dyn result that is not a bool, an evaluation error
+	// (for example a missing key) and an evaluation stopped by the cost limit
+	// (1,000,000 CEL cost units) all fail the attempt with the CEL error as its
+	// reason. FailureRecord.source is FAILURE_SOURCE_CEL.
+	//
+	// With failure_criteria too, both must pass: failure_when is evaluated
+	// first and the judge is asked only about answers it passes. Empty means
+	// none.
 	FailureWhen string `protobuf:"bytes,4,opt,name=failure_when,json=failureWhen,proto3" json:"failure_when,omitempty"`
-	// Delegate asked, after each failure, what the next attempt should do
-	// differently; its answer joins the failure record. Empty means no
-	// analyst, and briefs follow the reference format exactly.
+	// Delegate asked, after each failure that another attempt follows, what
+	// the next attempt should do differently. Must be a delegate in the
+	// registry, not a preset (unknown is NOT_FOUND). Its brief is:
+	//
+	//	A task was attempted and the attempt failed.\n\nTask:\n<task_brief>\n\nAttempt <n>: <summary>\nFailure reason: <reason>\n\nWhat should the next attempt do differently? Answer with the advice only.
+	//
+	// Its answer's text (spaces trimmed, at most 2000 characters) becomes
+	// FailureRecord.analysis, and so joins every later brief as
+	// "What to try differently: <analysis>\n" after that failure's reason. An
+	// error or an empty answer adds no analysis, FailureRecord.analysis_error
+	// says why, and the run goes on: the analyst never fails a run. The analyst
+	// call is not an attempt. Empty means no analyst, and briefs follow the
+	// reference format exactly.
 	Analyst       string `protobuf:"bytes,5,opt,name=analyst,proto3" json:"analyst,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -486,9 +616,14 @@ type FallbackChainSpec struct {
 	// Delegate names, most preferred first. Required: at least one, at most
 	// the server's limit; each must be in the registry.
 	Chain []string `protobuf:"bytes,1,rep,name=chain,proto3" json:"chain,omitempty"`
-	// As in RetryWithLearningSpec. Empty means only errors are failures.
+	// As RetryWithLearningSpec.failure_criteria, except the judge's brief has
+	// the criteria on a line of their own, as the reference fallback-chain's:
+	//
+	//	Does this result satisfy the failure criteria?\n\nCriteria: "<criteria>"\n\nResult:\n<result>\n\nRespond with JSON: { "is_failure": true/false, "reason": "..." }
+	//
+	// Empty means only errors are failures.
 	FailureCriteria string `protobuf:"bytes,2,opt,name=failure_criteria,json=failureCriteria,proto3" json:"failure_criteria,omitempty"`
-	// As in RetryWithLearningSpec. Empty means none.
+	// As RetryWithLearningSpec.failure_when. Empty means none.
 	FailureWhen   string `protobuf:"bytes,3,opt,name=failure_when,json=failureWhen,proto3" json:"failure_when,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -553,10 +688,25 @@ type RaceSpec struct {
 	// must be in the registry. On a true tie the earlier one wins.
 	Candidates []string `protobuf:"bytes,1,rep,name=candidates,proto3" json:"candidates,omitempty"`
 	// Natural-language description of an acceptable result, judged by the
-	// judge delegate. Empty means any result without an error is acceptable.
+	// judge delegate (chosen and required as for
+	// RetryWithLearningSpec.failure_criteria) with this brief, worded like
+	// fallback-chain's but asking the opposite question:
+	//
+	//	Does this result satisfy the acceptance criteria?\n\nCriteria: "<criteria>"\n\nResult:\n<result>\n\nRespond with JSON: { "is_acceptable": true/false, "reason": "..." }
+	//
+	// The answer is read as for failure_criteria with "is_acceptable" in place
+	// of "is_failure": false rejects the candidate's answer with the judge's
+	// reason (the race goes on without it), true accepts it, "true"/"false"
+	// strings count as booleans, and an unreadable answer accepts it (fail
+	// open, said in the attempt_finished note). An error from the judge
+	// rejects the answer. Empty means any result without an error is
+	// acceptable.
 	AcceptanceCriteria string `protobuf:"bytes,2,opt,name=acceptance_criteria,json=acceptanceCriteria,proto3" json:"acceptance_criteria,omitempty"`
-	// CEL expression over result.text, result.data, attempt and delegate; true
-	// means acceptable. Empty means none.
+	// CEL expression with the variables of RetryWithLearningSpec.failure_when;
+	// true means acceptable, false rejects the answer with the reason
+	// "accept_when is false: <expression>". Compiled and limited as
+	// failure_when. With acceptance_criteria too, both must pass, accept_when
+	// first. Empty means none.
 	AcceptWhen    string `protobuf:"bytes,3,opt,name=accept_when,json=acceptWhen,proto3" json:"accept_when,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -628,8 +778,9 @@ type RunOptions struct {
 	AttemptTimeout *durationpb.Duration `protobuf:"bytes,3,opt,name=attempt_timeout,json=attemptTimeout,proto3" json:"attempt_timeout,omitempty"`
 	// Copied to every ExecuteRequest.metadata. Empty means none.
 	Metadata map[string]string `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Delegate that judges failure_criteria / acceptance_criteria. Empty means
-	// the server's configured judge.
+	// Delegate that judges failure_criteria / acceptance_criteria. Must be a
+	// delegate in the registry, not a preset (unknown is NOT_FOUND). Empty
+	// means the server's configured judge.
 	Judge         string `protobuf:"bytes,5,opt,name=judge,proto3" json:"judge,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1650,7 +1801,11 @@ type ControlState struct {
 	// When the state last changed.
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
 	// When the run ended. Unset while it has not.
-	EndTime       *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	EndTime *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// W3C traceparent of the request that started the run, so that its
+	// spans, and those of a run resumed after a restart, join the caller's
+	// trace. Empty when the caller sent no trace context.
+	Traceparent   string `protobuf:"bytes,15,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1781,6 +1936,13 @@ func (x *ControlState) GetEndTime() *timestamppb.Timestamp {
 		return x.EndTime
 	}
 	return nil
+}
+
+func (x *ControlState) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 // AttemptError is the error a delegate call ended with.
@@ -2008,10 +2170,18 @@ type FailureRecord struct {
 	// when a retry followed or the control does not retry.
 	NotRetriedReason string `protobuf:"bytes,6,opt,name=not_retried_reason,json=notRetriedReason,proto3" json:"not_retried_reason,omitempty"`
 	// What the analyst delegate advised for the next attempt. Empty without an
-	// analyst.
+	// analyst, when no attempt followed, or when it gave no advice (see
+	// analysis_error).
 	Analysis string `protobuf:"bytes,7,opt,name=analysis,proto3" json:"analysis,omitempty"`
 	// As Attempt.path. Empty for a failure of the run's own control.
-	Path          string `protobuf:"bytes,8,opt,name=path,proto3" json:"path,omitempty"`
+	Path string `protobuf:"bytes,8,opt,name=path,proto3" json:"path,omitempty"`
+	// Who decided that the attempt failed: the delegate's error, the judge,
+	// the CEL expression, the health check, or a cancellation.
+	Source FailureSource `protobuf:"varint,9,opt,name=source,proto3,enum=stubborn.v1.FailureSource" json:"source,omitempty"`
+	// Why the analyst gave no advice for this failure (for example
+	// `analyst "coach" failed: deadline exceeded`). Empty when it answered,
+	// when it was not asked (no attempt followed), or without an analyst.
+	AnalysisError string `protobuf:"bytes,10,opt,name=analysis_error,json=analysisError,proto3" json:"analysis_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2102,6 +2272,20 @@ func (x *FailureRecord) GetPath() string {
 	return ""
 }
 
+func (x *FailureRecord) GetSource() FailureSource {
+	if x != nil {
+		return x.Source
+	}
+	return FailureSource_FAILURE_SOURCE_UNSPECIFIED
+}
+
+func (x *FailureRecord) GetAnalysisError() string {
+	if x != nil {
+		return x.AnalysisError
+	}
+	return ""
+}
+
 // RunEvent is one thing that happened in a run. Events are numbered per run.
 type RunEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2126,6 +2310,7 @@ type RunEvent struct {
 	//	*RunEvent_DecisionRequested
 	//	*RunEvent_DecisionReceived
 	//	*RunEvent_RunFinished
+	//	*RunEvent_RunResumed
 	Kind          isRunEvent_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2268,6 +2453,15 @@ func (x *RunEvent) GetRunFinished() *RunFinished {
 	return nil
 }
 
+func (x *RunEvent) GetRunResumed() *RunResumed {
+	if x != nil {
+		if x, ok := x.Kind.(*RunEvent_RunResumed); ok {
+			return x.RunResumed
+		}
+	}
+	return nil
+}
+
 type isRunEvent_Kind interface {
 	isRunEvent_Kind()
 }
@@ -2312,6 +2506,11 @@ type RunEvent_RunFinished struct {
 	RunFinished *RunFinished `protobuf:"bytes,17,opt,name=run_finished,json=runFinished,proto3,oneof"`
 }
 
+type RunEvent_RunResumed struct {
+	// A server took the run over after its previous owner stopped.
+	RunResumed *RunResumed `protobuf:"bytes,18,opt,name=run_resumed,json=runResumed,proto3,oneof"`
+}
+
 func (*RunEvent_RunStarted) isRunEvent_Kind() {}
 
 func (*RunEvent_AttemptStarted) isRunEvent_Kind() {}
@@ -2327,6 +2526,8 @@ func (*RunEvent_DecisionRequested) isRunEvent_Kind() {}
 func (*RunEvent_DecisionReceived) isRunEvent_Kind() {}
 
 func (*RunEvent_RunFinished) isRunEvent_Kind() {}
+
+func (*RunEvent_RunResumed) isRunEvent_Kind() {}
 
 // RunStarted is the first event of every run.
 type RunStarted struct {
@@ -2479,7 +2680,9 @@ func (x *AttemptFinished) GetNote() string {
 // FailureAnalyzed records a failed attempt and what happens next.
 type FailureAnalyzed struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The failure, as appended to failure_history.
+	// The failure, as appended to failure_history: its reason (the error, the
+	// judge's reason or the CEL verdict), who decided it (source) and the
+	// analyst's advice.
 	Failure *FailureRecord `protobuf:"bytes,1,opt,name=failure,proto3" json:"failure,omitempty"`
 	// Whether another attempt follows.
 	WillRetry bool `protobuf:"varint,2,opt,name=will_retry,json=willRetry,proto3" json:"will_retry,omitempty"`
@@ -2732,6 +2935,62 @@ func (x *DecisionReceived) GetDecision() Decision {
 	return Decision_DECISION_UNSPECIFIED
 }
 
+// RunResumed says a server took over a run whose owner stopped (a crash or
+// a restart) and drives it from here on, from where the journal left off.
+type RunResumed struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The server that drives the run from now on.
+	Owner string `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Why the run changed hands, in words.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunResumed) Reset() {
+	*x = RunResumed{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunResumed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunResumed) ProtoMessage() {}
+
+func (x *RunResumed) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunResumed.ProtoReflect.Descriptor instead.
+func (*RunResumed) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *RunResumed) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *RunResumed) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // RunFinished is the last event of every run.
 type RunFinished struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2743,7 +3002,7 @@ type RunFinished struct {
 
 func (x *RunFinished) Reset() {
 	*x = RunFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2755,7 +3014,7 @@ func (x *RunFinished) String() string {
 func (*RunFinished) ProtoMessage() {}
 
 func (x *RunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2768,7 +3027,7 @@ func (x *RunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFinished.ProtoReflect.Descriptor instead.
 func (*RunFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RunFinished) GetState() *ControlState {
@@ -2874,7 +3133,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x13retry_with_learning\x18\x02 \x01(\v2\".stubborn.v1.RetryWithLearningSpecH\x00R\x11retryWithLearning\x12G\n" +
 	"\x0efallback_chain\x18\x03 \x01(\v2\x1e.stubborn.v1.FallbackChainSpecH\x00R\rfallbackChain\x12+\n" +
 	"\x04race\x18\x04 \x01(\v2\x15.stubborn.v1.RaceSpecH\x00R\x04raceB\x06\n" +
-	"\x04kind\"\x8e\x05\n" +
+	"\x04kind\"\xb0\x05\n" +
 	"\fControlState\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12+\n" +
@@ -2894,7 +3153,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x125\n" +
-	"\bend_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"\x97\x01\n" +
+	"\bend_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12 \n" +
+	"\vtraceparent\x18\x0f \x01(\tR\vtraceparent\"\x97\x01\n" +
 	"\fAttemptError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1f\n" +
@@ -2915,7 +3175,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\vwait_before\x18\t \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"waitBefore\x12\x12\n" +
 	"\x04path\x18\n" +
-	" \x01(\tR\x04path\"\xf3\x01\n" +
+	" \x01(\tR\x04path\"\xce\x02\n" +
 	"\rFailureRecord\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x1a\n" +
 	"\bdelegate\x18\x02 \x01(\tR\bdelegate\x12\x18\n" +
@@ -2924,7 +3184,10 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\ttransient\x18\x05 \x01(\bR\ttransient\x12,\n" +
 	"\x12not_retried_reason\x18\x06 \x01(\tR\x10notRetriedReason\x12\x1a\n" +
 	"\banalysis\x18\a \x01(\tR\banalysis\x12\x12\n" +
-	"\x04path\x18\b \x01(\tR\x04path\"\xc5\x05\n" +
+	"\x04path\x18\b \x01(\tR\x04path\x122\n" +
+	"\x06source\x18\t \x01(\x0e2\x1a.stubborn.v1.FailureSourceR\x06source\x12%\n" +
+	"\x0eanalysis_error\x18\n" +
+	" \x01(\tR\ranalysisError\"\x81\x06\n" +
 	"\bRunEvent\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12.\n" +
@@ -2939,7 +3202,9 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x11backoff_scheduled\x18\x0e \x01(\v2\x1d.stubborn.v1.BackoffScheduledH\x00R\x10backoffScheduled\x12O\n" +
 	"\x12decision_requested\x18\x0f \x01(\v2\x1e.stubborn.v1.DecisionRequestedH\x00R\x11decisionRequested\x12L\n" +
 	"\x11decision_received\x18\x10 \x01(\v2\x1d.stubborn.v1.DecisionReceivedH\x00R\x10decisionReceived\x12=\n" +
-	"\frun_finished\x18\x11 \x01(\v2\x18.stubborn.v1.RunFinishedH\x00R\vrunFinishedB\x06\n" +
+	"\frun_finished\x18\x11 \x01(\v2\x18.stubborn.v1.RunFinishedH\x00R\vrunFinished\x12:\n" +
+	"\vrun_resumed\x18\x12 \x01(\v2\x17.stubborn.v1.RunResumedH\x00R\n" +
+	"runResumedB\x06\n" +
 	"\x04kind\"=\n" +
 	"\n" +
 	"RunStarted\x12/\n" +
@@ -2966,7 +3231,11 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x0ffailure_history\x18\x02 \x03(\v2\x1a.stubborn.v1.FailureRecordR\x0efailureHistory\x126\n" +
 	"\bdeadline\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"E\n" +
 	"\x10DecisionReceived\x121\n" +
-	"\bdecision\x18\x01 \x01(\x0e2\x15.stubborn.v1.DecisionR\bdecision\">\n" +
+	"\bdecision\x18\x01 \x01(\x0e2\x15.stubborn.v1.DecisionR\bdecision\":\n" +
+	"\n" +
+	"RunResumed\x12\x14\n" +
+	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\">\n" +
 	"\vRunFinished\x12/\n" +
 	"\x05state\x18\x01 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state*\xfa\x01\n" +
 	"\tRunStatus\x12\x1a\n" +
@@ -2986,14 +3255,22 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\bDecision\x12\x18\n" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDECISION_RETRY\x10\x01\x12\x11\n" +
-	"\rDECISION_FAIL\x10\x02*\xc5\x01\n" +
+	"\rDECISION_FAIL\x10\x02*\xe6\x01\n" +
 	"\x0eAttemptOutcome\x12\x1f\n" +
 	"\x1bATTEMPT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19ATTEMPT_OUTCOME_SUCCEEDED\x10\x01\x12\x19\n" +
 	"\x15ATTEMPT_OUTCOME_ERROR\x10\x02\x12\x1c\n" +
 	"\x18ATTEMPT_OUTCOME_REJECTED\x10\x03\x12\x1d\n" +
 	"\x19ATTEMPT_OUTCOME_CANCELLED\x10\x04\x12\x1b\n" +
-	"\x17ATTEMPT_OUTCOME_SKIPPED\x10\x052\x84\x04\n" +
+	"\x17ATTEMPT_OUTCOME_SKIPPED\x10\x05\x12\x1f\n" +
+	"\x1bATTEMPT_OUTCOME_INTERRUPTED\x10\x06*\xb4\x01\n" +
+	"\rFailureSource\x12\x1e\n" +
+	"\x1aFAILURE_SOURCE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14FAILURE_SOURCE_ERROR\x10\x01\x12\x18\n" +
+	"\x14FAILURE_SOURCE_JUDGE\x10\x02\x12\x16\n" +
+	"\x12FAILURE_SOURCE_CEL\x10\x03\x12\x19\n" +
+	"\x15FAILURE_SOURCE_HEALTH\x10\x04\x12\x1c\n" +
+	"\x18FAILURE_SOURCE_CANCELLED\x10\x052\x84\x04\n" +
 	"\x0eControlService\x12:\n" +
 	"\x03Run\x12\x17.stubborn.v1.RunRequest\x1a\x18.stubborn.v1.RunResponse0\x01\x12G\n" +
 	"\bStartRun\x12\x1c.stubborn.v1.StartRunRequest\x1a\x1d.stubborn.v1.StartRunResponse\x12I\n" +
@@ -3016,137 +3293,141 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 	return file_stubborn_v1_control_proto_rawDescData
 }
 
-var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
 	(OnExhausted)(0),              // 1: stubborn.v1.OnExhausted
 	(Decision)(0),                 // 2: stubborn.v1.Decision
 	(AttemptOutcome)(0),           // 3: stubborn.v1.AttemptOutcome
-	(*RetrySpec)(nil),             // 4: stubborn.v1.RetrySpec
-	(*RetryWithLearningSpec)(nil), // 5: stubborn.v1.RetryWithLearningSpec
-	(*FallbackChainSpec)(nil),     // 6: stubborn.v1.FallbackChainSpec
-	(*RaceSpec)(nil),              // 7: stubborn.v1.RaceSpec
-	(*RunOptions)(nil),            // 8: stubborn.v1.RunOptions
-	(*RunRequest)(nil),            // 9: stubborn.v1.RunRequest
-	(*RunResponse)(nil),           // 10: stubborn.v1.RunResponse
-	(*StartRunRequest)(nil),       // 11: stubborn.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 12: stubborn.v1.StartRunResponse
-	(*WatchRunRequest)(nil),       // 13: stubborn.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 14: stubborn.v1.WatchRunResponse
-	(*GetRunRequest)(nil),         // 15: stubborn.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 16: stubborn.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 17: stubborn.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 18: stubborn.v1.ListRunsResponse
-	(*CancelRunRequest)(nil),      // 19: stubborn.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 20: stubborn.v1.CancelRunResponse
-	(*DecideRunRequest)(nil),      // 21: stubborn.v1.DecideRunRequest
-	(*DecideRunResponse)(nil),     // 22: stubborn.v1.DecideRunResponse
-	(*ControlSpec)(nil),           // 23: stubborn.v1.ControlSpec
-	(*ControlState)(nil),          // 24: stubborn.v1.ControlState
-	(*AttemptError)(nil),          // 25: stubborn.v1.AttemptError
-	(*Attempt)(nil),               // 26: stubborn.v1.Attempt
-	(*FailureRecord)(nil),         // 27: stubborn.v1.FailureRecord
-	(*RunEvent)(nil),              // 28: stubborn.v1.RunEvent
-	(*RunStarted)(nil),            // 29: stubborn.v1.RunStarted
-	(*AttemptStarted)(nil),        // 30: stubborn.v1.AttemptStarted
-	(*AttemptFinished)(nil),       // 31: stubborn.v1.AttemptFinished
-	(*FailureAnalyzed)(nil),       // 32: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 33: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 34: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 35: stubborn.v1.DecisionReceived
-	(*RunFinished)(nil),           // 36: stubborn.v1.RunFinished
-	nil,                           // 37: stubborn.v1.RunOptions.MetadataEntry
-	(*durationpb.Duration)(nil),   // 38: google.protobuf.Duration
-	(*Result)(nil),                // 39: stubborn.v1.Result
-	(*timestamppb.Timestamp)(nil), // 40: google.protobuf.Timestamp
+	(FailureSource)(0),            // 4: stubborn.v1.FailureSource
+	(*RetrySpec)(nil),             // 5: stubborn.v1.RetrySpec
+	(*RetryWithLearningSpec)(nil), // 6: stubborn.v1.RetryWithLearningSpec
+	(*FallbackChainSpec)(nil),     // 7: stubborn.v1.FallbackChainSpec
+	(*RaceSpec)(nil),              // 8: stubborn.v1.RaceSpec
+	(*RunOptions)(nil),            // 9: stubborn.v1.RunOptions
+	(*RunRequest)(nil),            // 10: stubborn.v1.RunRequest
+	(*RunResponse)(nil),           // 11: stubborn.v1.RunResponse
+	(*StartRunRequest)(nil),       // 12: stubborn.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 13: stubborn.v1.StartRunResponse
+	(*WatchRunRequest)(nil),       // 14: stubborn.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 15: stubborn.v1.WatchRunResponse
+	(*GetRunRequest)(nil),         // 16: stubborn.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 17: stubborn.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 18: stubborn.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),      // 19: stubborn.v1.ListRunsResponse
+	(*CancelRunRequest)(nil),      // 20: stubborn.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 21: stubborn.v1.CancelRunResponse
+	(*DecideRunRequest)(nil),      // 22: stubborn.v1.DecideRunRequest
+	(*DecideRunResponse)(nil),     // 23: stubborn.v1.DecideRunResponse
+	(*ControlSpec)(nil),           // 24: stubborn.v1.ControlSpec
+	(*ControlState)(nil),          // 25: stubborn.v1.ControlState
+	(*AttemptError)(nil),          // 26: stubborn.v1.AttemptError
+	(*Attempt)(nil),               // 27: stubborn.v1.Attempt
+	(*FailureRecord)(nil),         // 28: stubborn.v1.FailureRecord
+	(*RunEvent)(nil),              // 29: stubborn.v1.RunEvent
+	(*RunStarted)(nil),            // 30: stubborn.v1.RunStarted
+	(*AttemptStarted)(nil),        // 31: stubborn.v1.AttemptStarted
+	(*AttemptFinished)(nil),       // 32: stubborn.v1.AttemptFinished
+	(*FailureAnalyzed)(nil),       // 33: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 34: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 35: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 36: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 37: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 38: stubborn.v1.RunFinished
+	nil,                           // 39: stubborn.v1.RunOptions.MetadataEntry
+	(*durationpb.Duration)(nil),   // 40: google.protobuf.Duration
+	(*Result)(nil),                // 41: stubborn.v1.Result
+	(*timestamppb.Timestamp)(nil), // 42: google.protobuf.Timestamp
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	38, // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	40, // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,  // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	38, // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	38, // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
-	38, // 4: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	38, // 5: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	37, // 6: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
-	4,  // 7: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	5,  // 8: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	6,  // 9: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	7,  // 10: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
-	8,  // 11: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	28, // 12: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
-	4,  // 13: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	5,  // 14: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	6,  // 15: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	7,  // 16: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
-	8,  // 17: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	24, // 18: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	28, // 19: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	24, // 20: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	40, // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	40, // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	40, // 4: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	40, // 5: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	39, // 6: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	5,  // 7: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	6,  // 8: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	7,  // 9: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	8,  // 10: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
+	9,  // 11: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
+	29, // 12: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	5,  // 13: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	6,  // 14: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	7,  // 15: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	8,  // 16: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
+	9,  // 17: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
+	25, // 18: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	29, // 19: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	25, // 20: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
 	0,  // 21: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	24, // 22: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	24, // 23: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	25, // 22: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	25, // 23: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
 	2,  // 24: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	24, // 25: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	4,  // 26: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	5,  // 27: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	6,  // 28: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	7,  // 29: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	25, // 25: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	5,  // 26: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	6,  // 27: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	7,  // 28: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	8,  // 29: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
 	0,  // 30: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	39, // 31: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	27, // 32: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	26, // 33: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	23, // 34: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	8,  // 35: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	40, // 36: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	40, // 37: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	40, // 38: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	38, // 39: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	40, // 40: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	40, // 41: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	41, // 31: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	28, // 32: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	27, // 33: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	24, // 34: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	9,  // 35: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	42, // 36: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	42, // 37: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	42, // 38: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	40, // 39: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	42, // 40: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	42, // 41: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
 	3,  // 42: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	39, // 43: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	25, // 44: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	38, // 45: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	40, // 46: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	29, // 47: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	30, // 48: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	31, // 49: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	32, // 50: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	33, // 51: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	34, // 52: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	35, // 53: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	36, // 54: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	24, // 55: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	26, // 56: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	26, // 57: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	27, // 58: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	38, // 59: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	40, // 60: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	38, // 61: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	27, // 62: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	40, // 63: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	2,  // 64: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	24, // 65: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	9,  // 66: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	11, // 67: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	13, // 68: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	15, // 69: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	17, // 70: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	19, // 71: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	21, // 72: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	10, // 73: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	12, // 74: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	14, // 75: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	16, // 76: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	18, // 77: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	20, // 78: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	22, // 79: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	73, // [73:80] is the sub-list for method output_type
-	66, // [66:73] is the sub-list for method input_type
-	66, // [66:66] is the sub-list for extension type_name
-	66, // [66:66] is the sub-list for extension extendee
-	0,  // [0:66] is the sub-list for field type_name
+	41, // 43: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	26, // 44: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	40, // 45: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,  // 46: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	42, // 47: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	30, // 48: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	31, // 49: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	32, // 50: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	33, // 51: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	34, // 52: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	35, // 53: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	36, // 54: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	38, // 55: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	37, // 56: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	25, // 57: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	27, // 58: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	27, // 59: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	28, // 60: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	40, // 61: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	42, // 62: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	40, // 63: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	28, // 64: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	42, // 65: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	2,  // 66: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	25, // 67: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	10, // 68: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	12, // 69: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	14, // 70: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	16, // 71: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	18, // 72: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	20, // 73: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	22, // 74: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	11, // 75: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	13, // 76: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	15, // 77: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	17, // 78: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	19, // 79: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	21, // 80: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	23, // 81: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	75, // [75:82] is the sub-list for method output_type
+	68, // [68:75] is the sub-list for method input_type
+	68, // [68:68] is the sub-list for extension type_name
+	68, // [68:68] is the sub-list for extension extendee
+	0,  // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -3172,14 +3453,15 @@ func file_stubborn_v1_control_proto_init() {
 		(*RunEvent_DecisionRequested)(nil),
 		(*RunEvent_DecisionReceived)(nil),
 		(*RunEvent_RunFinished)(nil),
+		(*RunEvent_RunResumed)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   34,
+			NumEnums:      5,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
