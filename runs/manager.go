@@ -53,6 +53,8 @@ type Config struct {
 	// with what the delegates layer needs (run id, idempotency key,
 	// metadata, attempt timeout).
 	CallContext func(ctx context.Context, run *stubbornv1.ControlState) context.Context
+	// Observer, when set, sees every run. Nil means none.
+	Observer Observer
 	// Criteria builds the failure criteria of a run. Nil means only errors
 	// are failures.
 	Criteria func(run *stubbornv1.ControlState) controls.Criteria
@@ -63,6 +65,21 @@ type Config struct {
 	// MaxFinished is how many finished runs are kept for GetRun, WatchRun and
 	// ListRuns; older ones are forgotten. 0 means 10,000.
 	MaxFinished int
+}
+
+// Observer sees every run this server drives, for tracing, metrics and
+// logs. It must not block.
+type Observer interface {
+	// ObserveRun is called when this server starts driving a run, new or
+	// resumed, before its first event is recorded. runCtx is the run's own
+	// context (it ends with the run); reqCtx is the context of the request
+	// that started the run (it carries the caller's trace) for a new run,
+	// and context.Background() for a resumed one. ObserveRun may set
+	// st.Traceparent, which is persisted with the run. It returns the
+	// context the run's control runs in (runCtx with, say, a span) and a
+	// function that sees each event of the run as it is recorded, the last
+	// one being run_finished.
+	ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool) (context.Context, func(ev *stubbornv1.RunEvent))
 }
 
 // Manager runs and keeps runs in memory.
@@ -102,7 +119,10 @@ func (m *Manager) Close() {
 
 // Start accepts a run and starts its control in the background. The request
 // must already be valid. It returns the run's state when accepted.
-func (m *Manager) Start(brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (*stubbornv1.ControlState, error) {
+//
+// ctx is the request's context: it is used for tracing only, since the run
+// outlives the request.
+func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (*stubbornv1.ControlState, error) {
 	id := newID()
 	opts = proto.CloneOf(opts)
 	if opts == nil {
@@ -122,12 +142,26 @@ func (m *Manager) Start(brief string, spec *stubbornv1.ControlSpec, opts *stubbo
 		UpdateTime: timestamppb.New(now),
 	}
 	r := &run{id: id, changed: make(chan struct{}), ended: make(chan struct{})}
+	runCtx, cancel := context.WithCancelCause(m.ctx)
+	r.cancel = cancel
+	if d := opts.GetRunTimeout().AsDuration(); d > 0 {
+		var stop context.CancelFunc
+		runCtx, stop = context.WithDeadline(runCtx, now.Add(d))
+		r.stopTimer = stop
+	}
+	if m.cfg.Observer != nil {
+		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, ctx, state, false)
+	}
 	r.tracker = controls.NewTracker(state, m.cfg.Clock, r.append)
 	accepted := r.tracker.Snapshot()
 
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
+		r.cancel(ErrClosed)
+		if r.stopTimer != nil {
+			r.stopTimer()
+		}
 		return nil, ErrClosed
 	}
 	m.counter++
@@ -135,15 +169,7 @@ func (m *Manager) Start(brief string, spec *stubbornv1.ControlSpec, opts *stubbo
 	m.runs[id] = r
 	m.wg.Add(1)
 	m.mu.Unlock()
-
-	ctx, cancel := context.WithCancelCause(m.ctx)
-	r.cancel = cancel
-	if d := opts.GetRunTimeout().AsDuration(); d > 0 {
-		var stop context.CancelFunc
-		ctx, stop = context.WithDeadline(ctx, now.Add(d))
-		r.stopTimer = stop
-	}
-	go m.drive(ctx, r, brief, spec)
+	go m.drive(runCtx, r, brief, spec)
 	return accepted, nil
 }
 
@@ -332,6 +358,7 @@ type run struct {
 	tracker   *controls.Tracker
 	cancel    context.CancelCauseFunc
 	stopTimer context.CancelFunc
+	observe   func(*stubbornv1.RunEvent) // the Observer's, or nil
 
 	mu      sync.Mutex
 	events  []*stubbornv1.RunEvent
@@ -351,6 +378,9 @@ func (r *run) append(ev *stubbornv1.RunEvent) {
 	if ev.GetRunFinished() != nil {
 		r.done = true
 		close(r.ended)
+	}
+	if r.observe != nil {
+		r.observe(ev)
 	}
 	close(r.changed)
 	r.changed = make(chan struct{})

@@ -66,7 +66,7 @@ func TestWatchersSeeTheSameDenseSequence(t *testing.T) {
 		"b": {controlstest.OK("fine")},
 	})
 	m := newManager(t, d, runs.Config{})
-	st, err := m.Start("brief", chain("a", "b"), nil)
+	st, err := m.Start(context.Background(), "brief", chain("a", "b"), nil)
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_PENDING, st.GetStatus())
 	assert.Equal(t, st.GetRunId(), st.GetOptions().GetIdempotencyKey(), "the run id is the default idempotency key")
@@ -103,7 +103,7 @@ func TestWatchersSeeTheSameDenseSequence(t *testing.T) {
 func TestCancelEndsAHangingRun(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
 	m := newManager(t, d, runs.Config{})
-	st, err := m.Start("brief", chain("hang"), nil)
+	st, err := m.Start(context.Background(), "brief", chain("hang"), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
 	got, err := m.Cancel(ctxFor(t), st.GetRunId())
@@ -116,7 +116,7 @@ func TestCancelEndsAHangingRun(t *testing.T) {
 func TestRunTimeoutFailsTheRun(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
 	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}})
-	st, err := m.Start("brief", chain("hang"), &stubbornv1.RunOptions{RunTimeout: durationpb.New(20 * time.Millisecond)})
+	st, err := m.Start(context.Background(), "brief", chain("hang"), &stubbornv1.RunOptions{RunTimeout: durationpb.New(20 * time.Millisecond)})
 	require.NoError(t, err)
 	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
@@ -126,7 +126,7 @@ func TestRunTimeoutFailsTheRun(t *testing.T) {
 func TestDecideOnlyWhenAwaiting(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	m := newManager(t, d, runs.Config{})
-	st, err := m.Start("brief", chain("a"), nil)
+	st, err := m.Start(context.Background(), "brief", chain("a"), nil)
 	require.NoError(t, err)
 	watchAll(t, m, st.GetRunId(), 0)
 	_, err = m.Decide(st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
@@ -140,7 +140,7 @@ func TestFinishedRunsBeyondTheLimitAreForgotten(t *testing.T) {
 	m := newManager(t, d, runs.Config{MaxFinished: 2})
 	var ids []string
 	for range 3 {
-		st, err := m.Start("brief", chain("a"), nil)
+		st, err := m.Start(context.Background(), "brief", chain("a"), nil)
 		require.NoError(t, err)
 		watchAll(t, m, st.GetRunId(), 0)
 		ids = append(ids, st.GetRunId())
@@ -164,12 +164,12 @@ func (panicking) Call(context.Context, controls.Call) (*stubbornv1.Result, error
 func TestPanicInARunFailsOnlyThatRun(t *testing.T) {
 	d := controlstest.NewDelegates(nil)
 	m := newManager(t, panicking{d}, runs.Config{})
-	st, err := m.Start("brief", chain("a"), nil)
+	st, err := m.Start(context.Background(), "brief", chain("a"), nil)
 	require.NoError(t, err)
 	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
 	assert.Equal(t, "internal error", fin.GetStatusReason())
-	_, err = m.Start("again", chain("a"), nil)
+	_, err = m.Start(context.Background(), "again", chain("a"), nil)
 	assert.NoError(t, err, "the manager still takes runs")
 }
 
@@ -184,7 +184,7 @@ func TestListFiltersAndPages(t *testing.T) {
 		if i%2 == 1 {
 			name = "bad"
 		}
-		st, err := m.Start("brief", chain(name), nil)
+		st, err := m.Start(context.Background(), "brief", chain(name), nil)
 		require.NoError(t, err)
 		watchAll(t, m, st.GetRunId(), 0)
 		if name == "ok" {
@@ -217,12 +217,12 @@ func TestListFiltersAndPages(t *testing.T) {
 func TestCloseCancelsRunsAndRefusesNewOnes(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
 	m := runs.New(runs.Config{Delegates: d, Clock: controlstest.NewClock()})
-	st, err := m.Start("brief", chain("hang"), nil)
+	st, err := m.Start(context.Background(), "brief", chain("hang"), nil)
 	require.NoError(t, err)
 	m.Close()
 	got, err := m.Get(st.GetRunId())
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
-	_, err = m.Start("brief", chain("hang"), nil)
+	_, err = m.Start(context.Background(), "brief", chain("hang"), nil)
 	assert.ErrorIs(t, err, runs.ErrClosed)
 }

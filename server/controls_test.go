@@ -20,12 +20,15 @@ func TestRaceCancelsSlowLosersForReal(t *testing.T) {
 	ctx := testCtx(t)
 	s, err := e.client.Run(ctx, &stubbornv1.RunRequest{
 		TaskBrief: "race",
-		Race:      &stubbornv1.RaceSpec{Candidates: []string{"slow-a", "echo", "slow-b"}},
+		Race:      &stubbornv1.RaceSpec{Candidates: []string{"slow-a", "gate", "slow-b"}},
 	})
 	require.NoError(t, err)
+	// The gate answers only once both slow calls have reached their servers.
+	require.Eventually(t, func() bool { return slowA.Started() == 1 && slowB.Started() == 1 }, 10*time.Second, 2*time.Millisecond)
+	e.gate.answers <- nil
 	st := lastState(t, collect(t, s))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, st.GetStatus())
-	assert.Equal(t, "echo", st.GetWinner())
+	assert.Equal(t, "gate", st.GetWinner())
 	assert.EqualValues(t, 3, st.GetAttempts())
 	require.Len(t, st.GetFailureHistory(), 2, "one record per cancelled loser")
 	for _, f := range st.GetFailureHistory() {

@@ -27,6 +27,9 @@ type Options struct {
 	Limits Limits
 	// Known reports whether a delegate name is in the registry. Required.
 	Known func(name string) bool
+	// IsDelegate reports whether a known name is a delegate rather than a
+	// preset; judges and analysts must be delegates. Nil means Known.
+	IsDelegate func(name string) bool
 	// HasJudge says a default judge delegate is configured.
 	HasJudge bool
 	// Logger receives request logs and recovered panics. Nil means
@@ -45,7 +48,7 @@ var _ stubbornv1.ControlServiceServer = (*Service)(nil)
 
 // NewService returns the ControlService over m.
 func NewService(m *runs.Manager, o Options) *Service {
-	return &Service{runs: m, val: validator{limits: o.Limits.withDefaults(), known: o.Known, hasJudge: o.HasJudge}}
+	return &Service{runs: m, val: validator{limits: o.Limits.withDefaults(), known: o.Known, isDelegate: o.IsDelegate, hasJudge: o.HasJudge}}
 }
 
 // NewGRPCServer returns a gRPC server with recovery and logging
@@ -88,7 +91,7 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 // Run starts a run and streams its events until it ends. The run goes on
 // if the client hangs up.
 func (s *Service) Run(req *stubbornv1.RunRequest, stream grpc.ServerStreamingServer[stubbornv1.RunResponse]) error {
-	st, err := s.start(req)
+	st, err := s.start(stream.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -98,20 +101,20 @@ func (s *Service) Run(req *stubbornv1.RunRequest, stream grpc.ServerStreamingSer
 }
 
 // StartRun starts a run detached.
-func (s *Service) StartRun(_ context.Context, req *stubbornv1.StartRunRequest) (*stubbornv1.StartRunResponse, error) {
-	st, err := s.start(req)
+func (s *Service) StartRun(ctx context.Context, req *stubbornv1.StartRunRequest) (*stubbornv1.StartRunResponse, error) {
+	st, err := s.start(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	return &stubbornv1.StartRunResponse{RunId: st.GetRunId(), State: st}, nil
 }
 
-func (s *Service) start(req runRequest) (*stubbornv1.ControlState, error) {
+func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.ControlState, error) {
 	spec, err := s.val.runSpec(req)
 	if err != nil {
 		return nil, err
 	}
-	st, err := s.runs.Start(req.GetTaskBrief(), spec, req.GetOptions())
+	st, err := s.runs.Start(ctx, req.GetTaskBrief(), spec, req.GetOptions())
 	if err != nil {
 		return nil, toStatus(err)
 	}

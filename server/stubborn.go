@@ -61,6 +61,7 @@ func New(cfg Config) (*Stubborn, error) {
 		Presets:   pool,
 		Clock:     cfg.Clock,
 		Seed:      cfg.Seed,
+		Criteria:  criteriaFor(pool, cfg.Registry.Judge),
 		CallContext: func(ctx context.Context, st *stubbornv1.ControlState) context.Context {
 			o := st.GetOptions()
 			return delegates.WithCallOptions(ctx, delegates.CallOptions{
@@ -79,12 +80,28 @@ func New(cfg Config) (*Stubborn, error) {
 			MaxChain:      l.MaxChain,
 			MaxWait:       l.MaxWait.Std(),
 		},
-		Known:    pool.Known,
+		Known: pool.Known,
+		IsDelegate: func(name string) bool {
+			_, ok := pool.Lookup(name)
+			return ok
+		},
 		HasJudge: cfg.Registry.Judge != "",
 		Logger:   cfg.Logger,
 	}
 	g, hs := NewGRPCServer(NewService(m, opts), opts, cfg.ServerOptions...)
 	return &Stubborn{GRPC: g, Health: hs, Runs: m, Pool: pool}, nil
+}
+
+// criteriaFor builds each run's failure criteria from its control spec,
+// judged by the run's options.judge, else the server's default judge.
+func criteriaFor(d controls.Delegates, defaultJudge string) func(*stubbornv1.ControlState) controls.Criteria {
+	return func(st *stubbornv1.ControlState) controls.Criteria {
+		judge := st.GetOptions().GetJudge()
+		if judge == "" {
+			judge = defaultJudge
+		}
+		return controls.NewCriteria(st.GetControl(), judge, d)
+	}
 }
 
 // Serve serves on lis until Stop.

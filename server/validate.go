@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
@@ -92,9 +93,13 @@ func (v *violations) err() error {
 
 // validator checks requests against the limits and the delegate registry.
 type validator struct {
-	limits   Limits
-	known    func(name string) bool
-	hasJudge bool
+	limits Limits
+	known  func(name string) bool
+	// isDelegate reports whether a name is a delegate rather than a preset:
+	// judges and analysts are called directly, so they must be. Nil means
+	// known.
+	isDelegate func(name string) bool
+	hasJudge   bool
 }
 
 // runSpec checks a run request and returns the control it selects. Unknown
@@ -112,6 +117,11 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 	var set []string
 	spec := &stubbornv1.ControlSpec{}
 	var names []namedRef // delegate names to look up once the shape is valid
+	judge := req.GetOptions().GetJudge()
+	if judge != "" {
+		names = append(names, namedRef{field: "options.judge", name: judge, direct: true})
+	}
+	judged := judge != "" || val.hasJudge
 	if r := req.GetRetry(); r != nil {
 		set = append(set, "retry")
 		spec.Kind = &stubbornv1.ControlSpec_Retry{Retry: r}
@@ -120,19 +130,19 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 	if r := req.GetRetryWithLearning(); r != nil {
 		set = append(set, "retry_with_learning")
 		spec.Kind = &stubbornv1.ControlSpec_RetryWithLearning{RetryWithLearning: r}
-		names = append(names, val.learning(&v, r)...)
+		names = append(names, val.learning(&v, r, judged)...)
 	}
 	if r := req.GetFallbackChain(); r != nil {
 		set = append(set, "fallback_chain")
 		spec.Kind = &stubbornv1.ControlSpec_FallbackChain{FallbackChain: r}
 		names = append(names, val.list(&v, "fallback_chain.chain", r.GetChain())...)
-		val.criteria(&v, "fallback_chain", r.GetFailureCriteria(), r.GetFailureWhen(), "failure_criteria", "failure_when")
+		val.criteria(&v, "fallback_chain", r.GetFailureCriteria(), r.GetFailureWhen(), "failure_criteria", "failure_when", judged)
 	}
 	if r := req.GetRace(); r != nil {
 		set = append(set, "race")
 		spec.Kind = &stubbornv1.ControlSpec_Race{Race: r}
 		names = append(names, val.list(&v, "race.candidates", r.GetCandidates())...)
-		val.criteria(&v, "race", r.GetAcceptanceCriteria(), r.GetAcceptWhen(), "acceptance_criteria", "accept_when")
+		val.criteria(&v, "race", r.GetAcceptanceCriteria(), r.GetAcceptWhen(), "acceptance_criteria", "accept_when", judged)
 	}
 	switch len(set) {
 	case 0:
@@ -149,12 +159,19 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 		if !val.known(n.name) {
 			return nil, status.Errorf(codes.NotFound, "%s: delegate %q is not in the registry", n.field, n.name)
 		}
+		if n.direct && val.isDelegate != nil && !val.isDelegate(n.name) {
+			return nil, status.Errorf(codes.NotFound, "%s: %q is a preset, not a delegate in the registry: judges and analysts must be delegates", n.field, n.name)
+		}
 	}
 	return spec, nil
 }
 
-// namedRef is a delegate name and the field it came from.
-type namedRef struct{ field, name string }
+// namedRef is a delegate name and the field it came from. direct says the
+// name is called directly (a judge, an analyst), so a preset will not do.
+type namedRef struct {
+	field, name string
+	direct      bool
+}
 
 func (val *validator) retry(v *violations, r *stubbornv1.RetrySpec) []namedRef {
 	refs := val.target(v, "retry.target", r.GetTarget())
@@ -172,28 +189,40 @@ func (val *validator) retry(v *violations, r *stubbornv1.RetrySpec) []namedRef {
 	return refs
 }
 
-func (val *validator) learning(v *violations, r *stubbornv1.RetryWithLearningSpec) []namedRef {
+func (val *validator) learning(v *violations, r *stubbornv1.RetryWithLearningSpec, judged bool) []namedRef {
 	refs := val.target(v, "retry_with_learning.target", r.GetTarget())
 	if r.MaxRetries != nil {
 		if n := r.GetMaxRetries(); n <= 0 || int(n) > val.limits.MaxAttempts {
 			v.add("retry_with_learning.max_retries", "must be between 1 and %d (it is the total number of attempts), got %d", val.limits.MaxAttempts, n)
 		}
 	}
-	val.criteria(v, "retry_with_learning", r.GetFailureCriteria(), r.GetFailureWhen(), "failure_criteria", "failure_when")
-	if r.GetAnalyst() != "" {
-		v.add("retry_with_learning.analyst", "analyst delegates are not supported by this server yet")
+	val.criteria(v, "retry_with_learning", r.GetFailureCriteria(), r.GetFailureWhen(), "failure_criteria", "failure_when", judged)
+	if a := r.GetAnalyst(); a != "" {
+		refs = append(refs, namedRef{field: "retry_with_learning.analyst", name: a, direct: true})
 	}
 	return refs
 }
 
-// criteria rejects failure criteria until this server can judge them:
-// accepting them and ignoring them would turn failures into successes.
-func (val *validator) criteria(v *violations, control, text, expr, textField, exprField string) {
+// criteria checks a control's failure criteria before anything runs:
+// natural-language criteria need a judge (judged: options.judge or the
+// server's default), and a CEL expression must compile, type-check to bool
+// and use only the declared variables.
+func (val *validator) criteria(v *violations, control, text, expr, textField, exprField string, judged bool) {
 	if text != "" {
-		v.add(control+"."+textField, "natural-language criteria are not supported by this server yet")
+		field := control + "." + textField
+		switch {
+		case strings.TrimSpace(text) == "":
+			v.add(field, "must not be blank (leave it empty for no criteria)")
+		case len(text) > val.limits.MaxBriefBytes:
+			v.add(field, "is %d bytes, more than the limit of %d", len(text), val.limits.MaxBriefBytes)
+		case !judged:
+			v.add(field, "needs a judge delegate, and none is configured: set options.judge, or a default judge in the server config")
+		}
 	}
 	if expr != "" {
-		v.add(control+"."+exprField, "CEL criteria are not supported by this server yet")
+		if _, err := controls.CompileExpr(exprField, expr); err != nil {
+			v.add(control+"."+exprField, "is not a valid CEL expression: %v", err)
+		}
 	}
 }
 
@@ -202,7 +231,7 @@ func (val *validator) target(v *violations, field, name string) []namedRef {
 		v.add(field, "must name a delegate")
 		return nil
 	}
-	return []namedRef{{field, name}}
+	return []namedRef{{field: field, name: name}}
 }
 
 func (val *validator) list(v *violations, field string, names []string) []namedRef {
@@ -219,7 +248,7 @@ func (val *validator) list(v *violations, field string, names []string) []namedR
 			v.add(f, "must name a delegate")
 			continue
 		}
-		refs = append(refs, namedRef{f, n})
+		refs = append(refs, namedRef{field: f, name: n})
 	}
 	return refs
 }
@@ -265,9 +294,6 @@ func (val *validator) options(v *violations, o *stubbornv1.RunOptions) {
 		if k == "" || len(k) > 1024 || len(value) > 1024 {
 			v.add("options.metadata", "keys must be non-empty and keys and values at most 1 KiB (key %.40q)", k)
 		}
-	}
-	if o.GetJudge() != "" {
-		v.add("options.judge", "judges are not supported by this server yet")
 	}
 }
 
