@@ -61,6 +61,10 @@ type CallError struct {
 	// Refused says Stubborn's own middleware refused the call; it is never
 	// retried.
 	Refused bool
+	// Interrupted says the call was in flight when the server driving the
+	// run stopped: the delegate may or may not have done it, so it is
+	// called again only if it is idempotent or read_only.
+	Interrupted bool
 }
 
 func (e *CallError) Error() string {

@@ -21,6 +21,10 @@ const DefaultMaxRetries = 3
 // and is retried. The first accepted result wins. When attempts run out the
 // outcome is EXHAUSTED with no result; the last result stays in the attempt
 // log.
+//
+// With an analyst, each failure that another attempt follows is sent to the
+// analyst (AnalystBrief) and its advice joins the failure's record, and so
+// every later brief. Without one, briefs are exactly the reference format.
 func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.RetryWithLearningSpec) Outcome {
 	maxRetries := DefaultMaxRetries
 	if spec.MaxRetries != nil {
@@ -41,9 +45,32 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 		if !a.failed {
 			return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Result: a.result, Winner: target}
 		}
-		rec := &stubbornv1.FailureRecord{Attempt: n, Delegate: target, Summary: a.summary, Reason: a.reason, Path: env.Path}
-		failures = append(failures, rec)
+		rec := &stubbornv1.FailureRecord{
+			Attempt: n, Delegate: target, Summary: a.summary, Reason: a.reason, Path: env.Path,
+			Source: failureSource(env, n, a),
+		}
 		willRetry := i+1 < maxRetries
+		if ce, ok := a.err.(*CallError); ok && ce.Interrupted && willRetry {
+			// The delegate may have done the interrupted attempt: only an
+			// idempotent or read-only one may be asked again.
+			if info := env.Delegates.Info(target); !info.Idempotent && !info.ReadOnly {
+				rec.NotRetriedReason = fmt.Sprintf("attempt %d was interrupted and delegate %q is neither idempotent nor read_only", n, target)
+				env.Tracker.Failure(rec, false, "")
+				return failedWith(rec.NotRetriedReason)
+			}
+		}
+		_, recorded, _, replayed := env.Tracker.Replayed(n)
+		if replayed && recorded != nil {
+			rec = recorded // with the analyst's advice, which is not asked again
+		}
+		failures = append(failures, rec)
+		if willRetry && spec.GetAnalyst() != "" && !replayed {
+			analyse(ctx, env, spec.GetAnalyst(), taskBrief, rec)
+			if ctx.Err() != nil {
+				env.Tracker.Failure(rec, false, "")
+				return stopped(ctx)
+			}
+		}
 		brief = ""
 		if willRetry {
 			brief = EnrichBrief(taskBrief, failures)
@@ -51,6 +78,39 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 		env.Tracker.Failure(rec, willRetry, brief)
 	}
 	return exhausted("all %d attempts failed", maxRetries)
+}
+
+// AnalystAdviceChars bounds the analyst's advice kept in a failure record,
+// in characters: it joins every later brief.
+const AnalystAdviceChars = 2000
+
+// AnalystBrief is the brief the analyst gets about a failed attempt: the
+// task, the attempt's summary and its failure reason, and the question.
+func AnalystBrief(taskBrief string, rec *stubbornv1.FailureRecord) string {
+	return fmt.Sprintf("A task was attempted and the attempt failed.\n\nTask:\n%s\n\nAttempt %d: %s\nFailure reason: %s\n\n"+
+		"What should the next attempt do differently? Answer with the advice only.",
+		taskBrief, rec.GetAttempt(), rec.GetSummary(), rec.GetReason())
+}
+
+// analyse asks the analyst what the next attempt should do differently and
+// puts its answer in rec.Analysis. The analyst never fails the run: an
+// error or an empty answer leaves no analysis, and rec.AnalysisError says
+// why. The call is not an attempt and is not in the attempt log.
+func analyse(ctx context.Context, env *Env, analyst, taskBrief string, rec *stubbornv1.FailureRecord) {
+	res, err := env.Delegates.Call(ctx, Call{Delegate: analyst, Brief: AnalystBrief(taskBrief, rec), Attempt: rec.GetAttempt()})
+	switch {
+	case ctx.Err() != nil:
+		rec.AnalysisError = fmt.Sprintf("analyst %q failed: cancelled", analyst)
+	case err != nil:
+		rec.AnalysisError = fmt.Sprintf("analyst %q failed: %s", analyst, Message(err))
+	default:
+		advice := strings.TrimSpace(ResultString(res))
+		if advice == "" {
+			rec.AnalysisError = fmt.Sprintf("analyst %q gave no advice (empty answer)", analyst)
+			return
+		}
+		rec.Analysis = firstChars(advice, AnalystAdviceChars)
+	}
 }
 
 // EnrichBrief appends the failure history to the original brief, in the

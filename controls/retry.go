@@ -180,8 +180,8 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 		}
 
 		used++
-		env.Tracker.Backoff(env.Path, env.Tracker.NextAttempt(), wait, bound, fromHint)
-		if env.clock().Sleep(ctx, wait) != nil || ctx.Err() != nil {
+		wait = env.Tracker.Backoff(env.Path, env.Tracker.NextAttempt(), wait, bound, fromHint)
+		if env.Tracker.WaitBackoff(ctx, env.clock()) != nil || ctx.Err() != nil {
 			return stopped(ctx)
 		}
 		waitBefore = wait

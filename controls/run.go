@@ -116,6 +116,9 @@ func attempt(ctx context.Context, env *Env, slot, delegate, brief string, waitBe
 // call sends attempt n to a delegate, or runs the preset of that name, and
 // judges the answer, without recording the attempt itself.
 func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) attemptResult {
+	if a, ok := replayed(env, n); ok {
+		return a
+	}
 	var (
 		res *stubbornv1.Result
 		err error
@@ -156,6 +159,45 @@ func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) 
 		return rejected
 	}
 	return attemptResult{outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED, result: res, note: v.Note}
+}
+
+// ErrInterrupted is the error of an attempt that was in flight when the
+// server driving its run stopped.
+var ErrInterrupted = &CallError{
+	Code:        codes.Unavailable,
+	Message:     "interrupted: the server driving the run stopped during the call",
+	Interrupted: true,
+}
+
+// replayed returns attempt n's result from the tracker's journal when the
+// run is being resumed and the journal knows how the attempt ended.
+func replayed(env *Env, n int32) (attemptResult, bool) {
+	a, rec, interrupted, ok := env.Tracker.Replayed(n)
+	switch {
+	case !ok:
+		return attemptResult{}, false
+	case interrupted:
+		return attemptResult{
+			outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED,
+			err:     ErrInterrupted, failed: true,
+			reason: ErrInterrupted.Message, summary: "Error: " + ErrInterrupted.Message,
+		}, true
+	}
+	r := attemptResult{outcome: a.GetOutcome(), result: a.GetResult()}
+	if e := a.GetError(); e != nil {
+		r.err = &CallError{Code: codes.Code(e.GetCode()), Message: e.GetMessage(), HTTPStatus: int(e.GetHttpStatus())}
+		if h := e.GetRetryHint(); h != nil {
+			r.err.(*CallError).HasHint, r.err.(*CallError).RetryHint = true, h.AsDuration()
+		}
+	}
+	if a.GetOutcome() != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED {
+		r.failed = true
+		r.reason, r.summary = rec.GetReason(), rec.GetSummary()
+		if rec == nil && r.err != nil {
+			r.reason, r.summary = Message(r.err), "Error: "+Message(r.err)
+		}
+	}
+	return r, true
 }
 
 // nested runs a preset's control as one step of its parent: its attempts

@@ -14,10 +14,14 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// Sink receives each event as it happens, in order. run_id, seq and time are
-// left for the sink to fill. It must not block for long: controls call it
-// inline.
+// Sink receives each event as it happens, in order. run_id and seq are left
+// for the sink to fill. It must not block for long: controls call it inline.
 type Sink func(ev *stubbornv1.RunEvent)
+
+// Recorder is a Sink that also sees the run's state right after the change
+// the event reports. state is the tracker's own: read it during the call
+// only, and clone what must outlive it.
+type Recorder func(ev *stubbornv1.RunEvent, state *stubbornv1.ControlState)
 
 // ErrNotAwaitingDecision is returned by Decide when the run is not waiting
 // for a decision.
@@ -25,21 +29,48 @@ var ErrNotAwaitingDecision = errors.New("run is not awaiting a decision")
 
 // Tracker keeps a run's ControlState and turns every step of a control into
 // an event. It is safe for concurrent use (race runs attempts in parallel).
+//
+// A tracker built with a journal (the events a run already recorded, when
+// another server takes the run over) replays it: running the control again
+// from the start, every step that the journal holds is taken from it instead
+// of being done again — the attempt's outcome without calling the delegate,
+// the backoff's wait without drawing it, the decision without asking — and
+// its event is not emitted twice. The first step the journal lacks is done
+// for real, and from there the run goes on live. An attempt that started but
+// never finished comes back as interrupted (see Replayed).
 type Tracker struct {
 	mu       sync.Mutex
 	state    *stubbornv1.ControlState
 	clock    Clock
-	sink     Sink
+	record   Recorder
 	decision chan stubbornv1.Decision // non-nil while awaiting a decision
+	until    time.Time                // end of the backoff announced last
+	journal  *journal                 // noJournal when not replaying
 }
 
 // NewTracker tracks state (owned by the tracker from now on) and sends
 // events to sink.
 func NewTracker(state *stubbornv1.ControlState, clock Clock, sink Sink) *Tracker {
+	var rec Recorder
+	if sink != nil {
+		rec = func(ev *stubbornv1.RunEvent, _ *stubbornv1.ControlState) { sink(ev) }
+	}
+	return NewReplayTracker(state, clock, rec, nil)
+}
+
+// NewReplayTracker tracks state, replaying the events already recorded in
+// journal (in seq order; empty for a new run), and sends every new event to
+// rec. For a run being resumed, state must be the state of its run_started
+// event.
+func NewReplayTracker(state *stubbornv1.ControlState, clock Clock, rec Recorder, recorded []*stubbornv1.RunEvent) *Tracker {
 	if clock == nil {
 		clock = RealClock{}
 	}
-	return &Tracker{state: state, clock: clock, sink: sink}
+	t := &Tracker{state: state, clock: clock, record: rec, journal: noJournal}
+	if len(recorded) > 0 {
+		t.journal = newJournal(recorded)
+	}
+	return t
 }
 
 // Snapshot returns a copy of the current state.
@@ -56,20 +87,24 @@ func (t *Tracker) Status() stubbornv1.RunStatus {
 	return t.state.GetStatus()
 }
 
-// touch sets the state's update time to now, before a change. Callers hold
-// t.mu.
-func (t *Tracker) touch() {
+// touch sets the state's update time, before a change: to now, or to the
+// replayed event's time. Callers hold t.mu.
+func (t *Tracker) touch(replayed *stubbornv1.RunEvent) {
+	if replayed != nil {
+		t.state.UpdateTime = proto.CloneOf(replayed.GetTime())
+		return
+	}
 	t.state.UpdateTime = timestamppb.New(t.clock.Now())
 }
 
 // emit stamps the event with the path and the time of the change it
-// reports, and hands it to the sink. Callers hold t.mu, so events leave in
-// the order the state changed.
+// reports, and hands it to the recorder. Callers hold t.mu, so events leave
+// in the order the state changed.
 func (t *Tracker) emit(path string, ev *stubbornv1.RunEvent) {
 	ev.Path = path
 	ev.Time = proto.CloneOf(t.state.UpdateTime)
-	if t.sink != nil {
-		t.sink(ev)
+	if t.record != nil {
+		t.record(ev, t.state)
 	}
 }
 
@@ -77,10 +112,25 @@ func (t *Tracker) emit(path string, ev *stubbornv1.RunEvent) {
 func (t *Tracker) Start() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.touch()
+	if ev := t.journal.take(t.journal.runStarted); ev != nil {
+		t.touch(ev)
+		t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
+		return
+	}
+	t.touch(nil)
 	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
 	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunStarted{
 		RunStarted: &stubbornv1.RunStarted{State: proto.CloneOf(t.state)},
+	}})
+}
+
+// Resumed emits run_resumed: owner took the run over.
+func (t *Tracker) Resumed(owner, reason string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.touch(nil)
+	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunResumed{
+		RunResumed: &stubbornv1.RunResumed{Owner: owner, Reason: reason},
 	}})
 }
 
@@ -89,25 +139,30 @@ func (t *Tracker) Start() {
 func (t *Tracker) BeginAttempt(path, delegate, brief string, waitBefore time.Duration) int32 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.touch()
 	n := int32(len(t.state.AttemptLog)) + 1
-	a := &stubbornv1.Attempt{
-		Number:    n,
-		Delegate:  delegate,
-		Brief:     brief,
-		StartTime: timestamppb.New(t.clock.Now()),
-		Path:      path,
-	}
-	if waitBefore > 0 {
-		a.WaitBefore = durationpb.New(waitBefore)
-	}
-	t.state.AttemptLog = append(t.state.AttemptLog, a)
 	if path == "" {
 		// ControlState.attempts counts the run's own control's attempts; a
 		// nested preset's attempts are in the log under their path.
 		t.state.Attempts++
 	}
 	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
+	if ev := t.journal.take(t.journal.started[n]); ev != nil {
+		t.touch(ev)
+		t.state.AttemptLog = append(t.state.AttemptLog, proto.CloneOf(ev.GetAttemptStarted().GetAttempt()))
+		return n
+	}
+	t.touch(nil)
+	a := &stubbornv1.Attempt{
+		Number:    n,
+		Delegate:  delegate,
+		Brief:     brief,
+		StartTime: proto.CloneOf(t.state.UpdateTime),
+		Path:      path,
+	}
+	if waitBefore > 0 {
+		a.WaitBefore = durationpb.New(waitBefore)
+	}
+	t.state.AttemptLog = append(t.state.AttemptLog, a)
 	t.emit(path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptStarted{
 		AttemptStarted: &stubbornv1.AttemptStarted{Attempt: proto.CloneOf(a)},
 	}})
@@ -121,14 +176,46 @@ func (t *Tracker) NextAttempt() int32 {
 	return int32(len(t.state.AttemptLog)) + 1
 }
 
+// Replayed reports how attempt n ended according to the journal: its
+// attempt (with outcome, result, error) and, if it failed, its failure
+// record. interrupted is true for an attempt that started but never
+// finished: the delegate may or may not have done it. ok is false when the
+// journal does not know the attempt's end, and the attempt must be made.
+func (t *Tracker) Replayed(n int32) (a *stubbornv1.Attempt, rec *stubbornv1.FailureRecord, interrupted, ok bool) {
+	if t.journal == noJournal {
+		return nil, nil, false, false // not replaying: no need for the lock
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	j := t.journal
+	if fin := j.finished[n]; fin != nil {
+		if f := j.failures[n]; f != nil {
+			rec = f.GetFailureAnalyzed().GetFailure()
+		}
+		return fin.GetAttemptFinished().GetAttempt(), rec, false, true
+	}
+	if j.started[n] != nil && !j.used[j.started[n]] {
+		return nil, nil, false, false
+	}
+	if j.started[n] != nil {
+		return nil, nil, true, true
+	}
+	return nil, nil, false, false
+}
+
 // EndAttempt records how attempt n ended and emits attempt_finished. err,
 // when not nil, becomes the attempt's error.
 func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result *stubbornv1.Result, err error, note string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.touch()
+	if ev := t.journal.take(t.journal.finished[n]); ev != nil {
+		t.touch(ev)
+		t.state.AttemptLog[n-1] = proto.CloneOf(ev.GetAttemptFinished().GetAttempt())
+		return
+	}
+	t.touch(nil)
 	a := t.state.AttemptLog[n-1]
-	a.EndTime = timestamppb.New(t.clock.Now())
+	a.EndTime = proto.CloneOf(t.state.UpdateTime)
 	a.Outcome = outcome
 	a.Result = result
 	if err != nil {
@@ -143,7 +230,12 @@ func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result 
 func (t *Tracker) Failure(rec *stubbornv1.FailureRecord, willRetry bool, nextBrief string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.touch()
+	if ev := t.journal.take(t.journal.failures[rec.GetAttempt()]); ev != nil {
+		t.touch(ev)
+		t.state.FailureHistory = append(t.state.FailureHistory, proto.CloneOf(ev.GetFailureAnalyzed().GetFailure()))
+		return
+	}
+	t.touch(nil)
 	t.state.FailureHistory = append(t.state.FailureHistory, rec)
 	t.emit(rec.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_FailureAnalyzed{
 		FailureAnalyzed: &stubbornv1.FailureAnalyzed{
@@ -155,21 +247,48 @@ func (t *Tracker) Failure(rec *stubbornv1.FailureRecord, willRetry bool, nextBri
 }
 
 // Backoff marks the run BACKING_OFF and emits backoff_scheduled for a wait
-// that starts now.
-func (t *Tracker) Backoff(path string, nextAttempt int32, wait, bound time.Duration, fromHint bool) {
+// that starts now. It returns the wait to honour: the journal's, when the
+// backoff was already announced before the run changed hands. Wait with
+// WaitBackoff.
+func (t *Tracker) Backoff(path string, nextAttempt int32, wait, bound time.Duration, fromHint bool) time.Duration {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.touch()
 	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF
+	if ev := t.journal.take(t.journal.backoffs[nextAttempt]); ev != nil {
+		t.touch(ev)
+		b := ev.GetBackoffScheduled()
+		t.until = b.GetUntil().AsTime()
+		if t.journal.started[nextAttempt] != nil {
+			t.until = time.Time{} // the wait is over: the next attempt started
+		}
+		return b.GetWait().AsDuration()
+	}
+	t.touch(nil)
+	now := t.state.GetUpdateTime().AsTime()
+	t.until = now.Add(wait)
 	t.emit(path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_BackoffScheduled{
 		BackoffScheduled: &stubbornv1.BackoffScheduled{
 			NextAttempt: nextAttempt,
 			Wait:        durationpb.New(wait),
-			Until:       timestamppb.New(t.clock.Now().Add(wait)),
+			Until:       timestamppb.New(t.until),
 			Bound:       durationpb.New(bound),
 			FromHint:    fromHint,
 		},
 	}})
+	return wait
+}
+
+// WaitBackoff sleeps on clock until the end of the backoff announced last,
+// or returns ctx's error when ctx ends first. A backoff replayed from the
+// journal resumes with the time that was left.
+func (t *Tracker) WaitBackoff(ctx context.Context, clock Clock) error {
+	t.mu.Lock()
+	until := t.until
+	t.mu.Unlock()
+	if until.IsZero() {
+		return ctx.Err()
+	}
+	return clock.Sleep(ctx, until.Sub(clock.Now()))
 }
 
 // AwaitDecision marks the run AWAITING_DECISION, emits decision_requested
@@ -178,31 +297,46 @@ func (t *Tracker) Backoff(path string, nextAttempt int32, wait, bound time.Durat
 func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, timeout time.Duration) (d stubbornv1.Decision, timedOut bool, err error) {
 	ch := make(chan stubbornv1.Decision, 1)
 	t.mu.Lock()
-	t.touch()
-	t.decision = ch
 	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
 	t.state.StatusReason = reason
-	req := &stubbornv1.DecisionRequested{Reason: reason}
-	for _, f := range t.state.FailureHistory {
-		req.FailureHistory = append(req.FailureHistory, proto.CloneOf(f))
+	var deadline time.Time
+	if ev := t.journal.take(t.journal.next(&t.journal.requests)); ev != nil {
+		t.touch(ev)
+		if dl := ev.GetDecisionRequested().GetDeadline(); dl != nil {
+			deadline = dl.AsTime()
+		}
+		if got := t.journal.take(t.journal.next(&t.journal.answers)); got != nil {
+			t.touch(got)
+			t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
+			t.state.StatusReason = ""
+			t.mu.Unlock()
+			return got.GetDecisionReceived().GetDecision(), false, nil
+		}
+	} else {
+		t.touch(nil)
+		req := &stubbornv1.DecisionRequested{Reason: reason}
+		for _, f := range t.state.FailureHistory {
+			req.FailureHistory = append(req.FailureHistory, proto.CloneOf(f))
+		}
+		if timeout > 0 {
+			deadline = t.state.GetUpdateTime().AsTime().Add(timeout)
+			req.Deadline = timestamppb.New(deadline)
+		}
+		t.emit(path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionRequested{DecisionRequested: req}})
 	}
-	if timeout > 0 {
-		req.Deadline = timestamppb.New(t.clock.Now().Add(timeout))
-	}
-	t.emit(path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionRequested{DecisionRequested: req}})
+	t.decision = ch
 	t.mu.Unlock()
 
-	waitCtx, cancel := ctx, context.CancelFunc(func() {})
-	if timeout > 0 {
-		waitCtx, cancel = context.WithCancel(ctx)
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if !deadline.IsZero() {
 		go func() {
 			// The clock decides when the timeout is over, so tests can fake it.
-			if t.clock.Sleep(waitCtx, timeout) == nil {
+			if t.clock.Sleep(waitCtx, deadline.Sub(t.clock.Now())) == nil {
 				cancel()
 			}
 		}()
 	}
-	defer cancel()
 	select {
 	case d = <-ch:
 		return d, false, nil
@@ -230,7 +364,7 @@ func (t *Tracker) Decide(d stubbornv1.Decision) error {
 	if t.decision == nil {
 		return ErrNotAwaitingDecision
 	}
-	t.touch()
+	t.touch(nil)
 	t.decision <- d
 	t.decision = nil
 	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
@@ -249,7 +383,7 @@ func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result,
 	if t.state.GetEndTime() != nil {
 		return proto.CloneOf(t.state)
 	}
-	t.touch()
+	t.touch(nil)
 	t.decision = nil
 	t.state.Status = status
 	t.state.Result = result
@@ -281,4 +415,70 @@ func attemptError(err error) *stubbornv1.AttemptError {
 		code = codes.DeadlineExceeded
 	}
 	return &stubbornv1.AttemptError{Code: int32(code), Message: err.Error()}
+}
+
+// journal indexes a run's recorded events for replay. Every event is used
+// at most once.
+type journal struct {
+	runStarted *stubbornv1.RunEvent
+	started    map[int32]*stubbornv1.RunEvent // attempt_started by attempt number
+	finished   map[int32]*stubbornv1.RunEvent // attempt_finished by attempt number
+	failures   map[int32]*stubbornv1.RunEvent // failure_analyzed by attempt number
+	backoffs   map[int32]*stubbornv1.RunEvent // backoff_scheduled by the attempt that follows
+	requests   []*stubbornv1.RunEvent         // decision_requested, in order
+	answers    []*stubbornv1.RunEvent         // decision_received, in order
+	used       map[*stubbornv1.RunEvent]bool
+}
+
+func newJournal(evs []*stubbornv1.RunEvent) *journal {
+	j := &journal{
+		started:  map[int32]*stubbornv1.RunEvent{},
+		finished: map[int32]*stubbornv1.RunEvent{},
+		failures: map[int32]*stubbornv1.RunEvent{},
+		backoffs: map[int32]*stubbornv1.RunEvent{},
+		used:     map[*stubbornv1.RunEvent]bool{},
+	}
+	for _, ev := range evs {
+		switch k := ev.GetKind().(type) {
+		case *stubbornv1.RunEvent_RunStarted:
+			j.runStarted = ev
+		case *stubbornv1.RunEvent_AttemptStarted:
+			j.started[k.AttemptStarted.GetAttempt().GetNumber()] = ev
+		case *stubbornv1.RunEvent_AttemptFinished:
+			j.finished[k.AttemptFinished.GetAttempt().GetNumber()] = ev
+		case *stubbornv1.RunEvent_FailureAnalyzed:
+			j.failures[k.FailureAnalyzed.GetFailure().GetAttempt()] = ev
+		case *stubbornv1.RunEvent_BackoffScheduled:
+			j.backoffs[k.BackoffScheduled.GetNextAttempt()] = ev
+		case *stubbornv1.RunEvent_DecisionRequested:
+			j.requests = append(j.requests, ev)
+		case *stubbornv1.RunEvent_DecisionReceived:
+			j.answers = append(j.answers, ev)
+		}
+	}
+	return j
+}
+
+// noJournal is the empty journal of a run that is not being replayed. Its
+// nil maps read as empty and it is never written.
+var noJournal = &journal{}
+
+// take marks ev used and returns it; nil when there is no such event, or it
+// was used already.
+func (j *journal) take(ev *stubbornv1.RunEvent) *stubbornv1.RunEvent {
+	if ev == nil || j.used[ev] {
+		return nil
+	}
+	j.used[ev] = true
+	return ev
+}
+
+// next returns the first unused event of list.
+func (j *journal) next(list *[]*stubbornv1.RunEvent) *stubbornv1.RunEvent {
+	for _, ev := range *list {
+		if !j.used[ev] {
+			return ev
+		}
+	}
+	return nil
 }
