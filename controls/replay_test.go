@@ -35,7 +35,7 @@ func (b *byAttempt) Call(_ context.Context, c controls.Call) (*stubbornv1.Result
 	}
 	return &stubbornv1.Result{Text: r.Text}, nil
 }
-func (b *byAttempt) Info(string) controls.DelegateInfo       { return b.info }
+func (b *byAttempt) Info(string) controls.DelegateInfo    { return b.info }
 func (b *byAttempt) Serving(context.Context, string) bool { return true }
 
 func (b *byAttempt) called() []int32 {
