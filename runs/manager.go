@@ -1,18 +1,23 @@
 package runs
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/base32"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	mrand "math/rand/v2"
 	"runtime/debug"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -31,13 +36,20 @@ var (
 	ErrClosed = errors.New("server is shutting down")
 	// ErrBadPageToken: a ListRuns page token this server did not issue.
 	ErrBadPageToken = errors.New("page_token is not valid")
+	// ErrUnavailable: the server that drives the run cannot be reached.
+	ErrUnavailable = errors.New("the server driving the run is not reachable")
 )
 
-// errCancelled is the cause a run's context carries after CancelRun.
-var errCancelled = errors.New("cancelled by CancelRun")
+// Causes a run's context carries when it ends early.
+var (
+	errCancelled = errors.New("cancelled by CancelRun")
+	errShutdown  = errors.New("server shut down")
+	errLost      = errors.New("another server took the run over")
+)
 
-// errShutdown is the cause a run's context carries when the server stops.
-var errShutdown = errors.New("server shut down")
+// DefaultLease is how long a server that stops beating keeps its runs
+// before other servers take them over.
+const DefaultLease = 10 * time.Second
 
 // Config configures a Manager.
 type Config struct {
@@ -62,9 +74,30 @@ type Config struct {
 	Clock controls.Clock
 	// Seed, when non-zero, seeds every run's jitter deterministically (tests).
 	Seed uint64
-	// MaxFinished is how many finished runs are kept for GetRun, WatchRun and
-	// ListRuns; older ones are forgotten. 0 means 10,000.
+	// MaxFinished is how many finished runs this server keeps in memory for
+	// fast GetRun and WatchRun; older ones are read from the store. 0 means
+	// 10,000.
 	MaxFinished int
+
+	// Store keeps the runs. Nil means a new Memory store: runs then last as
+	// long as the process.
+	Store Store
+	// Owner names this server among those sharing the store. Empty means a
+	// random name.
+	Owner string
+	// Lease is how long this server may go without beating before others
+	// take its runs over. 0 means DefaultLease.
+	Lease time.Duration
+	// SoleOwner says no other live server shares the store (the embedded
+	// default): runs left by an earlier process are taken over at once
+	// instead of after the lease.
+	SoleOwner bool
+	// CancelOnClose makes Close cancel every run (they end CANCELLED). When
+	// false, Close leaves them to be taken over by another server or by the
+	// next start on the same store.
+	CancelOnClose bool
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // Observer sees every run this server drives, for tracing, metrics and
@@ -82,39 +115,199 @@ type Observer interface {
 	ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool) (context.Context, func(ev *stubbornv1.RunEvent))
 }
 
-// Manager runs and keeps runs in memory.
+// Manager starts, drives, resumes and serves runs over a Store. Every run
+// is driven by one server at a time: the one that claimed it, until that
+// server stops beating for a lease and another takes it over by replaying
+// its journal.
 type Manager struct {
 	cfg    Config
-	ctx    context.Context // parent of every run; cancelled by Close
+	store  Store
+	owner  string
+	log    *slog.Logger
+	ctx    context.Context // parent of every run and loop; cancelled by Close
 	cancel context.CancelCauseFunc
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // runs
+	loops  sync.WaitGroup // heartbeat, takeover scan, command server
+	paused atomic.Bool    // heartbeats paused (tests simulate a frozen server)
 
 	mu       sync.Mutex
 	runs     map[string]*run
-	finished []string // ids of finished runs, oldest first
-	counter  uint64   // creation order, for ListRuns
+	finished []string // ids of finished local runs, oldest first
+	counter  uint64
 	closed   bool
 }
 
-// New returns a Manager. Close it to stop every run.
-func New(cfg Config) *Manager {
+// New returns a Manager that beats as a live owner, serves commands for
+// its runs and takes over runs whose owner died. Close it when done.
+func New(cfg Config) (*Manager, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = controls.RealClock{}
 	}
 	if cfg.MaxFinished <= 0 {
 		cfg.MaxFinished = 10_000
 	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = DefaultLease
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Store == nil {
+		cfg.Store = NewMemory(cfg.Lease)
+	}
+	if cfg.Owner == "" {
+		cfg.Owner = "stubborn-" + strings.ToLower(rand.Text()[:10])
+	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Manager{cfg: cfg, ctx: ctx, cancel: cancel, runs: map[string]*run{}}
+	m := &Manager{
+		cfg: cfg, store: cfg.Store, owner: cfg.Owner, log: cfg.Logger.With("owner", cfg.Owner),
+		ctx: ctx, cancel: cancel, runs: map[string]*run{},
+	}
+	if err := m.store.Beat(ctx, m.owner); err != nil {
+		cancel(err)
+		return nil, fmt.Errorf("runs store: %w", err)
+	}
+	m.loops.Add(3)
+	go m.beat()
+	go m.scan()
+	go func() {
+		defer m.loops.Done()
+		if err := m.store.Serve(ctx, m.owner, m.handle); err != nil && ctx.Err() == nil {
+			m.log.Error("serving commands stopped", "err", err)
+		}
+	}()
+	return m, nil
 }
 
-// Close cancels every run that is still going and waits for them to end.
+// Owner returns this server's name among those sharing the store.
+func (m *Manager) Owner() string { return m.owner }
+
+// Close stops the manager. With CancelOnClose every run is cancelled and
+// ends CANCELLED; otherwise runs are left where they are, to be taken over
+// by another server, or by the next start on the same store.
 func (m *Manager) Close() {
 	m.mu.Lock()
 	m.closed = true
+	local := make([]*run, 0, len(m.runs))
+	for _, r := range m.runs {
+		local = append(local, r)
+	}
 	m.mu.Unlock()
-	m.cancel(errShutdown)
+	if !m.cfg.CancelOnClose {
+		for _, r := range local {
+			r.abandon()
+		}
+	}
+	for _, r := range local {
+		r.cancel(errShutdown)
+	}
 	m.wg.Wait()
+	if !m.cfg.CancelOnClose {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := m.store.Leave(ctx, m.owner); err != nil {
+			m.log.Warn("leaving the store", "err", err)
+		}
+		cancel()
+	}
+	m.cancel(errShutdown)
+	m.loops.Wait()
+}
+
+// Kill stops driving every run at once, writing nothing and telling no one,
+// as a crash would. The runs are taken over once the lease has passed.
+// For tests of recovery.
+func (m *Manager) Kill() {
+	m.paused.Store(true)
+	m.mu.Lock()
+	m.closed = true
+	local := make([]*run, 0, len(m.runs))
+	for _, r := range m.runs {
+		local = append(local, r)
+	}
+	m.mu.Unlock()
+	for _, r := range local {
+		r.abandon()
+		r.cancel(errShutdown)
+	}
+	m.wg.Wait()
+	m.cancel(errShutdown)
+	m.loops.Wait()
+}
+
+// beat tells the store this server is alive, three times a lease.
+func (m *Manager) beat() {
+	defer m.loops.Done()
+	t := time.NewTicker(m.cfg.Lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if m.paused.Load() {
+			continue
+		}
+		if err := m.store.Beat(m.ctx, m.owner); err != nil && m.ctx.Err() == nil {
+			m.log.Warn("heartbeat failed", "err", err)
+		}
+	}
+}
+
+// scan takes over runs whose owner is dead: at once, then twice a lease.
+func (m *Manager) scan() {
+	defer m.loops.Done()
+	t := time.NewTicker(m.cfg.Lease / 2)
+	defer t.Stop()
+	first := true
+	for {
+		if !m.paused.Load() {
+			m.takeOverOrphans(first && m.cfg.SoleOwner)
+			first = false
+		}
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// takeOverOrphans resumes every run whose owner is dead (all other owners'
+// runs when sole).
+func (m *Manager) takeOverOrphans(sole bool) {
+	type orphan struct{ run, owner string }
+	var orphans []orphan
+	alive := map[string]bool{m.owner: true}
+	err := m.store.Owners(m.ctx, func(runID, owner string) bool {
+		if owner == m.owner {
+			return true
+		}
+		live, seen := alive[owner]
+		if !seen && !sole {
+			ok, err := m.store.Alive(m.ctx, owner)
+			live = err != nil || ok // when in doubt, leave it
+			alive[owner] = live
+		}
+		if sole || !live {
+			orphans = append(orphans, orphan{runID, owner})
+		}
+		return m.ctx.Err() == nil
+	})
+	if err != nil && m.ctx.Err() == nil {
+		m.log.Warn("listing run owners", "err", err)
+	}
+	for _, o := range orphans {
+		if m.ctx.Err() != nil {
+			return
+		}
+		if err := m.store.TakeOver(m.ctx, o.run, o.owner, m.owner); err != nil {
+			continue // another server was faster
+		}
+		if err := m.resume(o.run, o.owner); err != nil {
+			m.log.Error("resuming a run", "run_id", o.run, "err", err)
+		}
+	}
 }
 
 // Start accepts a run and starts its control in the background. The request
@@ -141,54 +334,128 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 		CreateTime: timestamppb.New(now),
 		UpdateTime: timestamppb.New(now),
 	}
-	r := &run{id: id, changed: make(chan struct{}), ended: make(chan struct{})}
-	runCtx, cancel := context.WithCancelCause(m.ctx)
-	r.cancel = cancel
-	if d := opts.GetRunTimeout().AsDuration(); d > 0 {
-		var stop context.CancelFunc
-		runCtx, stop = context.WithDeadline(runCtx, now.Add(d))
-		r.stopTimer = stop
+	r, err := m.admit(id)
+	if err != nil {
+		return nil, err
 	}
+	runCtx := m.runContext(r, now, opts)
 	if m.cfg.Observer != nil {
 		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, ctx, state, false)
 	}
-	r.tracker = controls.NewTracker(state, m.cfg.Clock, r.append)
-	accepted := r.tracker.Snapshot()
+	if err := m.store.PutState(ctx, state); err == nil {
+		err = m.store.Claim(ctx, id, m.owner)
+	}
+	if err != nil {
+		m.forget(r)
+		return nil, fmt.Errorf("recording the run: %w", err)
+	}
+	accepted := proto.CloneOf(state)
+	go m.drive(runCtx, r, state, nil, "")
+	return accepted, nil
+}
 
+// admit registers a local run, unless the manager is closed.
+func (m *Manager) admit(id string) (*run, error) {
+	r := &run{
+		id: id, store: m.store, log: m.log, lastStatus: -1,
+		ready: make(chan struct{}), changed: make(chan struct{}), ended: make(chan struct{}),
+	}
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.closed {
-		m.mu.Unlock()
-		r.cancel(ErrClosed)
-		if r.stopTimer != nil {
-			r.stopTimer()
-		}
 		return nil, ErrClosed
 	}
 	m.counter++
 	r.order = m.counter
 	m.runs[id] = r
 	m.wg.Add(1)
-	m.mu.Unlock()
-	go m.drive(runCtx, r, brief, spec)
-	return accepted, nil
+	return r, nil
 }
 
-// drive runs the control to its end.
-func (m *Manager) drive(ctx context.Context, r *run, brief string, spec *stubbornv1.ControlSpec) {
+// forget drops a run that could not start.
+func (m *Manager) forget(r *run) {
+	m.mu.Lock()
+	delete(m.runs, r.id)
+	m.mu.Unlock()
+	r.cancel(ErrClosed)
+	if r.stopTimer != nil {
+		r.stopTimer()
+	}
+	close(r.ready)
+	m.wg.Done()
+}
+
+// runContext is the run's own context: ended by CancelRun, by the run's
+// timeout (counted from its creation), or by the manager's end.
+func (m *Manager) runContext(r *run, created time.Time, opts *stubbornv1.RunOptions) context.Context {
+	ctx, cancel := context.WithCancelCause(m.ctx)
+	r.cancel = cancel
+	if d := opts.GetRunTimeout().AsDuration(); d > 0 {
+		var stop context.CancelFunc
+		ctx, stop = context.WithDeadline(ctx, created.Add(d))
+		r.stopTimer = stop
+	}
+	return ctx
+}
+
+// resume drives a run taken over from a dead owner, replaying its journal.
+func (m *Manager) resume(id, from string) error {
+	journal, err := m.store.Events(m.ctx, id, 0)
+	if err != nil {
+		return err
+	}
+	if n := len(journal); n > 0 && journal[n-1].GetRunFinished() != nil {
+		// It finished but its owner died before letting go of it.
+		if err := m.store.PutState(m.ctx, journal[n-1].GetRunFinished().GetState()); err != nil {
+			return err
+		}
+		return m.store.Release(m.ctx, id)
+	}
+	var state *stubbornv1.ControlState
+	if len(journal) > 0 {
+		state = proto.CloneOf(journal[0].GetRunStarted().GetState())
+	} else if state, err = m.store.State(m.ctx, id); err != nil {
+		return err
+	}
+	if state == nil {
+		return fmt.Errorf("run %s: journal does not start with run_started", id)
+	}
+	r, err := m.admit(id)
+	if err != nil {
+		return err
+	}
+	r.events = journal
+	runCtx := m.runContext(r, state.GetCreateTime().AsTime(), state.GetOptions())
+	if m.cfg.Observer != nil {
+		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, context.Background(), state, true)
+	}
+	m.log.Info("resuming run", "run_id", id, "from", from, "events", len(journal))
+	go m.drive(runCtx, r, state, journal, fmt.Sprintf("its owner %s stopped", from))
+	return nil
+}
+
+// drive runs the control to its end, replaying journal first when the run
+// is resumed.
+func (m *Manager) drive(ctx context.Context, r *run, state *stubbornv1.ControlState, journal []*stubbornv1.RunEvent, resumedBecause string) {
 	defer m.wg.Done()
 	defer r.cancel(nil)
 	if r.stopTimer != nil {
 		defer r.stopTimer()
 	}
+	r.tracker = controls.NewReplayTracker(state, m.cfg.Clock, r.record, journal)
+	close(r.ready)
 	defer func() {
 		// A bug in a control must end its run, not the server.
 		if p := recover(); p != nil {
-			slog.Error("panic in run", "run_id", r.id, "panic", p, "stack", string(debug.Stack()))
+			m.log.Error("panic in run", "run_id", r.id, "panic", p, "stack", string(debug.Stack()))
 			r.tracker.Finish(stubbornv1.RunStatus_RUN_STATUS_FAILED, nil, "", "internal error")
-			m.retire(r.id)
+			m.retire(r)
 		}
 	}()
 	r.tracker.Start()
+	if resumedBecause != "" {
+		r.tracker.Resumed(m.owner, resumedBecause)
+	}
 	snapshot := r.tracker.Snapshot()
 	env := &controls.Env{
 		Delegates: m.cfg.Delegates,
@@ -205,9 +472,9 @@ func (m *Manager) drive(ctx context.Context, r *run, brief string, spec *stubbor
 	if m.cfg.CallContext != nil {
 		callCtx = m.cfg.CallContext(ctx, snapshot)
 	}
-	out := controls.Execute(callCtx, env, brief, spec)
+	out := controls.Execute(callCtx, env, snapshot.GetTaskBrief(), snapshot.GetControl())
 	r.tracker.Finish(out.Status, out.Result, out.Winner, out.Reason)
-	m.retire(r.id)
+	m.retire(r)
 }
 
 func (m *Manager) rand(r *run) *mrand.Rand {
@@ -217,35 +484,43 @@ func (m *Manager) rand(r *run) *mrand.Rand {
 	return nil
 }
 
-// retire remembers that a run finished and forgets the oldest finished runs
-// beyond the limit.
-func (m *Manager) retire(id string) {
+// retire lets go of a finished run: the store forgets its driver, and this
+// server forgets the oldest finished runs beyond its limit.
+func (m *Manager) retire(r *run) {
+	if !r.isLost() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := m.store.Release(ctx, r.id); err != nil {
+			m.log.Warn("releasing a finished run", "run_id", r.id, "err", err)
+		}
+		cancel()
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.finished = append(m.finished, id)
+	m.finished = append(m.finished, r.id)
 	for len(m.finished) > m.cfg.MaxFinished {
 		delete(m.runs, m.finished[0])
 		m.finished = m.finished[1:]
 	}
 }
 
-func (m *Manager) get(id string) (*run, error) {
+// local returns the run if this server drives (or drove) it and still
+// holds it in memory.
+func (m *Manager) local(id string) *run {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	r, ok := m.runs[id]
-	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	r := m.runs[id]
+	m.mu.Unlock()
+	if r != nil {
+		<-r.ready // its tracker is set a moment after it is admitted
 	}
-	return r, nil
+	return r
 }
 
 // Get returns a run's current state.
-func (m *Manager) Get(id string) (*stubbornv1.ControlState, error) {
-	r, err := m.get(id)
-	if err != nil {
-		return nil, err
+func (m *Manager) Get(ctx context.Context, id string) (*stubbornv1.ControlState, error) {
+	if r := m.local(id); r != nil && !r.isLost() {
+		return r.tracker.Snapshot(), nil
 	}
-	return r.tracker.Snapshot(), nil
+	return m.store.State(ctx, id)
 }
 
 // Watch sends the run's events with seq > afterSeq, then live ones as they
@@ -253,150 +528,305 @@ func (m *Manager) Get(id string) (*stubbornv1.ControlState, error) {
 // with ctx's error or the first error of send. No lock is held while send
 // runs.
 func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send func(*stubbornv1.RunEvent) error) error {
-	r, err := m.get(id)
-	if err != nil {
+	next := afterSeq
+	if r := m.local(id); r != nil {
+		for {
+			evs, changed, done, lost := r.since(next)
+			for _, ev := range evs {
+				if err := send(ev); err != nil {
+					return err
+				}
+				next = ev.GetSeq()
+			}
+			if len(evs) > 0 {
+				continue // more may have arrived while sending
+			}
+			if done {
+				return nil
+			}
+			if lost {
+				break // another server drives it now: follow the store
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	} else if _, err := m.store.State(ctx, id); err != nil {
 		return err
 	}
-	next := afterSeq
-	for {
-		evs, changed, done := r.since(next)
-		for _, ev := range evs {
-			if err := send(ev); err != nil {
-				return err
-			}
-			next = ev.GetSeq()
-		}
-		if done && len(evs) == 0 {
-			return nil
-		}
-		if len(evs) > 0 {
-			continue // more may have arrived while sending
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	return m.store.Follow(ctx, id, next, send)
 }
 
 // Cancel cancels a run and waits (bounded by ctx) until it has ended. A
 // finished run is returned as it is.
 func (m *Manager) Cancel(ctx context.Context, id string) (*stubbornv1.ControlState, error) {
-	r, err := m.get(id)
-	if err != nil {
-		return nil, err
-	}
-	r.cancel(errCancelled)
-	select {
-	case <-r.ended:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	return r.tracker.Snapshot(), nil
+	return m.command(ctx, &Command{RunID: id, Cancel: true})
 }
 
 // Decide answers a run awaiting a decision.
-func (m *Manager) Decide(id string, d stubbornv1.Decision) (*stubbornv1.ControlState, error) {
-	r, err := m.get(id)
+func (m *Manager) Decide(ctx context.Context, id string, d stubbornv1.Decision) (*stubbornv1.ControlState, error) {
+	return m.command(ctx, &Command{RunID: id, Decision: d})
+}
+
+// command carries out cmd here if this server drives the run, or sends it
+// to the server that does.
+func (m *Manager) command(ctx context.Context, cmd *Command) (*stubbornv1.ControlState, error) {
+	if r := m.local(cmd.RunID); r != nil && !r.isLost() {
+		return m.handle(ctx, cmd)
+	}
+	st, err := m.store.State(ctx, cmd.RunID)
 	if err != nil {
 		return nil, err
 	}
-	if err := r.tracker.Decide(d); err != nil {
+	if isTerminal(st.GetStatus()) {
+		return m.handle(ctx, cmd)
+	}
+	var owner string
+	if err := m.store.Owners(ctx, func(runID, o string) bool {
+		if runID == cmd.RunID {
+			owner = o
+			return false
+		}
+		return true
+	}); err != nil {
+		return nil, err
+	}
+	if owner == "" || owner == m.owner {
+		return m.handle(ctx, cmd)
+	}
+	st, err = m.store.Send(ctx, owner, cmd)
+	if err != nil && !errors.Is(err, ErrNotAwaitingDecision) && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return st, err
+}
+
+// handle carries out a command on a run this server drives, or on a
+// finished run.
+func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.ControlState, error) {
+	r := m.local(cmd.RunID)
+	if r == nil || r.isLost() {
+		st, err := m.store.State(ctx, cmd.RunID)
+		if err != nil {
+			return nil, err
+		}
+		if !isTerminal(st.GetStatus()) {
+			return nil, fmt.Errorf("%w: run %s is driven by another server", ErrUnavailable, cmd.RunID)
+		}
+		if cmd.Cancel {
+			return st, nil
+		}
+		return nil, fmt.Errorf("%w (status %s)", ErrNotAwaitingDecision, st.GetStatus())
+	}
+	if cmd.Cancel {
+		r.cancel(errCancelled)
+		select {
+		case <-r.ended:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return r.tracker.Snapshot(), nil
+	}
+	if err := r.tracker.Decide(cmd.Decision); err != nil {
 		return nil, fmt.Errorf("%w (status %s)", err, r.tracker.Status())
 	}
 	return r.tracker.Snapshot(), nil
 }
 
+func isTerminal(s stubbornv1.RunStatus) bool {
+	switch s {
+	case stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED,
+		stubbornv1.RunStatus_RUN_STATUS_FAILED, stubbornv1.RunStatus_RUN_STATUS_CANCELLED:
+		return true
+	}
+	return false
+}
+
 // List returns runs newest first, filtered by status when it is not
 // UNSPECIFIED, pageSize at most, and the token of the next page ("" when
 // this is the last).
-func (m *Manager) List(status stubbornv1.RunStatus, pageSize int, pageToken string) ([]*stubbornv1.ControlState, string, error) {
-	before := uint64(0)
+func (m *Manager) List(ctx context.Context, status stubbornv1.RunStatus, pageSize int, pageToken string) ([]*stubbornv1.ControlState, string, error) {
+	var after *listKey
 	if pageToken != "" {
-		b, err := base64.RawURLEncoding.DecodeString(pageToken)
-		if err == nil {
-			before, err = strconv.ParseUint(strings.TrimPrefix(string(b), "before:"), 10, 64)
-		}
-		if err != nil || before == 0 {
+		k, err := parseListKey(pageToken)
+		if err != nil {
 			return nil, "", ErrBadPageToken
 		}
+		after = &k
 	}
-	m.mu.Lock()
-	all := make([]*run, 0, len(m.runs))
-	for _, r := range m.runs {
-		if before == 0 || r.order < before {
-			all = append(all, r)
+	var all []*stubbornv1.ControlState
+	if err := m.store.States(ctx, func(st *stubbornv1.ControlState) bool {
+		if r := m.local(st.GetRunId()); r != nil && !r.isLost() {
+			st = r.tracker.Snapshot() // fresher than the stored one
 		}
-	}
-	m.mu.Unlock()
-	sort.Slice(all, func(i, j int) bool { return all[i].order > all[j].order })
-
-	var out []*stubbornv1.ControlState
-	for i, r := range all {
-		st := r.tracker.Snapshot()
 		if status != stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED && st.GetStatus() != status {
-			continue
+			return true
 		}
-		if len(out) == pageSize {
-			return out, base64.RawURLEncoding.EncodeToString([]byte("before:" + strconv.FormatUint(all[i-1].order, 10))), nil
+		if after != nil && !after.before(keyOf(st)) {
+			return true
 		}
-		out = append(out, st)
+		all = append(all, st)
+		return true
+	}); err != nil {
+		return nil, "", err
 	}
-	return out, "", nil
+	slices.SortFunc(all, func(a, b *stubbornv1.ControlState) int { return keyOf(b).compare(keyOf(a)) })
+	if len(all) <= pageSize {
+		return all, "", nil
+	}
+	page := all[:pageSize]
+	return page, keyOf(page[len(page)-1]).String(), nil
 }
 
-// newID returns a random run id.
+// listKey orders runs for ListRuns: by creation time, then id.
+type listKey struct {
+	nanos int64
+	id    string
+}
+
+func keyOf(st *stubbornv1.ControlState) listKey {
+	return listKey{st.GetCreateTime().AsTime().UnixNano(), st.GetRunId()}
+}
+
+func (k listKey) compare(o listKey) int {
+	if c := cmp.Compare(k.nanos, o.nanos); c != 0 {
+		return c
+	}
+	return strings.Compare(k.id, o.id)
+}
+
+// before reports whether o comes after k in newest-first order.
+func (k listKey) before(o listKey) bool { return o.compare(k) < 0 }
+
+func (k listKey) String() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(k.nanos, 10) + "/" + k.id))
+}
+
+func parseListKey(s string) (listKey, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return listKey{}, err
+	}
+	nanos, id, ok := strings.Cut(string(b), "/")
+	if !ok || id == "" {
+		return listKey{}, ErrBadPageToken
+	}
+	n, err := strconv.ParseInt(nanos, 10, 64)
+	return listKey{n, id}, err
+}
+
+// idCounter orders the ids made in the same nanosecond.
+var idCounter atomic.Uint32
+
+// newID returns a run id that sorts by creation (wall time, then a process
+// counter) and ends with 80 random bits, so ids from several servers never
+// collide.
 func newID() string {
-	return "run_" + strings.ToLower(rand.Text())
+	var b [18]byte
+	binary.BigEndian.PutUint64(b[0:8], uint64(time.Now().UnixNano()))
+	binary.BigEndian.PutUint16(b[8:10], uint16(idCounter.Add(1)))
+	_, _ = rand.Read(b[10:])
+	return "run_" + strings.ToLower(base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
 }
 
-// run is one run in memory: its tracker and the journal of its events.
+// run is a run this server drives: its tracker and, in memory, the journal
+// of its events for fast watching.
 type run struct {
 	id        string
 	order     uint64
+	store     Store
+	log       *slog.Logger
 	tracker   *controls.Tracker
+	ready     chan struct{} // closed once tracker is set
 	cancel    context.CancelCauseFunc
 	stopTimer context.CancelFunc
 	observe   func(*stubbornv1.RunEvent) // the Observer's, or nil
 
-	mu      sync.Mutex
-	events  []*stubbornv1.RunEvent
-	changed chan struct{} // closed and replaced on every append
-	done    bool
-	ended   chan struct{} // closed after run_finished is journaled
+	mu         sync.Mutex
+	events     []*stubbornv1.RunEvent
+	changed    chan struct{} // closed and replaced on every append
+	done       bool
+	lost       bool // another server drives the run: write nothing more
+	lastStatus stubbornv1.RunStatus
+	ended      chan struct{} // closed once the run has ended here
 }
 
-// append is the tracker's sink: it numbers the event, journals it and wakes
-// the watchers.
-func (r *run) append(ev *stubbornv1.RunEvent) {
+// record is the tracker's recorder: it numbers the event, writes it to the
+// store (fenced: a write after another server took the run over fails),
+// saves the state when the status changed, journals the event in memory and
+// wakes the watchers.
+func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.lost {
+		return
+	}
 	ev.RunId = r.id
 	ev.Seq = int64(len(r.events)) + 1
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.store.Append(ctx, ev); err != nil {
+		r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
+		r.loseLocked()
+		r.cancel(errLost)
+		return
+	}
+	finished := ev.GetRunFinished() != nil
+	if finished || st.GetStatus() != r.lastStatus {
+		r.lastStatus = st.GetStatus()
+		if err := r.store.PutState(ctx, proto.CloneOf(st)); err != nil {
+			r.log.Warn("saving run state", "run_id", r.id, "err", err)
+		}
+	}
 	r.events = append(r.events, ev)
-	if ev.GetRunFinished() != nil {
+	if finished {
 		r.done = true
 		close(r.ended)
 	}
+	close(r.changed)
+	r.changed = make(chan struct{})
 	if r.observe != nil {
 		r.observe(ev)
+	}
+}
+
+// abandon stops the run from writing anything more.
+func (r *run) abandon() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.loseLocked()
+}
+
+func (r *run) loseLocked() {
+	if r.lost {
+		return
+	}
+	r.lost = true
+	if !r.done {
+		close(r.ended)
 	}
 	close(r.changed)
 	r.changed = make(chan struct{})
 }
 
-// since returns the events after seq, a channel closed on the next append,
-// and whether the run has finished.
-func (r *run) since(seq int64) ([]*stubbornv1.RunEvent, <-chan struct{}, bool) {
+func (r *run) isLost() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lost
+}
+
+// since returns the events after seq, a channel closed on the next change,
+// whether the run has finished, and whether it was lost.
+func (r *run) since(seq int64) (evs []*stubbornv1.RunEvent, changed <-chan struct{}, done, lost bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if seq < 0 {
 		seq = 0
 	}
-	var evs []*stubbornv1.RunEvent
 	if seq < int64(len(r.events)) {
 		evs = r.events[seq:]
 	}
-	return evs, r.changed, r.done
+	return evs, r.changed, r.done, r.lost
 }

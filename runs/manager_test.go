@@ -32,7 +32,8 @@ func newManager(t *testing.T, d controls.Delegates, cfg runs.Config) *runs.Manag
 	if cfg.Clock == nil {
 		cfg.Clock = controlstest.NewClock()
 	}
-	m := runs.New(cfg)
+	m, err := runs.New(cfg)
+	require.NoError(t, err)
 	t.Cleanup(m.Close)
 	return m
 }
@@ -95,7 +96,7 @@ func TestWatchersSeeTheSameDenseSequence(t *testing.T) {
 		rest := watchAll(t, m, st.GetRunId(), k)
 		assert.Len(t, rest, max(0, len(got[0])-int(k)), "after_seq %d", k)
 	}
-	g, err := m.Get(st.GetRunId())
+	g, err := m.Get(context.Background(), st.GetRunId())
 	require.NoError(t, err)
 	assert.True(t, proto.Equal(fin, g))
 }
@@ -129,28 +130,28 @@ func TestDecideOnlyWhenAwaiting(t *testing.T) {
 	st, err := m.Start(context.Background(), "brief", chain("a"), nil)
 	require.NoError(t, err)
 	watchAll(t, m, st.GetRunId(), 0)
-	_, err = m.Decide(st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	_, err = m.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
 	assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
-	_, err = m.Decide("run_missing", stubbornv1.Decision_DECISION_RETRY)
+	_, err = m.Decide(context.Background(), "run_missing", stubbornv1.Decision_DECISION_RETRY)
 	assert.ErrorIs(t, err, runs.ErrNotFound)
 }
 
-func TestFinishedRunsBeyondTheLimitAreForgotten(t *testing.T) {
+func TestFinishedRunsBeyondTheMemoryLimitAreServedFromTheStore(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	m := newManager(t, d, runs.Config{MaxFinished: 2})
 	var ids []string
+	var finals []*stubbornv1.ControlState
 	for range 3 {
 		st, err := m.Start(context.Background(), "brief", chain("a"), nil)
 		require.NoError(t, err)
-		watchAll(t, m, st.GetRunId(), 0)
+		finals = append(finals, final(t, watchAll(t, m, st.GetRunId(), 0)))
 		ids = append(ids, st.GetRunId())
 	}
-	require.Eventually(t, func() bool { _, err := m.Get(ids[0]); return err != nil }, 5*time.Second, time.Millisecond)
-	_, err := m.Get(ids[0])
-	assert.ErrorIs(t, err, runs.ErrNotFound)
-	for _, id := range ids[1:] {
-		_, err := m.Get(id)
-		assert.NoError(t, err)
+	for i, id := range ids {
+		got, err := m.Get(context.Background(), id)
+		require.NoError(t, err)
+		assert.True(t, proto.Equal(finals[i], got), "run %d", i)
+		assert.Len(t, watchAll(t, m, id, 0), 4, "run %d replays from the store", i)
 	}
 }
 
@@ -196,7 +197,7 @@ func TestListFiltersAndPages(t *testing.T) {
 	var got []string
 	token := ""
 	for {
-		page, next, err := m.List(stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED, 2, token)
+		page, next, err := m.List(context.Background(), stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED, 2, token)
 		require.NoError(t, err)
 		for _, st := range page {
 			got = append(got, st.GetRunId())
@@ -206,21 +207,22 @@ func TestListFiltersAndPages(t *testing.T) {
 		}
 	}
 	assert.Equal(t, bad, got)
-	all, next, err := m.List(stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED, 100, "")
+	all, next, err := m.List(context.Background(), stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED, 100, "")
 	require.NoError(t, err)
 	assert.Empty(t, next)
 	assert.Len(t, all, len(ok)+len(bad))
-	_, _, err = m.List(stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED, 1, "bm90LWEtdG9rZW4")
+	_, _, err = m.List(context.Background(), stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED, 1, "bm90LWEtdG9rZW4")
 	assert.ErrorIs(t, err, runs.ErrBadPageToken)
 }
 
 func TestCloseCancelsRunsAndRefusesNewOnes(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
-	m := runs.New(runs.Config{Delegates: d, Clock: controlstest.NewClock()})
+	m, err := runs.New(runs.Config{Delegates: d, Clock: controlstest.NewClock(), CancelOnClose: true})
+	require.NoError(t, err)
 	st, err := m.Start(context.Background(), "brief", chain("hang"), nil)
 	require.NoError(t, err)
 	m.Close()
-	got, err := m.Get(st.GetRunId())
+	got, err := m.Get(context.Background(), st.GetRunId())
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
 	_, err = m.Start(context.Background(), "brief", chain("hang"), nil)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
@@ -19,6 +20,7 @@ import (
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/telemetry"
 )
 
 // Options configure the ControlService.
@@ -67,7 +69,13 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 		logger.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error")
 	})
-	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+	logOpts := []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall),
+		// trace_id, and run_id for an RPC about a run.
+		logging.WithFieldsFromContextAndCallMeta(func(ctx context.Context, c interceptors.CallMeta) logging.Fields {
+			return telemetry.LogFields(ctx, c.ReqOrNil)
+		}),
+	}
 	opts := append([]grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(
 			logging.UnaryServerInterceptor(logAdapter, logOpts...),
@@ -118,6 +126,7 @@ func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	telemetry.SetRunID(ctx, st.GetRunId())
 	return st, nil
 }
 
@@ -131,6 +140,7 @@ func (s *Service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerSt
 		v.add("after_seq", "must not be negative, got %d", req.GetAfterSeq())
 		return v.err()
 	}
+	telemetry.SetRunID(stream.Context(), req.GetRunId())
 	return s.watch(stream.Context(), req.GetRunId(), req.GetAfterSeq(), func(ev *stubbornv1.RunEvent) error {
 		return stream.Send(&stubbornv1.WatchRunResponse{Event: ev})
 	})
@@ -146,11 +156,11 @@ func (s *Service) watch(ctx context.Context, id string, after int64, send func(*
 }
 
 // GetRun returns a run's state.
-func (s *Service) GetRun(_ context.Context, req *stubbornv1.GetRunRequest) (*stubbornv1.GetRunResponse, error) {
+func (s *Service) GetRun(ctx context.Context, req *stubbornv1.GetRunRequest) (*stubbornv1.GetRunResponse, error) {
 	if err := runID(req.GetRunId()); err != nil {
 		return nil, err
 	}
-	st, err := s.runs.Get(req.GetRunId())
+	st, err := s.runs.Get(ctx, req.GetRunId())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -158,7 +168,7 @@ func (s *Service) GetRun(_ context.Context, req *stubbornv1.GetRunRequest) (*stu
 }
 
 // ListRuns pages through runs, newest first.
-func (s *Service) ListRuns(_ context.Context, req *stubbornv1.ListRunsRequest) (*stubbornv1.ListRunsResponse, error) {
+func (s *Service) ListRuns(ctx context.Context, req *stubbornv1.ListRunsRequest) (*stubbornv1.ListRunsResponse, error) {
 	var v violations
 	if req.GetPageSize() < 0 {
 		v.add("page_size", "must not be negative, got %d", req.GetPageSize())
@@ -176,7 +186,7 @@ func (s *Service) ListRuns(_ context.Context, req *stubbornv1.ListRunsRequest) (
 	case size > 1000:
 		size = 1000
 	}
-	list, next, err := s.runs.List(req.GetStatus(), size, req.GetPageToken())
+	list, next, err := s.runs.List(ctx, req.GetStatus(), size, req.GetPageToken())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -196,7 +206,7 @@ func (s *Service) CancelRun(ctx context.Context, req *stubbornv1.CancelRunReques
 }
 
 // DecideRun answers a run awaiting a decision.
-func (s *Service) DecideRun(_ context.Context, req *stubbornv1.DecideRunRequest) (*stubbornv1.DecideRunResponse, error) {
+func (s *Service) DecideRun(ctx context.Context, req *stubbornv1.DecideRunRequest) (*stubbornv1.DecideRunResponse, error) {
 	var v violations
 	if req.GetRunId() == "" {
 		v.add("run_id", "must not be empty")
@@ -209,7 +219,7 @@ func (s *Service) DecideRun(_ context.Context, req *stubbornv1.DecideRunRequest)
 	if err := v.err(); err != nil {
 		return nil, err
 	}
-	st, err := s.runs.Decide(req.GetRunId(), req.GetDecision())
+	st, err := s.runs.Decide(ctx, req.GetRunId(), req.GetDecision())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -227,7 +237,7 @@ func toStatus(err error) error {
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, runs.ErrBadPageToken):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, runs.ErrClosed):
+	case errors.Is(err, runs.ErrClosed), errors.Is(err, runs.ErrUnavailable):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()

@@ -79,6 +79,8 @@ type setup struct {
 	presets []delegates.Preset
 	// budget goes into the config as it is.
 	budget *delegates.RetryBudget
+	// judge is the config's default judge delegate. Empty means none.
+	judge string
 }
 
 func start(t *testing.T, limits delegates.Limits) *env {
@@ -101,7 +103,7 @@ func startWith(t *testing.T, su setup) *env {
 		}),
 	}
 	maps.Copy(svcs, su.extra)
-	cfg := &delegates.Config{Limits: limits, Presets: su.presets, RetryBudget: su.budget}
+	cfg := &delegates.Config{Limits: limits, Presets: su.presets, RetryBudget: su.budget, Judge: su.judge}
 	for name, svc := range svcs {
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)

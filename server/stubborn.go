@@ -13,6 +13,7 @@ import (
 	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/telemetry"
 )
 
 // Config is everything a Stubborn server is built from.
@@ -29,6 +30,17 @@ type Config struct {
 	DialOptions []grpc.DialOption
 	// ServerOptions are added to the gRPC server.
 	ServerOptions []grpc.ServerOption
+	// Telemetry says where traces, metrics and run logs go: the server and
+	// every delegate connection get otelgrpc stats handlers, each run and
+	// attempt a span, the stubborn.* metrics are recorded. Its Logger
+	// defaults to Logger. The zero value records no span and no metric but
+	// still passes callers' trace context on to the delegates.
+	Telemetry telemetry.Config
+	// Runs configures where runs are kept and who drives them: Store,
+	// Owner, Lease, SoleOwner, CancelOnClose. The rest of runs.Config is
+	// filled in by New. The zero value keeps runs in memory and cancels them
+	// on Stop.
+	Runs runs.Config
 }
 
 // Stubborn is a ready server: the gRPC server with every service registered,
@@ -42,10 +54,21 @@ type Stubborn struct {
 
 // New builds a Stubborn server from cfg. Serve it, then Stop it.
 func New(cfg Config) (*Stubborn, error) {
-	pool, err := delegates.NewPool(cfg.Registry, cfg.DialOptions...)
+	tc := cfg.Telemetry
+	if tc.Logger == nil {
+		tc.Logger = cfg.Logger
+	}
+	tel, err := telemetry.New(tc)
 	if err != nil {
 		return nil, err
 	}
+	dial := append([]grpc.DialOption{grpc.WithStatsHandler(tel.ClientHandler())}, cfg.DialOptions...)
+	pool, err := delegates.NewPool(cfg.Registry, dial...)
+	if err != nil {
+		return nil, err
+	}
+	// Each attempt's call runs inside the attempt's span.
+	calls := tel.Delegates(pool)
 	var budgets controls.Budgets
 	if b := cfg.Registry.RetryBudget; b != nil {
 		set, err := controls.NewBudgetSet(b.MaxTokens, b.TokenRatio)
@@ -55,13 +78,28 @@ func New(cfg Config) (*Stubborn, error) {
 		}
 		budgets = set
 	}
-	m := runs.New(runs.Config{
-		Budgets:   budgets,
-		Delegates: pool,
-		Presets:   pool,
-		Clock:     cfg.Clock,
-		Seed:      cfg.Seed,
-		Criteria:  criteriaFor(pool, cfg.Registry.Judge),
+	rc := cfg.Runs
+	if rc.Store == nil {
+		rc.CancelOnClose = true // nothing could resume them
+	}
+	if rc.Logger == nil {
+		rc.Logger = cfg.Logger
+	}
+	m, err := runs.New(runs.Config{
+		Store:         rc.Store,
+		Owner:         rc.Owner,
+		Lease:         rc.Lease,
+		SoleOwner:     rc.SoleOwner,
+		CancelOnClose: rc.CancelOnClose,
+		MaxFinished:   rc.MaxFinished,
+		Logger:        rc.Logger,
+		Budgets:       budgets,
+		Delegates:     calls,
+		Presets:       pool,
+		Observer:      tel,
+		Clock:         cfg.Clock,
+		Seed:          cfg.Seed,
+		Criteria:      criteriaFor(calls, cfg.Registry.Judge),
 		CallContext: func(ctx context.Context, st *stubbornv1.ControlState) context.Context {
 			o := st.GetOptions()
 			return delegates.WithCallOptions(ctx, delegates.CallOptions{
@@ -72,6 +110,10 @@ func New(cfg Config) (*Stubborn, error) {
 			})
 		},
 	})
+	if err != nil {
+		_ = pool.Close()
+		return nil, err
+	}
 	l := cfg.Registry.Limits
 	opts := Options{
 		Limits: Limits{
@@ -88,7 +130,8 @@ func New(cfg Config) (*Stubborn, error) {
 		HasJudge: cfg.Registry.Judge != "",
 		Logger:   cfg.Logger,
 	}
-	g, hs := NewGRPCServer(NewService(m, opts), opts, cfg.ServerOptions...)
+	serverOpts := append([]grpc.ServerOption{grpc.StatsHandler(tel.ServerHandler())}, cfg.ServerOptions...)
+	g, hs := NewGRPCServer(NewService(m, opts), opts, serverOpts...)
 	return &Stubborn{GRPC: g, Health: hs, Runs: m, Pool: pool}, nil
 }
 

@@ -1,0 +1,237 @@
+package runs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// Memory is a Store in memory: everything is lost with the process. Several
+// Managers in one process may share one, as replicas share JetStream.
+type Memory struct {
+	lease time.Duration
+
+	mu       sync.Mutex
+	events   map[string][]*stubbornv1.RunEvent
+	states   map[string]*stubbornv1.ControlState
+	owners   map[string]string
+	beats    map[string]time.Time
+	changed  chan struct{} // closed and replaced on every append
+	servers  map[string]func(context.Context, *Command) (*stubbornv1.ControlState, error)
+	maxStale time.Duration
+}
+
+var _ Store = (*Memory)(nil)
+
+// NewMemory returns an empty in-memory store whose owners count as dead
+// lease after their last beat.
+func NewMemory(lease time.Duration) *Memory {
+	return &Memory{
+		lease:   lease,
+		events:  map[string][]*stubbornv1.RunEvent{},
+		states:  map[string]*stubbornv1.ControlState{},
+		owners:  map[string]string{},
+		beats:   map[string]time.Time{},
+		changed: make(chan struct{}),
+		servers: map[string]func(context.Context, *Command) (*stubbornv1.ControlState, error){},
+	}
+}
+
+// Append records ev if it is the next event of its run.
+func (s *Memory) Append(_ context.Context, ev *stubbornv1.RunEvent) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	evs := s.events[ev.GetRunId()]
+	if ev.GetSeq() != int64(len(evs))+1 {
+		return fmt.Errorf("%w: event %d of run %s, journal has %d", ErrConflict, ev.GetSeq(), ev.GetRunId(), len(evs))
+	}
+	s.events[ev.GetRunId()] = append(evs, proto.CloneOf(ev))
+	close(s.changed)
+	s.changed = make(chan struct{})
+	return nil
+}
+
+// Events returns the run's events after seq after.
+func (s *Memory) Events(_ context.Context, runID string, after int64) ([]*stubbornv1.RunEvent, error) {
+	evs, _ := s.since(runID, after)
+	return evs, nil
+}
+
+func (s *Memory) since(runID string, after int64) ([]*stubbornv1.RunEvent, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	evs := s.events[runID]
+	if after < 0 {
+		after = 0
+	}
+	if after >= int64(len(evs)) {
+		return nil, s.changed
+	}
+	out := make([]*stubbornv1.RunEvent, 0, int64(len(evs))-after)
+	for _, ev := range evs[after:] {
+		out = append(out, proto.CloneOf(ev))
+	}
+	return out, s.changed
+}
+
+// Follow sends the run's events after seq after, then new ones.
+func (s *Memory) Follow(ctx context.Context, runID string, after int64, fn func(*stubbornv1.RunEvent) error) error {
+	for {
+		evs, changed := s.since(runID, after)
+		for _, ev := range evs {
+			if err := fn(ev); err != nil {
+				return err
+			}
+			after = ev.GetSeq()
+			if ev.GetRunFinished() != nil {
+				return nil
+			}
+		}
+		if len(evs) > 0 {
+			continue
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// PutState saves a snapshot.
+func (s *Memory) PutState(_ context.Context, st *stubbornv1.ControlState) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.states[st.GetRunId()] = proto.CloneOf(st)
+	return nil
+}
+
+// State returns a saved snapshot.
+func (s *Memory) State(_ context.Context, runID string) (*stubbornv1.ControlState, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.states[runID]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
+	}
+	return proto.CloneOf(st), nil
+}
+
+// States calls fn with every snapshot.
+func (s *Memory) States(_ context.Context, fn func(*stubbornv1.ControlState) bool) error {
+	s.mu.Lock()
+	all := make([]*stubbornv1.ControlState, 0, len(s.states))
+	for _, st := range s.states {
+		all = append(all, st)
+	}
+	s.mu.Unlock()
+	for _, st := range all {
+		if !fn(proto.CloneOf(st)) {
+			break
+		}
+	}
+	return nil
+}
+
+// Beat records that owner is alive now.
+func (s *Memory) Beat(_ context.Context, owner string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.beats[owner] = time.Now()
+	return nil
+}
+
+// Alive reports whether owner beat within the lease.
+func (s *Memory) Alive(_ context.Context, owner string) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.beats[owner]
+	return ok && time.Since(at) < s.lease, nil
+}
+
+// Leave forgets owner's beats.
+func (s *Memory) Leave(_ context.Context, owner string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.beats, owner)
+	delete(s.servers, owner)
+	return nil
+}
+
+// Claim records the driver of a new run.
+func (s *Memory) Claim(_ context.Context, runID, owner string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, taken := s.owners[runID]; taken {
+		return fmt.Errorf("%w: run %s already has a driver", ErrConflict, runID)
+	}
+	s.owners[runID] = owner
+	return nil
+}
+
+// Owners calls fn with every driven run.
+func (s *Memory) Owners(_ context.Context, fn func(runID, owner string) bool) error {
+	s.mu.Lock()
+	all := make(map[string]string, len(s.owners))
+	for k, v := range s.owners {
+		all[k] = v
+	}
+	s.mu.Unlock()
+	for k, v := range all {
+		if !fn(k, v) {
+			break
+		}
+	}
+	return nil
+}
+
+// TakeOver moves a run from one driver to another, if it is still from's.
+func (s *Memory) TakeOver(_ context.Context, runID, from, owner string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.owners[runID] != from {
+		return fmt.Errorf("%w: run %s is driven by %q, not %q", ErrConflict, runID, s.owners[runID], from)
+	}
+	s.owners[runID] = owner
+	return nil
+}
+
+// Release forgets a run's driver.
+func (s *Memory) Release(_ context.Context, runID string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.owners, runID)
+	return nil
+}
+
+// Serve registers owner's command handler until ctx ends.
+func (s *Memory) Serve(ctx context.Context, owner string, handle func(context.Context, *Command) (*stubbornv1.ControlState, error)) error {
+	s.mu.Lock()
+	s.servers[owner] = handle
+	s.mu.Unlock()
+	<-ctx.Done()
+	s.mu.Lock()
+	delete(s.servers, owner)
+	s.mu.Unlock()
+	return nil
+}
+
+// Send calls owner's command handler.
+func (s *Memory) Send(ctx context.Context, owner string, cmd *Command) (*stubbornv1.ControlState, error) {
+	s.mu.Lock()
+	handle := s.servers[owner]
+	s.mu.Unlock()
+	if handle == nil {
+		return nil, errors.New("the server driving the run is not reachable")
+	}
+	return handle(ctx, cmd)
+}
+
+// Close does nothing.
+func (s *Memory) Close() error { return nil }

@@ -1,0 +1,75 @@
+package runs
+
+import (
+	"context"
+	"errors"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// Store keeps runs durably: the journal of each run's events, a snapshot
+// of each run's state, which server drives each run, and which servers are
+// alive. The Manager is the same over every Store; JetStream is the
+// production one, Memory serves tests and the -store memory flag.
+type Store interface {
+	// Append records ev as event number ev.Seq of run ev.RunId. It fails with
+	// ErrConflict when the run's journal does not end where this store's
+	// view of it does — another owner has written since — so a server that
+	// lost a run can never write to it.
+	Append(ctx context.Context, ev *stubbornv1.RunEvent) error
+	// Events returns the run's events with seq > after, in order, and makes
+	// this store's view of the journal current (see Append).
+	Events(ctx context.Context, runID string, after int64) ([]*stubbornv1.RunEvent, error)
+	// Follow calls fn with the run's events with seq > after, first those
+	// recorded and then each new one as it is recorded, until run_finished
+	// has been sent (it returns nil), ctx ends or fn fails.
+	Follow(ctx context.Context, runID string, after int64, fn func(*stubbornv1.RunEvent) error) error
+
+	// PutState saves a run's state snapshot.
+	PutState(ctx context.Context, st *stubbornv1.ControlState) error
+	// State returns a run's last saved state, or ErrNotFound.
+	State(ctx context.Context, runID string) (*stubbornv1.ControlState, error)
+	// States calls fn with every saved state, in no particular order, until
+	// fn returns false.
+	States(ctx context.Context, fn func(*stubbornv1.ControlState) bool) error
+
+	// Beat says owner is alive; it must be repeated within the store's
+	// lease time, after which owner counts as dead.
+	Beat(ctx context.Context, owner string) error
+	// Alive reports whether owner has beaten within the lease time.
+	Alive(ctx context.Context, owner string) (bool, error)
+	// Leave says owner stops now: it counts as dead at once.
+	Leave(ctx context.Context, owner string) error
+	// Claim records owner as the driver of a new run. ErrConflict if the
+	// run has one.
+	Claim(ctx context.Context, runID, owner string) error
+	// Owners calls fn with every run that has a driver, and the driver.
+	Owners(ctx context.Context, fn func(runID, owner string) bool) error
+	// TakeOver makes owner the driver of runID if its driver is still from
+	// (compare-and-set). ErrConflict if another server got there first.
+	TakeOver(ctx context.Context, runID, from, owner string) error
+	// Release forgets the driver of a finished run.
+	Release(ctx context.Context, runID string) error
+
+	// Serve answers commands (cancel, decide) sent to owner's runs by other
+	// servers, with handle, until ctx ends.
+	Serve(ctx context.Context, owner string, handle func(context.Context, *Command) (*stubbornv1.ControlState, error)) error
+	// Send delivers a command to the server that drives cmd.RunId.
+	Send(ctx context.Context, owner string, cmd *Command) (*stubbornv1.ControlState, error)
+
+	// Close releases the store's resources.
+	Close() error
+}
+
+// Command is an operation on a run that only its driver can carry out.
+type Command struct {
+	// RunID names the run.
+	RunID string `json:"run_id"`
+	// Cancel cancels the run.
+	Cancel bool `json:"cancel,omitempty"`
+	// Decision answers a run awaiting a decision.
+	Decision stubbornv1.Decision `json:"decision,omitempty"`
+}
+
+// ErrConflict is returned when a write loses to another owner's.
+var ErrConflict = errors.New("conflicting write: the run changed hands")
