@@ -32,12 +32,15 @@ func FallbackChain(ctx context.Context, env *Env, taskBrief string, spec *stubbo
 			n = env.Tracker.BeginAttempt(env.Path, name, taskBrief, 0)
 			const why = "skipped: health check reports NOT_SERVING"
 			env.Tracker.EndAttempt(n, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SKIPPED, nil, nil, why)
-			a = attemptResult{failed: true, reason: why, summary: "Skipped: NOT_SERVING"}
+			a = attemptResult{outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SKIPPED, failed: true, reason: why, summary: "Skipped: NOT_SERVING"}
 		}
 		if !a.failed {
 			return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Result: a.result, Winner: name}
 		}
-		rec := &stubbornv1.FailureRecord{Attempt: n, Delegate: name, Summary: a.summary, Reason: a.reason, Path: env.Path}
+		rec := &stubbornv1.FailureRecord{
+			Attempt: n, Delegate: name, Summary: a.summary, Reason: a.reason, Path: env.Path,
+			Source: failureSource(env, n, a),
+		}
 		next := ""
 		if i+1 < len(chain) {
 			next = taskBrief

@@ -50,6 +50,7 @@ func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Race
 		endAttempt(env, numbers[i], a)
 		env.Tracker.Failure(&stubbornv1.FailureRecord{
 			Attempt: numbers[i], Delegate: candidates[i], Summary: a.summary, Reason: a.reason, Path: env.Path,
+			Source: failureSource(env, numbers[i], a),
 		}, false, "")
 	}
 	cancelPending := func(cause error) {

@@ -104,7 +104,10 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 		}
 
 		// Why this failure is not retried; empty while a retry may follow.
-		rec := &stubbornv1.FailureRecord{Attempt: n, Delegate: target, Summary: a.summary, Reason: a.reason, Path: env.Path}
+		rec := &stubbornv1.FailureRecord{
+			Attempt: n, Delegate: target, Summary: a.summary, Reason: a.reason, Path: env.Path,
+			Source: failureSource(env, n, a),
+		}
 		var ce *CallError
 		errors.As(a.err, &ce)
 		var notRetried string

@@ -196,6 +196,7 @@ func TestCELEndToEnd(t *testing.T) {
 				Chain: []string{"no-results", "echo"}, FailureWhen: `result.text.contains("no results")`,
 			}},
 			winner: "echo", attempts: 2, reason: `failure_when is true: result.text.contains("no results")`,
+			source: stubbornv1.FailureSource_FAILURE_SOURCE_CEL,
 		},
 		{
 			name: `size(result.data.items) < 3`,

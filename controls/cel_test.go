@@ -1,0 +1,179 @@
+package controls_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// runaway is a comprehension of a million iterations: far beyond the cost
+// limit.
+var runaway = func() string {
+	ten := "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]"
+	expr := `result.text != "x"`
+	for _, v := range []string{"a", "b", "c", "d", "e", "f"} {
+		expr = ten + ".all(" + v + ", " + expr + ")"
+	}
+	return "!" + expr
+}()
+
+func TestCompileExprRejectsWhatCannotRun(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, src, err string
+	}{
+		{"syntax error", `result.text ==`, "Syntax error"},
+		{"unknown variable", `answer == ""`, "undeclared reference to 'answer'"},
+		{"unknown field of result", `result.txt == ""`, "undefined field 'txt'"},
+		{"not a bool: string", `result.text`, "must be a bool expression, but has type string"},
+		{"not a bool: int", `attempt + 1`, "must be a bool expression, but has type int"},
+		{"type error", `attempt == "1"`, "no matching overload"},
+		{"too long", `result.text == "` + strings.Repeat("x", controls.CELMaxLength) + `"`, "size exceeds"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := controls.CompileExpr("failure_when", tc.src)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.err)
+		})
+	}
+	for _, src := range []string{
+		`result.text == ""`,
+		`result.text.contains("no results")`,
+		`size(result.data.items) < 3`,
+		`result.data.ok`, // dyn: checked when evaluated
+		`attempt > 2 && delegate == "search"`,
+		`result.text.lowerAscii().startsWith("error")`, // strings extension
+		`!has(result.data)`,
+		runaway, // compiles: only the cost limit stops it
+	} {
+		_, err := controls.CompileExpr("failure_when", src)
+		assert.NoError(t, err, src)
+	}
+}
+
+func TestExprChecks(t *testing.T) {
+	t.Parallel()
+	items := func(n int) *structpb.Value {
+		l := make([]any, n)
+		for i := range l {
+			l[i] = i
+		}
+		v, err := structpb.NewValue(map[string]any{"items": l, "ok": "yes"})
+		require.NoError(t, err)
+		return v
+	}
+	for _, tc := range []struct {
+		name     string
+		field    string
+		src      string
+		attempt  int32
+		delegate string
+		result   *stubbornv1.Result
+		failed   bool
+		err      string // a *CriteriaError, when set
+	}{
+		{"empty text fails", "failure_when", `result.text == ""`, 1, "d", &stubbornv1.Result{}, true, ""},
+		{"text passes", "failure_when", `result.text == ""`, 1, "d", &stubbornv1.Result{Text: "x"}, false, ""},
+		{"contains fails", "failure_when", `result.text.contains("no results")`, 1, "d", &stubbornv1.Result{Text: "no results found"}, true, ""},
+		{"contains passes", "failure_when", `result.text.contains("no results")`, 1, "d", &stubbornv1.Result{Text: "3 results"}, false, ""},
+		{"two items fail", "failure_when", `size(result.data.items) < 3`, 1, "d", &stubbornv1.Result{Data: items(2)}, true, ""},
+		{"three items pass", "failure_when", `size(result.data.items) < 3`, 1, "d", &stubbornv1.Result{Data: items(3)}, false, ""},
+		{"attempt and delegate", "failure_when", `attempt < 3 && delegate == "search"`, 2, "search", &stubbornv1.Result{}, true, ""},
+		{"no data: missing key is an error", "failure_when", `size(result.data.items) < 3`, 1, "d", &stubbornv1.Result{Text: "x"},
+			true, "failure_when could not be evaluated: no such key: items"},
+		{"dyn that is not a bool", "failure_when", `result.data.ok`, 1, "d", &stubbornv1.Result{Data: items(1)},
+			true, "failure_when could not be evaluated: evaluated to string, not a bool"},
+		{"accept_when true accepts", "accept_when", `size(result.data.items) >= 3`, 1, "d", &stubbornv1.Result{Data: items(3)}, false, ""},
+		{"accept_when false rejects", "accept_when", `size(result.data.items) >= 3`, 1, "d", &stubbornv1.Result{Data: items(1)}, true, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e, err := controls.CompileExpr(tc.field, tc.src)
+			require.NoError(t, err)
+			v, err := e.Check(t.Context(), tc.attempt, tc.delegate, tc.result)
+			if tc.err != "" {
+				var ce *controls.CriteriaError
+				require.ErrorAs(t, err, &ce)
+				assert.Equal(t, tc.err, ce.Msg)
+				assert.Equal(t, byCEL, ce.Source)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.failed, v.Failed)
+			if tc.failed {
+				want := tc.field + " is true: " + tc.src
+				if tc.field == "accept_when" {
+					want = tc.field + " is false: " + tc.src
+				}
+				assert.Equal(t, want, v.Reason)
+			}
+		})
+	}
+}
+
+// TestCELCostLimitStopsARunawayExpression: the evaluation stops at the cost
+// limit, quickly, and the attempt fails with that reason. Not parallel: it
+// burns CPU up to the limit on purpose.
+func TestCELCostLimitStopsARunawayExpression(t *testing.T) {
+	e, err := controls.CompileExpr("failure_when", runaway)
+	require.NoError(t, err)
+	began := time.Now()
+	_, err = e.Check(t.Context(), 1, "d", &stubbornv1.Result{Text: "y"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "failure_when could not be evaluated: operation cancelled: actual cost limit exceeded")
+	assert.Less(t, time.Since(began), 5*time.Second, "stopped long before a million iterations")
+
+	f := newFixture(map[string][]controlstest.Reply{"target": {ok("y")}})
+	spec := withCriteria(learning(proto.Int32(2)), "", runaway)
+	r := judged(t, f, spec)
+	assert.Equal(t, exhausted, r.out.Status)
+	require.Len(t, r.state.GetFailureHistory(), 2)
+	for _, fr := range r.state.GetFailureHistory() {
+		assert.Equal(t, "failure_when could not be evaluated: operation cancelled: actual cost limit exceeded", fr.GetReason())
+		assert.Equal(t, byCEL, fr.GetSource())
+	}
+}
+
+// TestCELEvaluationStopsWithTheRun: a cancelled run interrupts the
+// evaluation.
+func TestCELEvaluationStopsWithTheRun(t *testing.T) {
+	e, err := controls.CompileExpr("failure_when", runaway)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err = e.Check(ctx, 1, "d", &stubbornv1.Result{Text: "y"})
+	var ce *controls.CriteriaError
+	require.True(t, errors.As(err, &ce))
+	assert.Equal(t, "failure_when could not be evaluated: cancelled", ce.Msg)
+}
+
+// TestRaceAcceptWhen: a candidate whose answer accept_when rejects does not
+// win; the next acceptable one does.
+func TestRaceAcceptWhen(t *testing.T) {
+	t.Parallel()
+	f := newFixture(map[string][]controlstest.Reply{"short": {ok("A")}, "long": {ok("A, B and C")}})
+	open := f.gate("long")
+	spec := withCriteria(race("short", "long"), "", `size(result.text) > 3`)
+	f.env.Criteria = controls.NewCriteria(spec, "", f.obs)
+	done := f.start(testCtx(t), spec)
+	f.waitFailureOf(t, "short")
+	open()
+	r := f.end(t, done)
+	assert.Equal(t, succeeded, r.out.Status)
+	assert.Equal(t, "long", r.out.Winner)
+	require.Len(t, r.state.GetFailureHistory(), 1)
+	fr := r.state.GetFailureHistory()[0]
+	assert.Equal(t, "accept_when is false: size(result.text) > 3", fr.GetReason())
+}

@@ -1,0 +1,290 @@
+package controls
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// JudgeResultChars is how much of a result the judge sees: the reference's
+// String(result).slice(0, 2000), in characters.
+const JudgeResultChars = 2000
+
+// Wording selects the judge's brief, which differs between the controls'
+// reference texts.
+type Wording int
+
+const (
+	// WordingRetryWithLearning is spec/retry-with-learning.md's evalBrief:
+	// the criteria on the question's line.
+	WordingRetryWithLearning Wording = iota
+	// WordingFallbackChain is spec/fallback-chain.md's evalBrief: the
+	// criteria on a line of their own.
+	WordingFallbackChain
+	// WordingRace asks whether the result satisfies the acceptance criteria
+	// and wants "is_acceptable" back; otherwise worded like fallback-chain.
+	WordingRace
+)
+
+// field is the JSON field the judge answers with.
+func (w Wording) field() string {
+	if w == WordingRace {
+		return "is_acceptable"
+	}
+	return "is_failure"
+}
+
+// JudgeBrief is the brief the judge gets for a result, byte for byte the
+// reference's evalBrief for the control's wording.
+func JudgeBrief(w Wording, criteria string, r *stubbornv1.Result) string {
+	result := firstChars(ResultString(r), JudgeResultChars)
+	switch w {
+	case WordingFallbackChain:
+		return "Does this result satisfy the failure criteria?\n\nCriteria: \"" + criteria + "\"\n\nResult:\n" + result +
+			"\n\nRespond with JSON: { \"is_failure\": true/false, \"reason\": \"...\" }"
+	case WordingRace:
+		return "Does this result satisfy the acceptance criteria?\n\nCriteria: \"" + criteria + "\"\n\nResult:\n" + result +
+			"\n\nRespond with JSON: { \"is_acceptable\": true/false, \"reason\": \"...\" }"
+	default:
+		return "Does this result satisfy the failure criteria? Criteria: \"" + criteria + "\"\n\nResult:\n" + result +
+			"\n\nRespond with JSON: { \"is_failure\": true/false, \"reason\": \"...\" }"
+	}
+}
+
+// The reference's /\{[\s\S]*"is_failure"[\s\S]*\}/: greedy, from the first
+// "{" that can start a match to the last "}".
+var (
+	failureJSON    = regexp.MustCompile(`\{[\s\S]*"is_failure"[\s\S]*\}`)
+	acceptableJSON = regexp.MustCompile(`\{[\s\S]*"is_acceptable"[\s\S]*\}`)
+)
+
+// Judge is failure criteria in natural language, judged by a judge delegate
+// (failure_criteria, acceptance_criteria). The judge call is not an attempt:
+// it is not recorded in the attempt log. Safe for concurrent use.
+type Judge struct {
+	// Delegates reaches the judge.
+	Delegates Delegates
+	// Name is the judge delegate's registry name.
+	Name string
+	// Criteria is the natural-language criteria.
+	Criteria string
+	// Wording selects the brief and the answer's field.
+	Wording Wording
+}
+
+// Check sends the judge the reference brief and reads its answer:
+//
+//   - is_failure true (is_acceptable false): the result fails with the
+//     judge's reason, verbatim.
+//   - is_failure false (is_acceptable true): accepted.
+//   - the strings "true" and "false" (any case, trimmed) count as booleans.
+//   - anything else, including no JSON object: accepted (fail open), with a
+//     note that the judge's answer could not be read.
+//   - the judge call fails: a *CriteriaError `judge "<name>" failed:
+//     <message>`, so the attempt fails with it.
+func (j *Judge) Check(ctx context.Context, attempt int32, _ string, r *stubbornv1.Result) (Verdict, error) {
+	res, err := j.Delegates.Call(ctx, Call{Delegate: j.Name, Brief: JudgeBrief(j.Wording, j.Criteria, r), Attempt: attempt})
+	if err != nil {
+		msg := Message(err)
+		if ctx.Err() != nil {
+			msg = "cancelled"
+		}
+		return Verdict{}, &CriteriaError{
+			Source: stubbornv1.FailureSource_FAILURE_SOURCE_JUDGE,
+			Msg:    fmt.Sprintf("judge %q failed: %s", j.Name, msg),
+		}
+	}
+	answer := ResultString(res)
+	value, reason, ok := readJudgeAnswer(j.Wording, answer)
+	if !ok {
+		return Verdict{Note: fmt.Sprintf("judge %q's answer could not be read, so the result was accepted (fail open): %q",
+			j.Name, firstChars(answer, 200))}, nil
+	}
+	failed := value
+	if j.Wording == WordingRace {
+		failed = !value // is_acceptable
+	}
+	if !failed {
+		return Verdict{Note: fmt.Sprintf("judge %q accepted the result", j.Name)}, nil
+	}
+	if reason == "" {
+		reason = fmt.Sprintf("judge %q gave no reason", j.Name)
+	}
+	return Verdict{Failed: true, Reason: reason, Note: fmt.Sprintf("judge %q rejected the result", j.Name)}, nil
+}
+
+// readJudgeAnswer finds the JSON object with the wording's field in a
+// judge's answer and returns the field's boolean value and the reason. ok
+// is false when the answer cannot be read.
+func readJudgeAnswer(w Wording, answer string) (value bool, reason string, ok bool) {
+	re := failureJSON
+	if w == WordingRace {
+		re = acceptableJSON
+	}
+	m := re.FindString(answer)
+	if m == "" {
+		return false, "", false
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(m), &obj); err != nil {
+		return false, "", false
+	}
+	raw, found := obj[w.field()]
+	if !found || string(raw) == "null" {
+		return false, "", false
+	}
+	if err := json.Unmarshal(raw, &value); err != nil {
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return false, "", false
+		}
+		switch strings.ToLower(strings.TrimSpace(s)) {
+		case "true":
+			value = true
+		case "false":
+			value = false
+		default:
+			return false, "", false
+		}
+	}
+	if rr, found := obj["reason"]; found && string(rr) != "null" {
+		if json.Unmarshal(rr, &reason) != nil {
+			reason = string(rr) // not a string: its JSON text
+		}
+	}
+	return value, reason, true
+}
+
+// CriteriaError is a failure of the judging itself: the judge's call failed,
+// or a CEL expression could not be evaluated. The attempt fails with Msg as
+// its reason.
+type CriteriaError struct {
+	// Source is who could not judge: FAILURE_SOURCE_JUDGE or
+	// FAILURE_SOURCE_CEL.
+	Source stubbornv1.FailureSource
+	// Msg says what went wrong, naming the judge or the field.
+	Msg string
+}
+
+func (e *CriteriaError) Error() string { return e.Msg }
+
+// RunCriteria is the failure criteria of one run's control: the CEL
+// expression first (cheap, deterministic), then the judge, and an answer
+// fails when either rejects it. It remembers who rejected each attempt, for
+// FailureRecord.source. Safe for concurrent use (race).
+type RunCriteria struct {
+	expr  *Expr
+	judge *Judge
+	// broken, when set, fails every check: the criteria could not be built.
+	broken *CriteriaError
+
+	mu      sync.Mutex
+	sources map[int32]stubbornv1.FailureSource
+}
+
+// NewCriteria builds the failure criteria of a control spec, compiling its
+// CEL expression once. judge names the judge delegate for natural-language
+// criteria (the run's options.judge, else the server's default) and d
+// reaches it. It returns nil when the spec has no criteria. It never fails:
+// criteria that cannot be built (the submission checks should have
+// refused them) fail every attempt with the reason why.
+func NewCriteria(spec *stubbornv1.ControlSpec, judge string, d Delegates) Criteria {
+	var (
+		text, expr, exprField string
+		w                     Wording
+	)
+	switch k := spec.GetKind().(type) {
+	case *stubbornv1.ControlSpec_RetryWithLearning:
+		text, expr, exprField, w = k.RetryWithLearning.GetFailureCriteria(), k.RetryWithLearning.GetFailureWhen(), "failure_when", WordingRetryWithLearning
+	case *stubbornv1.ControlSpec_FallbackChain:
+		text, expr, exprField, w = k.FallbackChain.GetFailureCriteria(), k.FallbackChain.GetFailureWhen(), "failure_when", WordingFallbackChain
+	case *stubbornv1.ControlSpec_Race:
+		text, expr, exprField, w = k.Race.GetAcceptanceCriteria(), k.Race.GetAcceptWhen(), "accept_when", WordingRace
+	}
+	if text == "" && expr == "" {
+		return nil
+	}
+	c := &RunCriteria{sources: map[int32]stubbornv1.FailureSource{}}
+	if expr != "" {
+		e, err := CompileExpr(exprField, expr)
+		if err != nil {
+			c.broken = &CriteriaError{Source: stubbornv1.FailureSource_FAILURE_SOURCE_CEL, Msg: exprField + " does not compile: " + err.Error()}
+			return c
+		}
+		c.expr = e
+	}
+	if text != "" {
+		if judge == "" {
+			c.broken = &CriteriaError{Source: stubbornv1.FailureSource_FAILURE_SOURCE_JUDGE, Msg: "no judge delegate is configured for the failure criteria"}
+			return c
+		}
+		c.judge = &Judge{Delegates: d, Name: judge, Criteria: text, Wording: w}
+	}
+	return c
+}
+
+// Check applies the CEL expression, then, if it passed, the judge.
+func (c *RunCriteria) Check(ctx context.Context, attempt int32, delegate string, r *stubbornv1.Result) (Verdict, error) {
+	if c.broken != nil {
+		c.record(attempt, c.broken.Source)
+		return Verdict{}, c.broken
+	}
+	var notes []string
+	if c.expr != nil {
+		v, err := c.expr.Check(ctx, attempt, delegate, r)
+		if err != nil || v.Failed {
+			c.record(attempt, stubbornv1.FailureSource_FAILURE_SOURCE_CEL)
+			return v, err
+		}
+		notes = append(notes, v.Note)
+	}
+	if c.judge != nil {
+		v, err := c.judge.Check(ctx, attempt, delegate, r)
+		if err != nil || v.Failed {
+			c.record(attempt, stubbornv1.FailureSource_FAILURE_SOURCE_JUDGE)
+			return v, err
+		}
+		notes = append(notes, v.Note)
+	}
+	return Verdict{Note: strings.Join(notes, "; ")}, nil
+}
+
+func (c *RunCriteria) record(attempt int32, s stubbornv1.FailureSource) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sources[attempt] = s
+}
+
+// Source says who rejected an attempt: FAILURE_SOURCE_CEL or
+// FAILURE_SOURCE_JUDGE, or UNSPECIFIED when these criteria did not.
+func (c *RunCriteria) Source(attempt int32) stubbornv1.FailureSource {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sources[attempt]
+}
+
+// failureSource says who decided that attempt n, which ended as a, failed:
+// the delegate's error, a cancellation, a skip over a NOT_SERVING delegate,
+// or, for a rejected answer, the criteria step that rejected it.
+func failureSource(env *Env, n int32, a attemptResult) stubbornv1.FailureSource {
+	switch a.outcome {
+	case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_ERROR, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED:
+		return stubbornv1.FailureSource_FAILURE_SOURCE_ERROR
+	case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED:
+		return stubbornv1.FailureSource_FAILURE_SOURCE_CANCELLED
+	case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SKIPPED:
+		return stubbornv1.FailureSource_FAILURE_SOURCE_HEALTH
+	case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED:
+		if s, ok := env.Criteria.(interface {
+			Source(int32) stubbornv1.FailureSource
+		}); ok {
+			return s.Source(n)
+		}
+	}
+	return stubbornv1.FailureSource_FAILURE_SOURCE_UNSPECIFIED
+}
