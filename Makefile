@@ -59,6 +59,48 @@ bench: ## Load harness: Stubborn beside a direct call and a plain gRPC proxy.
 build:
 	go build -o bin/stubborn ./cmd/stubborn
 
+# Generated clients (clients/): Python with Debian 12's protoc 3.21 and gRPC
+# Python plugin (protobuf-compiler, protobuf-compiler-grpc), TypeScript with
+# the protoc-gen-es pinned in clients/typescript/package-lock.json, through
+# buf.gen.clients.yaml. They need more than Go: clients/install-deps.sh
+# installs it, and .ci/run calls it, then `make testclients`.
+PROTOC_VERSION     := 3.21
+GRPC_PYTHON_PLUGIN ?= /usr/bin/grpc_python_plugin
+PROTOC_GEN_ES      := clients/typescript/node_modules/.bin/protoc-gen-es
+# protoc_python DIR: generate the Python client from proto/ into DIR.
+protoc_python = protoc -I proto --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) \
+	--plugin=protoc-gen-grpc_python=$(GRPC_PYTHON_PLUGIN) proto/stubborn/v1/*.proto
+check_protoc = protoc --version | grep -q '^libprotoc $(PROTOC_VERSION)\.' || \
+	{ echo "clients/python is generated with protoc $(PROTOC_VERSION) (Debian 12's protobuf-compiler), not $$(protoc --version 2>&1): run clients/install-deps.sh" >&2; exit 1; }
+
+.PHONY: clients
+clients: $(BUF) $(PROTOC_GEN_ES) ## Regenerate clients/python and clients/typescript/src/gen from proto/.
+	@$(check_protoc)
+	rm -rf clients/python/stubborn
+	$(call protoc_python,clients/python)
+	buf generate --template buf.gen.clients.yaml
+
+.PHONY: checkclients
+checkclients: $(BUF) $(PROTOC_GEN_ES) ## Fail if protoc warns on proto/ or the generated clients are stale.
+	@$(check_protoc)
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	mkdir -p "$$tmp/clients/python"; \
+	if ! out=$$($(call protoc_python,"$$tmp/clients/python") 2>&1) || [ -n "$$out" ]; then \
+		printf 'protoc must compile proto/ without a word; it printed:\n%s\n' "$$out" >&2; exit 1; fi; \
+	buf generate --template buf.gen.clients.yaml -o "$$tmp"; \
+	if ! diff -r -x __pycache__ clients/python/stubborn "$$tmp/clients/python/stubborn" || \
+	   ! diff -r clients/typescript/src/gen "$$tmp/clients/typescript/src/gen"; then \
+		echo 'clients/ is stale: run make clients' >&2; exit 1; fi
+
+.PHONY: testclients
+testclients: checkclients ## checkclients, tsc, then both client examples against a live server.
+	cd clients/typescript && node_modules/.bin/tsc --noEmit
+	bash clients/run-examples.sh
+
+$(PROTOC_GEN_ES): clients/typescript/package-lock.json
+	cd clients/typescript && npm ci --no-audit --no-fund
+	touch $@
+
 $(BUF):
 	GOBIN=$(BIN) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
 	touch $@

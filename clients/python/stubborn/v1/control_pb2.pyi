@@ -1,0 +1,450 @@
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from stubborn.v1 import delegate_pb2 as _delegate_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+ATTEMPT_OUTCOME_CANCELLED: AttemptOutcome
+ATTEMPT_OUTCOME_ERROR: AttemptOutcome
+ATTEMPT_OUTCOME_INTERRUPTED: AttemptOutcome
+ATTEMPT_OUTCOME_REJECTED: AttemptOutcome
+ATTEMPT_OUTCOME_SKIPPED: AttemptOutcome
+ATTEMPT_OUTCOME_SUCCEEDED: AttemptOutcome
+ATTEMPT_OUTCOME_UNSPECIFIED: AttemptOutcome
+DECISION_FAIL: Decision
+DECISION_RETRY: Decision
+DECISION_UNSPECIFIED: Decision
+DESCRIPTOR: _descriptor.FileDescriptor
+FAILURE_SOURCE_CANCELLED: FailureSource
+FAILURE_SOURCE_CEL: FailureSource
+FAILURE_SOURCE_ERROR: FailureSource
+FAILURE_SOURCE_HEALTH: FailureSource
+FAILURE_SOURCE_JUDGE: FailureSource
+FAILURE_SOURCE_UNSPECIFIED: FailureSource
+ON_EXHAUSTED_ASK: OnExhausted
+ON_EXHAUSTED_FAIL: OnExhausted
+ON_EXHAUSTED_UNSPECIFIED: OnExhausted
+RUN_STATUS_AWAITING_DECISION: RunStatus
+RUN_STATUS_BACKING_OFF: RunStatus
+RUN_STATUS_CANCELLED: RunStatus
+RUN_STATUS_EXHAUSTED: RunStatus
+RUN_STATUS_FAILED: RunStatus
+RUN_STATUS_PENDING: RunStatus
+RUN_STATUS_RUNNING: RunStatus
+RUN_STATUS_SUCCEEDED: RunStatus
+RUN_STATUS_UNSPECIFIED: RunStatus
+
+class Attempt(_message.Message):
+    __slots__ = ["brief", "delegate", "end_time", "error", "number", "outcome", "path", "result", "start_time", "wait_before"]
+    BRIEF_FIELD_NUMBER: _ClassVar[int]
+    DELEGATE_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    WAIT_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    brief: str
+    delegate: str
+    end_time: _timestamp_pb2.Timestamp
+    error: AttemptError
+    number: int
+    outcome: AttemptOutcome
+    path: str
+    result: _delegate_pb2.Result
+    start_time: _timestamp_pb2.Timestamp
+    wait_before: _duration_pb2.Duration
+    def __init__(self, number: _Optional[int] = ..., delegate: _Optional[str] = ..., brief: _Optional[str] = ..., start_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[_Union[AttemptOutcome, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., error: _Optional[_Union[AttemptError, _Mapping]] = ..., wait_before: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
+
+class AttemptError(_message.Message):
+    __slots__ = ["code", "http_status", "message", "retry_hint"]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_HINT_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    http_status: int
+    message: str
+    retry_hint: _duration_pb2.Duration
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., http_status: _Optional[int] = ..., retry_hint: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class AttemptFinished(_message.Message):
+    __slots__ = ["attempt", "note"]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    attempt: Attempt
+    note: str
+    def __init__(self, attempt: _Optional[_Union[Attempt, _Mapping]] = ..., note: _Optional[str] = ...) -> None: ...
+
+class AttemptStarted(_message.Message):
+    __slots__ = ["attempt"]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    attempt: Attempt
+    def __init__(self, attempt: _Optional[_Union[Attempt, _Mapping]] = ...) -> None: ...
+
+class BackoffScheduled(_message.Message):
+    __slots__ = ["bound", "from_hint", "next_attempt", "until", "wait"]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    FROM_HINT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    bound: _duration_pb2.Duration
+    from_hint: bool
+    next_attempt: int
+    until: _timestamp_pb2.Timestamp
+    wait: _duration_pb2.Duration
+    def __init__(self, next_attempt: _Optional[int] = ..., wait: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., until: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., bound: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., from_hint: bool = ...) -> None: ...
+
+class CancelRunRequest(_message.Message):
+    __slots__ = ["run_id"]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class CancelRunResponse(_message.Message):
+    __slots__ = ["state"]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: ControlState
+    def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
+
+class ControlSpec(_message.Message):
+    __slots__ = ["fallback_chain", "race", "retry", "retry_with_learning"]
+    FALLBACK_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    RACE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
+    RETRY_WITH_LEARNING_FIELD_NUMBER: _ClassVar[int]
+    fallback_chain: FallbackChainSpec
+    race: RaceSpec
+    retry: RetrySpec
+    retry_with_learning: RetryWithLearningSpec
+    def __init__(self, retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ...) -> None: ...
+
+class ControlState(_message.Message):
+    __slots__ = ["attempt_log", "attempts", "control", "create_time", "end_time", "failure_history", "options", "result", "run_id", "status", "status_reason", "task_brief", "traceparent", "update_time", "winner"]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_LOG_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_HISTORY_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_REASON_FIELD_NUMBER: _ClassVar[int]
+    TASK_BRIEF_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    WINNER_FIELD_NUMBER: _ClassVar[int]
+    attempt_log: _containers.RepeatedCompositeFieldContainer[Attempt]
+    attempts: int
+    control: ControlSpec
+    create_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    failure_history: _containers.RepeatedCompositeFieldContainer[FailureRecord]
+    options: RunOptions
+    result: _delegate_pb2.Result
+    run_id: str
+    status: RunStatus
+    status_reason: str
+    task_brief: str
+    traceparent: str
+    update_time: _timestamp_pb2.Timestamp
+    winner: str
+    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., winner: _Optional[str] = ..., attempts: _Optional[int] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., attempt_log: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., task_brief: _Optional[str] = ..., control: _Optional[_Union[ControlSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., status_reason: _Optional[str] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ...) -> None: ...
+
+class DecideRunRequest(_message.Message):
+    __slots__ = ["decision", "run_id"]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    decision: Decision
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ..., decision: _Optional[_Union[Decision, str]] = ...) -> None: ...
+
+class DecideRunResponse(_message.Message):
+    __slots__ = ["state"]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: ControlState
+    def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
+
+class DecisionReceived(_message.Message):
+    __slots__ = ["decision"]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    decision: Decision
+    def __init__(self, decision: _Optional[_Union[Decision, str]] = ...) -> None: ...
+
+class DecisionRequested(_message.Message):
+    __slots__ = ["deadline", "failure_history", "reason"]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_HISTORY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    deadline: _timestamp_pb2.Timestamp
+    failure_history: _containers.RepeatedCompositeFieldContainer[FailureRecord]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., deadline: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class FailureAnalyzed(_message.Message):
+    __slots__ = ["failure", "next_brief", "will_retry"]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_BRIEF_FIELD_NUMBER: _ClassVar[int]
+    WILL_RETRY_FIELD_NUMBER: _ClassVar[int]
+    failure: FailureRecord
+    next_brief: str
+    will_retry: bool
+    def __init__(self, failure: _Optional[_Union[FailureRecord, _Mapping]] = ..., will_retry: bool = ..., next_brief: _Optional[str] = ...) -> None: ...
+
+class FailureRecord(_message.Message):
+    __slots__ = ["analysis", "analysis_error", "attempt", "delegate", "not_retried_reason", "path", "reason", "source", "summary", "transient"]
+    ANALYSIS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    ANALYSIS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DELEGATE_FIELD_NUMBER: _ClassVar[int]
+    NOT_RETRIED_REASON_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    TRANSIENT_FIELD_NUMBER: _ClassVar[int]
+    analysis: str
+    analysis_error: str
+    attempt: int
+    delegate: str
+    not_retried_reason: str
+    path: str
+    reason: str
+    source: FailureSource
+    summary: str
+    transient: bool
+    def __init__(self, attempt: _Optional[int] = ..., delegate: _Optional[str] = ..., summary: _Optional[str] = ..., reason: _Optional[str] = ..., transient: bool = ..., not_retried_reason: _Optional[str] = ..., analysis: _Optional[str] = ..., path: _Optional[str] = ..., source: _Optional[_Union[FailureSource, str]] = ..., analysis_error: _Optional[str] = ...) -> None: ...
+
+class FallbackChainSpec(_message.Message):
+    __slots__ = ["chain", "failure_criteria", "failure_when"]
+    CHAIN_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_CRITERIA_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_WHEN_FIELD_NUMBER: _ClassVar[int]
+    chain: _containers.RepeatedScalarFieldContainer[str]
+    failure_criteria: str
+    failure_when: str
+    def __init__(self, chain: _Optional[_Iterable[str]] = ..., failure_criteria: _Optional[str] = ..., failure_when: _Optional[str] = ...) -> None: ...
+
+class GetRunRequest(_message.Message):
+    __slots__ = ["run_id"]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class GetRunResponse(_message.Message):
+    __slots__ = ["state"]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: ControlState
+    def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
+
+class ListRunsRequest(_message.Message):
+    __slots__ = ["page_size", "page_token", "status"]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    status: RunStatus
+    def __init__(self, status: _Optional[_Union[RunStatus, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListRunsResponse(_message.Message):
+    __slots__ = ["next_page_token", "runs"]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    next_page_token: str
+    runs: _containers.RepeatedCompositeFieldContainer[ControlState]
+    def __init__(self, runs: _Optional[_Iterable[_Union[ControlState, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class RaceSpec(_message.Message):
+    __slots__ = ["accept_when", "acceptance_criteria", "candidates"]
+    ACCEPTANCE_CRITERIA_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_WHEN_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    accept_when: str
+    acceptance_criteria: str
+    candidates: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, candidates: _Optional[_Iterable[str]] = ..., acceptance_criteria: _Optional[str] = ..., accept_when: _Optional[str] = ...) -> None: ...
+
+class RetrySpec(_message.Message):
+    __slots__ = ["attempts", "base_wait", "decision_timeout", "max_wait", "on_exhausted", "target"]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    BASE_WAIT_FIELD_NUMBER: _ClassVar[int]
+    DECISION_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_FIELD_NUMBER: _ClassVar[int]
+    ON_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    attempts: int
+    base_wait: _duration_pb2.Duration
+    decision_timeout: _duration_pb2.Duration
+    max_wait: _duration_pb2.Duration
+    on_exhausted: OnExhausted
+    target: str
+    def __init__(self, target: _Optional[str] = ..., attempts: _Optional[int] = ..., max_wait: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., on_exhausted: _Optional[_Union[OnExhausted, str]] = ..., base_wait: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., decision_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class RetryWithLearningSpec(_message.Message):
+    __slots__ = ["analyst", "failure_criteria", "failure_when", "max_retries", "target"]
+    ANALYST_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_CRITERIA_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_WHEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    analyst: str
+    failure_criteria: str
+    failure_when: str
+    max_retries: int
+    target: str
+    def __init__(self, target: _Optional[str] = ..., max_retries: _Optional[int] = ..., failure_criteria: _Optional[str] = ..., failure_when: _Optional[str] = ..., analyst: _Optional[str] = ...) -> None: ...
+
+class RunEvent(_message.Message):
+    __slots__ = ["attempt_finished", "attempt_started", "backoff_scheduled", "decision_received", "decision_requested", "failure_analyzed", "path", "run_finished", "run_id", "run_resumed", "run_started", "seq", "time"]
+    ATTEMPT_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_STARTED_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_SCHEDULED_FIELD_NUMBER: _ClassVar[int]
+    DECISION_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    DECISION_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_ANALYZED_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RUN_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_RESUMED_FIELD_NUMBER: _ClassVar[int]
+    RUN_STARTED_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    attempt_finished: AttemptFinished
+    attempt_started: AttemptStarted
+    backoff_scheduled: BackoffScheduled
+    decision_received: DecisionReceived
+    decision_requested: DecisionRequested
+    failure_analyzed: FailureAnalyzed
+    path: str
+    run_finished: RunFinished
+    run_id: str
+    run_resumed: RunResumed
+    run_started: RunStarted
+    seq: int
+    time: _timestamp_pb2.Timestamp
+    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., path: _Optional[str] = ..., run_started: _Optional[_Union[RunStarted, _Mapping]] = ..., attempt_started: _Optional[_Union[AttemptStarted, _Mapping]] = ..., attempt_finished: _Optional[_Union[AttemptFinished, _Mapping]] = ..., failure_analyzed: _Optional[_Union[FailureAnalyzed, _Mapping]] = ..., backoff_scheduled: _Optional[_Union[BackoffScheduled, _Mapping]] = ..., decision_requested: _Optional[_Union[DecisionRequested, _Mapping]] = ..., decision_received: _Optional[_Union[DecisionReceived, _Mapping]] = ..., run_finished: _Optional[_Union[RunFinished, _Mapping]] = ..., run_resumed: _Optional[_Union[RunResumed, _Mapping]] = ...) -> None: ...
+
+class RunFinished(_message.Message):
+    __slots__ = ["state"]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: ControlState
+    def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
+
+class RunOptions(_message.Message):
+    __slots__ = ["attempt_timeout", "idempotency_key", "judge", "metadata", "run_timeout"]
+    class MetadataEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ATTEMPT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    RUN_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    attempt_timeout: _duration_pb2.Duration
+    idempotency_key: str
+    judge: str
+    metadata: _containers.ScalarMap[str, str]
+    run_timeout: _duration_pb2.Duration
+    def __init__(self, idempotency_key: _Optional[str] = ..., run_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., attempt_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., judge: _Optional[str] = ...) -> None: ...
+
+class RunRequest(_message.Message):
+    __slots__ = ["fallback_chain", "options", "race", "retry", "retry_with_learning", "task_brief"]
+    FALLBACK_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    RACE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
+    RETRY_WITH_LEARNING_FIELD_NUMBER: _ClassVar[int]
+    TASK_BRIEF_FIELD_NUMBER: _ClassVar[int]
+    fallback_chain: FallbackChainSpec
+    options: RunOptions
+    race: RaceSpec
+    retry: RetrySpec
+    retry_with_learning: RetryWithLearningSpec
+    task_brief: str
+    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ...) -> None: ...
+
+class RunResponse(_message.Message):
+    __slots__ = ["event"]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    event: RunEvent
+    def __init__(self, event: _Optional[_Union[RunEvent, _Mapping]] = ...) -> None: ...
+
+class RunResumed(_message.Message):
+    __slots__ = ["owner", "reason"]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    reason: str
+    def __init__(self, owner: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RunStarted(_message.Message):
+    __slots__ = ["state"]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: ControlState
+    def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
+
+class StartRunRequest(_message.Message):
+    __slots__ = ["fallback_chain", "options", "race", "retry", "retry_with_learning", "task_brief"]
+    FALLBACK_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    RACE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
+    RETRY_WITH_LEARNING_FIELD_NUMBER: _ClassVar[int]
+    TASK_BRIEF_FIELD_NUMBER: _ClassVar[int]
+    fallback_chain: FallbackChainSpec
+    options: RunOptions
+    race: RaceSpec
+    retry: RetrySpec
+    retry_with_learning: RetryWithLearningSpec
+    task_brief: str
+    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ...) -> None: ...
+
+class StartRunResponse(_message.Message):
+    __slots__ = ["run_id", "state"]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    state: ControlState
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
+
+class WatchRunRequest(_message.Message):
+    __slots__ = ["after_seq", "run_id"]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    after_seq: int
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ..., after_seq: _Optional[int] = ...) -> None: ...
+
+class WatchRunResponse(_message.Message):
+    __slots__ = ["event"]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    event: RunEvent
+    def __init__(self, event: _Optional[_Union[RunEvent, _Mapping]] = ...) -> None: ...
+
+class RunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class OnExhausted(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class Decision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class AttemptOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class FailureSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
