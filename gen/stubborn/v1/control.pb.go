@@ -293,8 +293,8 @@ type FailureSource int32
 const (
 	// Not recorded: failure criteria of a kind this server does not classify.
 	FailureSource_FAILURE_SOURCE_UNSPECIFIED FailureSource = 0
-	// The delegate call failed: an error status, a timeout, or a preset that
-	// did not succeed.
+	// The delegate call failed: an error status, a timeout, a call
+	// interrupted by a server stop, or a preset that did not succeed.
 	FailureSource_FAILURE_SOURCE_ERROR FailureSource = 1
 	// The judge delegate: it judged the answer a failure (or not acceptable),
 	// or the call to it failed (the reason says which).
@@ -518,7 +518,7 @@ type RetryWithLearningSpec struct {
 	// characters, or whose type is neither bool nor dyn is INVALID_ARGUMENT
 	// with the CEL error. A dyn result that is not a bool, an evaluation error
 	// (for example a missing key) and an evaluation stopped by the cost limit
-	// (1,000,000 CEL cost units) all fail the attempt with the CEL error as its
+	// (100,000 CEL cost units) all fail the attempt with the CEL error as its
 	// reason. FailureRecord.source is FAILURE_SOURCE_CEL.
 	//
 	// With failure_criteria too, both must pass: failure_when is evaluated
