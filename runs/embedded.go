@@ -1,0 +1,91 @@
+package runs
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// Durability says when the embedded server fsyncs what it writes.
+type Durability string
+
+// Durability settings. Either way a write is in the operating system's
+// hands before it is acknowledged, so a crash of the Stubborn process loses
+// nothing that was acknowledged; they differ on a power loss or a kernel
+// crash.
+const (
+	// SyncAlways fsyncs every write before acknowledging it: a power loss
+	// loses nothing that was acknowledged.
+	SyncAlways Durability = "always"
+	// SyncInterval fsyncs every SyncPeriod: a power loss may lose the
+	// writes of the last period.
+	SyncInterval Durability = "interval"
+)
+
+// EmbeddedConfig configures the in-process NATS server.
+type EmbeddedConfig struct {
+	// DataDir holds the JetStream files. Required.
+	DataDir string
+	// Durability is SyncAlways or SyncInterval. Empty means SyncInterval.
+	Durability Durability
+	// SyncPeriod is the fsync period of SyncInterval. 0 means 1s.
+	SyncPeriod time.Duration
+}
+
+// Embedded is an in-process NATS server with JetStream, listening on no
+// port, and a connection to it.
+type Embedded struct {
+	Server *server.Server
+	Conn   *nats.Conn
+}
+
+// StartEmbedded starts the in-process server and connects to it.
+func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("embedded NATS: a data directory is required")
+	}
+	opts := &server.Options{
+		ServerName: "stubborn-embedded",
+		JetStream:  true,
+		StoreDir:   cfg.DataDir,
+		DontListen: true,
+		NoSigs:     true,
+		NoLog:      true,
+	}
+	switch cfg.Durability {
+	case SyncAlways:
+		opts.SyncAlways = true
+	case SyncInterval, "":
+		opts.SyncInterval = cfg.SyncPeriod
+		if opts.SyncInterval <= 0 {
+			opts.SyncInterval = time.Second
+		}
+	default:
+		return nil, fmt.Errorf("durability must be %q or %q, got %q", SyncAlways, SyncInterval, cfg.Durability)
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS: %w", err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		ns.Shutdown()
+		return nil, errors.New("embedded NATS did not start within 30s")
+	}
+	nc, err := nats.Connect(nats.DefaultURL, nats.InProcessServer(ns), nats.Name("stubborn"))
+	if err != nil {
+		ns.Shutdown()
+		return nil, fmt.Errorf("connecting to embedded NATS: %w", err)
+	}
+	return &Embedded{Server: ns, Conn: nc}, nil
+}
+
+// Close closes the connection and shuts the server down.
+func (e *Embedded) Close() {
+	e.Conn.Close()
+	e.Server.Shutdown()
+	e.Server.WaitForShutdown()
+}

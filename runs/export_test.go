@@ -1,0 +1,27 @@
+package runs
+
+import (
+	"context"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// PauseHeartbeats freezes the manager's heartbeats and takeover scans, as a
+// stopped process would: its runs go on, but others will take them over.
+func (m *Manager) PauseHeartbeats() { m.paused.Store(true) }
+
+// Owns reports whether this manager drives the run now.
+func (m *Manager) Owns(id string) bool {
+	r := m.local(id)
+	return r != nil && !r.isLost()
+}
+
+// AppendForTest tries to write an event to a run through this manager's
+// store, as the run's next event in the manager's own view.
+func (m *Manager) AppendForTest(ctx context.Context, id string) error {
+	r := m.local(id)
+	r.mu.Lock()
+	seq := int64(len(r.events)) + 1
+	r.mu.Unlock()
+	return m.store.Append(ctx, &stubbornv1.RunEvent{RunId: id, Seq: seq, Kind: &stubbornv1.RunEvent_RunResumed{RunResumed: &stubbornv1.RunResumed{Owner: "stale"}}})
+}

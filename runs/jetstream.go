@@ -1,0 +1,453 @@
+package runs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// JetStreamConfig says where and how runs are kept in NATS JetStream.
+type JetStreamConfig struct {
+	// Replicas is the number of copies of every stream and bucket: 1 for
+	// the embedded server, 3 for a production cluster. 0 means 1.
+	Replicas int
+	// Retention is how long a run's events and state are kept after they
+	// were last written; older runs disappear whole. 0 means 7 days.
+	Retention time.Duration
+	// MaxBytes bounds the events stream; the oldest runs go first. 0 means
+	// no bound beyond Retention.
+	MaxBytes int64
+	// Lease is how long a server may go without beating before it counts
+	// as dead and its runs are taken over. 0 means DefaultLease.
+	Lease time.Duration
+	// Memory keeps everything in memory instead of files (tests).
+	Memory bool
+}
+
+// Names of the JetStream assets.
+const (
+	eventsStream   = "STUBBORN_EVENTS"
+	eventsSubject  = "stubborn.events."
+	statesBucket   = "stubborn_runs"
+	ownersBucket   = "stubborn_owners"
+	beatsBucket    = "stubborn_heartbeats"
+	commandSubject = "stubborn.commands."
+)
+
+// JetStream is the Store on NATS JetStream: each run's events on their own
+// subject of one stream, appended with the expected last sequence of that
+// subject (a stale owner's append is refused); state snapshots, run owners
+// and owner heartbeats in KV buckets (the heartbeats expire after the
+// lease); commands for a run's owner as NATS requests.
+type JetStream struct {
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	events jetstream.Stream
+	states jetstream.KeyValue
+	owners jetstream.KeyValue
+	beats  jetstream.KeyValue
+	lease  time.Duration
+
+	mu   sync.Mutex
+	last map[string]uint64 // stream sequence of the last event of each run this store wrote or read
+}
+
+var _ Store = (*JetStream)(nil)
+
+// NewJetStream creates (or updates) the stream and buckets on nc's
+// JetStream and returns the Store. Close closes nc.
+func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*JetStream, error) {
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.Retention <= 0 {
+		cfg.Retention = 7 * 24 * time.Hour
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = DefaultLease
+	}
+	storage := jetstream.FileStorage
+	if cfg.Memory {
+		storage = jetstream.MemoryStorage
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	s := &JetStream{nc: nc, js: js, lease: cfg.Lease, last: map[string]uint64{}}
+	maxBytes := cfg.MaxBytes
+	if maxBytes <= 0 {
+		maxBytes = -1
+	}
+	if s.events, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        eventsStream,
+		Description: "Stubborn run events, one subject per run",
+		Subjects:    []string{eventsSubject + "*"},
+		Storage:     storage,
+		Replicas:    cfg.Replicas,
+		MaxAge:      cfg.Retention,
+		MaxBytes:    maxBytes,
+		Discard:     jetstream.DiscardOld,
+		AllowDirect: true,
+	}); err != nil {
+		return nil, fmt.Errorf("events stream: %w", err)
+	}
+	for _, b := range []struct {
+		kv   *jetstream.KeyValue
+		name string
+		ttl  time.Duration
+	}{
+		{&s.states, statesBucket, cfg.Retention},
+		{&s.owners, ownersBucket, cfg.Retention},
+		{&s.beats, beatsBucket, cfg.Lease},
+	} {
+		if *b.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: b.name, TTL: b.ttl, Storage: storage, Replicas: cfg.Replicas, History: 1,
+		}); err != nil {
+			return nil, fmt.Errorf("bucket %s: %w", b.name, err)
+		}
+	}
+	return s, nil
+}
+
+// Close closes the NATS connection.
+func (s *JetStream) Close() error {
+	s.nc.Close()
+	return nil
+}
+
+// Append publishes ev on its run's subject, expecting the subject's last
+// message to be the last one this store knows of.
+func (s *JetStream) Append(ctx context.Context, ev *stubbornv1.RunEvent) error {
+	data, err := proto.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	last := s.last[ev.GetRunId()]
+	s.mu.Unlock()
+	ack, err := s.js.Publish(ctx, eventsSubject+ev.GetRunId(), data, jetstream.WithExpectLastSequencePerSubject(last))
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			return fmt.Errorf("%w: %v", ErrConflict, err)
+		}
+		return err
+	}
+	s.mu.Lock()
+	if ev.GetRunFinished() != nil {
+		delete(s.last, ev.GetRunId())
+	} else {
+		s.last[ev.GetRunId()] = ack.Sequence
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// Events reads the run's events after seq after and remembers where its
+// journal ends, so that this store may append to it.
+func (s *JetStream) Events(ctx context.Context, runID string, after int64) ([]*stubbornv1.RunEvent, error) {
+	subject := eventsSubject + runID
+	lastMsg, err := s.events.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []*stubbornv1.RunEvent
+	err = s.read(ctx, runID, func(ev *stubbornv1.RunEvent, seq uint64) (bool, error) {
+		if ev.GetSeq() > after {
+			out = append(out, ev)
+		}
+		return seq < lastMsg.Sequence, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.last[runID] = lastMsg.Sequence
+	s.mu.Unlock()
+	return out, nil
+}
+
+// read delivers the run's events in order, with their stream sequences,
+// while fn returns true.
+func (s *JetStream) read(ctx context.Context, runID string, fn func(ev *stubbornv1.RunEvent, seq uint64) (bool, error)) error {
+	cons, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{eventsSubject + runID},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return err
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		ev := &stubbornv1.RunEvent{}
+		if err := proto.Unmarshal(msg.Data(), ev); err != nil {
+			return fmt.Errorf("run %s: undecodable event: %w", runID, err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return err
+		}
+		more, err := fn(ev, meta.Sequence.Stream)
+		if err != nil || !more {
+			return err
+		}
+	}
+}
+
+// Follow sends the run's events after seq after, then new ones, until
+// run_finished.
+func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn func(*stubbornv1.RunEvent) error) error {
+	finished := errors.New("finished")
+	err := s.read(ctx, runID, func(ev *stubbornv1.RunEvent, _ uint64) (bool, error) {
+		if ev.GetSeq() <= after {
+			return true, nil
+		}
+		if err := fn(ev); err != nil {
+			return false, err
+		}
+		if ev.GetRunFinished() != nil {
+			return false, finished
+		}
+		return true, nil
+	})
+	if errors.Is(err, finished) {
+		return nil
+	}
+	return err
+}
+
+// PutState saves a snapshot.
+func (s *JetStream) PutState(ctx context.Context, st *stubbornv1.ControlState) error {
+	data, err := proto.Marshal(st)
+	if err != nil {
+		return err
+	}
+	_, err = s.states.Put(ctx, st.GetRunId(), data)
+	return err
+}
+
+// State returns a snapshot.
+func (s *JetStream) State(ctx context.Context, runID string) (*stubbornv1.ControlState, error) {
+	if !validKey(runID) {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
+	}
+	e, err := s.states.Get(ctx, runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st := &stubbornv1.ControlState{}
+	return st, proto.Unmarshal(e.Value(), st)
+}
+
+// States calls fn with every snapshot.
+func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState) bool) error {
+	w, err := s.states.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				return nil // all current values delivered
+			}
+			st := &stubbornv1.ControlState{}
+			if err := proto.Unmarshal(e.Value(), st); err != nil {
+				return err
+			}
+			if !fn(st) {
+				return nil
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Beat creates or renews owner's heartbeat, which expires after the lease.
+func (s *JetStream) Beat(ctx context.Context, owner string) error {
+	now := []byte(time.Now().UTC().Format(time.RFC3339Nano))
+	_, err := s.beats.Put(ctx, owner, now)
+	return err
+}
+
+// Alive reports whether owner's heartbeat has not expired.
+func (s *JetStream) Alive(ctx context.Context, owner string) (bool, error) {
+	_, err := s.beats.Get(ctx, owner)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return true, nil
+}
+
+// Leave deletes owner's heartbeat.
+func (s *JetStream) Leave(ctx context.Context, owner string) error {
+	return s.beats.Purge(ctx, owner)
+}
+
+// Claim creates the run's owner key.
+func (s *JetStream) Claim(ctx context.Context, runID, owner string) error {
+	_, err := s.owners.Create(ctx, runID, []byte(owner))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("%w: run %s already has a driver", ErrConflict, runID)
+	}
+	return err
+}
+
+// Owners calls fn with every run that has a driver.
+func (s *JetStream) Owners(ctx context.Context, fn func(runID, owner string) bool) error {
+	w, err := s.owners.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				return nil
+			}
+			if !fn(e.Key(), string(e.Value())) {
+				return nil
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// TakeOver swaps the run's owner from from to owner at the revision read,
+// so that of several servers trying, exactly one wins.
+func (s *JetStream) TakeOver(ctx context.Context, runID, from, owner string) error {
+	e, err := s.owners.Get(ctx, runID)
+	if err != nil {
+		return err
+	}
+	if string(e.Value()) != from {
+		return fmt.Errorf("%w: run %s is driven by %q", ErrConflict, runID, e.Value())
+	}
+	if _, err := s.owners.Update(ctx, runID, []byte(owner), e.Revision()); err != nil {
+		return fmt.Errorf("%w: %v", ErrConflict, err)
+	}
+	return nil
+}
+
+// Release deletes the run's owner key.
+func (s *JetStream) Release(ctx context.Context, runID string) error {
+	return s.owners.Purge(ctx, runID)
+}
+
+// commandReply is the answer to a Command.
+type commandReply struct {
+	State    []byte `json:"state,omitempty"`
+	Error    string `json:"error,omitempty"`
+	NotFound bool   `json:"not_found,omitempty"`
+	NotReady bool   `json:"not_awaiting,omitempty"`
+}
+
+// Serve answers commands sent to owner until ctx ends.
+func (s *JetStream) Serve(ctx context.Context, owner string, handle func(context.Context, *Command) (*stubbornv1.ControlState, error)) error {
+	sub, err := s.nc.Subscribe(commandSubject+owner, func(msg *nats.Msg) {
+		go func() {
+			var cmd Command
+			reply := commandReply{}
+			if err := json.Unmarshal(msg.Data, &cmd); err != nil {
+				reply.Error = err.Error()
+			} else {
+				hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				st, err := handle(hctx, &cmd)
+				cancel()
+				switch {
+				case err != nil:
+					reply.Error = err.Error()
+					reply.NotFound = errors.Is(err, ErrNotFound)
+					reply.NotReady = errors.Is(err, ErrNotAwaitingDecision)
+				default:
+					reply.State, _ = proto.Marshal(st)
+				}
+			}
+			data, _ := json.Marshal(reply)
+			_ = msg.Respond(data)
+		}()
+	})
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return sub.Unsubscribe()
+}
+
+// Send asks owner to carry out cmd and waits for its answer.
+func (s *JetStream) Send(ctx context.Context, owner string, cmd *Command) (*stubbornv1.ControlState, error) {
+	data, err := json.Marshal(cmd)
+	if err != nil {
+		return nil, err
+	}
+	msg, err := s.nc.RequestWithContext(ctx, commandSubject+owner, data)
+	if err != nil {
+		return nil, err
+	}
+	var reply commandReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		return nil, err
+	}
+	switch {
+	case reply.NotFound:
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, reply.Error)
+	case reply.NotReady:
+		return nil, fmt.Errorf("%w: %s", ErrNotAwaitingDecision, strings.TrimPrefix(reply.Error, ErrNotAwaitingDecision.Error()))
+	case reply.Error != "":
+		return nil, errors.New(reply.Error)
+	}
+	st := &stubbornv1.ControlState{}
+	return st, proto.Unmarshal(reply.State, st)
+}
+
+// validKey reports whether s can be a KV key (run ids always can; a
+// client's typo may not).
+func validKey(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

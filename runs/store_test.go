@@ -1,0 +1,259 @@
+package runs_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// stores are the Store implementations every test here runs against. Each
+// returns a function that opens a new view of one shared store, as each
+// server has its own connection.
+var stores = map[string]func(t *testing.T, lease time.Duration) func() runs.Store{
+	"memory": func(_ *testing.T, lease time.Duration) func() runs.Store {
+		m := runs.NewMemory(lease)
+		return func() runs.Store { return m }
+	},
+	"jetstream": func(t *testing.T, lease time.Duration) func() runs.Store {
+		e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
+		require.NoError(t, err)
+		t.Cleanup(e.Close)
+		return func() runs.Store {
+			nc, err := nats.Connect("", nats.InProcessServer(e.Server))
+			require.NoError(t, err)
+			s, err := runs.NewJetStream(ctxFor(t), nc, runs.JetStreamConfig{Lease: lease})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = s.Close() })
+			return s
+		}
+	},
+}
+
+// gated is a Delegates whose calls wait for the test to answer them, by
+// brief, and which records every call.
+type gated struct {
+	mu      sync.Mutex
+	calls   []controls.Call
+	answers map[string]chan controlstest.Reply
+	info    controls.DelegateInfo
+}
+
+func newGated(info controls.DelegateInfo) *gated {
+	return &gated{answers: map[string]chan controlstest.Reply{}, info: info}
+}
+
+func (g *gated) queue(brief string) chan controlstest.Reply {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	q, ok := g.answers[brief]
+	if !ok {
+		q = make(chan controlstest.Reply, 100)
+		g.answers[brief] = q
+	}
+	return q
+}
+
+// answer queues the answer of the next call with this brief.
+func (g *gated) answer(brief string, r controlstest.Reply) { g.queue(brief) <- r }
+
+func (g *gated) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+	g.mu.Lock()
+	g.calls = append(g.calls, c)
+	g.mu.Unlock()
+	select {
+	case r := <-g.queue(c.Brief):
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return &stubbornv1.Result{Text: r.Text}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+func (g *gated) Info(string) controls.DelegateInfo      { return g.info }
+func (g *gated) Serving(context.Context, string) bool { return true }
+func (g *gated) called(brief string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, c := range g.calls {
+		if brief == "" || c.Brief == brief {
+			n++
+		}
+	}
+	return n
+}
+
+func retrySpec(attempts int32) *stubbornv1.ControlSpec {
+	return &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
+		Target: "d", Attempts: &attempts, BaseWait: durationpb.New(time.Millisecond), MaxWait: durationpb.New(time.Millisecond),
+		OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL,
+	}}}
+}
+
+func TestStoresRunAndServe(t *testing.T) {
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			store := newStore(t, time.Second)()
+			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.Fail(codes.Internal, "no")}, "b": {controlstest.OK("yes")}})
+			m := newManager(t, d, runs.Config{Store: store, Lease: time.Second})
+			st, err := m.Start(context.Background(), "brief", chain("a", "b"), nil)
+			require.NoError(t, err)
+			evs := watchAll(t, m, st.GetRunId(), 0)
+			fin := final(t, evs)
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
+
+			// The store holds the same journal and the final state.
+			stored, err := store.Events(ctxFor(t), st.GetRunId(), 0)
+			require.NoError(t, err)
+			require.Len(t, stored, len(evs))
+			for i := range evs {
+				assert.True(t, proto.Equal(evs[i], stored[i]), "event %d", i+1)
+			}
+			got, err := store.State(ctxFor(t), st.GetRunId())
+			require.NoError(t, err)
+			assert.True(t, proto.Equal(fin, got))
+
+			// Follow replays a finished run and ends.
+			var followed []*stubbornv1.RunEvent
+			require.NoError(t, store.Follow(ctxFor(t), st.GetRunId(), 2, func(ev *stubbornv1.RunEvent) error {
+				followed = append(followed, ev)
+				return nil
+			}))
+			assert.Len(t, followed, len(evs)-2)
+			_, err = store.State(ctxFor(t), "run_nope")
+			assert.ErrorIs(t, err, runs.ErrNotFound)
+
+			list, _, err := m.List(ctxFor(t), stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, 10, "")
+			require.NoError(t, err)
+			assert.Len(t, list, 1)
+		})
+	}
+}
+
+// TestAStaleOwnerCannotWrite: a server frozen past its lease loses its run
+// to another, and when it wakes up its appends are refused.
+func TestAStaleOwnerCannotWrite(t *testing.T) {
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			const lease = 300 * time.Millisecond
+			open := newStore(t, lease)
+			store := open()
+			g := newGated(controls.DelegateInfo{Idempotent: true})
+			a := newManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+			st, err := a.Start(context.Background(), "brief", retrySpec(3), nil)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return g.called("") == 1 }, 5*time.Second, time.Millisecond)
+
+			a.PauseHeartbeats() // a freezes: it stops beating, its call hangs
+			b := newManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b", Clock: controls.RealClock{}})
+			// b takes the run over: the in-flight attempt comes back
+			// interrupted and, the delegate being idempotent, is retried.
+			require.Eventually(t, func() bool { return g.called("") == 2 }, 10*time.Second, 5*time.Millisecond)
+
+			// a wakes up: its hanging call answers, and its write is refused.
+			g.answer("brief", controlstest.OK("from a"))
+			g.answer("brief", controlstest.OK("from b"))
+			fin := final(t, watchAll(t, b, st.GetRunId(), 0))
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
+
+			journal, err := open().Events(ctxFor(t), st.GetRunId(), 0) // a reader of its own: reading makes a view current
+			require.NoError(t, err)
+			var resumed bool
+			for i, ev := range journal {
+				assert.EqualValues(t, i+1, ev.GetSeq(), "dense")
+				if r := ev.GetRunResumed(); r != nil {
+					resumed = true
+					assert.Equal(t, "b", r.GetOwner())
+				}
+				if resumed {
+					// Nothing a wrote after b took over got in.
+					if f := ev.GetAttemptFinished(); f != nil && f.GetAttempt().GetNumber() == 1 {
+						assert.Equal(t, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED, f.GetAttempt().GetOutcome())
+					}
+				}
+			}
+			assert.True(t, resumed)
+			err = a.AppendForTest(ctxFor(t), st.GetRunId())
+			assert.True(t, errors.Is(err, runs.ErrConflict), "a stale append is refused: %v", err)
+		})
+	}
+}
+
+// TestRestartResumesEveryRun: a server dies with runs in an attempt, in a
+// backoff and awaiting a decision; a new one on the same store finishes
+// them all, calls no non-idempotent delegate twice, and watchers resuming
+// from their last seq see every event once.
+func TestRestartResumesEveryRun(t *testing.T) {
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			const lease = 200 * time.Millisecond
+			open := newStore(t, lease)
+			store := open()
+			g := newGated(controls.DelegateInfo{Idempotent: true})
+			a, err := runs.New(runs.Config{Delegates: g, Store: store, Lease: lease, Owner: "a"})
+			require.NoError(t, err)
+
+			inAttempt, err := a.Start(context.Background(), "x", retrySpec(2), nil)
+			require.NoError(t, err)
+			backoff := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
+				Target: "d", BaseWait: durationpb.New(time.Second), MaxWait: durationpb.New(time.Second),
+			}}}
+			inBackoff, err := a.Start(context.Background(), "y", backoff, nil)
+			require.NoError(t, err)
+			g.answer("y", controlstest.Fail(codes.Unavailable, "busy"))
+			ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
+				Target: "d", Attempts: new(int32),
+			}}}
+			awaiting, err := a.Start(context.Background(), "z", ask, nil)
+			require.NoError(t, err)
+			g.answer("z", controlstest.Fail(codes.Unavailable, "busy"))
+			require.Eventually(t, func() bool {
+				st, err := a.Get(context.Background(), awaiting.GetRunId())
+				return err == nil && st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION && g.called("x") == 1
+			}, 5*time.Second, time.Millisecond)
+			seen := map[string]int64{}
+			for _, id := range []string{inAttempt.GetRunId(), inBackoff.GetRunId(), awaiting.GetRunId()} {
+				evs, err := store.Events(ctxFor(t), id, 0)
+				require.NoError(t, err)
+				seen[id] = int64(len(evs))
+			}
+			a.Kill()
+
+			b := newManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b", SoleOwner: true})
+			for _, brief := range []string{"x", "y", "z"} {
+				g.answer(brief, controlstest.OK("fine"))
+			}
+			require.Eventually(t, func() bool {
+				st, err := b.Get(context.Background(), awaiting.GetRunId())
+				return err == nil && st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION &&
+					b.Owns(awaiting.GetRunId())
+			}, 10*time.Second, 5*time.Millisecond, "the run awaiting a decision still awaits it")
+			assert.Equal(t, 1, g.called("z"), "a run awaiting a decision calls nobody until decided")
+			_, err = b.Decide(context.Background(), awaiting.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+			require.NoError(t, err)
+			for id, after := range seen {
+				rest := watchAll(t, b, id, after)
+				require.NotEmpty(t, rest, id)
+				for i, ev := range rest {
+					assert.Equal(t, after+int64(i)+1, ev.GetSeq(), "%s: no gap, no duplicate", id)
+				}
+				assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, rest).GetStatus(), id)
+			}
+		})
+	}
+}
