@@ -84,7 +84,7 @@ func (g *gated) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, 
 		return nil, ctx.Err()
 	}
 }
-func (g *gated) Info(string) controls.DelegateInfo      { return g.info }
+func (g *gated) Info(string) controls.DelegateInfo    { return g.info }
 func (g *gated) Serving(context.Context, string) bool { return true }
 func (g *gated) called(brief string) int {
 	g.mu.Lock()
