@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
 	"github.com/stubbornhq/stubborn/server"
 )
 
@@ -134,7 +136,21 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	defer stopDelegates()
 	entries = append(entries, delegates.Delegate{Name: "unreachable", Target: "127.0.0.1:1", Timeout: delegates.Duration(5 * time.Second)})
 	cfg := &delegates.Config{Delegates: entries}
-	s, err := server.New(server.Config{Registry: cfg, Logger: slog.New(slog.DiscardHandler)})
+	// The embedded default: runs kept in an in-process JetStream, here in a
+	// directory of its own that goes away with the demo.
+	dataDir, err := os.MkdirTemp("", "stubborn-demo-")
+	if err != nil {
+		return 1, err
+	}
+	defer func() { _ = os.RemoveAll(dataDir) }()
+	quiet := slog.New(slog.DiscardHandler)
+	store := storeFlags{dataDir: dataDir, durability: string(runs.SyncInterval), syncPeriod: time.Second, lease: runs.DefaultLease}
+	runsCfg, closeStore, err := store.open(ctx, quiet)
+	if err != nil {
+		return 1, err
+	}
+	defer closeStore()
+	s, err := server.New(server.Config{Registry: cfg, Logger: quiet, Runs: runsCfg})
 	if err != nil {
 		return 1, err
 	}

@@ -10,19 +10,23 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel"
+
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/server"
+	"github.com/stubbornhq/stubborn/telemetry"
 )
 
 const usage = `stubborn runs resilience controls over delegate gRPC services.
 
 Usage:
-  stubborn serve  [-config FILE] [-listen ADDR] [-log-format text|json]
+  stubborn serve  [-config FILE] [-listen ADDR] [-data-dir DIR | -nats-url URL | -memory] ... [-log-level L] [-metrics-listen ADDR]
   stubborn run    [-addr ADDR] [-json] -control C -brief TEXT ...   (stubborn run -h)
   stubborn watch  RUN_ID [-after SEQ] [-json]
   stubborn get    RUN_ID
@@ -93,10 +97,18 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 	configPath := fs.String("config", "stubborn.yaml", "delegates config (YAML)")
 	listen := fs.String("listen", defaultAddr, "address to serve gRPC on")
 	logFormat := fs.String("log-format", "text", "text or json")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error (debug adds error messages and failure reasons, which may quote briefs and results)")
+	metricsListen := fs.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (none when empty)")
+	var store storeFlags
+	store.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}
-	logger, err := newLogger(*logFormat, slog.LevelInfo)
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return 2, fmt.Errorf("-log-level must be debug, info, warn or error, got %q", *logLevel)
+	}
+	logger, err := newLogger(*logFormat, level)
 	if err != nil {
 		return 2, err
 	}
@@ -104,15 +116,54 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 	if err != nil {
 		return 2, err
 	}
-	s, err := server.New(server.Config{Registry: cfg, Logger: logger})
+	// Traces and metrics go where the OTEL_* environment says (nowhere when
+	// it says nothing), metrics also to -metrics-listen.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("opentelemetry", "err", err) }))
+	sdk, err := telemetry.Setup(ctx, telemetry.SetupOptions{Prometheus: *metricsListen != ""})
 	if err != nil {
-		return 1, err
+		return 2, fmt.Errorf("OpenTelemetry environment: %w", err)
 	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := sdk.Shutdown(sctx); err != nil {
+			logger.Warn("flushing telemetry", "err", err)
+		}
+	}()
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return 1, err
 	}
-	logger.Info("stubborn serving", "addr", lis.Addr().String(), "delegates", len(cfg.Delegates))
+	var metrics *http.Server
+	if *metricsListen != "" {
+		mlis, err := net.Listen("tcp", *metricsListen)
+		if err != nil {
+			_ = lis.Close()
+			return 1, fmt.Errorf("-metrics-listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", sdk.MetricsHandler)
+		metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = metrics.Serve(mlis) }()
+		logger.Info("metrics serving", "url", "http://"+mlis.Addr().String()+"/metrics")
+	}
+	runsCfg, closeStore, err := store.open(ctx, logger)
+	if err != nil {
+		_ = lis.Close()
+		return 1, err
+	}
+	defer closeStore()
+	s, err := server.New(server.Config{Registry: cfg, Logger: logger, Telemetry: sdk.Config(logger), Runs: runsCfg})
+	if err != nil {
+		_ = lis.Close()
+		if metrics != nil {
+			_ = metrics.Close()
+		}
+		return 1, err
+	}
+	traces, metricsTo := sdk.Describe()
+	logger.Info("stubborn serving", "addr", lis.Addr().String(), "delegates", len(cfg.Delegates),
+		"traces", traces, "metrics", metricsTo)
 	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(lis) }()
 	select {
@@ -121,6 +172,11 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 		logger.Info("shutting down")
 		s.Stop(10 * time.Second)
 		err = <-errc
+	}
+	if metrics != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = metrics.Shutdown(sctx)
+		cancel()
 	}
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		return 1, err

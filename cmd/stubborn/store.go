@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// storeFlags choose where runs are kept.
+type storeFlags struct {
+	natsURL    string
+	memory     bool
+	dataDir    string
+	durability string
+	syncPeriod time.Duration
+	replicas   int
+	lease      time.Duration
+	retention  time.Duration
+	maxBytes   int64
+}
+
+func (f *storeFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.natsURL, "nats-url", "", "keep runs in this NATS cluster's JetStream (several replicas share them) instead of the embedded server")
+	fs.BoolVar(&f.memory, "memory", false, "keep runs in memory only: lost when the process ends (tests, demos)")
+	fs.StringVar(&f.dataDir, "data-dir", ".stubborn/data", "embedded JetStream's directory")
+	fs.StringVar(&f.durability, "durability", "interval", "embedded: fsync on every write (always) or every -sync-period (interval)")
+	fs.DurationVar(&f.syncPeriod, "sync-period", time.Second, "embedded, -durability interval: how often to fsync")
+	fs.IntVar(&f.replicas, "replicas", 0, "copies of every stream and bucket (default 1 embedded, 3 with -nats-url)")
+	fs.DurationVar(&f.lease, "lease", runs.DefaultLease, "how long a replica may go silent before others take its runs over")
+	fs.DurationVar(&f.retention, "retention", 7*24*time.Hour, "how long a run is kept after its last event")
+	fs.Int64Var(&f.maxBytes, "max-bytes", 0, "bound on the events stream's size; the oldest runs go first (0: none)")
+}
+
+// open connects the store. close must be called after the server stopped.
+func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config, func(), error) {
+	rc := runs.Config{Lease: f.lease, Logger: logger}
+	if f.memory {
+		rc.CancelOnClose = true
+		return rc, func() {}, nil
+	}
+	js := runs.JetStreamConfig{Replicas: f.replicas, Retention: f.retention, MaxBytes: f.maxBytes, Lease: f.lease}
+	var (
+		nc      *nats.Conn
+		closeNS = func() {}
+		err     error
+	)
+	if f.natsURL != "" {
+		if js.Replicas == 0 {
+			js.Replicas = 3
+		}
+		nc, err = nats.Connect(f.natsURL, nats.Name("stubborn"), nats.MaxReconnects(-1))
+		if err != nil {
+			return rc, nil, fmt.Errorf("-nats-url: %w", err)
+		}
+		logger.Info("runs kept in NATS JetStream", "url", f.natsURL, "replicas", js.Replicas)
+	} else {
+		e, err := runs.StartEmbedded(runs.EmbeddedConfig{
+			DataDir: f.dataDir, Durability: runs.Durability(f.durability), SyncPeriod: f.syncPeriod,
+		})
+		if err != nil {
+			return rc, nil, err
+		}
+		nc, closeNS = e.Conn, e.Close
+		rc.SoleOwner = true
+		logger.Info("runs kept in embedded JetStream", "data_dir", f.dataDir, "durability", f.durability)
+	}
+	store, err := runs.NewJetStream(ctx, nc, js)
+	if err != nil {
+		nc.Close()
+		closeNS()
+		return rc, nil, err
+	}
+	rc.Store = store
+	return rc, func() { _ = store.Close(); closeNS() }, nil
+}
