@@ -3,6 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +19,16 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// Durability tests run this test binary as the server, to kill it.
+	if os.Getenv(childEnv) == "1" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code, err := run(ctx, os.Args[1:], os.Stdout)
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "stubborn:", err)
+		}
+		os.Exit(code)
+	}
 	goleak.VerifyTestMain(m)
 }
 
