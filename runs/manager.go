@@ -111,7 +111,8 @@ type Observer interface {
 	// st.Traceparent, which is persisted with the run. It returns the
 	// context the run's control runs in (runCtx with, say, a span) and a
 	// function that sees each event of the run as it is recorded, the last
-	// one being run_finished.
+	// one being run_finished; it gets nil once instead if this server stops
+	// driving the run without run_finished (shutdown, crash, takeover).
 	ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool) (context.Context, func(ev *stubbornv1.RunEvent))
 }
 
@@ -380,6 +381,9 @@ func (m *Manager) forget(r *run) {
 	r.cancel(ErrClosed)
 	if r.stopTimer != nil {
 		r.stopTimer()
+	}
+	if r.observe != nil {
+		r.observe(nil)
 	}
 	close(r.ready)
 	m.wg.Done()
@@ -804,6 +808,9 @@ func (r *run) loseLocked() {
 		return
 	}
 	r.lost = true
+	if r.observe != nil && !r.done {
+		r.observe(nil) // this server stops driving the run without run_finished
+	}
 	if !r.done {
 		close(r.ended)
 	}

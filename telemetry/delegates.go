@@ -1,0 +1,50 @@
+package telemetry
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/stubbornhq/stubborn/controls"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// Delegates wraps d so that each attempt's call runs inside the attempt's
+// span: the span ObserveRun's event handler starts at attempt_started (or
+// this wrapper, if the call comes first), a child of the run span. The
+// delegate call's otelgrpc client span is then the attempt span's child, and
+// the delegate gets that trace context. A judge's or an analyst's call about
+// an attempt (same attempt number, another delegate, or a second call) runs
+// under the attempt span too but does not count as the attempt. Calls whose
+// context did not come from ObserveRun pass through unchanged.
+func (t *Telemetry) Delegates(d controls.Delegates) controls.Delegates {
+	return &tracedDelegates{next: d}
+}
+
+type tracedDelegates struct {
+	next controls.Delegates
+}
+
+var _ controls.Delegates = (*tracedDelegates)(nil)
+
+func (d *tracedDelegates) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+	rs := runFrom(ctx)
+	if rs == nil {
+		return d.next.Call(ctx, c)
+	}
+	span, own := rs.beginCall(c)
+	if span != nil {
+		ctx = trace.ContextWithSpan(ctx, span)
+	}
+	res, err := d.next.Call(ctx, c)
+	if own {
+		rs.endCall(c.Attempt, err)
+	}
+	return res, err
+}
+
+func (d *tracedDelegates) Info(name string) controls.DelegateInfo { return d.next.Info(name) }
+
+func (d *tracedDelegates) Serving(ctx context.Context, name string) bool {
+	return d.next.Serving(ctx, name)
+}

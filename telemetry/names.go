@@ -1,0 +1,176 @@
+package telemetry
+
+import (
+	"strings"
+
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"google.golang.org/grpc/codes"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// ScopeName is the instrumentation scope of Stubborn's own spans and
+// metrics.
+const ScopeName = "github.com/stubbornhq/stubborn/telemetry"
+
+// Attribute keys of Stubborn's spans, span events and metrics. Where an
+// OpenTelemetry semantic convention exists (error.type,
+// rpc.response.status_code) it is used instead.
+const (
+	// RunIDKey is the run's id (spans and logs only: unbounded).
+	RunIDKey = attribute.Key("stubborn.run.id")
+	// ControlKey is the run's control: retry, retry_with_learning,
+	// fallback_chain or race.
+	ControlKey = attribute.Key("stubborn.control")
+	// RunStatusKey is how a run ended: succeeded, exhausted, failed or
+	// cancelled.
+	RunStatusKey = attribute.Key("stubborn.run.status")
+	// RunAttemptsKey is ControlState.attempts when the run ended.
+	RunAttemptsKey = attribute.Key("stubborn.run.attempts")
+	// RunWinnerKey is the delegate whose result won; absent when none did.
+	RunWinnerKey = attribute.Key("stubborn.run.winner")
+	// RunResumedKey says the run was taken over after a restart.
+	RunResumedKey = attribute.Key("stubborn.run.resumed")
+	// DelegateKey is a delegate's (or preset's) registry name.
+	DelegateKey = attribute.Key("stubborn.delegate")
+	// AttemptNumberKey is the run-wide attempt number (Attempt.number).
+	AttemptNumberKey = attribute.Key("stubborn.attempt.number")
+	// AttemptOutcomeKey is how an attempt ended: succeeded, error, rejected,
+	// cancelled, skipped, interrupted (or unfinished when the run ended
+	// first).
+	AttemptOutcomeKey = attribute.Key("stubborn.attempt.outcome")
+	// AttemptTransientKey says a failed attempt's error is one a retry may
+	// fix (controls.Transient); false for every other failure.
+	AttemptTransientKey = attribute.Key("stubborn.attempt.transient")
+	// UpstreamHTTPStatusKey is the UpstreamStatus a delegate attached.
+	UpstreamHTTPStatusKey = attribute.Key("stubborn.upstream.http_status")
+	// PathKey is where a nested preset's attempt or event sits
+	// (Attempt.path); absent for the run's own control.
+	PathKey = attribute.Key("stubborn.path")
+	// ReasonKey is why a retry was suppressed, one of the Reason* values.
+	ReasonKey = attribute.Key("stubborn.reason")
+	// BackoffFromHintKey says a backoff wait came from the delegate's hint.
+	BackoffFromHintKey = attribute.Key("stubborn.backoff.from_hint")
+)
+
+// Values of ReasonKey: why no retry followed a failure (from
+// FailureRecord.not_retried_reason).
+const (
+	ReasonBudget        = "budget"         // the retry budget is exhausted
+	ReasonNotIdempotent = "not_idempotent" // the delegate is neither idempotent nor read_only
+	ReasonHintOverCap   = "hint_over_cap"  // the delegate's retry hint exceeds max_wait
+	ReasonHintNoRetry   = "hint_no_retry"  // the delegate's hint says not to retry
+	ReasonNotTransient  = "not_transient"  // the error is not one a retry may fix
+	ReasonRejected      = "rejected"       // the failure criteria rejected an answer; only errors are retried
+	ReasonExhausted     = "exhausted"      // the round's retries ran out
+	ReasonDeadline      = "deadline"       // the wait would end after the run's deadline
+	ReasonOther         = "other"          // anything else
+)
+
+// SuppressedReason classifies a FailureRecord.not_retried_reason into one of
+// the fixed Reason* values, so that metrics never carry free text. It
+// returns "" for "" (a retry followed).
+func SuppressedReason(s string) string {
+	switch {
+	case s == "":
+		return ""
+	case strings.Contains(s, "failure criteria rejected"):
+		return ReasonRejected
+	case strings.HasPrefix(s, "not transient"):
+		return ReasonNotTransient
+	case strings.Contains(s, "neither idempotent nor read_only"), strings.Contains(s, "not idempotent"):
+		return ReasonNotIdempotent
+	case strings.HasPrefix(s, "retry hint") && strings.Contains(s, "exceeds"):
+		return ReasonHintOverCap
+	case strings.HasPrefix(s, "retry hint"), strings.Contains(s, "pushback"):
+		return ReasonHintNoRetry
+	case strings.Contains(s, "budget"):
+		return ReasonBudget
+	case strings.HasPrefix(s, "retries exhausted"):
+		return ReasonExhausted
+	case strings.Contains(s, "deadline"):
+		return ReasonDeadline
+	}
+	return ReasonOther
+}
+
+// ControlName is the name of a spec's control as attributes carry it.
+func ControlName(spec *stubbornv1.ControlSpec) string {
+	switch spec.GetKind().(type) {
+	case *stubbornv1.ControlSpec_Retry:
+		return "retry"
+	case *stubbornv1.ControlSpec_RetryWithLearning:
+		return "retry_with_learning"
+	case *stubbornv1.ControlSpec_FallbackChain:
+		return "fallback_chain"
+	case *stubbornv1.ControlSpec_Race:
+		return "race"
+	}
+	return "unknown"
+}
+
+// enumNames maps each value of a proto enum to its name without prefix, in
+// lower case (RUN_STATUS_SUCCEEDED → succeeded), computed once.
+func enumNames(names map[int32]string, prefix string) map[int32]string {
+	out := make(map[int32]string, len(names))
+	for v, n := range names {
+		out[v] = strings.ToLower(strings.TrimPrefix(n, prefix))
+	}
+	return out
+}
+
+var (
+	statusNames   = enumNames(stubbornv1.RunStatus_name, "RUN_STATUS_")
+	outcomeNames  = enumNames(stubbornv1.AttemptOutcome_name, "ATTEMPT_OUTCOME_")
+	decisionNames = enumNames(stubbornv1.Decision_name, "DECISION_")
+)
+
+// StatusName is a run status as attributes carry it (succeeded, failed, …).
+func StatusName(s stubbornv1.RunStatus) string {
+	if n, ok := statusNames[int32(s)]; ok {
+		return n
+	}
+	return "unknown"
+}
+
+// OutcomeName is an attempt outcome as attributes carry it (succeeded,
+// error, …).
+func OutcomeName(o stubbornv1.AttemptOutcome) string {
+	if o == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_UNSPECIFIED {
+		return "unfinished"
+	}
+	if n, ok := outcomeNames[int32(o)]; ok {
+		return n
+	}
+	return "unknown"
+}
+
+func decisionName(d stubbornv1.Decision) string {
+	if n, ok := decisionNames[int32(d)]; ok {
+		return n
+	}
+	return "unknown"
+}
+
+// grpcCodeNames are the canonical names of the gRPC codes, as
+// rpc.response.status_code and error.type carry them.
+var grpcCodeNames = [...]string{
+	"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+	"ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+	"ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+	"UNAUTHENTICATED",
+}
+
+func codeName(c codes.Code) string {
+	if int(c) < len(grpcCodeNames) {
+		return grpcCodeNames[c]
+	}
+	return "CODE_" + c.String()
+}
+
+// errorAttrs are the semantic-convention attributes of a failed attempt.
+func errorAttrs(c codes.Code) []attribute.KeyValue {
+	n := codeName(c)
+	return []attribute.KeyValue{semconv.ErrorTypeKey.String(n), semconv.RPCResponseStatusCode(n)}
+}

@@ -1,0 +1,165 @@
+// Package telemetry is Stubborn's OpenTelemetry and log glue: a span per run
+// and per attempt, joined to the caller's trace and to the delegates'; the
+// stubborn.* metrics; a structured log line for each step of a run; gRPC
+// stats handlers for the server and the delegate clients; and the OTel SDK
+// set up from the standard OTEL_* environment variables, with an optional
+// Prometheus scrape handler.
+//
+// A [Telemetry] implements the runs package's Observer (ObserveRun) and wraps
+// the delegates ([Telemetry.Delegates]). Its providers are injected through
+// [Config], so tests use in-memory ones and nothing here touches the global
+// providers.
+package telemetry
+
+import (
+	"log/slog"
+
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc/stats"
+)
+
+// Config says where Stubborn's telemetry goes. The zero value records no
+// span and no metric, yet still carries the callers' W3C trace context on
+// to the delegates, and logs runs to slog.Default().
+type Config struct {
+	// TracerProvider makes Stubborn's spans and otelgrpc's. Nil means none
+	// are recorded (a no-op provider).
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the stubborn.* metrics and otelgrpc's rpc.*
+	// metrics. Nil means none are recorded (a no-op provider).
+	MeterProvider metric.MeterProvider
+	// Propagator reads and writes trace context on gRPC metadata. Nil means
+	// W3C trace context and baggage.
+	Propagator propagation.TextMapPropagator
+	// Logger receives a line for each step of every run. Nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Telemetry observes runs and delegate calls. It is safe for concurrent use.
+type Telemetry struct {
+	tp     trace.TracerProvider
+	mp     metric.MeterProvider
+	prop   propagation.TextMapPropagator
+	tracer trace.Tracer
+	logger *slog.Logger
+	m      instruments
+}
+
+// New builds a Telemetry from cfg. It fails only when an instrument cannot
+// be created.
+func New(cfg Config) (*Telemetry, error) {
+	t := &Telemetry{tp: cfg.TracerProvider, mp: cfg.MeterProvider, prop: cfg.Propagator, logger: cfg.Logger}
+	if t.tp == nil {
+		t.tp = tracenoop.NewTracerProvider()
+	}
+	if t.mp == nil {
+		t.mp = metricnoop.NewMeterProvider()
+	}
+	if t.prop == nil {
+		t.prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	if t.logger == nil {
+		t.logger = slog.Default()
+	}
+	t.tracer = t.tp.Tracer(ScopeName)
+	m, err := newInstruments(t.mp.Meter(ScopeName))
+	if err != nil {
+		return nil, err
+	}
+	t.m = m
+	return t, nil
+}
+
+// ServerHandler returns the stats handler for Stubborn's gRPC server
+// (grpc.StatsHandler): otelgrpc's, which makes a server span per RPC (health
+// checks excluded) as a child of the caller's trace context and records the
+// rpc.server.* metrics. It also gives each RPC's context a slot for its run
+// id, which [SetRunID] fills and [LogFields] reads.
+func (t *Telemetry) ServerHandler() stats.Handler {
+	return runSlotHandler{otelgrpc.NewServerHandler(
+		otelgrpc.WithTracerProvider(t.tp),
+		otelgrpc.WithMeterProvider(t.mp),
+		otelgrpc.WithPropagators(t.prop),
+		otelgrpc.WithFilter(filters.Not(filters.HealthCheck())),
+	)}
+}
+
+// ClientHandler returns the stats handler for the delegate connections
+// (grpc.WithStatsHandler): otelgrpc's, which makes a client span per call as
+// a child of the attempt's span, sends the trace context to the delegate and
+// records the rpc.client.* metrics.
+func (t *Telemetry) ClientHandler() stats.Handler {
+	return otelgrpc.NewClientHandler(
+		otelgrpc.WithTracerProvider(t.tp),
+		otelgrpc.WithMeterProvider(t.mp),
+		otelgrpc.WithPropagators(t.prop),
+	)
+}
+
+// Durations are in seconds (the semantic conventions' unit); the buckets
+// reach minutes, as delegates may be slow models and waits long.
+var (
+	attemptBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30, 60, 120, 300}
+	backoffBuckets = []float64{0, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
+	runBuckets     = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
+)
+
+// instruments are the stubborn.* metrics (README, "Observability").
+type instruments struct {
+	runsStarted     metric.Int64Counter
+	runsResumed     metric.Int64Counter
+	runsFinished    metric.Int64Counter
+	runDuration     metric.Float64Histogram
+	runsActive      metric.Int64UpDownCounter
+	runsAwaiting    metric.Int64UpDownCounter
+	attempts        metric.Int64Counter
+	attemptDuration metric.Float64Histogram
+	backoff         metric.Float64Histogram
+	suppressed      metric.Int64Counter
+}
+
+func newInstruments(m metric.Meter) (instruments, error) {
+	var (
+		in   instruments
+		errs []error
+	)
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	updown := func(name, unit, desc string) metric.Int64UpDownCounter {
+		c, err := m.Int64UpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	histogram := func(name, desc string, buckets []float64) metric.Float64Histogram {
+		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
+			metric.WithExplicitBucketBoundaries(buckets...))
+		errs = append(errs, err)
+		return h
+	}
+	in.runsStarted = counter("stubborn.runs.started", "{run}", "Runs started, by control.")
+	in.runsResumed = counter("stubborn.runs.resumed", "{run}", "Runs taken over after their previous owner stopped, by control.")
+	in.runsFinished = counter("stubborn.runs.finished", "{run}", "Runs ended, by control and final status.")
+	in.runDuration = histogram("stubborn.run.duration", "How long runs took, from when this server began driving them to their end, by control and final status.", runBuckets)
+	in.runsActive = updown("stubborn.runs.active", "{run}", "Runs this server is driving now (in flight), by control.")
+	in.runsAwaiting = updown("stubborn.runs.awaiting_decision", "{run}", "Runs waiting for DecideRun now, by control.")
+	in.attempts = counter("stubborn.attempts", "{attempt}", "Attempts ended, by delegate and outcome.")
+	in.attemptDuration = histogram("stubborn.attempt.duration", "How long attempts took, judging included, by delegate and outcome.", attemptBuckets)
+	in.backoff = histogram("stubborn.backoff.duration", "Backoff waits scheduled before retries, by delegate and whether the delegate's hint set them.", backoffBuckets)
+	in.suppressed = counter("stubborn.retries.suppressed", "{retry}", "Failures the retry control did not retry, by delegate and reason.")
+	for _, err := range errs {
+		if err != nil {
+			return instruments{}, err
+		}
+	}
+	return in, nil
+}
