@@ -257,3 +257,40 @@ func TestRestartResumesEveryRun(t *testing.T) {
 		})
 	}
 }
+
+// TestCommandsReachTheDriver: any server answers for any run, and carries
+// CancelRun and DecideRun to the server that drives it.
+func TestCommandsReachTheDriver(t *testing.T) {
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			open := newStore(t, time.Second)
+			g := newGated(controls.DelegateInfo{Idempotent: true})
+			a := newManager(t, g, runs.Config{Store: open(), Lease: time.Second, Owner: "a"})
+			b := newManager(t, g, runs.Config{Store: open(), Lease: time.Second, Owner: "b"})
+			ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
+			st, err := a.Start(context.Background(), "ask", ask, nil)
+			require.NoError(t, err)
+			g.answer("ask", controlstest.Fail(codes.Unavailable, "busy"))
+			require.Eventually(t, func() bool {
+				got, err := b.Get(context.Background(), st.GetRunId())
+				return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
+			}, 10*time.Second, 5*time.Millisecond, "b sees the state a saved")
+
+			g.answer("ask", controlstest.OK("second time lucky"))
+			got, err := b.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+			require.NoError(t, err, "b carries the decision to a")
+			assert.NotEqual(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus())
+			fin := final(t, watchAll(t, b, st.GetRunId(), 0)) // b follows a's run through the store
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
+			_, err = b.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+			assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
+
+			hang, err := a.Start(context.Background(), "hang", retrySpec(1), nil)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return g.called("hang") == 1 }, 10*time.Second, time.Millisecond)
+			cancelled, err := b.Cancel(context.Background(), hang.GetRunId())
+			require.NoError(t, err, "b carries the cancel to a")
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, cancelled.GetStatus())
+		})
+	}
+}
