@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/grpc/codes"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -219,18 +220,11 @@ func Transient(ce *CallError) (bool, string) {
 	return false, "not transient: " + codeName(ce.Code)
 }
 
-// codeNames are the canonical names of the gRPC codes (google.rpc.Code);
-// codes.Code.String() spells them in Go's camel case instead.
-var codeNames = [...]string{
-	"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-	"ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-	"ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-	"UNAUTHENTICATED",
-}
-
+// codeName is a gRPC code's canonical name (google.rpc.Code), such as
+// UNAVAILABLE; codes.Code.String() spells it in Go's camel case instead.
 func codeName(c codes.Code) string {
-	if int(c) < len(codeNames) {
-		return codeNames[c]
+	if n, ok := rpccode.Code_name[int32(c)]; ok {
+		return n
 	}
 	return fmt.Sprintf("CODE_%d", uint32(c))
 }

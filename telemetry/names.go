@@ -5,6 +5,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/grpc/codes"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -153,18 +154,11 @@ func decisionName(d stubbornv1.Decision) string {
 	return "unknown"
 }
 
-// grpcCodeNames are the canonical names of the gRPC codes, as
+// codeName is a gRPC code's canonical name (google.rpc.Code), as
 // rpc.response.status_code and error.type carry them.
-var grpcCodeNames = [...]string{
-	"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-	"ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-	"ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-	"UNAUTHENTICATED",
-}
-
 func codeName(c codes.Code) string {
-	if int(c) < len(grpcCodeNames) {
-		return grpcCodeNames[c]
+	if n, ok := rpccode.Code_name[int32(c)]; ok {
+		return n
 	}
 	return "CODE_" + c.String()
 }
