@@ -272,7 +272,18 @@ func (s *JetStream) State(ctx context.Context, runID string) (*stubbornv1.Contro
 
 // States calls fn with every snapshot.
 func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState) bool) error {
-	w, err := s.states.WatchAll(ctx, jetstream.IgnoreDeletes())
+	return eachEntry(ctx, s.states, func(e jetstream.KeyValueEntry) (bool, error) {
+		st := &stubbornv1.ControlState{}
+		if err := proto.Unmarshal(e.Value(), st); err != nil {
+			return false, err
+		}
+		return fn(st), nil
+	})
+}
+
+// eachEntry calls fn with every current entry of kv until fn returns false.
+func eachEntry(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry) (bool, error)) error {
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return err
 	}
@@ -281,14 +292,10 @@ func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState
 		select {
 		case e := <-w.Updates():
 			if e == nil {
-				return nil // all current values delivered
+				return nil // every current entry delivered
 			}
-			st := &stubbornv1.ControlState{}
-			if err := proto.Unmarshal(e.Value(), st); err != nil {
+			if more, err := fn(e); err != nil || !more {
 				return err
-			}
-			if !fn(st) {
-				return nil
 			}
 		case <-ctx.Done():
 			return ctx.Err()
@@ -331,24 +338,9 @@ func (s *JetStream) Claim(ctx context.Context, runID, owner string) error {
 
 // Owners calls fn with every run that has a driver.
 func (s *JetStream) Owners(ctx context.Context, fn func(runID, owner string) bool) error {
-	w, err := s.owners.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return err
-	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case e := <-w.Updates():
-			if e == nil {
-				return nil
-			}
-			if !fn(e.Key(), string(e.Value())) {
-				return nil
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	return eachEntry(ctx, s.owners, func(e jetstream.KeyValueEntry) (bool, error) {
+		return fn(e.Key(), string(e.Value())), nil
+	})
 }
 
 // TakeOver swaps the run's owner from from to owner at the revision read,

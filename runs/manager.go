@@ -314,8 +314,8 @@ func (m *Manager) takeOverOrphans(sole bool) {
 // Start accepts a run and starts its control in the background. The request
 // must already be valid. It returns the run's state when accepted.
 //
-// ctx is the request's context: it is used for tracing only, since the run
-// outlives the request.
+// ctx is the request's context: it is used for tracing, and for the tenant
+// the run belongs to (TenantFrom), since the run outlives the request.
 func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (*stubbornv1.ControlState, error) {
 	id := newID()
 	opts = proto.CloneOf(opts)
@@ -334,8 +334,9 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 		Options:    opts,
 		CreateTime: timestamppb.New(now),
 		UpdateTime: timestamppb.New(now),
+		Tenant:     TenantFrom(ctx),
 	}
-	r, err := m.admit(id)
+	r, err := m.admit(id, state.GetTenant())
 	if err != nil {
 		return nil, err
 	}
@@ -355,10 +356,10 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 	return accepted, nil
 }
 
-// admit registers a local run, unless the manager is closed.
-func (m *Manager) admit(id string) (*run, error) {
+// admit registers a local run of tenant, unless the manager is closed.
+func (m *Manager) admit(id, tenant string) (*run, error) {
 	r := &run{
-		id: id, store: m.store, log: m.log, lastStatus: -1,
+		id: id, tenant: tenant, store: m.store, log: m.log, lastStatus: -1,
 		ready: make(chan struct{}), changed: make(chan struct{}), ended: make(chan struct{}),
 	}
 	m.mu.Lock()
@@ -424,7 +425,7 @@ func (m *Manager) resume(id, from string) error {
 	if state == nil {
 		return fmt.Errorf("run %s: journal does not start with run_started", id)
 	}
-	r, err := m.admit(id)
+	r, err := m.admit(id, state.GetTenant())
 	if err != nil {
 		return err
 	}
@@ -519,12 +520,28 @@ func (m *Manager) local(id string) *run {
 	return r
 }
 
-// Get returns a run's current state.
+// Get returns a run's current state. A run of another tenant than ctx's
+// is ErrNotFound, as every method of the Manager reports it.
 func (m *Manager) Get(ctx context.Context, id string) (*stubbornv1.ControlState, error) {
 	if r := m.local(id); r != nil && !r.isLost() {
+		if err := visible(ctx, id, r.tenant); err != nil {
+			return nil, err
+		}
 		return r.tracker.Snapshot(), nil
 	}
-	return m.store.State(ctx, id)
+	return m.state(ctx, id)
+}
+
+// state returns the run's stored state if ctx's tenant may see it.
+func (m *Manager) state(ctx context.Context, id string) (*stubbornv1.ControlState, error) {
+	st, err := m.store.State(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := visible(ctx, id, st.GetTenant()); err != nil {
+		return nil, err
+	}
+	return st, nil
 }
 
 // Watch sends the run's events with seq > afterSeq, then live ones as they
@@ -534,6 +551,9 @@ func (m *Manager) Get(ctx context.Context, id string) (*stubbornv1.ControlState,
 func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send func(*stubbornv1.RunEvent) error) error {
 	next := afterSeq
 	if r := m.local(id); r != nil {
+		if err := visible(ctx, id, r.tenant); err != nil {
+			return err
+		}
 		for {
 			evs, changed, done, lost := r.since(next)
 			for _, ev := range evs {
@@ -557,7 +577,7 @@ func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send fun
 				return ctx.Err()
 			}
 		}
-	} else if _, err := m.store.State(ctx, id); err != nil {
+	} else if _, err := m.state(ctx, id); err != nil {
 		return err
 	}
 	return m.store.Follow(ctx, id, next, send)
@@ -576,11 +596,17 @@ func (m *Manager) Decide(ctx context.Context, id string, d stubbornv1.Decision) 
 
 // command carries out cmd here if this server drives the run, or sends it
 // to the server that does.
+//
+// Only ctx's tenant may command its runs: that is checked here, on the
+// server the command arrives at, before it is carried out or sent on.
 func (m *Manager) command(ctx context.Context, cmd *Command) (*stubbornv1.ControlState, error) {
 	if r := m.local(cmd.RunID); r != nil && !r.isLost() {
+		if err := visible(ctx, cmd.RunID, r.tenant); err != nil {
+			return nil, err
+		}
 		return m.handle(ctx, cmd)
 	}
-	st, err := m.store.State(ctx, cmd.RunID)
+	st, err := m.state(ctx, cmd.RunID)
 	if err != nil {
 		return nil, err
 	}
@@ -648,9 +674,9 @@ func isTerminal(s stubbornv1.RunStatus) bool {
 	return false
 }
 
-// List returns runs newest first, filtered by status when it is not
-// UNSPECIFIED, pageSize at most, and the token of the next page ("" when
-// this is the last).
+// List returns ctx's tenant's runs newest first, filtered by status when it
+// is not UNSPECIFIED, pageSize at most, and the token of the next page (""
+// when this is the last).
 func (m *Manager) List(ctx context.Context, status stubbornv1.RunStatus, pageSize int, pageToken string) ([]*stubbornv1.ControlState, string, error) {
 	var after *listKey
 	if pageToken != "" {
@@ -660,8 +686,12 @@ func (m *Manager) List(ctx context.Context, status stubbornv1.RunStatus, pageSiz
 		}
 		after = &k
 	}
+	tenant := TenantFrom(ctx)
 	var all []*stubbornv1.ControlState
 	if err := m.store.States(ctx, func(st *stubbornv1.ControlState) bool {
+		if st.GetTenant() != tenant {
+			return true // another tenant's: not there, as far as ctx can tell
+		}
 		if r := m.local(st.GetRunId()); r != nil && !r.isLost() {
 			st = r.tracker.Snapshot() // fresher than the stored one
 		}
@@ -739,6 +769,7 @@ func newID() string {
 // of its events for fast watching.
 type run struct {
 	id        string
+	tenant    string // ControlState.tenant: who may see the run
 	order     uint64
 	store     Store
 	log       *slog.Logger
