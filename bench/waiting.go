@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +46,19 @@ func measureMem() memPoint {
 	return memPoint{heap: int64(ms.HeapAlloc), stack: int64(ms.StackInuse), rss: rss(), goroutines: runtime.NumGoroutine()}
 }
 
+// writeHeapProfile writes the live heap, as of the last GC, to file.
+func writeHeapProfile(file string) error {
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
 // cpuPercent returns the process's CPU use over d, in % of one core.
 func cpuPercent(d time.Duration) float64 {
 	c0, t0 := cpuTime(), time.Now()
@@ -58,7 +73,7 @@ func cpuPercent(d time.Duration) float64 {
 // runWaiting starts n retry runs whose first attempt fails and whose backoff
 // wait is drawn from [0, 1000h], so that they all sit in backoff; measures
 // memory per waiting run and CPU while they all wait; then cancels them.
-func runWaiting(ctx context.Context, w *world, store string, n int, idle time.Duration, conc int) (WaitingResult, error) {
+func runWaiting(ctx context.Context, w *world, store string, n int, idle time.Duration, conc int, heapProfile string) (WaitingResult, error) {
 	res := WaitingResult{Store: store, Runs: n}
 	s, err := startStubborn(w, store, 1)
 	if err != nil {
@@ -111,7 +126,7 @@ func runWaiting(ctx context.Context, w *world, store string, n int, idle time.Du
 	// scheduled.
 	for {
 		if w.flaky1.calls.Load()-calls0 >= int64(n) {
-			list, _, err := s.srv.Runs.List(context.Background(), stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF, n+1, "")
+			list, _, err := s.srv.Runs.List(ctx, stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF, n+1, "")
 			if err != nil {
 				return res, err
 			}
@@ -127,6 +142,11 @@ func runWaiting(ctx context.Context, w *world, store string, n int, idle time.Du
 	res.StartSeconds = time.Since(t0).Seconds()
 
 	after := measureMem()
+	if heapProfile != "" {
+		if err := writeHeapProfile(heapProfile); err != nil {
+			return res, err
+		}
+	}
 	per := func(a, b int64) float64 { return float64(b-a) / float64(n) }
 	res.HeapBytesPerRun = per(before.heap, after.heap)
 	res.StackBytesPerRun = per(before.stack, after.stack)

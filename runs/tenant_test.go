@@ -32,7 +32,7 @@ func TestTenantsSeeOnlyTheirOwnRuns(t *testing.T) {
 	assert.Equal(t, "a", st.GetTenant())
 	done, err := m1.Start(ctxB, "brief", chain("ok"), nil)
 	require.NoError(t, err)
-	watchAll(t, m1, done.GetRunId(), 0) // b's own, finished run
+	require.NoError(t, m1.Watch(ctxB, done.GetRunId(), 0, func(*stubbornv1.RunEvent) error { return nil })) // b's own run, to its end
 
 	const unknown = "run_doesnotexist"
 	sameAsUnknown := func(t *testing.T, err, errUnknown error) {

@@ -1805,7 +1805,15 @@ type ControlState struct {
 	// W3C traceparent of the request that started the run, so that its
 	// spans, and those of a run resumed after a restart, join the caller's
 	// trace. Empty when the caller sent no trace context.
-	Traceparent   string `protobuf:"bytes,15,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Traceparent string `protobuf:"bytes,15,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// The tenant that started the run: the one its caller authenticated as
+	// (bearer token or client certificate). Set by the server when the run
+	// is accepted and never changed. Only that tenant sees the run: to every
+	// other tenant, GetRun, WatchRun, CancelRun and DecideRun answer
+	// NOT_FOUND and ListRuns leaves it out. Empty means the default tenant:
+	// a server without authentication runs every caller as it (and runs
+	// recorded before tenants existed belong to it).
+	Tenant        string `protobuf:"bytes,16,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1941,6 +1949,13 @@ func (x *ControlState) GetEndTime() *timestamppb.Timestamp {
 func (x *ControlState) GetTraceparent() string {
 	if x != nil {
 		return x.Traceparent
+	}
+	return ""
+}
+
+func (x *ControlState) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -3133,7 +3148,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x13retry_with_learning\x18\x02 \x01(\v2\".stubborn.v1.RetryWithLearningSpecH\x00R\x11retryWithLearning\x12G\n" +
 	"\x0efallback_chain\x18\x03 \x01(\v2\x1e.stubborn.v1.FallbackChainSpecH\x00R\rfallbackChain\x12+\n" +
 	"\x04race\x18\x04 \x01(\v2\x15.stubborn.v1.RaceSpecH\x00R\x04raceB\x06\n" +
-	"\x04kind\"\xb0\x05\n" +
+	"\x04kind\"\xc8\x05\n" +
 	"\fControlState\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12+\n" +
@@ -3154,7 +3169,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\vupdate_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x125\n" +
 	"\bend_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12 \n" +
-	"\vtraceparent\x18\x0f \x01(\tR\vtraceparent\"\x97\x01\n" +
+	"\vtraceparent\x18\x0f \x01(\tR\vtraceparent\x12\x16\n" +
+	"\x06tenant\x18\x10 \x01(\tR\x06tenant\"\x97\x01\n" +
 	"\fAttemptError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1f\n" +

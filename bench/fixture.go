@@ -1,0 +1,300 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/stubbornhq/stubborn/delegates"
+	"github.com/stubbornhq/stubborn/delegates/demo"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/server"
+)
+
+// Delegate names in the Stubborn registry the harness builds.
+const (
+	echoName    = "echo"    // demo.Echo: scenarios 1–3
+	flaky2Name  = "flaky2"  // attempts 1 and 2 fail: scenario 4
+	flaky1Name  = "flaky1"  // attempt 1 fails: scenario 5
+	watchedName = "watched" // gated, then fails until its last attempt: scenario 6
+)
+
+// stores are the run stores the Stubborn scenarios can run on, by -store
+// name. Each adjusts the server config and returns a cleanup. Only the
+// in-memory journal exists today; the durable JetStream modes (issue #8,
+// item 7: one entry per durability setting) are added here.
+var stores = map[string]func(cfg *server.Config) (cleanup func(), err error){
+	"memory": func(*server.Config) (func(), error) { return func() {}, nil },
+}
+
+func storeNames() string {
+	names := make([]string, 0, len(stores))
+	for n := range stores {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return strings.Join(names, ",")
+}
+
+// failFirst fails every attempt whose number is at most n with UNAVAILABLE
+// and echoes otherwise. It keys on ExecuteRequest.attempt, so the failures
+// are deterministic per run however many runs call it at once.
+type failFirst struct {
+	stubbornv1.UnimplementedDelegateServiceServer
+	n     int32
+	calls atomic.Int64
+}
+
+func (f *failFirst) Execute(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+	f.calls.Add(1)
+	if req.GetAttempt() <= f.n {
+		return nil, status.Errorf(codes.Unavailable, "bench: attempt %d of run %s fails", req.GetAttempt(), req.GetRunId())
+	}
+	return demo.Echo{}.Execute(ctx, req)
+}
+
+// watched holds a run's first attempt until its gate opens (so that every
+// watcher is attached before the live events start), then fails every
+// attempt before attempt last, and echoes on attempt last.
+type watched struct {
+	stubbornv1.UnimplementedDelegateServiceServer
+	last int32
+	gate atomic.Pointer[chan struct{}]
+}
+
+func (w *watched) Execute(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+	if req.GetAttempt() == 1 {
+		if g := w.gate.Load(); g != nil {
+			select {
+			case <-*g:
+			case <-ctx.Done():
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+		}
+	}
+	if req.GetAttempt() < w.last {
+		return nil, status.Errorf(codes.Unavailable, "bench: attempt %d fails", req.GetAttempt())
+	}
+	return demo.Echo{}.Execute(ctx, req)
+}
+
+// proxy is the physical limit Stubborn is compared with: a DelegateService
+// that forwards Execute, and nothing else, over one shared connection.
+type proxy struct {
+	stubbornv1.UnimplementedDelegateServiceServer
+	next stubbornv1.DelegateServiceClient
+}
+
+func (p proxy) Execute(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+	return p.next.Execute(ctx, req)
+}
+
+// streamer is the physical limit of Run's shape: a ControlService whose Run
+// forwards the brief to the delegate, like the proxy, then streams the
+// events of a run captured from Stubborn (the same messages, the same
+// sizes), with no bookkeeping at all.
+type streamer struct {
+	stubbornv1.UnimplementedControlServiceServer
+	next   stubbornv1.DelegateServiceClient
+	events []*stubbornv1.RunEvent
+}
+
+func (s *streamer) Run(req *stubbornv1.RunRequest, stream grpc.ServerStreamingServer[stubbornv1.RunResponse]) error {
+	if _, err := s.next.Execute(stream.Context(), &stubbornv1.ExecuteRequest{Brief: req.GetTaskBrief()}); err != nil {
+		return err
+	}
+	for _, ev := range s.events {
+		if err := stream.Send(&stubbornv1.RunResponse{Event: ev}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startStreamer serves a streamer of events on loopback and returns a
+// client of it.
+func (w *world) startStreamer(events []*stubbornv1.RunEvent) (stubbornv1.ControlServiceClient, error) {
+	next, err := w.dial(w.echoAddr)
+	if err != nil {
+		return nil, err
+	}
+	lis, err := listen()
+	if err != nil {
+		return nil, err
+	}
+	gs := grpc.NewServer()
+	stubbornv1.RegisterControlServiceServer(gs, &streamer{next: stubbornv1.NewDelegateServiceClient(next), events: events})
+	go func() { _ = gs.Serve(lis) }()
+	w.servers = append(w.servers, gs)
+	c, err := w.dial(lis.Addr().String())
+	if err != nil {
+		return nil, err
+	}
+	return stubbornv1.NewControlServiceClient(c), nil
+}
+
+// world is everything the scenarios share: the delegate servers, the plain
+// proxy, and the client connections to them.
+type world struct {
+	servers []*grpc.Server
+	conns   []*grpc.ClientConn
+
+	echoAddr string
+	direct   stubbornv1.DelegateServiceClient // caller → delegate
+	proxied  stubbornv1.DelegateServiceClient // caller → proxy → delegate
+
+	flaky1  *failFirst
+	watched *watched
+	reg     *delegates.Config
+}
+
+func listen() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
+
+func dial(addr string) (*grpc.ClientConn, error) {
+	return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// newWorld starts the delegate servers and the proxy on loopback.
+func newWorld(watchAttempts int) (*world, error) {
+	w := &world{
+		flaky1:  &failFirst{n: 1},
+		watched: &watched{last: int32(watchAttempts)},
+		reg: &delegates.Config{
+			// Scenario 5 waits far longer than any measurement, so that no
+			// full-jitter draw ends a wait while it is being measured.
+			Limits: delegates.Limits{MaxWait: delegates.Duration(1000 * time.Hour)},
+		},
+	}
+	svcs := []struct {
+		name string
+		svc  stubbornv1.DelegateServiceServer
+	}{
+		{echoName, demo.Echo{}},
+		{flaky2Name, &failFirst{n: 2}},
+		{flaky1Name, w.flaky1},
+		{watchedName, w.watched},
+	}
+	for _, s := range svcs {
+		lis, err := listen()
+		if err != nil {
+			w.close()
+			return nil, err
+		}
+		w.servers = append(w.servers, demo.Serve(lis, s.svc))
+		w.reg.Delegates = append(w.reg.Delegates, delegates.Delegate{
+			Name: s.name, Target: lis.Addr().String(), Idempotent: true,
+			Timeout: delegates.Duration(time.Minute),
+		})
+		if s.name == echoName {
+			w.echoAddr = lis.Addr().String()
+		}
+	}
+
+	direct, err := w.dial(w.echoAddr)
+	if err != nil {
+		w.close()
+		return nil, err
+	}
+	w.direct = stubbornv1.NewDelegateServiceClient(direct)
+
+	next, err := w.dial(w.echoAddr)
+	if err != nil {
+		w.close()
+		return nil, err
+	}
+	lis, err := listen()
+	if err != nil {
+		w.close()
+		return nil, err
+	}
+	ps := grpc.NewServer()
+	stubbornv1.RegisterDelegateServiceServer(ps, proxy{next: stubbornv1.NewDelegateServiceClient(next)})
+	go func() { _ = ps.Serve(lis) }()
+	w.servers = append(w.servers, ps)
+	proxied, err := w.dial(lis.Addr().String())
+	if err != nil {
+		w.close()
+		return nil, err
+	}
+	w.proxied = stubbornv1.NewDelegateServiceClient(proxied)
+	return w, nil
+}
+
+func (w *world) dial(addr string) (*grpc.ClientConn, error) {
+	c, err := dial(addr)
+	if err == nil {
+		w.conns = append(w.conns, c)
+	}
+	return c, err
+}
+
+func (w *world) close() {
+	for _, c := range w.conns {
+		_ = c.Close()
+	}
+	for _, s := range w.servers {
+		s.Stop()
+	}
+}
+
+// stubborn is one Stubborn server on loopback with clients to it.
+type stubborn struct {
+	srv     *server.Stubborn
+	conns   []*grpc.ClientConn
+	client  stubbornv1.ControlServiceClient // over conns[0]
+	cleanup func()
+}
+
+// startStubborn starts a fresh Stubborn server on store, over w's registry,
+// and opens nconns client connections to it.
+func startStubborn(w *world, store string, nconns int) (*stubborn, error) {
+	cfg := server.Config{Registry: w.reg, Logger: slog.New(slog.DiscardHandler)}
+	mk, ok := stores[store]
+	if !ok {
+		return nil, fmt.Errorf("unknown store %q (have %s)", store, storeNames())
+	}
+	cleanup, err := mk(&cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", store, err)
+	}
+	srv, err := server.New(cfg)
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	lis, err := listen()
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	go func() { _ = srv.Serve(lis) }()
+	s := &stubborn{srv: srv, cleanup: cleanup}
+	for range max(nconns, 1) {
+		c, err := dial(lis.Addr().String())
+		if err != nil {
+			s.stop()
+			return nil, err
+		}
+		s.conns = append(s.conns, c)
+	}
+	s.client = stubbornv1.NewControlServiceClient(s.conns[0])
+	return s, nil
+}
+
+func (s *stubborn) stop() {
+	for _, c := range s.conns {
+		_ = c.Close()
+	}
+	s.srv.Stop(5 * time.Second)
+	s.cleanup()
+}

@@ -1,0 +1,362 @@
+// Command bench measures Stubborn beside the physical limit of what it
+// does, in one process, and prints a markdown table (issue #8):
+//
+//  1. direct: a unary Execute to the delegate (demo.Echo on loopback);
+//  2. proxy: the same through a plain gRPC proxy that only forwards Execute;
+//     2b. stream: a plain ControlService whose Run forwards Execute like the
+//     proxy, then streams the events of a captured Stubborn run: the cost of
+//     Run's shape (a server stream of four events) without Stubborn's work;
+//  3. run: a Stubborn Run with one successful attempt (fallback_chain
+//     [echo]), its stream read to its end;
+//  4. retry: a Stubborn retry run whose first two attempts fail UNAVAILABLE,
+//     three attempts in all, with zero waits;
+//  5. waiting: 10,000 runs waiting in backoff at once: heap, stack and RSS
+//     per waiting run, and CPU used while they all wait;
+//  6. watch: one run watched by 1,000 WatchRun streams: delivery latency of
+//     each live event.
+//
+// 1–4 run closed-loop at each -concurrency, interleaved in slices so that
+// other load on the machine weighs on them alike; 5 and 6 get a fresh
+// Stubborn server each. Stubborn's scenarios run once per -store (only
+// "memory" today; the durable modes are added to stores in fixture.go).
+// Everything listens on 127.0.0.1 and every loop is bounded by -duration.
+//
+//	go run ./bench -duration 5s -concurrency 1,32
+//	go run ./bench -json run1.json ...; go run ./bench -median run1.json,run2.json,run3.json
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// Report is everything one invocation measured.
+type Report struct {
+	Machine Machine         `json:"machine"`
+	Command string          `json:"command"`
+	Load    []LoadResult    `json:"load"`
+	Waiting []WaitingResult `json:"waiting"`
+	Watch   []WatchResult   `json:"watch"`
+}
+
+// Machine describes where the numbers come from.
+type Machine struct {
+	CPUs       int    `json:"cpus"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	CPU        string `json:"cpu"`
+	Go         string `json:"go"`
+	OS         string `json:"os"`
+	// LoadAvg is /proc/loadavg's 1-minute figure before and after: other
+	// processes' load skews every number.
+	LoadAvgBefore string `json:"load_avg_before"`
+	LoadAvgAfter  string `json:"load_avg_after"`
+}
+
+var scenarioNames = []string{"direct", "proxy", "stream", "run", "retry", "waiting", "watch"}
+
+type options struct {
+	duration, warmup, slice time.Duration
+	concurrency             []int
+	stores                  []string
+	scenarios               map[string]bool
+
+	waitingRuns int
+	idle        time.Duration
+
+	watchers, watchConns, watchAttempts int
+	watchPace                           time.Duration
+
+	jsonOut, median, cpuProfile, memProfile, heapProfile string
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var o options
+	var conc, storeList, scen string
+	flag.DurationVar(&o.duration, "duration", 5*time.Second, "measured time of each load measurement, and of each watch mode")
+	flag.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up of each load measurement")
+	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "load measurements take turns in slices of this length")
+	flag.StringVar(&conc, "concurrency", "1,32", "comma-separated numbers of concurrent callers for scenarios 1–4")
+	flag.StringVar(&storeList, "store", "memory", "comma-separated run stores for Stubborn's scenarios (have: "+storeNames()+")")
+	flag.StringVar(&scen, "scenarios", strings.Join(scenarioNames, ","), "comma-separated scenarios to run")
+	flag.IntVar(&o.waitingRuns, "waiting", 10_000, "runs waiting in backoff at once (scenario 5)")
+	flag.DurationVar(&o.idle, "idle", 5*time.Second, "CPU measurement window, without runs and while they all wait (scenario 5)")
+	flag.IntVar(&o.watchers, "watchers", 1000, "WatchRun streams on the watched run (scenario 6)")
+	flag.IntVar(&o.watchConns, "watch-conns", 1, "client connections the watchers are spread over (scenario 6)")
+	flag.IntVar(&o.watchAttempts, "watch-attempts", 20, "attempts of the watched run, the last one succeeding (scenario 6)")
+	flag.DurationVar(&o.watchPace, "watch-pace", 10*time.Millisecond, "paced mode's max backoff wait; 0 runs only the burst mode (scenario 6)")
+	flag.StringVar(&o.jsonOut, "json", "", "also write the results to this JSON file")
+	flag.StringVar(&o.median, "median", "", "comma-separated JSON files from earlier -json runs: print their medians and measure nothing")
+	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the measurements to this file")
+	flag.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile to this file at the end")
+	flag.StringVar(&o.heapProfile, "heapprofile", "", "write a heap profile to this file while every run of scenario 5 waits")
+	flag.Parse()
+
+	if o.median != "" {
+		rep, err := medianOf(strings.Split(o.median, ","))
+		if err != nil {
+			return err
+		}
+		printReport(os.Stdout, rep, fmt.Sprintf("medians of %d runs", len(strings.Split(o.median, ","))))
+		return nil
+	}
+	var err error
+	if o.concurrency, err = ints(conc); err != nil {
+		return fmt.Errorf("-concurrency: %w", err)
+	}
+	o.stores = strings.Split(storeList, ",")
+	for _, s := range o.stores {
+		if _, ok := stores[s]; !ok {
+			return fmt.Errorf("-store: unknown store %q (have %s)", s, storeNames())
+		}
+	}
+	o.scenarios = map[string]bool{}
+	for _, s := range strings.Split(scen, ",") {
+		if !slices.Contains(scenarioNames, s) {
+			return fmt.Errorf("-scenarios: unknown scenario %q (have %s)", s, strings.Join(scenarioNames, ","))
+		}
+		o.scenarios[s] = true
+	}
+	if o.duration <= 0 || o.slice <= 0 || o.warmup < 0 {
+		return errors.New("-duration and -slice must be positive, -warmup not negative")
+	}
+	if o.watchAttempts < 1 || o.watchers < 1 || o.watchConns < 1 || o.waitingRuns < 1 {
+		return errors.New("-watchers, -watch-conns, -watch-attempts and -waiting must be at least 1")
+	}
+
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	rep, err := measure(o)
+	if err != nil {
+		return err
+	}
+	rep.Machine.LoadAvgAfter = loadAvg()
+	printReport(os.Stdout, rep, "one run")
+	if o.jsonOut != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(o.jsonOut, b, 0o644); err != nil {
+			return err
+		}
+	}
+	if o.memProfile != "" {
+		f, err := os.Create(o.memProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return pprof.Lookup("allocs").WriteTo(f, 0)
+	}
+	return nil
+}
+
+func measure(o options) (*Report, error) {
+	rep := &Report{Machine: machine(), Command: strings.Join(append([]string{"go run ./bench"}, os.Args[1:]...), " ")}
+	// Bounds the whole invocation, in case a server stops answering.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+
+	w, err := newWorld(o.watchAttempts)
+	if err != nil {
+		return nil, err
+	}
+	defer w.close()
+
+	load, err := runLoads(ctx, w, o)
+	if err != nil {
+		return nil, err
+	}
+	rep.Load = load
+	if o.scenarios["waiting"] {
+		for _, store := range o.stores {
+			progress("waiting runs=%d store=%s", o.waitingRuns, store)
+			runtime.GC()
+			r, err := runWaiting(ctx, w, store, o.waitingRuns, o.idle, 32, o.heapProfile)
+			if err != nil {
+				return nil, fmt.Errorf("waiting: %w", err)
+			}
+			rep.Waiting = append(rep.Waiting, r)
+		}
+	}
+	if o.scenarios["watch"] {
+		modes := []struct {
+			name string
+			pace time.Duration
+		}{{"burst", 0}, {"paced", o.watchPace}}
+		for _, store := range o.stores {
+			for _, m := range modes {
+				if m.name == "paced" && m.pace <= 0 {
+					continue
+				}
+				progress("watch %s watchers=%d store=%s", m.name, o.watchers, store)
+				runtime.GC()
+				r, err := runWatch(ctx, w, store, m.name, o.watchers, o.watchConns, o.watchAttempts, m.pace, o.duration)
+				if err != nil {
+					return nil, fmt.Errorf("watch %s: %w", m.name, err)
+				}
+				rep.Watch = append(rep.Watch, r)
+			}
+		}
+	}
+	return rep, nil
+}
+
+// runLoads measures scenarios 1–4 at every concurrency. The measurements
+// are interleaved: each takes one slice of -slice in turn, round after
+// round, until each has had -duration, so that other load on the machine
+// weighs on all of them alike. One Stubborn server per store serves all its
+// measurements; it keeps up to 10,000 finished runs, as it would in
+// production.
+func runLoads(ctx context.Context, w *world, o options) ([]LoadResult, error) {
+	type loadCase struct {
+		scenario, store string
+		conc            int
+		fn              op
+		m               measured
+	}
+	var cases []*loadCase
+	var stream stubbornv1.ControlServiceClient
+	servers := map[string]*stubborn{}
+	defer func() {
+		for _, s := range servers {
+			s.stop()
+		}
+	}()
+	for _, c := range o.concurrency {
+		if o.scenarios["direct"] {
+			cases = append(cases, &loadCase{scenario: "direct", conc: c, fn: directOp(w.direct)})
+		}
+		if o.scenarios["proxy"] {
+			cases = append(cases, &loadCase{scenario: "proxy", conc: c, fn: directOp(w.proxied)})
+		}
+		if o.scenarios["stream"] {
+			if stream == nil {
+				s, err := startStubborn(w, o.stores[0], 1)
+				if err != nil {
+					return nil, err
+				}
+				evs, err := capture(ctx, s.client, oneAttemptRun())
+				s.stop()
+				if err != nil {
+					return nil, fmt.Errorf("capturing a run: %w", err)
+				}
+				if stream, err = w.startStreamer(evs); err != nil {
+					return nil, err
+				}
+			}
+			cases = append(cases, &loadCase{scenario: "stream", conc: c, fn: runOp(stream, oneAttemptRun(), 1)})
+		}
+		for _, store := range o.stores {
+			if !o.scenarios["run"] && !o.scenarios["retry"] {
+				continue
+			}
+			s := servers[store]
+			if s == nil {
+				var err error
+				if s, err = startStubborn(w, store, 1); err != nil {
+					return nil, err
+				}
+				servers[store] = s
+			}
+			if o.scenarios["run"] {
+				cases = append(cases, &loadCase{scenario: "run", store: store, conc: c, fn: runOp(s.client, oneAttemptRun(), 1)})
+			}
+			if o.scenarios["retry"] {
+				cases = append(cases, &loadCase{scenario: "retry", store: store, conc: c, fn: runOp(s.client, retryRun(flaky2Name, 2, 0, 0), 3)})
+			}
+		}
+	}
+	if len(cases) == 0 {
+		return nil, nil
+	}
+	progress("warm-up: %d measurements × %v", len(cases), o.warmup)
+	for _, lc := range cases {
+		if m := runLoad(ctx, lc.conc, 0, o.warmup, lc.fn); m.firstErr != nil {
+			return nil, fmt.Errorf("%s c=%d: %w", lc.scenario, lc.conc, m.firstErr)
+		}
+	}
+	rounds := max(1, int((o.duration+o.slice/2)/o.slice))
+	slice := o.duration / time.Duration(rounds)
+	for i := range rounds {
+		progress("round %d of %d: %d measurements × %v", i+1, rounds, len(cases), slice)
+		for _, lc := range cases {
+			lc.m.add(runLoad(ctx, lc.conc, 0, slice, lc.fn))
+		}
+	}
+	out := make([]LoadResult, 0, len(cases))
+	for _, lc := range cases {
+		out = append(out, summarize(lc.scenario, lc.store, lc.conc, lc.m))
+	}
+	return out, nil
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func machine() Machine {
+	m := Machine{
+		CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
+		Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH,
+	}
+	m.LoadAvgBefore = loadAvg()
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return m
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
+}
