@@ -71,6 +71,12 @@ func describe(ev *stubbornv1.RunEvent) string {
 	case *stubbornv1.RunEvent_FailureAnalyzed:
 		f := k.FailureAnalyzed.GetFailure()
 		s := fmt.Sprintf("failure of attempt %d (%s): %s", f.GetAttempt(), f.GetDelegate(), quote(f.GetReason(), 80))
+		if src := f.GetSource(); src != stubbornv1.FailureSource_FAILURE_SOURCE_UNSPECIFIED {
+			s += " [" + strings.ToLower(strings.TrimPrefix(src.String(), "FAILURE_SOURCE_")) + "]"
+		}
+		if a := f.GetAnalysis(); a != "" {
+			s += "; analyst: " + quote(a, 80)
+		}
 		switch {
 		case k.FailureAnalyzed.GetWillRetry():
 			s += "; next attempt follows"
