@@ -1,0 +1,51 @@
+package runs_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// TestExpiredRunsAreGoneWhole: past the retention a run's events, state
+// and owner entry all expire, and the run is not found anywhere.
+func TestExpiredRunsAreGoneWhole(t *testing.T) {
+	e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	nc, err := nats.Connect("", nats.InProcessServer(e.Server))
+	require.NoError(t, err)
+	store, err := runs.NewJetStream(ctxFor(t), nc, runs.JetStreamConfig{Retention: time.Second, Lease: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
+	m := newManager(t, d, runs.Config{Store: store, Lease: time.Second, MaxFinished: 1})
+	st, err := m.Start(context.Background(), "brief", chain("a"), nil)
+	require.NoError(t, err)
+	final(t, watchAll(t, m, st.GetRunId(), 0))
+	// A second run pushes the first out of the server's memory.
+	st2, err := m.Start(context.Background(), "brief", chain("a"), nil)
+	require.NoError(t, err)
+	final(t, watchAll(t, m, st2.GetRunId(), 0))
+
+	require.Eventually(t, func() bool {
+		_, err := store.State(ctxFor(t), st.GetRunId())
+		evs, eerr := store.Events(ctxFor(t), st.GetRunId(), 0)
+		return err != nil && eerr == nil && len(evs) == 0
+	}, 20*time.Second, 100*time.Millisecond, "state and events expire")
+	_, err = m.Get(ctxFor(t), st.GetRunId())
+	assert.ErrorIs(t, err, runs.ErrNotFound)
+	list, _, err := m.List(ctxFor(t), stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED, 10, "")
+	require.NoError(t, err)
+	for _, r := range list {
+		assert.NotEqual(t, st.GetRunId(), r.GetRunId())
+	}
+}
