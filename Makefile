@@ -32,6 +32,26 @@ demo: ## Run the demo: a server, demo delegates and two live runs in one process
 test: checkgenerate lint ## Lint, check gen/ is fresh, run every test with the race detector.
 	go test $(GO_TEST_FLAGS) ./...
 
+# Fuzz targets, as package:FuzzName. `go test` runs their seed corpora (the
+# f.Add seeds and testdata/fuzz/) like any test; `make fuzz` mutates each
+# for FUZZTIME. A failing input is written to the package's
+# testdata/fuzz/FuzzName/: commit it, and it is a regression test.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := \
+	./server:FuzzValidateRunRequest \
+	./delegates:FuzzParse \
+	./controls:FuzzCompileExpr \
+	./controls:FuzzJudgeAnswer \
+	./controls:FuzzJournalReplay
+
+.PHONY: fuzz
+fuzz: ## Run each fuzz target for FUZZTIME (default 10s).
+	for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "fuzz: $$name in $$pkg for $(FUZZTIME)"; \
+		go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) "$$pkg"; \
+	done
+
 .PHONY: generate
 generate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate gen/ from proto/.
 	buf generate

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -58,6 +59,10 @@ type Config struct {
 	// RetryBudget, when set, limits the retry control's retries per delegate
 	// the way gRPC's retry throttling does. Nil means no budget.
 	RetryBudget *RetryBudget `yaml:"retry_budget,omitempty"`
+	// Tenants are the callers the server lets in, each with its
+	// credentials, allowed delegates and limits (see Tenant). Empty means
+	// no authentication: every caller is the default tenant.
+	Tenants []Tenant `yaml:"tenants,omitempty"`
 }
 
 // RetryBudget is a per-delegate token bucket: each transient failure costs
@@ -81,6 +86,23 @@ type Limits struct {
 	MaxChain int `yaml:"max_chain,omitempty"`
 	// MaxWait caps retry's max_wait.
 	MaxWait Duration `yaml:"max_wait,omitempty"`
+
+	// The limits below are off when zero, and have no default. In the
+	// config's limits they bound the whole server (one process), in a
+	// tenant's limits that tenant.
+
+	// MaxConcurrentRuns caps the runs in progress (not yet finished,
+	// waiting for a decision included).
+	MaxConcurrentRuns int `yaml:"max_concurrent_runs,omitempty"`
+	// RunStartsPerSecond caps how fast runs may be started (Run and
+	// StartRun requests), with bursts of RunStartBurst.
+	RunStartsPerSecond float64 `yaml:"run_starts_per_second,omitempty"`
+	// RunStartBurst is how many starts may come at once; zero means
+	// RunStartsPerSecond rounded up (at least 1).
+	RunStartBurst int `yaml:"run_start_burst,omitempty"`
+	// MaxWatchersPerRun caps the streams (Run, WatchRun) following one
+	// run at a time.
+	MaxWatchersPerRun int `yaml:"max_watchers_per_run,omitempty"`
 }
 
 // DefaultLimits returns the limits used for every field a config leaves zero.
@@ -107,9 +129,9 @@ type Delegate struct {
 	// Timeout is the per-attempt timeout; zero means DefaultTimeout. A run
 	// may override it per attempt (see CallOptions.AttemptTimeout).
 	Timeout Duration `yaml:"timeout,omitempty"`
-	// TLS makes the connection use TLS with the system's root certificates;
-	// otherwise it is plaintext.
-	TLS bool `yaml:"tls,omitempty"`
+	// TLS makes the connection use TLS (see TLS); the zero value is
+	// plaintext.
+	TLS TLS `yaml:"tls,omitempty"`
 }
 
 // Info returns what the controls need to know about the delegate.
@@ -153,6 +175,9 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	for i := range cfg.Delegates {
+		cfg.Delegates[i].TLS.resolve(filepath.Dir(path))
+	}
 	return cfg, nil
 }
 
@@ -195,6 +220,7 @@ func (l Limits) WithDefaults() Limits {
 
 func (c *Config) applyDefaults() {
 	c.Limits = c.Limits.WithDefaults()
+	c.applyTenantDefaults()
 	for i := range c.Delegates {
 		if c.Delegates[i].Timeout == 0 {
 			c.Delegates[i].Timeout = Duration(DefaultTimeout)
@@ -207,19 +233,7 @@ func (c *Config) validate() error {
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...)))
 	}
-	for _, l := range []struct {
-		field string
-		v     int64
-	}{
-		{"max_brief_bytes", int64(c.Limits.MaxBriefBytes)},
-		{"max_attempts", int64(c.Limits.MaxAttempts)},
-		{"max_chain", int64(c.Limits.MaxChain)},
-		{"max_wait", int64(c.Limits.MaxWait)},
-	} {
-		if l.v < 0 {
-			bad("limits.%s: must not be negative", l.field)
-		}
-	}
+	validateLimits("limits", c.Limits, bad)
 	seen := make(map[string]int, len(c.Delegates))
 	for i, d := range c.Delegates {
 		where := fmt.Sprintf("delegates[%d]", i)
@@ -239,6 +253,9 @@ func (c *Config) validate() error {
 		if d.Timeout < 0 {
 			bad("%s: timeout: must not be negative (got %s)", where, d.Timeout)
 		}
+		for _, msg := range d.TLS.check() {
+			bad("%s: %s", where, msg)
+		}
 	}
 	if c.Judge != "" {
 		if _, ok := seen[c.Judge]; !ok {
@@ -249,6 +266,14 @@ func (c *Config) validate() error {
 		bad("retry_budget: max_tokens and token_ratio must be positive (got %g and %g)", b.MaxTokens, b.TokenRatio)
 	}
 	errs = append(errs, c.validatePresets(seen)...)
+	names := make(map[string]bool, len(seen)+len(c.Presets))
+	for n := range seen {
+		names[n] = true
+	}
+	for _, p := range c.Presets {
+		names[p.Name] = true
+	}
+	c.validateTenants(names, bad)
 	return errors.Join(errs...)
 }
 

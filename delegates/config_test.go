@@ -48,7 +48,7 @@ func TestParseFull(t *testing.T) {
 		Timeout: delegates.Duration(5 * time.Second),
 	}, cfg.Delegates[0])
 	assert.Equal(t, delegates.Delegate{
-		Name: "judge-name", Target: "dns:///judge.internal:443", ReadOnly: true, TLS: true,
+		Name: "judge-name", Target: "dns:///judge.internal:443", ReadOnly: true, TLS: delegates.TLS{Enabled: true},
 		Timeout: delegates.Duration(delegates.DefaultTimeout),
 	}, cfg.Delegates[1])
 	assert.Equal(t, controls.DelegateInfo{ReadOnly: true}, cfg.Delegates[1].Info())

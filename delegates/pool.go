@@ -2,7 +2,6 @@ package delegates
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"maps"
@@ -102,7 +101,8 @@ var (
 
 // NewPool creates a client connection for every delegate in cfg with
 // grpc.NewClient (which does not connect until the first call). Connections
-// are plaintext unless the delegate sets tls, which uses the system roots.
+// are plaintext unless the delegate sets tls (see TLS), whose files are
+// read here.
 // gRPC's own policy retries are disabled (Stubborn's controls decide
 // retries); its transparent retries of never-processed RPCs stay on. opts
 // are appended to every connection's options, so they can add dialers,
@@ -126,8 +126,11 @@ func NewPool(cfg *Config, opts ...grpc.DialOption) (*Pool, error) {
 			d.Timeout = Duration(DefaultTimeout)
 		}
 		creds := insecure.NewCredentials()
-		if d.TLS {
-			creds = credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})
+		if tc, err := d.TLS.ClientConfig(); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("delegate %q: %w", d.Name, err)
+		} else if tc != nil {
+			creds = credentials.NewTLS(tc)
 		}
 		all := append([]grpc.DialOption{
 			grpc.WithTransportCredentials(creds),

@@ -180,6 +180,13 @@ func New(cfg Config) (*Manager, error) {
 	return m, nil
 }
 
+// isClosed reports whether Close or Kill has been called.
+func (m *Manager) isClosed() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.closed
+}
+
 // Owner returns this server's name among those sharing the store.
 func (m *Manager) Owner() string { return m.owner }
 
@@ -569,6 +576,9 @@ func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send fun
 				return nil
 			}
 			if lost {
+				if m.isClosed() {
+					return ErrClosed // this server stops: the client reattaches elsewhere
+				}
 				break // another server drives it now: follow the store
 			}
 			select {
@@ -580,7 +590,17 @@ func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send fun
 	} else if _, err := m.state(ctx, id); err != nil {
 		return err
 	}
-	return m.store.Follow(ctx, id, next, send)
+	// Following the store ends when this server closes: the client
+	// reattaches to another server.
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(m.ctx, cancel)
+	defer stop()
+	err := m.store.Follow(fctx, id, next, send)
+	if err != nil && ctx.Err() == nil && m.ctx.Err() != nil {
+		return ErrClosed
+	}
+	return err
 }
 
 // Cancel cancels a run and waits (bounded by ctx) until it has ended. A
@@ -779,9 +799,12 @@ type run struct {
 	stopTimer context.CancelFunc
 	observe   func(*stubbornv1.RunEvent) // the Observer's, or nil
 
-	mu         sync.Mutex
-	events     []*stubbornv1.RunEvent
-	changed    chan struct{} // closed and replaced on every append
+	mu     sync.Mutex
+	events []*stubbornv1.RunEvent
+	// changed is closed, and cleared, by the next event or loss; since
+	// makes one only for a watcher that has to wait, so that an event
+	// nobody waits for costs no channel.
+	changed    chan struct{}
 	done       bool
 	lost       bool // another server drives the run: write nothing more
 	lastStatus stubbornv1.RunStatus
@@ -811,17 +834,20 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 	finished := ev.GetRunFinished() != nil
 	if finished || st.GetStatus() != r.lastStatus {
 		r.lastStatus = st.GetStatus()
-		if err := r.store.PutState(ctx, proto.CloneOf(st)); err != nil {
+		// st is only read during the call: a store copies or encodes it.
+		if err := r.store.PutState(ctx, st); err != nil {
 			r.log.Warn("saving run state", "run_id", r.id, "err", err)
 		}
+	}
+	if r.events == nil {
+		r.events = make([]*stubbornv1.RunEvent, 0, journalCap)
 	}
 	r.events = append(r.events, ev)
 	if finished {
 		r.done = true
 		close(r.ended)
 	}
-	close(r.changed)
-	r.changed = make(chan struct{})
+	r.wakeLocked()
 	if r.observe != nil {
 		r.observe(ev)
 	}
@@ -845,8 +871,19 @@ func (r *run) loseLocked() {
 	if !r.done {
 		close(r.ended)
 	}
-	close(r.changed)
-	r.changed = make(chan struct{})
+	r.wakeLocked()
+}
+
+// journalCap is the in-memory journal's first capacity: a run with one or
+// two attempts never grows it.
+const journalCap = 8
+
+// wakeLocked wakes the watchers waiting for a change. Callers hold r.mu.
+func (r *run) wakeLocked() {
+	if r.changed != nil {
+		close(r.changed)
+		r.changed = nil
+	}
 }
 
 func (r *run) isLost() bool {
@@ -855,16 +892,21 @@ func (r *run) isLost() bool {
 	return r.lost
 }
 
-// since returns the events after seq, a channel closed on the next change,
-// whether the run has finished, and whether it was lost.
+// since returns the events after seq, whether the run has finished, and
+// whether it was lost. When there are no such events and the run goes on
+// here, it also returns a channel closed on the next change.
 func (r *run) since(seq int64) (evs []*stubbornv1.RunEvent, changed <-chan struct{}, done, lost bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if seq < 0 {
-		seq = 0
-	}
+	seq = max(seq, 0)
 	if seq < int64(len(r.events)) {
-		evs = r.events[seq:]
+		return r.events[seq:], nil, r.done, r.lost
 	}
-	return evs, r.changed, r.done, r.lost
+	if !r.done && !r.lost {
+		if r.changed == nil {
+			r.changed = make(chan struct{})
+		}
+		changed = r.changed
+	}
+	return nil, changed, r.done, r.lost
 }

@@ -5,12 +5,15 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"runtime/debug"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -37,26 +40,71 @@ type Options struct {
 	// Logger receives request logs and recovered panics. Nil means
 	// slog.Default().
 	Logger *slog.Logger
+	// Tenants are the tenants' own options, by name (TenantsFrom). A
+	// tenant not here, the default tenant "" included, has the server's
+	// Limits only and may name every delegate.
+	Tenants map[string]TenantOptions
+	// ActiveRuns counts the runs in progress for the max_concurrent_runs
+	// limits; its Observer must see the runs layer's runs. Nil means those
+	// limits are not enforced.
+	ActiveRuns *ActiveRuns
+	// Authenticate, when set, authenticates every call but health checks
+	// (go-grpc-middleware's auth interceptor) and returns its context on
+	// behalf of the caller's tenant (runs.WithTenant); see Authenticator.
+	// Nil means no authentication: every caller is the default tenant "".
+	Authenticate auth.AuthFunc
+	// NoReflection leaves the reflection service out.
+	NoReflection bool
 }
 
 // Service implements stubborn.v1.ControlService.
 type Service struct {
 	stubbornv1.UnimplementedControlServiceServer
 	runs *runs.Manager
-	val  validator
+	// def is the policy of the default tenant, and of any tenant without
+	// options; tenants those of the others.
+	def     *policy
+	tenants map[string]*policy
+	// limits are the server's; starts its start rate (nil: none).
+	limits   Limits
+	starts   *rate.Limiter
+	active   *ActiveRuns
+	watching watchers
 }
 
 var _ stubbornv1.ControlServiceServer = (*Service)(nil)
 
 // NewService returns the ControlService over m.
 func NewService(m *runs.Manager, o Options) *Service {
-	return &Service{runs: m, val: validator{limits: o.Limits.withDefaults(), known: o.Known, isDelegate: o.IsDelegate, hasJudge: o.HasJudge}}
+	s := &Service{
+		runs: m, limits: o.Limits, starts: newStartLimiter(o.Limits), active: o.ActiveRuns,
+		def: newPolicy("", Limits{}, nil, o.Limits, o), tenants: make(map[string]*policy, len(o.Tenants)),
+	}
+	for name, t := range o.Tenants {
+		s.tenants[name] = newPolicy(name, t.Limits, t.Delegates, o.Limits, o)
+	}
+	return s
 }
 
-// NewGRPCServer returns a gRPC server with recovery and logging
-// interceptors, the ControlService, health (grpc.health.v1) and reflection
+// policy returns what applies to ctx's tenant.
+func (s *Service) policy(ctx context.Context) *policy {
+	if p, ok := s.tenants[runs.TenantFrom(ctx)]; ok {
+		return p
+	}
+	return s.def
+}
+
+// NewGRPCServer returns a gRPC server with logging, recovery and (when
+// o.Authenticate is set) authentication interceptors, the ControlService,
+// health (grpc.health.v1) and, unless o.NoReflection, reflection
 // registered. The returned health server lets the caller flip the status on
 // shutdown.
+//
+// The logging interceptor logs one line per call when it finishes: method,
+// code, duration, peer, trace_id, run_id and tenant. It never logs payloads
+// (requests, responses: briefs, results) nor metadata (tokens): payload
+// logging is an opt-in of go-grpc-middleware (logging.PayloadReceived,
+// PayloadSent) that this server does not ask for.
 func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.Server, *health.Server) {
 	logger := o.Logger
 	if logger == nil {
@@ -73,18 +121,28 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 		logging.WithLogOnEvents(logging.FinishCall),
 		// trace_id, and run_id for an RPC about a run.
 		logging.WithFieldsFromContextAndCallMeta(func(ctx context.Context, c interceptors.CallMeta) logging.Fields {
-			return telemetry.LogFields(ctx, c.ReqOrNil)
+			return append(telemetry.LogFields(ctx, c.ReqOrNil), tenantLogFields(ctx)...)
 		}),
 	}
+	slotUnary, slotStream := tenantSlotInterceptors()
+	unary := []grpc.UnaryServerInterceptor{
+		slotUnary,
+		logging.UnaryServerInterceptor(logAdapter, logOpts...),
+		recovery.UnaryServerInterceptor(onPanic),
+	}
+	stream := []grpc.StreamServerInterceptor{
+		slotStream,
+		logging.StreamServerInterceptor(logAdapter, logOpts...),
+		recovery.StreamServerInterceptor(onPanic),
+	}
+	if o.Authenticate != nil {
+		authUnary, authStream := authInterceptors(o.Authenticate)
+		unary = append(unary, authUnary)
+		stream = append(stream, authStream)
+	}
 	opts := append([]grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(
-			logging.UnaryServerInterceptor(logAdapter, logOpts...),
-			recovery.UnaryServerInterceptor(onPanic),
-		),
-		grpc.ChainStreamInterceptor(
-			logging.StreamServerInterceptor(logAdapter, logOpts...),
-			recovery.StreamServerInterceptor(onPanic),
-		),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
 	}, extra...)
 	g := grpc.NewServer(opts...)
 	stubbornv1.RegisterControlServiceServer(g, svc)
@@ -92,7 +150,9 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(stubbornv1.ControlService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(g, hs)
-	reflection.Register(g)
+	if !o.NoReflection {
+		reflection.Register(g)
+	}
 	return g, hs
 }
 
@@ -103,6 +163,9 @@ func (s *Service) Run(req *stubbornv1.RunRequest, stream grpc.ServerStreamingSer
 	if err != nil {
 		return err
 	}
+	// The starter's own stream counts as a watcher, whatever the limit.
+	release, _ := s.watching.acquire(st.GetRunId(), 0, true)
+	defer release()
 	return s.watch(stream.Context(), st.GetRunId(), 0, func(ev *stubbornv1.RunEvent) error {
 		return stream.Send(&stubbornv1.RunResponse{Event: ev})
 	})
@@ -117,13 +180,35 @@ func (s *Service) StartRun(ctx context.Context, req *stubbornv1.StartRunRequest)
 	return &stubbornv1.StartRunResponse{RunId: st.GetRunId(), State: st}, nil
 }
 
+// start checks a run request against the caller's tenant's policy and the
+// server's, then starts the run. The start rate is checked first (so a
+// flood of requests costs no validation), then the request, then the
+// concurrent runs. A request refused for a limit leaves no trace: no run,
+// and its start is given back to the rate.
 func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.ControlState, error) {
-	spec, err := s.val.runSpec(req)
+	p := s.policy(ctx)
+	undo, err := s.takeStart(p)
 	if err != nil {
 		return nil, err
 	}
+	spec, err := p.val.runSpec(req)
+	if err != nil {
+		return nil, err // an invalid request keeps its start: checking it was work
+	}
+	var slot *runSlot
+	if s.active != nil {
+		if slot, err = s.active.reserve(p, s.limits.MaxConcurrentRuns); err != nil {
+			undo()
+			return nil, err
+		}
+		ctx = context.WithValue(ctx, runSlotKey{}, slot) // the run's observer takes it over
+	}
 	st, err := s.runs.Start(ctx, req.GetTaskBrief(), spec, req.GetOptions())
 	if err != nil {
+		if slot != nil {
+			slot.release()
+		}
+		undo()
 		return nil, toStatus(err)
 	}
 	telemetry.SetRunID(ctx, st.GetRunId())
@@ -141,9 +226,31 @@ func (s *Service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerSt
 		return v.err()
 	}
 	telemetry.SetRunID(stream.Context(), req.GetRunId())
+	release, err := s.watcher(stream.Context(), req.GetRunId())
+	if err != nil {
+		return err
+	}
+	defer release()
 	return s.watch(stream.Context(), req.GetRunId(), req.GetAfterSeq(), func(ev *stubbornv1.RunEvent) error {
 		return stream.Send(&stubbornv1.WatchRunResponse{Event: ev})
 	})
+}
+
+// watcher counts a watcher of run id, within max_watchers_per_run. When
+// there is a limit, a run the caller cannot see is NOT_FOUND first, so the
+// limit tells nothing about other tenants' runs.
+func (s *Service) watcher(ctx context.Context, id string) (release func(), err error) {
+	limit := s.policy(ctx).limits.MaxWatchersPerRun
+	if limit > 0 {
+		if _, err := s.runs.Get(ctx, id); err != nil {
+			return nil, toStatus(err)
+		}
+	}
+	release, ok := s.watching.acquire(id, limit, false)
+	if !ok {
+		return nil, exhausted("run:"+id, fmt.Sprintf("limit max_watchers_per_run reached: run %s has %d watchers, the limit is %d; retry once one has left", id, limit, limit), 0)
+	}
+	return release, nil
 }
 
 func (s *Service) watch(ctx context.Context, id string, after int64, send func(*stubbornv1.RunEvent) error) error {

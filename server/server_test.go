@@ -62,6 +62,7 @@ func (g *gate) svc() stubbornv1.DelegateServiceServer {
 type env struct {
 	client stubbornv1.ControlServiceClient
 	conn   *grpc.ClientConn
+	addr   string
 	slow   *demo.Slow
 	gate   *gate
 }
@@ -81,6 +82,24 @@ type setup struct {
 	budget *delegates.RetryBudget
 	// judge is the config's default judge delegate. Empty means none.
 	judge string
+	// tenants go into the config as they are (auth.go).
+	tenants []delegates.Tenant
+	// delegateTLS, when set, serves the delegates with these options and
+	// gives every registry entry this TLS.
+	delegateTLS *delegateTLS
+	// serverOptions are added to the server's (TLS credentials).
+	serverOptions []grpc.ServerOption
+	// dialOptions replace the client's plaintext credentials.
+	dialOptions []grpc.DialOption
+	// logger defaults to a discarding one.
+	logger *slog.Logger
+}
+
+// delegateTLS serves delegates over TLS and tells the registry how to reach
+// them.
+type delegateTLS struct {
+	serve  []grpc.ServerOption
+	config delegates.TLS
 }
 
 func start(t *testing.T, limits delegates.Limits) *env {
@@ -103,23 +122,39 @@ func startWith(t *testing.T, su setup) *env {
 		}),
 	}
 	maps.Copy(svcs, su.extra)
-	cfg := &delegates.Config{Limits: limits, Presets: su.presets, RetryBudget: su.budget, Judge: su.judge}
+	cfg := &delegates.Config{Limits: limits, Presets: su.presets, RetryBudget: su.budget, Judge: su.judge, Tenants: su.tenants}
 	for name, svc := range svcs {
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
-		s := demo.Serve(lis, svc)
+		var (
+			serve []grpc.ServerOption
+			dtls  delegates.TLS
+		)
+		if su.delegateTLS != nil {
+			serve, dtls = su.delegateTLS.serve, su.delegateTLS.config
+		}
+		s := demo.Serve(lis, svc, serve...)
 		t.Cleanup(s.Stop)
 		cfg.Delegates = append(cfg.Delegates, delegates.Delegate{
 			Name: name, Target: lis.Addr().String(), Idempotent: !slices.Contains(su.notIdempotent, name),
-			Timeout: delegates.Duration(time.Minute),
+			Timeout: delegates.Duration(time.Minute), TLS: dtls,
 		})
 	}
-	st, err := server.New(server.Config{Registry: cfg, Logger: slog.New(slog.DiscardHandler), Clock: su.clock})
+	logger := su.logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	st, err := server.New(server.Config{Registry: cfg, Logger: logger, Clock: su.clock, ServerOptions: su.serverOptions})
 	require.NoError(t, err)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go func() { _ = st.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	dial := su.dialOptions
+	if dial == nil {
+		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	e.addr = lis.Addr().String()
+	conn, err := grpc.NewClient(e.addr, dial...)
 	require.NoError(t, err)
 	e.conn = conn
 	e.client = stubbornv1.NewControlServiceClient(conn)

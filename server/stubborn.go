@@ -41,6 +41,9 @@ type Config struct {
 	// filled in by New. The zero value keeps runs in memory and cancels them
 	// on Stop.
 	Runs runs.Config
+	// NoReflection leaves the reflection service out. Authentication (the
+	// Registry's tenants) applies to reflection as to the ControlService.
+	NoReflection bool
 }
 
 // Stubborn is a ready server: the gRPC server with every service registered,
@@ -53,6 +56,11 @@ type Stubborn struct {
 }
 
 // New builds a Stubborn server from cfg. Serve it, then Stop it.
+//
+// When the Registry names tenants, every call but health checks must
+// authenticate as one (NewAuthenticator), each tenant sees its own runs
+// only, and the tenants' limits apply besides the Registry's. TLS is the
+// caller's: pass grpc.Creds in ServerOptions (ServerTLSConfig).
 func New(cfg Config) (*Stubborn, error) {
 	tc := cfg.Telemetry
 	if tc.Logger == nil {
@@ -78,6 +86,7 @@ func New(cfg Config) (*Stubborn, error) {
 		}
 		budgets = set
 	}
+	active := NewActiveRuns()
 	rc := cfg.Runs
 	if rc.Store == nil {
 		rc.CancelOnClose = true // nothing could resume them
@@ -96,7 +105,7 @@ func New(cfg Config) (*Stubborn, error) {
 		Budgets:       budgets,
 		Delegates:     calls,
 		Presets:       pool,
-		Observer:      tel,
+		Observer:      active.Observer(tel),
 		Clock:         cfg.Clock,
 		Seed:          cfg.Seed,
 		Criteria:      criteriaFor(calls, cfg.Registry.Judge),
@@ -114,21 +123,21 @@ func New(cfg Config) (*Stubborn, error) {
 		_ = pool.Close()
 		return nil, err
 	}
-	l := cfg.Registry.Limits
 	opts := Options{
-		Limits: Limits{
-			MaxBriefBytes: l.MaxBriefBytes,
-			MaxAttempts:   l.MaxAttempts,
-			MaxChain:      l.MaxChain,
-			MaxWait:       l.MaxWait.Std(),
-		},
-		Known: pool.Known,
+		Limits:       LimitsFrom(cfg.Registry.Limits),
+		Tenants:      TenantsFrom(cfg.Registry.Tenants),
+		ActiveRuns:   active,
+		NoReflection: cfg.NoReflection,
+		Known:        pool.Known,
 		IsDelegate: func(name string) bool {
 			_, ok := pool.Lookup(name)
 			return ok
 		},
 		HasJudge: cfg.Registry.Judge != "",
 		Logger:   cfg.Logger,
+	}
+	if len(cfg.Registry.Tenants) > 0 {
+		opts.Authenticate = NewAuthenticator(cfg.Registry.Tenants).Authenticate
 	}
 	serverOpts := append([]grpc.ServerOption{grpc.StatsHandler(tel.ServerHandler())}, cfg.ServerOptions...)
 	g, hs := NewGRPCServer(NewService(m, opts), opts, serverOpts...)

@@ -28,6 +28,18 @@ type Limits struct {
 	// MaxMetadata bounds the number of options.metadata entries; each key
 	// and value is at most 1 KiB.
 	MaxMetadata int
+
+	// The limits below are off when zero and have no default (limits.go).
+
+	// MaxConcurrentRuns bounds the runs in progress on this server.
+	MaxConcurrentRuns int
+	// RunStartsPerSecond bounds the rate of Run and StartRun requests,
+	// with bursts of RunStartBurst (0: RunStartsPerSecond rounded up).
+	RunStartsPerSecond float64
+	RunStartBurst      int
+	// MaxWatchersPerRun bounds the Run and WatchRun streams following one
+	// run.
+	MaxWatchersPerRun int
 }
 
 // DefaultLimits are the limits when none are configured.

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -20,9 +19,14 @@ import (
 
 const defaultAddr = "127.0.0.1:7300"
 
-// dial connects to a Stubborn server.
+// dial connects to a Stubborn server, with the credentials the environment
+// gives (clientOptions).
 func dial(addr string) (stubbornv1.ControlServiceClient, func(), error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts, err := clientOptions(addr, os.Getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -26,7 +26,8 @@ import (
 const usage = `stubborn runs resilience controls over delegate gRPC services.
 
 Usage:
-  stubborn serve  [-config FILE] [-listen ADDR] [-data-dir DIR | -nats-url URL | -memory] ... [-log-level L] [-metrics-listen ADDR]
+  stubborn serve  [-config FILE] [-listen ADDR] [-tls-cert FILE -tls-key FILE [-tls-client-ca FILE]] [-insecure] [-reflection=false]
+                  [-data-dir DIR | -nats-url URL | -memory] ... [-log-level L] [-metrics-listen ADDR]
   stubborn run    [-addr ADDR] [-json] -control C -brief TEXT ...   (stubborn run -h)
   stubborn watch  RUN_ID [-after SEQ] [-json]
   stubborn get    RUN_ID
@@ -35,6 +36,10 @@ Usage:
   stubborn decide RUN_ID retry|fail
   stubborn delegates [-listen HOST:FIRST_PORT]   serve the demo delegates
   stubborn demo   a server, demo delegates and live runs in one process
+  stubborn token  [-hash]   a new bearer token and its SHA-256 for a tenant's token_sha256 (-hash: hash stdin's)
+
+Clients (run, watch, get, list, cancel, decide) read STUBBORN_TOKEN (a bearer token) and, for TLS,
+STUBBORN_TLS_CA, STUBBORN_TLS_SERVER_NAME, STUBBORN_TLS_CERT and STUBBORN_TLS_KEY from the environment.
 `
 
 func main() {
@@ -68,6 +73,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 		return cmdDelegates(ctx, rest, stdout)
 	case "demo":
 		return cmdDemo(ctx, rest, stdout)
+	case "token":
+		return cmdToken(rest, os.Stdin, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0, nil
@@ -99,6 +106,8 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 	logFormat := fs.String("log-format", "text", "text or json")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error (debug adds error messages and failure reasons, which may quote briefs and results)")
 	metricsListen := fs.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (none when empty)")
+	var sec securityFlags
+	sec.register(fs)
 	var store storeFlags
 	store.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -113,6 +122,10 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 		return 2, err
 	}
 	cfg, err := delegates.Load(*configPath)
+	if err != nil {
+		return 2, err
+	}
+	serverOpts, err := sec.serverOptions(cfg)
 	if err != nil {
 		return 2, err
 	}
@@ -134,6 +147,12 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 	if err != nil {
 		return 1, err
 	}
+	if !sec.tls() {
+		if err := server.CheckPlaintext(lis.Addr(), sec.insecure); err != nil {
+			_ = lis.Close()
+			return 2, err
+		}
+	}
 	var metrics *http.Server
 	if *metricsListen != "" {
 		mlis, err := net.Listen("tcp", *metricsListen)
@@ -153,7 +172,10 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 		return 1, err
 	}
 	defer closeStore()
-	s, err := server.New(server.Config{Registry: cfg, Logger: logger, Telemetry: sdk.Config(logger), Runs: runsCfg})
+	s, err := server.New(server.Config{
+		Registry: cfg, Logger: logger, Telemetry: sdk.Config(logger), Runs: runsCfg,
+		ServerOptions: serverOpts, NoReflection: !sec.reflection,
+	})
 	if err != nil {
 		_ = lis.Close()
 		if metrics != nil {
@@ -163,7 +185,7 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 	}
 	traces, metricsTo := sdk.Describe()
 	logger.Info("stubborn serving", "addr", lis.Addr().String(), "delegates", len(cfg.Delegates),
-		"traces", traces, "metrics", metricsTo)
+		"tls", sec.describe(), "tenants", len(cfg.Tenants), "traces", traces, "metrics", metricsTo)
 	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(lis) }()
 	select {

@@ -1,0 +1,182 @@
+package server
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"sync/atomic"
+
+	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/stubbornhq/stubborn/delegates"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// Authenticator tells which tenant a call comes from, by its bearer token
+// or its verified TLS client certificate (see delegates.Tenant). Its
+// Authenticate is the AuthFunc of go-grpc-middleware's auth interceptor.
+//
+// Tokens are looked up by their SHA-256 digest: the config holds digests
+// only. A plain hash is enough because tokens are random and long (32
+// random bytes from `stubborn token`): there is no dictionary to try, and
+// no digest can be turned back into a token, so there is nothing for a slow
+// password hash (bcrypt, argon2) to protect and its cost would be paid on
+// every call. For the same reason a map lookup by digest is safe: its timing
+// could at most hint at a digest's first bytes, which do not help to find a
+// token.
+type Authenticator struct {
+	tokens map[string]string // hex SHA-256 → tenant
+	cns    map[string]string // certificate subject CN → tenant
+	uris   map[string]string // certificate URI SAN → tenant
+}
+
+// NewAuthenticator returns the Authenticator of a config's tenants (which
+// Parse has validated: no credential names two tenants).
+func NewAuthenticator(tenants []delegates.Tenant) *Authenticator {
+	a := &Authenticator{tokens: map[string]string{}, cns: map[string]string{}, uris: map[string]string{}}
+	for _, t := range tenants {
+		for _, h := range t.TokenSHA256 {
+			a.tokens[strings.ToLower(h)] = t.Name
+		}
+		for _, cn := range t.CertCommonNames {
+			a.cns[cn] = t.Name
+		}
+		for _, u := range t.CertURIs {
+			a.uris[u] = t.Name
+		}
+	}
+	return a
+}
+
+// Authenticate returns ctx on behalf of the caller's tenant (runs.WithTenant)
+// or UNAUTHENTICATED. A call that sends an authorization header is judged
+// by it alone: it must be `Bearer <token>` with a token of a tenant. A call
+// without one is judged by its client certificate, which the TLS handshake
+// verified against the client CA: its URI SANs and its subject CN must name
+// exactly one tenant. Error messages never quote a token.
+func (a *Authenticator) Authenticate(ctx context.Context) (context.Context, error) {
+	if vals := metadata.ValueFromIncomingContext(ctx, "authorization"); len(vals) > 0 {
+		if len(vals) > 1 {
+			return nil, status.Error(codes.Unauthenticated, "authorization: send one header, not several")
+		}
+		token, err := auth.AuthFromMD(ctx, "bearer")
+		if err != nil || token == "" {
+			return nil, status.Error(codes.Unauthenticated, `authorization: want "Bearer <token>"`)
+		}
+		tenant, ok := a.tokens[delegates.HashToken(token)]
+		if !ok {
+			return nil, status.Error(codes.Unauthenticated, "the bearer token is not valid")
+		}
+		return withTenant(ctx, tenant), nil
+	}
+	cert, ok := verifiedClientCert(ctx)
+	if !ok {
+		return nil, status.Error(codes.Unauthenticated, "no credentials: send authorization: Bearer <token>, or a client certificate of a tenant")
+	}
+	found := map[string]bool{}
+	for _, u := range cert.uris {
+		if t, ok := a.uris[u]; ok {
+			found[t] = true
+		}
+	}
+	if t, ok := a.cns[cert.cn]; ok {
+		found[t] = true
+	}
+	switch len(found) {
+	case 0:
+		return nil, status.Errorf(codes.Unauthenticated, "the client certificate (CN %q, URIs %q) is no tenant's: send authorization: Bearer <token>", cert.cn, cert.uris)
+	case 1:
+		for t := range found {
+			return withTenant(ctx, t), nil
+		}
+	}
+	names := make([]string, 0, len(found))
+	for t := range found {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	return nil, status.Errorf(codes.Unauthenticated, "the client certificate names several tenants (%s): send authorization: Bearer <token>", strings.Join(names, ", "))
+}
+
+// clientCert is the identity in a verified client certificate.
+type clientCert struct {
+	cn   string
+	uris []string
+}
+
+// verifiedClientCert returns the identity of the leaf certificate of the
+// connection's verified client chain. A certificate that was not verified
+// against the client CA (none is configured) does not count.
+func verifiedClientCert(ctx context.Context) (clientCert, bool) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return clientCert{}, false
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+		return clientCert{}, false
+	}
+	leaf := info.State.VerifiedChains[0][0]
+	c := clientCert{cn: leaf.Subject.CommonName}
+	for _, u := range leaf.URIs {
+		c.uris = append(c.uris, u.String())
+	}
+	return c, true
+}
+
+// withTenant puts the tenant in ctx for the runs layer, and in the call's
+// log line.
+func withTenant(ctx context.Context, tenant string) context.Context {
+	if slot, ok := ctx.Value(tenantSlotKey{}).(*atomic.Pointer[string]); ok {
+		slot.Store(&tenant)
+	}
+	return runs.WithTenant(ctx, tenant)
+}
+
+type tenantSlotKey struct{}
+
+// tenantLogFields names the call's tenant in its log line, once
+// authentication has set it.
+func tenantLogFields(ctx context.Context) []any {
+	if slot, ok := ctx.Value(tenantSlotKey{}).(*atomic.Pointer[string]); ok {
+		if t := slot.Load(); t != nil {
+			return []any{"tenant", *t}
+		}
+	}
+	return nil
+}
+
+// tenantSlotInterceptors give each call a slot for its tenant, before the
+// logging interceptor captures the context its log line is made from.
+func tenantSlotInterceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	unary := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		return handler(context.WithValue(ctx, tenantSlotKey{}, new(atomic.Pointer[string])), req)
+	}
+	stream := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		w := middleware.WrapServerStream(ss)
+		w.WrappedContext = context.WithValue(ss.Context(), tenantSlotKey{}, new(atomic.Pointer[string]))
+		return handler(srv, w)
+	}
+	return unary, stream
+}
+
+// authInterceptors run authenticate (go-grpc-middleware's auth interceptor)
+// on every call except health checks, which load balancers and
+// orchestrators make without credentials.
+func authInterceptors(authenticate auth.AuthFunc) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	needsAuth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
+		return c.Service != healthpb.Health_ServiceDesc.ServiceName
+	})
+	return selector.UnaryServerInterceptor(auth.UnaryServerInterceptor(authenticate), needsAuth),
+		selector.StreamServerInterceptor(auth.StreamServerInterceptor(authenticate), needsAuth)
+}

@@ -1,0 +1,331 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/stubbornhq/stubborn/delegates"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// Limits apply at two levels: the server's (Options.Limits), which bound
+// all tenants together, and each tenant's (TenantOptions.Limits), which
+// bound that tenant alone. A request must be within both: for the request
+// caps (brief size, attempts, chain, waits, watchers per run) the smaller
+// of the two counts; for concurrent runs and start rates, the server's and
+// the tenant's counts are both checked. A request over a limit is refused
+// with RESOURCE_EXHAUSTED, whose message names the limit (and a
+// google.rpc.QuotaFailure detail, plus google.rpc.RetryInfo for a rate),
+// before anything is created: no run, no event.
+//
+// Concurrent runs are counted per server process (each replica of a
+// cluster counts the runs it drives, resumed ones included), as are start
+// rates and watchers.
+
+// TenantOptions are what applies to one tenant besides the server's
+// options.
+type TenantOptions struct {
+	// Limits apply besides Options.Limits (see above). Zero fields leave
+	// only the server's.
+	Limits Limits
+	// Delegates, when not empty, are the only delegate and preset names
+	// the tenant's requests may name; any other is NOT_FOUND, as a name
+	// that is not in the registry.
+	Delegates []string
+}
+
+// LimitsFrom returns a config's limits as the server's.
+func LimitsFrom(l delegates.Limits) Limits {
+	return Limits{
+		MaxBriefBytes:      l.MaxBriefBytes,
+		MaxAttempts:        l.MaxAttempts,
+		MaxChain:           l.MaxChain,
+		MaxWait:            l.MaxWait.Std(),
+		MaxConcurrentRuns:  l.MaxConcurrentRuns,
+		RunStartsPerSecond: l.RunStartsPerSecond,
+		RunStartBurst:      l.RunStartBurst,
+		MaxWatchersPerRun:  l.MaxWatchersPerRun,
+	}
+}
+
+// TenantsFrom returns a config's tenants as the server's options.
+func TenantsFrom(ts []delegates.Tenant) map[string]TenantOptions {
+	out := make(map[string]TenantOptions, len(ts))
+	for _, t := range ts {
+		out[t.Name] = TenantOptions{Limits: LimitsFrom(t.Limits), Delegates: t.Delegates}
+	}
+	return out
+}
+
+// tighter returns, field by field, the smaller of the values set (non-zero)
+// in a and b.
+func tighter(a, b Limits) Limits {
+	minInt := func(x, y int) int {
+		if x <= 0 || (y > 0 && y < x) {
+			return y
+		}
+		return x
+	}
+	a.MaxBriefBytes = minInt(a.MaxBriefBytes, b.MaxBriefBytes)
+	a.MaxAttempts = minInt(a.MaxAttempts, b.MaxAttempts)
+	a.MaxChain = minInt(a.MaxChain, b.MaxChain)
+	a.MaxMetadata = minInt(a.MaxMetadata, b.MaxMetadata)
+	a.MaxWatchersPerRun = minInt(a.MaxWatchersPerRun, b.MaxWatchersPerRun)
+	if a.MaxWait <= 0 || (b.MaxWait > 0 && b.MaxWait < a.MaxWait) {
+		a.MaxWait = b.MaxWait
+	}
+	// Concurrency and rates are counted at each level, not merged.
+	return a
+}
+
+// policy is what applies to the requests of one tenant.
+type policy struct {
+	// who names the tenant in messages.
+	who     string
+	subject string // google.rpc.QuotaFailure subject
+	tenant  string
+	val     validator
+	// limits are the merged request caps (tighter of tenant and server).
+	limits Limits
+	// maxConcurrent and starts are the tenant's own (0 and nil: none).
+	maxConcurrent int
+	starts        *rate.Limiter
+	startsLimits  Limits
+}
+
+// newPolicy builds the policy of tenant with its own limits own (zero for
+// the default tenant) over the server's.
+func newPolicy(tenant string, own Limits, allowed []string, server Limits, o Options) *policy {
+	merged := tighter(server, own).withDefaults()
+	known := o.Known
+	if len(allowed) > 0 {
+		set := make(map[string]bool, len(allowed))
+		for _, n := range allowed {
+			set[n] = true
+		}
+		known = func(name string) bool { return set[name] && o.Known(name) }
+	}
+	return &policy{
+		who: fmt.Sprintf("tenant %q", tenant), subject: "tenant:" + tenant, tenant: tenant,
+		val:           validator{limits: merged, known: known, isDelegate: o.IsDelegate, hasJudge: o.HasJudge},
+		limits:        merged,
+		maxConcurrent: own.MaxConcurrentRuns,
+		starts:        newStartLimiter(own),
+		startsLimits:  own,
+	}
+}
+
+// newStartLimiter returns the token bucket of l's start rate, or nil.
+func newStartLimiter(l Limits) *rate.Limiter {
+	if !(l.RunStartsPerSecond > 0) || math.IsInf(l.RunStartsPerSecond, 0) {
+		return nil
+	}
+	return rate.NewLimiter(rate.Limit(l.RunStartsPerSecond), startBurst(l))
+}
+
+func startBurst(l Limits) int {
+	if l.RunStartBurst > 0 {
+		return l.RunStartBurst
+	}
+	return int(math.Min(math.Max(1, math.Ceil(l.RunStartsPerSecond)), 1<<30))
+}
+
+// exhausted is RESOURCE_EXHAUSTED with msg, a QuotaFailure naming subject
+// and, when retryIn is positive, a RetryInfo.
+func exhausted(subject, msg string, retryIn time.Duration) error {
+	st := status.New(codes.ResourceExhausted, msg)
+	qf := &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: subject, Description: msg}}}
+	var (
+		withDetails *status.Status
+		err         error
+	)
+	if retryIn > 0 {
+		withDetails, err = st.WithDetails(qf, &errdetails.RetryInfo{RetryDelay: durationpb.New(retryIn)})
+	} else {
+		withDetails, err = st.WithDetails(qf)
+	}
+	if err == nil {
+		st = withDetails
+	}
+	return st.Err()
+}
+
+// takeStart takes a run start from the tenant's rate and the server's.
+// Over either, nothing is taken and the error names the limit. undo gives
+// the start back, for a request refused later on.
+func (s *Service) takeStart(p *policy) (undo func(), err error) {
+	now := time.Now()
+	var taken []*rate.Reservation
+	undo = func() {
+		for _, r := range taken {
+			r.CancelAt(now)
+		}
+	}
+	for _, lv := range []struct {
+		lim          *rate.Limiter
+		l            Limits
+		who, subject string
+	}{
+		{p.starts, p.startsLimits, p.who, p.subject},
+		{s.starts, s.limits, "the server", "server"},
+	} {
+		if lv.lim == nil {
+			continue
+		}
+		r := lv.lim.ReserveN(now, 1)
+		if !r.OK() || r.DelayFrom(now) > 0 {
+			wait := r.DelayFrom(now)
+			r.CancelAt(now)
+			undo()
+			return nil, exhausted(lv.subject, fmt.Sprintf(
+				"limit run_starts_per_second reached for %s: %g run starts a second, in bursts of at most %d; retry in %s",
+				lv.who, lv.l.RunStartsPerSecond, startBurst(lv.l), wait.Round(time.Millisecond)), wait)
+		}
+		taken = append(taken, r)
+	}
+	return undo, nil
+}
+
+// ActiveRuns counts the runs in progress on this server, in all and by
+// tenant, for the max_concurrent_runs limits. It learns when runs start and
+// end as a runs.Observer: pass Observer's result as runs.Config.Observer,
+// and the ActiveRuns as Options.ActiveRuns (New does both).
+type ActiveRuns struct {
+	mu       sync.Mutex
+	total    int
+	byTenant map[string]int
+}
+
+// NewActiveRuns returns a counter with no run in progress.
+func NewActiveRuns() *ActiveRuns { return &ActiveRuns{byTenant: map[string]int{}} }
+
+// InProgress returns how many of tenant's runs are in progress here.
+func (a *ActiveRuns) InProgress(tenant string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.byTenant[tenant]
+}
+
+// runSlot is one counted run; release uncounts it, once.
+type runSlot struct {
+	a      *ActiveRuns
+	tenant string
+	once   sync.Once
+}
+
+func (r *runSlot) release() {
+	r.once.Do(func() {
+		r.a.mu.Lock()
+		defer r.a.mu.Unlock()
+		r.a.total--
+		if r.a.byTenant[r.tenant]--; r.a.byTenant[r.tenant] <= 0 {
+			delete(r.a.byTenant, r.tenant)
+		}
+	})
+}
+
+// reserve counts a new run of p's tenant unless the tenant's or the
+// server's max_concurrent_runs is reached.
+func (a *ActiveRuns) reserve(p *policy, serverMax int) (*runSlot, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if n := a.byTenant[p.tenant]; p.maxConcurrent > 0 && n >= p.maxConcurrent {
+		return nil, exhausted(p.subject, fmt.Sprintf(
+			"limit max_concurrent_runs reached for %s: %d runs in progress, the limit is %d; retry once one has ended", p.who, n, p.maxConcurrent), 0)
+	}
+	if serverMax > 0 && a.total >= serverMax {
+		return nil, exhausted("server", fmt.Sprintf(
+			"limit max_concurrent_runs reached for the server: the limit is %d runs in progress; retry once one has ended", serverMax), 0)
+	}
+	return a.addLocked(p.tenant), nil
+}
+
+// add counts a run whatever the limits (a run resumed here).
+func (a *ActiveRuns) add(tenant string) *runSlot {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.addLocked(tenant)
+}
+
+func (a *ActiveRuns) addLocked(tenant string) *runSlot {
+	a.total++
+	a.byTenant[tenant]++
+	return &runSlot{a: a, tenant: tenant}
+}
+
+type runSlotKey struct{}
+
+// Observer returns a runs.Observer that counts every run this server
+// drives until it ends (or this server stops driving it), then passes it
+// on to inner (which may be nil). A new run uses the slot that Start's
+// request reserved.
+func (a *ActiveRuns) Observer(inner runs.Observer) runs.Observer {
+	return countingObserver{a: a, inner: inner}
+}
+
+type countingObserver struct {
+	a     *ActiveRuns
+	inner runs.Observer
+}
+
+func (o countingObserver) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool) (context.Context, func(*stubbornv1.RunEvent)) {
+	var slot *runSlot
+	if !resumed {
+		slot, _ = reqCtx.Value(runSlotKey{}).(*runSlot)
+	}
+	if slot == nil {
+		slot = o.a.add(st.GetTenant())
+	}
+	ctx, see := runCtx, func(*stubbornv1.RunEvent) {}
+	if o.inner != nil {
+		ctx, see = o.inner.ObserveRun(runCtx, reqCtx, st, resumed)
+	}
+	return ctx, func(ev *stubbornv1.RunEvent) {
+		if see != nil {
+			see(ev)
+		}
+		if ev == nil || ev.GetRunFinished() != nil {
+			slot.release()
+		}
+	}
+}
+
+// watchers counts the streams following each run.
+type watchers struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// acquire counts a watcher of run id unless max (> 0) are watching it
+// already; force counts it whatever the limit. release uncounts it.
+func (w *watchers) acquire(id string, max int, force bool) (release func(), ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n == nil {
+		w.n = map[string]int{}
+	}
+	if !force && max > 0 && w.n[id] >= max {
+		return nil, false
+	}
+	w.n[id]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.n[id]--; w.n[id] <= 0 {
+				delete(w.n, id)
+			}
+		})
+	}, true
+}

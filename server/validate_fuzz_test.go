@@ -1,0 +1,92 @@
+package server
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// FuzzValidateRunRequest checks any StartRunRequest a client may send (the
+// protobuf bytes of it), as a tenant allowed every delegate and as one
+// allowed only "a", with small limits: never a panic; a refusal is
+// INVALID_ARGUMENT or NOT_FOUND; an accepted request selects exactly one
+// control, is within the limits and names only delegates the tenant may
+// use.
+func FuzzValidateRunRequest(f *testing.F) {
+	u32 := func(v int32) *int32 { return &v }
+	seeds := []*stubbornv1.StartRunRequest{
+		{TaskBrief: "find it", Retry: &stubbornv1.RetrySpec{Target: "a", Attempts: u32(3), MaxWait: durationpb.New(time.Second)}},
+		{TaskBrief: "find it", RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: "a", MaxRetries: u32(2), FailureWhen: `result.text == ""`, Analyst: "judge"}},
+		{TaskBrief: "find it", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a", "b", "p"}, FailureCriteria: "empty"}},
+		{TaskBrief: "find it", Race: &stubbornv1.RaceSpec{Candidates: []string{"a", "b"}, AcceptWhen: `size(result.text) > 3`}},
+		{TaskBrief: "x", Retry: &stubbornv1.RetrySpec{Target: "zzz"}, Options: &stubbornv1.RunOptions{Judge: "p", Metadata: map[string]string{"k": "v"}, RunTimeout: durationpb.New(-time.Second)}},
+		{TaskBrief: " ", Retry: &stubbornv1.RetrySpec{Target: "a"}, Race: &stubbornv1.RaceSpec{}},
+		{TaskBrief: strings.Repeat("b", 300), FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a", "", "a", "a", "a", "a"}, FailureWhen: "result.text +"}},
+	}
+	for _, s := range seeds {
+		b, err := proto.Marshal(s)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	known := map[string]bool{"a": true, "b": true, "judge": true, "p": true}
+	o := Options{
+		Known:      func(n string) bool { return known[n] },
+		IsDelegate: func(n string) bool { return known[n] && n != "p" },
+		HasJudge:   true,
+	}
+	server := Limits{MaxBriefBytes: 256, MaxAttempts: 10, MaxChain: 4, MaxWait: time.Minute, MaxMetadata: 4}
+	policies := map[string]*policy{
+		"all":    newPolicy("all", Limits{}, nil, server, o),
+		"only-a": newPolicy("only-a", Limits{MaxChain: 2}, []string{"a"}, server, o),
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req := &stubbornv1.StartRunRequest{}
+		if proto.Unmarshal(b, req) != nil {
+			return
+		}
+		for name, p := range policies {
+			spec, err := p.val.runSpec(req)
+			if err != nil {
+				if c := status.Code(err); c != codes.InvalidArgument && c != codes.NotFound {
+					t.Fatalf("%s: refused with %s: %v", name, c, err)
+				}
+				continue
+			}
+			if spec.GetKind() == nil {
+				t.Fatalf("%s: accepted without a control", name)
+			}
+			n := 0
+			for _, set := range []bool{req.GetRetry() != nil, req.GetRetryWithLearning() != nil, req.GetFallbackChain() != nil, req.GetRace() != nil} {
+				if set {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Fatalf("%s: accepted with %d controls", name, n)
+			}
+			if l := len(req.GetTaskBrief()); l > p.limits.MaxBriefBytes || strings.TrimSpace(req.GetTaskBrief()) == "" {
+				t.Fatalf("%s: accepted a brief of %d bytes", name, l)
+			}
+			names := append(append([]string{req.GetRetry().GetTarget(), req.GetRetryWithLearning().GetTarget(),
+				req.GetRetryWithLearning().GetAnalyst(), req.GetOptions().GetJudge()},
+				req.GetFallbackChain().GetChain()...), req.GetRace().GetCandidates()...)
+			if len(req.GetFallbackChain().GetChain()) > p.limits.MaxChain || len(req.GetRace().GetCandidates()) > p.limits.MaxChain {
+				t.Fatalf("%s: accepted a chain longer than %d", name, p.limits.MaxChain)
+			}
+			for _, d := range names {
+				if d != "" && !p.val.known(d) {
+					t.Fatalf("%s: accepted delegate %q", name, d)
+				}
+			}
+		}
+	})
+}
