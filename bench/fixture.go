@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
 	"github.com/stubbornhq/stubborn/server"
 )
 
@@ -34,7 +36,33 @@ const (
 // in-memory journal exists today; the durable JetStream modes (issue #8,
 // item 7: one entry per durability setting) are added here.
 var stores = map[string]func(cfg *server.Config) (cleanup func(), err error){
-	"memory": func(*server.Config) (func(), error) { return func() {}, nil },
+	"memory":            func(*server.Config) (func(), error) { return func() {}, nil },
+	"embedded-always":   embedded(runs.SyncAlways),
+	"embedded-interval": embedded(runs.SyncInterval),
+}
+
+// embedded keeps runs in an in-process JetStream in a temporary directory,
+// fsyncing as durability says: the default `stubborn serve`.
+func embedded(durability runs.Durability) func(cfg *server.Config) (func(), error) {
+	return func(cfg *server.Config) (func(), error) {
+		dir, err := os.MkdirTemp("", "stubborn-bench-")
+		if err != nil {
+			return nil, err
+		}
+		e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: dir, Durability: durability, SyncPeriod: time.Second})
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+		store, err := runs.NewJetStream(context.Background(), e.Conn, runs.JetStreamConfig{})
+		if err != nil {
+			e.Close()
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+		cfg.Runs.Store, cfg.Runs.SoleOwner, cfg.Runs.CancelOnClose = store, true, true
+		return func() { _ = store.Close(); e.Close(); _ = os.RemoveAll(dir) }, nil
+	}
 }
 
 func storeNames() string {

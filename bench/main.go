@@ -49,6 +49,11 @@ type Report struct {
 	Load    []LoadResult    `json:"load"`
 	Waiting []WaitingResult `json:"waiting"`
 	Watch   []WatchResult   `json:"watch"`
+	// Ratios are computed from Load, within one run: its measurements are
+	// interleaved, so other load on the machine weighs on both sides.
+	Ratios []Ratio `json:"ratios"`
+	// Runs is how many runs the figures are the medians of.
+	Runs int `json:"runs"`
 }
 
 // Machine describes where the numbers come from.
@@ -78,7 +83,7 @@ type options struct {
 	watchers, watchConns, watchAttempts int
 	watchPace                           time.Duration
 
-	jsonOut, median, cpuProfile, memProfile, heapProfile string
+	jsonOut, median, cpuProfile, memProfile, heapProfile, idleProfile string
 }
 
 func main() {
@@ -100,7 +105,7 @@ func run() error {
 	flag.IntVar(&o.waitingRuns, "waiting", 10_000, "runs waiting in backoff at once (scenario 5)")
 	flag.DurationVar(&o.idle, "idle", 5*time.Second, "CPU measurement window, without runs and while they all wait (scenario 5)")
 	flag.IntVar(&o.watchers, "watchers", 1000, "WatchRun streams on the watched run (scenario 6)")
-	flag.IntVar(&o.watchConns, "watch-conns", 1, "client connections the watchers are spread over (scenario 6)")
+	flag.IntVar(&o.watchConns, "watch-conns", 10, "client connections the watchers are spread over (scenario 6): 1,000 watchers are many clients")
 	flag.IntVar(&o.watchAttempts, "watch-attempts", 20, "attempts of the watched run, the last one succeeding (scenario 6)")
 	flag.DurationVar(&o.watchPace, "watch-pace", 10*time.Millisecond, "paced mode's max backoff wait; 0 runs only the burst mode (scenario 6)")
 	flag.StringVar(&o.jsonOut, "json", "", "also write the results to this JSON file")
@@ -108,6 +113,7 @@ func run() error {
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the measurements to this file")
 	flag.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile to this file at the end")
 	flag.StringVar(&o.heapProfile, "heapprofile", "", "write a heap profile to this file while every run of scenario 5 waits")
+	flag.StringVar(&o.idleProfile, "idleprofile", "", "write a CPU profile of scenario 5's waiting window to this file (not with -cpuprofile)")
 	flag.Parse()
 
 	if o.median != "" {
@@ -142,6 +148,9 @@ func run() error {
 		return errors.New("-watchers, -watch-conns, -watch-attempts and -waiting must be at least 1")
 	}
 
+	if o.cpuProfile != "" && o.idleProfile != "" {
+		return errors.New("-cpuprofile and -idleprofile cannot be used together")
+	}
 	if o.cpuProfile != "" {
 		f, err := os.Create(o.cpuProfile)
 		if err != nil {
@@ -197,11 +206,13 @@ func measure(o options) (*Report, error) {
 		return nil, err
 	}
 	rep.Load = load
+	rep.Ratios = ratios(load)
+	rep.Runs = 1
 	if o.scenarios["waiting"] {
 		for _, store := range o.stores {
 			progress("waiting runs=%d store=%s", o.waitingRuns, store)
 			runtime.GC()
-			r, err := runWaiting(ctx, w, store, o.waitingRuns, o.idle, 32, o.heapProfile)
+			r, err := runWaiting(ctx, w, store, o.waitingRuns, o.idle, 32, o.heapProfile, o.idleProfile)
 			if err != nil {
 				return nil, fmt.Errorf("waiting: %w", err)
 			}

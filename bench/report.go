@@ -46,7 +46,11 @@ func printReport(w io.Writer, rep *Report, what string) {
 				fmt.Fprintf(w, "- %s c=%d first error: %s\n", r.Scenario, r.Concurrency, r.FirstError)
 			}
 		}
-		printRatios(w, rep.Load)
+		what := "within the run"
+		if rep.Runs > 1 {
+			what = fmt.Sprintf("median of the %d runs' own ratios", rep.Runs)
+		}
+		printRatios(w, rep.Ratios, what)
 	}
 
 	if len(rep.Waiting) > 0 {
@@ -77,9 +81,25 @@ func printReport(w io.Writer, rep *Report, what string) {
 	}
 }
 
-// printRatios prints 3/2 (run/proxy) and 4/1 (retry/direct) at every
-// concurrency, and the verdicts on the issue's targets.
-func printRatios(w io.Writer, load []LoadResult) {
+// Ratio compares two scenarios at one concurrency: A's figure over B's.
+type Ratio struct {
+	Label       string  `json:"label"`
+	Store       string  `json:"store"`
+	Concurrency int     `json:"concurrency"`
+	Throughput  float64 `json:"throughput"`
+	P50         float64 `json:"p50"`
+	P99         float64 `json:"p99"`
+	CPU         float64 `json:"cpu_per_op"`
+	// The issue's targets this row is judged by.
+	ThroughputTarget bool `json:"throughput_target,omitempty"`
+	P50Target        bool `json:"p50_target,omitempty"`
+}
+
+func (r Ratio) key() string { return fmt.Sprintf("%s|%s|%d", r.Label, r.Store, r.Concurrency) }
+
+// ratios computes 3/2 (run/proxy), 4/1 (retry/direct), 3/2b and 2b/2 at
+// every concurrency of one run.
+func ratios(load []LoadResult) []Ratio {
 	find := func(sc, store string, c int) (LoadResult, bool) {
 		for _, r := range load {
 			if r.Scenario == sc && r.Store == store && r.Concurrency == c {
@@ -100,50 +120,62 @@ func printRatios(w io.Writer, load []LoadResult) {
 	}
 	slices.Sort(concs)
 	if len(concs) == 0 {
-		return
+		return nil
 	}
 	lo, hi := concs[0], concs[len(concs)-1]
-	fmt.Fprintln(w, "### Ratios")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| ratio | store | concurrency | throughput | p50 | p99 | CPU/op | target |")
-	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|---|")
+	var out []Ratio
 	for _, store := range stores {
 		for _, pair := range [][2]string{{"run", "proxy"}, {"retry", "direct"}, {"run", "stream"}, {"stream", "proxy"}} {
 			label := map[string]string{
 				"run/proxy": "3/2 run ÷ proxy", "retry/direct": "4/1 retry ÷ direct",
 				"run/stream": "3/2b run ÷ stream", "stream/proxy": "2b/2 stream ÷ proxy",
 			}[pair[0]+"/"+pair[1]]
-			for _, c := range concs {
-				storeOf := func(sc string) string {
-					if sc == "run" || sc == "retry" {
-						return store
-					}
-					return ""
+			storeOf := func(sc string) string {
+				if sc == "run" || sc == "retry" {
+					return store
 				}
+				return ""
+			}
+			for _, c := range concs {
 				a, okA := find(pair[0], storeOf(pair[0]), c)
 				b, okB := find(pair[1], storeOf(pair[1]), c)
-				if !okA || !okB || b.OpsPerSec == 0 || b.P50us == 0 || b.P99us == 0 {
+				if !okA || !okB || b.OpsPerSec == 0 || b.P50us == 0 || b.P99us == 0 || b.CPUusPerOp == 0 {
 					continue
 				}
-				thr, p50, p99 := a.OpsPerSec/b.OpsPerSec, a.P50us/b.P50us, a.P99us/b.P99us
-				var targets []string
-				if pair == [2]string{"run", "proxy"} && c == hi {
-					targets = append(targets, fmt.Sprintf("throughput ≥ %.1f: %s", targetRunThroughput, verdict(thr >= targetRunThroughput)))
-				}
-				if pair == [2]string{"run", "proxy"} && c == lo {
-					targets = append(targets, fmt.Sprintf("p50 ≤ %.1f: %s", targetRunP50, verdict(p50 <= targetRunP50)))
-				}
-				target := "–"
-				if len(targets) > 0 {
-					target = strings.Join(targets, "; ")
-				}
-				cpu := 0.0
-				if b.CPUusPerOp > 0 {
-					cpu = a.CPUusPerOp / b.CPUusPerOp
-				}
-				fmt.Fprintf(w, "| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %s |\n", label, store, c, thr, p50, p99, cpu, target)
+				main := pair == [2]string{"run", "proxy"}
+				out = append(out, Ratio{
+					Label: label, Store: store, Concurrency: c,
+					Throughput: a.OpsPerSec / b.OpsPerSec, P50: a.P50us / b.P50us, P99: a.P99us / b.P99us,
+					CPU:              a.CPUusPerOp / b.CPUusPerOp,
+					ThroughputTarget: main && c == hi, P50Target: main && c == lo,
+				})
 			}
 		}
+	}
+	return out
+}
+
+// printRatios prints the ratios and the verdicts on the issue's targets.
+func printRatios(w io.Writer, rs []Ratio, what string) {
+	if len(rs) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "### Ratios (%s)\n\n", what)
+	fmt.Fprintln(w, "| ratio | store | concurrency | throughput | p50 | p99 | CPU/op | target |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|---|")
+	for _, r := range rs {
+		var targets []string
+		if r.ThroughputTarget {
+			targets = append(targets, fmt.Sprintf("throughput ≥ %.1f: %s", targetRunThroughput, verdict(r.Throughput >= targetRunThroughput)))
+		}
+		if r.P50Target {
+			targets = append(targets, fmt.Sprintf("p50 ≤ %.1f: %s", targetRunP50, verdict(r.P50 <= targetRunP50)))
+		}
+		target := "–"
+		if len(targets) > 0 {
+			target = strings.Join(targets, "; ")
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %s |\n", r.Label, r.Store, r.Concurrency, r.Throughput, r.P50, r.P99, r.CPU, target)
 	}
 	fmt.Fprintln(w)
 }
@@ -191,9 +223,31 @@ func medianOf(files []string) (*Report, error) {
 		return nil, fmt.Errorf("no files")
 	}
 	out := &Report{Machine: reps[0].Machine, Command: reps[0].Command}
+	var before, after []string
+	for _, r := range reps {
+		before = append(before, r.Machine.LoadAvgBefore)
+		after = append(after, r.Machine.LoadAvgAfter)
+	}
+	out.Machine.LoadAvgBefore = strings.Join(before, ", ")
+	out.Machine.LoadAvgAfter = strings.Join(after, ", ")
 	for _, base := range reps[0].Load {
 		out.Load = append(out.Load, medianLoad(base, collect(reps, func(r *Report) []LoadResult { return r.Load }, base.key(), LoadResult.key)))
 	}
+	for _, r := range reps {
+		if len(r.Ratios) == 0 { // written before ratios were saved
+			r.Ratios = ratios(r.Load)
+		}
+	}
+	for _, base := range reps[0].Ratios {
+		vs := collect(reps, func(r *Report) []Ratio { return r.Ratios }, base.key(), Ratio.key)
+		m := base
+		m.Throughput = median(vs, func(v Ratio) float64 { return v.Throughput })
+		m.P50 = median(vs, func(v Ratio) float64 { return v.P50 })
+		m.P99 = median(vs, func(v Ratio) float64 { return v.P99 })
+		m.CPU = median(vs, func(v Ratio) float64 { return v.CPU })
+		out.Ratios = append(out.Ratios, m)
+	}
+	out.Runs = len(reps)
 	for _, base := range reps[0].Waiting {
 		key := func(r WaitingResult) string { return r.Store }
 		out.Waiting = append(out.Waiting, medianWaiting(base, collect(reps, func(r *Report) []WaitingResult { return r.Waiting }, key(base), key)))

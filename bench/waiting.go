@@ -73,7 +73,7 @@ func cpuPercent(d time.Duration) float64 {
 // runWaiting starts n retry runs whose first attempt fails and whose backoff
 // wait is drawn from [0, 1000h], so that they all sit in backoff; measures
 // memory per waiting run and CPU while they all wait; then cancels them.
-func runWaiting(ctx context.Context, w *world, store string, n int, idle time.Duration, conc int, heapProfile string) (WaitingResult, error) {
+func runWaiting(ctx context.Context, w *world, store string, n int, idle time.Duration, conc int, heapProfile, idleProfile string) (WaitingResult, error) {
 	res := WaitingResult{Store: store, Runs: n}
 	s, err := startStubborn(w, store, 1)
 	if err != nil {
@@ -152,7 +152,20 @@ func runWaiting(ctx context.Context, w *world, store string, n int, idle time.Du
 	res.StackBytesPerRun = per(before.stack, after.stack)
 	res.RSSBytesPerRun = per(before.rss, after.rss)
 	res.GoroutinesPerRun = per(int64(before.goroutines), int64(after.goroutines))
+	if idleProfile != "" {
+		f, err := os.Create(idleProfile)
+		if err != nil {
+			return res, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return res, err
+		}
+	}
 	res.WaitingCPUPercent = cpuPercent(idle)
+	if idleProfile != "" {
+		pprof.StopCPUProfile()
+	}
 
 	t1 := time.Now()
 	next.Store(0)

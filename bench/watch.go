@@ -41,8 +41,8 @@ const gateSeq = 2
 // WatchRun streams spread over conns connections. Each round opens the
 // delegate's gate once every watcher has the events before it, so that the
 // rest are delivered live; the delivery latency of an event is its receive
-// time minus its event.time (one process, one clock). Rounds repeat until
-// dur has passed (at least one).
+// time minus its event.time (one process, one clock). After a warm-up
+// round, rounds repeat until dur has passed (at least one).
 func runWatch(ctx context.Context, w *world, store, mode string, watchers, conns, attempts int, pace, dur time.Duration) (WatchResult, error) {
 	res := WatchResult{Store: store, Mode: mode, Watchers: watchers, Conns: conns}
 	s, err := startStubborn(w, store, conns)
@@ -57,6 +57,11 @@ func runWatch(ctx context.Context, w *world, store, mode string, watchers, conns
 	r := retryRun(watchedName, int32(attempts-1), pace, pace)
 	req := &stubbornv1.StartRunRequest{TaskBrief: r.TaskBrief, Retry: r.Retry}
 
+	// One round unmeasured: the connections' flow-control windows start
+	// small and grow with use.
+	if _, _, _, err := watchRound(ctx, w, s.client, clients, req, watchers); err != nil {
+		return res, fmt.Errorf("warm-up round: %w", err)
+	}
 	var all []time.Duration
 	var emits []time.Duration
 	start := time.Now()

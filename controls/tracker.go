@@ -91,7 +91,7 @@ func (t *Tracker) Status() stubbornv1.RunStatus {
 // replayed event's time. Callers hold t.mu.
 func (t *Tracker) touch(replayed *stubbornv1.RunEvent) {
 	if replayed != nil {
-		t.state.UpdateTime = proto.CloneOf(replayed.GetTime())
+		t.state.UpdateTime = copyTime(replayed.GetTime())
 		return
 	}
 	t.state.UpdateTime = timestamppb.New(t.clock.Now())
@@ -102,7 +102,7 @@ func (t *Tracker) touch(replayed *stubbornv1.RunEvent) {
 // in the order the state changed.
 func (t *Tracker) emit(path string, ev *stubbornv1.RunEvent) {
 	ev.Path = path
-	ev.Time = proto.CloneOf(t.state.UpdateTime)
+	ev.Time = copyTime(t.state.UpdateTime)
 	if t.record != nil {
 		t.record(ev, t.state)
 	}
@@ -152,19 +152,24 @@ func (t *Tracker) BeginAttempt(path, delegate, brief string, waitBefore time.Dur
 		return n
 	}
 	t.touch(nil)
-	a := &stubbornv1.Attempt{
-		Number:    n,
-		Delegate:  delegate,
-		Brief:     brief,
-		StartTime: proto.CloneOf(t.state.UpdateTime),
-		Path:      path,
+	// Built twice, not cloned (proto.Clone works by reflection): the log's
+	// copy changes when the attempt ends, the event's never does.
+	newAttempt := func() *stubbornv1.Attempt {
+		a := &stubbornv1.Attempt{
+			Number:    n,
+			Delegate:  delegate,
+			Brief:     brief,
+			StartTime: copyTime(t.state.UpdateTime),
+			Path:      path,
+		}
+		if waitBefore > 0 {
+			a.WaitBefore = durationpb.New(waitBefore)
+		}
+		return a
 	}
-	if waitBefore > 0 {
-		a.WaitBefore = durationpb.New(waitBefore)
-	}
-	t.state.AttemptLog = append(t.state.AttemptLog, a)
+	t.state.AttemptLog = append(t.state.AttemptLog, newAttempt())
 	t.emit(path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptStarted{
-		AttemptStarted: &stubbornv1.AttemptStarted{Attempt: proto.CloneOf(a)},
+		AttemptStarted: &stubbornv1.AttemptStarted{Attempt: newAttempt()},
 	}})
 	return n
 }
@@ -215,7 +220,7 @@ func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result 
 	}
 	t.touch(nil)
 	a := t.state.AttemptLog[n-1]
-	a.EndTime = proto.CloneOf(t.state.UpdateTime)
+	a.EndTime = copyTime(t.state.UpdateTime)
 	a.Outcome = outcome
 	a.Result = result
 	if err != nil {
@@ -389,12 +394,21 @@ func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result,
 	t.state.Result = result
 	t.state.Winner = winner
 	t.state.StatusReason = reason
-	t.state.EndTime = proto.CloneOf(t.state.UpdateTime)
+	t.state.EndTime = copyTime(t.state.UpdateTime)
 	final := proto.CloneOf(t.state)
 	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunFinished{
 		RunFinished: &stubbornv1.RunFinished{State: final},
 	}})
 	return proto.CloneOf(final)
+}
+
+// copyTime returns a copy of ts, as proto.CloneOf would, without its
+// reflection: events copy a time several times each.
+func copyTime(ts *timestamppb.Timestamp) *timestamppb.Timestamp {
+	if ts == nil {
+		return nil
+	}
+	return &timestamppb.Timestamp{Seconds: ts.GetSeconds(), Nanos: ts.GetNanos()}
 }
 
 // attemptError converts a call failure to its wire form.

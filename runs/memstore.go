@@ -51,7 +51,9 @@ func (s *Memory) Append(_ context.Context, ev *stubbornv1.RunEvent) error {
 	if ev.GetSeq() != int64(len(evs))+1 {
 		return fmt.Errorf("%w: event %d of run %s, journal has %d", ErrConflict, ev.GetSeq(), ev.GetRunId(), len(evs))
 	}
-	s.events[ev.GetRunId()] = append(evs, proto.CloneOf(ev))
+	// Events are never changed once recorded, so the store keeps and hands
+	// out the recorder's own, without copying.
+	s.events[ev.GetRunId()] = append(evs, ev)
 	close(s.changed)
 	s.changed = make(chan struct{})
 	return nil
@@ -73,11 +75,7 @@ func (s *Memory) since(runID string, after int64) ([]*stubbornv1.RunEvent, <-cha
 	if after >= int64(len(evs)) {
 		return nil, s.changed
 	}
-	out := make([]*stubbornv1.RunEvent, 0, int64(len(evs))-after)
-	for _, ev := range evs[after:] {
-		out = append(out, proto.CloneOf(ev))
-	}
-	return out, s.changed
+	return evs[after:len(evs):len(evs)], s.changed
 }
 
 // Follow sends the run's events after seq after, then new ones.
