@@ -381,7 +381,8 @@ func (t *Tracker) Decide(d stubbornv1.Decision) error {
 }
 
 // Finish sets the final status, result and winner, and emits run_finished.
-// Only the first call has an effect.
+// Only the first call has an effect. It returns the final state, which is
+// the run_finished event's own: read it, do not change it.
 func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result, winner, reason string) *stubbornv1.ControlState {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -399,7 +400,7 @@ func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result,
 	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunFinished{
 		RunFinished: &stubbornv1.RunFinished{State: final},
 	}})
-	return proto.CloneOf(final)
+	return final // shared with the run_finished event, which nobody changes
 }
 
 // copyTime returns a copy of ts, as proto.CloneOf would, without its
