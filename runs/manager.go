@@ -194,22 +194,7 @@ func (m *Manager) Owner() string { return m.owner }
 // ends CANCELLED; otherwise runs are left where they are, to be taken over
 // by another server, or by the next start on the same store.
 func (m *Manager) Close() {
-	m.mu.Lock()
-	m.closed = true
-	local := make([]*run, 0, len(m.runs))
-	for _, r := range m.runs {
-		local = append(local, r)
-	}
-	m.mu.Unlock()
-	if !m.cfg.CancelOnClose {
-		for _, r := range local {
-			r.abandon()
-		}
-	}
-	for _, r := range local {
-		r.cancel(errShutdown)
-	}
-	m.wg.Wait()
+	m.stopRuns(!m.cfg.CancelOnClose)
 	if !m.cfg.CancelOnClose {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := m.store.Leave(ctx, m.owner); err != nil {
@@ -221,11 +206,10 @@ func (m *Manager) Close() {
 	m.loops.Wait()
 }
 
-// Kill stops driving every run at once, writing nothing and telling no one,
-// as a crash would. The runs are taken over once the lease has passed.
-// For tests of recovery.
-func (m *Manager) Kill() {
-	m.paused.Store(true)
+// stopRuns refuses new runs and ends the local ones, waiting for them:
+// abandoned (they write nothing more, to be taken over later) or cancelled
+// (they end CANCELLED).
+func (m *Manager) stopRuns(abandon bool) {
 	m.mu.Lock()
 	m.closed = true
 	local := make([]*run, 0, len(m.runs))
@@ -234,10 +218,20 @@ func (m *Manager) Kill() {
 	}
 	m.mu.Unlock()
 	for _, r := range local {
-		r.abandon()
+		if abandon {
+			r.abandon()
+		}
 		r.cancel(errShutdown)
 	}
 	m.wg.Wait()
+}
+
+// Kill stops driving every run at once, writing nothing and telling no one,
+// as a crash would. The runs are taken over once the lease has passed.
+// For tests of recovery.
+func (m *Manager) Kill() {
+	m.paused.Store(true)
+	m.stopRuns(true)
 	m.cancel(errShutdown)
 	m.loops.Wait()
 }
