@@ -192,6 +192,7 @@ func replayJournal(ctx context.Context, st *stubbornv1.ControlState, journal []*
 	rec := func(ev *stubbornv1.RunEvent, _ *stubbornv1.ControlState) {
 		mu.Lock()
 		defer mu.Unlock()
+		ev = proto.CloneOf(ev) // ev is only the tracker's during the call
 		ev.Seq = int64(len(all)) + 1
 		all = append(all, ev)
 		if len(all) > 300 {

@@ -146,7 +146,8 @@ func (f *fixture) start(ctx context.Context, spec *stubbornv1.ControlSpec) <-cha
 	go func() {
 		f.env.Tracker.Start()
 		out := controls.Execute(ctx, f.env, taskBrief, spec)
-		state := f.env.Tracker.Finish(out.Status, out.Result, out.Winner, out.Reason)
+		f.env.Tracker.Finish(out.Status, out.Result, out.Winner, out.Reason)
+		state := f.env.Tracker.Snapshot()
 		done <- ran{out: out, state: state, calls: f.fakes.Calls()}
 	}()
 	return done

@@ -59,6 +59,7 @@ func runOnce(t *testing.T, spec *stubbornv1.ControlSpec, d *byAttempt, journal [
 		mu.Lock()
 		defer mu.Unlock()
 		seq++
+		ev = proto.CloneOf(ev) // ev is only the tracker's during the call
 		ev.Seq = seq
 		evs = append(evs, ev)
 	}
@@ -161,7 +162,7 @@ func TestReplayKeepsWaitingForADecisionAndResumesABackoff(t *testing.T) {
 	requested := make(chan struct{})
 	rec := func(ev *stubbornv1.RunEvent, _ *stubbornv1.ControlState) {
 		mu.Lock()
-		journal = append(journal, ev)
+		journal = append(journal, proto.CloneOf(ev))
 		mu.Unlock()
 		if ev.GetDecisionRequested() != nil {
 			close(requested)
@@ -186,7 +187,7 @@ func TestReplayKeepsWaitingForADecisionAndResumesABackoff(t *testing.T) {
 	clock := controlstest.NewClock()
 	var fresh []*stubbornv1.RunEvent
 	tr2 := controls.NewReplayTracker(proto.CloneOf(recorded[0].GetRunStarted().GetState()), clock, func(ev *stubbornv1.RunEvent, _ *stubbornv1.ControlState) {
-		fresh = append(fresh, ev)
+		fresh = append(fresh, proto.CloneOf(ev))
 	}, recorded)
 	tr2.Start()
 	out := make(chan controls.Outcome, 1)

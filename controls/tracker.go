@@ -3,6 +3,7 @@ package controls
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,8 +20,11 @@ import (
 type Sink func(ev *stubbornv1.RunEvent)
 
 // Recorder is a Sink that also sees the run's state right after the change
-// the event reports. state is the tracker's own: read it during the call
-// only, and clone what must outlive it.
+// the event reports. Both are read during the call only: state is the
+// tracker's own, and ev shares messages with it (run_started's and
+// run_finished's state is state itself, an attempt event's attempt is the
+// log's), so encode or clone what must outlive the call. The tracker copies
+// nothing for an event: a run's events are encoded once, by the recorder.
 type Recorder func(ev *stubbornv1.RunEvent, state *stubbornv1.ControlState)
 
 // ErrNotAwaitingDecision is returned by Decide when the run is not waiting
@@ -49,11 +53,11 @@ type Tracker struct {
 }
 
 // NewTracker tracks state (owned by the tracker from now on) and sends
-// events to sink.
+// events to sink, each a copy of its own.
 func NewTracker(state *stubbornv1.ControlState, clock Clock, sink Sink) *Tracker {
 	var rec Recorder
 	if sink != nil {
-		rec = func(ev *stubbornv1.RunEvent, _ *stubbornv1.ControlState) { sink(ev) }
+		rec = func(ev *stubbornv1.RunEvent, _ *stubbornv1.ControlState) { sink(proto.CloneOf(ev)) }
 	}
 	return NewReplayTracker(state, clock, rec, nil)
 }
@@ -102,7 +106,7 @@ func (t *Tracker) touch(replayed *stubbornv1.RunEvent) {
 // in the order the state changed.
 func (t *Tracker) emit(path string, ev *stubbornv1.RunEvent) {
 	ev.Path = path
-	ev.Time = copyTime(t.state.UpdateTime)
+	ev.Time = t.state.UpdateTime // replaced, never changed, by touch
 	if t.record != nil {
 		t.record(ev, t.state)
 	}
@@ -120,7 +124,7 @@ func (t *Tracker) Start() {
 	t.touch(nil)
 	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
 	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunStarted{
-		RunStarted: &stubbornv1.RunStarted{State: proto.CloneOf(t.state)},
+		RunStarted: &stubbornv1.RunStarted{State: t.state},
 	}})
 }
 
@@ -152,24 +156,19 @@ func (t *Tracker) BeginAttempt(path, delegate, brief string, waitBefore time.Dur
 		return n
 	}
 	t.touch(nil)
-	// Built twice, not cloned (proto.Clone works by reflection): the log's
-	// copy changes when the attempt ends, the event's never does.
-	newAttempt := func() *stubbornv1.Attempt {
-		a := &stubbornv1.Attempt{
-			Number:    n,
-			Delegate:  delegate,
-			Brief:     brief,
-			StartTime: copyTime(t.state.UpdateTime),
-			Path:      path,
-		}
-		if waitBefore > 0 {
-			a.WaitBefore = durationpb.New(waitBefore)
-		}
-		return a
+	a := &stubbornv1.Attempt{
+		Number:    n,
+		Delegate:  delegate,
+		Brief:     brief,
+		StartTime: copyTime(t.state.UpdateTime),
+		Path:      path,
 	}
-	t.state.AttemptLog = append(t.state.AttemptLog, newAttempt())
+	if waitBefore > 0 {
+		a.WaitBefore = durationpb.New(waitBefore)
+	}
+	t.state.AttemptLog = append(t.state.AttemptLog, a)
 	t.emit(path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptStarted{
-		AttemptStarted: &stubbornv1.AttemptStarted{Attempt: newAttempt()},
+		AttemptStarted: &stubbornv1.AttemptStarted{Attempt: a},
 	}})
 	return n
 }
@@ -227,7 +226,7 @@ func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result 
 		a.Error = attemptError(err)
 	}
 	t.emit(a.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptFinished{
-		AttemptFinished: &stubbornv1.AttemptFinished{Attempt: proto.CloneOf(a), Note: note},
+		AttemptFinished: &stubbornv1.AttemptFinished{Attempt: a, Note: note},
 	}})
 }
 
@@ -244,7 +243,7 @@ func (t *Tracker) Failure(rec *stubbornv1.FailureRecord, willRetry bool, nextBri
 	t.state.FailureHistory = append(t.state.FailureHistory, rec)
 	t.emit(rec.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_FailureAnalyzed{
 		FailureAnalyzed: &stubbornv1.FailureAnalyzed{
-			Failure:   proto.CloneOf(rec),
+			Failure:   rec,
 			WillRetry: willRetry,
 			NextBrief: nextBrief,
 		},
@@ -319,10 +318,7 @@ func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, timeou
 		}
 	} else {
 		t.touch(nil)
-		req := &stubbornv1.DecisionRequested{Reason: reason}
-		for _, f := range t.state.FailureHistory {
-			req.FailureHistory = append(req.FailureHistory, proto.CloneOf(f))
-		}
+		req := &stubbornv1.DecisionRequested{Reason: reason, FailureHistory: t.state.FailureHistory}
 		if timeout > 0 {
 			deadline = t.state.GetUpdateTime().AsTime().Add(timeout)
 			req.Deadline = timestamppb.New(deadline)
@@ -381,13 +377,12 @@ func (t *Tracker) Decide(d stubbornv1.Decision) error {
 }
 
 // Finish sets the final status, result and winner, and emits run_finished.
-// Only the first call has an effect. It returns the final state, which is
-// the run_finished event's own: read it, do not change it.
-func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result, winner, reason string) *stubbornv1.ControlState {
+// Only the first call has an effect.
+func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result, winner, reason string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.state.GetEndTime() != nil {
-		return proto.CloneOf(t.state)
+		return
 	}
 	t.touch(nil)
 	t.decision = nil
@@ -396,11 +391,9 @@ func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result,
 	t.state.Winner = winner
 	t.state.StatusReason = reason
 	t.state.EndTime = copyTime(t.state.UpdateTime)
-	final := proto.CloneOf(t.state)
 	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunFinished{
-		RunFinished: &stubbornv1.RunFinished{State: final},
+		RunFinished: &stubbornv1.RunFinished{State: t.state},
 	}})
-	return final // shared with the run_finished event, which nobody changes
 }
 
 // copyTime returns a copy of ts, as proto.CloneOf would, without its
@@ -429,7 +422,7 @@ func attemptError(err error) *stubbornv1.AttemptError {
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	}
-	return &stubbornv1.AttemptError{Code: int32(code), Message: err.Error()}
+	return &stubbornv1.AttemptError{Code: int32(code), Message: strings.ToValidUTF8(err.Error(), "\uFFFD")}
 }
 
 // journal indexes a run's recorded events for replay. Every event is used

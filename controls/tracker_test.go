@@ -41,12 +41,14 @@ func TestTracker(t *testing.T) {
 		var events controlstest.Events
 		tr := controls.NewTracker(&stubbornv1.ControlState{RunId: "r"}, controlstest.NewClock(), events.Sink)
 		tr.Start()
-		first := tr.Finish(cancelled, nil, "", "cancelled")
-		again := tr.Finish(succeeded, &stubbornv1.Result{Text: "late"}, "x", "")
+		tr.Finish(cancelled, nil, "", "cancelled")
+		first := tr.Snapshot()
+		tr.Finish(succeeded, &stubbornv1.Result{Text: "late"}, "x", "")
+		again := tr.Snapshot()
 		assert.Equal(t, cancelled, first.GetStatus())
 		assert.Equal(t, cancelled, again.GetStatus())
 		assert.Nil(t, again.GetResult())
-		assert.Equal(t, cancelled, tr.Snapshot().GetStatus())
+		assert.Equal(t, "cancelled", again.GetStatusReason())
 		assert.Equal(t, []string{"run_started", "run_finished"}, events.Kinds())
 	})
 

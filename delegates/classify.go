@@ -102,7 +102,9 @@ func Classify(err error, trailer metadata.MD) *controls.CallError {
 	if st == nil {
 		st = status.FromContextError(err)
 	}
-	ce = &controls.CallError{Code: st.Code(), Message: st.Message()}
+	// A status message is whatever bytes the delegate sent; the API's
+	// strings must be UTF-8 to be encoded.
+	ce = &controls.CallError{Code: st.Code(), Message: strings.ToValidUTF8(st.Message(), "\uFFFD")}
 	for _, d := range st.Details() {
 		switch d := d.(type) {
 		case *stubbornv1.UpstreamStatus:

@@ -41,7 +41,7 @@ func BenchmarkFanOut(b *testing.B) {
 			var wg sync.WaitGroup
 			for range n {
 				wg.Go(func() {
-					err := m.Watch(ctx, r.id, 0, func(*stubbornv1.RunEvent) error {
+					err := m.Watch(ctx, r.id, 0, func(Event) error {
 						received.Add(1)
 						return nil
 					})
@@ -120,14 +120,18 @@ func BenchmarkRunToEnd(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				var last *stubbornv1.RunEvent
-				if err := m.Watch(ctx, st.GetRunId(), 0, func(ev *stubbornv1.RunEvent) error {
+				var last Event
+				if err := m.Watch(ctx, st.GetRunId(), 0, func(ev Event) error {
 					last = ev
 					return nil
 				}); err != nil {
 					b.Fatal(err)
 				}
-				if s := last.GetRunFinished().GetState().GetStatus(); s != stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED {
+				fin, err := last.Decode()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if s := fin.GetRunFinished().GetState().GetStatus(); s != stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED {
 					b.Fatalf("run ended %s", s)
 				}
 			}

@@ -23,5 +23,9 @@ func (m *Manager) AppendForTest(ctx context.Context, id string) error {
 	r.mu.Lock()
 	seq := int64(len(r.events)) + 1
 	r.mu.Unlock()
-	return m.store.Append(ctx, &stubbornv1.RunEvent{RunId: id, Seq: seq, Kind: &stubbornv1.RunEvent_RunResumed{RunResumed: &stubbornv1.RunResumed{Owner: "stale"}}})
+	ev, err := EncodeEvent(&stubbornv1.RunEvent{RunId: id, Seq: seq, Kind: &stubbornv1.RunEvent_RunResumed{RunResumed: &stubbornv1.RunResumed{Owner: "stale"}}})
+	if err != nil {
+		return err
+	}
+	return m.store.Append(ctx, ev)
 }

@@ -128,15 +128,11 @@ func (s *JetStream) Close() error {
 
 // Append publishes ev on its run's subject, expecting the subject's last
 // message to be the last one this store knows of.
-func (s *JetStream) Append(ctx context.Context, ev *stubbornv1.RunEvent) error {
-	data, err := proto.Marshal(ev)
-	if err != nil {
-		return err
-	}
+func (s *JetStream) Append(ctx context.Context, ev Event) error {
 	s.mu.Lock()
-	last := s.last[ev.GetRunId()]
+	last := s.last[ev.RunID]
 	s.mu.Unlock()
-	ack, err := s.js.Publish(ctx, eventsSubject+ev.GetRunId(), data, jetstream.WithExpectLastSequencePerSubject(last))
+	ack, err := s.js.Publish(ctx, eventsSubject+ev.RunID, ev.Data, jetstream.WithExpectLastSequencePerSubject(last))
 	if err != nil {
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
@@ -146,10 +142,10 @@ func (s *JetStream) Append(ctx context.Context, ev *stubbornv1.RunEvent) error {
 		return err
 	}
 	s.mu.Lock()
-	if ev.GetRunFinished() != nil {
-		delete(s.last, ev.GetRunId())
+	if ev.Finished {
+		delete(s.last, ev.RunID)
 	} else {
-		s.last[ev.GetRunId()] = ack.Sequence
+		s.last[ev.RunID] = ack.Sequence
 	}
 	s.mu.Unlock()
 	return nil
@@ -157,7 +153,7 @@ func (s *JetStream) Append(ctx context.Context, ev *stubbornv1.RunEvent) error {
 
 // Events reads the run's events after seq after and remembers where its
 // journal ends, so that this store may append to it.
-func (s *JetStream) Events(ctx context.Context, runID string, after int64) ([]*stubbornv1.RunEvent, error) {
+func (s *JetStream) Events(ctx context.Context, runID string, after int64) ([]Event, error) {
 	subject := eventsSubject + runID
 	lastMsg, err := s.events.GetLastMsgForSubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -166,9 +162,9 @@ func (s *JetStream) Events(ctx context.Context, runID string, after int64) ([]*s
 	if err != nil {
 		return nil, err
 	}
-	var out []*stubbornv1.RunEvent
-	err = s.read(ctx, runID, func(ev *stubbornv1.RunEvent, seq uint64) (bool, error) {
-		if ev.GetSeq() > after {
+	var out []Event
+	err = s.read(ctx, runID, func(ev Event, seq uint64) (bool, error) {
+		if ev.Seq > after {
 			out = append(out, ev)
 		}
 		return seq < lastMsg.Sequence, nil
@@ -184,7 +180,7 @@ func (s *JetStream) Events(ctx context.Context, runID string, after int64) ([]*s
 
 // read delivers the run's events in order, with their stream sequences,
 // while fn returns true.
-func (s *JetStream) read(ctx context.Context, runID string, fn func(ev *stubbornv1.RunEvent, seq uint64) (bool, error)) error {
+func (s *JetStream) read(ctx context.Context, runID string, fn func(ev Event, seq uint64) (bool, error)) error {
 	cons, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{eventsSubject + runID},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
@@ -207,9 +203,9 @@ func (s *JetStream) read(ctx context.Context, runID string, fn func(ev *stubborn
 			}
 			return err
 		}
-		ev := &stubbornv1.RunEvent{}
-		if err := proto.Unmarshal(msg.Data(), ev); err != nil {
-			return fmt.Errorf("run %s: undecodable event: %w", runID, err)
+		ev, _, err := DecodeEvent(msg.Data())
+		if err != nil {
+			return fmt.Errorf("run %s: %w", runID, err)
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
@@ -224,16 +220,16 @@ func (s *JetStream) read(ctx context.Context, runID string, fn func(ev *stubborn
 
 // Follow sends the run's events after seq after, then new ones, until
 // run_finished.
-func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn func(*stubbornv1.RunEvent) error) error {
+func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn func(Event) error) error {
 	finished := errors.New("finished")
-	err := s.read(ctx, runID, func(ev *stubbornv1.RunEvent, _ uint64) (bool, error) {
-		if ev.GetSeq() <= after {
+	err := s.read(ctx, runID, func(ev Event, _ uint64) (bool, error) {
+		if ev.Seq <= after {
 			return true, nil
 		}
 		if err := fn(ev); err != nil {
 			return false, err
 		}
-		if ev.GetRunFinished() != nil {
+		if ev.Finished {
 			return false, finished
 		}
 		return true, nil

@@ -313,17 +313,18 @@ func (m *Manager) takeOverOrphans(sole bool) {
 }
 
 // Start accepts a run and starts its control in the background. The request
-// must already be valid. It returns the run's state when accepted.
+// must already be valid; the run keeps spec (it is not copied: the caller
+// must not change it). It returns the run's state when accepted.
 //
 // ctx is the request's context: it is used for tracing, and for the tenant
 // the run belongs to (TenantFrom), since the run outlives the request.
 func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (*stubbornv1.ControlState, error) {
 	id := newID()
-	opts = proto.CloneOf(opts)
 	if opts == nil {
 		opts = &stubbornv1.RunOptions{}
 	}
 	if opts.GetIdempotencyKey() == "" {
+		opts = proto.CloneOf(opts) // the request's own stays as it came
 		opts.IdempotencyKey = id
 	}
 	now := m.cfg.Clock.Now()
@@ -331,7 +332,7 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 		RunId:      id,
 		Status:     stubbornv1.RunStatus_RUN_STATUS_PENDING,
 		TaskBrief:  brief,
-		Control:    proto.CloneOf(spec),
+		Control:    spec,
 		Options:    opts,
 		CreateTime: timestamppb.New(now),
 		UpdateTime: timestamppb.New(now),
@@ -352,7 +353,9 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 		m.forget(r)
 		return nil, fmt.Errorf("recording the run: %w", err)
 	}
-	accepted := proto.CloneOf(state)
+	accepted := constantPart(state)
+	accepted.Status = state.GetStatus()
+	accepted.UpdateTime = state.GetUpdateTime()
 	go m.drive(runCtx, r, state, nil, "")
 	return accepted, nil
 }
@@ -406,7 +409,11 @@ func (m *Manager) runContext(r *run, created time.Time, opts *stubbornv1.RunOpti
 
 // resume drives a run taken over from a dead owner, replaying its journal.
 func (m *Manager) resume(id, from string) error {
-	journal, err := m.store.Events(m.ctx, id, 0)
+	recorded, err := m.store.Events(m.ctx, id, 0)
+	if err != nil {
+		return err
+	}
+	journal, err := decodeAll(recorded)
 	if err != nil {
 		return err
 	}
@@ -430,7 +437,7 @@ func (m *Manager) resume(id, from string) error {
 	if err != nil {
 		return err
 	}
-	r.events = journal
+	r.events = recorded
 	runCtx := m.runContext(r, state.GetCreateTime().AsTime(), state.GetOptions())
 	if m.cfg.Observer != nil {
 		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, context.Background(), state, true)
@@ -462,7 +469,9 @@ func (m *Manager) drive(ctx context.Context, r *run, state *stubbornv1.ControlSt
 	if resumedBecause != "" {
 		r.tracker.Resumed(m.owner, resumedBecause)
 	}
-	snapshot := r.tracker.Snapshot()
+	// What the criteria, the call context and the control read of the run
+	// never changes once it is accepted: no need for a copy of the state.
+	snapshot := constantPart(state)
 	env := &controls.Env{
 		Delegates: m.cfg.Delegates,
 		Presets:   m.cfg.Presets,
@@ -481,6 +490,21 @@ func (m *Manager) drive(ctx context.Context, r *run, state *stubbornv1.ControlSt
 	out := controls.Execute(callCtx, env, snapshot.GetTaskBrief(), snapshot.GetControl())
 	r.tracker.Finish(out.Status, out.Result, out.Winner, out.Reason)
 	m.retire(r)
+}
+
+// constantPart returns a new state with the fields of st that never change
+// once the run is accepted (id, brief, control, options, tenant, creation,
+// trace), sharing their messages, which nobody changes either.
+func constantPart(st *stubbornv1.ControlState) *stubbornv1.ControlState {
+	return &stubbornv1.ControlState{
+		RunId:       st.GetRunId(),
+		TaskBrief:   st.GetTaskBrief(),
+		Control:     st.GetControl(),
+		Options:     st.GetOptions(),
+		CreateTime:  st.GetCreateTime(),
+		Tenant:      st.GetTenant(),
+		Traceparent: st.GetTraceparent(),
+	}
 }
 
 func (m *Manager) rand(r *run) *mrand.Rand {
@@ -549,7 +573,7 @@ func (m *Manager) state(ctx context.Context, id string) (*stubbornv1.ControlStat
 // happen, and returns nil after the run_finished event. It returns early
 // with ctx's error or the first error of send. No lock is held while send
 // runs.
-func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send func(*stubbornv1.RunEvent) error) error {
+func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send func(Event) error) error {
 	next := afterSeq
 	if r := m.local(id); r != nil {
 		if err := visible(ctx, id, r.tenant); err != nil {
@@ -561,7 +585,7 @@ func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send fun
 				if err := send(ev); err != nil {
 					return err
 				}
-				next = ev.GetSeq()
+				next = ev.Seq
 			}
 			if len(evs) > 0 {
 				continue // more may have arrived while sending
@@ -794,7 +818,7 @@ type run struct {
 	observe   func(*stubbornv1.RunEvent) // the Observer's, or nil
 
 	mu     sync.Mutex
-	events []*stubbornv1.RunEvent
+	events []Event // encoded once, sent as they are to every watcher
 	// changed is closed, and cleared, by the next event or loss; since
 	// makes one only for a watcher that has to wait, so that an event
 	// nobody waits for costs no channel.
@@ -805,10 +829,15 @@ type run struct {
 	ended      chan struct{} // closed once the run has ended here
 }
 
-// record is the tracker's recorder: it numbers the event, writes it to the
-// store (fenced: a write after another server took the run over fails),
-// saves the state when the status changed, journals the event in memory and
-// wakes the watchers.
+// record is the tracker's recorder: it numbers the event and encodes it,
+// once, for the store, the journal in memory and every watcher; writes it
+// to the store (fenced: a write after another server took the run over
+// fails); saves the state when the status changed; journals the event and
+// wakes the watchers. ev and st are the tracker's: read during the call
+// only, as the Observer does.
+//
+// Each store bounds its own calls (JetStream's have the client's default
+// timeout), so record makes no context of its own for them.
 func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -817,27 +846,32 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 	}
 	ev.RunId = r.id
 	ev.Seq = int64(len(r.events)) + 1
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := r.store.Append(ctx, ev); err != nil {
+	enc, err := EncodeEvent(ev)
+	if err != nil {
+		// Not expected: the API's strings are checked or made UTF-8 before
+		// they reach an event. The run cannot go on without its journal.
+		r.log.Error("run stopped: its event cannot be encoded", "run_id", r.id, "err", err)
+		r.loseLocked()
+		r.cancel(err)
+		return
+	}
+	if err := r.store.Append(context.Background(), enc); err != nil {
 		r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
 		r.loseLocked()
 		r.cancel(errLost)
 		return
 	}
-	finished := ev.GetRunFinished() != nil
-	if finished || st.GetStatus() != r.lastStatus {
+	if enc.Finished || st.GetStatus() != r.lastStatus {
 		r.lastStatus = st.GetStatus()
-		// st is only read during the call: a store copies or encodes it.
-		if err := r.store.PutState(ctx, st); err != nil {
+		if err := r.store.PutState(context.Background(), st); err != nil {
 			r.log.Warn("saving run state", "run_id", r.id, "err", err)
 		}
 	}
 	if r.events == nil {
-		r.events = make([]*stubbornv1.RunEvent, 0, journalCap)
+		r.events = make([]Event, 0, journalCap)
 	}
-	r.events = append(r.events, ev)
-	if finished {
+	r.events = append(r.events, enc)
+	if enc.Finished {
 		r.done = true
 		close(r.ended)
 	}
@@ -889,7 +923,7 @@ func (r *run) isLost() bool {
 // since returns the events after seq, whether the run has finished, and
 // whether it was lost. When there are no such events and the run goes on
 // here, it also returns a channel closed on the next change.
-func (r *run) since(seq int64) (evs []*stubbornv1.RunEvent, changed <-chan struct{}, done, lost bool) {
+func (r *run) since(seq int64) (evs []Event, changed <-chan struct{}, done, lost bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	seq = max(seq, 0)

@@ -47,11 +47,38 @@ func ctxFor(t *testing.T) context.Context {
 func watchAll(t *testing.T, m *runs.Manager, id string, after int64) []*stubbornv1.RunEvent {
 	t.Helper()
 	var evs []*stubbornv1.RunEvent
-	require.NoError(t, m.Watch(ctxFor(t), id, after, func(ev *stubbornv1.RunEvent) error {
+	require.NoError(t, m.Watch(ctxFor(t), id, after, decoding(func(ev *stubbornv1.RunEvent) error {
 		evs = append(evs, ev)
 		return nil
-	}))
+	})))
 	return evs
+}
+
+// decoding turns a function of decoded events into a watcher of recorded
+// ones.
+func decoding(fn func(*stubbornv1.RunEvent) error) func(runs.Event) error {
+	return func(e runs.Event) error {
+		ev, err := e.Decode()
+		if err != nil {
+			return err
+		}
+		return fn(ev)
+	}
+}
+
+// decodeAll decodes a journal read from a store.
+func decodeAll(t *testing.T, evs []runs.Event) []*stubbornv1.RunEvent {
+	t.Helper()
+	out := make([]*stubbornv1.RunEvent, 0, len(evs))
+	for _, e := range evs {
+		ev, err := e.Decode()
+		require.NoError(t, err)
+		assert.Equal(t, e.Seq, ev.GetSeq())
+		assert.Equal(t, e.RunID, ev.GetRunId())
+		assert.Equal(t, e.Finished, ev.GetRunFinished() != nil)
+		out = append(out, ev)
+	}
+	return out
 }
 
 func final(t *testing.T, evs []*stubbornv1.RunEvent) *stubbornv1.ControlState {

@@ -18,8 +18,8 @@ type Memory struct {
 	lease time.Duration
 
 	mu       sync.Mutex
-	events   map[string][]*stubbornv1.RunEvent
-	states   map[string]*stubbornv1.ControlState
+	events   map[string][]Event
+	states   map[string][]byte // encoded: pointer-free, nothing for the GC to scan
 	owners   map[string]string
 	beats    map[string]time.Time
 	changed  chan struct{} // closed and replaced on every append
@@ -34,8 +34,8 @@ var _ Store = (*Memory)(nil)
 func NewMemory(lease time.Duration) *Memory {
 	return &Memory{
 		lease:   lease,
-		events:  map[string][]*stubbornv1.RunEvent{},
-		states:  map[string]*stubbornv1.ControlState{},
+		events:  map[string][]Event{},
+		states:  map[string][]byte{},
 		owners:  map[string]string{},
 		beats:   map[string]time.Time{},
 		changed: make(chan struct{}),
@@ -44,28 +44,28 @@ func NewMemory(lease time.Duration) *Memory {
 }
 
 // Append records ev if it is the next event of its run.
-func (s *Memory) Append(_ context.Context, ev *stubbornv1.RunEvent) error {
+func (s *Memory) Append(_ context.Context, ev Event) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	evs := s.events[ev.GetRunId()]
-	if ev.GetSeq() != int64(len(evs))+1 {
-		return fmt.Errorf("%w: event %d of run %s, journal has %d", ErrConflict, ev.GetSeq(), ev.GetRunId(), len(evs))
+	evs := s.events[ev.RunID]
+	if ev.Seq != int64(len(evs))+1 {
+		return fmt.Errorf("%w: event %d of run %s, journal has %d", ErrConflict, ev.Seq, ev.RunID, len(evs))
 	}
-	// Events are never changed once recorded, so the store keeps and hands
-	// out the recorder's own, without copying.
-	s.events[ev.GetRunId()] = append(evs, ev)
+	// An event's encoding is never changed once recorded, so the store
+	// keeps and hands out the recorder's own, without copying.
+	s.events[ev.RunID] = append(evs, ev)
 	close(s.changed)
 	s.changed = make(chan struct{})
 	return nil
 }
 
 // Events returns the run's events after seq after.
-func (s *Memory) Events(_ context.Context, runID string, after int64) ([]*stubbornv1.RunEvent, error) {
+func (s *Memory) Events(_ context.Context, runID string, after int64) ([]Event, error) {
 	evs, _ := s.since(runID, after)
 	return evs, nil
 }
 
-func (s *Memory) since(runID string, after int64) ([]*stubbornv1.RunEvent, <-chan struct{}) {
+func (s *Memory) since(runID string, after int64) ([]Event, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	evs := s.events[runID]
@@ -79,15 +79,15 @@ func (s *Memory) since(runID string, after int64) ([]*stubbornv1.RunEvent, <-cha
 }
 
 // Follow sends the run's events after seq after, then new ones.
-func (s *Memory) Follow(ctx context.Context, runID string, after int64, fn func(*stubbornv1.RunEvent) error) error {
+func (s *Memory) Follow(ctx context.Context, runID string, after int64, fn func(Event) error) error {
 	for {
 		evs, changed := s.since(runID, after)
 		for _, ev := range evs {
 			if err := fn(ev); err != nil {
 				return err
 			}
-			after = ev.GetSeq()
-			if ev.GetRunFinished() != nil {
+			after = ev.Seq
+			if ev.Finished {
 				return nil
 			}
 		}
@@ -102,39 +102,56 @@ func (s *Memory) Follow(ctx context.Context, runID string, after int64, fn func(
 	}
 }
 
-// PutState saves a snapshot.
+// PutState saves a snapshot, encoded: encoding is cheaper than a deep copy,
+// and what it keeps is pointer-free.
 func (s *Memory) PutState(_ context.Context, st *stubbornv1.ControlState) error {
+	data, err := proto.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("encoding the state of run %s: %w", st.GetRunId(), err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.states[st.GetRunId()] = proto.CloneOf(st)
+	s.states[st.GetRunId()] = data
 	return nil
 }
 
 // State returns a saved snapshot.
 func (s *Memory) State(_ context.Context, runID string) (*stubbornv1.ControlState, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	st, ok := s.states[runID]
+	data, ok := s.states[runID]
+	s.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
 	}
-	return proto.CloneOf(st), nil
+	return decodeState(data)
 }
 
 // States calls fn with every snapshot.
 func (s *Memory) States(_ context.Context, fn func(*stubbornv1.ControlState) bool) error {
 	s.mu.Lock()
-	all := make([]*stubbornv1.ControlState, 0, len(s.states))
-	for _, st := range s.states {
-		all = append(all, st)
+	all := make([][]byte, 0, len(s.states))
+	for _, data := range s.states {
+		all = append(all, data)
 	}
 	s.mu.Unlock()
-	for _, st := range all {
-		if !fn(proto.CloneOf(st)) {
+	for _, data := range all {
+		st, err := decodeState(data)
+		if err != nil {
+			return err
+		}
+		if !fn(st) {
 			break
 		}
 	}
 	return nil
+}
+
+func decodeState(data []byte) (*stubbornv1.ControlState, error) {
+	st := &stubbornv1.ControlState{}
+	if err := proto.Unmarshal(data, st); err != nil {
+		return nil, fmt.Errorf("undecodable run state: %w", err)
+	}
+	return st, nil
 }
 
 // Beat records that owner is alive now.

@@ -12,20 +12,22 @@ import (
 // alive. The Manager is the same over every Store; JetStream is the
 // production one, Memory serves tests and the -store memory flag.
 type Store interface {
-	// Append records ev as event number ev.Seq of run ev.RunId. It fails with
+	// Append records ev as event number ev.Seq of run ev.RunID. It fails with
 	// ErrConflict when the run's journal does not end where this store's
 	// view of it does — another owner has written since — so a server that
-	// lost a run can never write to it.
-	Append(ctx context.Context, ev *stubbornv1.RunEvent) error
+	// lost a run can never write to it. ev.Data is never changed: a store
+	// may keep it.
+	Append(ctx context.Context, ev Event) error
 	// Events returns the run's events with seq > after, in order, and makes
 	// this store's view of the journal current (see Append).
-	Events(ctx context.Context, runID string, after int64) ([]*stubbornv1.RunEvent, error)
+	Events(ctx context.Context, runID string, after int64) ([]Event, error)
 	// Follow calls fn with the run's events with seq > after, first those
 	// recorded and then each new one as it is recorded, until run_finished
 	// has been sent (it returns nil), ctx ends or fn fails.
-	Follow(ctx context.Context, runID string, after int64, fn func(*stubbornv1.RunEvent) error) error
+	Follow(ctx context.Context, runID string, after int64, fn func(Event) error) error
 
-	// PutState saves a run's state snapshot.
+	// PutState saves a run's state snapshot. st is read during the call
+	// only.
 	PutState(ctx context.Context, st *stubbornv1.ControlState) error
 	// State returns a run's last saved state, or ErrNotFound.
 	State(ctx context.Context, runID string) (*stubbornv1.ControlState, error)

@@ -118,8 +118,9 @@ func TestStoresRunAndServe(t *testing.T) {
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
 
 			// The store holds the same journal and the final state.
-			stored, err := store.Events(ctxFor(t), st.GetRunId(), 0)
+			recorded, err := store.Events(ctxFor(t), st.GetRunId(), 0)
 			require.NoError(t, err)
+			stored := decodeAll(t, recorded)
 			require.Len(t, stored, len(evs))
 			for i := range evs {
 				assert.True(t, proto.Equal(evs[i], stored[i]), "event %d", i+1)
@@ -130,10 +131,10 @@ func TestStoresRunAndServe(t *testing.T) {
 
 			// Follow replays a finished run and ends.
 			var followed []*stubbornv1.RunEvent
-			require.NoError(t, store.Follow(ctxFor(t), st.GetRunId(), 2, func(ev *stubbornv1.RunEvent) error {
+			require.NoError(t, store.Follow(ctxFor(t), st.GetRunId(), 2, decoding(func(ev *stubbornv1.RunEvent) error {
 				followed = append(followed, ev)
 				return nil
-			}))
+			})))
 			assert.Len(t, followed, len(evs)-2)
 			_, err = store.State(ctxFor(t), "run_nope")
 			assert.ErrorIs(t, err, runs.ErrNotFound)
@@ -171,8 +172,9 @@ func TestAStaleOwnerCannotWrite(t *testing.T) {
 			fin := final(t, watchAll(t, b, st.GetRunId(), 0))
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
 
-			journal, err := open().Events(ctxFor(t), st.GetRunId(), 0) // a reader of its own: reading makes a view current
+			recorded, err := open().Events(ctxFor(t), st.GetRunId(), 0) // a reader of its own: reading makes a view current
 			require.NoError(t, err)
+			journal := decodeAll(t, recorded)
 			var resumed bool
 			for i, ev := range journal {
 				assert.EqualValues(t, i+1, ev.GetSeq(), "dense")

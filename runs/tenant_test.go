@@ -32,7 +32,7 @@ func TestTenantsSeeOnlyTheirOwnRuns(t *testing.T) {
 	assert.Equal(t, "a", st.GetTenant())
 	done, err := m1.Start(ctxB, "brief", chain("ok"), nil)
 	require.NoError(t, err)
-	require.NoError(t, m1.Watch(ctxB, done.GetRunId(), 0, func(*stubbornv1.RunEvent) error { return nil })) // b's own run, to its end
+	require.NoError(t, m1.Watch(ctxB, done.GetRunId(), 0, func(runs.Event) error { return nil })) // b's own run, to its end
 
 	const unknown = "run_doesnotexist"
 	sameAsUnknown := func(t *testing.T, err, errUnknown error) {
@@ -48,7 +48,7 @@ func TestTenantsSeeOnlyTheirOwnRuns(t *testing.T) {
 				_, errU := m.Get(ctx, unknown)
 				sameAsUnknown(t, err, errU)
 
-				noop := func(*stubbornv1.RunEvent) error { return nil }
+				noop := func(runs.Event) error { return nil }
 				sameAsUnknown(t, m.Watch(ctx, id, 0, noop), m.Watch(ctx, unknown, 0, noop))
 
 				_, err = m.Decide(ctx, id, stubbornv1.Decision_DECISION_RETRY)
@@ -87,6 +87,6 @@ func TestTenantsSeeOnlyTheirOwnRuns(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
 	var last *stubbornv1.RunEvent
-	require.NoError(t, m1.Watch(ctxA, id, 0, func(ev *stubbornv1.RunEvent) error { last = ev; return nil }))
+	require.NoError(t, m1.Watch(ctxA, id, 0, decoding(func(ev *stubbornv1.RunEvent) error { last = ev; return nil })))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, last.GetRunFinished().GetState().GetStatus())
 }

@@ -74,7 +74,9 @@ type Service struct {
 
 var _ stubbornv1.ControlServiceServer = (*Service)(nil)
 
-// NewService returns the ControlService over m.
+// NewService returns the ControlService over m. Serve it on a server from
+// NewGRPCServer: Run and WatchRun send each event as it was encoded when
+// recorded, which that server's codec passes through (codec.go).
 func NewService(m *runs.Manager, o Options) *Service {
 	s := &Service{
 		runs: m, limits: o.Limits, starts: newStartLimiter(o.Limits), active: o.ActiveRuns,
@@ -141,6 +143,7 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 		stream = append(stream, authStream)
 	}
 	opts := append([]grpc.ServerOption{
+		codecOption(),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 	}, extra...)
@@ -166,9 +169,7 @@ func (s *Service) Run(req *stubbornv1.RunRequest, stream grpc.ServerStreamingSer
 	// The starter's own stream counts as a watcher, whatever the limit.
 	release, _ := s.watching.acquire(st.GetRunId(), 0, true)
 	defer release()
-	return s.watch(stream.Context(), st.GetRunId(), 0, func(ev *stubbornv1.RunEvent) error {
-		return stream.Send(&stubbornv1.RunResponse{Event: ev})
-	})
+	return s.watch(stream.Context(), st.GetRunId(), 0, stream)
 }
 
 // StartRun starts a run detached.
@@ -231,9 +232,7 @@ func (s *Service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerSt
 		return err
 	}
 	defer release()
-	return s.watch(stream.Context(), req.GetRunId(), req.GetAfterSeq(), func(ev *stubbornv1.RunEvent) error {
-		return stream.Send(&stubbornv1.WatchRunResponse{Event: ev})
-	})
+	return s.watch(stream.Context(), req.GetRunId(), req.GetAfterSeq(), stream)
 }
 
 // watcher counts a watcher of run id, within max_watchers_per_run. When
@@ -253,8 +252,12 @@ func (s *Service) watcher(ctx context.Context, id string) (release func(), err e
 	return release, nil
 }
 
-func (s *Service) watch(ctx context.Context, id string, after int64, send func(*stubbornv1.RunEvent) error) error {
-	err := s.runs.Watch(ctx, id, after, send)
+// watch sends the run's events after seq after on stream, a Run or a
+// WatchRun stream, each as it was encoded when recorded (see codec).
+func (s *Service) watch(ctx context.Context, id string, after int64, stream grpc.ServerStream) error {
+	err := s.runs.Watch(ctx, id, after, func(ev runs.Event) error {
+		return stream.SendMsg(eventResponse(ev.Data))
+	})
 	if err != nil && ctx.Err() != nil {
 		// The client went away; the run goes on.
 		return status.FromContextError(ctx.Err()).Err()

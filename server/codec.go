@@ -1,0 +1,55 @@
+package server
+
+import (
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// A run's events are encoded once, when they are recorded (runs.Event), and
+// sent as they are to every stream that follows the run: RunResponse and
+// WatchRunResponse are both nothing but the event in field 1, so their
+// encoding is that field's tag and length followed by the event's bytes.
+// The server's codec passes an eventResponse through and hands every other
+// message to gRPC's own proto codec.
+
+// eventResponseField is RunResponse.event's and WatchRunResponse.event's
+// field number; codec_test.go checks both against the generated code.
+const eventResponseField protowire.Number = 1
+
+// eventResponse is a RunResponse or a WatchRunResponse made of an event's
+// encoding (runs.Event.Data).
+type eventResponse []byte
+
+// frame returns the encoding of the response: the event as field 1.
+func (e eventResponse) frame() []byte {
+	b := make([]byte, 0, len(e)+protowire.SizeTag(eventResponseField)+protowire.SizeVarint(uint64(len(e))))
+	b = protowire.AppendTag(b, eventResponseField, protowire.BytesType)
+	return protowire.AppendBytes(b, e)
+}
+
+// codec is gRPC's proto codec, except that an eventResponse is sent as it
+// is encoded.
+type codec struct {
+	proto encoding.CodecV2
+}
+
+func newCodec() codec { return codec{proto: encoding.GetCodecV2(grpcproto.Name)} }
+
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	if e, ok := v.(eventResponse); ok {
+		return mem.BufferSlice{mem.SliceBuffer(e.frame())}, nil
+	}
+	return c.proto.Marshal(v)
+}
+
+func (c codec) Unmarshal(data mem.BufferSlice, v any) error { return c.proto.Unmarshal(data, v) }
+
+func (c codec) Name() string { return c.proto.Name() }
+
+// codecOption makes the server use codec for every message it sends and
+// receives. (grpc.ForceServerCodecV2 is marked experimental, and promised
+// "throughout 1.x".)
+func codecOption() grpc.ServerOption { return grpc.ForceServerCodecV2(newCodec()) }
