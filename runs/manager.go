@@ -455,19 +455,22 @@ func (m *Manager) drive(ctx context.Context, r *run, state *stubbornv1.ControlSt
 	if r.stopTimer != nil {
 		defer r.stopTimer()
 	}
-	r.tracker = controls.NewReplayTracker(state, m.cfg.Clock, r.record, journal)
+	tr := controls.NewReplayTracker(state, m.cfg.Clock, r.record, journal)
+	r.mu.Lock()
+	r.tracker = tr
+	r.mu.Unlock()
 	close(r.ready)
 	defer func() {
 		// A bug in a control must end its run, not the server.
 		if p := recover(); p != nil {
 			m.log.Error("panic in run", "run_id", r.id, "panic", p, "stack", string(debug.Stack()))
-			r.tracker.Finish(stubbornv1.RunStatus_RUN_STATUS_FAILED, nil, "", "internal error")
+			tr.Finish(stubbornv1.RunStatus_RUN_STATUS_FAILED, nil, "", "internal error")
 			m.retire(r)
 		}
 	}()
-	r.tracker.Start()
+	tr.Start()
 	if resumedBecause != "" {
-		r.tracker.Resumed(m.owner, resumedBecause)
+		tr.Resumed(m.owner, resumedBecause)
 	}
 	// What the criteria, the call context and the control read of the run
 	// never changes once it is accepted: no need for a copy of the state.
@@ -476,7 +479,7 @@ func (m *Manager) drive(ctx context.Context, r *run, state *stubbornv1.ControlSt
 		Delegates: m.cfg.Delegates,
 		Presets:   m.cfg.Presets,
 		Budgets:   m.cfg.Budgets,
-		Tracker:   r.tracker,
+		Tracker:   tr,
 		Clock:     m.cfg.Clock,
 		Rand:      m.rand(r),
 	}
@@ -488,7 +491,7 @@ func (m *Manager) drive(ctx context.Context, r *run, state *stubbornv1.ControlSt
 		callCtx = m.cfg.CallContext(ctx, snapshot)
 	}
 	out := controls.Execute(callCtx, env, snapshot.GetTaskBrief(), snapshot.GetControl())
-	r.tracker.Finish(out.Status, out.Result, out.Winner, out.Reason)
+	tr.Finish(out.Status, out.Result, out.Winner, out.Reason)
 	m.retire(r)
 }
 
@@ -552,7 +555,7 @@ func (m *Manager) Get(ctx context.Context, id string) (*stubbornv1.ControlState,
 		if err := visible(ctx, id, r.tenant); err != nil {
 			return nil, err
 		}
-		return r.tracker.Snapshot(), nil
+		return r.snapshot()
 	}
 	return m.state(ctx, id)
 }
@@ -695,12 +698,16 @@ func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.Control
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		return r.tracker.Snapshot(), nil
+		return r.snapshot()
 	}
-	if err := r.tracker.Decide(cmd.Decision); err != nil {
-		return nil, fmt.Errorf("%w (status %s)", err, r.tracker.Status())
+	tr := r.live()
+	if tr == nil {
+		return nil, fmt.Errorf("%w (the run has ended)", ErrNotAwaitingDecision)
 	}
-	return r.tracker.Snapshot(), nil
+	if err := tr.Decide(cmd.Decision); err != nil {
+		return nil, fmt.Errorf("%w (status %s)", err, tr.Status())
+	}
+	return tr.Snapshot(), nil
 }
 
 func isTerminal(s stubbornv1.RunStatus) bool {
@@ -731,7 +738,9 @@ func (m *Manager) List(ctx context.Context, status stubbornv1.RunStatus, pageSiz
 			return true // another tenant's: not there, as far as ctx can tell
 		}
 		if r := m.local(st.GetRunId()); r != nil && !r.isLost() {
-			st = r.tracker.Snapshot() // fresher than the stored one
+			if cur, err := r.snapshot(); err == nil {
+				st = cur // fresher than the stored one
+			}
 		}
 		if status != stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED && st.GetStatus() != status {
 			return true
@@ -811,14 +820,18 @@ type run struct {
 	order     uint64
 	store     Store
 	log       *slog.Logger
-	tracker   *controls.Tracker
 	ready     chan struct{} // closed once tracker is set
 	cancel    context.CancelCauseFunc
 	stopTimer context.CancelFunc
 	observe   func(*stubbornv1.RunEvent) // the Observer's, or nil
 
-	mu     sync.Mutex
-	events []Event // encoded once, sent as they are to every watcher
+	mu sync.Mutex
+	// tracker drives the run until it ends here; then it is dropped, and
+	// with it the state's many small messages, which the garbage collector
+	// would scan for as long as the finished run is kept: the
+	// run_finished event has the final state.
+	tracker *controls.Tracker
+	events  []Event // encoded once, sent as they are to every watcher
 	// changed is closed, and cleared, by the next event or loss; since
 	// makes one only for a watcher that has to wait, so that an event
 	// nobody waits for costs no channel.
@@ -873,12 +886,46 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 	r.events = append(r.events, enc)
 	if enc.Finished {
 		r.done = true
+		r.tracker = nil
 		close(r.ended)
 	}
 	r.wakeLocked()
 	if r.observe != nil {
 		r.observe(ev)
+		if enc.Finished {
+			r.observe = nil
+		}
 	}
+}
+
+// live returns the run's tracker while it goes on here, nil once it ended.
+func (r *run) live() *controls.Tracker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.tracker
+}
+
+// snapshot returns the run's current state: the tracker's while it goes on
+// here, its run_finished event's once it has ended.
+func (r *run) snapshot() (*stubbornv1.ControlState, error) {
+	r.mu.Lock()
+	tr := r.tracker
+	var final Event
+	if tr == nil && r.done {
+		final = r.events[len(r.events)-1]
+	}
+	r.mu.Unlock()
+	if tr != nil {
+		return tr.Snapshot(), nil
+	}
+	if final.Data == nil {
+		return nil, fmt.Errorf("%w: run %s is not driven here", ErrUnavailable, r.id)
+	}
+	ev, err := final.Decode()
+	if err != nil {
+		return nil, err
+	}
+	return ev.GetRunFinished().GetState(), nil
 }
 
 // abandon stops the run from writing anything more.

@@ -22,7 +22,7 @@ type Memory struct {
 	states   map[string][]byte // encoded: pointer-free, nothing for the GC to scan
 	owners   map[string]string
 	beats    map[string]time.Time
-	changed  chan struct{} // closed and replaced on every append
+	changed  chan struct{} // closed and cleared by the next append; made by a follower that waits
 	servers  map[string]func(context.Context, *Command) (*stubbornv1.ControlState, error)
 	maxStale time.Duration
 }
@@ -38,7 +38,6 @@ func NewMemory(lease time.Duration) *Memory {
 		states:  map[string][]byte{},
 		owners:  map[string]string{},
 		beats:   map[string]time.Time{},
-		changed: make(chan struct{}),
 		servers: map[string]func(context.Context, *Command) (*stubbornv1.ControlState, error){},
 	}
 }
@@ -54,8 +53,10 @@ func (s *Memory) Append(_ context.Context, ev Event) error {
 	// An event's encoding is never changed once recorded, so the store
 	// keeps and hands out the recorder's own, without copying.
 	s.events[ev.RunID] = append(evs, ev)
-	close(s.changed)
-	s.changed = make(chan struct{})
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
+	}
 	return nil
 }
 
@@ -73,9 +74,12 @@ func (s *Memory) since(runID string, after int64) ([]Event, <-chan struct{}) {
 		after = 0
 	}
 	if after >= int64(len(evs)) {
+		if s.changed == nil {
+			s.changed = make(chan struct{})
+		}
 		return nil, s.changed
 	}
-	return evs[after:len(evs):len(evs)], s.changed
+	return evs[after:len(evs):len(evs)], nil
 }
 
 // Follow sends the run's events after seq after, then new ones.

@@ -106,7 +106,9 @@ func (s *Service) policy(ctx context.Context) *policy {
 // code, duration, peer, trace_id, run_id and tenant. It never logs payloads
 // (requests, responses: briefs, results) nor metadata (tokens): payload
 // logging is an opt-in of go-grpc-middleware (logging.PayloadReceived,
-// PayloadSent) that this server does not ask for.
+// PayloadSent) that this server does not ask for. When the logger writes
+// nothing even at ERROR (slog.DiscardHandler, say), the interceptor is left
+// out: it would build every call's fields for nothing.
 func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.Server, *health.Server) {
 	logger := o.Logger
 	if logger == nil {
@@ -127,16 +129,14 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 		}),
 	}
 	slotUnary, slotStream := tenantSlotInterceptors()
-	unary := []grpc.UnaryServerInterceptor{
-		slotUnary,
-		logging.UnaryServerInterceptor(logAdapter, logOpts...),
-		recovery.UnaryServerInterceptor(onPanic),
+	unary := []grpc.UnaryServerInterceptor{slotUnary}
+	stream := []grpc.StreamServerInterceptor{slotStream}
+	if logger.Enabled(context.Background(), slog.LevelError) {
+		unary = append(unary, logging.UnaryServerInterceptor(logAdapter, logOpts...))
+		stream = append(stream, logging.StreamServerInterceptor(logAdapter, logOpts...))
 	}
-	stream := []grpc.StreamServerInterceptor{
-		slotStream,
-		logging.StreamServerInterceptor(logAdapter, logOpts...),
-		recovery.StreamServerInterceptor(onPanic),
-	}
+	unary = append(unary, recovery.UnaryServerInterceptor(onPanic))
+	stream = append(stream, recovery.StreamServerInterceptor(onPanic))
 	if o.Authenticate != nil {
 		authUnary, authStream := authInterceptors(o.Authenticate)
 		unary = append(unary, authUnary)

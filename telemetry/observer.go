@@ -59,6 +59,11 @@ func (t *Telemetry) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.Co
 	if reqCtx == nil {
 		reqCtx = context.Background()
 	}
+	if t.off && !t.logger.Enabled(reqCtx, slog.LevelInfo) && !t.logger.Enabled(reqCtx, slog.LevelDebug) {
+		// Nothing to record and nothing to log: only the trace context
+		// goes on, to the run's delegate calls and to st.traceparent.
+		return passTrace(runCtx, reqCtx, st, resumed), nil
+	}
 	control := ControlName(st.GetControl())
 	controlAttr := ControlKey.String(control)
 	attrs := []attribute.KeyValue{RunIDKey.String(st.GetRunId()), controlAttr}
@@ -100,6 +105,24 @@ func (t *Telemetry) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.Co
 	rs.logControl = slog.String("control", control)
 	rs.resumed = resumed
 	return rs.ctx, rs.observe
+}
+
+// passTrace is ObserveRun when there is nothing to observe: runCtx with the
+// request's span context and baggage (none for a resumed run, whose request
+// is gone), so that delegate calls carry them on; a new run records the
+// request's trace in st.traceparent.
+func passTrace(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool) context.Context {
+	ctx := runCtx
+	if !resumed && st.GetTraceparent() == "" {
+		st.Traceparent = Traceparent(reqCtx)
+	}
+	if sc := trace.SpanContextFromContext(reqCtx); sc.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, sc)
+	}
+	if b := baggage.FromContext(reqCtx); b.Len() > 0 {
+		ctx = baggage.ContextWithBaggage(ctx, b)
+	}
+	return ctx
 }
 
 // runFrom returns the run state ObserveRun put in ctx, or nil.

@@ -50,12 +50,18 @@ type Telemetry struct {
 	tracer trace.Tracer
 	logger *slog.Logger
 	m      instruments
+	// off: no tracer and no meter provider, so nothing is recorded but the
+	// run logs; the trace context is still passed on.
+	off bool
 }
 
 // New builds a Telemetry from cfg. It fails only when an instrument cannot
 // be created.
 func New(cfg Config) (*Telemetry, error) {
-	t := &Telemetry{tp: cfg.TracerProvider, mp: cfg.MeterProvider, prop: cfg.Propagator, logger: cfg.Logger}
+	t := &Telemetry{
+		tp: cfg.TracerProvider, mp: cfg.MeterProvider, prop: cfg.Propagator, logger: cfg.Logger,
+		off: cfg.TracerProvider == nil && cfg.MeterProvider == nil,
+	}
 	if t.tp == nil {
 		t.tp = tracenoop.NewTracerProvider()
 	}
@@ -81,8 +87,13 @@ func New(cfg Config) (*Telemetry, error) {
 // (grpc.StatsHandler): otelgrpc's, which makes a server span per RPC (health
 // checks excluded) as a child of the caller's trace context and records the
 // rpc.server.* metrics. It also gives each RPC's context a slot for its run
-// id, which [SetRunID] fills and [LogFields] reads.
+// id, which [SetRunID] fills and [LogFields] reads. When nothing is recorded
+// (no tracer and no meter provider), it only reads the caller's trace
+// context.
 func (t *Telemetry) ServerHandler() stats.Handler {
+	if t.off {
+		return runSlotHandler{propagatingServer{t.prop}}
+	}
 	return runSlotHandler{otelgrpc.NewServerHandler(
 		otelgrpc.WithTracerProvider(t.tp),
 		otelgrpc.WithMeterProvider(t.mp),
@@ -94,8 +105,12 @@ func (t *Telemetry) ServerHandler() stats.Handler {
 // ClientHandler returns the stats handler for the delegate connections
 // (grpc.WithStatsHandler): otelgrpc's, which makes a client span per call as
 // a child of the attempt's span, sends the trace context to the delegate and
-// records the rpc.client.* metrics.
+// records the rpc.client.* metrics. When nothing is recorded, it only passes
+// the trace context on.
 func (t *Telemetry) ClientHandler() stats.Handler {
+	if t.off {
+		return propagatingClient{t.prop}
+	}
 	return otelgrpc.NewClientHandler(
 		otelgrpc.WithTracerProvider(t.tp),
 		otelgrpc.WithMeterProvider(t.mp),
