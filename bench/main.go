@@ -34,6 +34,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -81,9 +82,10 @@ type options struct {
 	idle        time.Duration
 
 	watchers, watchConns, watchAttempts int
+	watchBatches                        []int
 	watchPace                           time.Duration
 
-	jsonOut, median, cpuProfile, memProfile, heapProfile, idleProfile string
+	jsonOut, median, cpuProfile, memProfile, heapProfile, idleProfile, execTrace string
 }
 
 func main() {
@@ -95,7 +97,7 @@ func main() {
 
 func run() error {
 	var o options
-	var conc, storeList, scen string
+	var conc, storeList, scen, batches string
 	flag.DurationVar(&o.duration, "duration", 5*time.Second, "measured time of each load measurement, and of each watch mode")
 	flag.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up of each load measurement")
 	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "load measurements take turns in slices of this length")
@@ -104,6 +106,7 @@ func run() error {
 	flag.StringVar(&scen, "scenarios", strings.Join(scenarioNames, ","), "comma-separated scenarios to run")
 	flag.IntVar(&o.waitingRuns, "waiting", 10_000, "runs waiting in backoff at once (scenario 5)")
 	flag.DurationVar(&o.idle, "idle", 5*time.Second, "CPU measurement window, without runs and while they all wait (scenario 5)")
+	flag.StringVar(&batches, "watch-batch", "1,100", "comma-separated WatchRunRequest.max_batch values the watchers use, each measured in turn (scenario 6); 1 is one event per message")
 	flag.IntVar(&o.watchers, "watchers", 1000, "WatchRun streams on the watched run (scenario 6)")
 	flag.IntVar(&o.watchConns, "watch-conns", 10, "client connections the watchers are spread over (scenario 6): 1,000 watchers are many clients")
 	flag.IntVar(&o.watchAttempts, "watch-attempts", 20, "attempts of the watched run, the last one succeeding (scenario 6)")
@@ -111,6 +114,7 @@ func run() error {
 	flag.StringVar(&o.jsonOut, "json", "", "also write the results to this JSON file")
 	flag.StringVar(&o.median, "median", "", "comma-separated JSON files from earlier -json runs: print their medians and measure nothing")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the measurements to this file")
+	flag.StringVar(&o.execTrace, "trace", "", "write an execution trace of the measurements to this file (go tool trace; -pprof=sched shows scheduling delays)")
 	flag.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile to this file at the end")
 	flag.StringVar(&o.heapProfile, "heapprofile", "", "write a heap profile to this file while every run of scenario 5 waits")
 	flag.StringVar(&o.idleProfile, "idleprofile", "", "write a CPU profile of scenario 5's waiting window to this file (not with -cpuprofile)")
@@ -127,6 +131,9 @@ func run() error {
 	var err error
 	if o.concurrency, err = ints(conc); err != nil {
 		return fmt.Errorf("-concurrency: %w", err)
+	}
+	if o.watchBatches, err = ints(batches); err != nil {
+		return fmt.Errorf("-watch-batch: %w", err)
 	}
 	o.stores = strings.Split(storeList, ",")
 	for _, s := range o.stores {
@@ -161,6 +168,17 @@ func run() error {
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if o.execTrace != "" {
+		f, err := os.Create(o.execTrace)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return err
+		}
+		defer trace.Stop()
 	}
 
 	rep, err := measure(o)
@@ -231,11 +249,13 @@ func measure(o options) (*Report, error) {
 				}
 				progress("watch %s watchers=%d store=%s", m.name, o.watchers, store)
 				runtime.GC()
-				r, err := runWatch(ctx, w, store, m.name, o.watchers, o.watchConns, o.watchAttempts, m.pace, o.duration)
-				if err != nil {
-					return nil, fmt.Errorf("watch %s: %w", m.name, err)
+				for _, batch := range o.watchBatches {
+					r, err := runWatch(ctx, w, store, m.name, o.watchers, o.watchConns, o.watchAttempts, batch, m.pace, o.duration)
+					if err != nil {
+						return nil, fmt.Errorf("watch %s: %w", m.name, err)
+					}
+					rep.Watch = append(rep.Watch, r)
 				}
-				rep.Watch = append(rep.Watch, r)
 			}
 		}
 	}

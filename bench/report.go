@@ -70,11 +70,11 @@ func printReport(w io.Writer, rep *Report, what string) {
 	if len(rep.Watch) > 0 {
 		fmt.Fprintln(w, "### One run, many WatchRun streams (delivery latency = receive time − event.time)")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| store | mode | watchers | conns | rounds | live events/watcher | samples | emitted over | p50 | p99 | max | target p99 ≤ 5 ms |")
-		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+		fmt.Fprintln(w, "| store | mode | max_batch | watchers | conns | rounds | live events/watcher | samples | messages | emitted over | p50 | p99 | max | target p99 ≤ 5 ms |")
+		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
 		for _, r := range rep.Watch {
-			fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %d | %d | %.1f ms | %.2f ms | %.2f ms | %.2f ms | %s (%.1f×) |\n",
-				r.Store, r.Mode, r.Watchers, r.Conns, r.Rounds, r.EventsPerWatcher, r.Samples, r.EmitMs,
+			fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %d | %d | %d | %d | %.1f ms | %.2f ms | %.2f ms | %.2f ms | %s (%.1f×) |\n",
+				r.Store, r.Mode, max(r.Batch, 1), r.Watchers, r.Conns, r.Rounds, r.EventsPerWatcher, r.Samples, r.Messages, r.EmitMs,
 				r.P50ms, r.P99ms, r.MaxMs, verdict(r.P99ms <= targetWatchP99), r.P99ms/targetWatchP99)
 		}
 		fmt.Fprintln(w)
@@ -253,7 +253,7 @@ func medianOf(files []string) (*Report, error) {
 		out.Waiting = append(out.Waiting, medianWaiting(base, collect(reps, func(r *Report) []WaitingResult { return r.Waiting }, key(base), key)))
 	}
 	for _, base := range reps[0].Watch {
-		key := func(r WatchResult) string { return r.Store + "|" + r.Mode }
+		key := func(r WatchResult) string { return fmt.Sprintf("%s|%s|%d", r.Store, r.Mode, r.Batch) }
 		out.Watch = append(out.Watch, medianWatch(base, collect(reps, func(r *Report) []WatchResult { return r.Watch }, key(base), key)))
 	}
 	return out, nil
@@ -317,6 +317,7 @@ func medianWaiting(r WaitingResult, vs []WaitingResult) WaitingResult {
 func medianWatch(r WatchResult, vs []WatchResult) WatchResult {
 	r.Rounds = int(median(vs, func(v WatchResult) float64 { return float64(v.Rounds) }))
 	r.Samples = int(median(vs, func(v WatchResult) float64 { return float64(v.Samples) }))
+	r.Messages = int(median(vs, func(v WatchResult) float64 { return float64(v.Messages) }))
 	r.P50ms = median(vs, func(v WatchResult) float64 { return v.P50ms })
 	r.P99ms = median(vs, func(v WatchResult) float64 { return v.P99ms })
 	r.MaxMs = median(vs, func(v WatchResult) float64 { return v.MaxMs })

@@ -15,18 +15,23 @@ import (
 
 // WatchResult is scenario 6: one run watched by many WatchRun streams.
 type WatchResult struct {
-	Store    string `json:"store"`
-	Mode     string `json:"mode"` // burst: zero waits; paced: waits in [0, pace]
-	Watchers int    `json:"watchers"`
-	Conns    int    `json:"conns"`
-	Rounds   int    `json:"rounds"`
+	Store string `json:"store"`
+	Mode  string `json:"mode"` // burst: zero waits; paced: waits in [0, pace]
+	// Batch is the watchers' WatchRunRequest.max_batch (0 or 1: one event
+	// per message).
+	Batch    int `json:"batch,omitempty"`
+	Watchers int `json:"watchers"`
+	Conns    int `json:"conns"`
+	Rounds   int `json:"rounds"`
 	// Live events each watcher received per round (the events before the
 	// gate opened are replayed from the journal and not counted).
-	EventsPerWatcher int     `json:"events_per_watcher"`
-	Samples          int     `json:"samples"`
-	P50ms            float64 `json:"p50_ms"`
-	P99ms            float64 `json:"p99_ms"`
-	MaxMs            float64 `json:"max_ms"`
+	EventsPerWatcher int `json:"events_per_watcher"`
+	Samples          int `json:"samples"`
+	// Messages is how many responses carried the live events.
+	Messages int     `json:"messages"`
+	P50ms    float64 `json:"p50_ms"`
+	P99ms    float64 `json:"p99_ms"`
+	MaxMs    float64 `json:"max_ms"`
 	// The time over which the run emitted its live events, per round
 	// (median): how fast the events came.
 	EmitMs float64 `json:"emit_ms"`
@@ -43,8 +48,8 @@ const gateSeq = 2
 // rest are delivered live; the delivery latency of an event is its receive
 // time minus its event.time (one process, one clock). After a warm-up
 // round, rounds repeat until dur has passed (at least one).
-func runWatch(ctx context.Context, w *world, store, mode string, watchers, conns, attempts int, pace, dur time.Duration) (WatchResult, error) {
-	res := WatchResult{Store: store, Mode: mode, Watchers: watchers, Conns: conns}
+func runWatch(ctx context.Context, w *world, store, mode string, watchers, conns, attempts, batch int, pace, dur time.Duration) (WatchResult, error) {
+	res := WatchResult{Store: store, Mode: mode, Batch: batch, Watchers: watchers, Conns: conns}
 	s, err := startStubborn(w, store, conns)
 	if err != nil {
 		return res, err
@@ -59,17 +64,18 @@ func runWatch(ctx context.Context, w *world, store, mode string, watchers, conns
 
 	// One round unmeasured: the connections' flow-control windows start
 	// small and grow with use.
-	if _, _, _, err := watchRound(ctx, w, s.client, clients, req, watchers); err != nil {
+	if _, _, _, _, err := watchRound(ctx, w, s.client, clients, req, watchers, batch); err != nil {
 		return res, fmt.Errorf("warm-up round: %w", err)
 	}
 	var all []time.Duration
 	var emits []time.Duration
 	start := time.Now()
 	for res.Rounds == 0 || time.Since(start) < dur {
-		lat, events, emit, err := watchRound(ctx, w, s.client, clients, req, watchers)
+		lat, events, msgs, emit, err := watchRound(ctx, w, s.client, clients, req, watchers, batch)
 		if err != nil {
 			return res, fmt.Errorf("round %d: %w", res.Rounds+1, err)
 		}
+		res.Messages += msgs
 		all = append(all, lat...)
 		emits = append(emits, emit)
 		res.EventsPerWatcher = events
@@ -87,7 +93,7 @@ func runWatch(ctx context.Context, w *world, store, mode string, watchers, conns
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-func watchRound(ctx context.Context, w *world, starter stubbornv1.ControlServiceClient, clients []stubbornv1.ControlServiceClient, req *stubbornv1.StartRunRequest, watchers int) (lat []time.Duration, events int, emit time.Duration, err error) {
+func watchRound(ctx context.Context, w *world, starter stubbornv1.ControlServiceClient, clients []stubbornv1.ControlServiceClient, req *stubbornv1.StartRunRequest, watchers, batch int) (lat []time.Duration, events, messages int, emit time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	gate := make(chan struct{})
@@ -100,13 +106,14 @@ func watchRound(ctx context.Context, w *world, starter stubbornv1.ControlService
 	}()
 	started, err := starter.StartRun(ctx, req)
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, 0, 0, 0, err
 	}
 	id := started.GetRunId()
 
 	type watcher struct {
 		lat         []time.Duration
 		first, last time.Time // event times of the first and last live events
+		messages    int       // responses with live events
 		err         error
 	}
 	ws := make([]watcher, watchers)
@@ -125,7 +132,7 @@ func watchRound(ctx context.Context, w *world, starter stubbornv1.ControlService
 					ready.Done()
 				}
 			}()
-			s, err := clients[i%len(clients)].WatchRun(ctx, &stubbornv1.WatchRunRequest{RunId: id})
+			s, err := clients[i%len(clients)].WatchRun(ctx, &stubbornv1.WatchRunRequest{RunId: id, MaxBatch: int32(batch)})
 			if err != nil {
 				wt.err = err
 				return
@@ -144,25 +151,35 @@ func watchRound(ctx context.Context, w *world, starter stubbornv1.ControlService
 					wt.err = err
 					return
 				}
-				ev := m.GetEvent()
-				if ev.GetSeq() != seq+1 {
-					wt.err = fmt.Errorf("got seq %d after %d", ev.GetSeq(), seq)
-					return
+				evs := m.GetEvents()
+				if batch <= 1 {
+					evs = []*stubbornv1.RunEvent{m.GetEvent()}
 				}
-				seq = ev.GetSeq()
-				if seq <= gateSeq {
-					if seq == gateSeq {
-						isReady = true
-						ready.Done()
+				live := false
+				for _, ev := range evs {
+					if ev.GetSeq() != seq+1 {
+						wt.err = fmt.Errorf("got seq %d after %d", ev.GetSeq(), seq)
+						return
 					}
-					continue
+					seq = ev.GetSeq()
+					if seq <= gateSeq {
+						if seq == gateSeq {
+							isReady = true
+							ready.Done()
+						}
+						continue
+					}
+					live = true
+					t := ev.GetTime().AsTime()
+					if wt.first.IsZero() {
+						wt.first = t
+					}
+					wt.last = t
+					wt.lat = append(wt.lat, now.Sub(t))
 				}
-				t := ev.GetTime().AsTime()
-				if wt.first.IsZero() {
-					wt.first = t
+				if live {
+					wt.messages++
 				}
-				wt.last = t
-				wt.lat = append(wt.lat, now.Sub(t))
 			}
 		})
 	}
@@ -175,11 +192,12 @@ func watchRound(ctx context.Context, w *world, starter stubbornv1.ControlService
 	wg.Wait()
 	for _, wt := range ws {
 		if wt.err != nil {
-			return nil, 0, 0, wt.err
+			return nil, 0, 0, 0, wt.err
 		}
 		lat = append(lat, wt.lat...)
 		events = len(wt.lat)
+		messages += wt.messages
 		emit = wt.last.Sub(wt.first)
 	}
-	return lat, events, emit, nil
+	return lat, events, messages, emit, nil
 }

@@ -577,6 +577,14 @@ func (m *Manager) state(ctx context.Context, id string) (*stubbornv1.ControlStat
 // with ctx's error or the first error of send. No lock is held while send
 // runs.
 func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send func(Event) error) error {
+	return m.WatchBatches(ctx, id, afterSeq, 1, func(evs []Event) error { return send(evs[0]) })
+}
+
+// WatchBatches is Watch sending the events that are ready together, up to
+// max (at least 1) at a time: a watcher that falls behind catches up in
+// fewer sends. send must not keep the slice.
+func (m *Manager) WatchBatches(ctx context.Context, id string, afterSeq int64, max int, send func([]Event) error) error {
+	max = cmp.Or(max, 1)
 	next := afterSeq
 	if r := m.local(id); r != nil {
 		if err := visible(ctx, id, r.tenant); err != nil {
@@ -584,13 +592,15 @@ func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send fun
 		}
 		for {
 			evs, changed, done, lost := r.since(next)
-			for _, ev := range evs {
-				if err := send(ev); err != nil {
-					return err
-				}
-				next = ev.Seq
-			}
 			if len(evs) > 0 {
+				for len(evs) > 0 {
+					n := min(len(evs), max)
+					if err := send(evs[:n:n]); err != nil {
+						return err
+					}
+					next = evs[n-1].Seq
+					evs = evs[n:]
+				}
 				continue // more may have arrived while sending
 			}
 			if done {
@@ -617,7 +627,11 @@ func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send fun
 	defer cancel()
 	stop := context.AfterFunc(m.ctx, cancel)
 	defer stop()
-	err := m.store.Follow(fctx, id, next, send)
+	one := make([]Event, 1)
+	err := m.store.Follow(fctx, id, next, func(ev Event) error {
+		one[0] = ev
+		return send(one)
+	})
 	if err != nil && ctx.Err() == nil && m.ctx.Err() != nil {
 		return ErrClosed
 	}

@@ -6,18 +6,26 @@ import (
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/stubbornhq/stubborn/runs"
 )
 
 // A run's events are encoded once, when they are recorded (runs.Event), and
 // sent as they are to every stream that follows the run: RunResponse and
 // WatchRunResponse are both nothing but the event in field 1, so their
 // encoding is that field's tag and length followed by the event's bytes.
-// The server's codec passes an eventResponse through and hands every other
-// message to gRPC's own proto codec.
+// The server's codec passes an eventResponse through, joins the events of an
+// eventBatch (WatchRunResponse.events, a repeated field: each element is its
+// tag, length and bytes), and hands every other message to gRPC's own proto
+// codec.
 
 // eventResponseField is RunResponse.event's and WatchRunResponse.event's
-// field number; codec_test.go checks both against the generated code.
-const eventResponseField protowire.Number = 1
+// field number, eventsResponseField WatchRunResponse.events'; codec_test.go
+// checks them against the generated code.
+const (
+	eventResponseField  protowire.Number = 1
+	eventsResponseField protowire.Number = 2
+)
 
 // eventResponse is a RunResponse or a WatchRunResponse made of an event's
 // encoding (runs.Event.Data).
@@ -30,6 +38,24 @@ func (e eventResponse) frame() []byte {
 	return protowire.AppendBytes(b, e)
 }
 
+// eventBatch is a WatchRunResponse whose events are recorded events.
+type eventBatch []runs.Event
+
+// frame returns the encoding of the response: each event as an element of
+// the repeated field events.
+func (b eventBatch) frame() []byte {
+	n := 0
+	for _, e := range b {
+		n += protowire.SizeTag(eventsResponseField) + protowire.SizeBytes(len(e.Data))
+	}
+	out := make([]byte, 0, n)
+	for _, e := range b {
+		out = protowire.AppendTag(out, eventsResponseField, protowire.BytesType)
+		out = protowire.AppendBytes(out, e.Data)
+	}
+	return out
+}
+
 // codec is gRPC's proto codec, except that an eventResponse is sent as it
 // is encoded.
 type codec struct {
@@ -39,8 +65,11 @@ type codec struct {
 func newCodec() codec { return codec{proto: encoding.GetCodecV2(grpcproto.Name)} }
 
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
-	if e, ok := v.(eventResponse); ok {
-		return mem.BufferSlice{mem.SliceBuffer(e.frame())}, nil
+	switch m := v.(type) {
+	case eventResponse:
+		return mem.BufferSlice{mem.SliceBuffer(m.frame())}, nil
+	case eventBatch:
+		return mem.BufferSlice{mem.SliceBuffer(m.frame())}, nil
 	}
 	return c.proto.Marshal(v)
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -11,19 +12,48 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
 )
 
-// The codec's shortcut relies on both response messages being the event in
-// field eventResponseField and nothing else.
+// The codec's shortcuts rely on RunResponse being the event in field
+// eventResponseField and nothing else, and WatchRunResponse that or the
+// events in field eventsResponseField.
 func TestEventResponsesAreTheEventInField1(t *testing.T) {
+	event := (&stubbornv1.RunEvent{}).ProtoReflect().Descriptor().FullName()
 	for _, m := range []proto.Message{&stubbornv1.RunResponse{}, &stubbornv1.WatchRunResponse{}} {
-		fields := m.ProtoReflect().Descriptor().Fields()
-		require.Equal(t, 1, fields.Len(), "%T", m)
-		f := fields.Get(0)
-		assert.Equal(t, protoreflect.FieldNumber(eventResponseField), f.Number(), "%T", m)
+		f := m.ProtoReflect().Descriptor().Fields().ByNumber(protoreflect.FieldNumber(eventResponseField))
+		require.NotNil(t, f, "%T", m)
 		assert.Equal(t, protoreflect.MessageKind, f.Kind(), "%T", m)
-		assert.Equal(t, (&stubbornv1.RunEvent{}).ProtoReflect().Descriptor().FullName(), f.Message().FullName(), "%T", m)
+		assert.Equal(t, protoreflect.Optional, f.Cardinality(), "%T", m)
+		assert.Equal(t, event, f.Message().FullName(), "%T", m)
 	}
+	assert.Equal(t, 1, (&stubbornv1.RunResponse{}).ProtoReflect().Descriptor().Fields().Len())
+	fields := (&stubbornv1.WatchRunResponse{}).ProtoReflect().Descriptor().Fields()
+	assert.Equal(t, 2, fields.Len())
+	f := fields.ByNumber(protoreflect.FieldNumber(eventsResponseField))
+	require.NotNil(t, f)
+	assert.Equal(t, protoreflect.Repeated, f.Cardinality())
+	assert.Equal(t, event, f.Message().FullName())
+}
+
+func TestCodecSendsABatchAsWatchRunResponseEvents(t *testing.T) {
+	var batch eventBatch
+	want := &stubbornv1.WatchRunResponse{}
+	for i := range 3 {
+		ev := &stubbornv1.RunEvent{RunId: "run_x", Seq: int64(i + 1), Kind: &stubbornv1.RunEvent_RunResumed{
+			RunResumed: &stubbornv1.RunResumed{Owner: strings.Repeat("o", 100*i)},
+		}}
+		data, err := proto.Marshal(ev)
+		require.NoError(t, err)
+		batch = append(batch, runs.Event{RunID: "run_x", Seq: int64(i + 1), Data: data})
+		want.Events = append(want.Events, ev)
+	}
+	out, err := newCodec().Marshal(batch)
+	require.NoError(t, err)
+	var got stubbornv1.WatchRunResponse
+	require.NoError(t, newCodec().Unmarshal(out, &got))
+	assert.True(t, proto.Equal(want, &got), "%v", &got)
+	assert.Nil(t, got.GetEvent())
 }
 
 func TestCodecSendsAPreEncodedEventAsEitherResponse(t *testing.T) {

@@ -221,10 +221,15 @@ func (s *Service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerSt
 	if err := runID(req.GetRunId()); err != nil {
 		return err
 	}
+	var v violations
 	if req.GetAfterSeq() < 0 {
-		var v violations
 		v.add("after_seq", "must not be negative, got %d", req.GetAfterSeq())
-		return v.err()
+	}
+	if b := req.GetMaxBatch(); b < 0 || b > maxWatchBatch {
+		v.add("max_batch", "must be from 0 to %d, got %d", maxWatchBatch, b)
+	}
+	if err := v.err(); err != nil {
+		return err
 	}
 	telemetry.SetRunID(stream.Context(), req.GetRunId())
 	release, err := s.watcher(stream.Context(), req.GetRunId())
@@ -232,8 +237,17 @@ func (s *Service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerSt
 		return err
 	}
 	defer release()
+	if req.GetMaxBatch() > 1 {
+		err := s.runs.WatchBatches(stream.Context(), req.GetRunId(), req.GetAfterSeq(), int(req.GetMaxBatch()), func(evs []runs.Event) error {
+			return stream.SendMsg(eventBatch(evs))
+		})
+		return watchStatus(stream.Context(), err)
+	}
 	return s.watch(stream.Context(), req.GetRunId(), req.GetAfterSeq(), stream)
 }
+
+// maxWatchBatch bounds WatchRunRequest.max_batch.
+const maxWatchBatch = 1000
 
 // watcher counts a watcher of run id, within max_watchers_per_run. When
 // there is a limit, a run the caller cannot see is NOT_FOUND first, so the
@@ -258,6 +272,11 @@ func (s *Service) watch(ctx context.Context, id string, after int64, stream grpc
 	err := s.runs.Watch(ctx, id, after, func(ev runs.Event) error {
 		return stream.SendMsg(eventResponse(ev.Data))
 	})
+	return watchStatus(ctx, err)
+}
+
+// watchStatus is the status a watching stream ends with.
+func watchStatus(ctx context.Context, err error) error {
 	if err != nil && ctx.Err() != nil {
 		// The client went away; the run goes on.
 		return status.FromContextError(ctx.Err()).Err()

@@ -431,6 +431,79 @@ func TestRunOutlivesItsClient(t *testing.T) {
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, lastState(t, collect(t, w)).GetStatus())
 }
 
+// batches reads a WatchRun stream with max_batch > 1 to its end: the size
+// of each response, and all the events.
+func batches(t *testing.T, s grpc.ServerStreamingClient[stubbornv1.WatchRunResponse]) (sizes []int, evs []*stubbornv1.RunEvent) {
+	t.Helper()
+	for {
+		m, err := s.Recv()
+		if errors.Is(err, io.EOF) {
+			return sizes, evs
+		}
+		require.NoError(t, err)
+		require.Nil(t, m.GetEvent(), "a batched response uses events only")
+		require.NotEmpty(t, m.GetEvents(), "a response carries at least one event")
+		sizes = append(sizes, len(m.GetEvents()))
+		evs = append(evs, m.GetEvents()...)
+	}
+}
+
+func TestWatchRunInBatches(t *testing.T) {
+	e := start(t, delegates.Limits{})
+	ctx := testCtx(t)
+	res, err := e.client.StartRun(ctx, &stubbornv1.StartRunRequest{
+		TaskBrief:         "work",
+		RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: "gate"},
+	})
+	require.NoError(t, err)
+	id := res.GetRunId()
+	live, err := e.client.WatchRun(ctx, &stubbornv1.WatchRunRequest{RunId: id, MaxBatch: 2})
+	require.NoError(t, err)
+	one, err := e.client.WatchRun(ctx, &stubbornv1.WatchRunRequest{RunId: id})
+	require.NoError(t, err)
+	e.gate.answers <- status.Error(codes.Unavailable, "first fails")
+	e.gate.answers <- status.Error(codes.Unavailable, "second fails")
+	e.gate.answers <- nil
+
+	sizes, batched := batches(t, live)
+	full := collect(t, one)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, lastState(t, full).GetStatus())
+	require.Len(t, batched, len(full))
+	for i := range full {
+		assert.True(t, proto.Equal(full[i], batched[i]), "event %d differs between the batched and the one-by-one stream", i+1)
+	}
+	for _, n := range sizes {
+		assert.LessOrEqual(t, n, 2)
+	}
+
+	// Replaying a finished run: every event is ready at once, so the
+	// responses are as full as max_batch allows.
+	n := len(full)
+	for _, tc := range []struct {
+		max, after int
+		want       []int
+	}{
+		{max: 1000, want: []int{n}},
+		{max: 3, after: 1, want: append(slices.Repeat([]int{3}, (n-1)/3), (n-1)%3)},
+	} {
+		w, err := e.client.WatchRun(ctx, &stubbornv1.WatchRunRequest{RunId: id, MaxBatch: int32(tc.max), AfterSeq: int64(tc.after)})
+		require.NoError(t, err)
+		sizes, evs := batches(t, w)
+		want := slices.DeleteFunc(tc.want, func(k int) bool { return k == 0 })
+		assert.Equal(t, want, sizes, "max_batch %d after %d", tc.max, tc.after)
+		assertDense(t, evs, int64(tc.after)+1)
+		assert.Len(t, evs, n-tc.after)
+	}
+
+	for _, bad := range []int32{-1, 1001} {
+		w, err := e.client.WatchRun(ctx, &stubbornv1.WatchRunRequest{RunId: id, MaxBatch: bad})
+		require.NoError(t, err)
+		_, err = w.Recv()
+		assert.Equal(t, codes.InvalidArgument, status.Code(err))
+		assert.Contains(t, status.Convert(err).Message(), "max_batch")
+	}
+}
+
 func TestUnknownAndFinishedRuns(t *testing.T) {
 	e := start(t, delegates.Limits{})
 	ctx := testCtx(t)

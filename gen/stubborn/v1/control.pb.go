@@ -1145,7 +1145,14 @@ type WatchRunRequest struct {
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// Only events with seq > after_seq are sent. 0 means from the start;
 	// negative is INVALID_ARGUMENT.
-	AfterSeq      int64 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	AfterSeq int64 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	// How many events one response may carry. 0 or 1 means one event per
+	// response, in WatchRunResponse.event. From 2 to 1000, every response
+	// carries its events in WatchRunResponse.events instead: one or more, at
+	// most max_batch, the events that are ready when it is sent, so a watcher
+	// that falls behind catches up in fewer messages (useful with many
+	// watchers of one run). Negative or more than 1000 is INVALID_ARGUMENT.
+	MaxBatch      int32 `protobuf:"varint,3,opt,name=max_batch,json=maxBatch,proto3" json:"max_batch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1194,11 +1201,21 @@ func (x *WatchRunRequest) GetAfterSeq() int64 {
 	return 0
 }
 
-// WatchRunResponse is one event of a watched run.
+func (x *WatchRunRequest) GetMaxBatch() int32 {
+	if x != nil {
+		return x.MaxBatch
+	}
+	return 0
+}
+
+// WatchRunResponse is the next event of a watched run, or the next events.
 type WatchRunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The event.
-	Event         *RunEvent `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
+	// The event, when the request's max_batch is 0 or 1.
+	Event *RunEvent `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
+	// The next events in seq order, without gaps, when the request's max_batch
+	// is 2 or more (event is then unset): at least one, at most max_batch.
+	Events        []*RunEvent `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1236,6 +1253,13 @@ func (*WatchRunResponse) Descriptor() ([]byte, []int) {
 func (x *WatchRunResponse) GetEvent() *RunEvent {
 	if x != nil {
 		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchRunResponse) GetEvents() []*RunEvent {
+	if x != nil {
+		return x.Events
 	}
 	return nil
 }
@@ -3116,12 +3140,14 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\aoptions\x18\x06 \x01(\v2\x17.stubborn.v1.RunOptionsR\aoptions\"Z\n" +
 	"\x10StartRunResponse\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12/\n" +
-	"\x05state\x18\x02 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"E\n" +
+	"\x05state\x18\x02 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"b\n" +
 	"\x0fWatchRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
-	"\tafter_seq\x18\x02 \x01(\x03R\bafterSeq\"?\n" +
+	"\tafter_seq\x18\x02 \x01(\x03R\bafterSeq\x12\x1b\n" +
+	"\tmax_batch\x18\x03 \x01(\x05R\bmaxBatch\"n\n" +
 	"\x10WatchRunResponse\x12+\n" +
-	"\x05event\x18\x01 \x01(\v2\x15.stubborn.v1.RunEventR\x05event\"&\n" +
+	"\x05event\x18\x01 \x01(\v2\x15.stubborn.v1.RunEventR\x05event\x12-\n" +
+	"\x06events\x18\x02 \x03(\v2\x15.stubborn.v1.RunEventR\x06events\"&\n" +
 	"\rGetRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"A\n" +
 	"\x0eGetRunResponse\x12/\n" +
@@ -3377,73 +3403,74 @@ var file_stubborn_v1_control_proto_depIdxs = []int32{
 	9,  // 17: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
 	25, // 18: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
 	29, // 19: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	25, // 20: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
-	0,  // 21: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	25, // 22: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	25, // 23: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,  // 24: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	25, // 25: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	5,  // 26: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	6,  // 27: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	7,  // 28: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	8,  // 29: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	0,  // 30: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	41, // 31: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	28, // 32: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	27, // 33: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	24, // 34: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	9,  // 35: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	42, // 36: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	42, // 37: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	42, // 38: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	40, // 39: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	42, // 40: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	42, // 41: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,  // 42: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	41, // 43: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	26, // 44: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	40, // 45: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	4,  // 46: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	42, // 47: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	30, // 48: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	31, // 49: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	32, // 50: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	33, // 51: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	34, // 52: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	35, // 53: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	36, // 54: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	38, // 55: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	37, // 56: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	25, // 57: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	27, // 58: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	27, // 59: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	28, // 60: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	40, // 61: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	42, // 62: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	40, // 63: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	28, // 64: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	42, // 65: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	2,  // 66: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	25, // 67: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	10, // 68: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	12, // 69: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	14, // 70: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	16, // 71: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	18, // 72: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	20, // 73: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	22, // 74: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	11, // 75: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	13, // 76: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	15, // 77: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	17, // 78: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	19, // 79: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	21, // 80: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	23, // 81: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	75, // [75:82] is the sub-list for method output_type
-	68, // [68:75] is the sub-list for method input_type
-	68, // [68:68] is the sub-list for extension type_name
-	68, // [68:68] is the sub-list for extension extendee
-	0,  // [0:68] is the sub-list for field type_name
+	29, // 20: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	25, // 21: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	0,  // 22: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	25, // 23: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	25, // 24: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,  // 25: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	25, // 26: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	5,  // 27: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	6,  // 28: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	7,  // 29: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	8,  // 30: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	0,  // 31: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	41, // 32: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	28, // 33: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	27, // 34: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	24, // 35: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	9,  // 36: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	42, // 37: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	42, // 38: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	42, // 39: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	40, // 40: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	42, // 41: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	42, // 42: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,  // 43: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	41, // 44: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	26, // 45: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	40, // 46: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,  // 47: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	42, // 48: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	30, // 49: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	31, // 50: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	32, // 51: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	33, // 52: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	34, // 53: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	35, // 54: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	36, // 55: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	38, // 56: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	37, // 57: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	25, // 58: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	27, // 59: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	27, // 60: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	28, // 61: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	40, // 62: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	42, // 63: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	40, // 64: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	28, // 65: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	42, // 66: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	2,  // 67: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	25, // 68: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	10, // 69: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	12, // 70: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	14, // 71: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	16, // 72: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	18, // 73: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	20, // 74: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	22, // 75: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	11, // 76: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	13, // 77: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	15, // 78: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	17, // 79: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	19, // 80: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	21, // 81: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	23, // 82: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	76, // [76:83] is the sub-list for method output_type
+	69, // [69:76] is the sub-list for method input_type
+	69, // [69:69] is the sub-list for extension type_name
+	69, // [69:69] is the sub-list for extension extendee
+	0,  // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }

@@ -423,18 +423,22 @@ class StartRunResponse(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
 
 class WatchRunRequest(_message.Message):
-    __slots__ = ["after_seq", "run_id"]
+    __slots__ = ["after_seq", "max_batch", "run_id"]
     AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     after_seq: int
+    max_batch: int
     run_id: str
-    def __init__(self, run_id: _Optional[str] = ..., after_seq: _Optional[int] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., after_seq: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
 
 class WatchRunResponse(_message.Message):
-    __slots__ = ["event"]
+    __slots__ = ["event", "events"]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     event: RunEvent
-    def __init__(self, event: _Optional[_Union[RunEvent, _Mapping]] = ...) -> None: ...
+    events: _containers.RepeatedCompositeFieldContainer[RunEvent]
+    def __init__(self, event: _Optional[_Union[RunEvent, _Mapping]] = ..., events: _Optional[_Iterable[_Union[RunEvent, _Mapping]]] = ...) -> None: ...
 
 class RunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
