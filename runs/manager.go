@@ -129,6 +129,8 @@ type Manager struct {
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup // runs
 	loops  sync.WaitGroup // heartbeat, takeover scan, command server
+	// workers run the runs' drive (workers.go).
+	workers *workers
 	paused atomic.Bool    // heartbeats paused (tests simulate a frozen server)
 
 	mu       sync.Mutex
@@ -162,7 +164,7 @@ func New(cfg Config) (*Manager, error) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	m := &Manager{
 		cfg: cfg, store: cfg.Store, owner: cfg.Owner, log: cfg.Logger.With("owner", cfg.Owner),
-		ctx: ctx, cancel: cancel, runs: map[string]*run{},
+		ctx: ctx, cancel: cancel, runs: map[string]*run{}, workers: newWorkers(),
 	}
 	if err := m.store.Beat(ctx, m.owner); err != nil {
 		cancel(err)
@@ -204,6 +206,7 @@ func (m *Manager) Close() {
 	}
 	m.cancel(errShutdown)
 	m.loops.Wait()
+	m.workers.stop()
 }
 
 // stopRuns refuses new runs and ends the local ones, waiting for them:
@@ -234,6 +237,7 @@ func (m *Manager) Kill() {
 	m.stopRuns(true)
 	m.cancel(errShutdown)
 	m.loops.Wait()
+	m.workers.stop()
 }
 
 // beat tells the store this server is alive, three times a lease.
@@ -356,7 +360,7 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 	accepted := constantPart(state)
 	accepted.Status = state.GetStatus()
 	accepted.UpdateTime = state.GetUpdateTime()
-	go m.drive(runCtx, r, state, nil, "")
+	m.workers.run(func() { m.drive(runCtx, r, state, nil, "") })
 	return accepted, nil
 }
 
@@ -443,7 +447,8 @@ func (m *Manager) resume(id, from string) error {
 		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, context.Background(), state, true)
 	}
 	m.log.Info("resuming run", "run_id", id, "from", from, "events", len(journal))
-	go m.drive(runCtx, r, state, journal, fmt.Sprintf("its owner %s stopped", from))
+	because := fmt.Sprintf("its owner %s stopped", from)
+	m.workers.run(func() { m.drive(runCtx, r, state, journal, because) })
 	return nil
 }
 

@@ -144,6 +144,11 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 	}
 	opts := append([]grpc.ServerOption{
 		codecOption(),
+		// Streams are served on goroutines kept between them, whose stacks
+		// have already grown, instead of a new goroutine each (marked
+		// experimental in grpc-go; a busy server spawns goroutines as
+		// before).
+		grpc.NumStreamWorkers(streamWorkers),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 	}, extra...)
@@ -245,6 +250,11 @@ func (s *Service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerSt
 	}
 	return s.watch(stream.Context(), req.GetRunId(), req.GetAfterSeq(), stream)
 }
+
+// streamWorkers is how many goroutines serve streams without being made
+// anew for each (grpc.NumStreamWorkers): a Run or WatchRun stream keeps its
+// worker for as long as it lasts.
+const streamWorkers = 64
 
 // maxWatchBatch bounds WatchRunRequest.max_batch.
 const maxWatchBatch = 1000
