@@ -3,6 +3,7 @@ package runs
 import (
 	"fmt"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -49,6 +50,69 @@ func (e Event) Decode() (*stubbornv1.RunEvent, error) {
 		return nil, fmt.Errorf("run %s: undecodable event %d: %w", e.RunID, e.Seq, err)
 	}
 	return ev, nil
+}
+
+// Field numbers of the RunEvent kinds that carry a state, and of their state.
+const (
+	runStartedField  protowire.Number = 10 // RunEvent.run_started
+	runFinishedField protowire.Number = 17 // RunEvent.run_finished
+	stateField       protowire.Number = 1  // RunStarted.state, RunFinished.state
+)
+
+// state returns the encoding of the ControlState that a run_started or a
+// run_finished event carries: a part of the event's own encoding, so the
+// state the store saves alongside is not encoded a second time. It returns
+// nil for other events.
+func (e Event) state() []byte {
+	b := e.Data
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		if typ == protowire.BytesType && (num == runStartedField || num == runFinishedField) {
+			kind, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return nil
+			}
+			return fieldBytes(kind, stateField)
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// fieldBytes returns the last occurrence of bytes field num in msg (as
+// proto.Unmarshal would read it), or nil.
+func fieldBytes(msg []byte, num protowire.Number) []byte {
+	var found []byte
+	for len(msg) > 0 {
+		n, typ, k := protowire.ConsumeTag(msg)
+		if k < 0 {
+			return nil
+		}
+		msg = msg[k:]
+		if n == num && typ == protowire.BytesType {
+			v, k := protowire.ConsumeBytes(msg)
+			if k < 0 {
+				return nil
+			}
+			found = v
+			msg = msg[k:]
+			continue
+		}
+		k = protowire.ConsumeFieldValue(n, typ, msg)
+		if k < 0 {
+			return nil
+		}
+		msg = msg[k:]
+	}
+	return found
 }
 
 // decodeAll decodes a journal for replay.

@@ -241,12 +241,8 @@ func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn fu
 }
 
 // PutState saves a snapshot.
-func (s *JetStream) PutState(ctx context.Context, st *stubbornv1.ControlState) error {
-	data, err := proto.Marshal(st)
-	if err != nil {
-		return err
-	}
-	_, err = s.states.Put(ctx, st.GetRunId(), data)
+func (s *JetStream) PutState(ctx context.Context, runID string, state []byte) error {
+	_, err := s.states.Put(ctx, runID, state)
 	return err
 }
 

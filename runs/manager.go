@@ -350,7 +350,11 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 	if m.cfg.Observer != nil {
 		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, ctx, state, false)
 	}
-	if err := m.store.PutState(ctx, state); err == nil {
+	data, err := proto.Marshal(state)
+	if err == nil {
+		err = m.store.PutState(ctx, id, data)
+	}
+	if err == nil {
 		err = m.store.Claim(ctx, id, m.owner)
 	}
 	if err != nil {
@@ -368,7 +372,7 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 func (m *Manager) admit(id, tenant string) (*run, error) {
 	r := &run{
 		id: id, tenant: tenant, store: m.store, log: m.log, lastStatus: -1,
-		ready: make(chan struct{}), changed: make(chan struct{}), ended: make(chan struct{}),
+		ready: make(chan struct{}), ended: make(chan struct{}),
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -423,7 +427,7 @@ func (m *Manager) resume(id, from string) error {
 	}
 	if n := len(journal); n > 0 && journal[n-1].GetRunFinished() != nil {
 		// It finished but its owner died before letting go of it.
-		if err := m.store.PutState(m.ctx, journal[n-1].GetRunFinished().GetState()); err != nil {
+		if err := m.store.PutState(m.ctx, id, recorded[n-1].state()); err != nil {
 			return err
 		}
 		return m.store.Release(m.ctx, id)
@@ -526,11 +530,10 @@ func (m *Manager) rand(r *run) *mrand.Rand {
 // server forgets the oldest finished runs beyond its limit.
 func (m *Manager) retire(r *run) {
 	if !r.isLost() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := m.store.Release(ctx, r.id); err != nil {
+		// The store bounds its own call, as for record.
+		if err := m.store.Release(context.Background(), r.id); err != nil {
 			m.log.Warn("releasing a finished run", "run_id", r.id, "err", err)
 		}
-		cancel()
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -895,7 +898,16 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 	}
 	if enc.Finished || st.GetStatus() != r.lastStatus {
 		r.lastStatus = st.GetStatus()
-		if err := r.store.PutState(context.Background(), st); err != nil {
+		// run_started and run_finished carry the state: their encoding
+		// has the state's.
+		data := enc.state()
+		if data == nil {
+			data, err = proto.Marshal(st)
+		}
+		if err == nil {
+			err = r.store.PutState(context.Background(), r.id, data)
+		}
+		if err != nil {
 			r.log.Warn("saving run state", "run_id", r.id, "err", err)
 		}
 	}

@@ -106,16 +106,12 @@ func (s *Memory) Follow(ctx context.Context, runID string, after int64, fn func(
 	}
 }
 
-// PutState saves a snapshot, encoded: encoding is cheaper than a deep copy,
-// and what it keeps is pointer-free.
-func (s *Memory) PutState(_ context.Context, st *stubbornv1.ControlState) error {
-	data, err := proto.Marshal(st)
-	if err != nil {
-		return fmt.Errorf("encoding the state of run %s: %w", st.GetRunId(), err)
-	}
+// PutState saves a snapshot as it is encoded: pointer-free, nothing for the
+// garbage collector to scan.
+func (s *Memory) PutState(_ context.Context, runID string, state []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.states[st.GetRunId()] = data
+	s.states[runID] = state
 	return nil
 }
 

@@ -26,9 +26,10 @@ type Store interface {
 	// has been sent (it returns nil), ctx ends or fn fails.
 	Follow(ctx context.Context, runID string, after int64, fn func(Event) error) error
 
-	// PutState saves a run's state snapshot. st is read during the call
-	// only.
-	PutState(ctx context.Context, st *stubbornv1.ControlState) error
+	// PutState saves the snapshot of run runID's state, encoded (a
+	// stubborn.v1.ControlState). state is never changed: a store may keep
+	// it.
+	PutState(ctx context.Context, runID string, state []byte) error
 	// State returns a run's last saved state, or ErrNotFound.
 	State(ctx context.Context, runID string) (*stubbornv1.ControlState, error)
 	// States calls fn with every saved state, in no particular order, until
