@@ -131,7 +131,7 @@ type Manager struct {
 	loops  sync.WaitGroup // heartbeat, takeover scan, command server
 	// workers run the runs' drive (workers.go).
 	workers *workers
-	paused atomic.Bool    // heartbeats paused (tests simulate a frozen server)
+	paused  atomic.Bool // heartbeats paused (tests simulate a frozen server)
 
 	mu       sync.Mutex
 	runs     map[string]*run

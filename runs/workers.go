@@ -18,13 +18,13 @@ const workerRuns = 1 << 12
 
 // workers hands functions to idle goroutines.
 type workers struct {
-	work chan func()   // unbuffered: a send succeeds when a worker waits
-	quit chan struct{} // closed by stop
+	work    chan func()   // unbuffered: a send succeeds when a worker waits
+	quit    chan struct{} // closed by stop
 	mu      sync.Mutex
 	idle    int
 	spawned int // goroutines started, for tests
 	wg      sync.WaitGroup
-	once sync.Once
+	once    sync.Once
 }
 
 func newWorkers() *workers {
