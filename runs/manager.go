@@ -350,22 +350,51 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 	if m.cfg.Observer != nil {
 		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, ctx, state, false)
 	}
-	data, err := proto.Marshal(state)
-	if err == nil {
-		err = m.store.PutState(ctx, id, data)
-	}
-	if err == nil {
-		err = m.store.Claim(ctx, id, m.owner)
-	}
-	if err != nil {
+	// The run is accepted once it has a driver and its run_started event,
+	// which holds the state, is recorded (with the state saved beside it):
+	// a server that stops in between leaves a driver without a journal,
+	// which the next one lets go of (resume), and the caller gets an error.
+	if err := m.store.Claim(ctx, id, m.owner); err != nil {
 		m.forget(r)
 		return nil, fmt.Errorf("recording the run: %w", err)
 	}
+	tr := m.track(r, state, nil)
+	tr.Start()
+	if err := r.lostBecause(); err != nil {
+		m.unstart(r)
+		return nil, fmt.Errorf("recording the run: %w", err)
+	}
+	// Nothing changes the state until drive runs: read it here.
 	accepted := constantPart(state)
 	accepted.Status = state.GetStatus()
 	accepted.UpdateTime = state.GetUpdateTime()
-	m.workers.run(func() { m.drive(runCtx, r, state, nil, "") })
+	m.workers.run(func() { m.drive(runCtx, r, tr, state, "") })
 	return accepted, nil
+}
+
+// track gives run r its tracker, of state replaying journal.
+func (m *Manager) track(r *run, state *stubbornv1.ControlState, journal []*stubbornv1.RunEvent) *controls.Tracker {
+	tr := controls.NewReplayTracker(state, m.cfg.Clock, r.record, journal)
+	r.mu.Lock()
+	r.tracker = tr
+	r.mu.Unlock()
+	close(r.ready)
+	return tr
+}
+
+// unstart drops a run whose run_started could not be recorded: it is lost
+// already (record said so to the observer), and its driver entry goes.
+func (m *Manager) unstart(r *run) {
+	m.mu.Lock()
+	delete(m.runs, r.id)
+	m.mu.Unlock()
+	if r.stopTimer != nil {
+		r.stopTimer()
+	}
+	if err := m.store.Release(context.Background(), r.id); err != nil {
+		m.log.Warn("letting go of a run that could not start", "run_id", r.id, "err", err)
+	}
+	m.wg.Done()
 }
 
 // admit registers a local run of tenant, unless the manager is closed.
@@ -435,7 +464,11 @@ func (m *Manager) resume(id, from string) error {
 	var state *stubbornv1.ControlState
 	if len(journal) > 0 {
 		state = proto.CloneOf(journal[0].GetRunStarted().GetState())
-	} else if state, err = m.store.State(m.ctx, id); err != nil {
+	} else if state, err = m.store.State(m.ctx, id); errors.Is(err, ErrNotFound) {
+		// Its owner stopped after claiming it and before recording
+		// run_started: the run was never accepted (Start failed).
+		return m.store.Release(m.ctx, id)
+	} else if err != nil {
 		return err
 	}
 	if state == nil {
@@ -452,23 +485,20 @@ func (m *Manager) resume(id, from string) error {
 	}
 	m.log.Info("resuming run", "run_id", id, "from", from, "events", len(journal))
 	because := fmt.Sprintf("its owner %s stopped", from)
-	m.workers.run(func() { m.drive(runCtx, r, state, journal, because) })
+	tr := m.track(r, state, journal)
+	m.workers.run(func() { m.drive(runCtx, r, tr, state, because) })
 	return nil
 }
 
-// drive runs the control to its end, replaying journal first when the run
-// is resumed.
-func (m *Manager) drive(ctx context.Context, r *run, state *stubbornv1.ControlState, journal []*stubbornv1.RunEvent, resumedBecause string) {
+// drive runs the control to its end with tr, state's tracker. A new run's
+// run_started is recorded already (Start); a resumed run's tracker replays
+// its journal, from run_started on.
+func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state *stubbornv1.ControlState, resumedBecause string) {
 	defer m.wg.Done()
 	defer r.cancel(nil)
 	if r.stopTimer != nil {
 		defer r.stopTimer()
 	}
-	tr := controls.NewReplayTracker(state, m.cfg.Clock, r.record, journal)
-	r.mu.Lock()
-	r.tracker = tr
-	r.mu.Unlock()
-	close(r.ready)
 	defer func() {
 		// A bug in a control must end its run, not the server.
 		if p := recover(); p != nil {
@@ -477,8 +507,8 @@ func (m *Manager) drive(ctx context.Context, r *run, state *stubbornv1.ControlSt
 			m.retire(r)
 		}
 	}()
-	tr.Start()
 	if resumedBecause != "" {
+		tr.Start()
 		tr.Resumed(m.owner, resumedBecause)
 	}
 	// What the criteria, the call context and the control read of the run
@@ -859,7 +889,8 @@ type run struct {
 	// nobody waits for costs no channel.
 	changed    chan struct{}
 	done       bool
-	lost       bool // another server drives the run: write nothing more
+	lost       bool  // another server drives the run: write nothing more
+	lostErr    error // why, when a write failed
 	lastStatus stubbornv1.RunStatus
 	ended      chan struct{} // closed once the run has ended here
 }
@@ -886,12 +917,14 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		// Not expected: the API's strings are checked or made UTF-8 before
 		// they reach an event. The run cannot go on without its journal.
 		r.log.Error("run stopped: its event cannot be encoded", "run_id", r.id, "err", err)
+		r.lostErr = err
 		r.loseLocked()
 		r.cancel(err)
 		return
 	}
 	if err := r.store.Append(context.Background(), enc); err != nil {
 		r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
+		r.lostErr = err
 		r.loseLocked()
 		r.cancel(errLost)
 		return
@@ -990,6 +1023,13 @@ func (r *run) wakeLocked() {
 		close(r.changed)
 		r.changed = nil
 	}
+}
+
+// lostBecause returns why the run's last write failed, or nil.
+func (r *run) lostBecause() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lostErr
 }
 
 func (r *run) isLost() bool {

@@ -296,3 +296,29 @@ func TestCommandsReachTheDriver(t *testing.T) {
 		})
 	}
 }
+
+// TestAClaimWithoutAJournalIsLetGo: a server that stopped between claiming
+// a run and recording its run_started never accepted it (Start failed);
+// the next server lets go of the claim instead of resuming a run that has
+// nothing to resume from.
+func TestAClaimWithoutAJournalIsLetGo(t *testing.T) {
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			open := newStore(t, time.Second)
+			store := open()
+			require.NoError(t, store.Claim(ctxFor(t), "run_unstarted", "gone"))
+			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
+			m := newManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "next", SoleOwner: true})
+			require.Eventually(t, func() bool {
+				claimed := false
+				require.NoError(t, store.Owners(ctxFor(t), func(runID, _ string) bool {
+					claimed = claimed || runID == "run_unstarted"
+					return true
+				}))
+				return !claimed
+			}, 10*time.Second, 5*time.Millisecond, "the claim is let go")
+			_, err := m.Get(ctxFor(t), "run_unstarted")
+			assert.ErrorIs(t, err, runs.ErrNotFound)
+		})
+	}
+}
