@@ -905,32 +905,35 @@ type run struct {
 // Each store bounds its own calls (JetStream's have the client's default
 // timeout), so record makes no context of its own for them.
 func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
+	// The tracker calls record under its own lock, one event at a time, so
+	// r.mu is taken only to read and to publish: the watchers' since never
+	// waits for the store's I/O (a JetStream round trip).
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.lost {
+		r.mu.Unlock()
 		return
 	}
+	seq := int64(len(r.events)) + 1
+	lastStatus := r.lastStatus
+	r.mu.Unlock()
+
 	ev.RunId = r.id
-	ev.Seq = int64(len(r.events)) + 1
+	ev.Seq = seq
 	enc, err := EncodeEvent(ev)
 	if err != nil {
 		// Not expected: the API's strings are checked or made UTF-8 before
 		// they reach an event. The run cannot go on without its journal.
 		r.log.Error("run stopped: its event cannot be encoded", "run_id", r.id, "err", err)
-		r.lostErr = err
-		r.loseLocked()
-		r.cancel(err)
+		r.lose(err, err)
 		return
 	}
 	if err := r.store.Append(context.Background(), enc); err != nil {
 		r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
-		r.lostErr = err
-		r.loseLocked()
-		r.cancel(errLost)
+		r.lose(err, errLost)
 		return
 	}
-	if enc.Finished || st.GetStatus() != r.lastStatus {
-		r.lastStatus = st.GetStatus()
+	status := st.GetStatus()
+	if enc.Finished || status != lastStatus {
 		// run_started and run_finished carry the state: their encoding
 		// has the state's.
 		data := enc.state()
@@ -943,6 +946,13 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		if err != nil {
 			r.log.Warn("saving run state", "run_id", r.id, "err", err)
 		}
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lastStatus = status
+	if r.lost {
+		return // abandoned meanwhile: the event is in the store, which its watchers follow now
 	}
 	if r.events == nil {
 		r.events = make([]Event, 0, journalCap)
@@ -960,6 +970,16 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 			r.observe = nil
 		}
 	}
+}
+
+// lose stops the run after a failed write: err is why, cause what its
+// context is cancelled with.
+func (r *run) lose(err, cause error) {
+	r.mu.Lock()
+	r.lostErr = err
+	r.loseLocked()
+	r.mu.Unlock()
+	r.cancel(cause)
 }
 
 // live returns the run's tracker while it goes on here, nil once it ended.
