@@ -14,9 +14,17 @@ import (
 
 // Memory is a Store in memory: everything is lost with the process. Several
 // Managers in one process may share one, as replicas share JetStream.
+//
+// It keeps finished runs up to its limits (SetLimits; by default the
+// DefaultMemoryRuns latest), forgetting the oldest first, as JetStream's
+// retention does: a server that runs for long must not grow without bound.
 type Memory struct {
 	lease time.Duration
 
+	maxFinished int           // finished runs kept
+	retention   time.Duration // how long a finished run is kept; 0: no age limit
+	clock       func() time.Time
+	finished    []finishedRun // oldest first
 	mu       sync.Mutex
 	events   map[string][]Event
 	states   map[string][]byte // encoded: pointer-free, nothing for the GC to scan
@@ -29,11 +37,24 @@ type Memory struct {
 
 var _ Store = (*Memory)(nil)
 
+// finishedRun is a finished run in a Memory store, for its limits.
+type finishedRun struct {
+	id string
+	at time.Time
+}
+
+// DefaultMemoryRuns is how many finished runs a Memory store keeps unless
+// told otherwise: about 200 MB of runs with one or two attempts.
+const DefaultMemoryRuns = 100_000
+
 // NewMemory returns an empty in-memory store whose owners count as dead
-// lease after their last beat.
+// lease after their last beat. It keeps the DefaultMemoryRuns latest
+// finished runs.
 func NewMemory(lease time.Duration) *Memory {
 	return &Memory{
-		lease:   lease,
+		lease:       lease,
+		maxFinished: DefaultMemoryRuns,
+		clock:       time.Now,
 		events:  map[string][]Event{},
 		states:  map[string][]byte{},
 		owners:  map[string]string{},
@@ -53,11 +74,45 @@ func (s *Memory) Append(_ context.Context, ev Event) error {
 	// An event's encoding is never changed once recorded, so the store
 	// keeps and hands out the recorder's own, without copying.
 	s.events[ev.RunID] = append(evs, ev)
+	if ev.Finished {
+		s.finished = append(s.finished, finishedRun{ev.RunID, s.clock()})
+		s.pruneLocked()
+	}
 	if s.changed != nil {
 		close(s.changed)
 		s.changed = nil
 	}
 	return nil
+}
+
+// SetLimits sets how many finished runs the store keeps (at least 1) and
+// for how long after they finished (0: no age limit). Runs beyond either
+// limit go, oldest first, as runs finish.
+func (s *Memory) SetLimits(maxFinished int, retention time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.maxFinished = max(maxFinished, 1)
+	s.retention = retention
+	s.pruneLocked()
+}
+
+// pruneLocked forgets the finished runs beyond the limits: their events and
+// state. Callers hold s.mu.
+func (s *Memory) pruneLocked() {
+	now := s.clock()
+	n := 0
+	for n < len(s.finished) {
+		f := s.finished[n]
+		if len(s.finished)-n <= s.maxFinished && (s.retention <= 0 || now.Sub(f.at) < s.retention) {
+			break
+		}
+		delete(s.events, f.id)
+		delete(s.states, f.id)
+		n++
+	}
+	if n > 0 {
+		s.finished = s.finished[n:]
+	}
 }
 
 // Events returns the run's events after seq after.

@@ -23,6 +23,7 @@ type storeFlags struct {
 	lease      time.Duration
 	retention  time.Duration
 	maxBytes   int64
+	maxRuns    int
 }
 
 func (f *storeFlags) register(fs *flag.FlagSet) {
@@ -35,13 +36,19 @@ func (f *storeFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.lease, "lease", runs.DefaultLease, "how long a replica may go silent before others take its runs over")
 	fs.DurationVar(&f.retention, "retention", 7*24*time.Hour, "how long a run is kept after its last event")
 	fs.Int64Var(&f.maxBytes, "max-bytes", 0, "bound on the events stream's size; the oldest runs go first (0: none)")
+	fs.IntVar(&f.maxRuns, "max-runs", runs.DefaultMemoryRuns, "with -memory: how many finished runs are kept; the oldest go first")
 }
 
 // open connects the store. close must be called after the server stopped.
 func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config, func(), error) {
 	rc := runs.Config{Lease: f.lease, Logger: logger}
 	if f.memory {
-		rc.CancelOnClose = true
+		if f.maxRuns < 1 {
+			return rc, nil, fmt.Errorf("-max-runs must be at least 1, got %d", f.maxRuns)
+		}
+		m := runs.NewMemory(f.lease)
+		m.SetLimits(f.maxRuns, f.retention)
+		rc.Store, rc.CancelOnClose = m, true
 		return rc, func() {}, nil
 	}
 	js := runs.JetStreamConfig{Replicas: f.replicas, Retention: f.retention, MaxBytes: f.maxBytes, Lease: f.lease}
