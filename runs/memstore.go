@@ -25,14 +25,14 @@ type Memory struct {
 	retention   time.Duration // how long a finished run is kept; 0: no age limit
 	clock       func() time.Time
 	finished    []finishedRun // oldest first
-	mu       sync.Mutex
-	events   map[string][]Event
-	states   map[string][]byte // encoded: pointer-free, nothing for the GC to scan
-	owners   map[string]string
-	beats    map[string]time.Time
-	changed  chan struct{} // closed and cleared by the next append; made by a follower that waits
-	servers  map[string]func(context.Context, *Command) (*stubbornv1.ControlState, error)
-	maxStale time.Duration
+	mu          sync.Mutex
+	events      map[string][]Event
+	states      map[string][]byte // encoded: pointer-free, nothing for the GC to scan
+	owners      map[string]string
+	beats       map[string]time.Time
+	changed     chan struct{} // closed and cleared by the next append; made by a follower that waits
+	servers     map[string]func(context.Context, *Command) (*stubbornv1.ControlState, error)
+	maxStale    time.Duration
 }
 
 var _ Store = (*Memory)(nil)
@@ -55,11 +55,11 @@ func NewMemory(lease time.Duration) *Memory {
 		lease:       lease,
 		maxFinished: DefaultMemoryRuns,
 		clock:       time.Now,
-		events:  map[string][]Event{},
-		states:  map[string][]byte{},
-		owners:  map[string]string{},
-		beats:   map[string]time.Time{},
-		servers: map[string]func(context.Context, *Command) (*stubbornv1.ControlState, error){},
+		events:      map[string][]Event{},
+		states:      map[string][]byte{},
+		owners:      map[string]string{},
+		beats:       map[string]time.Time{},
+		servers:     map[string]func(context.Context, *Command) (*stubbornv1.ControlState, error){},
 	}
 }
 
