@@ -322,3 +322,42 @@ func TestAClaimWithoutAJournalIsLetGo(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchBatchesLocallyAndThroughTheStore: batches hold at most max
+// events, in order, without gaps, whether the watcher's server drives the
+// run or follows it through the store.
+func TestWatchBatchesLocallyAndThroughTheStore(t *testing.T) {
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			open := newStore(t, time.Second)
+			d := controlstest.NewDelegates(map[string][]controlstest.Reply{
+				"a": {controlstest.Fail(codes.Unavailable, "down")},
+				"b": {controlstest.Fail(codes.Unavailable, "down")},
+				"c": {controlstest.OK("fine")},
+			})
+			driver := newManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "driver"})
+			other := newManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "other"})
+			st, err := driver.Start(context.Background(), "brief", chain("a", "b", "c"), nil)
+			require.NoError(t, err)
+			want := watchAll(t, driver, st.GetRunId(), 0)
+			require.Greater(t, len(want), 3)
+
+			for _, m := range []*runs.Manager{driver, other} {
+				var got []*stubbornv1.RunEvent
+				var sizes []int
+				require.NoError(t, m.WatchBatches(ctxFor(t), st.GetRunId(), 1, 3, func(evs []runs.Event) error {
+					sizes = append(sizes, len(evs))
+					got = append(got, decodeAll(t, evs)...)
+					return nil
+				}))
+				require.Len(t, got, len(want)-1, "%s: every event after seq 1", m.Owner())
+				for i, ev := range got {
+					assert.True(t, proto.Equal(want[i+1], ev), "%s: event %d", m.Owner(), i+2)
+				}
+				for _, n := range sizes {
+					assert.True(t, n >= 1 && n <= 3, "%s: a batch of %d", m.Owner(), n)
+				}
+			}
+		})
+	}
+}
