@@ -50,6 +50,7 @@ type Tracker struct {
 	decision chan stubbornv1.Decision // non-nil while awaiting a decision
 	until    time.Time                // end of the backoff announced last
 	journal  *journal                 // noJournal when not replaying
+	finished bool                     // run_finished was emitted: nothing follows it
 }
 
 // NewTracker tracks state (owned by the tracker from now on) and sends
@@ -104,7 +105,15 @@ func (t *Tracker) touch(replayed *stubbornv1.RunEvent) {
 // emit stamps the event with the path and the time of the change it
 // reports, and hands it to the recorder. Callers hold t.mu, so events leave
 // in the order the state changed.
+//
+// Nothing is emitted after run_finished: a control may leave work behind
+// when it returns (a race's losing preset may still report its attempt),
+// but the run has ended and its stream with it.
 func (t *Tracker) emit(path string, ev *stubbornv1.RunEvent) {
+	if t.finished {
+		return
+	}
+	t.finished = ev.GetRunFinished() != nil
 	ev.Path = path
 	ev.Time = t.state.UpdateTime // replaced, never changed, by touch
 	if t.record != nil {

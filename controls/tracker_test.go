@@ -1,6 +1,7 @@
 package controls_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -50,6 +51,21 @@ func TestTracker(t *testing.T) {
 		assert.Nil(t, again.GetResult())
 		assert.Equal(t, "cancelled", again.GetStatusReason())
 		assert.Equal(t, []string{"run_started", "run_finished"}, events.Kinds())
+	})
+
+	t.Run("nothing follows run_finished", func(t *testing.T) {
+		t.Parallel()
+		// A race's losing preset may report its attempt after the race
+		// returned and the run finished.
+		var events controlstest.Events
+		tr := controls.NewTracker(&stubbornv1.ControlState{RunId: "r"}, controlstest.NewClock(), events.Sink)
+		tr.Start()
+		n := tr.BeginAttempt("race[0]", "slow", "brief", 0)
+		tr.Finish(succeeded, &stubbornv1.Result{Text: "fast won"}, "fast", "")
+		tr.EndAttempt(n, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED, nil, context.Canceled, "")
+		tr.Failure(&stubbornv1.FailureRecord{Attempt: n, Delegate: "slow"}, false, "")
+		assert.Equal(t, []string{"run_started", "attempt_started", "run_finished"}, events.Kinds())
+		assert.Equal(t, succeeded, tr.Snapshot().GetStatus())
 	})
 
 	t.Run("Snapshot is a copy", func(t *testing.T) {

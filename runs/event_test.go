@@ -39,3 +39,15 @@ func TestEventStateIsTheEncodingOfTheCarriedState(t *testing.T) {
 	assert.Nil(t, other.state(), "attempt_started carries no state")
 	assert.Nil(t, Event{Data: []byte{0xff}}.state(), "garbage has no state")
 }
+
+func TestBatchLenBoundsCountAndBytes(t *testing.T) {
+	ev := func(size int) Event { return Event{Data: make([]byte, size)} }
+	small := []Event{ev(10), ev(10), ev(10), ev(10)}
+	assert.Equal(t, 3, batchLen(small, 3))
+	assert.Equal(t, 4, batchLen(small, 100))
+	assert.Equal(t, 1, batchLen(small, 1))
+	big := []Event{ev(MaxBatchBytes / 2), ev(MaxBatchBytes / 2), ev(1)}
+	assert.Equal(t, 2, batchLen(big, 100), "up to MaxBatchBytes")
+	huge := []Event{ev(MaxBatchBytes + 1), ev(1)}
+	assert.Equal(t, 1, batchLen(huge, 100), "an event larger than the bound comes alone")
+}

@@ -29,3 +29,6 @@ func (m *Manager) AppendForTest(ctx context.Context, id string) error {
 	}
 	return m.store.Append(ctx, ev)
 }
+
+// IsClosedForTest reports whether Close or Kill has begun.
+func (m *Manager) IsClosedForTest() bool { return m.isClosed() }

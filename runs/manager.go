@@ -350,20 +350,32 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 	if m.cfg.Observer != nil {
 		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, ctx, state, false)
 	}
-	// The run is accepted once it has a driver and its run_started event,
-	// which holds the state, is recorded (with the state saved beside it):
-	// a server that stops in between leaves a driver without a journal,
-	// which the next one lets go of (resume), and the caller gets an error.
-	if err := m.store.Claim(ctx, id, m.owner); err != nil {
+	// The run is accepted once its state is saved and it has a driver: a
+	// server that takes it over then (this one stalled past its lease, or
+	// stopped) resumes it from that state, and its first write fences this
+	// one out. run_started is recorded before Start returns.
+	data, err := proto.Marshal(state)
+	if err == nil {
+		err = m.store.PutState(ctx, id, data)
+	}
+	if err == nil {
+		err = m.store.Claim(ctx, id, m.owner)
+	}
+	if err != nil {
 		m.forget(r)
 		return nil, fmt.Errorf("recording the run: %w", err)
 	}
+	r.lastStatus = state.GetStatus()
 	tr := m.track(r, state, nil)
 	tr.Start()
 	if err := r.lostBecause(); err != nil {
+		// The store refused run_started (it failed, or another server
+		// took the run over already): let the caller know.
 		m.unstart(r)
 		return nil, fmt.Errorf("recording the run: %w", err)
 	}
+	// Abandoned meanwhile (this server is closing) is still accepted: the
+	// next server resumes it from its saved state.
 	// Nothing changes the state until drive runs: read it here.
 	accepted := constantPart(state)
 	accepted.Status = state.GetStatus()
@@ -465,8 +477,9 @@ func (m *Manager) resume(id, from string) error {
 	if len(journal) > 0 {
 		state = proto.CloneOf(journal[0].GetRunStarted().GetState())
 	} else if state, err = m.store.State(m.ctx, id); errors.Is(err, ErrNotFound) {
-		// Its owner stopped after claiming it and before recording
-		// run_started: the run was never accepted (Start failed).
+		// A claim with neither journal nor state (Start saves the state
+		// before it claims: they expired, or were written by an older
+		// version): nothing to resume from.
 		return m.store.Release(m.ctx, id)
 	} else if err != nil {
 		return err
@@ -622,7 +635,9 @@ func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send fun
 // max (at least 1) at a time: a watcher that falls behind catches up in
 // fewer sends. send must not keep the slice.
 func (m *Manager) WatchBatches(ctx context.Context, id string, afterSeq int64, max int, send func([]Event) error) error {
-	max = cmp.Or(max, 1)
+	if max < 1 {
+		max = 1
+	}
 	next := afterSeq
 	if r := m.local(id); r != nil {
 		if err := visible(ctx, id, r.tenant); err != nil {
@@ -632,7 +647,7 @@ func (m *Manager) WatchBatches(ctx context.Context, id string, afterSeq int64, m
 			evs, changed, done, lost := r.since(next)
 			if len(evs) > 0 {
 				for len(evs) > 0 {
-					n := min(len(evs), max)
+					n := batchLen(evs, max)
 					if err := send(evs[:n:n]); err != nil {
 						return err
 					}
@@ -674,6 +689,22 @@ func (m *Manager) WatchBatches(ctx context.Context, id string, afterSeq int64, m
 		return ErrClosed
 	}
 	return err
+}
+
+// MaxBatchBytes bounds the encoded events WatchBatches sends at once, below
+// gRPC's default 4 MiB for a message a client receives; a batch has at
+// least one event whatever its size.
+const MaxBatchBytes = 1 << 20
+
+// batchLen is how many of evs, at most max and at least one, go in the next
+// batch.
+func batchLen(evs []Event, max int) int {
+	n, size := 1, len(evs[0].Data)
+	for n < len(evs) && n < max && size+len(evs[n].Data) <= MaxBatchBytes {
+		size += len(evs[n].Data)
+		n++
+	}
+	return n
 }
 
 // Cancel cancels a run and waits (bounded by ctx) until it has ended. A
@@ -909,7 +940,7 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 	// r.mu is taken only to read and to publish: the watchers' since never
 	// waits for the store's I/O (a JetStream round trip).
 	r.mu.Lock()
-	if r.lost {
+	if r.lost || r.done {
 		r.mu.Unlock()
 		return
 	}
@@ -1008,6 +1039,9 @@ func (r *run) snapshot() (*stubbornv1.ControlState, error) {
 	ev, err := final.Decode()
 	if err != nil {
 		return nil, err
+	}
+	if ev.GetRunFinished().GetState() == nil {
+		return nil, fmt.Errorf("run %s: its last event is not run_finished", r.id)
 	}
 	return ev.GetRunFinished().GetState(), nil
 }

@@ -25,6 +25,11 @@ type Memory struct {
 	retention   time.Duration // how long a finished run is kept; 0: no age limit
 	clock       func() time.Time
 	finished    []finishedRun // oldest first
+	// pruned are the runs pruned last, so that a finished run's state,
+	// saved a moment after its run_finished, does not come back once the
+	// run is pruned.
+	pruned      map[string]struct{}
+	prunedOrder []string
 	mu          sync.Mutex
 	events      map[string][]Event
 	states      map[string][]byte // encoded: pointer-free, nothing for the GC to scan
@@ -108,11 +113,27 @@ func (s *Memory) pruneLocked() {
 		}
 		delete(s.events, f.id)
 		delete(s.states, f.id)
+		s.rememberPrunedLocked(f.id)
 		n++
 	}
 	if n > 0 {
 		s.finished = s.finished[n:]
 	}
+}
+
+// prunedMemory is how many pruned runs PutState recognizes.
+const prunedMemory = 4096
+
+func (s *Memory) rememberPrunedLocked(id string) {
+	if s.pruned == nil {
+		s.pruned = make(map[string]struct{}, prunedMemory)
+	}
+	if len(s.prunedOrder) == prunedMemory {
+		delete(s.pruned, s.prunedOrder[0])
+		s.prunedOrder = s.prunedOrder[1:]
+	}
+	s.pruned[id] = struct{}{}
+	s.prunedOrder = append(s.prunedOrder, id)
 }
 
 // Events returns the run's events after seq after.
@@ -122,25 +143,40 @@ func (s *Memory) Events(_ context.Context, runID string, after int64) ([]Event, 
 }
 
 func (s *Memory) since(runID string, after int64) ([]Event, <-chan struct{}) {
+	evs, changed, _ := s.sinceOrGone(runID, after)
+	return evs, changed
+}
+
+// sinceOrGone is since, and also reports a run the store does not know
+// (never saved, or pruned).
+func (s *Memory) sinceOrGone(runID string, after int64) ([]Event, <-chan struct{}, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	evs := s.events[runID]
+	evs, ok := s.events[runID]
 	if after < 0 {
 		after = 0
 	}
 	if after >= int64(len(evs)) {
+		if !ok {
+			if _, saved := s.states[runID]; !saved {
+				return nil, nil, true
+			}
+		}
 		if s.changed == nil {
 			s.changed = make(chan struct{})
 		}
-		return nil, s.changed
+		return nil, s.changed, false
 	}
-	return evs[after:len(evs):len(evs)], nil
+	return evs[after:len(evs):len(evs)], nil, false
 }
 
 // Follow sends the run's events after seq after, then new ones.
 func (s *Memory) Follow(ctx context.Context, runID string, after int64, fn func(Event) error) error {
 	for {
-		evs, changed := s.since(runID, after)
+		evs, changed, gone := s.sinceOrGone(runID, after)
+		if gone {
+			return fmt.Errorf("%w: %q", ErrNotFound, runID)
+		}
 		for _, ev := range evs {
 			if err := fn(ev); err != nil {
 				return err
@@ -166,6 +202,9 @@ func (s *Memory) Follow(ctx context.Context, runID string, after int64, fn func(
 func (s *Memory) PutState(_ context.Context, runID string, state []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if _, gone := s.pruned[runID]; gone {
+		return nil
+	}
 	s.states[runID] = state
 	return nil
 }

@@ -52,6 +52,13 @@ func TestMemoryKeepsFinishedRunsWithinItsLimits(t *testing.T) {
 	assert.False(t, kept("a"), "the oldest finished run goes beyond 2")
 	assert.True(t, kept("b"))
 	assert.True(t, kept("c"))
+	// Its final state, saved a moment after its run_finished, does not
+	// bring it back; following it ends at once.
+	state, err := proto.Marshal(&stubbornv1.ControlState{RunId: "a"})
+	require.NoError(t, err)
+	require.NoError(t, s.PutState(ctx, "a", state))
+	assert.False(t, kept("a"), "a late state of a pruned run is dropped")
+	assert.ErrorIs(t, s.Follow(ctx, "a", 0, func(Event) error { return nil }), ErrNotFound)
 
 	now = now.Add(2 * time.Hour)
 	appendEvent("d", 1, false) // in flight: never counted, never dropped

@@ -297,10 +297,9 @@ func TestCommandsReachTheDriver(t *testing.T) {
 	}
 }
 
-// TestAClaimWithoutAJournalIsLetGo: a server that stopped between claiming
-// a run and recording its run_started never accepted it (Start failed);
-// the next server lets go of the claim instead of resuming a run that has
-// nothing to resume from.
+// TestAClaimWithoutAJournalIsLetGo: a claim with neither journal nor state
+// (they expired) has nothing to resume from: the next server lets go of it
+// instead of failing to resume it at every scan.
 func TestAClaimWithoutAJournalIsLetGo(t *testing.T) {
 	for name, newStore := range stores {
 		t.Run(name, func(t *testing.T) {
@@ -360,4 +359,51 @@ func TestWatchBatchesLocallyAndThroughTheStore(t *testing.T) {
 			}
 		})
 	}
+}
+
+// claimGate is a Store whose Claim waits until the test lets it go on.
+type claimGate struct {
+	runs.Store
+	entered, release chan struct{}
+}
+
+func (g *claimGate) Claim(ctx context.Context, runID, owner string) error {
+	close(g.entered)
+	<-g.release
+	return g.Store.Claim(ctx, runID, owner)
+}
+
+// TestAStartThatMeetsCloseIsStillAccepted: a server that closes while a
+// run starts (its run_started is not written any more) still answers that
+// the run is accepted, and the next server resumes it from its saved state.
+func TestAStartThatMeetsCloseIsStillAccepted(t *testing.T) {
+	store := runs.NewMemory(time.Second)
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
+	gate := &claimGate{Store: store, entered: make(chan struct{}), release: make(chan struct{})}
+	closing := newManager(t, d, runs.Config{Store: gate, Lease: time.Second, Owner: "closing"})
+
+	type started struct {
+		st  *stubbornv1.ControlState
+		err error
+	}
+	res := make(chan started, 1)
+	go func() {
+		st, err := closing.Start(context.Background(), "brief", chain("a"), nil)
+		res <- started{st, err}
+	}()
+	<-gate.entered
+	closed := make(chan struct{})
+	go func() {
+		closing.Close()
+		close(closed)
+	}()
+	require.Eventually(t, closing.IsClosedForTest, 10*time.Second, time.Millisecond)
+	close(gate.release)
+	got := <-res
+	require.NoError(t, got.err, "the run's state and claim are saved: it is accepted")
+	<-closed
+
+	next := newManager(t, d, runs.Config{Store: store, Lease: time.Second, Owner: "next", SoleOwner: true})
+	fin := final(t, watchAll(t, next, got.st.GetRunId(), 0))
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
 }

@@ -48,6 +48,7 @@ func (w *workers) loop(f func()) {
 	defer w.wg.Done()
 	for n := 0; ; n++ {
 		f()
+		f = nil // what the run's closure holds goes with it, not with the idle worker
 		if n == workerRuns {
 			return
 		}

@@ -108,7 +108,8 @@ func (s *Service) policy(ctx context.Context) *policy {
 // logging is an opt-in of go-grpc-middleware (logging.PayloadReceived,
 // PayloadSent) that this server does not ask for. When the logger writes
 // nothing even at ERROR (slog.DiscardHandler, say), the interceptor is left
-// out: it would build every call's fields for nothing.
+// out: it would build every call's fields for nothing. That is decided here,
+// once: a logger whose level is raised later gets no call lines.
 func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.Server, *health.Server) {
 	logger := o.Logger
 	if logger == nil {

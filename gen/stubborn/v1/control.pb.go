@@ -1149,9 +1149,10 @@ type WatchRunRequest struct {
 	// How many events one response may carry. 0 or 1 means one event per
 	// response, in WatchRunResponse.event. From 2 to 1000, every response
 	// carries its events in WatchRunResponse.events instead: one or more, at
-	// most max_batch, the events that are ready when it is sent, so a watcher
-	// that falls behind catches up in fewer messages (useful with many
-	// watchers of one run). Negative or more than 1000 is INVALID_ARGUMENT.
+	// most max_batch and about 1 MiB of events (a larger event comes alone),
+	// the events that are ready when it is sent, so a watcher that falls
+	// behind catches up in fewer messages (useful with many watchers of one
+	// run). Negative or more than 1000 is INVALID_ARGUMENT.
 	MaxBatch      int32 `protobuf:"varint,3,opt,name=max_batch,json=maxBatch,proto3" json:"max_batch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

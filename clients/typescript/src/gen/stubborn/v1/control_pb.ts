@@ -542,9 +542,10 @@ export type WatchRunRequest = Message<"stubborn.v1.WatchRunRequest"> & {
    * How many events one response may carry. 0 or 1 means one event per
    * response, in WatchRunResponse.event. From 2 to 1000, every response
    * carries its events in WatchRunResponse.events instead: one or more, at
-   * most max_batch, the events that are ready when it is sent, so a watcher
-   * that falls behind catches up in fewer messages (useful with many
-   * watchers of one run). Negative or more than 1000 is INVALID_ARGUMENT.
+   * most max_batch and about 1 MiB of events (a larger event comes alone),
+   * the events that are ready when it is sent, so a watcher that falls
+   * behind catches up in fewer messages (useful with many watchers of one
+   * run). Negative or more than 1000 is INVALID_ARGUMENT.
    *
    * @generated from field: int32 max_batch = 3;
    */
