@@ -368,15 +368,17 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 	r.lastStatus = state.GetStatus()
 	tr := m.track(r, state, nil)
 	tr.Start()
-	if err := r.lostBecause(); err != nil {
-		// The store refused run_started (it failed, or another server
-		// took the run over already): let the caller know.
-		m.unstart(r)
+	if err := r.lostBecause(); err != nil && !errors.Is(err, ErrConflict) {
+		// The store failed: the caller is told, and the run is marked
+		// failed and let go of, as far as the store still answers.
+		m.unstart(r, state, err)
 		return nil, fmt.Errorf("recording the run: %w", err)
 	}
-	// Abandoned meanwhile (this server is closing) is still accepted: the
-	// next server resumes it from its saved state.
-	// Nothing changes the state until drive runs: read it here.
+	// Abandoned meanwhile (this server is closing), or taken over already
+	// (ErrConflict: this server stalled past its lease) is still accepted:
+	// another server drives it from its saved state. This one's drive ends
+	// at once, writing nothing. Nothing changes the state until drive runs:
+	// read it here.
 	accepted := constantPart(state)
 	accepted.Status = state.GetStatus()
 	accepted.UpdateTime = state.GetUpdateTime()
@@ -394,16 +396,28 @@ func (m *Manager) track(r *run, state *stubbornv1.ControlState, journal []*stubb
 	return tr
 }
 
-// unstart drops a run whose run_started could not be recorded: it is lost
-// already (record said so to the observer), and its driver entry goes.
-func (m *Manager) unstart(r *run) {
+// unstart drops a run whose run_started the store failed to record: it is
+// lost already (record said so to the observer). Its saved state becomes
+// FAILED, so that no list shows it pending, and its claim goes.
+func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
 	m.mu.Lock()
 	delete(m.runs, r.id)
 	m.mu.Unlock()
 	if r.stopTimer != nil {
 		r.stopTimer()
 	}
-	if err := m.store.Release(context.Background(), r.id); err != nil {
+	failed := proto.CloneOf(state)
+	failed.Status = stubbornv1.RunStatus_RUN_STATUS_FAILED
+	failed.StatusReason = "the run could not be recorded: " + cause.Error()
+	failed.EndTime = timestamppb.New(m.cfg.Clock.Now())
+	data, err := proto.Marshal(failed)
+	if err == nil {
+		err = m.store.PutState(context.Background(), r.id, data)
+	}
+	if err == nil {
+		err = m.store.Release(context.Background(), r.id)
+	}
+	if err != nil {
 		m.log.Warn("letting go of a run that could not start", "run_id", r.id, "err", err)
 	}
 	m.wg.Done()

@@ -407,3 +407,57 @@ func TestAStartThatMeetsCloseIsStillAccepted(t *testing.T) {
 	fin := final(t, watchAll(t, next, got.st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
 }
+
+// claimThenGate is a Store whose Claim claims, then waits until the test
+// lets it return: its server stalls right after claiming a run.
+type claimThenGate struct {
+	runs.Store
+	entered, release chan struct{}
+}
+
+func (g *claimThenGate) Claim(ctx context.Context, runID, owner string) error {
+	err := g.Store.Claim(ctx, runID, owner)
+	close(g.entered)
+	<-g.release
+	return err
+}
+
+// TestAStarterThatStallsPastItsLeaseIsFencedOut: a server that stalls after
+// claiming a new run, for longer than its lease, finds the run taken over
+// when it wakes: its run_started is refused, it still reports the run
+// accepted, and it neither drives the run nor lets go of the new driver's
+// claim.
+func TestAStarterThatStallsPastItsLeaseIsFencedOut(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	store := runs.NewMemory(lease)
+	g := newGated(controls.DelegateInfo{Idempotent: true})
+	gate := &claimThenGate{Store: store, entered: make(chan struct{}), release: make(chan struct{})}
+	stalled := newManager(t, g, runs.Config{Store: gate, Lease: lease, Owner: "stalled"})
+	res := make(chan error, 1)
+	var id string
+	go func() {
+		st, err := stalled.Start(context.Background(), "x", chain("d"), nil)
+		id = st.GetRunId()
+		res <- err
+	}()
+	<-gate.entered
+	stalled.PauseHeartbeats()
+	next := newManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "next"})
+	require.Eventually(t, func() bool { return g.called("x") == 1 }, 10*time.Second, time.Millisecond, "next took the run over and called the delegate")
+	close(gate.release)
+	require.NoError(t, <-res, "the run is accepted: another server drives it")
+	assert.False(t, stalled.Owns(id))
+
+	owner := ""
+	require.NoError(t, store.Owners(ctxFor(t), func(runID, o string) bool {
+		if runID == id {
+			owner = o
+		}
+		return true
+	}))
+	assert.Equal(t, "next", owner, "the stalled server left the new driver's claim alone")
+	g.answer("x", controlstest.OK("fine"))
+	fin := final(t, watchAll(t, next, id, 0))
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
+	assert.Equal(t, 1, g.called("x"), "the stalled server never called the delegate")
+}
