@@ -34,7 +34,8 @@ type Config struct {
 	// every delegate connection get otelgrpc stats handlers, each run and
 	// attempt a span, the stubborn.* metrics are recorded. Its Logger
 	// defaults to Logger. The zero value records no span and no metric but
-	// still passes callers' trace context on to the delegates.
+	// still passes callers' trace context on to the delegates (with stats
+	// handlers that do only that, not otelgrpc's).
 	Telemetry telemetry.Config
 	// Runs configures where runs are kept and who drives them: Store,
 	// Owner, Lease, SoleOwner, CancelOnClose. The rest of runs.Config is
