@@ -332,9 +332,12 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 		opts.IdempotencyKey = id
 	}
 	now := m.cfg.Clock.Now()
+	// Saved as RUNNING (an attempt is about to start) from the first: the
+	// state run_started saves a moment later would differ only in its
+	// update time, and saving it again is one store write per run.
 	state := &stubbornv1.ControlState{
 		RunId:      id,
-		Status:     stubbornv1.RunStatus_RUN_STATUS_PENDING,
+		Status:     stubbornv1.RunStatus_RUN_STATUS_RUNNING,
 		TaskBrief:  brief,
 		Control:    spec,
 		Options:    opts,

@@ -29,7 +29,8 @@ type RunStatus int32
 const (
 	// Never set by the server. As a ListRuns filter it means "any status".
 	RunStatus_RUN_STATUS_UNSPECIFIED RunStatus = 0
-	// Accepted, not started yet.
+	// Accepted, not started yet. This server does not report it: a run it
+	// accepts is RUNNING from the first (its first attempt is about to start).
 	RunStatus_RUN_STATUS_PENDING RunStatus = 1
 	// An attempt is in flight or about to start.
 	RunStatus_RUN_STATUS_RUNNING RunStatus = 2

@@ -1600,7 +1600,8 @@ export enum RunStatus {
   UNSPECIFIED = 0,
 
   /**
-   * Accepted, not started yet.
+   * Accepted, not started yet. This server does not report it: a run it
+   * accepts is RUNNING from the first (its first attempt is about to start).
    *
    * @generated from enum value: RUN_STATUS_PENDING = 1;
    */
