@@ -31,6 +31,10 @@ type Recorder func(ev *stubbornv1.RunEvent, state *stubbornv1.ControlState)
 // for a decision.
 var ErrNotAwaitingDecision = errors.New("run is not awaiting a decision")
 
+// ErrParked is returned by WaitBackoff when the tracker parked the run
+// instead of waiting (see ParkWaits).
+var ErrParked = errors.New("run parked for its backoff")
+
 // Tracker keeps a run's ControlState and turns every step of a control into
 // an event. It is safe for concurrent use (race runs attempts in parallel).
 //
@@ -51,6 +55,11 @@ type Tracker struct {
 	until    time.Time                // end of the backoff announced last
 	journal  *journal                 // noJournal when not replaying
 	finished bool                     // run_finished was emitted: nothing follows it
+
+	untilPath string        // path of the backoff announced last
+	parkFrom  time.Duration // 0: never park
+	parked    bool          // WaitBackoff parked the run: nothing more is emitted
+	onLive    []func()      // called once before the first step the journal lacks
 }
 
 // NewTracker tracks state (owned by the tracker from now on) and sends
@@ -110,8 +119,11 @@ func (t *Tracker) touch(replayed *stubbornv1.RunEvent) {
 // when it returns (a race's losing preset may still report its attempt),
 // but the run has ended and its stream with it.
 func (t *Tracker) emit(path string, ev *stubbornv1.RunEvent) {
-	if t.finished {
+	if t.finished || t.parked {
 		return
+	}
+	if ev.GetRunResumed() == nil {
+		t.goLive()
 	}
 	t.finished = ev.GetRunFinished() != nil
 	ev.Path = path
@@ -119,6 +131,51 @@ func (t *Tracker) emit(path string, ev *stubbornv1.RunEvent) {
 	if t.record != nil {
 		t.record(ev, t.state)
 	}
+}
+
+// OnLive adds f to the functions called once, in the order added, before
+// the tracker does the first step of the run that its journal does not
+// hold: emits an event (run_resumed aside) or waits. A server resuming a
+// run from its journal holds the run's cancellation back until then, so
+// that the control replays the whole journal before it may stop: a run
+// cancelled while it is replayed ends with its whole history. f is called
+// with the tracker's lock held. Call before the run is driven.
+func (t *Tracker) OnLive(f func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.onLive = append(t.onLive, f)
+}
+
+// goLive calls the OnLive functions, once. Callers hold t.mu.
+func (t *Tracker) goLive() {
+	fs := t.onLive
+	t.onLive = nil
+	for _, f := range fs {
+		f()
+	}
+}
+
+// ParkWaits makes WaitBackoff park the run, instead of waiting, for a
+// backoff of the run's own control (path "") with at least min left: it
+// returns ErrParked at once, and the tracker emits nothing more and
+// Finish does nothing. The control then returns (as when its context
+// ends), and whoever drives the run resumes it when the wait is over with a
+// new tracker replaying the journal, so that a waiting run holds no
+// goroutine. Only the run's own control is parked: it alone knows that no
+// other step of the run goes on meanwhile (a race's branches do). 0 never
+// parks. Call before the run is driven.
+func (t *Tracker) ParkWaits(min time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.parkFrom = min
+}
+
+// Parked reports whether WaitBackoff parked the run, and until when it
+// waits.
+func (t *Tracker) Parked() (until time.Time, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.until, t.parked
 }
 
 // Start marks the run RUNNING and emits run_started.
@@ -271,6 +328,7 @@ func (t *Tracker) Backoff(path string, nextAttempt int32, wait, bound time.Durat
 		t.touch(ev)
 		b := ev.GetBackoffScheduled()
 		t.until = b.GetUntil().AsTime()
+		t.untilPath = path
 		if t.journal.started[nextAttempt] != nil {
 			t.until = time.Time{} // the wait is over: the next attempt started
 		}
@@ -279,6 +337,7 @@ func (t *Tracker) Backoff(path string, nextAttempt int32, wait, bound time.Durat
 	t.touch(nil)
 	now := t.state.GetUpdateTime().AsTime()
 	t.until = now.Add(wait)
+	t.untilPath = path
 	t.emit(path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_BackoffScheduled{
 		BackoffScheduled: &stubbornv1.BackoffScheduled{
 			NextAttempt: nextAttempt,
@@ -294,14 +353,25 @@ func (t *Tracker) Backoff(path string, nextAttempt int32, wait, bound time.Durat
 // WaitBackoff sleeps on clock until the end of the backoff announced last,
 // or returns ctx's error when ctx ends first. A backoff replayed from the
 // journal resumes with the time that was left.
+//
+// With ParkWaits, a long enough backoff of the run's own control parks the
+// run: WaitBackoff returns ErrParked at once.
 func (t *Tracker) WaitBackoff(ctx context.Context, clock Clock) error {
 	t.mu.Lock()
 	until := t.until
-	t.mu.Unlock()
 	if until.IsZero() {
+		t.mu.Unlock()
 		return ctx.Err()
 	}
-	return clock.Sleep(ctx, until.Sub(clock.Now()))
+	t.goLive()
+	left := until.Sub(clock.Now())
+	if t.parkFrom > 0 && t.untilPath == "" && left >= t.parkFrom && !t.finished && ctx.Err() == nil {
+		t.parked = true
+		t.mu.Unlock()
+		return ErrParked
+	}
+	t.mu.Unlock()
+	return clock.Sleep(ctx, left)
 }
 
 // AwaitDecision marks the run AWAITING_DECISION, emits decision_requested
@@ -335,6 +405,7 @@ func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, timeou
 		t.emit(path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionRequested{DecisionRequested: req}})
 	}
 	t.decision = ch
+	t.goLive()
 	t.mu.Unlock()
 
 	waitCtx, cancel := context.WithCancel(ctx)
@@ -386,11 +457,11 @@ func (t *Tracker) Decide(d stubbornv1.Decision) error {
 }
 
 // Finish sets the final status, result and winner, and emits run_finished.
-// Only the first call has an effect.
+// Only the first call has an effect; none once the run is parked.
 func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result, winner, reason string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.state.GetEndTime() != nil {
+	if t.state.GetEndTime() != nil || t.parked {
 		return
 	}
 	t.touch(nil)

@@ -47,6 +47,11 @@ var (
 	errLost      = errors.New("another server took the run over")
 )
 
+// DefaultParkAfter is the shortest backoff a run waits without a
+// goroutine: resuming it from its journal costs about what its goroutine
+// costs to keep for a few milliseconds, and a second is far more.
+const DefaultParkAfter = time.Second
+
 // DefaultLease is how long a server that stops beating keeps its runs
 // before other servers take them over.
 const DefaultLease = 10 * time.Second
@@ -72,6 +77,11 @@ type Config struct {
 	Criteria func(run *stubbornv1.ControlState) controls.Criteria
 	// Clock defaults to controls.RealClock.
 	Clock controls.Clock
+	// ParkAfter: a run whose own retry waits at least this long in backoff
+	// waits without a goroutine (its tracker is parked, a timer resumes it
+	// from its journal when the wait is over). 0 means DefaultParkAfter; a
+	// negative value never parks. Runs are parked only on the real clock.
+	ParkAfter time.Duration
 	// Seed, when non-zero, seeds every run's jitter deterministically (tests).
 	Seed uint64
 	// MaxFinished is how many finished runs this server keeps in memory for
@@ -131,7 +141,8 @@ type Manager struct {
 	loops  sync.WaitGroup // heartbeat, takeover scan, command server
 	// workers run the runs' drive (workers.go).
 	workers *workers
-	paused  atomic.Bool // heartbeats paused (tests simulate a frozen server)
+	paused  atomic.Bool  // heartbeats paused (tests simulate a frozen server)
+	parked  atomic.Int64 // runs waiting on park's timer
 
 	mu       sync.Mutex
 	runs     map[string]*run
@@ -160,6 +171,12 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.Owner == "" {
 		cfg.Owner = "stubborn-" + strings.ToLower(rand.Text()[:10])
+	}
+	if cfg.ParkAfter == 0 {
+		cfg.ParkAfter = DefaultParkAfter
+	}
+	if _, real := cfg.Clock.(controls.RealClock); !real {
+		cfg.ParkAfter = -1 // park's timers run on the real clock
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	m := &Manager{
@@ -385,17 +402,24 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 	accepted := constantPart(state)
 	accepted.Status = state.GetStatus()
 	accepted.UpdateTime = state.GetUpdateTime()
-	m.workers.run(func() { m.drive(runCtx, r, tr, state, "") })
+	m.workers.run(func() { m.drive(runCtx, r, tr, state, false, "") })
 	return accepted, nil
 }
 
 // track gives run r its tracker, of state replaying journal.
 func (m *Manager) track(r *run, state *stubbornv1.ControlState, journal []*stubbornv1.RunEvent) *controls.Tracker {
-	tr := controls.NewReplayTracker(state, m.cfg.Clock, r.record, journal)
-	r.mu.Lock()
-	r.tracker = tr
-	r.mu.Unlock()
+	tr := m.tracker(r, state, journal)
+	r.setTracker(tr)
 	close(r.ready)
+	return tr
+}
+
+// tracker returns a new tracker for run r, of state replaying journal.
+func (m *Manager) tracker(r *run, state *stubbornv1.ControlState, journal []*stubbornv1.RunEvent) *controls.Tracker {
+	tr := controls.NewReplayTracker(state, m.cfg.Clock, r.record, journal)
+	if m.cfg.ParkAfter > 0 {
+		tr.ParkWaits(m.cfg.ParkAfter)
+	}
 	return tr
 }
 
@@ -516,19 +540,26 @@ func (m *Manager) resume(id, from string) error {
 	m.log.Info("resuming run", "run_id", id, "from", from, "events", len(journal))
 	because := fmt.Sprintf("its owner %s stopped", from)
 	tr := m.track(r, state, journal)
-	m.workers.run(func() { m.drive(runCtx, r, tr, state, because) })
+	m.workers.run(func() { m.drive(runCtx, r, tr, state, true, because) })
 	return nil
 }
 
 // drive runs the control to its end with tr, state's tracker. A new run's
-// run_started is recorded already (Start); a resumed run's tracker replays
-// its journal, from run_started on.
-func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state *stubbornv1.ControlState, resumedBecause string) {
-	defer m.wg.Done()
-	defer r.cancel(nil)
-	if r.stopTimer != nil {
-		defer r.stopTimer()
-	}
+// run_started is recorded already (Start). With replay, tr replays the
+// run's journal from run_started on (a run taken over, resumedBecause
+// saying why, or a parked run woken), and the run's cancellation is held
+// back until the replay has caught up (controls.Tracker.OnLive), so that
+// a run cancelled meanwhile ends with its whole history. A run whose
+// control parks (controls.Tracker.ParkWaits) leaves drive waiting on
+// park's timer, holding no goroutine.
+func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state *stubbornv1.ControlState, replay bool, resumedBecause string) {
+	runCtx := ctx
+	parked := false
+	defer func() {
+		if !parked {
+			m.endDrive(r)
+		}
+	}()
 	defer func() {
 		// A bug in a control must end its run, not the server.
 		if p := recover(); p != nil {
@@ -537,9 +568,15 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 			m.retire(r)
 		}
 	}()
-	if resumedBecause != "" {
+	if replay {
+		held, release, stop := holdCancel(ctx)
+		defer stop()
+		ctx = held
+		tr.OnLive(release)
 		tr.Start()
-		tr.Resumed(m.owner, resumedBecause)
+		if resumedBecause != "" {
+			tr.Resumed(m.owner, resumedBecause)
+		}
 	}
 	// What the criteria, the call context and the control read of the run
 	// never changes once it is accepted: no need for a copy of the state.
@@ -560,8 +597,139 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		callCtx = m.cfg.CallContext(ctx, snapshot)
 	}
 	out := controls.Execute(callCtx, env, snapshot.GetTaskBrief(), snapshot.GetControl())
+	if until, ok := tr.Parked(); ok {
+		parked = true
+		m.park(runCtx, r, until)
+		return
+	}
 	tr.Finish(out.Status, out.Result, out.Winner, out.Reason)
 	m.retire(r)
+}
+
+// endDrive ends run r's drive here: finished, abandoned or lost.
+func (m *Manager) endDrive(r *run) {
+	if r.stopTimer != nil {
+		r.stopTimer()
+	}
+	r.cancel(nil)
+	m.wg.Done()
+}
+
+// park keeps a parked run waiting without a goroutine: a timer wakes it
+// when its backoff is over, and the end of its context (CancelRun, its
+// deadline, shutdown) wakes it at once. Woken, it is driven again from its
+// journal, which replays up to the wait and goes on from there (or stops,
+// when its context ended); abandoned meanwhile (Close, Kill), it is only
+// let go. ctx is the run's own context. Until woken, GetRun reads the
+// parked tracker, whose state is the run's.
+func (m *Manager) park(ctx context.Context, r *run, until time.Time) {
+	var (
+		mu    sync.Mutex
+		woken bool
+		timer *time.Timer
+		stop  func() bool
+	)
+	wake := func() {
+		mu.Lock()
+		if woken {
+			mu.Unlock()
+			return
+		}
+		woken = true
+		t, s := timer, stop
+		mu.Unlock()
+		m.parked.Add(-1)
+		t.Stop()
+		s()
+		if r.isLost() {
+			m.endDrive(r)
+			return
+		}
+		m.workers.run(func() { m.unpark(ctx, r) })
+	}
+	m.parked.Add(1)
+	mu.Lock()
+	defer mu.Unlock()
+	timer = time.AfterFunc(time.Until(until), wake)
+	stop = context.AfterFunc(ctx, wake)
+}
+
+// unpark drives a parked run again: a new tracker replays its journal.
+func (m *Manager) unpark(ctx context.Context, r *run) {
+	r.mu.Lock()
+	recorded := r.events[:len(r.events):len(r.events)]
+	r.mu.Unlock()
+	journal, err := decodeAll(recorded)
+	if err == nil && (len(journal) == 0 || journal[0].GetRunStarted().GetState() == nil) {
+		err = errors.New("its journal does not start with run_started")
+	}
+	if err != nil {
+		// Not expected: the run recorded these events itself.
+		m.log.Error("run stopped: it cannot be resumed after its backoff", "run_id", r.id, "err", err)
+		r.lose(err, err)
+		m.endDrive(r)
+		return
+	}
+	state := proto.CloneOf(journal[0].GetRunStarted().GetState())
+	tr := m.tracker(r, state, journal)
+	// GetRun reads the parked tracker, whose state is whole, until the new
+	// one has replayed the journal.
+	tr.OnLive(func() { r.setTracker(tr) })
+	m.drive(ctx, r, tr, state, true, "")
+}
+
+// Parked returns how many runs wait in backoff without a goroutine.
+func (m *Manager) Parked() int { return int(m.parked.Load()) }
+
+// heldContext is a run's context while its journal is replayed: done only
+// once released (holdCancel), then as the run's context is, with its error
+// and cause; its deadline is the run's all along.
+type heldContext struct {
+	context.Context // cancelled by release once the run's context has ended
+	run             context.Context
+}
+
+func (c heldContext) Deadline() (time.Time, bool) { return c.run.Deadline() }
+
+func (c heldContext) Err() error {
+	if c.Context.Err() == nil {
+		return nil
+	}
+	if err := c.run.Err(); err != nil {
+		return err
+	}
+	return c.Context.Err()
+}
+
+// holdCancel returns a context with run's values and deadline that ends
+// with run only once release has been called; stop ends it, and must be
+// called when done.
+func holdCancel(run context.Context) (ctx context.Context, release, stop func()) {
+	inner, cancel := context.WithCancelCause(context.WithoutCancel(run))
+	var (
+		mu        sync.Mutex
+		stopAfter func() bool
+	)
+	release = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopAfter != nil {
+			return
+		}
+		stopAfter = context.AfterFunc(run, func() { cancel(context.Cause(run)) })
+		if run.Err() != nil {
+			cancel(context.Cause(run)) // at once: the next step must see it
+		}
+	}
+	stop = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopAfter != nil {
+			stopAfter()
+		}
+		cancel(nil)
+	}
+	return heldContext{Context: inner, run: run}, release, stop
 }
 
 // constantPart returns a new state with the fields of st that never change
@@ -1018,6 +1186,13 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 			r.observe = nil
 		}
 	}
+}
+
+// setTracker makes tr the run's tracker.
+func (r *run) setTracker(tr *controls.Tracker) {
+	r.mu.Lock()
+	r.tracker = tr
+	r.mu.Unlock()
 }
 
 // lose stops the run after a failed write: err is why, cause what its

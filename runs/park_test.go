@@ -1,0 +1,146 @@
+package runs_test
+
+import (
+	"context"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// busyFor fails as unavailable, asking the caller to come back after wait:
+// the retry waits exactly that long.
+func busyFor(wait time.Duration) controlstest.Reply {
+	return controlstest.Reply{Err: &controls.CallError{Code: codes.Unavailable, Message: "busy", HasHint: true, RetryHint: wait}}
+}
+
+// retryOf is a retry of delegate "d" that waits as long as d asks, up to
+// an hour.
+func retryOf() *stubbornv1.ControlSpec {
+	return &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
+		Target: "d", MaxWait: durationpb.New(time.Hour), OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL,
+	}}}
+}
+
+func idempotentD(replies ...controlstest.Reply) *controlstest.Delegates {
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": replies})
+	d.SetInfo("d", controls.DelegateInfo{Idempotent: true})
+	return d
+}
+
+func TestAParkedRunGoesOnAfterItsWait(t *testing.T) {
+	d := idempotentD(busyFor(30*time.Millisecond), controlstest.OK("fine"))
+	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
+	st, err := m.Start(context.Background(), "brief", retryOf(), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond, "the run waits parked")
+
+	evs := watchAll(t, m, st.GetRunId(), 0)
+	assert.Equal(t, []string{
+		"run_started", "attempt_started", "attempt_finished", "failure_analyzed", "backoff_scheduled",
+		"attempt_started", "attempt_finished", "run_finished",
+	}, kinds(evs), "the journal goes on where it stopped, nothing twice")
+	for i, ev := range evs {
+		assert.Equal(t, int64(i+1), ev.GetSeq())
+	}
+	fin := final(t, evs)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())
+	assert.Equal(t, int32(2), fin.GetAttempts())
+	assert.Len(t, fin.GetFailureHistory(), 1)
+	assert.Len(t, d.Calls(), 2)
+	assert.Zero(t, m.Parked())
+}
+
+func TestWaitingRunsHoldNoGoroutine(t *testing.T) {
+	const n = 200
+	d := idempotentD(busyFor(time.Hour))
+	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Second})
+	before := runtime.NumGoroutine()
+	ids := make([]string, n)
+	for i := range ids {
+		st, err := m.Start(context.Background(), "brief", retryOf(), nil)
+		require.NoError(t, err)
+		ids[i] = st.GetRunId()
+	}
+	require.Eventually(t, func() bool { return m.Parked() == n }, 10*time.Second, time.Millisecond)
+	// Each run would keep a goroutine while it waits; parked, at most the
+	// idle workers (64) stay.
+	assert.Less(t, runtime.NumGoroutine()-before, n/2)
+
+	st, err := m.Get(context.Background(), ids[0])
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF, st.GetStatus())
+	assert.Equal(t, int32(1), st.GetAttempts())
+
+	// Cancelled while parked, a run replays its journal before it stops:
+	// it ends with its whole history, as a run cancelled in its wait does.
+	got, err := m.Cancel(ctxFor(t), ids[0])
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
+	assert.Equal(t, "cancelled: cancelled by CancelRun", got.GetStatusReason())
+	assert.Equal(t, int32(1), got.GetAttempts())
+	assert.Len(t, got.GetAttemptLog(), 1)
+	assert.Len(t, got.GetFailureHistory(), 1)
+	assert.Equal(t, []string{
+		"run_started", "attempt_started", "attempt_finished", "failure_analyzed", "backoff_scheduled", "run_finished",
+	}, kinds(watchAll(t, m, ids[0], 0)))
+	assert.Equal(t, n-1, m.Parked())
+	assert.Len(t, d.Calls(), n, "nobody was called again")
+}
+
+func TestParkedRunsAreLeftToTheNextServer(t *testing.T) {
+	store := runs.NewMemory(time.Second)
+	d := idempotentD(busyFor(150*time.Millisecond), controlstest.OK("fine"))
+	a, err := runs.New(runs.Config{Delegates: d, Store: store, Owner: "a", ParkAfter: time.Millisecond})
+	require.NoError(t, err)
+	st, err := a.Start(context.Background(), "brief", retryOf(), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return a.Parked() == 1 }, 5*time.Second, time.Millisecond)
+	a.Close() // leaves the parked run where it is
+	assert.Zero(t, a.Parked())
+	assert.Len(t, d.Calls(), 1)
+
+	b := newManager(t, d, runs.Config{Store: store, Owner: "b", SoleOwner: true, ParkAfter: time.Millisecond})
+	evs := watchAll(t, b, st.GetRunId(), 0)
+	assert.Equal(t, []string{
+		"run_started", "attempt_started", "attempt_finished", "failure_analyzed", "backoff_scheduled",
+		"run_resumed", "attempt_started", "attempt_finished", "run_finished",
+	}, kinds(evs))
+	fin := final(t, evs)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())
+	assert.Len(t, d.Calls(), 2)
+}
+
+// kinds names each event's kind.
+func kinds(evs []*stubbornv1.RunEvent) []string {
+	out := make([]string, len(evs))
+	for i, ev := range evs {
+		out[i] = controlstest.Kind(ev)
+	}
+	return out
+}
+
+func TestCloseCancelsParkedRunsWhenAskedTo(t *testing.T) {
+	store := runs.NewMemory(time.Second)
+	d := idempotentD(busyFor(time.Hour))
+	m, err := runs.New(runs.Config{Delegates: d, Store: store, CancelOnClose: true, ParkAfter: time.Millisecond})
+	require.NoError(t, err)
+	st, err := m.Start(context.Background(), "brief", retryOf(), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
+	m.Close()
+	got, err := store.State(context.Background(), st.GetRunId())
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
+	assert.Equal(t, "cancelled: server shut down", got.GetStatusReason())
+	assert.Len(t, got.GetAttemptLog(), 1, "the whole history")
+}
