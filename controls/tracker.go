@@ -33,7 +33,7 @@ var ErrNotAwaitingDecision = errors.New("run is not awaiting a decision")
 
 // ErrParked is returned by WaitBackoff when the tracker parked the run
 // instead of waiting (see ParkWaits).
-var ErrParked = errors.New("run parked for its backoff")
+var ErrParked = errors.New("run parked while it waits")
 
 // Tracker keeps a run's ControlState and turns every step of a control into
 // an event. It is safe for concurrent use (race runs attempts in parallel).
@@ -56,10 +56,19 @@ type Tracker struct {
 	journal  *journal                 // noJournal when not replaying
 	finished bool                     // run_finished was emitted: nothing follows it
 
-	untilPath string        // path of the backoff announced last
-	parkFrom  time.Duration // 0: never park
-	parked    bool          // WaitBackoff parked the run: nothing more is emitted
-	onLive    []func()      // called once before the first step the journal lacks
+	untilPath   string        // path of the backoff announced last
+	parkFrom    time.Duration // 0: never park
+	parked      bool          // the run is parked: nothing more is emitted
+	parkedUntil time.Time     // when a parked run's wait ends; zero: when decided
+	answer      *answer       // the decision for the wait a replay reaches (Answer)
+	park        func(until time.Time)
+	onLive      []func() // called once before the first step the journal lacks
+}
+
+// answer is a decision given ahead of its wait (Tracker.Answer).
+type answer struct {
+	decision stubbornv1.Decision
+	taken    func()
 }
 
 // NewTracker tracks state (owned by the tracker from now on) and sends
@@ -156,26 +165,41 @@ func (t *Tracker) goLive() {
 }
 
 // ParkWaits makes WaitBackoff park the run, instead of waiting, for a
-// backoff of the run's own control (path "") with at least min left: it
-// returns ErrParked at once, and the tracker emits nothing more and
-// Finish does nothing. The control then returns (as when its context
-// ends), and whoever drives the run resumes it when the wait is over with a
-// new tracker replaying the journal, so that a waiting run holds no
-// goroutine. Only the run's own control is parked: it alone knows that no
-// other step of the run goes on meanwhile (a race's branches do). 0 never
-// parks. Call before the run is driven.
-func (t *Tracker) ParkWaits(min time.Duration) {
+// backoff of the run's own control (path "") with at least min left, and
+// AwaitDecision for a decision the run's own control asks for, unless its
+// timeout is nearer than min: they call park with the wait's end (zero for
+// a decision without timeout), with the tracker's lock held, and return
+// ErrParked; the tracker then emits nothing more and Finish does nothing.
+// The control returns (as when its context ends), and whoever drives the
+// run resumes it when the wait is over with a new tracker replaying the
+// journal, so that a waiting run holds no goroutine. Only the run's own
+// control is parked: it alone knows that no other step of the run goes on
+// meanwhile (a race's branches do). min 0 never parks. Call before the run
+// is driven.
+func (t *Tracker) ParkWaits(min time.Duration, park func(until time.Time)) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.parkFrom = min
+	t.parkFrom, t.park = min, park
 }
 
-// Parked reports whether WaitBackoff parked the run, and until when it
-// waits.
+// parkLocked parks the run until until (zero: until decided). Callers
+// hold t.mu.
+func (t *Tracker) parkLocked(until time.Time) {
+	t.parked, t.parkedUntil = true, until
+	if t.park != nil {
+		t.park(until)
+	}
+}
+
+// Parked reports whether the run is parked, and until when it waits: the
+// end of its backoff, or the timeout of the decision it awaits (zero when
+// it has none). A run parked for a decision has the status
+// AWAITING_DECISION; it is decided by waking it: a new tracker replays
+// the journal up to the same wait, and takes the decision from there.
 func (t *Tracker) Parked() (until time.Time, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.until, t.parked
+	return t.parkedUntil, t.parked
 }
 
 // Start marks the run RUNNING and emits run_started.
@@ -366,7 +390,7 @@ func (t *Tracker) WaitBackoff(ctx context.Context, clock Clock) error {
 	t.goLive()
 	left := until.Sub(clock.Now())
 	if t.parkFrom > 0 && t.untilPath == "" && left >= t.parkFrom && !t.finished && ctx.Err() == nil {
-		t.parked = true
+		t.parkLocked(until)
 		t.mu.Unlock()
 		return ErrParked
 	}
@@ -377,6 +401,11 @@ func (t *Tracker) WaitBackoff(ctx context.Context, clock Clock) error {
 // AwaitDecision marks the run AWAITING_DECISION, emits decision_requested
 // and blocks until Decide is called, timeout passes (0 means never), or ctx
 // ends. A timeout returns DECISION_FAIL with timedOut set.
+//
+// With ParkWaits, the run's own control (path "") parks instead, unless
+// less than the minimum is left before the timeout: AwaitDecision returns
+// ErrParked at once, and Decide returns ErrNotAwaitingDecision; whoever
+// drives the run wakes it to be decided (see Parked).
 func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, timeout time.Duration) (d stubbornv1.Decision, timedOut bool, err error) {
 	ch := make(chan stubbornv1.Decision, 1)
 	t.mu.Lock()
@@ -406,6 +435,18 @@ func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, timeou
 	}
 	t.decision = ch
 	t.goLive()
+	if a := t.answer; a != nil {
+		t.answer = nil
+		t.decideLocked(a.decision)
+		a.taken()
+	}
+	if t.decision != nil && t.parkFrom > 0 && path == "" && !t.finished && ctx.Err() == nil &&
+		(deadline.IsZero() || deadline.Sub(t.clock.Now()) >= t.parkFrom) {
+		t.decision = nil
+		t.parkLocked(deadline)
+		t.mu.Unlock()
+		return stubbornv1.Decision_DECISION_UNSPECIFIED, false, ErrParked
+	}
 	t.mu.Unlock()
 
 	waitCtx, cancel := context.WithCancel(ctx)
@@ -438,13 +479,34 @@ func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, timeou
 }
 
 // Decide answers a run that waits in AwaitDecision and emits
-// decision_received. It returns ErrNotAwaitingDecision otherwise.
+// decision_received. It returns ErrParked when the run awaits a decision
+// parked, and ErrNotAwaitingDecision when it awaits none.
 func (t *Tracker) Decide(d stubbornv1.Decision) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.decision == nil {
+		if t.parked && t.state.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION {
+			return ErrParked // whoever parked the run decides it (Answer)
+		}
 		return ErrNotAwaitingDecision
 	}
+	t.decideLocked(d)
+	return nil
+}
+
+// Answer gives a tracker replaying the journal of a run parked for a
+// decision (see Parked) that decision: AwaitDecision takes it, as Decide
+// would, when the replay reaches that wait, and calls taken then (with the
+// tracker's lock held). Call before the run is driven.
+func (t *Tracker) Answer(d stubbornv1.Decision, taken func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.answer = &answer{d, taken}
+}
+
+// decideLocked answers AwaitDecision. Callers hold t.mu, and t.decision is
+// set.
+func (t *Tracker) decideLocked(d stubbornv1.Decision) {
 	t.touch(nil)
 	t.decision <- d
 	t.decision = nil
@@ -453,7 +515,6 @@ func (t *Tracker) Decide(d stubbornv1.Decision) error {
 	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionReceived{
 		DecisionReceived: &stubbornv1.DecisionReceived{Decision: d},
 	}})
-	return nil
 }
 
 // Finish sets the final status, result and winner, and emits run_finished.

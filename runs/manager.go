@@ -77,10 +77,12 @@ type Config struct {
 	Criteria func(run *stubbornv1.ControlState) controls.Criteria
 	// Clock defaults to controls.RealClock.
 	Clock controls.Clock
-	// ParkAfter: a run whose own retry waits at least this long in backoff
-	// waits without a goroutine (its tracker is parked, a timer resumes it
-	// from its journal when the wait is over). 0 means DefaultParkAfter; a
-	// negative value never parks. Runs are parked only on the real clock.
+	// ParkAfter: a run whose own retry waits at least this long in backoff,
+	// or for a person's decision (unless its timeout is nearer), waits
+	// without a goroutine: its tracker is parked, and a timer, DecideRun or
+	// the end of the run's context resumes it from its journal. 0 means
+	// DefaultParkAfter; a negative value never parks. Runs are parked only
+	// on the real clock.
 	ParkAfter time.Duration
 	// Seed, when non-zero, seeds every run's jitter deterministically (tests).
 	Seed uint64
@@ -414,13 +416,10 @@ func (m *Manager) track(r *run, state *stubbornv1.ControlState, journal []*stubb
 	return tr
 }
 
-// tracker returns a new tracker for run r, of state replaying journal.
+// tracker returns a new tracker for run r, of state replaying journal;
+// drive lets it park.
 func (m *Manager) tracker(r *run, state *stubbornv1.ControlState, journal []*stubbornv1.RunEvent) *controls.Tracker {
-	tr := controls.NewReplayTracker(state, m.cfg.Clock, r.record, journal)
-	if m.cfg.ParkAfter > 0 {
-		tr.ParkWaits(m.cfg.ParkAfter)
-	}
-	return tr
+	return controls.NewReplayTracker(state, m.cfg.Clock, r.record, journal)
 }
 
 // unstart drops a run whose run_started the store failed to record: it is
@@ -560,6 +559,12 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 			m.endDrive(r)
 		}
 	}()
+	if m.cfg.ParkAfter > 0 {
+		// Parked under the tracker's lock: by the time anyone sees the run
+		// waiting, its parking is set, and may be woken before this drive
+		// has returned (it writes nothing more).
+		tr.ParkWaits(m.cfg.ParkAfter, func(until time.Time) { m.park(runCtx, r, until) })
+	}
 	defer func() {
 		// A bug in a control must end its run, not the server.
 		if p := recover(); p != nil {
@@ -597,9 +602,8 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		callCtx = m.cfg.CallContext(ctx, snapshot)
 	}
 	out := controls.Execute(callCtx, env, snapshot.GetTaskBrief(), snapshot.GetControl())
-	if until, ok := tr.Parked(); ok {
-		parked = true
-		m.park(runCtx, r, until)
+	if _, ok := tr.Parked(); ok {
+		parked = true // park has its wake-up
 		return
 	}
 	tr.Finish(out.Status, out.Result, out.Winner, out.Reason)
@@ -615,47 +619,118 @@ func (m *Manager) endDrive(r *run) {
 	m.wg.Done()
 }
 
-// park keeps a parked run waiting without a goroutine: a timer wakes it
-// when its backoff is over, and the end of its context (CancelRun, its
-// deadline, shutdown) wakes it at once. Woken, it is driven again from its
-// journal, which replays up to the wait and goes on from there (or stops,
-// when its context ended); abandoned meanwhile (Close, Kill), it is only
-// let go. ctx is the run's own context. Until woken, GetRun reads the
-// parked tracker, whose state is the run's.
-func (m *Manager) park(ctx context.Context, r *run, until time.Time) {
-	var (
-		mu    sync.Mutex
-		woken bool
-		timer *time.Timer
-		stop  func() bool
-	)
-	wake := func() {
-		mu.Lock()
-		if woken {
-			mu.Unlock()
-			return
-		}
-		woken = true
-		t, s := timer, stop
-		mu.Unlock()
-		m.parked.Add(-1)
-		t.Stop()
-		s()
-		if r.isLost() {
-			m.endDrive(r)
-			return
-		}
-		m.workers.run(func() { m.unpark(ctx, r) })
+// parking is a parked run's wait: a timer (none when the run awaits a
+// decision without timeout) and a hook on the run's context, either of
+// which wakes it, once.
+type parking struct {
+	ctx   context.Context // the run's own
+	mu    sync.Mutex
+	woken bool
+	timer *time.Timer
+	stop  func() bool
+}
+
+// claim marks the wait over, and reports whether this caller is the one to
+// wake the run.
+func (p *parking) claim() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.woken {
+		return false
 	}
+	p.woken = true
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	if p.stop != nil {
+		p.stop()
+	}
+	return true
+}
+
+// park keeps a parked run waiting without a goroutine: a timer wakes it
+// when its backoff, or its decision's timeout, is over; the end of its
+// context (CancelRun, its deadline, shutdown) wakes it at once; and
+// DecideRun wakes it with the decision (decide). Woken, it is driven again
+// from its journal, which replays up to the wait and goes on from there
+// (or stops, when its context ended); abandoned meanwhile (Close, Kill),
+// it is only let go. ctx is the run's own context. Until woken, GetRun
+// reads the parked tracker, whose state is the run's.
+func (m *Manager) park(ctx context.Context, r *run, until time.Time) {
+	p := &parking{ctx: ctx}
 	m.parked.Add(1)
-	mu.Lock()
-	defer mu.Unlock()
-	timer = time.AfterFunc(time.Until(until), wake)
-	stop = context.AfterFunc(ctx, wake)
+	r.mu.Lock()
+	r.parking = p
+	r.mu.Unlock()
+	wake := func() {
+		if p.claim() {
+			m.wake(ctx, r, nil)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !until.IsZero() {
+		p.timer = time.AfterFunc(time.Until(until), wake)
+	}
+	p.stop = context.AfterFunc(ctx, wake)
+}
+
+// wake ends run r's parking: it is driven again from its journal, with
+// answer, when set, for the decision it awaits.
+func (m *Manager) wake(ctx context.Context, r *run, answer *decision) {
+	m.parked.Add(-1)
+	r.mu.Lock()
+	r.parking = nil
+	r.mu.Unlock()
+	if r.isLost() {
+		answer.give(ErrClosed)
+		m.endDrive(r)
+		return
+	}
+	m.workers.run(func() { m.unpark(ctx, r, answer) })
+}
+
+// decision is a DecideRun for a parked run: the decision, and where to
+// say whether the run took it.
+type decision struct {
+	d     stubbornv1.Decision
+	taken chan error // buffered: one answer
+}
+
+// give reports the decision taken (nil) or not; only the first report
+// counts.
+func (a *decision) give(err error) {
+	if a == nil {
+		return
+	}
+	select {
+	case a.taken <- err:
+	default:
+	}
+}
+
+// decide wakes run r, parked for a decision (its tracker said so:
+// controls.ErrParked), with d, and waits until the replayed run has taken
+// it. It reports false when another call woke it first.
+func (m *Manager) decide(ctx context.Context, r *run, d stubbornv1.Decision) (ok bool, err error) {
+	r.mu.Lock()
+	p := r.parking
+	r.mu.Unlock()
+	if p == nil || !p.claim() {
+		return false, nil
+	}
+	answer := &decision{d: d, taken: make(chan error, 1)}
+	m.wake(p.ctx, r, answer)
+	select {
+	case err := <-answer.taken:
+		return true, err
+	case <-ctx.Done():
+		return true, ctx.Err()
+	}
 }
 
 // unpark drives a parked run again: a new tracker replays its journal.
-func (m *Manager) unpark(ctx context.Context, r *run) {
+func (m *Manager) unpark(ctx context.Context, r *run, answer *decision) {
 	r.mu.Lock()
 	recorded := r.events[:len(r.events):len(r.events)]
 	r.mu.Unlock()
@@ -665,7 +740,8 @@ func (m *Manager) unpark(ctx context.Context, r *run) {
 	}
 	if err != nil {
 		// Not expected: the run recorded these events itself.
-		m.log.Error("run stopped: it cannot be resumed after its backoff", "run_id", r.id, "err", err)
+		m.log.Error("run stopped: it cannot be resumed after its wait", "run_id", r.id, "err", err)
+		answer.give(err)
 		r.lose(err, err)
 		m.endDrive(r)
 		return
@@ -675,7 +751,13 @@ func (m *Manager) unpark(ctx context.Context, r *run) {
 	// GetRun reads the parked tracker, whose state is whole, until the new
 	// one has replayed the journal.
 	tr.OnLive(func() { r.setTracker(tr) })
+	if answer != nil {
+		tr.Answer(answer.d, func() { answer.give(nil) })
+	}
 	m.drive(ctx, r, tr, state, true, "")
+	// The run ended or parked again without reaching its decision (it
+	// cannot: its journal ends awaiting it).
+	answer.give(ErrNotAwaitingDecision)
 }
 
 // Parked returns how many runs wait in backoff without a goroutine.
@@ -972,7 +1054,20 @@ func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.Control
 	if tr == nil {
 		return nil, fmt.Errorf("%w (the run has ended)", ErrNotAwaitingDecision)
 	}
-	if err := tr.Decide(cmd.Decision); err != nil {
+	err := tr.Decide(cmd.Decision)
+	if errors.Is(err, controls.ErrParked) {
+		ok, err := m.decide(ctx, r, cmd.Decision)
+		if !ok {
+			// Another call woke it first (a decision, its timeout, a
+			// cancellation): the first one wins, as when it is not parked.
+			return nil, fmt.Errorf("%w (status %s)", ErrNotAwaitingDecision, tr.Status())
+		}
+		if err != nil {
+			return nil, err
+		}
+		return r.snapshot()
+	}
+	if err != nil {
 		return nil, fmt.Errorf("%w (status %s)", err, tr.Status())
 	}
 	return tr.Snapshot(), nil
@@ -1093,7 +1188,8 @@ type run struct {
 	stopTimer context.CancelFunc
 	observe   func(*stubbornv1.RunEvent) // the Observer's, or nil
 
-	mu sync.Mutex
+	mu      sync.Mutex
+	parking *parking // set while the run is parked
 	// tracker drives the run until it ends here; then it is dropped, and
 	// with it the state's many small messages, which the garbage collector
 	// would scan for as long as the finished run is kept: the

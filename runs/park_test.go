@@ -144,3 +144,64 @@ func TestCloseCancelsParkedRunsWhenAskedTo(t *testing.T) {
 	assert.Equal(t, "cancelled: server shut down", got.GetStatusReason())
 	assert.Len(t, got.GetAttemptLog(), 1, "the whole history")
 }
+
+// askRetry retries d once the person says so: no retry of its own, a
+// short backoff after a decision, and timeout for the decision (0: none).
+func askRetry(timeout time.Duration) *stubbornv1.ControlSpec {
+	return &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
+		Target: "d", Attempts: new(int32), BaseWait: durationpb.New(time.Millisecond), MaxWait: durationpb.New(time.Millisecond),
+		DecisionTimeout: durationpb.New(timeout),
+	}}}
+}
+
+func TestARunAwaitingADecisionIsParkedUntilDecided(t *testing.T) {
+	d := idempotentD(controlstest.Fail(codes.Unavailable, "down"), controlstest.OK("fine"))
+	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
+	st, err := m.Start(context.Background(), "brief", askRetry(0), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
+	got, err := m.Get(context.Background(), st.GetRunId())
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus())
+
+	got, err = m.Decide(ctxFor(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	require.NoError(t, err)
+	assert.NotEqual(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus(), "the decision is taken when Decide returns")
+	require.NotEmpty(t, got.GetAttemptLog(), "the replayed history is whole")
+	assert.Equal(t, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_ERROR, got.GetAttemptLog()[0].GetOutcome())
+	evs := watchAll(t, m, st.GetRunId(), 0)
+	assert.Equal(t, []string{
+		"run_started", "attempt_started", "attempt_finished", "failure_analyzed", "decision_requested",
+		"decision_received", "backoff_scheduled", "attempt_started", "attempt_finished", "run_finished",
+	}, kinds(evs))
+	assert.Equal(t, stubbornv1.Decision_DECISION_RETRY, evs[5].GetDecisionReceived().GetDecision())
+	fin := final(t, evs)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())
+	assert.Len(t, d.Calls(), 2)
+
+	_, err = m.Decide(ctxFor(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
+}
+
+func TestAParkedDecisionTimesOut(t *testing.T) {
+	d := idempotentD(controlstest.Fail(codes.Unavailable, "down"))
+	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
+	st, err := m.Start(context.Background(), "brief", askRetry(100*time.Millisecond), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
+	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
+	assert.Equal(t, "no decision within 100ms", fin.GetStatusReason())
+	assert.Len(t, d.Calls(), 1)
+}
+
+func TestDecidingARunParkedInBackoffIsRefused(t *testing.T) {
+	d := idempotentD(busyFor(time.Hour))
+	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
+	st, err := m.Start(context.Background(), "brief", retryOf(), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
+	_, err = m.Decide(ctxFor(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
+	assert.Equal(t, 1, m.Parked(), "it still waits, parked")
+}
