@@ -84,6 +84,7 @@ type options struct {
 	watchers, watchConns, watchAttempts int
 	watchBatches                        []int
 	watchPace                           time.Duration
+	watchFloor                          bool
 
 	jsonOut, median, cpuProfile, memProfile, heapProfile, idleProfile, execTrace string
 }
@@ -110,6 +111,7 @@ func run() error {
 	flag.IntVar(&o.watchers, "watchers", 1000, "WatchRun streams on the watched run (scenario 6)")
 	flag.IntVar(&o.watchConns, "watch-conns", 10, "client connections the watchers are spread over (scenario 6): 1,000 watchers are many clients")
 	flag.IntVar(&o.watchAttempts, "watch-attempts", 20, "attempts of the watched run, the last one succeeding (scenario 6)")
+	flag.BoolVar(&o.watchFloor, "watch-floor", true, "after each watch measurement, the same against the floor: a server that only streams a captured run's events at the pace Stubborn emitted them (scenario 6)")
 	flag.DurationVar(&o.watchPace, "watch-pace", 10*time.Millisecond, "paced mode's max backoff wait; 0 runs only the burst mode (scenario 6)")
 	flag.StringVar(&o.jsonOut, "json", "", "also write the results to this JSON file")
 	flag.StringVar(&o.median, "median", "", "comma-separated JSON files from earlier -json runs: print their medians and measure nothing")
@@ -250,11 +252,23 @@ func measure(o options) (*Report, error) {
 				progress("watch %s watchers=%d store=%s", m.name, o.watchers, store)
 				runtime.GC()
 				for _, batch := range o.watchBatches {
-					r, err := runWatch(ctx, w, store, m.name, o.watchers, o.watchConns, o.watchAttempts, batch, m.pace, o.duration)
+					r, events, err := runWatch(ctx, w, store, m.name, o.watchers, o.watchConns, o.watchAttempts, batch, m.pace, o.duration)
 					if err != nil {
 						return nil, fmt.Errorf("watch %s: %w", m.name, err)
 					}
 					rep.Watch = append(rep.Watch, r)
+					if !o.watchFloor {
+						continue
+					}
+					// The floor emits as fast as Stubborn did under this load.
+					gap := time.Duration(r.EmitMs * float64(time.Millisecond) / float64(max(r.EventsPerWatcher-1, 1)))
+					progress("watch %s floor batch=%d gap=%v", m.name, batch, gap)
+					runtime.GC()
+					f, err := runFloor(ctx, w, m.name, o.watchers, o.watchConns, batch, events, gap, o.duration)
+					if err != nil {
+						return nil, fmt.Errorf("watch %s floor: %w", m.name, err)
+					}
+					rep.Watch = append(rep.Watch, f)
 				}
 			}
 		}

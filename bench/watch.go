@@ -48,11 +48,14 @@ const gateSeq = 2
 // rest are delivered live; the delivery latency of an event is its receive
 // time minus its event.time (one process, one clock). After a warm-up
 // round, rounds repeat until dur has passed (at least one).
-func runWatch(ctx context.Context, w *world, store, mode string, watchers, conns, attempts, batch int, pace, dur time.Duration) (WatchResult, error) {
+//
+// It also returns the events of one such run, captured after the
+// measurement (for the floor: runFloor).
+func runWatch(ctx context.Context, w *world, store, mode string, watchers, conns, attempts, batch int, pace, dur time.Duration) (WatchResult, []*stubbornv1.RunEvent, error) {
 	res := WatchResult{Store: store, Mode: mode, Batch: batch, Watchers: watchers, Conns: conns}
 	s, err := startStubborn(w, store, conns)
 	if err != nil {
-		return res, err
+		return res, nil, err
 	}
 	defer s.stop()
 	clients := make([]stubbornv1.ControlServiceClient, len(s.conns))
@@ -61,19 +64,41 @@ func runWatch(ctx context.Context, w *world, store, mode string, watchers, conns
 	}
 	r := retryRun(watchedName, int32(attempts-1), pace, pace)
 	req := &stubbornv1.StartRunRequest{TaskBrief: r.TaskBrief, Retry: r.Retry}
+	if err := measureWatch(ctx, w, s.client, clients, req, batch, dur, &res); err != nil {
+		return res, nil, err
+	}
+	events, err := captureWatched(ctx, w, s, req)
+	return res, events, err
+}
 
+// runFloor is scenario 6 against the floor (floor.go): a server that
+// streams events, and nothing else, emitting those of a run captured from
+// Stubborn gap apart.
+func runFloor(ctx context.Context, w *world, mode string, watchers, conns, batch int, events []*stubbornv1.RunEvent, gap, dur time.Duration) (WatchResult, error) {
+	res := WatchResult{Store: "floor", Mode: mode, Batch: batch, Watchers: watchers, Conns: conns}
+	starter, clients, err := w.startFloor(events, gap, conns)
+	if err != nil {
+		return res, err
+	}
+	return res, measureWatch(ctx, w, starter, clients, &stubbornv1.StartRunRequest{}, batch, dur, &res)
+}
+
+// measureWatch runs one warm-up round, then rounds until dur has passed
+// (at least one), into res.
+func measureWatch(ctx context.Context, w *world, starter stubbornv1.ControlServiceClient, clients []stubbornv1.ControlServiceClient, req *stubbornv1.StartRunRequest, batch int, dur time.Duration, res *WatchResult) error {
+	watchers := res.Watchers
 	// One round unmeasured: the connections' flow-control windows start
 	// small and grow with use.
-	if _, _, _, _, err := watchRound(ctx, w, s.client, clients, req, watchers, batch); err != nil {
-		return res, fmt.Errorf("warm-up round: %w", err)
+	if _, _, _, _, err := watchRound(ctx, w, starter, clients, req, watchers, batch); err != nil {
+		return fmt.Errorf("warm-up round: %w", err)
 	}
 	var all []time.Duration
 	var emits []time.Duration
 	start := time.Now()
 	for res.Rounds == 0 || time.Since(start) < dur {
-		lat, events, msgs, emit, err := watchRound(ctx, w, s.client, clients, req, watchers, batch)
+		lat, events, msgs, emit, err := watchRound(ctx, w, starter, clients, req, watchers, batch)
 		if err != nil {
-			return res, fmt.Errorf("round %d: %w", res.Rounds+1, err)
+			return fmt.Errorf("round %d: %w", res.Rounds+1, err)
 		}
 		res.Messages += msgs
 		all = append(all, lat...)
@@ -88,7 +113,7 @@ func runWatch(ctx context.Context, w *world, store, mode string, watchers, conns
 	res.P99ms = ms(percentile(all, 0.99))
 	res.MaxMs = ms(percentile(all, 1))
 	res.EmitMs = ms(percentile(emits, 0.5))
-	return res, nil
+	return nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
