@@ -32,7 +32,10 @@ func TestAParkedRetryResumesFromItsJournal(t *testing.T) {
 	st := &stubbornv1.ControlState{RunId: "r", TaskBrief: "task", Control: spec}
 	tr := controls.NewReplayTracker(st, clock, rec, nil)
 	var parks []time.Time
-	tr.ParkWaits(time.Second, func(until time.Time) { parks = append(parks, until) })
+	tr.ParkWaits(time.Second, func(until time.Time, decision bool) {
+		assert.False(t, decision)
+		parks = append(parks, until)
+	})
 	tr.Start()
 	controls.Execute(context.Background(), &controls.Env{Delegates: d, Tracker: tr, Clock: clock}, "task", spec)
 	until, parked := tr.Parked()

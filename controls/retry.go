@@ -28,6 +28,9 @@ const (
 	reasonRejected = "not transient: the failure criteria rejected the result (only errors are retried)"
 	reasonDeadline = "retry would end after the run's deadline"
 	reasonBudget   = "retry budget exhausted"
+	// reasonExhausted starts the reason of every retry that the round's
+	// allowance stops.
+	reasonExhausted = "retries exhausted"
 )
 
 // Retry calls the same delegate again after a full-jitter exponential
@@ -96,8 +99,13 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 		if ctx.Err() != nil {
 			return stopped(ctx)
 		}
-		if a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED ||
-			a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED {
+		// A run resumed from its journal (taken over, or woken from a
+		// parked wait) replays what was decided after this attempt: the
+		// time left and the retry budget may have changed since, and the
+		// journal has what followed.
+		replaying := env.Tracker.Replaying()
+		if !replaying && (a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED ||
+			a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED) {
 			record(true) // the delegate answered: it is not overloaded
 		}
 		if !a.failed {
@@ -117,7 +125,7 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 		} else {
 			rec.Transient, notRetried = Transient(ce)
 		}
-		if rec.Transient {
+		if rec.Transient && !replaying {
 			record(false)
 		}
 		switch {
@@ -131,9 +139,9 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 		}
 		roundOver := notRetried == "" && used >= allowed
 		if roundOver {
-			notRetried = fmt.Sprintf("retries exhausted (%d of %d)", used, allowed)
+			notRetried = fmt.Sprintf("%s (%d of %d)", reasonExhausted, used, allowed)
 			if round > 1 {
-				notRetried = fmt.Sprintf("retries exhausted (%d of %d in round %d)", used, allowed, round)
+				notRetried = fmt.Sprintf("%s (%d of %d in round %d)", reasonExhausted, used, allowed, round)
 			}
 		}
 
@@ -147,11 +155,18 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 				wait, bound = Backoff(env.Rand, used+1, base, maxWait)
 			}
 			switch {
+			case replaying:
 			case endsPastDeadline(ctx, env, wait):
 				notRetried = reasonDeadline
 			case env.Budgets != nil && !env.Budgets.Allow(target):
 				notRetried = reasonBudget
 			}
+		}
+		if was, willRetry, ok := env.Tracker.ReplayedFailure(n); ok {
+			// What was decided then holds (whether the call was sent, say,
+			// is not in the journal).
+			notRetried = was.GetNotRetriedReason()
+			roundOver = !willRetry && strings.HasPrefix(notRetried, reasonExhausted)
 		}
 
 		rec.NotRetriedReason = notRetried
@@ -163,7 +178,7 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 			case !roundOver:
 				return failedWith(notRetried)
 			case !ask:
-				return failedWith("retries exhausted")
+				return failedWith(reasonExhausted)
 			}
 			d, timedOut, err := env.Tracker.AwaitDecision(ctx, env.Path, notRetried, decisionTimeout)
 			switch {
@@ -178,7 +193,7 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 			round, allowed, used = round+1, max(retries, 1), 0
 			wait, bound = Backoff(env.Rand, 1, base, maxWait)
 			fromHint = false
-			if endsPastDeadline(ctx, env, wait) {
+			if !env.Tracker.Replaying() && endsPastDeadline(ctx, env, wait) {
 				return failedWith(reasonDeadline)
 			}
 		}

@@ -45,7 +45,7 @@ func Execute(ctx context.Context, env *Env, brief string, spec *stubbornv1.Contr
 // stopped is the outcome of a control whose run context ended: the run's
 // own deadline fails it, anything else (CancelRun, shutdown) cancels it.
 func stopped(ctx context.Context) Outcome {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	if errors.Is(ctxErr(ctx), context.DeadlineExceeded) {
 		return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_FAILED, Reason: "run timeout exceeded"}
 	}
 	reason := "cancelled"
@@ -55,6 +55,18 @@ func stopped(ctx context.Context) Outcome {
 		reason = cause.Error()
 	}
 	return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_CANCELLED, Reason: reason}
+}
+
+// ctxErr is ctx's error, made DeadlineExceeded when that is its cause: a
+// context derived from one whose deadline passed only says Canceled when
+// the deadline reached it through a cancellation (a resumed run's context
+// holds its cancellation back while its journal is replayed).
+func ctxErr(ctx context.Context) error {
+	err := ctx.Err()
+	if err != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+		return context.DeadlineExceeded
+	}
+	return err
 }
 
 // exhausted is the outcome once every allowed attempt failed.
@@ -131,7 +143,7 @@ func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) 
 	if ctx.Err() != nil {
 		return attemptResult{
 			outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED,
-			err:     ctx.Err(), failed: true, reason: "cancelled", summary: "Error: cancelled",
+			err:     ctxErr(ctx), failed: true, reason: "cancelled", summary: "Error: cancelled",
 		}
 	}
 	if err != nil {

@@ -61,7 +61,7 @@ type Tracker struct {
 	parked      bool          // the run is parked: nothing more is emitted
 	parkedUntil time.Time     // when a parked run's wait ends; zero: when decided
 	answer      *answer       // the decision for the wait a replay reaches (Answer)
-	park        func(until time.Time)
+	park        func(until time.Time, decision bool)
 	onLive      []func() // called once before the first step the journal lacks
 }
 
@@ -168,7 +168,8 @@ func (t *Tracker) goLive() {
 // backoff of the run's own control (path "") with at least min left, and
 // AwaitDecision for a decision the run's own control asks for, unless its
 // timeout is nearer than min: they call park with the wait's end (zero for
-// a decision without timeout), with the tracker's lock held, and return
+// a decision without timeout) and whether it is a decision, with the
+// tracker's lock held, and return
 // ErrParked; the tracker then emits nothing more and Finish does nothing.
 // The control returns (as when its context ends), and whoever drives the
 // run resumes it when the wait is over with a new tracker replaying the
@@ -176,7 +177,7 @@ func (t *Tracker) goLive() {
 // control is parked: it alone knows that no other step of the run goes on
 // meanwhile (a race's branches do). min 0 never parks. Call before the run
 // is driven.
-func (t *Tracker) ParkWaits(min time.Duration, park func(until time.Time)) {
+func (t *Tracker) ParkWaits(min time.Duration, park func(until time.Time, decision bool)) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.parkFrom, t.park = min, park
@@ -184,10 +185,10 @@ func (t *Tracker) ParkWaits(min time.Duration, park func(until time.Time)) {
 
 // parkLocked parks the run until until (zero: until decided). Callers
 // hold t.mu.
-func (t *Tracker) parkLocked(until time.Time) {
+func (t *Tracker) parkLocked(until time.Time, decision bool) {
 	t.parked, t.parkedUntil = true, until
 	if t.park != nil {
-		t.park(until)
+		t.park(until, decision)
 	}
 }
 
@@ -340,6 +341,29 @@ func (t *Tracker) Failure(rec *stubbornv1.FailureRecord, willRetry bool, nextBri
 	}})
 }
 
+// Replaying reports whether the journal holds steps the control has not
+// replayed yet: what the run did next is known, and is to be done again as
+// it was, not decided anew.
+func (t *Tracker) Replaying() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.journal.total > len(t.journal.used)
+}
+
+// ReplayedFailure returns the journal's analysis of attempt n's failure
+// and whether a retry followed, when the journal holds it and it has not
+// been replayed yet (Failure replays it).
+func (t *Tracker) ReplayedFailure(n int32) (rec *stubbornv1.FailureRecord, willRetry, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ev := t.journal.failures[n]
+	if ev == nil || t.journal.used[ev] {
+		return nil, false, false
+	}
+	f := ev.GetFailureAnalyzed()
+	return f.GetFailure(), f.GetWillRetry(), true
+}
+
 // Backoff marks the run BACKING_OFF and emits backoff_scheduled for a wait
 // that starts now. It returns the wait to honour: the journal's, when the
 // backoff was already announced before the run changed hands. Wait with
@@ -390,7 +414,7 @@ func (t *Tracker) WaitBackoff(ctx context.Context, clock Clock) error {
 	t.goLive()
 	left := until.Sub(clock.Now())
 	if t.parkFrom > 0 && t.untilPath == "" && left >= t.parkFrom && !t.finished && ctx.Err() == nil {
-		t.parkLocked(until)
+		t.parkLocked(until, false)
 		t.mu.Unlock()
 		return ErrParked
 	}
@@ -443,7 +467,7 @@ func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, timeou
 	if t.decision != nil && t.parkFrom > 0 && path == "" && !t.finished && ctx.Err() == nil &&
 		(deadline.IsZero() || deadline.Sub(t.clock.Now()) >= t.parkFrom) {
 		t.decision = nil
-		t.parkLocked(deadline)
+		t.parkLocked(deadline, true)
 		t.mu.Unlock()
 		return stubbornv1.Decision_DECISION_UNSPECIFIED, false, ErrParked
 	}
@@ -577,6 +601,7 @@ type journal struct {
 	requests   []*stubbornv1.RunEvent         // decision_requested, in order
 	answers    []*stubbornv1.RunEvent         // decision_received, in order
 	used       map[*stubbornv1.RunEvent]bool
+	total      int // events indexed
 }
 
 func newJournal(evs []*stubbornv1.RunEvent) *journal {
@@ -603,7 +628,10 @@ func newJournal(evs []*stubbornv1.RunEvent) *journal {
 			j.requests = append(j.requests, ev)
 		case *stubbornv1.RunEvent_DecisionReceived:
 			j.answers = append(j.answers, ev)
+		default:
+			continue // run_resumed, run_finished: nothing to replay
 		}
+		j.total++
 	}
 	return j
 }

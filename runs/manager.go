@@ -563,7 +563,9 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		// Parked under the tracker's lock: by the time anyone sees the run
 		// waiting, its parking is set, and may be woken before this drive
 		// has returned (it writes nothing more).
-		tr.ParkWaits(m.cfg.ParkAfter, func(until time.Time) { m.park(runCtx, r, until) })
+		tr.ParkWaits(m.cfg.ParkAfter, func(until time.Time, decision bool) {
+			m.park(runCtx, r, &parking{ctx: runCtx, tracker: tr, decision: decision}, until)
+		})
 	}
 	defer func() {
 		// A bug in a control must end its run, not the server.
@@ -623,11 +625,13 @@ func (m *Manager) endDrive(r *run) {
 // decision without timeout) and a hook on the run's context, either of
 // which wakes it, once.
 type parking struct {
-	ctx   context.Context // the run's own
-	mu    sync.Mutex
-	woken bool
-	timer *time.Timer
-	stop  func() bool
+	ctx      context.Context   // the run's own
+	tracker  *controls.Tracker // the parked one
+	decision bool              // it awaits a decision
+	mu       sync.Mutex
+	woken    bool
+	timer    *time.Timer
+	stop     func() bool
 }
 
 // claim marks the wait over, and reports whether this caller is the one to
@@ -656,8 +660,7 @@ func (p *parking) claim() bool {
 // (or stops, when its context ended); abandoned meanwhile (Close, Kill),
 // it is only let go. ctx is the run's own context. Until woken, GetRun
 // reads the parked tracker, whose state is the run's.
-func (m *Manager) park(ctx context.Context, r *run, until time.Time) {
-	p := &parking{ctx: ctx}
+func (m *Manager) park(ctx context.Context, r *run, p *parking, until time.Time) {
 	m.parked.Add(1)
 	r.mu.Lock()
 	r.parking = p
@@ -709,24 +712,21 @@ func (a *decision) give(err error) {
 	}
 }
 
-// decide wakes run r, parked for a decision (its tracker said so:
+// decide wakes run r, parked by tr for a decision (tr said so:
 // controls.ErrParked), with d, and waits until the replayed run has taken
-// it. It reports false when another call woke it first.
-func (m *Manager) decide(ctx context.Context, r *run, d stubbornv1.Decision) (ok bool, err error) {
+// it. It reports false when that parking is over (another call woke it
+// first). Once the run is woken with d, d is taken whatever the caller's
+// context: the replay, which calls no delegate, is waited for.
+func (m *Manager) decide(r *run, tr *controls.Tracker, d stubbornv1.Decision) (ok bool, err error) {
 	r.mu.Lock()
 	p := r.parking
 	r.mu.Unlock()
-	if p == nil || !p.claim() {
+	if p == nil || p.tracker != tr || !p.decision || !p.claim() {
 		return false, nil
 	}
 	answer := &decision{d: d, taken: make(chan error, 1)}
 	m.wake(p.ctx, r, answer)
-	select {
-	case err := <-answer.taken:
-		return true, err
-	case <-ctx.Done():
-		return true, ctx.Err()
-	}
+	return true, <-answer.taken
 }
 
 // unpark drives a parked run again: a new tracker replays its journal.
@@ -1056,11 +1056,11 @@ func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.Control
 	}
 	err := tr.Decide(cmd.Decision)
 	if errors.Is(err, controls.ErrParked) {
-		ok, err := m.decide(ctx, r, cmd.Decision)
+		ok, err := m.decide(r, tr, cmd.Decision)
 		if !ok {
 			// Another call woke it first (a decision, its timeout, a
 			// cancellation): the first one wins, as when it is not parked.
-			return nil, fmt.Errorf("%w (status %s)", ErrNotAwaitingDecision, tr.Status())
+			return nil, fmt.Errorf("%w (another decision, its timeout or a cancellation came first)", ErrNotAwaitingDecision)
 		}
 		if err != nil {
 			return nil, err

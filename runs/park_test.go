@@ -2,6 +2,7 @@ package runs_test
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -204,4 +205,54 @@ func TestDecidingARunParkedInBackoffIsRefused(t *testing.T) {
 	_, err = m.Decide(ctxFor(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
 	assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
 	assert.Equal(t, 1, m.Parked(), "it still waits, parked")
+}
+
+// A woken run goes on as it was decided when it parked, whatever has
+// changed since: the time left before its deadline, the retry budget,
+// whether its failed call had been sent (not in the journal). Each case
+// also runs without parking, which must agree.
+func TestAWokenRunKeepsWhatWasDecided(t *testing.T) {
+	notSent := controlstest.Reply{Err: &controls.CallError{Code: codes.Unavailable, Message: "connection refused", NotSent: true, HasHint: true, RetryHint: 50 * time.Millisecond}}
+	cases := map[string]struct {
+		replies []controlstest.Reply
+		info    controls.DelegateInfo
+		opts    *stubbornv1.RunOptions
+		budgets func(t *testing.T) controls.Budgets
+	}{
+		"the wait is most of the time left": {
+			replies: []controlstest.Reply{busyFor(600 * time.Millisecond), controlstest.OK("fine")},
+			info:    controls.DelegateInfo{Idempotent: true},
+			opts:    &stubbornv1.RunOptions{RunTimeout: durationpb.New(time.Second)},
+		},
+		"a retry budget with one retry in it": {
+			replies: []controlstest.Reply{busyFor(50 * time.Millisecond), controlstest.OK("fine")},
+			info:    controls.DelegateInfo{Idempotent: true},
+			budgets: func(t *testing.T) controls.Budgets {
+				b, err := controls.NewBudgetSet(3, 0.1)
+				require.NoError(t, err)
+				return b
+			},
+		},
+		"a call that was not sent, to a delegate that is not idempotent": {
+			replies: []controlstest.Reply{notSent, controlstest.OK("fine")},
+		},
+	}
+	for name, c := range cases {
+		for _, park := range []time.Duration{-1, time.Millisecond} {
+			t.Run(fmt.Sprintf("%s/ParkAfter=%v", name, park), func(t *testing.T) {
+				d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": c.replies})
+				d.SetInfo("d", c.info)
+				cfg := runs.Config{Clock: controls.RealClock{}, ParkAfter: park}
+				if c.budgets != nil {
+					cfg.Budgets = c.budgets(t)
+				}
+				m := newManager(t, d, cfg)
+				st, err := m.Start(context.Background(), "brief", retryOf(), c.opts)
+				require.NoError(t, err)
+				fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+				assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())
+				assert.Len(t, d.Calls(), 2)
+			})
+		}
+	}
 }
