@@ -100,11 +100,13 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 			return stopped(ctx)
 		}
 		// A run resumed from its journal (taken over, or woken from a
-		// parked wait) replays what was decided after this attempt: the
-		// time left and the retry budget may have changed since, and the
-		// journal has what followed.
-		replaying := env.Tracker.Replaying()
-		if !replaying && (a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED ||
+		// parked wait) replays what was decided after a recorded attempt,
+		// not what would be decided now: the time left and the retry budget
+		// have changed since. A replayed attempt was counted in the budget
+		// when it was made.
+		replayed := env.Tracker.AttemptReplayed(n)
+		was, willRetry, decided := env.Tracker.ReplayedFailure(n)
+		if !replayed && (a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED ||
 			a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED) {
 			record(true) // the delegate answered: it is not overloaded
 		}
@@ -125,7 +127,7 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 		} else {
 			rec.Transient, notRetried = Transient(ce)
 		}
-		if rec.Transient && !replaying {
+		if rec.Transient && !replayed {
 			record(false)
 		}
 		switch {
@@ -155,14 +157,14 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 				wait, bound = Backoff(env.Rand, used+1, base, maxWait)
 			}
 			switch {
-			case replaying:
+			case decided: // the journal says what followed
 			case endsPastDeadline(ctx, env, wait):
 				notRetried = reasonDeadline
 			case env.Budgets != nil && !env.Budgets.Allow(target):
 				notRetried = reasonBudget
 			}
 		}
-		if was, willRetry, ok := env.Tracker.ReplayedFailure(n); ok {
+		if decided {
 			// What was decided then holds (whether the call was sent, say,
 			// is not in the journal).
 			notRetried = was.GetNotRetriedReason()
@@ -193,7 +195,7 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 			round, allowed, used = round+1, max(retries, 1), 0
 			wait, bound = Backoff(env.Rand, 1, base, maxWait)
 			fromHint = false
-			if !env.Tracker.Replaying() && endsPastDeadline(ctx, env, wait) {
+			if !env.Tracker.BackoffReplayed(env.Tracker.NextAttempt()) && endsPastDeadline(ctx, env, wait) {
 				return failedWith(reasonDeadline)
 			}
 		}

@@ -341,13 +341,19 @@ func (t *Tracker) Failure(rec *stubbornv1.FailureRecord, willRetry bool, nextBri
 	}})
 }
 
-// Replaying reports whether the journal holds steps the control has not
-// replayed yet: what the run did next is known, and is to be done again as
-// it was, not decided anew.
-func (t *Tracker) Replaying() bool {
+// AttemptReplayed reports whether attempt n's end comes from the journal.
+func (t *Tracker) AttemptReplayed(n int32) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.journal.total > len(t.journal.used)
+	return t.journal.finished[n] != nil
+}
+
+// BackoffReplayed reports whether the journal holds the backoff before
+// attempt next.
+func (t *Tracker) BackoffReplayed(next int32) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.journal.backoffs[next] != nil
 }
 
 // ReplayedFailure returns the journal's analysis of attempt n's failure
@@ -601,7 +607,6 @@ type journal struct {
 	requests   []*stubbornv1.RunEvent         // decision_requested, in order
 	answers    []*stubbornv1.RunEvent         // decision_received, in order
 	used       map[*stubbornv1.RunEvent]bool
-	total      int // events indexed
 }
 
 func newJournal(evs []*stubbornv1.RunEvent) *journal {
@@ -628,10 +633,7 @@ func newJournal(evs []*stubbornv1.RunEvent) *journal {
 			j.requests = append(j.requests, ev)
 		case *stubbornv1.RunEvent_DecisionReceived:
 			j.answers = append(j.answers, ev)
-		default:
-			continue // run_resumed, run_finished: nothing to replay
 		}
-		j.total++
 	}
 	return j
 }

@@ -538,6 +538,7 @@ func (m *Manager) resume(id, from string) error {
 	}
 	m.log.Info("resuming run", "run_id", id, "from", from, "events", len(journal))
 	because := fmt.Sprintf("its owner %s stopped", from)
+	r.replaying()
 	tr := m.track(r, state, journal)
 	m.workers.run(func() { m.drive(runCtx, r, tr, state, true, because) })
 	return nil
@@ -580,6 +581,7 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		defer stop()
 		ctx = held
 		tr.OnLive(release)
+		tr.OnLive(r.wentLive)
 		tr.Start()
 		if resumedBecause != "" {
 			tr.Resumed(m.owner, resumedBecause)
@@ -751,6 +753,7 @@ func (m *Manager) unpark(ctx context.Context, r *run, answer *decision) {
 	// GetRun reads the parked tracker, whose state is whole, until the new
 	// one has replayed the journal.
 	tr.OnLive(func() { r.setTracker(tr) })
+	r.replaying()
 	if answer != nil {
 		tr.Answer(answer.d, func() { answer.give(nil) })
 	}
@@ -871,6 +874,9 @@ func (m *Manager) local(id string) *run {
 func (m *Manager) Get(ctx context.Context, id string) (*stubbornv1.ControlState, error) {
 	if r := m.local(id); r != nil && !r.isLost() {
 		if err := visible(ctx, id, r.tenant); err != nil {
+			return nil, err
+		}
+		if err := r.caughtUp(ctx); err != nil {
 			return nil, err
 		}
 		return r.snapshot()
@@ -1050,6 +1056,11 @@ func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.Control
 		}
 		return r.snapshot()
 	}
+	// A run being resumed from its journal is decided once the replay has
+	// reached where the run waits.
+	if err := r.caughtUp(ctx); err != nil {
+		return nil, err
+	}
 	tr := r.live()
 	if tr == nil {
 		return nil, fmt.Errorf("%w (the run has ended)", ErrNotAwaitingDecision)
@@ -1189,7 +1200,8 @@ type run struct {
 	observe   func(*stubbornv1.RunEvent) // the Observer's, or nil
 
 	mu      sync.Mutex
-	parking *parking // set while the run is parked
+	parking *parking      // set while the run is parked
+	replay  chan struct{} // set while its tracker replays its journal
 	// tracker drives the run until it ends here; then it is dropped, and
 	// with it the state's many small messages, which the garbage collector
 	// would scan for as long as the finished run is kept: the
@@ -1281,6 +1293,43 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		if enc.Finished {
 			r.observe = nil
 		}
+	}
+}
+
+// replaying says the run's tracker is about to replay its journal: until
+// it goes live (wentLive), caughtUp waits.
+func (r *run) replaying() {
+	r.mu.Lock()
+	r.replay = make(chan struct{})
+	r.mu.Unlock()
+}
+
+// wentLive says the run's tracker has replayed its journal. Called with
+// the tracker's lock held (Tracker.OnLive).
+func (r *run) wentLive() {
+	r.mu.Lock()
+	if r.replay != nil {
+		close(r.replay)
+		r.replay = nil
+	}
+	r.mu.Unlock()
+}
+
+// caughtUp waits, bounded by ctx, until the run's tracker is not replaying
+// its journal: GetRun and DecideRun see the run as it is, not the part of
+// its history replayed so far.
+func (r *run) caughtUp(ctx context.Context) error {
+	r.mu.Lock()
+	c := r.replay
+	r.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	select {
+	case <-c:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
