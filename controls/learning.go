@@ -64,7 +64,9 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 			rec = recorded // with the analyst's advice, which is not asked again
 		}
 		failures = append(failures, rec)
-		if willRetry && spec.GetAnalyst() != "" && !replayed {
+		if willRetry && spec.GetAnalyst() != "" && recorded == nil {
+			// Asked unless the journal has the analysis (a run resumed
+			// between the attempt's end and its analysis asks now).
 			analyse(ctx, env, spec.GetAnalyst(), taskBrief, rec)
 			if ctx.Err() != nil {
 				env.Tracker.Failure(rec, false, "")

@@ -147,11 +147,18 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 			}
 		}
 
+		if decided {
+			// What was decided then holds (whether the call was sent, say,
+			// is not in the journal).
+			notRetried = was.GetNotRetriedReason()
+			roundOver = !willRetry && strings.HasPrefix(notRetried, reasonExhausted)
+		}
+
 		// The wait before the retry: the delegate's hint, else the backoff.
 		var wait, bound time.Duration
 		var fromHint bool
 		if notRetried == "" {
-			if fromHint = ce.HasHint; fromHint {
+			if fromHint = ce != nil && ce.HasHint; fromHint {
 				wait, bound = ce.RetryHint, maxWait
 			} else {
 				wait, bound = Backoff(env.Rand, used+1, base, maxWait)
@@ -163,12 +170,6 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 			case env.Budgets != nil && !env.Budgets.Allow(target):
 				notRetried = reasonBudget
 			}
-		}
-		if decided {
-			// What was decided then holds (whether the call was sent, say,
-			// is not in the journal).
-			notRetried = was.GetNotRetriedReason()
-			roundOver = !willRetry && strings.HasPrefix(notRetried, reasonExhausted)
 		}
 
 		rec.NotRetriedReason = notRetried

@@ -127,16 +127,26 @@ func attempt(ctx context.Context, env *Env, slot, delegate, brief string, waitBe
 
 // call sends attempt n to a delegate, or runs the preset of that name, and
 // judges the answer, without recording the attempt itself.
+//
+// A preset's attempt is run again when the run is replayed, even when the
+// journal has its end: its own steps replay from the journal (they are in
+// the run's attempt log and numbering), and an interrupted one goes on
+// where its journal stops instead of failing as an interrupted call.
 func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) attemptResult {
-	if a, ok := replayed(env, n); ok {
-		return a
+	spec, isPreset := env.preset(delegate)
+	was, fromJournal := replayed(env, n)
+	if fromJournal && !isPreset {
+		return was
 	}
 	var (
 		res *stubbornv1.Result
 		err error
 	)
-	if spec, ok := env.preset(delegate); ok {
+	if isPreset {
 		res, err = nested(ctx, env, slot, delegate, brief, spec)
+		if fromJournal && was.outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED {
+			return was // its end as judged then
+		}
 	} else {
 		res, err = env.Delegates.Call(ctx, Call{Delegate: delegate, Brief: brief, Attempt: n})
 	}
@@ -197,7 +207,10 @@ func replayed(env *Env, n int32) (attemptResult, bool) {
 	}
 	r := attemptResult{outcome: a.GetOutcome(), result: a.GetResult()}
 	if e := a.GetError(); e != nil {
-		r.err = &CallError{Code: codes.Code(e.GetCode()), Message: e.GetMessage(), HTTPStatus: int(e.GetHttpStatus())}
+		r.err = &CallError{
+			Code: codes.Code(e.GetCode()), Message: e.GetMessage(), HTTPStatus: int(e.GetHttpStatus()),
+			NotSent: e.GetNotSent(), Refused: e.GetRefused(),
+		}
 		if h := e.GetRetryHint(); h != nil {
 			r.err.(*CallError).HasHint, r.err.(*CallError).RetryHint = true, h.AsDuration()
 		}

@@ -580,7 +580,10 @@ func copyTime(ts *timestamppb.Timestamp) *timestamppb.Timestamp {
 func attemptError(err error) *stubbornv1.AttemptError {
 	var ce *CallError
 	if errors.As(err, &ce) {
-		ae := &stubbornv1.AttemptError{Code: int32(ce.Code), Message: ce.Message, HttpStatus: int32(ce.HTTPStatus)}
+		ae := &stubbornv1.AttemptError{
+			Code: int32(ce.Code), Message: ce.Message, HttpStatus: int32(ce.HTTPStatus),
+			NotSent: ce.NotSent, Refused: ce.Refused,
+		}
 		if ce.HasHint {
 			ae.RetryHint = durationpb.New(ce.RetryHint)
 		}

@@ -27,8 +27,9 @@ func TestWorkersReuseIdleGoroutines(t *testing.T) {
 		done := make(chan struct{})
 		w.run(func() { close(done) })
 		<-done
-		// The worker counts itself idle a moment after f returns.
-		require.Eventually(t, func() bool { idle, _ := w.counts(); return idle == 1 }, testWait, tick, "run %d", i)
+		// The worker counts itself idle a moment after f returns (and a run
+		// handed over before it waits gets a second one: both stay idle).
+		require.Eventually(t, func() bool { idle, _ := w.counts(); return idle >= 1 }, testWait, tick, "run %d", i)
 	}
 	// A worker counts itself idle just before it waits for work, so a run
 	// handed over in between gets a new goroutine: rare, not never.

@@ -1998,7 +1998,13 @@ type AttemptError struct {
 	HttpStatus int32 `protobuf:"varint,3,opt,name=http_status,json=httpStatus,proto3" json:"http_status,omitempty"`
 	// The wait the delegate asked for (RetryInfo or grpc-retry-pushback-ms).
 	// Unset means no hint.
-	RetryHint     *durationpb.Duration `protobuf:"bytes,4,opt,name=retry_hint,json=retryHint,proto3" json:"retry_hint,omitempty"`
+	RetryHint *durationpb.Duration `protobuf:"bytes,4,opt,name=retry_hint,json=retryHint,proto3" json:"retry_hint,omitempty"`
+	// The call provably never reached the delegate (connection refused, say):
+	// retrying it is safe whatever the delegate's idempotency.
+	NotSent bool `protobuf:"varint,5,opt,name=not_sent,json=notSent,proto3" json:"not_sent,omitempty"`
+	// Stubborn's own middleware refused the call (a limit, say): it is never
+	// retried.
+	Refused       bool `protobuf:"varint,6,opt,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2059,6 +2065,20 @@ func (x *AttemptError) GetRetryHint() *durationpb.Duration {
 		return x.RetryHint
 	}
 	return nil
+}
+
+func (x *AttemptError) GetNotSent() bool {
+	if x != nil {
+		return x.NotSent
+	}
+	return false
+}
+
+func (x *AttemptError) GetRefused() bool {
+	if x != nil {
+		return x.Refused
+	}
+	return false
 }
 
 // Attempt is one delegate call of a run.
@@ -3198,14 +3218,16 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"updateTime\x125\n" +
 	"\bend_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12 \n" +
 	"\vtraceparent\x18\x0f \x01(\tR\vtraceparent\x12\x16\n" +
-	"\x06tenant\x18\x10 \x01(\tR\x06tenant\"\x97\x01\n" +
+	"\x06tenant\x18\x10 \x01(\tR\x06tenant\"\xcc\x01\n" +
 	"\fAttemptError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1f\n" +
 	"\vhttp_status\x18\x03 \x01(\x05R\n" +
 	"httpStatus\x128\n" +
 	"\n" +
-	"retry_hint\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\tretryHint\"\xaa\x03\n" +
+	"retry_hint\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\tretryHint\x12\x19\n" +
+	"\bnot_sent\x18\x05 \x01(\bR\anotSent\x12\x18\n" +
+	"\arefused\x18\x06 \x01(\bR\arefused\"\xaa\x03\n" +
 	"\aAttempt\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x05R\x06number\x12\x1a\n" +
 	"\bdelegate\x18\x02 \x01(\tR\bdelegate\x12\x14\n" +

@@ -62,16 +62,20 @@ class Attempt(_message.Message):
     def __init__(self, number: _Optional[int] = ..., delegate: _Optional[str] = ..., brief: _Optional[str] = ..., start_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[_Union[AttemptOutcome, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., error: _Optional[_Union[AttemptError, _Mapping]] = ..., wait_before: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
 
 class AttemptError(_message.Message):
-    __slots__ = ["code", "http_status", "message", "retry_hint"]
+    __slots__ = ["code", "http_status", "message", "not_sent", "refused", "retry_hint"]
     CODE_FIELD_NUMBER: _ClassVar[int]
     HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NOT_SENT_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     RETRY_HINT_FIELD_NUMBER: _ClassVar[int]
     code: int
     http_status: int
     message: str
+    not_sent: bool
+    refused: bool
     retry_hint: _duration_pb2.Duration
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., http_status: _Optional[int] = ..., retry_hint: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., http_status: _Optional[int] = ..., retry_hint: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., not_sent: bool = ..., refused: bool = ...) -> None: ...
 
 class AttemptFinished(_message.Message):
     __slots__ = ["attempt", "note"]

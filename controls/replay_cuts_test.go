@@ -1,0 +1,273 @@
+package controls_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// deadlineOnly reports a deadline but never ends: like the manager's
+// heldContext while a journal is replayed.
+type deadlineOnly struct {
+	context.Context
+	dl time.Time
+}
+
+func (c deadlineOnly) Deadline() (time.Time, bool) { return c.dl, true }
+
+// scriptedBy answers per delegate by attempt number (byAttempt), with a
+// default per delegate, and optional analyst.
+type scriptedBy struct {
+	mu      sync.Mutex
+	answers map[int32]controlstest.Reply
+	byName  map[string]controlstest.Reply
+	info    map[string]controls.DelegateInfo
+	calls   []controls.Call
+}
+
+func (b *scriptedBy) Call(_ context.Context, c controls.Call) (*stubbornv1.Result, error) {
+	b.mu.Lock()
+	b.calls = append(b.calls, c)
+	r, ok := b.byName[c.Delegate]
+	if !ok {
+		r = b.answers[c.Attempt]
+	}
+	b.mu.Unlock()
+	if r.Err != nil {
+		return nil, r.Err
+	}
+	return &stubbornv1.Result{Text: r.Text}, nil
+}
+func (b *scriptedBy) Info(n string) controls.DelegateInfo  { return b.info[n] }
+func (b *scriptedBy) Serving(context.Context, string) bool { return true }
+
+type world struct {
+	spec     *stubbornv1.ControlSpec
+	presets  presetMap
+	budgets  func() controls.Budgets
+	deadline time.Duration // from the clock's start; 0: none
+	skew     time.Duration // how much later a resumed run's clock starts
+	d        func() *scriptedBy
+}
+
+func (w world) run(journal []*stubbornv1.RunEvent, resumed bool) (controls.Outcome, []*stubbornv1.RunEvent, *scriptedBy) {
+	st := &stubbornv1.ControlState{RunId: "r", TaskBrief: "task", Control: w.spec}
+	if len(journal) > 0 {
+		st = proto.CloneOf(journal[0].GetRunStarted().GetState())
+	}
+	var mu sync.Mutex
+	var evs []*stubbornv1.RunEvent
+	seq := int64(len(journal))
+	rec := func(ev *stubbornv1.RunEvent, _ *stubbornv1.ControlState) {
+		mu.Lock()
+		defer mu.Unlock()
+		seq++
+		ev = proto.CloneOf(ev)
+		ev.Seq = seq
+		evs = append(evs, ev)
+	}
+	clock := controlstest.NewClock()
+	start := clock.Now()
+	if resumed && w.skew > 0 {
+		_ = clock.Sleep(context.Background(), w.skew)
+	}
+	ctx := context.Background()
+	if w.deadline > 0 {
+		ctx = deadlineOnly{ctx, start.Add(w.deadline)}
+	}
+	tr := controls.NewReplayTracker(st, clock, rec, journal)
+	tr.Start()
+	d := w.d()
+	env := &controls.Env{Delegates: d, Tracker: tr, Clock: clock, Presets: w.presets}
+	if w.budgets != nil {
+		env.Budgets = w.budgets()
+	}
+	out := controls.Execute(ctx, env, "task", w.spec)
+	tr.Finish(out.Status, out.Result, out.Winner, out.Reason)
+	return out, evs, d
+}
+
+// key names what an event records, for duplicates.
+func key(ev *stubbornv1.RunEvent) string {
+	switch {
+	case ev.GetAttemptStarted() != nil:
+		return fmt.Sprint("started ", ev.GetAttemptStarted().GetAttempt().GetNumber())
+	case ev.GetAttemptFinished() != nil:
+		return fmt.Sprint("finished ", ev.GetAttemptFinished().GetAttempt().GetNumber())
+	case ev.GetFailureAnalyzed() != nil:
+		return fmt.Sprint("failure ", ev.GetFailureAnalyzed().GetFailure().GetAttempt())
+	case ev.GetBackoffScheduled() != nil:
+		return fmt.Sprint("backoff ", ev.GetBackoffScheduled().GetNextAttempt())
+	}
+	return ""
+}
+
+// what summarises an event without its times.
+func what(ev *stubbornv1.RunEvent) string {
+	s := controlstest.Kind(ev) + " " + ev.GetPath()
+	switch {
+	case ev.GetAttemptStarted() != nil:
+		a := ev.GetAttemptStarted().GetAttempt()
+		s += fmt.Sprint(" #", a.GetNumber(), " ", a.GetDelegate(), " ", a.GetPath())
+	case ev.GetAttemptFinished() != nil:
+		a := ev.GetAttemptFinished().GetAttempt()
+		s += fmt.Sprint(" #", a.GetNumber(), " ", a.GetDelegate(), " ", a.GetOutcome())
+	case ev.GetFailureAnalyzed() != nil:
+		f := ev.GetFailureAnalyzed()
+		s += fmt.Sprintf(" #%d %s retry=%v why=%q analysis=%q", f.GetFailure().GetAttempt(), f.GetFailure().GetDelegate(), f.GetWillRetry(), f.GetFailure().GetNotRetriedReason(), f.GetFailure().GetAnalysis())
+	case ev.GetBackoffScheduled() != nil:
+		b := ev.GetBackoffScheduled()
+		s += fmt.Sprint(" next=", b.GetNextAttempt(), " bound=", b.GetBound().AsDuration(), " hint=", b.GetFromHint(), " zero=", b.GetWait().AsDuration() == 0)
+	case ev.GetRunFinished() != nil:
+		s += " " + ev.GetRunFinished().GetState().GetStatus().String() + " " + ev.GetRunFinished().GetState().GetStatusReason()
+	}
+	return s
+}
+
+// checkEveryCut records a run of w, then resumes it from every cut of its
+// journal: no recorded attempt is called again and no recorded step is
+// recorded twice; with strict, a run resumed at a clean cut (no attempt in
+// flight) also ends as the original did, with the same events after the
+// cut (times aside).
+func checkEveryCut(t *testing.T, w world, strict bool) {
+	want, all, _ := w.run(nil, false)
+	t.Logf("live: %s %s, %d events", want.Status, want.Reason, len(all))
+	for cut := 1; cut < len(all); cut++ {
+		journal := all[:cut]
+		out, fresh, d := w.run(journal, true)
+		seen := map[string]bool{}
+		finished := map[int32]bool{}
+		inFlight := false
+		for _, ev := range journal {
+			seen[key(ev)] = true
+			if a := ev.GetAttemptFinished(); a != nil {
+				finished[a.GetAttempt().GetNumber()] = true
+			}
+			if ev.GetAttemptStarted() != nil {
+				inFlight = true
+			}
+			if ev.GetAttemptFinished() != nil {
+				inFlight = false
+			}
+		}
+		for _, ev := range fresh {
+			if k := key(ev); k != "" {
+				assert.False(t, seen[k], "cut %d: %s recorded twice (journal and resumed run): %s", cut, k, what(ev))
+				seen[k] = true
+			}
+		}
+		for _, c := range d.calls {
+			if c.Delegate != "analyst" {
+				assert.False(t, finished[c.Attempt], "cut %d: attempt %d called again", cut, c.Attempt)
+			}
+		}
+		if inFlight || !strict {
+			continue
+		}
+		var wantWhat, gotWhat []string
+		for _, ev := range all[cut:] {
+			wantWhat = append(wantWhat, what(ev))
+		}
+		for _, ev := range fresh {
+			gotWhat = append(gotWhat, what(ev))
+		}
+		assert.Equal(t, want.Status, out.Status, "cut %d", cut)
+		assert.Equal(t, want.Reason, out.Reason, "cut %d", cut)
+		assert.Equal(t, wantWhat, gotWhat, "cut %d (after %s)", cut, what(journal[cut-1]))
+	}
+}
+
+var unavail = controlstest.Fail(codes.Unavailable, "busy")
+
+func rvRetry(target string, attempts int32, onEx stubbornv1.OnExhausted) *stubbornv1.ControlSpec {
+	return &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
+		Target: target, Attempts: &attempts, BaseWait: durationpb.New(time.Second), OnExhausted: onEx,
+	}}}
+}
+
+// A non-idempotent delegate whose call provably was not sent: the original
+// retries it.
+func TestReplayKeepsARetryOfACallNotSent(t *testing.T) {
+	notSent := controlstest.Reply{Err: &controls.CallError{Code: codes.Unavailable, Message: "refused", NotSent: true}}
+	checkEveryCut(t, world{
+		spec: rvRetry("d", 3, stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL),
+		d: func() *scriptedBy {
+			return &scriptedBy{answers: map[int32]controlstest.Reply{1: notSent, 2: notSent, 3: controlstest.OK("ok")}}
+		},
+	}, true)
+}
+
+// A retry preset nested in a fallback chain.
+func TestReplayRunsANestedRetryInAFallbackChainAgain(t *testing.T) {
+	idem := map[string]controls.DelegateInfo{"a": {Idempotent: true}, "b": {Idempotent: true}}
+	checkEveryCut(t, world{
+		spec:    &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"ra", "b"}}}},
+		presets: presetMap{"ra": rvRetry("a", 2, stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL)},
+		d: func() *scriptedBy {
+			return &scriptedBy{info: idem, byName: map[string]controlstest.Reply{"a": unavail, "b": controlstest.OK("b")}}
+		},
+	}, true)
+}
+
+// Retry presets racing each other.
+func TestReplayOfRacingRetryPresetsRepeatsNothing(t *testing.T) {
+	idem := map[string]controls.DelegateInfo{"a": {Idempotent: true}, "b": {Idempotent: true}}
+	checkEveryCut(t, world{
+		spec:    &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Race{Race: &stubbornv1.RaceSpec{Candidates: []string{"ra", "rb"}}}},
+		presets: presetMap{"ra": rvRetry("a", 1, stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL), "rb": rvRetry("b", 1, stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL)},
+		d: func() *scriptedBy {
+			return &scriptedBy{info: idem, byName: map[string]controlstest.Reply{"a": unavail, "b": unavail}}
+		},
+	}, false)
+}
+
+// A run resumed after its deadline passed: replayed decisions hold.
+func TestReplayPastTheDeadlineRepeatsNothing(t *testing.T) {
+	checkEveryCut(t, world{
+		spec:     rvRetry("d", 3, stubbornv1.OnExhausted_ON_EXHAUSTED_ASK),
+		deadline: time.Hour, skew: 2 * time.Hour,
+		d: func() *scriptedBy {
+			return &scriptedBy{info: map[string]controls.DelegateInfo{"d": {Idempotent: true}},
+				answers: map[int32]controlstest.Reply{1: unavail, 2: unavail, 3: controlstest.OK("ok")}}
+		},
+	}, false)
+}
+
+// Budgets: a resumed run meets a drained budget.
+func TestReplayWithADrainedBudgetRepeatsNothing(t *testing.T) {
+	checkEveryCut(t, world{
+		spec: rvRetry("d", 3, stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL),
+		budgets: func() controls.Budgets {
+			s, _ := controls.NewBudgetSet(2, 0.1)
+			return s
+		},
+		d: func() *scriptedBy {
+			return &scriptedBy{info: map[string]controls.DelegateInfo{"d": {Idempotent: true}},
+				answers: map[int32]controlstest.Reply{1: unavail, 2: unavail, 3: controlstest.OK("ok")}}
+		},
+	}, false)
+}
+
+// Retry-with-learning with an analyst.
+func TestReplayOfLearningAsksTheAnalystOnlyWhenItsAnswerIsMissing(t *testing.T) {
+	checkEveryCut(t, world{
+		spec: &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_RetryWithLearning{RetryWithLearning: &stubbornv1.RetryWithLearningSpec{
+			Target: "d", MaxRetries: ptr(int32(3)), Analyst: "analyst"}}},
+		d: func() *scriptedBy {
+			return &scriptedBy{info: map[string]controls.DelegateInfo{"d": {Idempotent: true}},
+				byName:  map[string]controlstest.Reply{"analyst": controlstest.OK("try harder")},
+				answers: map[int32]controlstest.Reply{1: unavail, 2: unavail, 3: controlstest.OK("ok")}}
+		},
+	}, true)
+}
