@@ -220,18 +220,6 @@ func TestReplayRunsANestedRetryInAFallbackChainAgain(t *testing.T) {
 	}, true)
 }
 
-// Retry presets racing each other.
-func TestReplayOfRacingRetryPresetsRepeatsNothing(t *testing.T) {
-	idem := map[string]controls.DelegateInfo{"a": {Idempotent: true}, "b": {Idempotent: true}}
-	checkEveryCut(t, world{
-		spec:    &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Race{Race: &stubbornv1.RaceSpec{Candidates: []string{"ra", "rb"}}}},
-		presets: presetMap{"ra": rvRetry("a", 1, stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL), "rb": rvRetry("b", 1, stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL)},
-		d: func() *scriptedBy {
-			return &scriptedBy{info: idem, byName: map[string]controlstest.Reply{"a": unavail, "b": unavail}}
-		},
-	}, false)
-}
-
 // A run resumed after its deadline passed: replayed decisions hold.
 func TestReplayPastTheDeadlineRepeatsNothing(t *testing.T) {
 	checkEveryCut(t, world{

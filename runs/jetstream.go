@@ -314,6 +314,14 @@ func (s *JetStream) Alive(ctx context.Context, owner string) (bool, error) {
 	return true, nil
 }
 
+// Live calls fn with every owner whose heartbeat has not expired.
+func (s *JetStream) Live(ctx context.Context, fn func(owner string)) error {
+	return eachEntry(ctx, s.beats, func(e jetstream.KeyValueEntry) (bool, error) {
+		fn(e.Key())
+		return true, nil
+	})
+}
+
 // Leave deletes owner's heartbeat.
 func (s *JetStream) Leave(ctx context.Context, owner string) error {
 	return s.beats.Purge(ctx, owner)

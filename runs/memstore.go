@@ -264,6 +264,22 @@ func (s *Memory) Alive(_ context.Context, owner string) (bool, error) {
 	return ok && time.Since(at) < s.lease, nil
 }
 
+// Live calls fn with every owner that beat within the lease.
+func (s *Memory) Live(_ context.Context, fn func(owner string)) error {
+	s.mu.Lock()
+	var live []string
+	for owner, at := range s.beats {
+		if time.Since(at) < s.lease {
+			live = append(live, owner)
+		}
+	}
+	s.mu.Unlock()
+	for _, owner := range live {
+		fn(owner)
+	}
+	return nil
+}
+
 // Leave forgets owner's beats.
 func (s *Memory) Leave(_ context.Context, owner string) error {
 	s.mu.Lock()

@@ -43,6 +43,8 @@ type Store interface {
 	Alive(ctx context.Context, owner string) (bool, error)
 	// Leave says owner stops now: it counts as dead at once.
 	Leave(ctx context.Context, owner string) error
+	// Live calls fn with every owner that has beaten within the lease time.
+	Live(ctx context.Context, fn func(owner string)) error
 	// Claim records owner as the driver of a new run. ErrConflict if the
 	// run has one.
 	Claim(ctx context.Context, runID, owner string) error

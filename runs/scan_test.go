@@ -1,0 +1,49 @@
+package runs_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// countingOwners counts the listings of every run's driver.
+type countingOwners struct {
+	runs.Store
+	listed atomic.Int64
+}
+
+func (c *countingOwners) Owners(ctx context.Context, fn func(runID, owner string) bool) error {
+	c.listed.Add(1)
+	return c.Store.Owners(ctx, fn)
+}
+
+func TestDriversAreListedOnlyWhenAServerStopsBeating(t *testing.T) {
+	const lease = 200 * time.Millisecond
+	store := runs.NewMemory(lease)
+	counted := &countingOwners{Store: store}
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {{Hang: true}, controlstest.OK("x")}})
+	d.SetInfo("a", controls.DelegateInfo{Idempotent: true})
+	a := newManager(t, d, runs.Config{Store: counted, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+	b, err := runs.New(runs.Config{Delegates: d, Store: store, Lease: lease, Owner: "b", Clock: controls.RealClock{}})
+	require.NoError(t, err)
+	st, err := b.Start(context.Background(), "brief", chain("a"), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
+
+	time.Sleep(5 * lease / 2) // five scans' time: b beats all along
+	assert.Equal(t, int64(1), counted.listed.Load(), "only the first scan lists the drivers")
+
+	b.Kill()
+	evs := watchAll(t, a, st.GetRunId(), 0)
+	assert.Contains(t, kinds(evs), "run_resumed", "a took b's run over once b stopped beating")
+	final(t, evs)
+	assert.GreaterOrEqual(t, counted.listed.Load(), int64(2))
+}
