@@ -293,8 +293,11 @@ func (m *Manager) scan() {
 	for {
 		if !m.paused.Load() {
 			live, err := m.liveOwners()
+			if err != nil {
+				live = nil
+			}
 			if err != nil || first || dirty || gone(seen, live) {
-				dirty = !m.takeOverOrphans(first && m.cfg.SoleOwner)
+				dirty = !m.takeOverOrphans(first && m.cfg.SoleOwner, live)
 				first = false
 			}
 			if err == nil {
@@ -333,8 +336,11 @@ func gone(seen, live map[string]bool) bool {
 // takeOverOrphans resumes every run whose owner is dead (all other owners'
 // runs when sole). It reports whether it left none behind: none it could
 // not list, take over or resume, and no owner whose liveness it could not
-// tell.
-func (m *Manager) takeOverOrphans(sole bool) (clean bool) {
+// tell or that it found alive although live (the heartbeats just listed,
+// nil when that failed) has it no more: the two reads may disagree for a
+// moment (a replica that has not expired the heartbeat yet), and the scan
+// after next would not look again.
+func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) {
 	clean = true
 	type orphan struct{ run, owner string }
 	var orphans []orphan
@@ -343,16 +349,16 @@ func (m *Manager) takeOverOrphans(sole bool) (clean bool) {
 		if owner == m.owner {
 			return true
 		}
-		live, seen := alive[owner]
+		isLive, seen := alive[owner]
 		if !seen && !sole {
 			ok, err := m.store.Alive(m.ctx, owner)
-			live = err != nil || ok // when in doubt, leave it
-			if err != nil {
+			isLive = err != nil || ok // when in doubt, leave it
+			if err != nil || (ok && live != nil && !live[owner]) {
 				clean = false
 			}
-			alive[owner] = live
+			alive[owner] = isLive
 		}
-		if sole || !live {
+		if sole || !isLive {
 			orphans = append(orphans, orphan{runID, owner})
 		}
 		return m.ctx.Err() == nil

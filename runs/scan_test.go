@@ -47,3 +47,35 @@ func TestDriversAreListedOnlyWhenAServerStopsBeating(t *testing.T) {
 	final(t, evs)
 	assert.GreaterOrEqual(t, counted.listed.Load(), int64(2))
 }
+
+// staleAlive answers its first liveness question with yes, as a replica
+// that has not yet expired a heartbeat would.
+type staleAlive struct {
+	runs.Store
+	asked atomic.Bool
+}
+
+func (s *staleAlive) Alive(ctx context.Context, owner string) (bool, error) {
+	if !s.asked.Swap(true) {
+		return true, nil
+	}
+	return s.Store.Alive(ctx, owner)
+}
+
+func TestAStaleLivenessReadIsLookedAtAgain(t *testing.T) {
+	const lease = 200 * time.Millisecond
+	store := runs.NewMemory(lease)
+	stale := &staleAlive{Store: store}
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {{Hang: true}, controlstest.OK("x")}})
+	d.SetInfo("a", controls.DelegateInfo{Idempotent: true})
+	a := newManager(t, d, runs.Config{Store: stale, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+	b, err := runs.New(runs.Config{Delegates: d, Store: store, Lease: lease, Owner: "b", Clock: controls.RealClock{}})
+	require.NoError(t, err)
+	st, err := b.Start(context.Background(), "brief", chain("a"), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
+	b.Kill()
+	evs := watchAll(t, a, st.GetRunId(), 0)
+	assert.Contains(t, kinds(evs), "run_resumed", "taken over on a later scan")
+	assert.True(t, stale.asked.Load())
+}
