@@ -303,6 +303,8 @@ func (m *Manager) scan() {
 			if err == nil {
 				seen = live
 			}
+		} else {
+			dirty = true // servers may have come and gone meanwhile, unseen
 		}
 		select {
 		case <-m.ctx.Done():
