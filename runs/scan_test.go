@@ -26,7 +26,9 @@ func (c *countingOwners) Owners(ctx context.Context, fn func(runID, owner string
 }
 
 func TestDriversAreListedOnlyWhenAServerStopsBeating(t *testing.T) {
-	const lease = 200 * time.Millisecond
+	// Long enough that a loaded machine does not miss a beat (one every
+	// lease/3): a missed one would count as b stopping.
+	const lease = time.Second
 	store := runs.NewMemory(lease)
 	counted := &countingOwners{Store: store}
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {{Hang: true}, controlstest.OK("x")}})
