@@ -619,7 +619,7 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		// waiting, its parking is set, and may be woken before this drive
 		// has returned (it writes nothing more).
 		tr.ParkWaits(m.cfg.ParkAfter, func(until time.Time, decision bool) {
-			m.park(runCtx, r, &parking{ctx: runCtx, tracker: tr, decision: decision}, until)
+			m.park(r, &parking{ctx: runCtx, tracker: tr, decision: decision}, until)
 		})
 	}
 	defer func() {
@@ -714,16 +714,16 @@ func (p *parking) claim() bool {
 // DecideRun wakes it with the decision (decide). Woken, it is driven again
 // from its journal, which replays up to the wait and goes on from there
 // (or stops, when its context ended); abandoned meanwhile (Close, Kill),
-// it is only let go. ctx is the run's own context. Until woken, GetRun
-// reads the parked tracker, whose state is the run's.
-func (m *Manager) park(ctx context.Context, r *run, p *parking, until time.Time) {
+// it is only let go. Until woken, GetRun reads the parked tracker, whose
+// state is the run's.
+func (m *Manager) park(r *run, p *parking, until time.Time) {
 	m.parked.Add(1)
 	r.mu.Lock()
 	r.parking = p
 	r.mu.Unlock()
 	wake := func() {
 		if p.claim() {
-			m.wake(ctx, r, nil)
+			m.wake(p.ctx, r, nil)
 		}
 	}
 	p.mu.Lock()
@@ -731,7 +731,7 @@ func (m *Manager) park(ctx context.Context, r *run, p *parking, until time.Time)
 	if !until.IsZero() {
 		p.timer = time.AfterFunc(time.Until(until), wake)
 	}
-	p.stop = context.AfterFunc(ctx, wake)
+	p.stop = context.AfterFunc(p.ctx, wake)
 }
 
 // wake ends run r's parking: it is driven again from its journal, with
