@@ -158,6 +158,10 @@ type Env struct {
 	// Budgets throttles the retry control's retries per delegate. Nil (the
 	// default) means no retry budget.
 	Budgets Budgets
+
+	// racing says a race runs this step beside others (a candidate, or
+	// anything nested in one): set by Race for its candidates.
+	racing bool
 }
 
 func (e *Env) clock() Clock {

@@ -35,9 +35,11 @@ func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Race
 	for i, name := range candidates {
 		numbers[i] = env.Tracker.BeginAttempt(env.Path, name, taskBrief, 0)
 	}
+	candidate := *env
+	candidate.racing = true
 	for i, name := range candidates {
 		go func() {
-			done <- finish{index: i, a: call(raceCtx, env, numbers[i], fmt.Sprintf("candidates[%d]", i), name, taskBrief)}
+			done <- finish{index: i, a: call(raceCtx, &candidate, numbers[i], fmt.Sprintf("candidates[%d]", i), name, taskBrief)}
 		}()
 	}
 

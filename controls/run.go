@@ -129,16 +129,20 @@ func attempt(ctx context.Context, env *Env, slot, delegate, brief string, waitBe
 // judges the answer, without recording the attempt itself.
 //
 // A preset's attempt is run again when the run is replayed, even when the
-// journal has its end (unless it was cancelled): its own steps replay from
-// the journal (they are in the run's attempt log and numbering), and an
-// interrupted one goes on where its journal stops instead of failing as an
-// interrupted call.
+// journal has its end (unless it was cancelled, or raced others): its own
+// steps replay from the journal (they are in the run's attempt log and
+// numbering), and an interrupted one goes on where its journal stops
+// instead of failing as an interrupted call.
 func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) attemptResult {
 	spec, isPreset := env.preset(delegate)
 	was, fromJournal := replayed(env, n)
-	if fromJournal && (!isPreset || was.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED) {
-		// A preset cancelled then (a race's loser) is not run again: it
-		// would go on live past where it was stopped.
+	if fromJournal && (!isPreset || env.racing || was.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED) {
+		// A preset cancelled then is not run again: it would go on live
+		// past where it was stopped. Nor is one that raced others: the
+		// race's branches replay concurrently, so their nested attempts
+		// would not get the numbers the journal has, and a branch the
+		// journal shows interrupted would call its delegates although the
+		// race was won.
 		return was
 	}
 	var (

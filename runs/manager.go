@@ -281,7 +281,7 @@ func (m *Manager) beat() {
 
 // scan takes over runs whose owner is dead: at once, then twice a lease
 // when a server it saw alive has stopped beating, or when the last scan
-// left orphans behind. Listing every run's driver costs in proportion to
+// left orphans behind, and every fullScanEvery ticks whatever happened. Listing every run's driver costs in proportion to
 // the runs (10,000 waiting runs on JetStream: ~2 % of a core at every
 // lease/2); the servers' heartbeats are few.
 func (m *Manager) scan() {
@@ -290,15 +290,17 @@ func (m *Manager) scan() {
 	defer t.Stop()
 	first, dirty := true, true
 	var seen map[string]bool
+	sinceFull := 0
 	for {
 		if !m.paused.Load() {
 			live, err := m.liveOwners()
 			if err != nil {
 				live = nil
 			}
-			if err != nil || first || dirty || gone(seen, live) {
+			sinceFull++
+			if err != nil || first || dirty || gone(seen, live) || sinceFull >= fullScanEvery {
 				dirty = !m.takeOverOrphans(first && m.cfg.SoleOwner, live)
-				first = false
+				first, sinceFull = false, 0
 			}
 			if err == nil {
 				seen = live
@@ -313,6 +315,13 @@ func (m *Manager) scan() {
 		}
 	}
 }
+
+// fullScanEvery bounds the scans between two listings of every run's
+// driver: a server that came and went between two listings of the
+// heartbeats (it closed within lease/2 of starting, or this server's scan
+// took longer than a lease) is never seen to stop, and its runs wait for
+// this.
+const fullScanEvery = 10
 
 // liveOwners returns the other servers that beat within the lease.
 func (m *Manager) liveOwners() (map[string]bool, error) {

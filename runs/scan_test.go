@@ -81,3 +81,19 @@ func TestAStaleLivenessReadIsLookedAtAgain(t *testing.T) {
 	assert.Contains(t, kinds(evs), "run_resumed", "taken over on a later scan")
 	assert.True(t, stale.asked.Load())
 }
+
+func TestAServerThatCameAndWentUnseenIsTakenOverAtTheNextFullScan(t *testing.T) {
+	const lease = 100 * time.Millisecond // full scans every 10 × lease/2
+	store := runs.NewMemory(lease)
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {{Hang: true}, controlstest.OK("x")}})
+	d.SetInfo("a", controls.DelegateInfo{Idempotent: true})
+	a := newManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+	b, err := runs.New(runs.Config{Delegates: d, Store: store, Lease: lease, Owner: "b", Clock: controls.RealClock{}})
+	require.NoError(t, err)
+	st, err := b.Start(context.Background(), "brief", chain("a"), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
+	b.Close() // leaves at once: a may never have listed b's heartbeat
+	evs := watchAll(t, a, st.GetRunId(), 0)
+	assert.Contains(t, kinds(evs), "run_resumed")
+}
