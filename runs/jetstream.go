@@ -64,9 +64,19 @@ type JetStream struct {
 
 var _ Store = (*JetStream)(nil)
 
+// setupTimeout bounds NewJetStream's calls when its context has no deadline.
+const setupTimeout = 30 * time.Second
+
 // NewJetStream creates (or updates) the stream and buckets on nc's
 // JetStream and returns the Store. Close closes nc.
 func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*JetStream, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		// Without a deadline each call would have nats.go's default 5 s: a
+		// cluster still placing its streams' leaders can take longer.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, setupTimeout)
+		defer cancel()
+	}
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
 	}
