@@ -9,7 +9,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/stubbornhq/stubborn/controls"
@@ -62,21 +61,7 @@ type world struct {
 }
 
 func (w world) run(journal []*stubbornv1.RunEvent, resumed bool) (controls.Outcome, []*stubbornv1.RunEvent, *scriptedBy) {
-	st := &stubbornv1.ControlState{RunId: "r", TaskBrief: "task", Control: w.spec}
-	if len(journal) > 0 {
-		st = proto.CloneOf(journal[0].GetRunStarted().GetState())
-	}
-	var mu sync.Mutex
-	var evs []*stubbornv1.RunEvent
-	seq := int64(len(journal))
-	rec := func(ev *stubbornv1.RunEvent, _ *stubbornv1.ControlState) {
-		mu.Lock()
-		defer mu.Unlock()
-		seq++
-		ev = proto.CloneOf(ev)
-		ev.Seq = seq
-		evs = append(evs, ev)
-	}
+	st, rec, recorded := resumeFrom(w.spec, journal)
 	clock := controlstest.NewClock()
 	start := clock.Now()
 	if resumed && w.skew > 0 {
@@ -95,7 +80,7 @@ func (w world) run(journal []*stubbornv1.RunEvent, resumed bool) (controls.Outco
 	}
 	out := controls.Execute(ctx, env, "task", w.spec)
 	tr.Finish(out.Status, out.Result, out.Winner, out.Reason)
-	return out, evs, d
+	return out, recorded(), d
 }
 
 // key names what an event records, for duplicates.

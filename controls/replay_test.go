@@ -48,6 +48,21 @@ func (b *byAttempt) called() []int32 {
 // outcome, the new events and the calls made.
 func runOnce(t *testing.T, spec *stubbornv1.ControlSpec, d *byAttempt, journal []*stubbornv1.RunEvent) (controls.Outcome, []*stubbornv1.RunEvent) {
 	t.Helper()
+	st, rec, recorded := resumeFrom(spec, journal)
+	clock := controlstest.NewClock()
+	tr := controls.NewReplayTracker(st, clock, rec, journal)
+	tr.Start()
+	env := &controls.Env{Delegates: d, Tracker: tr, Clock: clock}
+	out := controls.Execute(context.Background(), env, "task", spec)
+	tr.Finish(out.Status, out.Result, out.Winner, out.Reason)
+	return out, recorded()
+}
+
+// resumeFrom returns the state a run of spec resumed from journal starts
+// with (its run_started's; a new run's when journal is empty), and a
+// recorder that numbers new events after the journal's, with the events it
+// recorded.
+func resumeFrom(spec *stubbornv1.ControlSpec, journal []*stubbornv1.RunEvent) (*stubbornv1.ControlState, controls.Recorder, func() []*stubbornv1.RunEvent) {
 	st := &stubbornv1.ControlState{RunId: "r", TaskBrief: "task", Control: spec}
 	if len(journal) > 0 {
 		st = proto.CloneOf(journal[0].GetRunStarted().GetState())
@@ -63,13 +78,11 @@ func runOnce(t *testing.T, spec *stubbornv1.ControlSpec, d *byAttempt, journal [
 		ev.Seq = seq
 		evs = append(evs, ev)
 	}
-	clock := controlstest.NewClock()
-	tr := controls.NewReplayTracker(st, clock, rec, journal)
-	tr.Start()
-	env := &controls.Env{Delegates: d, Tracker: tr, Clock: clock}
-	out := controls.Execute(context.Background(), env, "task", spec)
-	tr.Finish(out.Status, out.Result, out.Winner, out.Reason)
-	return out, evs
+	return st, rec, func() []*stubbornv1.RunEvent {
+		mu.Lock()
+		defer mu.Unlock()
+		return evs
+	}
 }
 
 func kinds(evs []*stubbornv1.RunEvent) []string {
