@@ -135,23 +135,43 @@ type streamer struct {
 	stubbornv1.UnimplementedControlServiceServer
 	next   stubbornv1.DelegateServiceClient
 	events []*stubbornv1.RunEvent
+	live   bool // send the events recorded before the delegate call before it (scenario 2c)
 }
 
 func (s *streamer) Run(req *stubbornv1.RunRequest, stream grpc.ServerStreamingServer[stubbornv1.RunResponse]) error {
+	send := func(evs []*stubbornv1.RunEvent) error {
+		for _, ev := range evs {
+			if err := stream.Send(&stubbornv1.RunResponse{Event: ev}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	rest := s.events
+	if s.live {
+		// The events Stubborn records before it calls the delegate go
+		// out before the call, as Run sends them.
+		n := 0
+		for n < len(rest) && rest[n].GetAttemptStarted() == nil {
+			n++
+		}
+		if n < len(rest) {
+			n++
+		}
+		if err := send(rest[:n]); err != nil {
+			return err
+		}
+		rest = rest[n:]
+	}
 	if _, err := s.next.Execute(stream.Context(), &stubbornv1.ExecuteRequest{Brief: req.GetTaskBrief()}); err != nil {
 		return err
 	}
-	for _, ev := range s.events {
-		if err := stream.Send(&stubbornv1.RunResponse{Event: ev}); err != nil {
-			return err
-		}
-	}
-	return nil
+	return send(rest)
 }
 
 // startStreamer serves a streamer of events on loopback and returns a
 // client of it.
-func (w *world) startStreamer(events []*stubbornv1.RunEvent) (stubbornv1.ControlServiceClient, error) {
+func (w *world) startStreamer(events []*stubbornv1.RunEvent, live bool) (stubbornv1.ControlServiceClient, error) {
 	next, err := w.dial(w.echoAddr)
 	if err != nil {
 		return nil, err
@@ -161,7 +181,7 @@ func (w *world) startStreamer(events []*stubbornv1.RunEvent) (stubbornv1.Control
 		return nil, err
 	}
 	gs := grpc.NewServer()
-	stubbornv1.RegisterControlServiceServer(gs, &streamer{next: stubbornv1.NewDelegateServiceClient(next), events: events})
+	stubbornv1.RegisterControlServiceServer(gs, &streamer{next: stubbornv1.NewDelegateServiceClient(next), events: events, live: live})
 	go func() { _ = gs.Serve(lis) }()
 	w.servers = append(w.servers, gs)
 	c, err := w.dial(lis.Addr().String())

@@ -6,6 +6,9 @@
 //     2b. stream: a plain ControlService whose Run forwards Execute like the
 //     proxy, then streams the events of a captured Stubborn run: the cost of
 //     Run's shape (a server stream of four events) without Stubborn's work;
+//     2c. stream-live: the same, but the events Stubborn records before it
+//     calls the delegate (run_started, attempt_started) are sent before the
+//     call, as Run sends them: the floor of Run's shape at concurrency 1;
 //  3. run: a Stubborn Run with one successful attempt (fallback_chain
 //     [echo]), its stream read to its end;
 //  4. retry: a Stubborn retry run whose first two attempts fail UNAVAILABLE,
@@ -70,7 +73,7 @@ type Machine struct {
 	LoadAvgAfter  string `json:"load_avg_after"`
 }
 
-var scenarioNames = []string{"direct", "proxy", "stream", "run", "retry", "waiting", "watch"}
+var scenarioNames = []string{"direct", "proxy", "stream", "stream-live", "run", "retry", "waiting", "watch"}
 
 type options struct {
 	duration, warmup, slice time.Duration
@@ -290,7 +293,7 @@ func runLoads(ctx context.Context, w *world, o options) ([]LoadResult, error) {
 		m               measured
 	}
 	var cases []*loadCase
-	var stream stubbornv1.ControlServiceClient
+	var stream, streamLive stubbornv1.ControlServiceClient
 	servers := map[string]*stubborn{}
 	defer func() {
 		for _, s := range servers {
@@ -304,22 +307,28 @@ func runLoads(ctx context.Context, w *world, o options) ([]LoadResult, error) {
 		if o.scenarios["proxy"] {
 			cases = append(cases, &loadCase{scenario: "proxy", conc: c, fn: directOp(w.proxied)})
 		}
-		if o.scenarios["stream"] {
-			if stream == nil {
-				s, err := startStubborn(w, o.stores[0], 1)
-				if err != nil {
-					return nil, err
-				}
-				evs, err := capture(ctx, s.client, oneAttemptRun())
-				s.stop()
-				if err != nil {
-					return nil, fmt.Errorf("capturing a run: %w", err)
-				}
-				if stream, err = w.startStreamer(evs); err != nil {
-					return nil, err
-				}
+		if (o.scenarios["stream"] || o.scenarios["stream-live"]) && stream == nil {
+			s, err := startStubborn(w, o.stores[0], 1)
+			if err != nil {
+				return nil, err
 			}
+			evs, err := capture(ctx, s.client, oneAttemptRun())
+			s.stop()
+			if err != nil {
+				return nil, fmt.Errorf("capturing a run: %w", err)
+			}
+			if stream, err = w.startStreamer(evs, false); err != nil {
+				return nil, err
+			}
+			if streamLive, err = w.startStreamer(evs, true); err != nil {
+				return nil, err
+			}
+		}
+		if o.scenarios["stream"] {
 			cases = append(cases, &loadCase{scenario: "stream", conc: c, fn: runOp(stream, oneAttemptRun(), 1)})
+		}
+		if o.scenarios["stream-live"] {
+			cases = append(cases, &loadCase{scenario: "stream-live", conc: c, fn: runOp(streamLive, oneAttemptRun(), 1)})
 		}
 		for _, store := range o.stores {
 			if !o.scenarios["run"] && !o.scenarios["retry"] {

@@ -30,7 +30,7 @@ func printReport(w io.Writer, rep *Report, what string) {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "| # | scenario | store | concurrency | ops/s | p50 | p99 | CPU/op | allocs/op | bytes/op | errors |")
 		fmt.Fprintln(w, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
-		num := map[string]string{"direct": "1", "proxy": "2", "stream": "2b", "run": "3", "retry": "4"}
+		num := map[string]string{"direct": "1", "proxy": "2", "stream": "2b", "stream-live": "2c", "run": "3", "retry": "4"}
 		for _, r := range rep.Load {
 			store := r.Store
 			if store == "" {
@@ -125,10 +125,11 @@ func ratios(load []LoadResult) []Ratio {
 	lo, hi := concs[0], concs[len(concs)-1]
 	var out []Ratio
 	for _, store := range stores {
-		for _, pair := range [][2]string{{"run", "proxy"}, {"retry", "direct"}, {"run", "stream"}, {"stream", "proxy"}} {
+		for _, pair := range [][2]string{{"run", "proxy"}, {"retry", "direct"}, {"run", "stream"}, {"stream", "proxy"}, {"run", "stream-live"}, {"stream-live", "proxy"}} {
 			label := map[string]string{
 				"run/proxy": "3/2 run ÷ proxy", "retry/direct": "4/1 retry ÷ direct",
 				"run/stream": "3/2b run ÷ stream", "stream/proxy": "2b/2 stream ÷ proxy",
+				"run/stream-live": "3/2c run ÷ stream-live", "stream-live/proxy": "2c/2 stream-live ÷ proxy",
 			}[pair[0]+"/"+pair[1]]
 			storeOf := func(sc string) string {
 				if sc == "run" || sc == "retry" {
