@@ -57,6 +57,9 @@ type JetStream struct {
 	owners jetstream.KeyValue
 	beats  jetstream.KeyValue
 	lease  time.Duration
+	// markerTTL is how long a released run's purge marker stays in the
+	// owners bucket.
+	markerTTL time.Duration
 
 	mu   sync.Mutex
 	last map[string]uint64 // stream sequence of the last event of each run this store wrote or read
@@ -112,17 +115,24 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	}); err != nil {
 		return nil, fmt.Errorf("events stream: %w", err)
 	}
+	// A released run's owner entry leaves a purge marker; the markers go
+	// after markerTTL, not after the retention: a full takeover scan reads
+	// every entry of the owners bucket, markers included, and should cost
+	// as many reads as there are live runs, not as many as ran this week.
+	s.markerTTL = max(cfg.Lease, time.Second) // JetStream's shortest message TTL is 1 s
 	for _, b := range []struct {
-		kv   *jetstream.KeyValue
-		name string
-		ttl  time.Duration
+		kv      *jetstream.KeyValue
+		name    string
+		ttl     time.Duration
+		markers time.Duration
 	}{
-		{&s.states, statesBucket, cfg.Retention},
-		{&s.owners, ownersBucket, cfg.Retention},
-		{&s.beats, beatsBucket, cfg.Lease},
+		{&s.states, statesBucket, cfg.Retention, 0},
+		{&s.owners, ownersBucket, cfg.Retention, s.markerTTL},
+		{&s.beats, beatsBucket, cfg.Lease, 0},
 	} {
 		if *b.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket: b.name, TTL: b.ttl, Storage: storage, Replicas: cfg.Replicas, History: 1,
+			LimitMarkerTTL: b.markers,
 		}); err != nil {
 			return nil, fmt.Errorf("bucket %s: %w", b.name, err)
 		}
@@ -369,9 +379,9 @@ func (s *JetStream) TakeOver(ctx context.Context, runID, from, owner string) err
 	return nil
 }
 
-// Release deletes the run's owner key.
+// Release deletes the run's owner key; its marker expires after markerTTL.
 func (s *JetStream) Release(ctx context.Context, runID string) error {
-	return s.owners.Purge(ctx, runID)
+	return s.owners.Purge(ctx, runID, jetstream.PurgeTTL(s.markerTTL))
 }
 
 // commandReply is the answer to a Command.
