@@ -244,3 +244,36 @@ func TestReplayOfLearningAsksTheAnalystOnlyWhenItsAnswerIsMissing(t *testing.T) 
 		},
 	}, true)
 }
+
+// A run stopped after deciding to retry but before drawing its wait, and
+// resumed when no wait fits before its deadline any more, ends as a live
+// run would have: "retry would end after the run's deadline", with no
+// backoff and no further attempt.
+func TestAResumedRetryFitsItsNewWaitBeforeTheDeadline(t *testing.T) {
+	w := world{
+		spec:     rvRetry("d", 3, stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL),
+		deadline: time.Hour, skew: time.Hour,
+		d: func() *scriptedBy {
+			return &scriptedBy{info: map[string]controls.DelegateInfo{"d": {Idempotent: true}},
+				answers: map[int32]controlstest.Reply{1: unavail, 2: controlstest.OK("ok")}}
+		},
+	}
+	live, all, _ := w.run(nil, false)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, live.Status, live.Reason)
+	cut := 0
+	for i, ev := range all {
+		if ev.GetFailureAnalyzed().GetWillRetry() {
+			cut = i + 1
+		}
+	}
+	if !assert.NotZero(t, cut, "the live run retried") {
+		return
+	}
+	assert.NotNil(t, all[cut].GetBackoffScheduled(), "the cut falls between the decision and its wait")
+
+	out, fresh, d := w.run(all[:cut], true)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, out.Status)
+	assert.Equal(t, "retry would end after the run's deadline", out.Reason)
+	assert.Empty(t, d.calls, "no attempt after the deadline")
+	assert.Equal(t, []string{"run_finished"}, kinds(fresh))
+}

@@ -175,6 +175,12 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 		rec.NotRetriedReason = notRetried
 		if notRetried == "" {
 			env.Tracker.Failure(rec, true, taskBrief)
+			if decided && !env.Tracker.BackoffReplayed(env.Tracker.NextAttempt()) && endsPastDeadline(ctx, env, wait) {
+				// The journal says a retry follows but not its wait (the
+				// run stopped in between): the wait drawn now must end
+				// before the deadline, as a live run's would.
+				return failedWith(reasonDeadline)
+			}
 		} else {
 			env.Tracker.Failure(rec, false, "")
 			switch {
