@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -322,29 +323,36 @@ func (s *JetStream) Beat(ctx context.Context, owner string) error {
 	return err
 }
 
-// Alive reports whether owner's heartbeat has not expired.
+// leftBeat is the heartbeat a server leaves behind when it stops (a beat
+// is a time).
+var leftBeat = []byte("left")
+
+// Alive reports whether owner's heartbeat has not expired, and owner has
+// not left.
 func (s *JetStream) Alive(ctx context.Context, owner string) (bool, error) {
-	_, err := s.beats.Get(ctx, owner)
+	e, err := s.beats.Get(ctx, owner)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		return false, nil
 	case err != nil:
 		return false, err
 	}
-	return true, nil
+	return !bytes.Equal(e.Value(), leftBeat), nil
 }
 
 // Live calls fn with every owner whose heartbeat has not expired.
-func (s *JetStream) Live(ctx context.Context, fn func(owner string)) error {
+func (s *JetStream) Live(ctx context.Context, fn func(owner string, left bool)) error {
 	return eachEntry(ctx, s.beats, func(e jetstream.KeyValueEntry) (bool, error) {
-		fn(e.Key())
+		fn(e.Key(), bytes.Equal(e.Value(), leftBeat))
 		return true, nil
 	})
 }
 
-// Leave deletes owner's heartbeat.
+// Leave replaces owner's heartbeat with one that says it left, which
+// expires after the lease like a beat.
 func (s *JetStream) Leave(ctx context.Context, owner string) error {
-	return s.beats.Purge(ctx, owner)
+	_, err := s.beats.Put(ctx, owner, leftBeat)
+	return err
 }
 
 // Claim creates the run's owner key.

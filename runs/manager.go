@@ -280,8 +280,9 @@ func (m *Manager) beat() {
 }
 
 // scan takes over runs whose owner is dead: at once, then twice a lease
-// when a server it saw alive has stopped beating, or when the last scan
-// left orphans behind, and every fullScanEvery ticks whatever happened. Listing every run's driver costs in proportion to
+// when a server it saw alive has stopped beating or another one left, or
+// when the last scan left orphans behind, and every fullScanEvery ticks
+// whatever happened. Listing every run's driver costs in proportion to
 // the runs (10,000 waiting runs on JetStream: ~2 % of a core at every
 // lease/2); the servers' heartbeats are few.
 func (m *Manager) scan() {
@@ -293,12 +294,12 @@ func (m *Manager) scan() {
 	sinceFull := 0
 	for {
 		if !m.paused.Load() {
-			live, err := m.liveOwners()
+			live, left, err := m.liveOwners()
 			if err != nil {
 				live = nil
 			}
 			sinceFull++
-			if err != nil || first || dirty || gone(seen, live) || sinceFull >= fullScanEvery {
+			if err != nil || first || dirty || left || gone(seen, live) || sinceFull >= fullScanEvery {
 				dirty = !m.takeOverOrphans(first && m.cfg.SoleOwner, live)
 				first, sinceFull = false, 0
 			}
@@ -317,21 +318,26 @@ func (m *Manager) scan() {
 }
 
 // fullScanEvery bounds the scans between two listings of every run's
-// driver: a server that came and went between two listings of the
-// heartbeats (it closed within lease/2 of starting, or this server's scan
-// took longer than a lease) is never seen to stop, and its runs wait for
-// this.
+// driver: a server that came and went unseen (it stopped within lease/2 of
+// starting without leaving, or this server's scan took longer than a
+// lease) is never seen to stop, and its runs wait for this. A server that
+// closes leaves (Store.Leave), which the next scan sees.
 const fullScanEvery = 10
 
-// liveOwners returns the other servers that beat within the lease.
-func (m *Manager) liveOwners() (map[string]bool, error) {
-	live := map[string]bool{}
-	err := m.store.Live(m.ctx, func(owner string) {
-		if owner != m.owner {
+// liveOwners returns the other servers that beat within the lease, and
+// whether another one left within it.
+func (m *Manager) liveOwners() (live map[string]bool, left bool, err error) {
+	live = map[string]bool{}
+	err = m.store.Live(m.ctx, func(owner string, gone bool) {
+		switch {
+		case owner == m.owner:
+		case gone:
+			left = true
+		default:
 			live[owner] = true
 		}
 	})
-	return live, err
+	return live, left, err
 }
 
 // gone reports whether a server in seen is not in live.

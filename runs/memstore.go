@@ -35,7 +35,8 @@ type Memory struct {
 	states      map[string][]byte // encoded: pointer-free, nothing for the GC to scan
 	owners      map[string]string
 	beats       map[string]time.Time
-	changed     chan struct{} // closed and cleared by the next append; made by a follower that waits
+	left        map[string]time.Time // when each owner left (Leave), for a lease
+	changed     chan struct{}        // closed and cleared by the next append; made by a follower that waits
 	servers     map[string]func(context.Context, *Command) (*stubbornv1.ControlState, error)
 	maxStale    time.Duration
 }
@@ -64,6 +65,7 @@ func NewMemory(lease time.Duration) *Memory {
 		states:      map[string][]byte{},
 		owners:      map[string]string{},
 		beats:       map[string]time.Time{},
+		left:        map[string]time.Time{},
 		servers:     map[string]func(context.Context, *Command) (*stubbornv1.ControlState, error){},
 	}
 }
@@ -253,6 +255,7 @@ func (s *Memory) Beat(_ context.Context, owner string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.beats[owner] = time.Now()
+	delete(s.left, owner)
 	return nil
 }
 
@@ -264,28 +267,39 @@ func (s *Memory) Alive(_ context.Context, owner string) (bool, error) {
 	return ok && time.Since(at) < s.lease, nil
 }
 
-// Live calls fn with every owner that beat within the lease.
-func (s *Memory) Live(_ context.Context, fn func(owner string)) error {
+// Live calls fn with every owner that beat, or left, within the lease.
+func (s *Memory) Live(_ context.Context, fn func(owner string, left bool)) error {
 	s.mu.Lock()
-	var live []string
+	var live, left []string
 	for owner, at := range s.beats {
 		if time.Since(at) < s.lease {
 			live = append(live, owner)
 		}
 	}
+	for owner, at := range s.left {
+		if time.Since(at) < s.lease {
+			left = append(left, owner)
+		} else {
+			delete(s.left, owner)
+		}
+	}
 	s.mu.Unlock()
 	for _, owner := range live {
-		fn(owner)
+		fn(owner, false)
+	}
+	for _, owner := range left {
+		fn(owner, true)
 	}
 	return nil
 }
 
-// Leave forgets owner's beats.
+// Leave forgets owner's beats, and says it left for a lease.
 func (s *Memory) Leave(_ context.Context, owner string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.beats, owner)
 	delete(s.servers, owner)
+	s.left[owner] = time.Now()
 	return nil
 }
 

@@ -97,3 +97,82 @@ func TestAServerThatCameAndWentUnseenIsTakenOverAtTheNextFullScan(t *testing.T) 
 	evs := watchAll(t, a, st.GetRunId(), 0)
 	assert.Contains(t, kinds(evs), "run_resumed")
 }
+
+// silent never beats: its server is never seen alive by the others.
+type silent struct{ runs.Store }
+
+func (silent) Beat(context.Context, string) error { return nil }
+
+// countingLive counts the listings of the heartbeats (one a scan).
+type countingLive struct {
+	runs.Store
+	listed atomic.Int64
+}
+
+func (c *countingLive) Live(ctx context.Context, fn func(owner string, left bool)) error {
+	c.listed.Add(1)
+	return c.Store.Live(ctx, fn)
+}
+
+// A server that closes leaves: the others take its runs over at their next
+// scan, although they never saw it beat (it closed within lease/2 of
+// starting), instead of at their next full scan ten scans later.
+func TestAServerThatLeftIsTakenOverAtTheNextScan(t *testing.T) {
+	const lease = 200 * time.Millisecond
+	store := runs.NewMemory(lease)
+	counted := &countingLive{Store: store}
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {{Hang: true}, controlstest.OK("x")}})
+	d.SetInfo("a", controls.DelegateInfo{Idempotent: true})
+	a := newManager(t, d, runs.Config{Store: counted, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+	require.Eventually(t, func() bool { return counted.listed.Load() >= 1 }, 5*time.Second, time.Millisecond, "a's first scan")
+	b, err := runs.New(runs.Config{Delegates: d, Store: silent{store}, Lease: lease, Owner: "b", Clock: controls.RealClock{}})
+	require.NoError(t, err)
+	st, err := b.Start(context.Background(), "brief", chain("a"), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
+	b.Close()
+	left := counted.listed.Load()
+	evs := watchAll(t, a, st.GetRunId(), 0)
+	assert.Contains(t, kinds(evs), "run_resumed")
+	final(t, evs)
+	assert.LessOrEqual(t, counted.listed.Load()-left, int64(3), "taken over within the scans after b left, not at the full scan")
+}
+
+// liveness lists Live as owner → "beating" or "left".
+func liveness(t *testing.T, s runs.Store) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	require.NoError(t, s.Live(ctxFor(t), func(owner string, left bool) {
+		out[owner] = map[bool]string{false: "beating", true: "left"}[left]
+	}))
+	return out
+}
+
+// Every store: a server that beats is alive and listed; once it leaves it
+// is dead at once and listed as left for a lease, then not at all.
+func TestStoresTellBeatingFromLeft(t *testing.T) {
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			const lease = time.Second // the shortest heartbeat TTL JetStream keeps
+			s := open(t, lease)()
+			ctx := ctxFor(t)
+			require.NoError(t, s.Beat(ctx, "a"))
+			require.NoError(t, s.Beat(ctx, "b"))
+			alive, err := s.Alive(ctx, "a")
+			require.NoError(t, err)
+			assert.True(t, alive)
+			assert.Equal(t, map[string]string{"a": "beating", "b": "beating"}, liveness(t, s))
+
+			require.NoError(t, s.Leave(ctx, "a"))
+			alive, err = s.Alive(ctx, "a")
+			require.NoError(t, err)
+			assert.False(t, alive, "dead once it left")
+			assert.Equal(t, map[string]string{"a": "left", "b": "beating"}, liveness(t, s))
+
+			require.Eventually(t, func() bool { return len(liveness(t, s)) == 0 }, 10*time.Second, 50*time.Millisecond,
+				"neither a beat nor a departure outlives the lease")
+			require.NoError(t, s.Beat(ctx, "a"))
+			assert.Equal(t, map[string]string{"a": "beating"}, liveness(t, s), "a server that comes back beats again")
+		})
+	}
+}

@@ -41,10 +41,14 @@ type Store interface {
 	Beat(ctx context.Context, owner string) error
 	// Alive reports whether owner has beaten within the lease time.
 	Alive(ctx context.Context, owner string) (bool, error)
-	// Leave says owner stops now: it counts as dead at once.
+	// Leave says owner stops now: it counts as dead at once, and Live
+	// reports it as left for a lease time.
 	Leave(ctx context.Context, owner string) error
-	// Live calls fn with every owner that has beaten within the lease time.
-	Live(ctx context.Context, fn func(owner string)) error
+	// Live calls fn with every owner that has beaten within the lease time
+	// (left false), and with every owner that left within it (left true):
+	// a server looking for runs to take over learns of a departure even
+	// when it never saw that owner beat.
+	Live(ctx context.Context, fn func(owner string, left bool)) error
 	// Claim records owner as the driver of a new run. ErrConflict if the
 	// run has one.
 	Claim(ctx context.Context, runID, owner string) error
