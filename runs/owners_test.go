@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -18,14 +17,7 @@ import (
 // not after the retention — so that a full takeover scan reads the live
 // runs only, however many runs finished in the last days.
 func TestReleasedOwnersLeaveNothingBehind(t *testing.T) {
-	e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
-	nc, err := nats.Connect("", nats.InProcessServer(e.Server))
-	require.NoError(t, err)
-	store, err := runs.NewJetStream(ctxFor(t), nc, runs.JetStreamConfig{Lease: time.Second}) // retention: the default 7 days
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = store.Close() })
+	store, nc := embeddedJetStream(t, runs.JetStreamConfig{Lease: time.Second}) // retention: the default 7 days
 
 	ctx := ctxFor(t)
 	for i := range 20 {

@@ -15,17 +15,25 @@ import (
 	"github.com/stubbornhq/stubborn/runs"
 )
 
-// TestExpiredRunsAreGoneWhole: past the retention a run's events, state
-// and owner entry all expire, and the run is not found anywhere.
-func TestExpiredRunsAreGoneWhole(t *testing.T) {
+// embeddedJetStream opens a JetStream store of cfg on a new embedded
+// server, and returns it with its connection.
+func embeddedJetStream(t *testing.T, cfg runs.JetStreamConfig) (*runs.JetStream, *nats.Conn) {
+	t.Helper()
 	e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 	nc, err := nats.Connect("", nats.InProcessServer(e.Server))
 	require.NoError(t, err)
-	store, err := runs.NewJetStream(ctxFor(t), nc, runs.JetStreamConfig{Retention: time.Second, Lease: time.Second})
+	store, err := runs.NewJetStream(ctxFor(t), nc, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = store.Close() })
+	return store, nc
+}
+
+// TestExpiredRunsAreGoneWhole: past the retention a run's events, state
+// and owner entry all expire, and the run is not found anywhere.
+func TestExpiredRunsAreGoneWhole(t *testing.T) {
+	store, _ := embeddedJetStream(t, runs.JetStreamConfig{Retention: time.Second, Lease: time.Second})
 
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	m := newManager(t, d, runs.Config{Store: store, Lease: time.Second, MaxFinished: 1})
