@@ -115,6 +115,17 @@ func fieldBytes(msg []byte, num protowire.Number) []byte {
 	return found
 }
 
+// checkAppend checks that evs are consecutive events of one run, as
+// Store.Append takes them.
+func checkAppend(evs []Event) error {
+	for i, ev := range evs {
+		if ev.RunID != evs[0].RunID || ev.Seq != evs[0].Seq+int64(i) {
+			return fmt.Errorf("appending to run %s: event %d of run %s does not follow event %d", evs[0].RunID, ev.Seq, ev.RunID, evs[0].Seq+int64(i)-1)
+		}
+	}
+	return nil
+}
+
 // decodeAll decodes a journal for replay.
 func decodeAll(evs []Event) ([]*stubbornv1.RunEvent, error) {
 	out := make([]*stubbornv1.RunEvent, len(evs))

@@ -3,9 +3,11 @@ package runs
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -131,10 +133,18 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		{&s.owners, ownersBucket, cfg.Retention, s.markerTTL},
 		{&s.beats, beatsBucket, cfg.Lease, 0},
 	} {
-		if *b.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		kvCfg := jetstream.KeyValueConfig{
 			Bucket: b.name, TTL: b.ttl, Storage: storage, Replicas: cfg.Replicas, History: 1,
 			LimitMarkerTTL: b.markers,
-		}); err != nil {
+		}
+		*b.kv, err = js.CreateOrUpdateKeyValue(ctx, kvCfg)
+		if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
+			// A NATS server older than 2.11: markers stay for the
+			// retention, as they did before.
+			kvCfg.LimitMarkerTTL, s.markerTTL = 0, 0
+			*b.kv, err = js.CreateOrUpdateKeyValue(ctx, kvCfg)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("bucket %s: %w", b.name, err)
 		}
 	}
@@ -147,13 +157,22 @@ func (s *JetStream) Close() error {
 	return nil
 }
 
-// Append publishes ev on its run's subject, expecting the subject's last
-// message to be the last one this store knows of.
-func (s *JetStream) Append(ctx context.Context, ev Event) error {
+// Append publishes evs on their run's subject, in one message, expecting
+// the subject's last message to be the last one this store knows of.
+func (s *JetStream) Append(ctx context.Context, evs ...Event) error {
+	if err := checkAppend(evs); err != nil || len(evs) == 0 {
+		return err
+	}
+	runID := evs[0].RunID
 	s.mu.Lock()
-	last := s.last[ev.RunID]
+	last := s.last[runID]
 	s.mu.Unlock()
-	ack, err := s.js.Publish(ctx, eventsSubject+ev.RunID, ev.Data, jetstream.WithExpectLastSequencePerSubject(last))
+	msg := &nats.Msg{Subject: eventsSubject + runID, Data: evs[0].Data}
+	if len(evs) > 1 {
+		msg.Data = packEvents(evs)
+		msg.Header = nats.Header{eventsHeader: []string{strconv.Itoa(len(evs))}}
+	}
+	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(last))
 	if err != nil {
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
@@ -163,13 +182,63 @@ func (s *JetStream) Append(ctx context.Context, ev Event) error {
 		return err
 	}
 	s.mu.Lock()
-	if ev.Finished {
-		delete(s.last, ev.RunID)
+	if evs[len(evs)-1].Finished {
+		delete(s.last, runID)
 	} else {
-		s.last[ev.RunID] = ack.Sequence
+		s.last[runID] = ack.Sequence
 	}
 	s.mu.Unlock()
 	return nil
+}
+
+// eventsHeader marks a journal message that holds several events, and
+// says how many: each is its encoding after its length (a uvarint). A
+// message without it is the encoding of one event.
+const eventsHeader = "Stubborn-Events"
+
+// packEvents lays evs out as a message with eventsHeader holds them.
+func packEvents(evs []Event) []byte {
+	n := 0
+	for _, ev := range evs {
+		n += binary.MaxVarintLen64 + len(ev.Data)
+	}
+	b := make([]byte, 0, n)
+	for _, ev := range evs {
+		b = binary.AppendUvarint(b, uint64(len(ev.Data)))
+		b = append(b, ev.Data...)
+	}
+	return b
+}
+
+// unpackEvents decodes a journal message: one event, or as many as its
+// eventsHeader says.
+func unpackEvents(data []byte, h nats.Header) ([]Event, error) {
+	count := h.Get(eventsHeader)
+	if count == "" {
+		ev, _, err := DecodeEvent(data)
+		return []Event{ev}, err
+	}
+	n, err := strconv.Atoi(count)
+	if err != nil || n < 1 || n > len(data) {
+		return nil, fmt.Errorf("journal message: bad %s header %q", eventsHeader, count)
+	}
+	evs := make([]Event, 0, n)
+	for len(data) > 0 {
+		size, k := binary.Uvarint(data)
+		if k <= 0 || size > uint64(len(data)-k) {
+			return nil, errors.New("journal message: truncated event")
+		}
+		ev, _, err := DecodeEvent(data[k : k+int(size) : k+int(size)])
+		if err != nil {
+			return nil, err
+		}
+		evs = append(evs, ev)
+		data = data[k+int(size):]
+	}
+	if len(evs) != n {
+		return nil, fmt.Errorf("journal message: %d events, its header says %d", len(evs), n)
+	}
+	return evs, nil
 }
 
 // Events reads the run's events after seq after and remembers where its
@@ -184,9 +253,11 @@ func (s *JetStream) Events(ctx context.Context, runID string, after int64) ([]Ev
 		return nil, err
 	}
 	var out []Event
-	err = s.read(ctx, runID, func(ev Event, seq uint64) (bool, error) {
-		if ev.Seq > after {
-			out = append(out, ev)
+	err = s.read(ctx, runID, func(evs []Event, seq uint64) (bool, error) {
+		for _, ev := range evs {
+			if ev.Seq > after {
+				out = append(out, ev)
+			}
 		}
 		return seq < lastMsg.Sequence, nil
 	})
@@ -199,9 +270,9 @@ func (s *JetStream) Events(ctx context.Context, runID string, after int64) ([]Ev
 	return out, nil
 }
 
-// read delivers the run's events in order, with their stream sequences,
-// while fn returns true.
-func (s *JetStream) read(ctx context.Context, runID string, fn func(ev Event, seq uint64) (bool, error)) error {
+// read delivers the run's journal messages in order, each as its events
+// with its stream sequence, while fn returns true.
+func (s *JetStream) read(ctx context.Context, runID string, fn func(evs []Event, seq uint64) (bool, error)) error {
 	cons, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{eventsSubject + runID},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
@@ -224,7 +295,7 @@ func (s *JetStream) read(ctx context.Context, runID string, fn func(ev Event, se
 			}
 			return err
 		}
-		ev, _, err := DecodeEvent(msg.Data())
+		evs, err := unpackEvents(msg.Data(), msg.Headers())
 		if err != nil {
 			return fmt.Errorf("run %s: %w", runID, err)
 		}
@@ -232,7 +303,7 @@ func (s *JetStream) read(ctx context.Context, runID string, fn func(ev Event, se
 		if err != nil {
 			return err
 		}
-		more, err := fn(ev, meta.Sequence.Stream)
+		more, err := fn(evs, meta.Sequence.Stream)
 		if err != nil || !more {
 			return err
 		}
@@ -243,15 +314,17 @@ func (s *JetStream) read(ctx context.Context, runID string, fn func(ev Event, se
 // run_finished.
 func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn func(Event) error) error {
 	finished := errors.New("finished")
-	err := s.read(ctx, runID, func(ev Event, _ uint64) (bool, error) {
-		if ev.Seq <= after {
-			return true, nil
-		}
-		if err := fn(ev); err != nil {
-			return false, err
-		}
-		if ev.Finished {
-			return false, finished
+	err := s.read(ctx, runID, func(evs []Event, _ uint64) (bool, error) {
+		for _, ev := range evs {
+			if ev.Seq <= after {
+				continue
+			}
+			if err := fn(ev); err != nil {
+				return false, err
+			}
+			if ev.Finished {
+				return false, finished
+			}
 		}
 		return true, nil
 	})
@@ -387,8 +460,12 @@ func (s *JetStream) TakeOver(ctx context.Context, runID, from, owner string) err
 	return nil
 }
 
-// Release deletes the run's owner key; its marker expires after markerTTL.
+// Release deletes the run's owner key; its marker expires after markerTTL
+// (0: after the retention).
 func (s *JetStream) Release(ctx context.Context, runID string) error {
+	if s.markerTTL == 0 {
+		return s.owners.Purge(ctx, runID)
+	}
 	return s.owners.Purge(ctx, runID, jetstream.PurgeTTL(s.markerTTL))
 }
 
@@ -400,8 +477,9 @@ type commandReply struct {
 	NotReady bool   `json:"not_awaiting,omitempty"`
 }
 
-// Serve answers commands sent to owner until ctx ends.
-func (s *JetStream) Serve(ctx context.Context, owner string, handle func(context.Context, *Command) (*stubbornv1.ControlState, error)) error {
+// Serve answers commands sent to owner until stop, once the NATS server
+// has the subscription.
+func (s *JetStream) Serve(ctx context.Context, owner string, handle func(context.Context, *Command) (*stubbornv1.ControlState, error)) (func(), error) {
 	sub, err := s.nc.Subscribe(commandSubject+owner, func(msg *nats.Msg) {
 		go func() {
 			var cmd Command
@@ -426,10 +504,15 @@ func (s *JetStream) Serve(ctx context.Context, owner string, handle func(context
 		}()
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	<-ctx.Done()
-	return sub.Unsubscribe()
+	fctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	if err := s.nc.FlushWithContext(fctx); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
 }
 
 // Send asks owner to carry out cmd and waits for its answer.

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -140,7 +141,12 @@ type Manager struct {
 	ctx    context.Context // parent of every run and loop; cancelled by Close
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup // runs
-	loops  sync.WaitGroup // heartbeat, takeover scan, command server
+	loops  sync.WaitGroup // takeover scan
+	// stopBeats ends the heartbeat loop, beating its wait group.
+	stopBeats context.CancelFunc
+	beating   sync.WaitGroup
+	// stopServing ends the answering of commands (Store.Serve).
+	stopServing func()
 	// workers run the runs' drive (workers.go).
 	workers *workers
 	paused  atomic.Bool  // heartbeats paused (tests simulate a frozen server)
@@ -189,15 +195,19 @@ func New(cfg Config) (*Manager, error) {
 		cancel(err)
 		return nil, fmt.Errorf("runs store: %w", err)
 	}
-	m.loops.Add(3)
-	go m.beat()
+	// Commands reach this server from the moment it may start a run.
+	stop, err := m.store.Serve(ctx, m.owner, m.handle)
+	if err != nil {
+		cancel(err)
+		return nil, fmt.Errorf("runs store: serving commands: %w", err)
+	}
+	m.stopServing = stop
+	beatCtx, stopBeats := context.WithCancel(ctx)
+	m.stopBeats = stopBeats
+	m.beating.Add(1)
+	go m.beat(beatCtx)
+	m.loops.Add(1)
 	go m.scan()
-	go func() {
-		defer m.loops.Done()
-		if err := m.store.Serve(ctx, m.owner, m.handle); err != nil && ctx.Err() == nil {
-			m.log.Error("serving commands stopped", "err", err)
-		}
-	}()
 	return m, nil
 }
 
@@ -216,6 +226,10 @@ func (m *Manager) Owner() string { return m.owner }
 // by another server, or by the next start on the same store.
 func (m *Manager) Close() {
 	m.stopRuns(!m.cfg.CancelOnClose)
+	// No beat after Leave's: it would make this server look alive for
+	// another lease.
+	m.stopBeats()
+	m.beating.Wait()
 	if !m.cfg.CancelOnClose {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := m.store.Leave(ctx, m.owner); err != nil {
@@ -223,6 +237,7 @@ func (m *Manager) Close() {
 		}
 		cancel()
 	}
+	m.stopServing()
 	m.cancel(errShutdown)
 	m.loops.Wait()
 	m.workers.stop()
@@ -254,26 +269,30 @@ func (m *Manager) stopRuns(abandon bool) {
 func (m *Manager) Kill() {
 	m.paused.Store(true)
 	m.stopRuns(true)
+	m.stopBeats()
+	m.beating.Wait()
+	m.stopServing()
 	m.cancel(errShutdown)
 	m.loops.Wait()
 	m.workers.stop()
 }
 
-// beat tells the store this server is alive, three times a lease.
-func (m *Manager) beat() {
-	defer m.loops.Done()
+// beat tells the store this server is alive, three times a lease, until
+// ctx ends.
+func (m *Manager) beat(ctx context.Context) {
+	defer m.beating.Done()
 	t := time.NewTicker(m.cfg.Lease / 3)
 	defer t.Stop()
 	for {
 		select {
-		case <-m.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
 		if m.paused.Load() {
 			continue
 		}
-		if err := m.store.Beat(m.ctx, m.owner); err != nil && m.ctx.Err() == nil {
+		if err := m.store.Beat(ctx, m.owner); err != nil && ctx.Err() == nil {
 			m.log.Warn("heartbeat failed", "err", err)
 		}
 	}
@@ -444,7 +463,8 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 	// The run is accepted once its state is saved and it has a driver: a
 	// server that takes it over then (this one stalled past its lease, or
 	// stopped) resumes it from that state, and its first write fences this
-	// one out. run_started is recorded before Start returns.
+	// one out. run_started is recorded before Start returns, and written
+	// with the events that follow it, before the run's first call (record).
 	data, err := proto.Marshal(state)
 	if err == nil {
 		err = m.store.PutState(ctx, id, data)
@@ -460,7 +480,8 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 	tr := m.track(r, state, nil)
 	tr.Start()
 	if err := r.lostBecause(); err != nil && !errors.Is(err, ErrConflict) {
-		// The store failed: the caller is told, and the run is marked
+		// run_started could not be encoded (its writing comes later, in
+		// drive): the caller is told, and the run is marked
 		// failed and let go of, as far as the store still answers.
 		m.unstart(r, state, err)
 		return nil, fmt.Errorf("recording the run: %w", err)
@@ -634,6 +655,9 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		// waiting, its parking is set, and may be woken before this drive
 		// has returned (it writes nothing more).
 		tr.ParkWaits(m.cfg.ParkAfter, func(until time.Time, decision bool) {
+			// Woken, the run replays its journal in memory: it must
+			// have every event recorded so far.
+			r.flush()
 			m.park(r, &parking{ctx: runCtx, tracker: tr, decision: decision}, until)
 		})
 	}
@@ -660,7 +684,7 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 	// never changes once it is accepted: no need for a copy of the state.
 	snapshot := constantPart(state)
 	env := &controls.Env{
-		Delegates: m.cfg.Delegates,
+		Delegates: flushing{m.cfg.Delegates, r},
 		Presets:   m.cfg.Presets,
 		Budgets:   m.cfg.Budgets,
 		Tracker:   tr,
@@ -1286,27 +1310,35 @@ type run struct {
 	lostErr    error // why, when a write failed
 	lastStatus stubbornv1.RunStatus
 	ended      chan struct{} // closed once the run has ended here
+	// pending are the events recorded and not yet written (record), with
+	// the state to save after them when their status changed; writing
+	// counts those a flush is writing.
+	pending      []Event
+	pendingState []byte
+	writing      int
+	flushMu      sync.Mutex // one flush at a time
 }
 
 // record is the tracker's recorder: it numbers the event and encodes it,
-// once, for the store, the journal in memory and every watcher; writes it
-// to the store (fenced: a write after another server took the run over
-// fails); saves the state when the status changed; journals the event and
-// wakes the watchers. ev and st are the tracker's: read during the call
-// only, as the Observer does.
-//
-// Each store bounds its own calls (JetStream's have the client's default
-// timeout), so record makes no context of its own for them.
+// once, for the store, the journal in memory and every watcher, and keeps
+// it pending, with the state when the status changed, until flush writes
+// what is pending in one store write. An event that makes the run wait for
+// time or for a person, and the run's last, are flushed at once; the
+// others go with the next of those, or before the run's next delegate call
+// (flushing). So a call is made only once its attempt_started is durable,
+// a watcher sees an event only once it is, and a one-attempt run writes
+// its four events in two. ev and st are the tracker's: read during the
+// call only, as the Observer does.
 func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 	// The tracker calls record under its own lock, one event at a time, so
-	// r.mu is taken only to read and to publish: the watchers' since never
-	// waits for the store's I/O (a JetStream round trip).
+	// r.mu is taken only to number and to keep the event: the watchers'
+	// since never waits for the store's I/O (flush does it unlocked).
 	r.mu.Lock()
 	if r.lost || r.done {
 		r.mu.Unlock()
 		return
 	}
-	seq := int64(len(r.events)) + 1
+	seq := int64(len(r.events)+r.writing+len(r.pending)) + 1
 	lastStatus := r.lastStatus
 	r.mu.Unlock()
 
@@ -1320,49 +1352,113 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		r.lose(err, err)
 		return
 	}
-	if err := r.store.Append(context.Background(), enc); err != nil {
-		r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
-		r.lose(err, errLost)
-		return
-	}
+	var state []byte
 	status := st.GetStatus()
 	if enc.Finished || status != lastStatus {
 		// run_started and run_finished carry the state: their encoding
 		// has the state's.
-		data := enc.state()
-		if data == nil {
-			data, err = proto.Marshal(st)
-		}
-		if err == nil {
-			err = r.store.PutState(context.Background(), r.id, data)
-		}
-		if err != nil {
-			r.log.Warn("saving run state", "run_id", r.id, "err", err)
+		if state = enc.state(); state == nil {
+			if state, err = proto.Marshal(st); err != nil {
+				r.log.Warn("saving run state", "run_id", r.id, "err", err)
+			}
 		}
 	}
 
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.lastStatus = status
 	if r.lost {
-		return // abandoned meanwhile: the event is in the store, which its watchers follow now
+		r.mu.Unlock()
+		return
 	}
-	if r.events == nil {
-		r.events = make([]Event, 0, journalCap)
+	r.pending = append(r.pending, enc)
+	if state != nil {
+		r.pendingState = state
 	}
-	r.events = append(r.events, enc)
-	if enc.Finished {
-		r.done = true
-		r.tracker = nil
-		close(r.ended)
-	}
-	r.wakeLocked()
+	r.lastStatus = status
 	if r.observe != nil {
 		r.observe(ev)
 		if enc.Finished {
 			r.observe = nil
 		}
 	}
+	r.mu.Unlock()
+	switch ev.GetKind().(type) {
+	case *stubbornv1.RunEvent_BackoffScheduled, *stubbornv1.RunEvent_DecisionRequested,
+		*stubbornv1.RunEvent_DecisionReceived, *stubbornv1.RunEvent_RunFinished:
+		// The run waits now, a caller waits for the decision to be
+		// taken, or the run is over.
+		r.flush()
+	}
+}
+
+// flush writes the run's pending events to the store in one write (fenced:
+// a write after another server took the run over fails), saves the state
+// when their status changed, journals them and wakes the watchers. One
+// flush at a time, in order; one that finds nothing pending returns once
+// the flush before it has written.
+//
+// Each store bounds its own calls (JetStream's have the client's default
+// timeout), so flush makes no context of its own for them.
+func (r *run) flush() {
+	r.flushMu.Lock()
+	defer r.flushMu.Unlock()
+	r.mu.Lock()
+	evs, state := r.pending, r.pendingState
+	r.pending, r.pendingState = nil, nil
+	r.writing = len(evs)
+	if r.lost || len(evs) == 0 {
+		r.writing = 0
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Unlock()
+
+	if err := r.store.Append(context.Background(), evs...); err != nil {
+		r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
+		r.lose(err, errLost)
+		return
+	}
+	if state != nil {
+		if err := r.store.PutState(context.Background(), r.id, state); err != nil {
+			r.log.Warn("saving run state", "run_id", r.id, "err", err)
+		}
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.writing = 0
+	if r.lost {
+		return // abandoned meanwhile: the events are in the store, which its watchers follow now
+	}
+	if r.events == nil {
+		r.events = make([]Event, 0, journalCap)
+	}
+	r.events = append(r.events, evs...)
+	if evs[len(evs)-1].Finished {
+		r.done = true
+		r.tracker = nil
+		close(r.ended)
+	}
+	r.wakeLocked()
+}
+
+// flushing is the Delegates of a run's controls: each call is made once
+// the events before it are written (run.flush).
+type flushing struct {
+	controls.Delegates
+	r *run
+}
+
+func (f flushing) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+	f.r.flush()
+	if f.r.isLost() {
+		// The write failed: the run's context ends (lose), and nothing is
+		// sent on its behalf.
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return nil, &controls.CallError{Code: codes.Aborted, Message: "not sent: " + errLost.Error(), NotSent: true}
+	}
+	return f.Delegates.Call(ctx, c)
 }
 
 // replaying says the run's tracker is about to replay its journal: until

@@ -96,7 +96,7 @@ func TestWatchersSeeTheSameDenseSequence(t *testing.T) {
 	m := newManager(t, d, runs.Config{})
 	st, err := m.Start(context.Background(), "brief", chain("a", "b"), nil)
 	require.NoError(t, err)
-	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, st.GetStatus(), "run_started is recorded before Start returns")
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, st.GetStatus(), "a run is accepted RUNNING")
 	assert.Equal(t, st.GetRunId(), st.GetOptions().GetIdempotencyKey(), "the run id is the default idempotency key")
 
 	const watchers = 50

@@ -70,17 +70,21 @@ func NewMemory(lease time.Duration) *Memory {
 	}
 }
 
-// Append records ev if it is the next event of its run.
-func (s *Memory) Append(_ context.Context, ev Event) error {
+// Append records evs if they are the next events of their run.
+func (s *Memory) Append(_ context.Context, add ...Event) error {
+	if err := checkAppend(add); err != nil || len(add) == 0 {
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	evs := s.events[ev.RunID]
-	if ev.Seq != int64(len(evs))+1 {
-		return fmt.Errorf("%w: event %d of run %s, journal has %d", ErrConflict, ev.Seq, ev.RunID, len(evs))
+	first, ev := add[0], add[len(add)-1]
+	evs := s.events[first.RunID]
+	if first.Seq != int64(len(evs))+1 {
+		return fmt.Errorf("%w: event %d of run %s, journal has %d", ErrConflict, first.Seq, first.RunID, len(evs))
 	}
 	// An event's encoding is never changed once recorded, so the store
 	// keeps and hands out the recorder's own, without copying.
-	s.events[ev.RunID] = append(evs, ev)
+	s.events[first.RunID] = append(evs, add...)
 	if ev.Finished {
 		s.finished = append(s.finished, finishedRun{ev.RunID, s.clock()})
 		s.pruneLocked()
@@ -349,16 +353,16 @@ func (s *Memory) Release(_ context.Context, runID string) error {
 	return nil
 }
 
-// Serve registers owner's command handler until ctx ends.
-func (s *Memory) Serve(ctx context.Context, owner string, handle func(context.Context, *Command) (*stubbornv1.ControlState, error)) error {
+// Serve registers owner's command handler until stop.
+func (s *Memory) Serve(ctx context.Context, owner string, handle func(context.Context, *Command) (*stubbornv1.ControlState, error)) (func(), error) {
 	s.mu.Lock()
 	s.servers[owner] = handle
 	s.mu.Unlock()
-	<-ctx.Done()
-	s.mu.Lock()
-	delete(s.servers, owner)
-	s.mu.Unlock()
-	return nil
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.servers, owner)
+	}, nil
 }
 
 // Send calls owner's command handler.

@@ -12,12 +12,13 @@ import (
 // alive. The Manager is the same over every Store; JetStream is the
 // production one, Memory serves tests and the -store memory flag.
 type Store interface {
-	// Append records ev as event number ev.Seq of run ev.RunID. It fails with
+	// Append records evs, consecutive events of one run in seq order (at
+	// least one), as one write: all of them or none. It fails with
 	// ErrConflict when the run's journal does not end where this store's
 	// view of it does — another owner has written since — so a server that
-	// lost a run can never write to it. ev.Data is never changed: a store
-	// may keep it.
-	Append(ctx context.Context, ev Event) error
+	// lost a run can never write to it. The events' Data is never changed:
+	// a store may keep it.
+	Append(ctx context.Context, evs ...Event) error
 	// Events returns the run's events with seq > after, in order, and makes
 	// this store's view of the journal current (see Append).
 	Events(ctx context.Context, runID string, after int64) ([]Event, error)
@@ -61,8 +62,9 @@ type Store interface {
 	Release(ctx context.Context, runID string) error
 
 	// Serve answers commands (cancel, decide) sent to owner's runs by other
-	// servers, with handle, until ctx ends.
-	Serve(ctx context.Context, owner string, handle func(context.Context, *Command) (*stubbornv1.ControlState, error)) error
+	// servers, with handle, until stop is called; ctx is the parent of
+	// handle's contexts. When it returns, commands sent reach handle.
+	Serve(ctx context.Context, owner string, handle func(context.Context, *Command) (*stubbornv1.ControlState, error)) (stop func(), err error)
 	// Send delivers a command to the server that drives cmd.RunId.
 	Send(ctx context.Context, owner string, cmd *Command) (*stubbornv1.ControlState, error)
 

@@ -424,8 +424,9 @@ func (g *claimThenGate) Claim(ctx context.Context, runID, owner string) error {
 
 // TestAStarterThatStallsPastItsLeaseIsFencedOut: a server that stalls after
 // claiming a new run, for longer than its lease, finds the run taken over
-// when it wakes: its run_started is refused, it still reports the run
-// accepted, and it neither drives the run nor lets go of the new driver's
+// when it wakes: it still reports the run accepted, its first write (the
+// run's first events, before its first call) is refused, and it neither
+// calls the delegate, nor drives the run, nor lets go of the new driver's
 // claim.
 func TestAStarterThatStallsPastItsLeaseIsFencedOut(t *testing.T) {
 	const lease = 300 * time.Millisecond
@@ -446,7 +447,8 @@ func TestAStarterThatStallsPastItsLeaseIsFencedOut(t *testing.T) {
 	require.Eventually(t, func() bool { return g.called("x") == 1 }, 10*time.Second, time.Millisecond, "next took the run over and called the delegate")
 	close(gate.release)
 	require.NoError(t, <-res, "the run is accepted: another server drives it")
-	assert.False(t, stalled.Owns(id))
+	require.Eventually(t, func() bool { return !stalled.Owns(id) }, 10*time.Second, time.Millisecond, "the stalled server let the run go")
+	assert.Equal(t, 1, g.called("x"), "only the new driver called the delegate")
 
 	owner := ""
 	require.NoError(t, store.Owners(ctxFor(t), func(runID, o string) bool {

@@ -1,0 +1,161 @@
+package runs_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// countingAppends records how many events each store write held.
+type countingAppends struct {
+	runs.Store
+	mu      sync.Mutex
+	batches []int
+}
+
+func (c *countingAppends) Append(ctx context.Context, evs ...runs.Event) error {
+	c.mu.Lock()
+	c.batches = append(c.batches, len(evs))
+	c.mu.Unlock()
+	return c.Store.Append(ctx, evs...)
+}
+
+func (c *countingAppends) writes() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]int(nil), c.batches...)
+}
+
+// durableFirst is a delegate that, when called, reads the run's journal
+// from the store: the attempt it is called for must be its last event.
+type durableFirst struct {
+	store runs.Store
+	fail  int32 // attempts up to this one fail UNAVAILABLE
+	mu    sync.Mutex
+	seen  []string
+}
+
+func (d *durableFirst) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+	var id string
+	if err := d.store.States(ctx, func(st *stubbornv1.ControlState) bool { id = st.GetRunId(); return false }); err != nil {
+		return nil, err
+	}
+	evs, err := d.store.Events(ctx, id, 0)
+	if err != nil {
+		return nil, err
+	}
+	last := "nothing"
+	if n := len(evs); n > 0 {
+		ev, err := evs[n-1].Decode()
+		if err != nil {
+			return nil, err
+		}
+		last = fmt.Sprintf("%s %d", controlstest.Kind(ev), ev.GetAttemptStarted().GetAttempt().GetNumber())
+	}
+	d.mu.Lock()
+	d.seen = append(d.seen, fmt.Sprintf("call %d: %s", c.Attempt, last))
+	d.mu.Unlock()
+	if c.Attempt <= d.fail {
+		return nil, &controls.CallError{Code: codes.Unavailable, Message: "busy"}
+	}
+	return &stubbornv1.Result{Text: "ok"}, nil
+}
+func (d *durableFirst) Info(string) controls.DelegateInfo {
+	return controls.DelegateInfo{Idempotent: true}
+}
+func (d *durableFirst) Serving(context.Context, string) bool { return true }
+
+// TestEventsAreWrittenTogetherAndBeforeEachCall: the events a run records
+// between two waits or calls are written to the store in one write; every
+// delegate call is made once its attempt_started is in the store; and a
+// watcher, or a reader of the store from any event on, sees each event
+// once, in order.
+func TestEventsAreWrittenTogetherAndBeforeEachCall(t *testing.T) {
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			counted := &countingAppends{Store: open(t, time.Second)()}
+			d := &durableFirst{store: counted, fail: 2}
+			m := newManager(t, d, runs.Config{Store: counted, Lease: time.Second})
+			st, err := m.Start(context.Background(), "brief", retrySpec(3), nil)
+			require.NoError(t, err)
+			evs := watchAll(t, m, st.GetRunId(), 0)
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, evs).GetStatus())
+
+			assert.Equal(t, []string{"call 1: attempt_started 1", "call 2: attempt_started 2", "call 3: attempt_started 3"}, d.seen)
+			// run_started+attempt_started; attempt_finished+failure_analyzed
+			// +backoff_scheduled (twice); attempt_started; attempt_finished
+			// +run_finished.
+			assert.Equal(t, []int{2, 3, 1, 3, 1, 2}, counted.writes(), "events per store write")
+			assert.Equal(t, []string{
+				"run_started", "attempt_started", "attempt_finished", "failure_analyzed", "backoff_scheduled",
+				"attempt_started", "attempt_finished", "failure_analyzed", "backoff_scheduled",
+				"attempt_started", "attempt_finished", "run_finished",
+			}, kinds(evs))
+
+			for after := range int64(len(evs)) {
+				recorded, err := counted.Events(ctxFor(t), st.GetRunId(), after)
+				require.NoError(t, err)
+				stored := decodeAll(t, recorded)
+				require.Len(t, stored, len(evs)-int(after), "Events after %d", after)
+				var followed []*stubbornv1.RunEvent
+				require.NoError(t, counted.Follow(ctxFor(t), st.GetRunId(), after, decoding(func(ev *stubbornv1.RunEvent) error {
+					followed = append(followed, ev)
+					return nil
+				})))
+				require.Len(t, followed, len(evs)-int(after), "Follow after %d", after)
+				for i := range followed {
+					assert.Equal(t, after+int64(i)+1, stored[i].GetSeq())
+					assert.Equal(t, after+int64(i)+1, followed[i].GetSeq())
+				}
+			}
+		})
+	}
+}
+
+// slowDecisions takes its time to write a decision.
+type slowDecisions struct{ runs.Store }
+
+func (s slowDecisions) Append(ctx context.Context, evs ...runs.Event) error {
+	for _, e := range evs {
+		if ev, err := e.Decode(); err == nil && ev.GetDecisionReceived() != nil {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return s.Store.Append(ctx, evs...)
+}
+
+// TestADecisionIsWrittenBeforeDecideReturns: a decision taken is in the
+// store when DecideRun answers, so a crash right after cannot lose it.
+func TestADecisionIsWrittenBeforeDecideReturns(t *testing.T) {
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			store := slowDecisions{open(t, time.Second)()}
+			g := newGated(controls.DelegateInfo{Idempotent: true})
+			m := newManager(t, g, runs.Config{Store: store, Lease: time.Second})
+			ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
+			st, err := m.Start(context.Background(), "z", ask, nil)
+			require.NoError(t, err)
+			g.answer("z", controlstest.Fail(codes.Unavailable, "busy"))
+			require.Eventually(t, func() bool {
+				got, err := m.Get(context.Background(), st.GetRunId())
+				return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
+			}, 5*time.Second, time.Millisecond)
+			_, err = m.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+			require.NoError(t, err)
+			recorded, err := store.Events(ctxFor(t), st.GetRunId(), 0)
+			require.NoError(t, err)
+			assert.Contains(t, kinds(decodeAll(t, recorded)), "decision_received")
+		})
+	}
+}
