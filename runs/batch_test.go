@@ -159,3 +159,66 @@ func TestADecisionIsWrittenBeforeDecideReturns(t *testing.T) {
 		})
 	}
 }
+
+// countingStates counts the state writes.
+type countingStates struct {
+	runs.Store
+	mu   sync.Mutex
+	puts int
+}
+
+func (c *countingStates) PutState(ctx context.Context, runID string, state []byte) error {
+	c.mu.Lock()
+	c.puts++
+	c.mu.Unlock()
+	return c.Store.PutState(ctx, runID, state)
+}
+
+// TestTheClaimCarriesTheFirstState: a run is accepted with one write, its
+// claim, which carries its state: every server reads and lists the run from
+// then on, also after another server took it over, and a run that succeeds
+// at once saves its state once more, at the end.
+func TestTheClaimCarriesTheFirstState(t *testing.T) {
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			const lease = 300 * time.Millisecond
+			shared := open(t, lease)
+			counted := &countingStates{Store: shared()}
+			g := newGated(controls.DelegateInfo{Idempotent: true})
+			a, err := runs.New(runs.Config{Delegates: g, Store: counted, Lease: lease, Owner: "a"})
+			require.NoError(t, err)
+			t.Cleanup(a.Close)
+			st, err := a.Start(context.Background(), "x", retrySpec(2), nil)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return g.called("x") == 1 }, 5*time.Second, time.Millisecond)
+
+			other := shared()
+			got, err := other.State(ctxFor(t), st.GetRunId())
+			require.NoError(t, err)
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, got.GetStatus())
+			assert.Equal(t, "x", got.GetTaskBrief())
+			listed := 0
+			require.NoError(t, other.States(ctxFor(t), func(s *stubbornv1.ControlState) bool {
+				if s.GetRunId() == st.GetRunId() {
+					listed++
+				}
+				return true
+			}))
+			assert.Equal(t, 1, listed, "listed once")
+			assert.Zero(t, counted.puts, "no state write but the claim's")
+
+			a.Kill()
+			b := newManager(t, g, runs.Config{Store: other, Lease: lease, Owner: "b"})
+			require.Eventually(t, func() bool { return b.Owns(st.GetRunId()) }, 10*time.Second, 5*time.Millisecond, "b took the run over")
+			got, err = other.State(ctxFor(t), st.GetRunId())
+			require.NoError(t, err, "the state survives the takeover")
+			assert.Equal(t, "x", got.GetTaskBrief())
+			g.answer("x", controlstest.OK("fine"))
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, b, st.GetRunId(), 0)).GetStatus())
+			require.Eventually(t, func() bool {
+				got, err := other.State(ctxFor(t), st.GetRunId())
+				return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED
+			}, 5*time.Second, 5*time.Millisecond, "the final state is saved")
+		})
+	}
+}

@@ -340,31 +340,94 @@ func (s *JetStream) PutState(ctx context.Context, runID string, state []byte) er
 	return err
 }
 
-// State returns a snapshot.
+// State returns a snapshot: the last one saved, else the one the run's
+// claim carries.
 func (s *JetStream) State(ctx context.Context, runID string) (*stubbornv1.ControlState, error) {
 	if !validKey(runID) {
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
 	}
-	e, err := s.states.Get(ctx, runID)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
+	for i := range 2 {
+		e, err := s.states.Get(ctx, runID)
+		if err == nil {
+			return decodeState(e.Value())
+		}
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, err
+		}
+		if i == 1 {
+			break
+		}
+		o, err := s.owners.Get(ctx, runID)
+		if err == nil {
+			if _, state := parseOwnerEntry(o.Value()); len(state) > 0 {
+				return decodeState(state)
+			}
+			break
+		}
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, err
+		}
+		// No claim: the run may have finished (saved, then released)
+		// between the two reads. Read the saved state again.
 	}
-	if err != nil {
-		return nil, err
-	}
-	st := &stubbornv1.ControlState{}
-	return st, proto.Unmarshal(e.Value(), st)
+	return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
 }
 
-// States calls fn with every snapshot.
+// States calls fn with every snapshot: the saved ones, then those of the
+// runs whose only state is their claim's.
 func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState) bool) error {
-	return eachEntry(ctx, s.states, func(e jetstream.KeyValueEntry) (bool, error) {
-		st := &stubbornv1.ControlState{}
-		if err := proto.Unmarshal(e.Value(), st); err != nil {
+	seen := map[string]bool{}
+	stopped := false
+	err := eachEntry(ctx, s.states, func(e jetstream.KeyValueEntry) (bool, error) {
+		st, err := decodeState(e.Value())
+		if err != nil {
+			return false, err
+		}
+		seen[e.Key()] = true
+		stopped = !fn(st)
+		return !stopped, nil
+	})
+	if err != nil || stopped {
+		return err
+	}
+	return eachEntry(ctx, s.owners, func(e jetstream.KeyValueEntry) (bool, error) {
+		_, state := parseOwnerEntry(e.Value())
+		if len(state) == 0 || seen[e.Key()] {
+			return true, nil
+		}
+		st, err := decodeState(state)
+		if err != nil {
 			return false, err
 		}
 		return fn(st), nil
 	})
+}
+
+// An owners entry is the driver's name after ownerMark and its length (a
+// uvarint), followed by the run's state as it was claimed. An entry that
+// does not start with ownerMark is a name alone (an older server's).
+const ownerMark = 0
+
+// ownerEntry encodes an owners entry.
+func ownerEntry(owner string, state []byte) []byte {
+	b := make([]byte, 0, 1+binary.MaxVarintLen64+len(owner)+len(state))
+	b = append(b, ownerMark)
+	b = binary.AppendUvarint(b, uint64(len(owner)))
+	b = append(b, owner...)
+	return append(b, state...)
+}
+
+// parseOwnerEntry decodes an owners entry.
+func parseOwnerEntry(v []byte) (owner string, state []byte) {
+	if len(v) == 0 || v[0] != ownerMark {
+		return string(v), nil
+	}
+	n, k := binary.Uvarint(v[1:])
+	if k <= 0 || n > uint64(len(v)-1-k) {
+		return "", nil
+	}
+	rest := v[1+k:]
+	return string(rest[:n]), rest[n:]
 }
 
 // eachEntry calls fn with every current entry of kv until fn returns false.
@@ -428,9 +491,9 @@ func (s *JetStream) Leave(ctx context.Context, owner string) error {
 	return err
 }
 
-// Claim creates the run's owner key.
-func (s *JetStream) Claim(ctx context.Context, runID, owner string) error {
-	_, err := s.owners.Create(ctx, runID, []byte(owner))
+// Claim creates the run's owner key, with its state.
+func (s *JetStream) Claim(ctx context.Context, runID, owner string, state []byte) error {
+	_, err := s.owners.Create(ctx, runID, ownerEntry(owner, state))
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return fmt.Errorf("%w: run %s already has a driver", ErrConflict, runID)
 	}
@@ -440,7 +503,8 @@ func (s *JetStream) Claim(ctx context.Context, runID, owner string) error {
 // Owners calls fn with every run that has a driver.
 func (s *JetStream) Owners(ctx context.Context, fn func(runID, owner string) bool) error {
 	return eachEntry(ctx, s.owners, func(e jetstream.KeyValueEntry) (bool, error) {
-		return fn(e.Key(), string(e.Value())), nil
+		owner, _ := parseOwnerEntry(e.Value())
+		return fn(e.Key(), owner), nil
 	})
 }
 
@@ -451,10 +515,11 @@ func (s *JetStream) TakeOver(ctx context.Context, runID, from, owner string) err
 	if err != nil {
 		return err
 	}
-	if string(e.Value()) != from {
-		return fmt.Errorf("%w: run %s is driven by %q", ErrConflict, runID, e.Value())
+	was, state := parseOwnerEntry(e.Value())
+	if was != from {
+		return fmt.Errorf("%w: run %s is driven by %q", ErrConflict, runID, was)
 	}
-	if _, err := s.owners.Update(ctx, runID, []byte(owner), e.Revision()); err != nil {
+	if _, err := s.owners.Update(ctx, runID, ownerEntry(owner, state), e.Revision()); err != nil {
 		return fmt.Errorf("%w: %v", ErrConflict, err)
 	}
 	return nil

@@ -460,17 +460,15 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 	if m.cfg.Observer != nil {
 		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, ctx, state, false)
 	}
-	// The run is accepted once its state is saved and it has a driver: a
-	// server that takes it over then (this one stalled past its lease, or
-	// stopped) resumes it from that state, and its first write fences this
-	// one out. run_started is recorded before Start returns, and written
-	// with the events that follow it, before the run's first call (record).
+	// The run is accepted once it has a driver and its state is saved, in
+	// one write (the claim carries the state): a server that takes it over
+	// then (this one stalled past its lease, or stopped) resumes it from
+	// that state, and its first write fences this one out. run_started is
+	// recorded before Start returns, and written with the events that
+	// follow it, before the run's first call (record).
 	data, err := proto.Marshal(state)
 	if err == nil {
-		err = m.store.PutState(ctx, id, data)
-	}
-	if err == nil {
-		err = m.store.Claim(ctx, id, m.owner)
+		err = m.store.Claim(ctx, id, m.owner, data)
 	}
 	if err != nil {
 		m.forget(r)

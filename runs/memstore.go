@@ -308,13 +308,16 @@ func (s *Memory) Leave(_ context.Context, owner string) error {
 }
 
 // Claim records the driver of a new run.
-func (s *Memory) Claim(_ context.Context, runID, owner string) error {
+func (s *Memory) Claim(_ context.Context, runID, owner string, state []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, taken := s.owners[runID]; taken {
 		return fmt.Errorf("%w: run %s already has a driver", ErrConflict, runID)
 	}
 	s.owners[runID] = owner
+	if _, saved := s.states[runID]; !saved && state != nil {
+		s.states[runID] = state
+	}
 	return nil
 }
 

@@ -22,7 +22,7 @@ func TestReleasedOwnersLeaveNothingBehind(t *testing.T) {
 	ctx := ctxFor(t)
 	for i := range 20 {
 		id := fmt.Sprintf("run%d", i)
-		require.NoError(t, store.Claim(ctx, id, "server-a"))
+		require.NoError(t, store.Claim(ctx, id, "server-a", nil))
 		if i%2 == 0 {
 			require.NoError(t, store.Release(ctx, id))
 		}

@@ -50,9 +50,11 @@ type Store interface {
 	// a server looking for runs to take over learns of a departure even
 	// when it never saw that owner beat.
 	Live(ctx context.Context, fn func(owner string, left bool)) error
-	// Claim records owner as the driver of a new run. ErrConflict if the
-	// run has one.
-	Claim(ctx context.Context, runID, owner string) error
+	// Claim records owner as the driver of a new run, and state (encoded,
+	// as for PutState; nil: none) as the run's state until PutState saves
+	// another: one write accepts a run. ErrConflict if the run has a
+	// driver.
+	Claim(ctx context.Context, runID, owner string, state []byte) error
 	// Owners calls fn with every run that has a driver, and the driver.
 	Owners(ctx context.Context, fn func(runID, owner string) bool) error
 	// TakeOver makes owner the driver of runID if its driver is still from

@@ -305,7 +305,7 @@ func TestAClaimWithoutAJournalIsLetGo(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			open := newStore(t, time.Second)
 			store := open()
-			require.NoError(t, store.Claim(ctxFor(t), "run_unstarted", "gone"))
+			require.NoError(t, store.Claim(ctxFor(t), "run_unstarted", "gone", nil))
 			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 			m := newManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "next", SoleOwner: true})
 			require.Eventually(t, func() bool {
@@ -367,10 +367,10 @@ type claimGate struct {
 	entered, release chan struct{}
 }
 
-func (g *claimGate) Claim(ctx context.Context, runID, owner string) error {
+func (g *claimGate) Claim(ctx context.Context, runID, owner string, state []byte) error {
 	close(g.entered)
 	<-g.release
-	return g.Store.Claim(ctx, runID, owner)
+	return g.Store.Claim(ctx, runID, owner, state)
 }
 
 // TestAStartThatMeetsCloseIsStillAccepted: a server that closes while a
@@ -415,8 +415,8 @@ type claimThenGate struct {
 	entered, release chan struct{}
 }
 
-func (g *claimThenGate) Claim(ctx context.Context, runID, owner string) error {
-	err := g.Store.Claim(ctx, runID, owner)
+func (g *claimThenGate) Claim(ctx context.Context, runID, owner string, state []byte) error {
+	err := g.Store.Claim(ctx, runID, owner, state)
 	close(g.entered)
 	<-g.release
 	return err
