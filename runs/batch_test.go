@@ -222,3 +222,58 @@ func TestTheClaimCarriesTheFirstState(t *testing.T) {
 		})
 	}
 }
+
+// fastAndSlow fails "fast" at once and answers "slow" once released.
+type fastAndSlow struct{ release chan struct{} }
+
+func (f fastAndSlow) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+	if c.Delegate == "fast" {
+		return nil, &controls.CallError{Code: codes.Internal, Message: "no"}
+	}
+	select {
+	case <-f.release:
+		return &stubbornv1.Result{Text: "slow and sure"}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+func (fastAndSlow) Info(string) controls.DelegateInfo    { return controls.DelegateInfo{} }
+func (fastAndSlow) Serving(context.Context, string) bool { return true }
+
+// TestARaceShowsEachCandidateAsItEnds: while other calls are in flight,
+// an event is written and shown at once: a race's watchers see a
+// candidate fail while the others still run.
+func TestARaceShowsEachCandidateAsItEnds(t *testing.T) {
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			d := fastAndSlow{release: make(chan struct{})}
+			m := newManager(t, d, runs.Config{Store: open(t, time.Second)(), Lease: time.Second})
+			race := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Race{Race: &stubbornv1.RaceSpec{Candidates: []string{"fast", "slow"}}}}
+			st, err := m.Start(context.Background(), "brief", race, nil)
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(ctxFor(t))
+			defer cancel()
+			seen := make(chan string, 100)
+			go func() {
+				_ = m.Watch(ctx, st.GetRunId(), 0, decoding(func(ev *stubbornv1.RunEvent) error {
+					seen <- controlstest.Kind(ev) + " " + ev.GetAttemptFinished().GetAttempt().GetDelegate()
+					return nil
+				}))
+			}()
+			deadline := time.After(5 * time.Second)
+		wait:
+			for {
+				select {
+				case k := <-seen:
+					if k == "attempt_finished fast" {
+						break wait
+					}
+				case <-deadline:
+					t.Fatal("the fast candidate's end was not shown while the slow one ran")
+				}
+			}
+			close(d.release)
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, m, st.GetRunId(), 0)).GetStatus())
+		})
+	}
+}

@@ -1314,16 +1314,18 @@ type run struct {
 	pending      []Event
 	pendingState []byte
 	writing      int
-	flushMu      sync.Mutex // one flush at a time
+	flushMu      sync.Mutex   // one flush at a time
+	calls        atomic.Int32 // delegate calls in flight (flushing)
 }
 
 // record is the tracker's recorder: it numbers the event and encodes it,
 // once, for the store, the journal in memory and every watcher, and keeps
 // it pending, with the state when the status changed, until flush writes
 // what is pending in one store write. An event that makes the run wait for
-// time or for a person, and the run's last, are flushed at once; the
-// others go with the next of those, or before the run's next delegate call
-// (flushing). So a call is made only once its attempt_started is durable,
+// time or for a person, the run's last, and any event recorded while a
+// delegate call is in flight (a race's candidates) are flushed at once;
+// the others go with the next of those, or before the run's next delegate
+// call (flushing). So a call is made only once its attempt_started is durable,
 // a watcher sees an event only once it is, and a one-attempt run writes
 // its four events in two. ev and st are the tracker's: read during the
 // call only, as the Observer does.
@@ -1385,6 +1387,12 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		// The run waits now, a caller waits for the decision to be
 		// taken, or the run is over.
 		r.flush()
+	default:
+		if r.calls.Load() > 0 {
+			// Another call is in flight (a race's candidates): the run
+			// waits for it, and this event is news now.
+			r.flush()
+		}
 	}
 }
 
@@ -1448,6 +1456,8 @@ type flushing struct {
 
 func (f flushing) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
 	f.r.flush()
+	f.r.calls.Add(1)
+	defer f.r.calls.Add(-1)
 	if f.r.isLost() {
 		// The write failed: the run's context ends (lose), and nothing is
 		// sent on its behalf.
