@@ -1447,11 +1447,17 @@ func (r *run) flush() {
 	r.wakeLocked()
 }
 
-// flushing is the Delegates of a run's controls: each call is made once
-// the events before it are written (run.flush).
+// flushing is the Delegates of a run's controls: each call, and each
+// health check (it may take a while), is made once the events before it
+// are written (run.flush).
 type flushing struct {
 	controls.Delegates
 	r *run
+}
+
+func (f flushing) Serving(ctx context.Context, name string) bool {
+	f.r.flush()
+	return f.Delegates.Serving(ctx, name)
 }
 
 func (f flushing) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
