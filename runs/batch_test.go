@@ -3,6 +3,7 @@ package runs_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -276,4 +277,75 @@ func TestARaceShowsEachCandidateAsItEnds(t *testing.T) {
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, m, st.GetRunId(), 0)).GetStatus())
 		})
 	}
+}
+
+// TestABigResultIsWrittenInSeveralMessages: a step's events that do not
+// fit in one NATS message (a result of 400 KB is in attempt_finished and
+// twice in run_finished) are written in several, and the run ends.
+func TestABigResultIsWrittenInSeveralMessages(t *testing.T) {
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			big := strings.Repeat("x", 400<<10)
+			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK(big)}})
+			store := open(t, time.Second)()
+			m := newManager(t, d, runs.Config{Store: store, Lease: time.Second})
+			st, err := m.Start(context.Background(), "brief", chain("a"), nil)
+			require.NoError(t, err)
+			fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
+			assert.Equal(t, big, fin.GetResult().GetText())
+			recorded, err := store.Events(ctxFor(t), st.GetRunId(), 0)
+			require.NoError(t, err)
+			assert.Equal(t, []string{"run_started", "attempt_started", "attempt_finished", "run_finished"}, kinds(decodeAll(t, recorded)))
+		})
+	}
+}
+
+// refusedEnd refuses a run's last write, as when another server took the
+// run over meanwhile.
+type refusedEnd struct{ runs.Store }
+
+func (s refusedEnd) Append(ctx context.Context, evs ...runs.Event) error {
+	if evs[len(evs)-1].Finished {
+		return runs.ErrConflict
+	}
+	return s.Store.Append(ctx, evs...)
+}
+
+// observed records what an Observer is shown.
+type observed struct {
+	mu    sync.Mutex
+	kinds []string
+}
+
+func (o *observed) ObserveRun(runCtx, _ context.Context, _ *stubbornv1.ControlState, _ bool) (context.Context, func(*stubbornv1.RunEvent)) {
+	return runCtx, func(ev *stubbornv1.RunEvent) {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if ev == nil {
+			o.kinds = append(o.kinds, "stopped")
+			return
+		}
+		o.kinds = append(o.kinds, controlstest.Kind(ev))
+	}
+}
+
+func (o *observed) seen() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.kinds...)
+}
+
+// TestTheObserverSeesOnlyWrittenEvents: a run whose end could not be
+// written is observed to stop without run_finished (its new driver will
+// finish it), not to finish here.
+func TestTheObserverSeesOnlyWrittenEvents(t *testing.T) {
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
+	obs := &observed{}
+	m := newManager(t, d, runs.Config{Store: refusedEnd{runs.NewMemory(time.Minute)}, Observer: obs})
+	st, err := m.Start(context.Background(), "brief", chain("a"), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return !m.Owns(st.GetRunId()) }, 5*time.Second, time.Millisecond, "the run is lost")
+	// attempt_finished went in the refused write with run_finished.
+	assert.Equal(t, []string{"run_started", "attempt_started", "stopped"}, obs.seen())
 }

@@ -157,12 +157,31 @@ func (s *JetStream) Close() error {
 	return nil
 }
 
-// Append publishes evs on their run's subject, in one message, expecting
-// the subject's last message to be the last one this store knows of.
+// Append publishes evs on their run's subject, expecting the subject's
+// last message to be the last one this store knows of: in one message, or
+// in as few as the server's largest payload allows (each a prefix of the
+// rest, so the journal is whole at every step, as with a write per event).
 func (s *JetStream) Append(ctx context.Context, evs ...Event) error {
 	if err := checkAppend(evs); err != nil || len(evs) == 0 {
 		return err
 	}
+	limit := int(s.nc.MaxPayload()) - 256 // the header and the subject's share
+	for len(evs) > 0 {
+		n, size := 1, packedSize(evs[0])
+		for n < len(evs) && size+packedSize(evs[n]) <= limit {
+			size += packedSize(evs[n])
+			n++
+		}
+		if err := s.publish(ctx, evs[:n]); err != nil {
+			return err
+		}
+		evs = evs[n:]
+	}
+	return nil
+}
+
+// publish writes evs as one journal message.
+func (s *JetStream) publish(ctx context.Context, evs []Event) error {
 	runID := evs[0].RunID
 	s.mu.Lock()
 	last := s.last[runID]
@@ -191,6 +210,9 @@ func (s *JetStream) Append(ctx context.Context, evs ...Event) error {
 	return nil
 }
 
+// packedSize is an event's size in a message that holds several.
+func packedSize(ev Event) int { return binary.MaxVarintLen64 + len(ev.Data) }
+
 // eventsHeader marks a journal message that holds several events, and
 // says how many: each is its encoding after its length (a uvarint). A
 // message without it is the encoding of one event.
@@ -200,7 +222,7 @@ const eventsHeader = "Stubborn-Events"
 func packEvents(evs []Event) []byte {
 	n := 0
 	for _, ev := range evs {
-		n += binary.MaxVarintLen64 + len(ev.Data)
+		n += packedSize(ev)
 	}
 	b := make([]byte, 0, n)
 	for _, ev := range evs {
@@ -498,6 +520,22 @@ func (s *JetStream) Claim(ctx context.Context, runID, owner string, state []byte
 		return fmt.Errorf("%w: run %s already has a driver", ErrConflict, runID)
 	}
 	return err
+}
+
+// Driver reads the run's owner key.
+func (s *JetStream) Driver(ctx context.Context, runID string) (string, error) {
+	if !validKey(runID) {
+		return "", nil
+	}
+	e, err := s.owners.Get(ctx, runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	owner, _ := parseOwnerEntry(e.Value())
+	return owner, nil
 }
 
 // Owners calls fn with every run that has a driver.

@@ -123,7 +123,7 @@ type Observer interface {
 	// and context.Background() for a resumed one. ObserveRun may set
 	// st.Traceparent, which is persisted with the run. It returns the
 	// context the run's control runs in (runCtx with, say, a span) and a
-	// function that sees each event of the run as it is recorded, the last
+	// function that sees each event of the run once it is written, the last
 	// one being run_finished; it gets nil once instead if this server stops
 	// driving the run without run_finished (shutdown, crash, takeover).
 	ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool) (context.Context, func(ev *stubbornv1.RunEvent))
@@ -1101,14 +1101,8 @@ func (m *Manager) command(ctx context.Context, cmd *Command) (*stubbornv1.Contro
 	if isTerminal(st.GetStatus()) {
 		return m.handle(ctx, cmd)
 	}
-	var owner string
-	if err := m.store.Owners(ctx, func(runID, o string) bool {
-		if runID == cmd.RunID {
-			owner = o
-			return false
-		}
-		return true
-	}); err != nil {
+	owner, err := m.store.Driver(ctx, cmd.RunID)
+	if err != nil {
 		return nil, err
 	}
 	if owner == "" || owner == m.owner {
@@ -1374,12 +1368,6 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		r.pendingState = state
 	}
 	r.lastStatus = status
-	if r.observe != nil {
-		r.observe(ev)
-		if enc.Finished {
-			r.observe = nil
-		}
-	}
 	r.mu.Unlock()
 	switch ev.GetKind().(type) {
 	case *stubbornv1.RunEvent_BackoffScheduled, *stubbornv1.RunEvent_DecisionRequested,
@@ -1445,6 +1433,26 @@ func (r *run) flush() {
 		close(r.ended)
 	}
 	r.wakeLocked()
+	r.observeLocked(evs)
+}
+
+// observeLocked shows the Observer events just written (only then: a run
+// lost before its end is observed to end without run_finished, see
+// loseLocked). Callers hold r.mu.
+func (r *run) observeLocked(evs []Event) {
+	for _, e := range evs {
+		if r.observe == nil {
+			return
+		}
+		ev, err := e.Decode()
+		if err != nil {
+			continue // not expected: this server encoded it
+		}
+		r.observe(ev)
+		if e.Finished {
+			r.observe = nil
+		}
+	}
 }
 
 // flushing is the Delegates of a run's controls: each call, and each

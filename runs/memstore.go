@@ -321,6 +321,13 @@ func (s *Memory) Claim(_ context.Context, runID, owner string, state []byte) err
 	return nil
 }
 
+// Driver returns the run's driver.
+func (s *Memory) Driver(_ context.Context, runID string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.owners[runID], nil
+}
+
 // Owners calls fn with every driven run.
 func (s *Memory) Owners(_ context.Context, fn func(runID, owner string) bool) error {
 	s.mu.Lock()

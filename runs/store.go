@@ -55,6 +55,8 @@ type Store interface {
 	// another: one write accepts a run. ErrConflict if the run has a
 	// driver.
 	Claim(ctx context.Context, runID, owner string, state []byte) error
+	// Driver returns the run's driver, or "" when it has none.
+	Driver(ctx context.Context, runID string) (string, error)
 	// Owners calls fn with every run that has a driver, and the driver.
 	Owners(ctx context.Context, fn func(runID, owner string) bool) error
 	// TakeOver makes owner the driver of runID if its driver is still from
