@@ -2,6 +2,7 @@ package runs_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -348,4 +349,37 @@ func TestTheObserverSeesOnlyWrittenEvents(t *testing.T) {
 	require.Eventually(t, func() bool { return !m.Owns(st.GetRunId()) }, 5*time.Second, time.Millisecond, "the run is lost")
 	// attempt_finished went in the refused write with run_finished.
 	assert.Equal(t, []string{"run_started", "attempt_started", "stopped"}, obs.seen())
+}
+
+// refusedStates refuses to save states.
+type refusedStates struct{ runs.Store }
+
+func (refusedStates) PutState(context.Context, string, []byte) error {
+	return errors.New("refused")
+}
+
+// TestARunWhoseEndIsNotSavedKeepsItsClaim: when the final state cannot be
+// saved, the run keeps its claim (and the state it carries), and the next
+// server to drive it saves the final state from the journal, then lets go.
+func TestARunWhoseEndIsNotSavedKeepsItsClaim(t *testing.T) {
+	store := runs.NewMemory(300 * time.Millisecond)
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
+	a := newManager(t, d, runs.Config{Store: refusedStates{store}, Lease: 300 * time.Millisecond, Owner: "a"})
+	st, err := a.Start(context.Background(), "brief", chain("a"), nil)
+	require.NoError(t, err)
+	final(t, watchAll(t, a, st.GetRunId(), 0))
+	a.Close() // retired, then left
+	owner, err := store.Driver(ctxFor(t), st.GetRunId())
+	require.NoError(t, err)
+	assert.Equal(t, "a", owner, "the claim stays")
+	got, err := store.State(ctxFor(t), st.GetRunId())
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, got.GetStatus(), "the claim's state")
+
+	newManager(t, d, runs.Config{Store: store, Lease: 300 * time.Millisecond, Owner: "b"})
+	require.Eventually(t, func() bool {
+		got, err := store.State(ctxFor(t), st.GetRunId())
+		owner, _ := store.Driver(ctxFor(t), st.GetRunId())
+		return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED && owner == ""
+	}, 10*time.Second, 10*time.Millisecond, "b saved the final state and let the run go")
 }

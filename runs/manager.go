@@ -933,7 +933,18 @@ func (m *Manager) rand(r *run) *mrand.Rand {
 // retire lets go of a finished run: the store forgets its driver, and this
 // server forgets the oldest finished runs beyond its limit.
 func (m *Manager) retire(r *run) {
-	if !r.isLost() {
+	r.mu.Lock()
+	lost, unsaved := r.lost, r.endUnsaved
+	r.mu.Unlock()
+	switch {
+	case lost:
+	case unsaved:
+		// Without its claim the run's state would be gone until its
+		// journal expires: the server that takes it over next (this one
+		// leaving or restarting) saves the final state from the journal,
+		// then releases it.
+		m.log.Warn("keeping the claim of a finished run whose final state is not saved", "run_id", r.id)
+	default:
 		// The store bounds its own call, as for record.
 		if err := m.store.Release(context.Background(), r.id); err != nil {
 			m.log.Warn("releasing a finished run", "run_id", r.id, "err", err)
@@ -1310,6 +1321,7 @@ type run struct {
 	writing      int
 	flushMu      sync.Mutex   // one flush at a time
 	calls        atomic.Int32 // delegate calls in flight (flushing)
+	endUnsaved   bool         // the final state could not be saved
 }
 
 // record is the tracker's recorder: it numbers the event and encodes it,
@@ -1414,6 +1426,9 @@ func (r *run) flush() {
 	if state != nil {
 		if err := r.store.PutState(context.Background(), r.id, state); err != nil {
 			r.log.Warn("saving run state", "run_id", r.id, "err", err)
+			r.mu.Lock()
+			r.endUnsaved = evs[len(evs)-1].Finished
+			r.mu.Unlock()
 		}
 	}
 
