@@ -337,18 +337,18 @@ func (o *observed) seen() []string {
 	return append([]string(nil), o.kinds...)
 }
 
-// TestTheObserverSeesOnlyWrittenEvents: a run whose end could not be
+// TestTheObserverSeesTheEndOnlyOnceWritten: a run whose end could not be
 // written is observed to stop without run_finished (its new driver will
-// finish it), not to finish here.
-func TestTheObserverSeesOnlyWrittenEvents(t *testing.T) {
+// finish it), not to finish here. The events before it are observed as
+// they are recorded.
+func TestTheObserverSeesTheEndOnlyOnceWritten(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	obs := &observed{}
 	m := newManager(t, d, runs.Config{Store: refusedEnd{runs.NewMemory(time.Minute)}, Observer: obs})
 	st, err := m.Start(context.Background(), "brief", chain("a"), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return !m.Owns(st.GetRunId()) }, 5*time.Second, time.Millisecond, "the run is lost")
-	// attempt_finished went in the refused write with run_finished.
-	assert.Equal(t, []string{"run_started", "attempt_started", "stopped"}, obs.seen())
+	assert.Equal(t, []string{"run_started", "attempt_started", "attempt_finished", "stopped"}, obs.seen())
 }
 
 // refusedStates refuses to save states.

@@ -123,9 +123,10 @@ type Observer interface {
 	// and context.Background() for a resumed one. ObserveRun may set
 	// st.Traceparent, which is persisted with the run. It returns the
 	// context the run's control runs in (runCtx with, say, a span) and a
-	// function that sees each event of the run once it is written, the last
-	// one being run_finished; it gets nil once instead if this server stops
-	// driving the run without run_finished (shutdown, crash, takeover).
+	// function that sees each event of the run as it is recorded, the last
+	// one being run_finished (once it is written); it gets nil once instead
+	// if this server stops driving the run without run_finished (shutdown,
+	// crash, takeover, a refused write).
 	ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool) (context.Context, func(ev *stubbornv1.RunEvent))
 }
 
@@ -1380,7 +1381,22 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		r.pendingState = state
 	}
 	r.lastStatus = status
+	if r.observe != nil && !enc.Finished {
+		r.observe(ev)
+	}
 	r.mu.Unlock()
+	if enc.Finished {
+		defer func() {
+			// The run's end is observed once written: a run whose last
+			// write fails is observed to stop (loseLocked), not to end.
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.done && r.observe != nil {
+				r.observe(ev)
+				r.observe = nil
+			}
+		}()
+	}
 	switch ev.GetKind().(type) {
 	case *stubbornv1.RunEvent_BackoffScheduled, *stubbornv1.RunEvent_DecisionRequested,
 		*stubbornv1.RunEvent_DecisionReceived, *stubbornv1.RunEvent_RunFinished:
@@ -1448,26 +1464,6 @@ func (r *run) flush() {
 		close(r.ended)
 	}
 	r.wakeLocked()
-	r.observeLocked(evs)
-}
-
-// observeLocked shows the Observer events just written (only then: a run
-// lost before its end is observed to end without run_finished, see
-// loseLocked). Callers hold r.mu.
-func (r *run) observeLocked(evs []Event) {
-	for _, e := range evs {
-		if r.observe == nil {
-			return
-		}
-		ev, err := e.Decode()
-		if err != nil {
-			continue // not expected: this server encoded it
-		}
-		r.observe(ev)
-		if e.Finished {
-			r.observe = nil
-		}
-	}
 }
 
 // flushing is the Delegates of a run's controls: each call, and each
