@@ -1385,18 +1385,6 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		r.observe(ev)
 	}
 	r.mu.Unlock()
-	if enc.Finished {
-		defer func() {
-			// The run's end is observed once written: a run whose last
-			// write fails is observed to stop (loseLocked), not to end.
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			if r.done && r.observe != nil {
-				r.observe(ev)
-				r.observe = nil
-			}
-		}()
-	}
 	switch ev.GetKind().(type) {
 	case *stubbornv1.RunEvent_BackoffScheduled, *stubbornv1.RunEvent_DecisionRequested,
 		*stubbornv1.RunEvent_DecisionReceived, *stubbornv1.RunEvent_RunFinished:
@@ -1408,6 +1396,16 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 			// Another call is in flight (a race's candidates): the run
 			// waits for it, and this event is news now.
 			r.flush()
+		}
+	}
+	if enc.Finished {
+		// The run's end is observed once written: a run whose last write
+		// failed is observed to stop (loseLocked), not to end.
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.done && r.observe != nil {
+			r.observe(ev)
+			r.observe = nil
 		}
 	}
 }
