@@ -363,66 +363,143 @@ func (s *JetStream) PutState(ctx context.Context, runID string, state []byte) er
 }
 
 // State returns a snapshot: the last one saved, else the one the run's
-// claim carries.
+// claim carries, else, for a finished run that saved none (see
+// finalInJournal), the state its run_finished carries. A run writes its
+// claim, its journal, its saved states and then lets its claim go, in
+// that order, and State reads them in that order: a run without a claim
+// has finished, and its journal says so, or never was.
 func (s *JetStream) State(ctx context.Context, runID string) (*stubbornv1.ControlState, error) {
 	if !validKey(runID) {
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
 	}
-	for i := range 2 {
-		e, err := s.states.Get(ctx, runID)
-		if err == nil {
-			return decodeState(e.Value())
+	e, err := s.states.Get(ctx, runID)
+	if err == nil {
+		return decodeState(e.Value())
+	}
+	if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, err
+	}
+	o, err := s.owners.Get(ctx, runID)
+	if err == nil {
+		if _, state := parseOwnerEntry(o.Value()); len(state) > 0 {
+			return decodeState(state)
 		}
-		if !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil, err
-		}
-		if i == 1 {
-			break
-		}
-		o, err := s.owners.Get(ctx, runID)
-		if err == nil {
-			if _, state := parseOwnerEntry(o.Value()); len(state) > 0 {
-				return decodeState(state)
-			}
-			break
-		}
-		if !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil, err
-		}
-		// No claim: the run may have finished (saved, then released)
-		// between the two reads. Read the saved state again.
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, err
+	}
+	last, err := s.lastEvent(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	if state := last.state(); last.Finished && len(state) > 0 {
+		return decodeState(state)
 	}
 	return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
 }
 
-// States calls fn with every snapshot: the saved ones, then those of the
-// runs whose only state is their claim's.
+// lastEvent returns the last event of the run's journal; the zero Event
+// when it has none.
+func (s *JetStream) lastEvent(ctx context.Context, runID string) (Event, error) {
+	msg, err := s.events.GetLastMsgForSubject(ctx, eventsSubject+runID)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return Event{}, nil
+	}
+	if err != nil {
+		return Event{}, err
+	}
+	evs, err := unpackEvents(msg.Data, msg.Header)
+	if err != nil {
+		return Event{}, fmt.Errorf("run %s: %w", runID, err)
+	}
+	return evs[len(evs)-1], nil
+}
+
+// finalInJournal: State and States read a finished run's state from its
+// run_finished when it has no saved state, so that a run that saved none
+// before its end is not made to save its last one (a write per run).
+func (s *JetStream) finalInJournal() {}
+
+// States calls fn with every run's state: a finished run's from its
+// journal's run_finished, the others' the last saved, else their claim's.
+// It reads the claims, then the saved states, then the journals' last
+// messages, the order in which a run writes them: a run that finishes
+// meanwhile is still listed (with one of its states), not missed.
 func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState) bool) error {
-	seen := map[string]bool{}
-	stopped := false
-	err := eachEntry(ctx, s.states, func(e jetstream.KeyValueEntry) (bool, error) {
-		st, err := decodeState(e.Value())
-		if err != nil {
-			return false, err
+	all := map[string][]byte{}
+	if err := eachEntry(ctx, s.owners, func(e jetstream.KeyValueEntry) (bool, error) {
+		if _, state := parseOwnerEntry(e.Value()); len(state) > 0 {
+			all[e.Key()] = state
 		}
-		seen[e.Key()] = true
-		stopped = !fn(st)
-		return !stopped, nil
-	})
-	if err != nil || stopped {
+		return true, nil
+	}); err != nil {
 		return err
 	}
-	return eachEntry(ctx, s.owners, func(e jetstream.KeyValueEntry) (bool, error) {
-		_, state := parseOwnerEntry(e.Value())
-		if len(state) == 0 || seen[e.Key()] {
-			return true, nil
+	if err := eachEntry(ctx, s.states, func(e jetstream.KeyValueEntry) (bool, error) {
+		all[e.Key()] = e.Value()
+		return true, nil
+	}); err != nil {
+		return err
+	}
+	if err := s.lastEvents(ctx, func(runID string, last Event) {
+		if state := last.state(); last.Finished && len(state) > 0 {
+			all[runID] = state
 		}
+	}); err != nil {
+		return err
+	}
+	for _, state := range all {
 		st, err := decodeState(state)
 		if err != nil {
-			return false, err
+			return err
 		}
-		return fn(st), nil
+		if !fn(st) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// lastEvents calls fn with the last event of every run's journal.
+func (s *JetStream) lastEvents(ctx context.Context, fn func(runID string, last Event)) error {
+	cons, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{eventsSubject + "*"},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	})
+	if err != nil {
+		return err
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	if info := cons.CachedInfo(); info == nil || info.NumPending == 0 {
+		return nil // no journal at all
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		runID := strings.TrimPrefix(msg.Subject(), eventsSubject)
+		evs, err := unpackEvents(msg.Data(), msg.Headers())
+		if err != nil {
+			return fmt.Errorf("run %s: %w", runID, err)
+		}
+		fn(runID, evs[len(evs)-1])
+		meta, err := msg.Metadata()
+		if err != nil {
+			return err
+		}
+		if meta.NumPending == 0 {
+			return nil
+		}
+	}
 }
 
 // An owners entry is the driver's name after ownerMark and its length (a

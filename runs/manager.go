@@ -540,9 +540,11 @@ func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
 
 // admit registers a local run of tenant, unless the manager is closed.
 func (m *Manager) admit(id, tenant string) (*run, error) {
+	_, inJournal := m.store.(finalInJournal)
 	r := &run{
 		id: id, tenant: tenant, store: m.store, log: m.log, lastStatus: -1,
 		ready: make(chan struct{}), ended: make(chan struct{}),
+		saveEnd: !inJournal,
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -621,6 +623,7 @@ func (m *Manager) resume(id, from string) error {
 		return err
 	}
 	r.events = recorded
+	r.saveEnd = true // its driver before may have saved a state
 	runCtx := m.runContext(r, state.GetCreateTime().AsTime(), state.GetOptions())
 	if m.cfg.Observer != nil {
 		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, context.Background(), state, true)
@@ -1323,6 +1326,11 @@ type run struct {
 	flushMu      sync.Mutex   // one flush at a time
 	calls        atomic.Int32 // delegate calls in flight (flushing)
 	endUnsaved   bool         // the final state could not be saved
+	// saveEnd says the run's final state must be saved: the store does
+	// not read it from the journal (finalInJournal), or the run saved
+	// a state before (the saved one would hide the journal's), or this
+	// server cannot tell (a run taken over). Read and set by flush.
+	saveEnd bool
 }
 
 // record is the tracker's recorder: it numbers the event and encodes it,
@@ -1437,12 +1445,14 @@ func (r *run) flush() {
 		r.lose(err, errLost)
 		return
 	}
-	if state != nil {
+	if state != nil && (r.saveEnd || !evs[len(evs)-1].Finished) {
 		if err := r.store.PutState(context.Background(), r.id, state); err != nil {
 			r.log.Warn("saving run state", "run_id", r.id, "err", err)
 			r.mu.Lock()
 			r.endUnsaved = evs[len(evs)-1].Finished
 			r.mu.Unlock()
+		} else {
+			r.saveEnd = true
 		}
 	}
 

@@ -31,10 +31,11 @@ type Store interface {
 	// stubborn.v1.ControlState). state is never changed: a store may keep
 	// it.
 	PutState(ctx context.Context, runID string, state []byte) error
-	// State returns a run's last saved state, or ErrNotFound.
+	// State returns a run's last saved state, or ErrNotFound. (A
+	// finalInJournal store gives a finished run's final state.)
 	State(ctx context.Context, runID string) (*stubbornv1.ControlState, error)
-	// States calls fn with every saved state, in no particular order, until
-	// fn returns false.
+	// States calls fn with every run's state (as State gives it), once
+	// each, in no particular order, until fn returns false.
 	States(ctx context.Context, fn func(*stubbornv1.ControlState) bool) error
 
 	// Beat says owner is alive; it must be repeated within the store's
@@ -88,3 +89,14 @@ type Command struct {
 
 // ErrConflict is returned when a write loses to another owner's.
 var ErrConflict = errors.New("conflicting write: the run changed hands")
+
+// finalInJournal is a Store that reads a finished run's final state from
+// the run_finished its journal ends with, in State and States, when no
+// state was saved for the run. The Manager does not save the final state
+// of a run that saved none before (Manager.admit, run.flush): one write
+// less for most runs. A run that saved one saves its final state too, or
+// State would give the stale one.
+type finalInJournal interface {
+	Store
+	finalInJournal()
+}

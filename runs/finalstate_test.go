@@ -1,0 +1,160 @@
+package runs_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// savedState reads the run's entry in the JetStream store's states bucket:
+// nil when there is none.
+func savedState(t *testing.T, kv jetstream.KeyValue, id string) *stubbornv1.ControlState {
+	t.Helper()
+	e, err := kv.Get(ctxFor(t), id)
+	if err == jetstream.ErrKeyNotFound {
+		return nil
+	}
+	require.NoError(t, err)
+	st := &stubbornv1.ControlState{}
+	require.NoError(t, proto.Unmarshal(e.Value(), st))
+	return st
+}
+
+// listed returns the runs List gives, by id, failing on a run listed twice.
+func listed(t *testing.T, m *runs.Manager) map[string]*stubbornv1.ControlState {
+	t.Helper()
+	list, _, err := m.List(ctxFor(t), stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED, 100, "")
+	require.NoError(t, err)
+	out := map[string]*stubbornv1.ControlState{}
+	for _, st := range list {
+		require.NotContains(t, out, st.GetRunId(), "listed twice")
+		out[st.GetRunId()] = st
+	}
+	return out
+}
+
+// TestOnJetStreamARunsEndIsReadFromItsJournal: on JetStream a run that saved
+// no state before its end does not save its final one (a write less per
+// run): the store's State and States read it from the journal's
+// run_finished, so every reader still sees the run finished, listed once.
+// A run that did save a state (it waited for a decision) saves its final
+// one too, so that the saved one is never stale; and a run still going is
+// listed with its claim's state.
+func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
+	store, nc := embeddedJetStream(t, runs.JetStreamConfig{Lease: time.Second})
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	states, err := js.KeyValue(ctxFor(t), "stubborn_runs")
+	require.NoError(t, err)
+
+	g := newGated(controls.DelegateInfo{Idempotent: true})
+	m := newManager(t, g, runs.Config{Store: store, Lease: time.Second})
+	// A second server's view: only the store.
+	other := newManager(t, g, runs.Config{Store: store, Lease: time.Second})
+	assert.Empty(t, listed(t, m), "no journal at all: List answers, empty")
+
+	// One attempt, never waiting: no state saved, ever.
+	plain, err := m.Start(context.Background(), "plain", chain("d"), nil)
+	require.NoError(t, err)
+	g.answer("plain", controlstest.OK("done"))
+	plainFinal := final(t, watchAll(t, m, plain.GetRunId(), 0))
+	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, plainFinal.GetStatus())
+
+	// Waits for a decision (a saved state), then succeeds.
+	ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
+	asked, err := m.Start(context.Background(), "asked", ask, nil)
+	require.NoError(t, err)
+	g.answer("asked", controlstest.Fail(codes.Unavailable, "busy"))
+	require.Eventually(t, func() bool {
+		st := savedState(t, states, asked.GetRunId())
+		return st != nil && st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
+	}, 5*time.Second, time.Millisecond, "the wait for a decision is saved")
+	g.answer("asked", controlstest.OK("done"))
+	_, err = m.Decide(ctxFor(t), asked.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	require.NoError(t, err)
+	askedFinal := final(t, watchAll(t, m, asked.GetRunId(), 0))
+	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, askedFinal.GetStatus())
+
+	// Still going: its call waits.
+	going, err := m.Start(context.Background(), "going", chain("d"), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return g.called("going") == 1 }, 5*time.Second, time.Millisecond)
+
+	assert.Nil(t, savedState(t, states, plain.GetRunId()), "the plain run saved no state")
+	assert.True(t, proto.Equal(askedFinal, savedState(t, states, asked.GetRunId())), "the saved state of the asked run is its final one")
+	assert.Nil(t, savedState(t, states, going.GetRunId()), "the running run's state is its claim's")
+
+	for _, c := range []struct {
+		id   string
+		want *stubbornv1.ControlState
+	}{{plain.GetRunId(), plainFinal}, {asked.GetRunId(), askedFinal}} {
+		got, err := store.State(ctxFor(t), c.id)
+		require.NoError(t, err)
+		assert.True(t, proto.Equal(c.want, got), "store.State of %s", c.id)
+		got, err = other.Get(ctxFor(t), c.id)
+		require.NoError(t, err)
+		assert.True(t, proto.Equal(c.want, got), "Get of %s", c.id)
+	}
+	got, err := store.State(ctxFor(t), going.GetRunId())
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, got.GetStatus())
+
+	list := listed(t, other)
+	require.Len(t, list, 3)
+	assert.True(t, proto.Equal(plainFinal, list[plain.GetRunId()]))
+	assert.True(t, proto.Equal(askedFinal, list[asked.GetRunId()]))
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, list[going.GetRunId()].GetStatus())
+
+	g.answer("going", controlstest.OK("done"))
+	goingFinal := final(t, watchAll(t, m, going.GetRunId(), 0))
+	assert.True(t, proto.Equal(goingFinal, listed(t, other)[going.GetRunId()]), "listed finished once it is")
+}
+
+// TestAResumedRunSavesItsFinalState: a server that takes a run over cannot
+// tell whether its driver before saved a state (which the journal's end
+// would not replace), so it saves the final one: here a run cancelled
+// while it awaits a decision, a status its first driver saved.
+func TestAResumedRunSavesItsFinalState(t *testing.T) {
+	const lease = 200 * time.Millisecond
+	store, nc := embeddedJetStream(t, runs.JetStreamConfig{Lease: lease})
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	states, err := js.KeyValue(ctxFor(t), "stubborn_runs")
+	require.NoError(t, err)
+
+	g := newGated(controls.DelegateInfo{Idempotent: true})
+	first, err := runs.New(runs.Config{Delegates: g, Store: store, Lease: lease, Owner: "first"})
+	require.NoError(t, err)
+	ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
+	st, err := first.Start(context.Background(), "b", ask, nil)
+	require.NoError(t, err)
+	g.answer("b", controlstest.Fail(codes.Unavailable, "busy"))
+	require.Eventually(t, func() bool {
+		saved := savedState(t, states, st.GetRunId())
+		return saved != nil && saved.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
+	}, 5*time.Second, time.Millisecond, "the wait for a decision is saved")
+	first.Kill()
+
+	second := newManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "second", SoleOwner: true})
+	require.Eventually(t, func() bool { return second.Owns(st.GetRunId()) }, 10*time.Second, 5*time.Millisecond, "taken over")
+	_, err = second.Cancel(ctxFor(t), st.GetRunId())
+	require.NoError(t, err)
+	fin := final(t, watchAll(t, second, st.GetRunId(), 0))
+	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, fin.GetStatus())
+	require.Eventually(t, func() bool { return proto.Equal(fin, savedState(t, states, st.GetRunId())) },
+		5*time.Second, time.Millisecond, "the final state is saved")
+	got, err := store.State(ctxFor(t), st.GetRunId())
+	require.NoError(t, err)
+	assert.True(t, proto.Equal(fin, got))
+}
