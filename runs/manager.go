@@ -475,7 +475,7 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 		m.forget(r)
 		return nil, fmt.Errorf("recording the run: %w", err)
 	}
-	r.lastStatus = state.GetStatus()
+	r.lastStatus, r.savedStatus = state.GetStatus(), state.GetStatus()
 	tr := m.track(r, state, nil)
 	tr.Start()
 	if err := r.lostBecause(); err != nil && !errors.Is(err, ErrConflict) {
@@ -542,7 +542,7 @@ func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
 func (m *Manager) admit(id, tenant string) (*run, error) {
 	_, inJournal := m.store.(finalInJournal)
 	r := &run{
-		id: id, tenant: tenant, store: m.store, log: m.log, lastStatus: -1,
+		id: id, tenant: tenant, store: m.store, log: m.log, lastStatus: -1, savedStatus: -1,
 		ready: make(chan struct{}), ended: make(chan struct{}),
 		saveEnd: !inJournal,
 	}
@@ -1322,10 +1322,18 @@ type run struct {
 	// counts those a flush is writing.
 	pending      []Event
 	pendingState []byte
-	writing      int
-	flushMu      sync.Mutex   // one flush at a time
-	calls        atomic.Int32 // delegate calls in flight (flushing)
-	endUnsaved   bool         // the final state could not be saved
+	// pendingStatus is pendingState's status; savedStatus the status of
+	// the state saved last (or claimed), -1 when unknown. A state is saved
+	// only when its status differs: a retry whose wait is zero goes from
+	// RUNNING to BACKING_OFF and back between two writes, and saving
+	// RUNNING again would change only the snapshot's details. savedStatus
+	// is read and set by flush.
+	pendingStatus stubbornv1.RunStatus
+	savedStatus   stubbornv1.RunStatus
+	writing       int
+	flushMu       sync.Mutex   // one flush at a time
+	calls         atomic.Int32 // delegate calls in flight (flushing)
+	endUnsaved    bool         // the final state could not be saved
 	// saveEnd says the run's final state must be saved: the store does
 	// not read it from the journal (finalInJournal), or the run saved
 	// a state before (the saved one would hide the journal's), or this
@@ -1337,7 +1345,7 @@ type run struct {
 // once, for the store, the journal in memory and every watcher, and keeps
 // it pending, with the state when the status changed, until flush writes
 // what is pending in one store write. An event that makes the run wait for
-// time or for a person, the run's last, and any event recorded while a
+// time (more than zero) or for a person, the run's last, and any event recorded while a
 // delegate call is in flight (a race's candidates) are flushed at once;
 // the others go with the next of those, or before the run's next delegate
 // call (flushing). So a call is made only once its attempt_started is durable,
@@ -1386,19 +1394,25 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 	}
 	r.pending = append(r.pending, enc)
 	if state != nil {
-		r.pendingState = state
+		r.pendingState, r.pendingStatus = state, status
 	}
 	r.lastStatus = status
 	if r.observe != nil && !enc.Finished {
 		r.observe(ev)
 	}
 	r.mu.Unlock()
-	switch ev.GetKind().(type) {
-	case *stubbornv1.RunEvent_BackoffScheduled, *stubbornv1.RunEvent_DecisionRequested,
-		*stubbornv1.RunEvent_DecisionReceived, *stubbornv1.RunEvent_RunFinished:
-		// The run waits now, a caller waits for the decision to be
-		// taken, or the run is over.
+	switch k := ev.GetKind().(type) {
+	case *stubbornv1.RunEvent_DecisionRequested, *stubbornv1.RunEvent_DecisionReceived,
+		*stubbornv1.RunEvent_RunFinished:
+		// The run waits for a person now, a caller waits for the decision
+		// to be taken, or the run is over.
 		r.flush()
+	case *stubbornv1.RunEvent_BackoffScheduled:
+		if k.BackoffScheduled.GetWait().AsDuration() > 0 || r.calls.Load() > 0 {
+			// The run waits now. (A zero wait is no wait: the events go
+			// with the next attempt's, written before its call.)
+			r.flush()
+		}
 	default:
 		if r.calls.Load() > 0 {
 			// Another call is in flight (a race's candidates): the run
@@ -1430,7 +1444,7 @@ func (r *run) flush() {
 	r.flushMu.Lock()
 	defer r.flushMu.Unlock()
 	r.mu.Lock()
-	evs, state := r.pending, r.pendingState
+	evs, state, status := r.pending, r.pendingState, r.pendingStatus
 	r.pending, r.pendingState = nil, nil
 	r.writing = len(evs)
 	if r.lost || len(evs) == 0 {
@@ -1445,14 +1459,15 @@ func (r *run) flush() {
 		r.lose(err, errLost)
 		return
 	}
-	if state != nil && (r.saveEnd || !evs[len(evs)-1].Finished) {
+	finished := evs[len(evs)-1].Finished
+	if state != nil && (finished && r.saveEnd || !finished && status != r.savedStatus) {
 		if err := r.store.PutState(context.Background(), r.id, state); err != nil {
 			r.log.Warn("saving run state", "run_id", r.id, "err", err)
 			r.mu.Lock()
-			r.endUnsaved = evs[len(evs)-1].Finished
+			r.endUnsaved = finished
 			r.mu.Unlock()
 		} else {
-			r.saveEnd = true
+			r.saveEnd, r.savedStatus = true, status
 		}
 	}
 
