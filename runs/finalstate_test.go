@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,6 +17,16 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
 )
+
+// statesBucket opens the JetStream store's bucket of saved states.
+func statesBucket(t *testing.T, nc *nats.Conn) jetstream.KeyValue {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	kv, err := js.KeyValue(ctxFor(t), "stubborn_runs")
+	require.NoError(t, err)
+	return kv
+}
 
 // savedState reads the run's entry in the JetStream store's states bucket:
 // nil when there is none.
@@ -29,6 +40,21 @@ func savedState(t *testing.T, kv jetstream.KeyValue, id string) *stubbornv1.Cont
 	st := &stubbornv1.ControlState{}
 	require.NoError(t, proto.Unmarshal(e.Value(), st))
 	return st
+}
+
+// startAsking starts a run on m whose one attempt fails, so that it asks
+// for a decision, and waits until that status is saved in states.
+func startAsking(t *testing.T, m *runs.Manager, g *gated, states jetstream.KeyValue, brief string) string {
+	t.Helper()
+	ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
+	st, err := m.Start(context.Background(), brief, ask, nil)
+	require.NoError(t, err)
+	g.answer(brief, controlstest.Fail(codes.Unavailable, "busy"))
+	require.Eventually(t, func() bool {
+		saved := savedState(t, states, st.GetRunId())
+		return saved != nil && saved.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
+	}, 5*time.Second, time.Millisecond, "the wait for a decision is saved")
+	return st.GetRunId()
 }
 
 // listed returns the runs List gives, by id, failing on a run listed twice.
@@ -53,10 +79,7 @@ func listed(t *testing.T, m *runs.Manager) map[string]*stubbornv1.ControlState {
 // listed with its claim's state.
 func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 	store, nc := embeddedJetStream(t, runs.JetStreamConfig{Lease: time.Second})
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	states, err := js.KeyValue(ctxFor(t), "stubborn_runs")
-	require.NoError(t, err)
+	states := statesBucket(t, nc)
 
 	g := newGated(controls.DelegateInfo{Idempotent: true})
 	m := newManager(t, g, runs.Config{Store: store, Lease: time.Second})
@@ -72,18 +95,11 @@ func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, plainFinal.GetStatus())
 
 	// Waits for a decision (a saved state), then succeeds.
-	ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
-	asked, err := m.Start(context.Background(), "asked", ask, nil)
-	require.NoError(t, err)
-	g.answer("asked", controlstest.Fail(codes.Unavailable, "busy"))
-	require.Eventually(t, func() bool {
-		st := savedState(t, states, asked.GetRunId())
-		return st != nil && st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
-	}, 5*time.Second, time.Millisecond, "the wait for a decision is saved")
+	asked := startAsking(t, m, g, states, "asked")
 	g.answer("asked", controlstest.OK("done"))
-	_, err = m.Decide(ctxFor(t), asked.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	_, err = m.Decide(ctxFor(t), asked, stubbornv1.Decision_DECISION_RETRY)
 	require.NoError(t, err)
-	askedFinal := final(t, watchAll(t, m, asked.GetRunId(), 0))
+	askedFinal := final(t, watchAll(t, m, asked, 0))
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, askedFinal.GetStatus())
 
 	// Still going: its call waits.
@@ -92,13 +108,13 @@ func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 	require.Eventually(t, func() bool { return g.called("going") == 1 }, 5*time.Second, time.Millisecond)
 
 	assert.Nil(t, savedState(t, states, plain.GetRunId()), "the plain run saved no state")
-	assert.True(t, proto.Equal(askedFinal, savedState(t, states, asked.GetRunId())), "the saved state of the asked run is its final one")
+	assert.True(t, proto.Equal(askedFinal, savedState(t, states, asked)), "the saved state of the asked run is its final one")
 	assert.Nil(t, savedState(t, states, going.GetRunId()), "the running run's state is its claim's")
 
 	for _, c := range []struct {
 		id   string
 		want *stubbornv1.ControlState
-	}{{plain.GetRunId(), plainFinal}, {asked.GetRunId(), askedFinal}} {
+	}{{plain.GetRunId(), plainFinal}, {asked, askedFinal}} {
 		got, err := store.State(ctxFor(t), c.id)
 		require.NoError(t, err)
 		assert.True(t, proto.Equal(c.want, got), "store.State of %s", c.id)
@@ -113,7 +129,7 @@ func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 	list := listed(t, other)
 	require.Len(t, list, 3)
 	assert.True(t, proto.Equal(plainFinal, list[plain.GetRunId()]))
-	assert.True(t, proto.Equal(askedFinal, list[asked.GetRunId()]))
+	assert.True(t, proto.Equal(askedFinal, list[asked]))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, list[going.GetRunId()].GetStatus())
 
 	g.answer("going", controlstest.OK("done"))
@@ -128,33 +144,23 @@ func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 func TestAResumedRunSavesItsFinalState(t *testing.T) {
 	const lease = 200 * time.Millisecond
 	store, nc := embeddedJetStream(t, runs.JetStreamConfig{Lease: lease})
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	states, err := js.KeyValue(ctxFor(t), "stubborn_runs")
-	require.NoError(t, err)
+	states := statesBucket(t, nc)
 
 	g := newGated(controls.DelegateInfo{Idempotent: true})
 	first, err := runs.New(runs.Config{Delegates: g, Store: store, Lease: lease, Owner: "first"})
 	require.NoError(t, err)
-	ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
-	st, err := first.Start(context.Background(), "b", ask, nil)
-	require.NoError(t, err)
-	g.answer("b", controlstest.Fail(codes.Unavailable, "busy"))
-	require.Eventually(t, func() bool {
-		saved := savedState(t, states, st.GetRunId())
-		return saved != nil && saved.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
-	}, 5*time.Second, time.Millisecond, "the wait for a decision is saved")
+	id := startAsking(t, first, g, states, "b")
 	first.Kill()
 
 	second := newManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "second", SoleOwner: true})
-	require.Eventually(t, func() bool { return second.Owns(st.GetRunId()) }, 10*time.Second, 5*time.Millisecond, "taken over")
-	_, err = second.Cancel(ctxFor(t), st.GetRunId())
+	require.Eventually(t, func() bool { return second.Owns(id) }, 10*time.Second, 5*time.Millisecond, "taken over")
+	_, err = second.Cancel(ctxFor(t), id)
 	require.NoError(t, err)
-	fin := final(t, watchAll(t, second, st.GetRunId(), 0))
+	fin := final(t, watchAll(t, second, id, 0))
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, fin.GetStatus())
-	require.Eventually(t, func() bool { return proto.Equal(fin, savedState(t, states, st.GetRunId())) },
+	require.Eventually(t, func() bool { return proto.Equal(fin, savedState(t, states, id)) },
 		5*time.Second, time.Millisecond, "the final state is saved")
-	got, err := store.State(ctxFor(t), st.GetRunId())
+	got, err := store.State(ctxFor(t), id)
 	require.NoError(t, err)
 	assert.True(t, proto.Equal(fin, got))
 }

@@ -295,10 +295,17 @@ func (s *JetStream) Events(ctx context.Context, runID string, after int64) ([]Ev
 // read delivers the run's journal messages in order, each as its events
 // with its stream sequence, while fn returns true.
 func (s *JetStream) read(ctx context.Context, runID string, fn func(evs []Event, seq uint64) (bool, error)) error {
-	cons, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{eventsSubject + runID},
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventsSubject + runID}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	return s.consume(ctx, cfg, false, func(_ string, evs []Event, meta *jetstream.MsgMetadata) (bool, error) {
+		return fn(evs, meta.Sequence.Stream)
 	})
+}
+
+// consume delivers the journal messages cfg selects, in order, each as its
+// run's id, its events and its metadata, while fn returns true. With
+// orNone it returns at once if there are none; else it waits for one.
+func (s *JetStream) consume(ctx context.Context, cfg jetstream.OrderedConsumerConfig, orNone bool, fn func(runID string, evs []Event, meta *jetstream.MsgMetadata) (bool, error)) error {
+	cons, err := s.events.OrderedConsumer(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -307,6 +314,9 @@ func (s *JetStream) read(ctx context.Context, runID string, fn func(evs []Event,
 		return err
 	}
 	defer it.Stop()
+	if info := cons.CachedInfo(); orNone && (info == nil || info.NumPending == 0) {
+		return nil
+	}
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	for {
@@ -317,6 +327,7 @@ func (s *JetStream) read(ctx context.Context, runID string, fn func(evs []Event,
 			}
 			return err
 		}
+		runID := strings.TrimPrefix(msg.Subject(), eventsSubject)
 		evs, err := unpackEvents(msg.Data(), msg.Headers())
 		if err != nil {
 			return fmt.Errorf("run %s: %w", runID, err)
@@ -325,7 +336,7 @@ func (s *JetStream) read(ctx context.Context, runID string, fn func(evs []Event,
 		if err != nil {
 			return err
 		}
-		more, err := fn(evs, meta.Sequence.Stream)
+		more, err := fn(runID, evs, meta)
 		if err != nil || !more {
 			return err
 		}
@@ -461,45 +472,14 @@ func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState
 
 // lastEvents calls fn with the last event of every run's journal.
 func (s *JetStream) lastEvents(ctx context.Context, fn func(runID string, last Event)) error {
-	cons, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{eventsSubject + "*"},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
-	})
-	if err != nil {
-		return err
 	}
-	it, err := cons.Messages()
-	if err != nil {
-		return err
-	}
-	defer it.Stop()
-	if info := cons.CachedInfo(); info == nil || info.NumPending == 0 {
-		return nil // no journal at all
-	}
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return err
-		}
-		runID := strings.TrimPrefix(msg.Subject(), eventsSubject)
-		evs, err := unpackEvents(msg.Data(), msg.Headers())
-		if err != nil {
-			return fmt.Errorf("run %s: %w", runID, err)
-		}
+	return s.consume(ctx, cfg, true, func(runID string, evs []Event, meta *jetstream.MsgMetadata) (bool, error) {
 		fn(runID, evs[len(evs)-1])
-		meta, err := msg.Metadata()
-		if err != nil {
-			return err
-		}
-		if meta.NumPending == 0 {
-			return nil
-		}
-	}
+		return meta.NumPending > 0, nil
+	})
 }
 
 // An owners entry is the driver's name after ownerMark and its length (a
