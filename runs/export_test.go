@@ -32,3 +32,17 @@ func (m *Manager) AppendForTest(ctx context.Context, id string) error {
 
 // IsClosedForTest reports whether Close or Kill has begun.
 func (m *Manager) IsClosedForTest() bool { return m.isClosed() }
+
+// JournalFinal wraps a Store that reads finished runs' states from their
+// journals, so that a test can override some of its methods and the
+// Manager still treats it as one (the wrapper says so).
+type JournalFinal struct{ Store }
+
+func (JournalFinal) finalInJournal() bool { return true }
+
+// ReadsFinalFromJournal reports whether the Manager leaves a run's final
+// state to s's journal (when the run saved none before).
+func ReadsFinalFromJournal(s Store) bool {
+	fj, ok := s.(finalInJournal)
+	return ok && fj.finalInJournal()
+}

@@ -2,6 +2,8 @@ package runs_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -163,4 +165,115 @@ func TestAResumedRunSavesItsFinalState(t *testing.T) {
 	got, err := store.State(ctxFor(t), id)
 	require.NoError(t, err)
 	assert.True(t, proto.Equal(fin, got))
+}
+
+// slowRelease holds every Release until release is closed.
+type slowRelease struct {
+	runs.JournalFinal
+	release chan struct{}
+}
+
+func (s slowRelease) Release(ctx context.Context, runID string) error {
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.JournalFinal.Release(ctx, runID)
+}
+
+// TestARunJustFinishedReadsFinishedEverywhere: between a run's last
+// journal write and the release of its claim, another server reads the
+// run finished (the journal's run_finished), not the claim's RUNNING.
+func TestARunJustFinishedReadsFinishedEverywhere(t *testing.T) {
+	store, _ := embeddedJetStream(t, runs.JetStreamConfig{Lease: time.Second})
+	held := slowRelease{runs.JournalFinal{Store: store}, make(chan struct{})}
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
+	a := newManager(t, d, runs.Config{Store: held, Lease: time.Second})
+	b := newManager(t, d, runs.Config{Store: store, Lease: time.Second})
+	t.Cleanup(func() { close(held.release) }) // before the managers close: a's waits for its release
+	st, err := a.Start(context.Background(), "brief", chain("a"), nil)
+	require.NoError(t, err)
+	fin := final(t, watchAll(t, a, st.GetRunId(), 0))
+	driver, err := store.Driver(ctxFor(t), st.GetRunId())
+	require.NoError(t, err)
+	require.NotEmpty(t, driver, "the claim is still held")
+	got, err := b.Get(ctxFor(t), st.GetRunId())
+	require.NoError(t, err)
+	assert.True(t, proto.Equal(fin, got), "finished, from the journal: got %v", got.GetStatus())
+	assert.True(t, proto.Equal(fin, listed(t, b)[st.GetRunId()]))
+}
+
+// ambiguousStates saves every BACKING_OFF state and reports a failure, as
+// a write whose answer timed out.
+type ambiguousStates struct{ runs.JournalFinal }
+
+func (a ambiguousStates) PutState(ctx context.Context, runID string, state []byte) error {
+	if err := a.JournalFinal.PutState(ctx, runID, state); err != nil {
+		return err
+	}
+	st := &stubbornv1.ControlState{}
+	if err := proto.Unmarshal(state, st); err != nil {
+		return err
+	}
+	if st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF {
+		return errors.New("timeout")
+	}
+	return nil
+}
+
+// TestASaveThatMayHaveLandedIsSavedOver: a state write that fails may have
+// landed all the same; the run then saves its next status, and its end,
+// over it.
+func TestASaveThatMayHaveLandedIsSavedOver(t *testing.T) {
+	store, nc := embeddedJetStream(t, runs.JetStreamConfig{Lease: time.Second})
+	states := statesBucket(t, nc)
+	g := newGated(controls.DelegateInfo{Idempotent: true})
+	g.answer("brief", controlstest.Fail(codes.Unavailable, "busy"))
+	g.answer("brief", controlstest.OK("x"))
+	m := newManager(t, g, runs.Config{Store: ambiguousStates{runs.JournalFinal{Store: store}}, Lease: time.Second})
+	st, err := m.Start(context.Background(), "brief", retrySpec(2), nil)
+	require.NoError(t, err)
+	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())
+	require.Eventually(t, func() bool { return proto.Equal(fin, savedState(t, states, st.GetRunId())) },
+		5*time.Second, time.Millisecond, "the end is saved over the BACKING_OFF that may have landed")
+}
+
+// TestSaveFinalStatesSavesEveryEnd: with SaveFinalStates (a rolling
+// upgrade from servers that read finished runs from the states bucket
+// only), a run that saved nothing before saves its end.
+func TestSaveFinalStatesSavesEveryEnd(t *testing.T) {
+	store, nc := embeddedJetStream(t, runs.JetStreamConfig{Lease: time.Second, SaveFinalStates: true})
+	require.False(t, runs.ReadsFinalFromJournal(store))
+	states := statesBucket(t, nc)
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
+	m := newManager(t, d, runs.Config{Store: store, Lease: time.Second})
+	st, err := m.Start(context.Background(), "brief", chain("a"), nil)
+	require.NoError(t, err)
+	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+	require.Eventually(t, func() bool { return proto.Equal(fin, savedState(t, states, st.GetRunId())) },
+		5*time.Second, time.Millisecond, "the end is saved")
+}
+
+// TestListingReadsEveryJournal: ListRuns reads the last message of every
+// journal, past the consumer's first batches, and ends.
+func TestListingReadsEveryJournal(t *testing.T) {
+	store, _ := embeddedJetStream(t, runs.JetStreamConfig{Lease: time.Second, Memory: true})
+	const n = 1200
+	for i := range n {
+		id := fmt.Sprintf("run_%04d", i)
+		ev, err := runs.EncodeEvent(&stubbornv1.RunEvent{RunId: id, Seq: 1, Kind: &stubbornv1.RunEvent_RunFinished{RunFinished: &stubbornv1.RunFinished{
+			State: &stubbornv1.ControlState{RunId: id, Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED},
+		}}})
+		require.NoError(t, err)
+		require.NoError(t, store.Append(ctxFor(t), ev))
+	}
+	seen := map[string]bool{}
+	require.NoError(t, store.States(ctxFor(t), func(st *stubbornv1.ControlState) bool {
+		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, st.GetStatus())
+		seen[st.GetRunId()] = true
+		return true
+	}))
+	assert.Len(t, seen, n)
 }

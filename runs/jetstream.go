@@ -35,6 +35,14 @@ type JetStreamConfig struct {
 	Lease time.Duration
 	// Memory keeps everything in memory instead of files (tests).
 	Memory bool
+	// SaveFinalStates saves every run's final state in the states bucket,
+	// as versions before 2026-11-30 did, and needed: they read a finished
+	// run's state there only. Set it while such servers share the store
+	// (a rolling upgrade), or they answer NotFound for the runs that newer
+	// ones finish. Without it a run that saved no state before its end
+	// (most do not) has its final state in its journal's run_finished
+	// only: one write less per run.
+	SaveFinalStates bool
 }
 
 // Names of the JetStream assets.
@@ -60,6 +68,8 @@ type JetStream struct {
 	owners jetstream.KeyValue
 	beats  jetstream.KeyValue
 	lease  time.Duration
+	// saveFinal is JetStreamConfig.SaveFinalStates.
+	saveFinal bool
 	// markerTTL is how long a released run's purge marker stays in the
 	// owners bucket.
 	markerTTL time.Duration
@@ -100,7 +110,7 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	if err != nil {
 		return nil, err
 	}
-	s := &JetStream{nc: nc, js: js, lease: cfg.Lease, last: map[string]uint64{}}
+	s := &JetStream{nc: nc, js: js, lease: cfg.Lease, saveFinal: cfg.SaveFinalStates, last: map[string]uint64{}}
 	maxBytes := cfg.MaxBytes
 	if maxBytes <= 0 {
 		maxBytes = -1
@@ -296,15 +306,16 @@ func (s *JetStream) Events(ctx context.Context, runID string, after int64) ([]Ev
 // with its stream sequence, while fn returns true.
 func (s *JetStream) read(ctx context.Context, runID string, fn func(evs []Event, seq uint64) (bool, error)) error {
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventsSubject + runID}, DeliverPolicy: jetstream.DeliverAllPolicy}
-	return s.consume(ctx, cfg, false, func(_ string, evs []Event, meta *jetstream.MsgMetadata) (bool, error) {
+	return s.consume(ctx, cfg, 0, func(_ string, evs []Event, meta *jetstream.MsgMetadata) (bool, error) {
 		return fn(evs, meta.Sequence.Stream)
 	})
 }
 
 // consume delivers the journal messages cfg selects, in order, each as its
-// run's id, its events and its metadata, while fn returns true. With
-// orNone it returns at once if there are none; else it waits for one.
-func (s *JetStream) consume(ctx context.Context, cfg jetstream.OrderedConsumerConfig, orNone bool, fn func(runID string, evs []Event, meta *jetstream.MsgMetadata) (bool, error)) error {
+// run's id, its events and its metadata, while fn returns true. With idle
+// it returns at once if there are none, or once it has waited idle for
+// the next one; without, it waits for the next one until ctx ends.
+func (s *JetStream) consume(ctx context.Context, cfg jetstream.OrderedConsumerConfig, idle time.Duration, fn func(runID string, evs []Event, meta *jetstream.MsgMetadata) (bool, error)) error {
 	cons, err := s.events.OrderedConsumer(ctx, cfg)
 	if err != nil {
 		return err
@@ -314,13 +325,20 @@ func (s *JetStream) consume(ctx context.Context, cfg jetstream.OrderedConsumerCo
 		return err
 	}
 	defer it.Stop()
-	if info := cons.CachedInfo(); orNone && (info == nil || info.NumPending == 0) {
-		return nil
+	var opts []jetstream.NextOpt
+	if idle > 0 {
+		if info := cons.CachedInfo(); info == nil || info.NumPending == 0 {
+			return nil
+		}
+		opts = append(opts, jetstream.NextMaxWait(idle))
 	}
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	for {
-		msg, err := it.Next()
+		msg, err := it.Next(opts...)
+		if idle > 0 && errors.Is(err, nats.ErrTimeout) {
+			return nil
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -373,39 +391,49 @@ func (s *JetStream) PutState(ctx context.Context, runID string, state []byte) er
 	return err
 }
 
-// State returns a snapshot: the last one saved, else the one the run's
-// claim carries, else, for a finished run that saved none (see
-// finalInJournal), the state its run_finished carries. A run writes its
-// claim, its journal, its saved states and then lets its claim go, in
-// that order, and State reads them in that order: a run without a claim
-// has finished, and its journal says so, or never was.
+// State returns a run's state: the one its journal's run_finished
+// carries once it has finished, else the last one saved, else the one its
+// claim carries. A run writes its claim, its journal (and its saved
+// states) and then lets its claim go, in that order, and State reads them
+// in that order: a run whose claim is gone has finished, and its journal
+// says so, or never was. The journal is read unless the saved state is
+// final already: a run that saved no state before its end does not save
+// its last one (finalInJournal), and a run whose last save failed has a
+// stale one.
 func (s *JetStream) State(ctx context.Context, runID string) (*stubbornv1.ControlState, error) {
 	if !validKey(runID) {
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
 	}
+	var state []byte
 	e, err := s.states.Get(ctx, runID)
-	if err == nil {
-		return decodeState(e.Value())
-	}
-	if !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, err
-	}
-	o, err := s.owners.Get(ctx, runID)
-	if err == nil {
-		if _, state := parseOwnerEntry(o.Value()); len(state) > 0 {
-			return decodeState(state)
+	switch {
+	case err == nil:
+		st, err := decodeState(e.Value())
+		if err != nil || isTerminal(st.GetStatus()) {
+			return st, err
 		}
-	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		state = e.Value()
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
 		return nil, err
+	default:
+		o, err := s.owners.Get(ctx, runID)
+		if err == nil {
+			_, state = parseOwnerEntry(o.Value())
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, err
+		}
 	}
 	last, err := s.lastEvent(ctx, runID)
 	if err != nil {
 		return nil, err
 	}
-	if state := last.state(); last.Finished && len(state) > 0 {
-		return decodeState(state)
+	if end := last.state(); last.Finished && len(end) > 0 {
+		state = end
 	}
-	return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
+	if len(state) == 0 {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
+	}
+	return decodeState(state)
 }
 
 // lastEvent returns the last event of the run's journal; the zero Event
@@ -426,9 +454,10 @@ func (s *JetStream) lastEvent(ctx context.Context, runID string) (Event, error) 
 }
 
 // finalInJournal: State and States read a finished run's state from its
-// run_finished when it has no saved state, so that a run that saved none
-// before its end is not made to save its last one (a write per run).
-func (s *JetStream) finalInJournal() {}
+// run_finished, so that a run that saved none before its end is not made
+// to save its last one (a write per run), unless the config says to save
+// it anyway (SaveFinalStates).
+func (s *JetStream) finalInJournal() bool { return !s.saveFinal }
 
 // States calls fn with every run's state: a finished run's from its
 // journal's run_finished, the others' the last saved, else their claim's.
@@ -470,17 +499,34 @@ func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState
 	return nil
 }
 
-// lastEvents calls fn with the last event of every run's journal.
+// lastEvents calls fn with the last event of every run's journal. It
+// reads the stream's last sequence first and stops there (or when the
+// server says nothing more is pending): a message of a run that arrives
+// meanwhile is not waited for. A scan that waits lastEventsIdle for its
+// next message ends too: the messages it was waiting for expired.
 func (s *JetStream) lastEvents(ctx context.Context, fn func(runID string, last Event)) error {
-	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{eventsSubject + "*"},
-		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	info, err := s.events.Info(ctx)
+	if err != nil {
+		return err
 	}
-	return s.consume(ctx, cfg, true, func(runID string, evs []Event, meta *jetstream.MsgMetadata) (bool, error) {
+	end := info.State.LastSeq
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	cfg := jetstream.OrderedConsumerConfig{
+		FilterSubjects:    []string{eventsSubject + "*"},
+		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
+		InactiveThreshold: lastEventsIdle,
+	}
+	return s.consume(ctx, cfg, lastEventsIdle, func(runID string, evs []Event, meta *jetstream.MsgMetadata) (bool, error) {
 		fn(runID, evs[len(evs)-1])
-		return meta.NumPending > 0, nil
+		return meta.Sequence.Stream < end && meta.NumPending > 0, nil
 	})
 }
+
+// lastEventsIdle bounds lastEvents' wait for its next message, and is how
+// long its consumer outlives it on the server.
+const lastEventsIdle = 5 * time.Second
 
 // An owners entry is the driver's name after ownerMark and its length (a
 // uvarint), followed by the run's state as it was claimed. An entry that

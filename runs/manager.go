@@ -540,7 +540,8 @@ func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
 
 // admit registers a local run of tenant, unless the manager is closed.
 func (m *Manager) admit(id, tenant string) (*run, error) {
-	_, inJournal := m.store.(finalInJournal)
+	fj, inJournal := m.store.(finalInJournal)
+	inJournal = inJournal && fj.finalInJournal()
 	r := &run{
 		id: id, tenant: tenant, store: m.store, log: m.log, lastStatus: -1, savedStatus: -1,
 		ready: make(chan struct{}), ended: make(chan struct{}),
@@ -1466,6 +1467,10 @@ func (r *run) flush() {
 			r.mu.Lock()
 			r.endUnsaved = finished
 			r.mu.Unlock()
+			// The write may have landed all the same (a timeout): the
+			// store may hold this state, so the next differs from what is
+			// known saved, and the end must be saved over it.
+			r.saveEnd, r.savedStatus = true, -1
 		} else {
 			r.saveEnd, r.savedStatus = true, status
 		}

@@ -90,13 +90,13 @@ type Command struct {
 // ErrConflict is returned when a write loses to another owner's.
 var ErrConflict = errors.New("conflicting write: the run changed hands")
 
-// finalInJournal is a Store that reads a finished run's final state from
-// the run_finished its journal ends with, in State and States, when no
-// state was saved for the run. The Manager does not save the final state
-// of a run that saved none before (Manager.admit, run.flush): one write
-// less for most runs. A run that saved one saves its final state too, or
-// State would give the stale one.
+// finalInJournal is a Store that may read a finished run's final state
+// from the run_finished its journal ends with, in State and States, and
+// says whether it does: then the Manager does not save the final state of
+// a run that saved none before (Manager.admit, run.flush), one write less
+// for most runs. A run that saved one (or may have: a failed save, a run
+// taken over) saves its final state too, so that no stale state is kept.
 type finalInJournal interface {
 	Store
-	finalInJournal()
+	finalInJournal() bool
 }
