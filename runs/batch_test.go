@@ -451,3 +451,70 @@ func TestARunWhoseEndIsNotSavedKeepsItsClaim(t *testing.T) {
 		return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED && owner == ""
 	}, 10*time.Second, 10*time.Millisecond, "b saved the final state and let the run go")
 }
+
+// failingAppend fails one journal write, the one that holds run_finished:
+// before writing it (lost says nothing was written) or after (the write
+// landed, its answer did not).
+type failingAppend struct {
+	runs.Store
+	landed bool
+	mu     sync.Mutex
+	failed bool
+}
+
+func (f *failingAppend) Append(ctx context.Context, evs ...runs.Event) error {
+	f.mu.Lock()
+	fail := !f.failed && evs[len(evs)-1].Finished
+	f.failed = f.failed || fail
+	f.mu.Unlock()
+	if !fail {
+		return f.Store.Append(ctx, evs...)
+	}
+	if f.landed {
+		if err := f.Store.Append(ctx, evs...); err != nil {
+			return err
+		}
+	}
+	return errors.New("nats: timeout")
+}
+
+// TestARunWhoseWriteFailsIsResumedByItsOwnServer: a journal write that
+// fails (not a conflict: the store still names this server the run's
+// driver, so no other server will take it over) stops the run here, and
+// this server's next scan resumes it from the store, whether the write
+// was lost or landed; its watchers see it to its end.
+func TestARunWhoseWriteFailsIsResumedByItsOwnServer(t *testing.T) {
+	for name, open := range stores {
+		for _, landed := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/landed=%v", name, landed), func(t *testing.T) {
+				const lease = 200 * time.Millisecond
+				store := open(t, lease)()
+				g := newGated(controls.DelegateInfo{Idempotent: true})
+				m := newManager(t, g, runs.Config{Store: &failingAppend{Store: store, landed: landed}, Lease: lease})
+				g.answer("b", controlstest.OK("first"))
+				g.answer("b", controlstest.OK("again"))
+				st, err := m.Start(context.Background(), "b", retrySpec(2), nil)
+				require.NoError(t, err)
+				evs := watchAll(t, m, st.GetRunId(), 0)
+				fin := final(t, evs)
+				assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
+				for i, ev := range evs {
+					assert.Equal(t, int64(i+1), ev.GetSeq(), "no gap, no duplicate")
+				}
+				if landed {
+					assert.Equal(t, 1, g.called("b"), "the run had ended: nothing done again")
+				} else {
+					assert.Contains(t, kinds(evs), "run_resumed")
+					assert.Equal(t, 2, g.called("b"), "the attempt whose end was lost is made again (idempotent)")
+				}
+				require.Eventually(t, func() bool {
+					owner, err := store.Driver(ctxFor(t), st.GetRunId())
+					return err == nil && owner == ""
+				}, 10*time.Second, 5*time.Millisecond, "let go of once ended")
+				got, err := m.Get(ctxFor(t), st.GetRunId())
+				require.NoError(t, err)
+				assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, got.GetStatus())
+			})
+		}
+	}
+}
