@@ -150,11 +150,8 @@ type Manager struct {
 	stopServing func()
 	// workers run the runs' drive (workers.go).
 	workers *workers
-	paused  atomic.Bool // heartbeats paused (tests simulate a frozen server)
-	// stranded says a run of this server stopped on a failed store
-	// write while its claim stays this server's: the next scan resumes it.
-	stranded atomic.Bool
-	parked   atomic.Int64 // runs waiting on park's timer
+	paused  atomic.Bool  // heartbeats paused (tests simulate a frozen server)
+	parked  atomic.Int64 // runs waiting on park's timer
 
 	mu       sync.Mutex
 	runs     map[string]*run
@@ -322,8 +319,7 @@ func (m *Manager) scan() {
 				live = nil
 			}
 			sinceFull++
-			stranded := m.stranded.Swap(false)
-			if err != nil || first || dirty || left || stranded || gone(seen, live) || sinceFull >= fullScanEvery {
+			if err != nil || first || dirty || left || gone(seen, live) || sinceFull >= fullScanEvery {
 				dirty = !m.takeOverOrphans(first && m.cfg.SoleOwner, live)
 				first, sinceFull = false, 0
 			}
@@ -388,9 +384,6 @@ func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) 
 	alive := map[string]bool{m.owner: true}
 	err := m.store.Owners(m.ctx, func(runID, owner string) bool {
 		if owner == m.owner {
-			if m.strandedHere(runID) {
-				orphans = append(orphans, orphan{runID, owner})
-			}
 			return true
 		}
 		isLive, seen := alive[owner]
@@ -522,14 +515,9 @@ func (m *Manager) tracker(r *run, state *stubbornv1.ControlState, journal []*stu
 // lost already (record said so to the observer). Its saved state becomes
 // FAILED, so that no list shows it pending, and its claim goes.
 func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
-	// Dropped from memory once its claim is gone: a scan meanwhile must not
-	// find this server's claim without its run (strandedHere).
-	defer func() {
-		m.mu.Lock()
-		delete(m.runs, r.id)
-		m.mu.Unlock()
-		m.wg.Done()
-	}()
+	m.mu.Lock()
+	delete(m.runs, r.id)
+	m.mu.Unlock()
 	if r.stopTimer != nil {
 		r.stopTimer()
 	}
@@ -547,6 +535,7 @@ func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
 	if err != nil {
 		m.log.Warn("letting go of a run that could not start", "run_id", r.id, "err", err)
 	}
+	m.wg.Done()
 }
 
 // admit registers a local run of tenant, unless the manager is closed.
@@ -556,7 +545,7 @@ func (m *Manager) admit(id, tenant string) (*run, error) {
 	r := &run{
 		id: id, tenant: tenant, store: m.store, log: m.log, lastStatus: -1, savedStatus: -1,
 		ready: make(chan struct{}), ended: make(chan struct{}),
-		saveEnd: !inJournal, strand: func() { m.stranded.Store(true) },
+		saveEnd: !inJournal,
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -568,24 +557,6 @@ func (m *Manager) admit(id, tenant string) (*run, error) {
 	m.runs[id] = r
 	m.wg.Add(1)
 	return r, nil
-}
-
-// strandedHere reports whether a run whose driver is this server in the
-// store is driven here no more: a store write of its failed (not sent, or
-// sent and not acknowledged: its own next write is then refused), it
-// finished without its final state saved, or it left this server's memory
-// with its claim (a failed release). This server resumes it from its
-// journal, as it would another server's: the store says how far it got.
-func (m *Manager) strandedHere(id string) bool {
-	m.mu.Lock()
-	r := m.runs[id]
-	m.mu.Unlock()
-	if r == nil {
-		return true
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.lost && r.stranded || r.done && r.endUnsaved
 }
 
 // forget drops a run that could not start.
@@ -644,10 +615,6 @@ func (m *Manager) resume(id, from string) error {
 		return m.store.Release(m.ctx, id)
 	} else if err != nil {
 		return err
-	} else if isTerminal(state.GetStatus()) {
-		// Ended without a journal (it could not be recorded: unstart),
-		// and its claim was not let go then.
-		return m.store.Release(m.ctx, id)
 	}
 	if state == nil {
 		return fmt.Errorf("run %s: journal does not start with run_started", id)
@@ -977,10 +944,10 @@ func (m *Manager) retire(r *run) {
 	switch {
 	case lost:
 	case unsaved:
-		// Without its claim the run's saved state would stay stale: this
-		// server's next scan (or the server that takes it over, this one
-		// leaving) saves the final state from the journal, then releases
-		// it (strandedHere).
+		// Without its claim the run's state would be gone until its
+		// journal expires: the server that takes it over next (this one
+		// leaving or restarting) saves the final state from the journal,
+		// then releases it.
 		m.log.Warn("keeping the claim of a finished run whose final state is not saved", "run_id", r.id)
 	default:
 		// The store bounds its own call, as for record.
@@ -1368,11 +1335,6 @@ type run struct {
 	flushMu       sync.Mutex   // one flush at a time
 	calls         atomic.Int32 // delegate calls in flight (flushing)
 	endUnsaved    bool         // the final state could not be saved
-	// stranded says a write failed: if the store still names this server
-	// the run's driver, nobody else will resume it (strandedHere). strand
-	// tells the manager's scan.
-	stranded bool
-	strand   func()
 	// saveEnd says the run's final state must be saved: the store does
 	// not read it from the journal (finalInJournal), or the run saved
 	// a state before (the saved one would hide the journal's), or this
@@ -1494,16 +1456,8 @@ func (r *run) flush() {
 	r.mu.Unlock()
 
 	if err := r.store.Append(context.Background(), evs...); err != nil {
-		if errors.Is(err, ErrConflict) {
-			r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
-		} else {
-			r.log.Warn("run stopped: its journal could not be written; it resumes from the store at the next scan", "run_id", r.id, "err", err)
-		}
-		r.mu.Lock()
-		r.stranded = true
-		r.mu.Unlock()
+		r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
 		r.lose(err, errLost)
-		r.strand()
 		return
 	}
 	finished := evs[len(evs)-1].Finished
@@ -1513,9 +1467,6 @@ func (r *run) flush() {
 			r.mu.Lock()
 			r.endUnsaved = finished
 			r.mu.Unlock()
-			if finished {
-				r.strand()
-			}
 			// The write may have landed all the same (a timeout): the
 			// store may hold this state, so the next differs from what is
 			// known saved, and the end must be saved over it.
