@@ -285,19 +285,27 @@ func (s *JetStream) Events(ctx context.Context, runID string, after int64) ([]Ev
 		return nil, err
 	}
 	var out []Event
+	finished := false
 	err = s.read(ctx, runID, func(evs []Event, seq uint64) (bool, error) {
 		for _, ev := range evs {
 			if ev.Seq > after {
 				out = append(out, ev)
 			}
 		}
+		finished = evs[len(evs)-1].Finished
 		return seq < lastMsg.Sequence, nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
-	s.last[runID] = lastMsg.Sequence
+	if finished {
+		// Nothing may follow run_finished: nothing to remember (a reader
+		// of finished runs would otherwise keep an entry for each).
+		delete(s.last, runID)
+	} else {
+		s.last[runID] = lastMsg.Sequence
+	}
 	s.mu.Unlock()
 	return out, nil
 }

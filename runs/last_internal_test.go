@@ -1,0 +1,54 @@
+package runs
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// TestReadingAFinishedJournalRemembersNothing: the JetStream store
+// remembers where each run's journal ends so that it may append to it;
+// reading a finished run (another server's, a resume that finds it ended)
+// must not leave an entry behind for good.
+func TestReadingAFinishedJournalRemembersNothing(t *testing.T) {
+	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	open := func() *JetStream {
+		nc, err := nats.Connect("", nats.InProcessServer(e.Server))
+		require.NoError(t, err)
+		s, err := NewJetStream(ctx, nc, JetStreamConfig{Memory: true})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	writer, reader := open(), open()
+	event := func(seq int64, kind *stubbornv1.RunEvent) Event {
+		kind.RunId, kind.Seq = "run_x", seq
+		ev, err := EncodeEvent(kind)
+		require.NoError(t, err)
+		return ev
+	}
+	started := event(1, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunStarted{RunStarted: &stubbornv1.RunStarted{}}})
+	require.NoError(t, writer.Append(ctx, started))
+
+	_, err = reader.Events(ctx, "run_x", 0)
+	require.NoError(t, err)
+	assert.Contains(t, reader.last, "run_x", "a live run's end is remembered, for appending")
+
+	finished := event(2, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunFinished{RunFinished: &stubbornv1.RunFinished{}}})
+	require.NoError(t, writer.Append(ctx, finished))
+	assert.NotContains(t, writer.last, "run_x", "the writer forgets a run it finished")
+	evs, err := reader.Events(ctx, "run_x", 1)
+	require.NoError(t, err)
+	require.Len(t, evs, 1)
+	assert.NotContains(t, reader.last, "run_x", "nor does a reader of a finished run")
+}
