@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -27,7 +28,7 @@ import (
 const (
 	echoName    = "echo"    // demo.Echo: scenarios 1–3
 	flaky2Name  = "flaky2"  // attempts 1 and 2 fail: scenario 4
-	flaky1Name  = "flaky1"  // attempt 1 fails: scenario 5
+	downName    = "down"    // every attempt fails: scenario 5
 	watchedName = "watched" // gated, then fails until its last attempt: scenario 6
 )
 
@@ -201,7 +202,7 @@ type world struct {
 	direct   stubbornv1.DelegateServiceClient // caller → delegate
 	proxied  stubbornv1.DelegateServiceClient // caller → proxy → delegate
 
-	flaky1  *failFirst
+	down    *failFirst
 	watched *watched
 	reg     *delegates.Config
 }
@@ -215,11 +216,12 @@ func dial(addr string) (*grpc.ClientConn, error) {
 // newWorld starts the delegate servers and the proxy on loopback.
 func newWorld(watchAttempts int) (*world, error) {
 	w := &world{
-		flaky1:  &failFirst{n: 1},
+		down:    &failFirst{n: math.MaxInt32},
 		watched: &watched{last: int32(watchAttempts)},
 		reg: &delegates.Config{
-			// Scenario 5 waits far longer than any measurement, so that no
-			// full-jitter draw ends a wait while it is being measured.
+			// Scenario 5's waits are drawn from [0, 1000 h]: almost all
+			// outlast the measurement (a short draw makes another attempt,
+			// which fails, and waits again).
 			Limits: delegates.Limits{MaxWait: delegates.Duration(1000 * time.Hour)},
 		},
 	}
@@ -229,7 +231,7 @@ func newWorld(watchAttempts int) (*world, error) {
 	}{
 		{echoName, demo.Echo{}},
 		{flaky2Name, &failFirst{n: 2}},
-		{flaky1Name, w.flaky1},
+		{downName, w.down},
 		{watchedName, w.watched},
 	}
 	for _, s := range svcs {

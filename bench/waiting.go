@@ -70,8 +70,10 @@ func cpuPercent(d time.Duration) float64 {
 	return 100 * float64(c1-c0) / float64(el)
 }
 
-// runWaiting starts n retry runs whose first attempt fails and whose backoff
-// wait is drawn from [0, 1000h], so that they all sit in backoff; measures
+// runWaiting starts n retry runs whose attempts all fail and whose backoff
+// waits are drawn from [0, 1000h], so that they all sit in backoff (full
+// jitter may draw a short wait: such a run makes another attempt, which
+// fails, and waits again; 10 short draws in a row are beyond chance); measures
 // memory per waiting run and CPU while they all wait; then cancels them.
 func runWaiting(ctx context.Context, w *world, store string, n int, idle time.Duration, conc int, heapProfile, idleProfile string) (WaitingResult, error) {
 	res := WaitingResult{Store: store, Runs: n}
@@ -92,10 +94,10 @@ func runWaiting(ctx context.Context, w *world, store string, n int, idle time.Du
 	const wait = 1000 * time.Hour
 	req := &stubbornv1.StartRunRequest{}
 	{
-		r := retryRun(flaky1Name, 1, wait, wait)
+		r := retryRun(downName, 10, wait, wait)
 		req.TaskBrief, req.Retry = r.TaskBrief, r.Retry
 	}
-	calls0 := w.flaky1.calls.Load()
+	calls0 := w.down.calls.Load()
 	t0 := time.Now()
 	ids := make([]string, n)
 	var next atomic.Int64
@@ -125,7 +127,7 @@ func runWaiting(ctx context.Context, w *world, store string, n int, idle time.Du
 	// Every run waits once its first attempt has failed and its backoff is
 	// scheduled.
 	for {
-		if w.flaky1.calls.Load()-calls0 >= int64(n) {
+		if w.down.calls.Load()-calls0 >= int64(n) {
 			list, _, err := s.srv.Runs.List(ctx, stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF, n+1, "")
 			if err != nil {
 				return res, err
