@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +45,13 @@ type JetStreamConfig struct {
 	// (most do not) has its final state in its journal's run_finished
 	// only: one write less per run.
 	SaveFinalStates bool
+	// WriteRetry is how long a write that failed for a reason that may
+	// pass (no answer in time, no server to take it: a stream leader being
+	// elected, a NATS server restarting, a reconnect) is made again before
+	// it fails, and the run that made it is given up on this server. A
+	// write that took effect although its answer was lost counts as made.
+	// 0 means the lease; negative means no second try.
+	WriteRetry time.Duration
 }
 
 // Names of the JetStream assets.
@@ -73,6 +82,8 @@ type JetStream struct {
 	// markerTTL is how long a released run's purge marker stays in the
 	// owners bucket.
 	markerTTL time.Duration
+	// writeRetry is JetStreamConfig.WriteRetry, the lease for 0.
+	writeRetry time.Duration
 
 	mu   sync.Mutex
 	last map[string]uint64 // stream sequence of the last event of each run this store wrote or read
@@ -110,7 +121,10 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	if err != nil {
 		return nil, err
 	}
-	s := &JetStream{nc: nc, js: js, lease: cfg.Lease, saveFinal: cfg.SaveFinalStates, last: map[string]uint64{}}
+	if cfg.WriteRetry == 0 {
+		cfg.WriteRetry = cfg.Lease
+	}
+	s := &JetStream{nc: nc, js: js, lease: cfg.Lease, saveFinal: cfg.SaveFinalStates, writeRetry: cfg.WriteRetry, last: map[string]uint64{}}
 	maxBytes := cfg.MaxBytes
 	if maxBytes <= 0 {
 		maxBytes = -1
@@ -201,7 +215,27 @@ func (s *JetStream) publish(ctx context.Context, evs []Event) error {
 		msg.Data = packEvents(evs)
 		msg.Header = nats.Header{eventsHeader: []string{strconv.Itoa(len(evs))}}
 	}
-	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(last))
+	var seq uint64
+	err := s.write(ctx, func(ctx context.Context) error {
+		ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(last))
+		if err != nil {
+			return err
+		}
+		seq = ack.Sequence
+		return nil
+	}, func(ctx context.Context) (bool, error) {
+		// A try whose answer was lost, then refused: the journal ends
+		// with this message if that try wrote it.
+		m, err := s.events.GetLastMsgForSubject(ctx, msg.Subject)
+		if err != nil {
+			return false, err
+		}
+		if m.Sequence <= last || !bytes.Equal(m.Data, msg.Data) || m.Header.Get(eventsHeader) != msg.Header.Get(eventsHeader) {
+			return false, nil
+		}
+		seq = m.Sequence
+		return true, nil
+	})
 	if err != nil {
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
@@ -214,10 +248,69 @@ func (s *JetStream) publish(ctx context.Context, evs []Event) error {
 	if evs[len(evs)-1].Finished {
 		delete(s.last, runID)
 	} else {
-		s.last[runID] = ack.Sequence
+		s.last[runID] = seq
 	}
 	s.mu.Unlock()
 	return nil
+}
+
+// Waits between the tries of a write (write): full jitter over an
+// exponential backoff from retryBase, capped at retryCap.
+const (
+	retryBase = 50 * time.Millisecond
+	retryCap  = 2 * time.Second
+)
+
+// write makes a store write with try, and again while it fails for a
+// reason that may pass (transient), for up to writeRetry, unless ctx ends
+// first; it returns the last try's error. A try after one whose answer
+// was lost may be refused because that one took effect (a journal's
+// expected sequence, a key created): landed, when not nil, is then asked
+// whether the store holds this write, which makes it a success.
+func (s *JetStream) write(ctx context.Context, try func(context.Context) error, landed func(context.Context) (bool, error)) error {
+	err := try(ctx)
+	if err == nil || !transient(err) || s.writeRetry <= 0 {
+		return err
+	}
+	until := time.Now().Add(s.writeRetry)
+	for n := 0; ; n++ {
+		wait := time.Duration(mrand.Int64N(int64(min(retryCap, retryBase<<min(n, 16))) + 1))
+		if time.Now().Add(wait).After(until) {
+			return err
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return err
+		case <-timer.C:
+		}
+		err = try(ctx)
+		if err == nil {
+			return nil
+		}
+		if !transient(err) {
+			if landed != nil {
+				if ok, lerr := landed(ctx); lerr == nil && ok {
+					return nil
+				}
+			}
+			return err
+		}
+	}
+}
+
+// transient reports whether a failed NATS call may succeed if made again:
+// no answer in time, or no server to take it (a stream's leader being
+// elected, a NATS server restarting, the connection being restored).
+func transient(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.Code == http.StatusServiceUnavailable
 }
 
 // packedSize is an event's size in a message that holds several.
@@ -395,8 +488,10 @@ func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn fu
 
 // PutState saves a snapshot.
 func (s *JetStream) PutState(ctx context.Context, runID string, state []byte) error {
-	_, err := s.states.Put(ctx, runID, state)
-	return err
+	return s.write(ctx, func(ctx context.Context) error {
+		_, err := s.states.Put(ctx, runID, state)
+		return err
+	}, nil)
 }
 
 // State returns a run's state: the one its journal's run_finished
@@ -626,7 +721,17 @@ func (s *JetStream) Leave(ctx context.Context, owner string) error {
 
 // Claim creates the run's owner key, with its state.
 func (s *JetStream) Claim(ctx context.Context, runID, owner string, state []byte) error {
-	_, err := s.owners.Create(ctx, runID, ownerEntry(owner, state))
+	entry := ownerEntry(owner, state)
+	err := s.write(ctx, func(ctx context.Context) error {
+		_, err := s.owners.Create(ctx, runID, entry)
+		return err
+	}, func(ctx context.Context) (bool, error) {
+		e, err := s.owners.Get(ctx, runID)
+		if err != nil {
+			return false, err
+		}
+		return bytes.Equal(e.Value(), entry), nil
+	})
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return fmt.Errorf("%w: run %s already has a driver", ErrConflict, runID)
 	}
@@ -677,10 +782,12 @@ func (s *JetStream) TakeOver(ctx context.Context, runID, from, owner string) err
 // Release deletes the run's owner key; its marker expires after markerTTL
 // (0: after the retention).
 func (s *JetStream) Release(ctx context.Context, runID string) error {
-	if s.markerTTL == 0 {
-		return s.owners.Purge(ctx, runID)
-	}
-	return s.owners.Purge(ctx, runID, jetstream.PurgeTTL(s.markerTTL))
+	return s.write(ctx, func(ctx context.Context) error {
+		if s.markerTTL == 0 {
+			return s.owners.Purge(ctx, runID)
+		}
+		return s.owners.Purge(ctx, runID, jetstream.PurgeTTL(s.markerTTL))
+	}, nil)
 }
 
 // commandReply is the answer to a Command.

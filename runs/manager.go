@@ -1440,7 +1440,9 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 // the flush before it has written.
 //
 // Each store bounds its own calls (JetStream's have the client's default
-// timeout), so flush makes no context of its own for them.
+// timeout, and are made again through an outage for up to its
+// WriteRetry), so flush gives them no deadline: their context ends only
+// when the run is let go here (writeContext).
 func (r *run) flush() {
 	r.flushMu.Lock()
 	defer r.flushMu.Unlock()
@@ -1455,14 +1457,14 @@ func (r *run) flush() {
 	}
 	r.mu.Unlock()
 
-	if err := r.store.Append(context.Background(), evs...); err != nil {
+	if err := r.store.Append(writeContext{r}, evs...); err != nil {
 		r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
 		r.lose(err, errLost)
 		return
 	}
 	finished := evs[len(evs)-1].Finished
 	if state != nil && (finished && r.saveEnd || !finished && status != r.savedStatus) {
-		if err := r.store.PutState(context.Background(), r.id, state); err != nil {
+		if err := r.store.PutState(writeContext{r}, r.id, state); err != nil {
 			r.log.Warn("saving run state", "run_id", r.id, "err", err)
 			r.mu.Lock()
 			r.endUnsaved = finished
@@ -1492,6 +1494,26 @@ func (r *run) flush() {
 		close(r.ended)
 	}
 	r.wakeLocked()
+}
+
+// writeContext is the context of a run's store writes: it ends when the
+// run has ended here (lose, abandon), not when the run is cancelled, whose
+// run_finished is still to be written. A store that makes a failed write
+// again through an outage (JetStream) stops when this server lets the run
+// go.
+type writeContext struct{ r *run }
+
+func (writeContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (c writeContext) Done() <-chan struct{}     { return c.r.ended }
+func (writeContext) Value(any) any               { return nil }
+
+func (c writeContext) Err() error {
+	select {
+	case <-c.r.ended:
+		return context.Canceled
+	default:
+		return nil
+	}
 }
 
 // flushing is the Delegates of a run's controls: each call, and each

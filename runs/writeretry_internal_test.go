@@ -1,0 +1,261 @@
+package runs
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// fault is what happens to one write made through a faulty connection.
+type fault int
+
+const (
+	pass       fault = iota // made as asked
+	unsent                  // never reaches NATS: its caller times out
+	unanswered              // written, but its answer is lost: its caller times out
+	refused                 // refused for good
+)
+
+// faults hands out the faults of successive writes, then passes; it counts
+// the writes, and may run a hook at one of them.
+type faults struct {
+	mu     sync.Mutex
+	plan   []fault
+	always fault // after the plan
+	calls  int
+	at     int    // calls value at which hook runs
+	hook   func() // or nil
+}
+
+func (f *faults) next() fault {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.hook != nil && f.calls == f.at {
+		f.hook()
+	}
+	if f.calls <= len(f.plan) {
+		return f.plan[f.calls-1]
+	}
+	return f.always
+}
+
+func (f *faults) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls
+}
+
+// apply makes a write through do as fault says; timeout is the error its
+// caller gets when the answer does not come.
+func apply[T any](ft fault, do func() (T, error)) (T, error) {
+	var zero T
+	switch ft {
+	case unsent:
+		return zero, fmt.Errorf("nats: %w", context.DeadlineExceeded)
+	case unanswered:
+		if _, err := do(); err != nil {
+			return zero, err
+		}
+		return zero, nats.ErrTimeout
+	case refused:
+		return zero, nats.ErrMaxPayload
+	}
+	return do()
+}
+
+// faultyJS publishes the journal's messages through faults.
+type faultyJS struct {
+	jetstream.JetStream
+	f *faults
+}
+
+func (j faultyJS) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	return apply(j.f.next(), func() (*jetstream.PubAck, error) { return j.JetStream.PublishMsg(ctx, msg, opts...) })
+}
+
+// faultyKV creates keys through faults.
+type faultyKV struct {
+	jetstream.KeyValue
+	f *faults
+}
+
+func (k faultyKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	return apply(k.f.next(), func() (uint64, error) { return k.KeyValue.Create(ctx, key, value, opts...) })
+}
+
+// openFaulty opens a JetStream store on a fresh embedded server whose
+// journal publishes and owner-key creations go through faults.
+func openFaulty(t *testing.T, retry time.Duration) (s *JetStream, pubs, creates *faults) {
+	t.Helper()
+	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	nc, err := nats.Connect("", nats.InProcessServer(e.Server))
+	require.NoError(t, err)
+	s, err = NewJetStream(context.Background(), nc, JetStreamConfig{Memory: true, WriteRetry: retry})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	pubs, creates = &faults{}, &faults{}
+	s.js = faultyJS{s.js, pubs}
+	s.owners = faultyKV{s.owners, creates}
+	return s, pubs, creates
+}
+
+func testEvent(t *testing.T, runID string, seq int64, finished bool) Event {
+	t.Helper()
+	ev := &stubbornv1.RunEvent{RunId: runID, Seq: seq, Kind: &stubbornv1.RunEvent_AttemptStarted{AttemptStarted: &stubbornv1.AttemptStarted{}}}
+	if finished {
+		ev.Kind = &stubbornv1.RunEvent_RunFinished{RunFinished: &stubbornv1.RunFinished{}}
+	}
+	e, err := EncodeEvent(ev)
+	require.NoError(t, err)
+	return e
+}
+
+// journalSeqs reads the run's journal as stored: the seq of every event.
+func journalSeqs(t *testing.T, s *JetStream, runID string) []int64 {
+	t.Helper()
+	evs, err := s.Events(context.Background(), runID, 0)
+	require.NoError(t, err)
+	seqs := make([]int64, 0, len(evs))
+	for _, ev := range evs {
+		seqs = append(seqs, ev.Seq)
+	}
+	return seqs
+}
+
+// TestAJournalWriteRidesOutAnOutage: a journal write that failed for a
+// reason that may pass is made again; one that was written although its
+// answer was lost is not written twice (the retry is refused: the journal
+// moved on) but counts as made; one refused for good is not made again.
+func TestAJournalWriteRidesOutAnOutage(t *testing.T) {
+	ctx := context.Background()
+	t.Run("unsent", func(t *testing.T) {
+		s, pubs, _ := openFaulty(t, time.Minute)
+		pubs.plan = []fault{unsent, unsent}
+		require.NoError(t, s.Append(ctx, testEvent(t, "run_a", 1, false), testEvent(t, "run_a", 2, false)))
+		assert.Equal(t, 3, pubs.count(), "made a third time")
+		require.NoError(t, s.Append(ctx, testEvent(t, "run_a", 3, true)), "the store knows where the journal ends")
+		assert.Equal(t, []int64{1, 2, 3}, journalSeqs(t, s, "run_a"))
+	})
+	t.Run("unanswered", func(t *testing.T) {
+		s, pubs, _ := openFaulty(t, time.Minute)
+		pubs.plan = []fault{pass, unanswered}
+		require.NoError(t, s.Append(ctx, testEvent(t, "run_b", 1, false)))
+		require.NoError(t, s.Append(ctx, testEvent(t, "run_b", 2, false)), "written, its answer lost: made")
+		assert.Equal(t, 3, pubs.count(), "tried again once, which was refused")
+		require.NoError(t, s.Append(ctx, testEvent(t, "run_b", 3, true)), "the store knows where the journal ends")
+		assert.Equal(t, []int64{1, 2, 3}, journalSeqs(t, s, "run_b"), "each event once")
+	})
+	t.Run("refused", func(t *testing.T) {
+		s, pubs, _ := openFaulty(t, time.Minute)
+		pubs.plan = []fault{refused}
+		err := s.Append(ctx, testEvent(t, "run_c", 1, false))
+		require.ErrorIs(t, err, nats.ErrMaxPayload)
+		assert.Equal(t, 1, pubs.count(), "not made again")
+	})
+	t.Run("conflict", func(t *testing.T) {
+		s, pubs, _ := openFaulty(t, time.Minute)
+		pubs.plan = []fault{pass, unsent}
+		require.NoError(t, s.Append(ctx, testEvent(t, "run_d", 1, false)))
+		// Another server's write comes first (a takeover): the retry is
+		// refused, and the journal's end is not this write.
+		pubs.at, pubs.hook = 2, func() {
+			_, err := s.js.(faultyJS).JetStream.Publish(ctx, eventsSubject+"run_d", testEvent(t, "run_d", 5, false).Data)
+			require.NoError(t, err)
+		}
+		err := s.Append(ctx, testEvent(t, "run_d", 2, false))
+		require.ErrorIs(t, err, ErrConflict)
+	})
+	t.Run("gives up", func(t *testing.T) {
+		s, pubs, _ := openFaulty(t, 300*time.Millisecond)
+		pubs.always = unsent
+		err := s.Append(ctx, testEvent(t, "run_e", 1, false))
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Greater(t, pubs.count(), 1, "made again within WriteRetry")
+		assert.Empty(t, journalSeqs(t, s, "run_e"))
+	})
+	t.Run("no retry", func(t *testing.T) {
+		s, pubs, _ := openFaulty(t, -1)
+		pubs.plan = []fault{unsent}
+		require.ErrorIs(t, s.Append(ctx, testEvent(t, "run_f", 1, false)), context.DeadlineExceeded)
+		assert.Equal(t, 1, pubs.count())
+	})
+	t.Run("let go", func(t *testing.T) {
+		s, pubs, _ := openFaulty(t, time.Hour)
+		pubs.always = unsent
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		pubs.at, pubs.hook = 3, cancel
+		err := s.Append(wctx, testEvent(t, "run_g", 1, false))
+		require.ErrorIs(t, err, context.DeadlineExceeded, "the last try's error")
+		assert.Equal(t, 3, pubs.count(), "no try after the context ended")
+	})
+}
+
+// TestAClaimWhoseAnswerIsLostIsMade: a run's claim written although its
+// answer was lost is the run's (its retry is refused: the key exists);
+// another server's claim of the same run still conflicts.
+func TestAClaimWhoseAnswerIsLostIsMade(t *testing.T) {
+	ctx := context.Background()
+	s, _, creates := openFaulty(t, time.Minute)
+	creates.plan = []fault{unanswered}
+	require.NoError(t, s.Claim(ctx, "run_a", "me", []byte("state")))
+	assert.Equal(t, 2, creates.count())
+	owner, err := s.Driver(ctx, "run_a")
+	require.NoError(t, err)
+	assert.Equal(t, "me", owner)
+	require.ErrorIs(t, s.Claim(ctx, "run_a", "other", []byte("state")), ErrConflict)
+	require.ErrorIs(t, s.Claim(ctx, "run_a", "me", []byte("another state")), ErrConflict, "not this claim")
+}
+
+// TestARunRidesOutAJournalOutage: a run whose journal writes fail for a
+// while, one of them written with its answer lost, goes on and finishes;
+// the delegate is called once and the journal has each event once. Before,
+// the first failed write stopped the run on this server for good, RUNNING.
+func TestARunRidesOutAJournalOutage(t *testing.T) {
+	s, pubs, _ := openFaulty(t, time.Minute)
+	// The run's first write meets an outage (its first try unsent, its
+	// second written but unanswered, its third refused: the journal moved
+	// on), its second is written unanswered.
+	pubs.plan = []fault{unsent, unanswered, pass, unanswered}
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("fine")}})
+	m, err := New(Config{Store: s, Delegates: d, Clock: controlstest.NewClock(), Owner: "me"})
+	require.NoError(t, err)
+	defer m.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a"}}}}
+	st, err := m.Start(ctx, "brief", spec, nil)
+	require.NoError(t, err)
+	var kinds []string
+	require.NoError(t, m.Watch(ctx, st.GetRunId(), 0, func(e Event) error {
+		ev, err := e.Decode()
+		if err != nil {
+			return err
+		}
+		kinds = append(kinds, controlstest.Kind(ev))
+		return nil
+	}))
+	assert.Equal(t, []string{"run_started", "attempt_started", "attempt_finished", "run_finished"}, kinds)
+	got, err := m.Get(ctx, st.GetRunId())
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, got.GetStatus())
+	assert.Len(t, d.Calls(), 1, "called once")
+	assert.Equal(t, []int64{1, 2, 3, 4}, journalSeqs(t, s, st.GetRunId()), "each event once")
+	assert.Greater(t, pubs.count(), len(pubs.plan), "every fault was met")
+	stored, err := s.State(ctx, st.GetRunId())
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, stored.GetStatus())
+}
