@@ -43,16 +43,23 @@ func freePorts(t *testing.T, n int) []int {
 	return ports
 }
 
-// startNATSCluster builds nats-server from the module Stubborn already
-// depends on and starts a three-node JetStream cluster on loopback. It
-// returns the client URLs.
-func startNATSCluster(t *testing.T) []string {
+// buildNATSServer builds nats-server from the module Stubborn already
+// depends on, into dir, and returns its path.
+func buildNATSServer(t *testing.T, dir string) string {
 	t.Helper()
-	dir := t.TempDir()
 	bin := filepath.Join(dir, "nats-server")
 	build := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "building nats-server: %s", out)
+	return bin
+}
+
+// startNATSCluster starts a three-node JetStream cluster of nats-server
+// (buildNATSServer) on loopback. It returns the client URLs.
+func startNATSCluster(t *testing.T) []string {
+	t.Helper()
+	dir := t.TempDir()
+	bin := buildNATSServer(t, dir)
 
 	ports := freePorts(t, 6)
 	var routes []string
