@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -84,6 +85,10 @@ type JetStream struct {
 	markerTTL time.Duration
 	// writeRetry is JetStreamConfig.WriteRetry, the lease for 0.
 	writeRetry time.Duration
+	// beatAt is when the last heartbeat that was written was sent (Unix
+	// nanoseconds; 0 before the first): a lease later, other servers may
+	// take this one's runs over, and its writes are not made again.
+	beatAt atomic.Int64
 
 	mu   sync.Mutex
 	last map[string]uint64 // stream sequence of the last event of each run this store wrote or read
@@ -262,8 +267,9 @@ const (
 )
 
 // write makes a store write with try, and again while it fails for a
-// reason that may pass (transient), for up to writeRetry, unless ctx ends
-// first; it returns the last try's error. A try after one whose answer
+// reason that may pass (transient), for up to writeRetry and no later than
+// a lease after the last heartbeat written, unless ctx ends first; it
+// returns the last try's error. A try after one whose answer
 // was lost may be refused because that one took effect (a journal's
 // expected sequence, a key created): landed, when not nil, is then asked
 // whether the store holds this write, which makes it a success.
@@ -273,6 +279,14 @@ func (s *JetStream) write(ctx context.Context, try func(context.Context) error, 
 		return err
 	}
 	until := time.Now().Add(s.writeRetry)
+	if at := s.beatAt.Load(); at != 0 {
+		// Past the lease of the last heartbeat written, another server
+		// may drive this server's runs: a write made then could land
+		// after that server read the journal.
+		if end := time.Unix(0, at).Add(s.lease); end.Before(until) {
+			until = end
+		}
+	}
 	for n := 0; ; n++ {
 		wait := time.Duration(mrand.Int64N(int64(min(retryCap, retryBase<<min(n, 16))) + 1))
 		if time.Now().Add(wait).After(until) {
@@ -682,8 +696,11 @@ func eachEntry(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.Key
 
 // Beat creates or renews owner's heartbeat, which expires after the lease.
 func (s *JetStream) Beat(ctx context.Context, owner string) error {
-	now := []byte(time.Now().UTC().Format(time.RFC3339Nano))
-	_, err := s.beats.Put(ctx, owner, now)
+	sent := time.Now()
+	_, err := s.beats.Put(ctx, owner, []byte(sent.UTC().Format(time.RFC3339Nano)))
+	if err == nil {
+		s.beatAt.Store(sent.UnixNano())
+	}
 	return err
 }
 
