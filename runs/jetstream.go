@@ -268,8 +268,9 @@ const (
 
 // write makes a store write with try, and again while it fails for a
 // reason that may pass (transient), for up to writeRetry and no later than
-// a lease after the last heartbeat written, unless ctx ends first; it
-// returns the last try's error. A try after one whose answer
+// a lease after the last heartbeat written, unless ctx ends first or the
+// channel it carries under stopWritesKey is closed; it returns the last
+// try's error. A try after one whose answer
 // was lost may be refused because that one took effect (a journal's
 // expected sequence, a key created): landed, when not nil, is then asked
 // whether the store holds this write, which makes it a success.
@@ -278,6 +279,7 @@ func (s *JetStream) write(ctx context.Context, try func(context.Context) error, 
 	if err == nil || !transient(err) || s.writeRetry <= 0 {
 		return err
 	}
+	stop, _ := ctx.Value(stopWritesKey{}).(<-chan struct{})
 	until := time.Now().Add(s.writeRetry)
 	if at := s.beatAt.Load(); at != 0 {
 		// Past the lease of the last heartbeat written, another server
@@ -295,6 +297,9 @@ func (s *JetStream) write(ctx context.Context, try func(context.Context) error, 
 		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			timer.Stop()
+			return err
+		case <-stop:
 			timer.Stop()
 			return err
 		case <-timer.C:

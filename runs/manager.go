@@ -1441,8 +1441,7 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 //
 // Each store bounds its own calls (JetStream's have the client's default
 // timeout, and are made again through an outage for up to its
-// WriteRetry), so flush gives them no deadline: their context ends only
-// when the run is let go here (writeContext).
+// WriteRetry), so flush gives them no deadline (writeContext).
 func (r *run) flush() {
 	r.flushMu.Lock()
 	defer r.flushMu.Unlock()
@@ -1496,24 +1495,25 @@ func (r *run) flush() {
 	r.wakeLocked()
 }
 
-// writeContext is the context of a run's store writes: it ends when the
-// run has ended here (lose, abandon), not when the run is cancelled, whose
-// run_finished is still to be written. A store that makes a failed write
-// again through an outage (JetStream) stops when this server lets the run
-// go.
+// writeContext is the context of a run's store writes. It is never
+// cancelled: a write under way is made whole (as a run that is let go
+// leaves it), and a cancelled run's run_finished is still written. It
+// carries the run's ended channel (stopWritesKey): a store that makes a
+// failed write again through an outage (JetStream) stops trying once this
+// server lets the run go (lose, abandon). A type of its own, not
+// context.WithValue: nothing to allocate per write, and no goroutine for
+// the deadlines derived from it (it has no Done channel).
 type writeContext struct{ r *run }
 
 func (writeContext) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (c writeContext) Done() <-chan struct{}     { return c.r.ended }
-func (writeContext) Value(any) any               { return nil }
+func (writeContext) Done() <-chan struct{}       { return nil }
+func (writeContext) Err() error                  { return nil }
 
-func (c writeContext) Err() error {
-	select {
-	case <-c.r.ended:
-		return context.Canceled
-	default:
-		return nil
+func (c writeContext) Value(key any) any {
+	if key == (stopWritesKey{}) {
+		return (<-chan struct{})(c.r.ended)
 	}
+	return nil
 }
 
 // flushing is the Delegates of a run's controls: each call, and each

@@ -100,3 +100,8 @@ type finalInJournal interface {
 	Store
 	finalInJournal() bool
 }
+
+// stopWritesKey is the context key of a channel (<-chan struct{}) closed
+// when a write made with the context is not to be made again after a
+// failure: the run that makes it was let go.
+type stopWritesKey struct{}

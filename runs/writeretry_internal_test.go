@@ -103,7 +103,7 @@ func openFaulty(t *testing.T, retry time.Duration) (s *JetStream, pubs, creates 
 	t.Cleanup(e.Close)
 	nc, err := nats.Connect("", nats.InProcessServer(e.Server))
 	require.NoError(t, err)
-	s, err = NewJetStream(context.Background(), nc, JetStreamConfig{Memory: true, WriteRetry: retry})
+	s, err = NewJetStream(context.Background(), nc, JetStreamConfig{Memory: true, WriteRetry: retry, Lease: time.Hour})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	pubs, creates = &faults{}, &faults{}
@@ -192,7 +192,17 @@ func TestAJournalWriteRidesOutAnOutage(t *testing.T) {
 		require.ErrorIs(t, s.Append(ctx, testEvent(t, "run_f", 1, false)), context.DeadlineExceeded)
 		assert.Equal(t, 1, pubs.count())
 	})
-	t.Run("let go", func(t *testing.T) {
+	t.Run("run let go", func(t *testing.T) {
+		s, pubs, _ := openFaulty(t, time.Hour)
+		pubs.always = unsent
+		ended := make(chan struct{})
+		pubs.at, pubs.hook = 3, func() { close(ended) }
+		wctx := context.WithValue(ctx, stopWritesKey{}, (<-chan struct{})(ended))
+		err := s.Append(wctx, testEvent(t, "run_i", 1, false))
+		require.ErrorIs(t, err, context.DeadlineExceeded, "the last try's error")
+		assert.Equal(t, 3, pubs.count(), "no try after the run was let go")
+	})
+	t.Run("context ended", func(t *testing.T) {
 		s, pubs, _ := openFaulty(t, time.Hour)
 		pubs.always = unsent
 		wctx, cancel := context.WithCancel(ctx)
@@ -258,4 +268,31 @@ func TestARunRidesOutAJournalOutage(t *testing.T) {
 	stored, err := s.State(ctx, st.GetRunId())
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, stored.GetStatus())
+}
+
+// TestClosingStopsAWriteBeingMadeAgain: a server that closes (or is
+// killed) while a run's write is being made again through an outage lets
+// the run go at once, for another server to take over, instead of trying
+// for the rest of the write's retry.
+func TestClosingStopsAWriteBeingMadeAgain(t *testing.T) {
+	s, pubs, _ := openFaulty(t, time.Hour)
+	pubs.always = unsent
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("fine")}})
+	m, err := New(Config{Store: s, Delegates: d, Clock: controlstest.NewClock(), Owner: "me", Lease: time.Hour})
+	require.NoError(t, err)
+	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a"}}}}
+	_, err = m.Start(context.Background(), "brief", spec, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return pubs.count() >= 2 }, 10*time.Second, time.Millisecond, "the first write is being made again")
+	closed := make(chan struct{})
+	go func() {
+		m.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close waits for a write that is made again for an hour")
+	}
+	assert.Empty(t, d.Calls(), "nothing called: the run's first events were never written")
 }
