@@ -85,6 +85,9 @@ type JetStream struct {
 	markerTTL time.Duration
 	// writeRetry is JetStreamConfig.WriteRetry, the lease for 0.
 	writeRetry time.Duration
+	// apiTimeout is the client's timeout of a call whose context has no
+	// deadline.
+	apiTimeout time.Duration
 	// beatAt is when the last heartbeat that was written was sent (Unix
 	// nanoseconds; 0 before the first): a lease later, other servers may
 	// take this one's runs over, and its writes are not made again.
@@ -129,7 +132,7 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	if cfg.WriteRetry == 0 {
 		cfg.WriteRetry = cfg.Lease
 	}
-	s := &JetStream{nc: nc, js: js, lease: cfg.Lease, saveFinal: cfg.SaveFinalStates, writeRetry: cfg.WriteRetry, last: map[string]uint64{}}
+	s := &JetStream{nc: nc, js: js, lease: cfg.Lease, saveFinal: cfg.SaveFinalStates, writeRetry: cfg.WriteRetry, apiTimeout: js.Options().DefaultTimeout, last: map[string]uint64{}}
 	maxBytes := cfg.MaxBytes
 	if maxBytes <= 0 {
 		maxBytes = -1
@@ -267,32 +270,39 @@ const (
 )
 
 // write makes a store write with try, and again while it fails for a
-// reason that may pass (transient), for up to writeRetry and no later than
-// a lease after the last heartbeat written, unless ctx ends first or the
-// channel it carries under stopWritesKey is closed; it returns the last
-// try's error. A try after one whose answer
-// was lost may be refused because that one took effect (a journal's
-// expected sequence, a key created): landed, when not nil, is then asked
-// whether the store holds this write, which makes it a success.
+// reason that may pass (transient), for up to writeRetry, unless ctx ends
+// first or the channel it carries under stopWritesKey is closed; it
+// returns the last try's error. A try after one whose answer was lost may
+// be refused because that one took effect (a journal's expected sequence,
+// a key created): landed, when not nil, is then asked whether the store
+// holds this write, which makes it a success.
+//
+// Once this server has beaten, every try is fenced by its lease: a lease
+// after the last heartbeat written, other servers may take its runs over
+// and read their journals, so no try may still be under way then. A try
+// gets a deadline no later than the fence (less fenceMargin, for a request
+// already on the wire), and none starts after it. The fence is read again
+// before every try: beats that land during an outage move it on.
 func (s *JetStream) write(ctx context.Context, try func(context.Context) error, landed func(context.Context) (bool, error)) error {
-	err := try(ctx)
+	err := s.fenced(ctx, try)
 	if err == nil || !transient(err) || s.writeRetry <= 0 {
 		return err
 	}
 	stop, _ := ctx.Value(stopWritesKey{}).(<-chan struct{})
 	until := time.Now().Add(s.writeRetry)
-	if at := s.beatAt.Load(); at != 0 {
-		// Past the lease of the last heartbeat written, another server
-		// may drive this server's runs: a write made then could land
-		// after that server read the journal.
-		if end := time.Unix(0, at).Add(s.lease); end.Before(until) {
-			until = end
-		}
-	}
 	for n := 0; ; n++ {
 		wait := time.Duration(mrand.Int64N(int64(min(retryCap, retryBase<<min(n, 16))) + 1))
 		if time.Now().Add(wait).After(until) {
 			return err
+		}
+		if fence, ok := s.fence(); ok {
+			// Tried before the fence, or not at all: a beat landing
+			// meanwhile moves the fence on for the next wait.
+			room := time.Until(fence) - minTry
+			if room <= 0 {
+				return err
+			}
+			wait = min(wait, room)
 		}
 		timer := time.NewTimer(wait)
 		select {
@@ -304,9 +314,12 @@ func (s *JetStream) write(ctx context.Context, try func(context.Context) error, 
 			return err
 		case <-timer.C:
 		}
-		err = try(ctx)
+		err = s.fenced(ctx, try)
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, errFenced) {
+			return err
 		}
 		if !transient(err) {
 			if landed != nil {
@@ -319,6 +332,49 @@ func (s *JetStream) write(ctx context.Context, try func(context.Context) error, 
 	}
 }
 
+// fenceMargin is how long before its lease ends a server's last write may
+// be under way: the time a request already sent may take to be carried
+// out. minTry is the shortest time a try is given.
+const (
+	fenceMargin = time.Second
+	minTry      = 100 * time.Millisecond
+)
+
+// errFenced is why a write was not tried: the lease of this server's last
+// heartbeat is (nearly) over.
+var errFenced = errors.New("not written: this server's lease is over (its heartbeats are not landing)")
+
+// fence returns when this server's writes must have ended: a lease after
+// its last heartbeat written, less fenceMargin. ok is false before the
+// first heartbeat.
+func (s *JetStream) fence() (time.Time, bool) {
+	at := s.beatAt.Load()
+	if at == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, at).Add(s.lease - fenceMargin), true
+}
+
+// fenced makes one try, with a deadline no later than the fence. A try
+// with more than the client's own timeout left before the fence gets ctx
+// as it is (no deadline, no timer to make).
+func (s *JetStream) fenced(ctx context.Context, try func(context.Context) error) error {
+	fence, ok := s.fence()
+	if !ok {
+		return try(ctx)
+	}
+	left := time.Until(fence)
+	if left < minTry {
+		return errFenced
+	}
+	if d, has := ctx.Deadline(); !has && left > s.apiTimeout+minTry || has && d.Before(fence) {
+		return try(ctx)
+	}
+	tctx, cancel := context.WithDeadline(ctx, fence)
+	defer cancel()
+	return try(tctx)
+}
+
 // transient reports whether a failed NATS call may succeed if made again:
 // no answer in time, or no server to take it (a stream's leader being
 // elected, a NATS server restarting, the connection being restored).
@@ -329,8 +385,28 @@ func transient(err error) bool {
 		return true
 	}
 	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.Code == http.StatusServiceUnavailable
+	if !errors.As(err, &apiErr) || apiErr.Code != http.StatusServiceUnavailable {
+		return false
+	}
+	switch apiErr.ErrorCode {
+	case errCodeInsufficientResources, errCodeStoreFailed, errCodeClusteringRequired, errCodeNotSupportedClustered:
+		// The store is full or refuses the write for good: made again it
+		// would be refused again, a lease later.
+		return false
+	}
+	return true
 }
+
+// JetStream API error codes (nats-server's jetstream_errors_generated.go)
+// that nats.go does not name: a write the stream refuses to store (its
+// limits with DiscardNew: "maximum bytes exceeded"), a feature that needs
+// or is not supported in clustered mode.
+const (
+	errCodeInsufficientResources jetstream.ErrorCode = 10023
+	errCodeStoreFailed           jetstream.ErrorCode = 10077
+	errCodeClusteringRequired    jetstream.ErrorCode = 10010
+	errCodeNotSupportedClustered jetstream.ErrorCode = 10036
+)
 
 // packedSize is an event's size in a message that holds several.
 func packedSize(ev Event) int { return binary.MaxVarintLen64 + len(ev.Data) }

@@ -153,6 +153,13 @@ type Manager struct {
 	paused  atomic.Bool  // heartbeats paused (tests simulate a frozen server)
 	parked  atomic.Int64 // runs waiting on park's timer
 
+	// letGo is the context of the writes that let go of a run (its claim
+	// released, unstart's state): closing, closed when Close starts, stops
+	// a store that makes them again through an outage, so that Close does
+	// not wait for them.
+	letGo   context.Context
+	closing chan struct{}
+
 	mu       sync.Mutex
 	runs     map[string]*run
 	finished []string // ids of finished local runs, oldest first
@@ -191,7 +198,9 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg: cfg, store: cfg.Store, owner: cfg.Owner, log: cfg.Logger.With("owner", cfg.Owner),
 		ctx: ctx, cancel: cancel, runs: map[string]*run{}, workers: newWorkers(),
+		closing: make(chan struct{}),
 	}
+	m.letGo = context.WithValue(context.Background(), stopWritesKey{}, (<-chan struct{})(m.closing))
 	if err := m.store.Beat(ctx, m.owner); err != nil {
 		cancel(err)
 		return nil, fmt.Errorf("runs store: %w", err)
@@ -249,6 +258,9 @@ func (m *Manager) Close() {
 // (they end CANCELLED).
 func (m *Manager) stopRuns(abandon bool) {
 	m.mu.Lock()
+	if !m.closed {
+		close(m.closing)
+	}
 	m.closed = true
 	local := make([]*run, 0, len(m.runs))
 	for _, r := range m.runs {
@@ -527,10 +539,10 @@ func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
 	failed.EndTime = timestamppb.New(m.cfg.Clock.Now())
 	data, err := proto.Marshal(failed)
 	if err == nil {
-		err = m.store.PutState(context.Background(), r.id, data)
+		err = m.store.PutState(m.letGo, r.id, data)
 	}
 	if err == nil {
-		err = m.store.Release(context.Background(), r.id)
+		err = m.store.Release(m.letGo, r.id)
 	}
 	if err != nil {
 		m.log.Warn("letting go of a run that could not start", "run_id", r.id, "err", err)
@@ -951,7 +963,7 @@ func (m *Manager) retire(r *run) {
 		m.log.Warn("keeping the claim of a finished run whose final state is not saved", "run_id", r.id)
 	default:
 		// The store bounds its own call, as for record.
-		if err := m.store.Release(context.Background(), r.id); err != nil {
+		if err := m.store.Release(m.letGo, r.id); err != nil {
 			m.log.Warn("releasing a finished run", "run_id", r.id, "err", err)
 		}
 	}

@@ -24,6 +24,7 @@ const (
 	unsent                  // never reaches NATS: its caller times out
 	unanswered              // written, but its answer is lost: its caller times out
 	refused                 // refused for good
+	hangs                   // never answered: its caller waits for its context to end
 )
 
 // faults hands out the faults of successive writes, then passes; it counts
@@ -35,6 +36,26 @@ type faults struct {
 	calls  int
 	at     int    // calls value at which hook runs
 	hook   func() // or nil
+	// deadlines are the deadlines of the writes' contexts (zero: none).
+	deadlines []time.Time
+}
+
+// wait is a write that hangs: it waits for its context, at most a minute
+// (a context without a deadline would get the client's timeout).
+func (f *faults) wait(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("nats: %w", ctx.Err())
+	case <-time.After(time.Minute):
+		return fmt.Errorf("nats: %w", context.DeadlineExceeded)
+	}
+}
+
+func (f *faults) noteDeadline(ctx context.Context) {
+	d, _ := ctx.Deadline()
+	f.mu.Lock()
+	f.deadlines = append(f.deadlines, d)
+	f.mu.Unlock()
 }
 
 func (f *faults) next() fault {
@@ -81,7 +102,12 @@ type faultyJS struct {
 }
 
 func (j faultyJS) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
-	return apply(j.f.next(), func() (*jetstream.PubAck, error) { return j.JetStream.PublishMsg(ctx, msg, opts...) })
+	j.f.noteDeadline(ctx)
+	ft := j.f.next()
+	if ft == hangs {
+		return nil, j.f.wait(ctx)
+	}
+	return apply(ft, func() (*jetstream.PubAck, error) { return j.JetStream.PublishMsg(ctx, msg, opts...) })
 }
 
 // faultyKV creates keys through faults.
@@ -295,4 +321,92 @@ func TestClosingStopsAWriteBeingMadeAgain(t *testing.T) {
 		t.Fatal("Close waits for a write that is made again for an hour")
 	}
 	assert.Empty(t, d.Calls(), "nothing called: the run's first events were never written")
+}
+
+// TestNoWriteIsUnderWayPastTheLease: once a server has beaten, no try of a
+// write may still be under way when its lease ends (another server may
+// take its runs over then): a try's deadline is no later than the lease
+// less fenceMargin, and no try starts after that. Before, a try started
+// just before the lease ended had the client's 5 s and could land after a
+// takeover, fencing the new owner out.
+func TestNoWriteIsUnderWayPastTheLease(t *testing.T) {
+	s, pubs, _ := openFaulty(t, time.Hour)
+	s.lease = 3 * time.Second
+	beat := time.Now()
+	s.beatAt.Store(beat.UnixNano())
+	fence := beat.Add(s.lease - fenceMargin)
+	pubs.always = hangs
+	start := time.Now()
+	err := s.Append(context.Background(), testEvent(t, "run_l", 1, false))
+	require.Error(t, err)
+	assert.WithinDuration(t, fence, time.Now(), time.Second, "gave up at the fence, not a client timeout later")
+	assert.Less(t, time.Since(start), s.lease, "returned within the lease")
+	pubs.mu.Lock()
+	deadlines := pubs.deadlines
+	pubs.mu.Unlock()
+	require.NotEmpty(t, deadlines)
+	for i, d := range deadlines {
+		require.False(t, d.IsZero(), "try %d has a deadline", i+1)
+		assert.False(t, d.After(fence), "try %d's deadline %s is past the fence %s", i+1, d.Format(time.StampMilli), fence.Format(time.StampMilli))
+	}
+	// Past the fence nothing is tried.
+	s.beatAt.Store(time.Now().Add(-s.lease).UnixNano())
+	n := pubs.count()
+	require.ErrorIs(t, s.Append(context.Background(), testEvent(t, "run_l", 1, false)), errFenced)
+	assert.Equal(t, n, pubs.count(), "not tried")
+}
+
+// TestBeatsDuringAnOutageExtendTheRetry: a write is made again for up to
+// WriteRetry when the server's heartbeats keep landing, even past the
+// lease of the beat before the write. Before, the lease bound was read
+// once, so a WriteRetry longer than the lease did nothing.
+func TestBeatsDuringAnOutageExtendTheRetry(t *testing.T) {
+	s, pubs, _ := openFaulty(t, time.Hour)
+	s.lease = 3 * time.Second
+	s.beatAt.Store(time.Now().UnixNano())
+	stopBeats := make(chan struct{})
+	beatsDone := make(chan struct{})
+	go func() {
+		defer close(beatsDone)
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopBeats:
+				return
+			case <-tick.C:
+				s.beatAt.Store(time.Now().UnixNano())
+			}
+		}
+	}()
+	defer func() { close(stopBeats); <-beatsDone }()
+	pubs.always = unsent
+	start := time.Now()
+	go func() {
+		time.Sleep(2 * s.lease)
+		pubs.mu.Lock()
+		pubs.always = pass
+		pubs.mu.Unlock()
+	}()
+	require.NoError(t, s.Append(context.Background(), testEvent(t, "run_m", 1, false)), "made once the outage ended, two leases later")
+	assert.Greater(t, time.Since(start), s.lease)
+	assert.Equal(t, []int64{1}, journalSeqs(t, s, "run_m"))
+}
+
+// TestAFullStoreIsNotWaitedOut: JetStream's 503s for a store that is full
+// or refuses a write for good are not made again; those of a leader being
+// elected are.
+func TestAFullStoreIsNotWaitedOut(t *testing.T) {
+	for _, c := range []struct {
+		code jetstream.ErrorCode
+		want bool
+	}{
+		{errCodeStoreFailed, false},
+		{errCodeInsufficientResources, false},
+		{jetstream.JSErrCodeJetStreamNotEnabled, true},
+		{10008, true}, // cluster temporarily unavailable
+	} {
+		err := &jetstream.APIError{Code: 503, ErrorCode: c.code, Description: "x"}
+		assert.Equal(t, c.want, transient(err), "code %d", c.code)
+	}
 }
