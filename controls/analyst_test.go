@@ -138,9 +138,19 @@ func TestAnalyst(t *testing.T) {
 		t.Parallel()
 		f := newFixture(map[string][]controlstest.Reply{
 			"target": {unavailable("backend down"), ok("three sources")},
+			"coach":  {ok(strings.Repeat("é", 2500))},
+		})
+		r := f.run(t, testCtx(t), withAnalyst(learning(nil), "coach"))
+		assert.Equal(t, strings.Repeat("é", controls.AnalystAdviceChars), r.state.GetFailureHistory()[0].GetAnalysis())
+	})
+	t.Run("and to MaxReasonBytes", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(map[string][]controlstest.Reply{
+			"target": {unavailable("backend down"), ok("three sources")},
 			"coach":  {ok(strings.Repeat("日", 2500))},
 		})
 		r := f.run(t, testCtx(t), withAnalyst(learning(nil), "coach"))
-		assert.Equal(t, strings.Repeat("日", controls.AnalystAdviceChars), r.state.GetFailureHistory()[0].GetAnalysis())
+		// 1365 characters of 3 bytes fit 4096; the 635 of the 2000 left are cut.
+		assert.Equal(t, strings.Repeat("日", 1365)+" …[1905 bytes cut]", r.state.GetFailureHistory()[0].GetAnalysis())
 	})
 }

@@ -324,8 +324,9 @@ func TestFallbackChainEdges(t *testing.T) {
 				"secondary": {ok("from secondary")},
 			},
 			check: func(t *testing.T, r ran, _ *fixture) {
-				assert.Equal(t, []rec{{1, "primary", "Error: " + long, long}}, recs(r.state.GetFailureHistory()))
-				assert.Equal(t, long, r.state.GetAttemptLog()[0].GetError().GetMessage())
+				cut := long[:controls.MaxReasonBytes] + " …[6144 bytes cut]"
+				assert.Equal(t, []rec{{1, "primary", "Error: " + cut, cut}}, recs(r.state.GetFailureHistory()))
+				assert.Equal(t, cut, r.state.GetAttemptLog()[0].GetError().GetMessage())
 			},
 		},
 	})

@@ -83,7 +83,7 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 }
 
 // AnalystAdviceChars bounds the analyst's advice kept in a failure record,
-// in characters: it joins every later brief.
+// in characters (and MaxReasonBytes in bytes): it joins every later brief.
 const AnalystAdviceChars = 2000
 
 // AnalystBrief is the brief the analyst gets about a failed attempt: the
@@ -104,14 +104,14 @@ func analyse(ctx context.Context, env *Env, analyst, taskBrief string, rec *stub
 	case ctx.Err() != nil:
 		rec.AnalysisError = fmt.Sprintf("analyst %q failed: cancelled", analyst)
 	case err != nil:
-		rec.AnalysisError = fmt.Sprintf("analyst %q failed: %s", analyst, Message(err))
+		rec.AnalysisError = fmt.Sprintf("analyst %q failed: %s", analyst, Cut(Message(err), MaxReasonBytes))
 	default:
 		advice := strings.TrimSpace(ResultString(res))
 		if advice == "" {
 			rec.AnalysisError = fmt.Sprintf("analyst %q gave no advice (empty answer)", analyst)
 			return
 		}
-		rec.Analysis = firstChars(advice, AnalystAdviceChars)
+		rec.Analysis = Cut(firstChars(advice, AnalystAdviceChars), MaxReasonBytes)
 	}
 }
 

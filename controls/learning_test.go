@@ -231,12 +231,13 @@ func TestRetryWithLearningEdges(t *testing.T) {
 			},
 		},
 		{
-			name:   "an error with a 10 kB message: summary and brief carry all of it",
+			name:   "an error with a 10 kB message: summary and brief carry its first MaxReasonBytes, marked cut",
 			script: []controlstest.Reply{unavailable(long), ok("three sources")},
 			check: func(t *testing.T, r ran, _ *fixture) {
-				assert.Equal(t, []rec{{1, "target", "Error: " + long, long}}, recs(r.state.GetFailureHistory()))
+				cut := long[:controls.MaxReasonBytes] + " …[6144 bytes cut]"
+				assert.Equal(t, []rec{{1, "target", "Error: " + cut, cut}}, recs(r.state.GetFailureHistory()))
 				require.Len(t, r.calls, 2)
-				assert.Equal(t, enriched(taskBrief, [2]string{"Error: " + long, long}), r.calls[1].Brief)
+				assert.Equal(t, enriched(taskBrief, [2]string{"Error: " + cut, cut}), r.calls[1].Brief)
 			},
 		},
 		{

@@ -164,7 +164,7 @@ func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) 
 		}
 	}
 	if err != nil {
-		msg := Message(err)
+		msg := Cut(Message(err), MaxReasonBytes)
 		return attemptResult{
 			outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_ERROR,
 			err:     err, failed: true, reason: msg, summary: "Error: " + msg,
@@ -180,14 +180,14 @@ func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) 
 	}
 	switch {
 	case jerr != nil:
-		rejected.reason = Message(jerr)
+		rejected.reason = Cut(Message(jerr), MaxReasonBytes)
 		rejected.note = "failure criteria could not be checked: " + rejected.reason
 		return rejected
 	case v.Failed:
-		rejected.reason, rejected.note = v.Reason, v.Note
+		rejected.reason, rejected.note = Cut(v.Reason, MaxReasonBytes), Cut(v.Note, MaxReasonBytes)
 		return rejected
 	}
-	return attemptResult{outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED, result: res, note: v.Note}
+	return attemptResult{outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED, result: res, note: Cut(v.Note, MaxReasonBytes)}
 }
 
 // ErrInterrupted is the error of an attempt that was in flight when the

@@ -97,9 +97,14 @@ func NewReplayTracker(state *stubbornv1.ControlState, clock Clock, rec Recorder,
 }
 
 // Snapshot returns a copy of the current state.
+// A state over MaxStateBytes comes with its attempt log's and failure
+// history's texts cut (BoundState).
 func (t *Tracker) Snapshot() *stubbornv1.ControlState {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if st := BoundState(t.state, MaxStateBytes); st != t.state {
+		return st
+	}
 	return proto.CloneOf(t.state)
 }
 
@@ -563,7 +568,7 @@ func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result,
 	t.state.StatusReason = reason
 	t.state.EndTime = copyTime(t.state.UpdateTime)
 	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunFinished{
-		RunFinished: &stubbornv1.RunFinished{State: t.state},
+		RunFinished: &stubbornv1.RunFinished{State: BoundState(t.state, MaxStateBytes)},
 	}})
 }
 
@@ -581,7 +586,7 @@ func attemptError(err error) *stubbornv1.AttemptError {
 	var ce *CallError
 	if errors.As(err, &ce) {
 		ae := &stubbornv1.AttemptError{
-			Code: int32(ce.Code), Message: ce.Message, HttpStatus: int32(ce.HTTPStatus),
+			Code: int32(ce.Code), Message: Cut(ce.Message, MaxReasonBytes), HttpStatus: int32(ce.HTTPStatus),
 			NotSent: ce.NotSent, Refused: ce.Refused,
 		}
 		if ce.HasHint {

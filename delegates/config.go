@@ -37,6 +37,12 @@ const (
 	DefaultMaxChain = 32
 	// DefaultMaxWait is the default cap on a retry's max_wait.
 	DefaultMaxWait = time.Hour
+	// DefaultMaxResultBytes is the default cap on a delegate's answer.
+	DefaultMaxResultBytes = 1 << 20
+	// MaxMaxResultBytes is the largest max_result_bytes: an attempt's
+	// event carries its answer and its brief, and must fit a store
+	// message and a gRPC message (runs.MaxEventBytes).
+	MaxMaxResultBytes = 2 << 20
 )
 
 // ErrInvalidConfig is wrapped by every error [Parse] and [Load] return for a
@@ -86,6 +92,10 @@ type Limits struct {
 	MaxChain int `yaml:"max_chain,omitempty"`
 	// MaxWait caps retry's max_wait.
 	MaxWait Duration `yaml:"max_wait,omitempty"`
+	// MaxResultBytes caps a delegate's answer (its Result, encoded), a
+	// judge's and an analyst's included: a larger one fails its attempt,
+	// and is not retried. Server-wide only: not a tenant's limit.
+	MaxResultBytes int `yaml:"max_result_bytes,omitempty"`
 
 	// The limits below are off when zero, and have no default. In the
 	// config's limits they bound the whole server (one process), in a
@@ -108,10 +118,11 @@ type Limits struct {
 // DefaultLimits returns the limits used for every field a config leaves zero.
 func DefaultLimits() Limits {
 	return Limits{
-		MaxBriefBytes: DefaultMaxBriefBytes,
-		MaxAttempts:   DefaultMaxAttempts,
-		MaxChain:      DefaultMaxChain,
-		MaxWait:       Duration(DefaultMaxWait),
+		MaxBriefBytes:  DefaultMaxBriefBytes,
+		MaxAttempts:    DefaultMaxAttempts,
+		MaxChain:       DefaultMaxChain,
+		MaxWait:        Duration(DefaultMaxWait),
+		MaxResultBytes: DefaultMaxResultBytes,
 	}
 }
 
@@ -214,6 +225,9 @@ func (l Limits) WithDefaults() Limits {
 	}
 	if l.MaxWait == 0 {
 		l.MaxWait = def.MaxWait
+	}
+	if l.MaxResultBytes == 0 {
+		l.MaxResultBytes = def.MaxResultBytes
 	}
 	return l
 }

@@ -20,6 +20,7 @@ limits:
   max_attempts: 10
   max_chain: 4
   max_wait: 90s
+  max_result_bytes: 4096
 delegates:
   - name: search
     target: 127.0.0.1:7301
@@ -40,7 +41,7 @@ func TestParseFull(t *testing.T) {
 	assert.Equal(t, "judge-name", cfg.Judge)
 	assert.Equal(t, delegates.Limits{
 		MaxBriefBytes: 1000, MaxAttempts: 10, MaxChain: 4,
-		MaxWait: delegates.Duration(90 * time.Second),
+		MaxWait: delegates.Duration(90 * time.Second), MaxResultBytes: 4096,
 	}, cfg.Limits)
 	require.Len(t, cfg.Delegates, 3)
 	assert.Equal(t, delegates.Delegate{
@@ -71,10 +72,10 @@ func TestParseDefaults(t *testing.T) {
 		})
 	}
 	assert.Equal(t, delegates.Limits{
-		MaxBriefBytes: 65536, MaxAttempts: 100, MaxChain: 32, MaxWait: delegates.Duration(time.Hour),
+		MaxBriefBytes: 65536, MaxAttempts: 100, MaxChain: 32, MaxWait: delegates.Duration(time.Hour), MaxResultBytes: 1 << 20,
 	}, delegates.DefaultLimits())
 	assert.Equal(t, delegates.Limits{
-		MaxBriefBytes: 10, MaxAttempts: 100, MaxChain: 32, MaxWait: delegates.Duration(time.Hour),
+		MaxBriefBytes: 10, MaxAttempts: 100, MaxChain: 32, MaxWait: delegates.Duration(time.Hour), MaxResultBytes: 1 << 20,
 	}, delegates.Limits{MaxBriefBytes: 10}.WithDefaults())
 }
 

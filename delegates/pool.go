@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -76,6 +78,8 @@ type Pool struct {
 	order   []string
 	byKey   map[string]*entry
 	presets map[string]*stubbornv1.ControlSpec
+	// maxResult is limits.max_result_bytes.
+	maxResult int
 
 	mu     sync.Mutex
 	health map[string]healthAnswer
@@ -114,6 +118,10 @@ func NewPool(cfg *Config, opts ...grpc.DialOption) (*Pool, error) {
 		health:  make(map[string]healthAnswer),
 		now:     time.Now,
 	}
+	p.maxResult = cfg.Limits.MaxResultBytes
+	if p.maxResult <= 0 {
+		p.maxResult = DefaultMaxResultBytes
+	}
 	for _, pr := range cfg.Presets {
 		p.presets[pr.Name] = pr.Spec
 	}
@@ -135,6 +143,9 @@ func NewPool(cfg *Config, opts ...grpc.DialOption) (*Pool, error) {
 		all := append([]grpc.DialOption{
 			grpc.WithTransportCredentials(creds),
 			grpc.WithDisableRetry(),
+			// Past max_result_bytes an answer fails its attempt (Call);
+			// one so large that gRPC will not read it fails the same.
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(p.maxResult + recvSlack)),
 		}, opts...)
 		conn, err := grpc.NewClient(d.Target, all...)
 		if err != nil {
@@ -264,6 +275,9 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 			return nil, cerr
 		}
 		ce := Classify(err, trailer)
+		if tooLarge(ce) {
+			ce = p.resultTooLarge(-1)
+		}
 		if pr.Addr != nil {
 			// A connection to the delegate carried the call: whatever the
 			// message says, it may have been received.
@@ -279,9 +293,38 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 		return nil, ce
 	}
 	if r := resp.GetResult(); r != nil {
+		if n := proto.Size(r); n > p.maxResult {
+			return nil, p.resultTooLarge(n)
+		}
 		return r, nil
 	}
 	return &stubbornv1.Result{}, nil
+}
+
+// recvSlack is what a delegate's response may hold besides its Result.
+const recvSlack = 16 << 10
+
+// resultTooLarge is the error of an answer of n bytes (-1: too large for
+// gRPC to read) over max_result_bytes: Stubborn refuses it, and it is not
+// retried (the same call would answer the same).
+func (p *Pool) resultTooLarge(n int) *controls.CallError {
+	size := "larger than gRPC would receive"
+	if n >= 0 {
+		size = fmt.Sprintf("%d bytes", n)
+	}
+	return &controls.CallError{
+		Code:    codes.ResourceExhausted,
+		Message: fmt.Sprintf("the answer is %s, more than limits.max_result_bytes (%d)", size, p.maxResult),
+		Refused: true,
+	}
+}
+
+// tooLarge reports whether ce is gRPC's own refusal of a response over the
+// receive limit (not a delegate's RESOURCE_EXHAUSTED, which may pass).
+func tooLarge(ce *controls.CallError) bool {
+	return ce.Code == codes.ResourceExhausted &&
+		(strings.HasPrefix(ce.Message, "grpc: received message larger than max") ||
+			strings.HasPrefix(ce.Message, "grpc: received message after decompression larger than max"))
 }
 
 // ended returns ctx's error, or context.DeadlineExceeded once ctx's deadline

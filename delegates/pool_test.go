@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -341,4 +342,28 @@ func TestServing(t *testing.T) {
 
 	_, err := p.Call(ctx, controls.Call{Delegate: "down", Brief: "b", Attempt: 1})
 	assert.Equal(t, &controls.CallError{Code: codes.Unavailable, Message: "down: not serving"}, callError(t, err))
+}
+
+// TestAnswersOverMaxResultBytesAreRefused: an answer over
+// limits.max_result_bytes fails its attempt as refused (never retried),
+// whether it is under gRPC's receive limit (checked after) or over it
+// (gRPC's own RESOURCE_EXHAUSTED, which was taken for a delegate's quota
+// and retried, pulling the same answer each time).
+func TestAnswersOverMaxResultBytesAreRefused(t *testing.T) {
+	p := newPool(t, &delegates.Config{
+		Limits:    delegates.Limits{MaxResultBytes: 1000},
+		Delegates: []delegates.Delegate{{Name: "echo", Target: serve(t, demo.Echo{})}},
+	})
+	ctx := testCtx(t)
+	res, err := p.Call(ctx, controls.Call{Delegate: "echo", Brief: strings.Repeat("a", 900), Attempt: 1})
+	require.NoError(t, err)
+	assert.Len(t, res.GetText(), 906)
+
+	for _, n := range []int{2000, 40 << 10} {
+		_, err := p.Call(ctx, controls.Call{Delegate: "echo", Brief: strings.Repeat("a", n), Attempt: 1})
+		ce := callError(t, err)
+		assert.True(t, ce.Refused, "%d bytes: refused", n)
+		assert.Equal(t, codes.ResourceExhausted, ce.Code)
+		assert.Contains(t, ce.Message, "more than limits.max_result_bytes (1000)")
+	}
 }

@@ -97,6 +97,9 @@ func validateLimits(where string, l Limits, bad func(string, ...any)) {
 	if l.RunStartBurst > 0 && l.RunStartsPerSecond == 0 {
 		bad("%s.run_start_burst: needs run_starts_per_second", where)
 	}
+	if l.MaxResultBytes < 0 || l.MaxResultBytes > MaxMaxResultBytes {
+		bad("%s.max_result_bytes: must be between 1 and %d, got %d", where, MaxMaxResultBytes, l.MaxResultBytes)
+	}
 }
 
 // validateTenants checks the tenants against each other and the registry
@@ -159,5 +162,8 @@ func (c *Config) validateTenants(names map[string]bool, bad func(string, ...any)
 			}
 		}
 		validateLimits(where+".limits", t.Limits, bad)
+		if t.Limits.MaxResultBytes != 0 {
+			bad("%s.limits.max_result_bytes: is server-wide: set it in the config's limits", where)
+		}
 	}
 }

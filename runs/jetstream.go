@@ -198,6 +198,7 @@ func (s *JetStream) Append(ctx context.Context, evs ...Event) error {
 		return err
 	}
 	limit := int(s.nc.MaxPayload()) - 256 // the header and the subject's share
+	written := 0
 	for len(evs) > 0 {
 		n, size := 1, packedSize(evs[0])
 		for n < len(evs) && size+packedSize(evs[n]) <= limit {
@@ -205,11 +206,46 @@ func (s *JetStream) Append(ctx context.Context, evs ...Event) error {
 			n++
 		}
 		if err := s.publish(ctx, evs[:n]); err != nil {
+			if refusal(err) {
+				return &RefusedError{Written: written, Err: err}
+			}
 			return err
 		}
+		written += n
 		evs = evs[n:]
 	}
 	return nil
+}
+
+// eventOverhead is what a journal message needs besides its event: its
+// subject, headers and the JetStream headers of an expected sequence.
+const eventOverhead = 4 << 10
+
+// eventLimit is the largest event a journal message takes.
+func (s *JetStream) eventLimit() int {
+	return min(MaxEventBytes, int(s.nc.MaxPayload())-eventOverhead)
+}
+
+// refusal reports whether a failed write (made again while it may pass)
+// was refused for good: larger than the server takes, a stream still full,
+// or a JetStream error that is neither a conflict nor one that may pass
+// (transient).
+func refusal(err error) bool {
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	switch apiErr.ErrorCode {
+	case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant:
+		return false
+	case errCodeStoreFailed:
+		// Still full after WriteRetry.
+		return true
+	}
+	return !transient(err) && apiErr.Code >= 400 && apiErr.Code < 600
 }
 
 // publish writes evs as one journal message.
@@ -280,7 +316,7 @@ const (
 // Once this server has beaten, every try is fenced by its lease: a lease
 // after the last heartbeat written, other servers may take its runs over
 // and read their journals, so no try may still be under way then. A try
-// gets a deadline no later than the fence (less fenceMargin, for a request
+// gets a deadline no later than the fence (less margin, for a request
 // already on the wire), and none starts after it. The fence is read again
 // before every try: beats that land during an outage move it on.
 func (s *JetStream) write(ctx context.Context, try func(context.Context) error, landed func(context.Context) (bool, error)) error {
@@ -333,26 +369,31 @@ func (s *JetStream) write(ctx context.Context, try func(context.Context) error, 
 }
 
 // fenceMargin is how long before its lease ends a server's last write may
-// be under way: the time a request already sent may take to be carried
-// out. minTry is the shortest time a try is given.
+// be under way, at most: the time a request already sent may take to be
+// carried out (a quarter of a shorter lease). minTry is the shortest time
+// a try is given.
 const (
 	fenceMargin = time.Second
-	minTry      = 100 * time.Millisecond
+	minTry      = 50 * time.Millisecond
 )
 
+// margin is fenceMargin for this store's lease.
+func (s *JetStream) margin() time.Duration { return min(fenceMargin, s.lease/4) }
+
 // errFenced is why a write was not tried: the lease of this server's last
-// heartbeat is (nearly) over.
-var errFenced = errors.New("not written: this server's lease is over (its heartbeats are not landing)")
+// heartbeat is (nearly) over, and another server may drive its runs: a
+// conflict, as if that server had written first.
+var errFenced = fmt.Errorf("%w: not written: this server's lease is over (its heartbeats are not landing)", ErrConflict)
 
 // fence returns when this server's writes must have ended: a lease after
-// its last heartbeat written, less fenceMargin. ok is false before the
+// its last heartbeat written, less margin. ok is false before the
 // first heartbeat.
 func (s *JetStream) fence() (time.Time, bool) {
 	at := s.beatAt.Load()
 	if at == 0 {
 		return time.Time{}, false
 	}
-	return time.Unix(0, at).Add(s.lease - fenceMargin), true
+	return time.Unix(0, at).Add(s.lease - s.margin()), true
 }
 
 // fenced makes one try, with a deadline no later than the fence. A try
@@ -389,9 +430,10 @@ func transient(err error) bool {
 		return false
 	}
 	switch apiErr.ErrorCode {
-	case errCodeInsufficientResources, errCodeStoreFailed, errCodeClusteringRequired, errCodeNotSupportedClustered:
-		// The store is full or refuses the write for good: made again it
-		// would be refused again, a lease later.
+	case errCodeInsufficientResources, errCodeClusteringRequired, errCodeNotSupportedClustered:
+		// The server refuses the write for good: made again it would be
+		// refused again, a lease later. (A stream over its -max-bytes,
+		// errCodeStoreFailed, is made again: the janitor makes room.)
 		return false
 	}
 	return true

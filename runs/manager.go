@@ -46,6 +46,7 @@ var (
 	errCancelled = errors.New("cancelled by CancelRun")
 	errShutdown  = errors.New("server shut down")
 	errLost      = errors.New("another server took the run over")
+	errRefused   = errors.New("the store refused the run's events")
 )
 
 // DefaultParkAfter is the shortest backoff a run waits without a
@@ -512,6 +513,9 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 // track gives run r its tracker, of state replaying journal.
 func (m *Manager) track(r *run, state *stubbornv1.ControlState, journal []*stubbornv1.RunEvent) *controls.Tracker {
 	tr := m.tracker(r, state, journal)
+	r.mu.Lock()
+	r.base = constantPart(state)
+	r.mu.Unlock()
 	r.setTracker(tr)
 	close(r.ready)
 	return tr
@@ -557,7 +561,10 @@ func (m *Manager) admit(id, tenant string) (*run, error) {
 	r := &run{
 		id: id, tenant: tenant, store: m.store, log: m.log, lastStatus: -1, savedStatus: -1,
 		ready: make(chan struct{}), ended: make(chan struct{}),
-		saveEnd: !inJournal,
+		saveEnd: !inJournal, maxEvent: MaxEventBytes, clock: m.cfg.Clock,
+	}
+	if l, ok := m.store.(eventLimit); ok {
+		r.maxEvent = min(r.maxEvent, l.eventLimit())
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -797,6 +804,13 @@ func (m *Manager) wake(ctx context.Context, r *run, answer *decision) {
 	r.mu.Unlock()
 	if r.isLost() {
 		answer.give(ErrClosed)
+		m.endDrive(r)
+		return
+	}
+	if r.isDone() {
+		// Ended as it parked: the store refused its events (endRefused).
+		answer.give(ErrNotAwaitingDecision)
+		m.retire(r)
 		m.endDrive(r)
 		return
 	}
@@ -1347,6 +1361,13 @@ type run struct {
 	flushMu       sync.Mutex   // one flush at a time
 	calls         atomic.Int32 // delegate calls in flight (flushing)
 	endUnsaved    bool         // the final state could not be saved
+	// base is the part of the run's state that never changes
+	// (constantPart), for the run_finished of a run whose events the
+	// store refused (endRefused). maxEvent bounds an event's encoding
+	// (eventLimit).
+	base     *stubbornv1.ControlState
+	maxEvent int
+	clock    controls.Clock
 	// saveEnd says the run's final state must be saved: the store does
 	// not read it from the journal (finalInJournal), or the run saved
 	// a state before (the saved one would hide the journal's), or this
@@ -1380,6 +1401,12 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 
 	ev.RunId = r.id
 	ev.Seq = seq
+	if b := controls.BoundEvent(ev, r.maxEvent-eventFraming); b != ev {
+		// Larger than the store's messages (or a watcher's): its texts
+		// are cut, and the run goes on.
+		r.log.Warn("event too large: its texts are cut", "run_id", r.id, "seq", seq, "bytes", proto.Size(ev), "limit", r.maxEvent)
+		ev = b
+	}
 	enc, err := EncodeEvent(ev)
 	if err != nil {
 		// Not expected: the API's strings are checked or made UTF-8 before
@@ -1394,7 +1421,7 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		// run_started and run_finished carry the state: their encoding
 		// has the state's.
 		if state = enc.state(); state == nil {
-			if state, err = proto.Marshal(st); err != nil {
+			if state, err = proto.Marshal(controls.BoundState(st, controls.MaxStateBytes)); err != nil {
 				r.log.Warn("saving run state", "run_id", r.id, "err", err)
 			}
 		}
@@ -1469,6 +1496,10 @@ func (r *run) flush() {
 	r.mu.Unlock()
 
 	if err := r.store.Append(writeContext{r}, evs...); err != nil {
+		var refused *RefusedError
+		if errors.As(err, &refused) && r.endRefused(evs, refused) {
+			return
+		}
 		r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
 		r.lose(err, errLost)
 		return
@@ -1528,6 +1559,79 @@ func (c writeContext) Value(key any) any {
 	return nil
 }
 
+// eventFraming is what an event's encoding adds to its message's size.
+const eventFraming = 64
+
+// endRefused ends a run whose events the store refused for good (too
+// large, a full stream): FAILED, with the reason, in a run_finished small
+// enough for the store to take, after the events it did write. The run's
+// context is cancelled: its control stops, and nothing it records after
+// is written. It reports false when that run_finished could not be
+// written either (or the run's first event was refused: Start fails it),
+// and the run is to be lost as for any failed write.
+func (r *run) endRefused(evs []Event, refused *RefusedError) bool {
+	r.mu.Lock()
+	base := r.base
+	r.mu.Unlock()
+	written := evs[:refused.Written]
+	if base == nil || evs[0].Seq == 1 && len(written) == 0 {
+		return false
+	}
+	now := timestamppb.New(r.clock.Now())
+	st := constantPart(base)
+	st.Status = stubbornv1.RunStatus_RUN_STATUS_FAILED
+	st.StatusReason = controls.Cut(errRefused.Error()+": "+refused.Err.Error(), controls.MaxReasonBytes)
+	st.UpdateTime, st.EndTime = now, now
+	ev := &stubbornv1.RunEvent{
+		RunId: r.id, Seq: evs[refused.Written].Seq, Time: now,
+		Kind: &stubbornv1.RunEvent_RunFinished{RunFinished: &stubbornv1.RunFinished{State: st}},
+	}
+	enc, err := EncodeEvent(controls.BoundEvent(ev, refusedEventBytes))
+	if err == nil {
+		err = r.store.Append(writeContext{r}, enc)
+	}
+	if err != nil {
+		r.log.Error("run stopped: the store refused its events, and its end", "run_id", r.id, "refused", refused.Err, "err", err)
+		return false
+	}
+	r.log.Error("run failed: the store refused its events", "run_id", r.id, "seq", evs[refused.Written].Seq, "err", refused.Err)
+	if r.saveEnd {
+		if data, err := proto.Marshal(st); err == nil {
+			if err := r.store.PutState(writeContext{r}, r.id, data); err != nil {
+				r.log.Warn("saving run state", "run_id", r.id, "err", err)
+			}
+		}
+	}
+	r.mu.Lock()
+	r.writing = 0
+	r.pending, r.pendingState = nil, nil
+	r.events = append(r.events, written...)
+	r.events = append(r.events, enc)
+	r.done = true
+	r.tracker = nil
+	close(r.ended)
+	r.wakeLocked()
+	observe := r.observe
+	r.observe = nil
+	r.mu.Unlock()
+	if observe != nil {
+		observe(ev)
+	}
+	r.cancel(errRefused)
+	return true
+}
+
+// refusedEventBytes bounds the run_finished of a run whose events the
+// store refused: far below any store's message size.
+const refusedEventBytes = 64 << 10
+
+// isDone reports whether the run has ended here.
+func (r *run) isDone() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.done
+}
+
 // flushing is the Delegates of a run's controls: each call, and each
 // health check (it may take a while), is made once the events before it
 // are written (run.flush).
@@ -1545,9 +1649,9 @@ func (f flushing) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result
 	f.r.flush()
 	f.r.calls.Add(1)
 	defer f.r.calls.Add(-1)
-	if f.r.isLost() {
-		// The write failed: the run's context ends (lose), and nothing is
-		// sent on its behalf.
+	if f.r.isLost() || f.r.isDone() {
+		// The write failed: the run's context ends (lose, endRefused),
+		// and nothing is sent on its behalf.
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}

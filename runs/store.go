@@ -90,6 +90,34 @@ type Command struct {
 // ErrConflict is returned when a write loses to another owner's.
 var ErrConflict = errors.New("conflicting write: the run changed hands")
 
+// ErrRefused is returned (in a *RefusedError) when the store refuses a
+// write for good: a message larger than it takes, a stream that is full. Made
+// again, the same write would be refused again.
+var ErrRefused = errors.New("the store refuses the write")
+
+// RefusedError is a refused Append: Written of its events were written
+// before (a store that writes them in several messages), the rest not.
+type RefusedError struct {
+	Written int
+	Err     error
+}
+
+func (e *RefusedError) Error() string { return ErrRefused.Error() + ": " + e.Err.Error() }
+
+func (e *RefusedError) Unwrap() []error { return []error{ErrRefused, e.Err} }
+
+// MaxEventBytes bounds a recorded event's encoding: it is sent whole to
+// each watcher, below gRPC's default 4 MiB message limit. A store whose
+// messages are smaller says so (eventLimit).
+const MaxEventBytes = 3 << 20
+
+// eventLimit is a Store whose messages are smaller than MaxEventBytes:
+// the largest event it takes. A larger event is recorded with its texts
+// cut (controls.BoundEvent).
+type eventLimit interface {
+	eventLimit() int
+}
+
 // finalInJournal is a Store that may read a finished run's final state
 // from the run_finished its journal ends with, in State and States, and
 // says whether it does: then the Manager does not save the final state of

@@ -326,7 +326,7 @@ func TestClosingStopsAWriteBeingMadeAgain(t *testing.T) {
 // TestNoWriteIsUnderWayPastTheLease: once a server has beaten, no try of a
 // write may still be under way when its lease ends (another server may
 // take its runs over then): a try's deadline is no later than the lease
-// less fenceMargin, and no try starts after that. Before, a try started
+// less its margin, and no try starts after that. Before, a try started
 // just before the lease ended had the client's 5 s and could land after a
 // takeover, fencing the new owner out.
 func TestNoWriteIsUnderWayPastTheLease(t *testing.T) {
@@ -334,7 +334,7 @@ func TestNoWriteIsUnderWayPastTheLease(t *testing.T) {
 	s.lease = 3 * time.Second
 	beat := time.Now()
 	s.beatAt.Store(beat.UnixNano())
-	fence := beat.Add(s.lease - fenceMargin)
+	fence := beat.Add(s.lease - s.margin())
 	pubs.always = hangs
 	start := time.Now()
 	err := s.Append(context.Background(), testEvent(t, "run_l", 1, false))
@@ -393,20 +393,76 @@ func TestBeatsDuringAnOutageExtendTheRetry(t *testing.T) {
 	assert.Equal(t, []int64{1}, journalSeqs(t, s, "run_m"))
 }
 
-// TestAFullStoreIsNotWaitedOut: JetStream's 503s for a store that is full
-// or refuses a write for good are not made again; those of a leader being
-// elected are.
-func TestAFullStoreIsNotWaitedOut(t *testing.T) {
+// TestWhichStoreErrorsAreMadeAgain: JetStream's 503s for a server that
+// refuses a write for good are not made again; those of a leader being
+// elected, and of a stream over its -max-bytes (the janitor makes room),
+// are; a full stream and a message too large are refusals once the
+// retries are over.
+func TestWhichStoreErrorsAreMadeAgain(t *testing.T) {
 	for _, c := range []struct {
-		code jetstream.ErrorCode
-		want bool
+		code             jetstream.ErrorCode
+		status           int
+		transient, final bool
 	}{
-		{errCodeStoreFailed, false},
-		{errCodeInsufficientResources, false},
-		{jetstream.JSErrCodeJetStreamNotEnabled, true},
-		{10008, true}, // cluster temporarily unavailable
+		{errCodeStoreFailed, 503, true, true},
+		{errCodeInsufficientResources, 503, false, true},
+		{jetstream.JSErrCodeJetStreamNotEnabled, 503, true, false},
+		{10008, 503, true, false}, // cluster temporarily unavailable
+		{jetstream.JSErrCodeStreamMessageExceedsMaximum, 400, false, true},
+		{jetstream.JSErrCodeStreamWrongLastSequence, 400, false, false},
 	} {
-		err := &jetstream.APIError{Code: 503, ErrorCode: c.code, Description: "x"}
-		assert.Equal(t, c.want, transient(err), "code %d", c.code)
+		err := &jetstream.APIError{Code: c.status, ErrorCode: c.code, Description: "x"}
+		assert.Equal(t, c.transient, transient(err), "transient: code %d", c.code)
+		assert.Equal(t, c.final, refusal(err), "refusal: code %d", c.code)
 	}
+	assert.True(t, refusal(fmt.Errorf("publishing: %w", nats.ErrMaxPayload)))
+	assert.False(t, refusal(context.DeadlineExceeded))
+}
+
+// TestARefusedWriteEndsTheRun: a journal write the store refuses for good
+// (a message larger than it takes) ends the run FAILED, with the reason,
+// in a small run_finished written after the events the store took: the
+// run's watchers end, and GetRun and the store say FAILED. Before, the run
+// stayed RUNNING on its server for good, its watchers waiting.
+func TestARefusedWriteEndsTheRun(t *testing.T) {
+	s, pubs, _ := openFaulty(t, time.Minute)
+	// run_started (before the chain's health check) and attempt_started
+	// go in; attempt_finished and run_finished are refused; the
+	// run_finished that says so goes in.
+	pubs.plan = []fault{pass, pass, refused}
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("fine")}})
+	m, err := New(Config{Store: s, Delegates: d, Clock: controlstest.NewClock(), Owner: "me"})
+	require.NoError(t, err)
+	defer m.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a"}}}}
+	st, err := m.Start(ctx, "brief", spec, nil)
+	require.NoError(t, err)
+	var evs []*stubbornv1.RunEvent
+	require.NoError(t, m.Watch(ctx, st.GetRunId(), 0, func(e Event) error {
+		ev, err := e.Decode()
+		evs = append(evs, ev)
+		return err
+	}))
+	require.Len(t, evs, 3)
+	assert.Equal(t, "attempt_started", controlstest.Kind(evs[1]))
+	assert.Equal(t, evs[0].GetTime().AsTime().Add(0), evs[2].GetTime().AsTime(), "on the run's clock")
+	end := evs[2].GetRunFinished().GetState()
+	require.NotNil(t, end, "the last event is run_finished")
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, end.GetStatus())
+	assert.Contains(t, end.GetStatusReason(), "maximum payload")
+	assert.Equal(t, "brief", end.GetTaskBrief())
+	got, err := m.Get(ctx, st.GetRunId())
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, got.GetStatus())
+	stored, err := s.State(ctx, st.GetRunId())
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, stored.GetStatus())
+	assert.Equal(t, []int64{1, 2, 3}, journalSeqs(t, s, st.GetRunId()))
+	assert.Len(t, d.Calls(), 1)
+	require.Eventually(t, func() bool {
+		owner, err := s.Driver(ctx, st.GetRunId())
+		return err == nil && owner == ""
+	}, 10*time.Second, 10*time.Millisecond, "its claim is released")
 }

@@ -1,0 +1,170 @@
+package controls
+
+import (
+	"fmt"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// Sizes. Every text a run keeps comes from outside (a delegate's answer or
+// error, a judge's reason, an analyst's advice) and is bounded here, so
+// that a run's events fit the store's messages and its state gRPC's.
+const (
+	// MaxReasonBytes bounds a failure's reason, an attempt's error message
+	// and a verdict's note: longer ones are cut (Cut). Each joins every
+	// later brief of a retry-with-learning, so their sum over a run's
+	// attempts stays below a store message.
+	MaxReasonBytes = 4 << 10
+	// MaxStateBytes bounds a run's state as it is sent (GetRun, ListRuns,
+	// run_started, run_finished, the snapshots saved), besides its accepted
+	// result (bounded by the server's max_result_bytes, at most 2 MiB): so
+	// the whole stays below gRPC's default 4 MiB message limit
+	// (BoundState).
+	MaxStateBytes = 768 << 10
+)
+
+// Cut returns s if it is at most max bytes long; else its longest prefix
+// of at most max bytes that ends on a character boundary, followed by a
+// mark that says how many bytes were cut. The result may be longer than
+// max by the mark's length.
+func Cut(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	i := max
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + fmt.Sprintf(" …[%d bytes cut]", len(s)-i)
+}
+
+// stateCuts are the lengths the texts of a state's attempt log and failure
+// history are cut to, in turn, until the state fits (BoundState).
+var stateCuts = []int{16 << 10, 4 << 10, 1 << 10, 256, 0}
+
+// BoundState returns st if its encoding, its accepted result aside, is at
+// most limit bytes. Otherwise
+// it returns a copy whose attempt log and failure history have their texts
+// (briefs, results, error messages, reasons, advice) cut, to shorter and
+// shorter lengths until the copy fits, and whose results' data are dropped
+// once a result is cut: the run's events keep every text whole. The run's
+// own brief, control, options and accepted result are never cut. st is
+// not changed.
+func BoundState(st *stubbornv1.ControlState, limit int) *stubbornv1.ControlState {
+	result := proto.Size(st.GetResult())
+	if st == nil || proto.Size(st)-result <= limit {
+		return st
+	}
+	var out *stubbornv1.ControlState
+	for _, n := range stateCuts {
+		out = proto.CloneOf(st)
+		for _, a := range out.GetAttemptLog() {
+			cutAttempt(a, n)
+		}
+		for _, f := range out.GetFailureHistory() {
+			cutFailure(f, n)
+		}
+		if proto.Size(out)-result <= limit {
+			return out
+		}
+	}
+	return out
+}
+
+// BoundEvent returns ev if its encoding is at most limit bytes. Otherwise
+// it returns a copy whose texts are cut, to shorter and shorter lengths,
+// until it fits: the state it carries (BoundState), an attempt's brief,
+// result and error message, a failure's texts and the next brief. A store
+// whose messages are smaller than a run's largest event keeps the event
+// cut rather than refuse it, and the run goes on. ev is not changed.
+func BoundEvent(ev *stubbornv1.RunEvent, limit int) *stubbornv1.RunEvent {
+	if proto.Size(ev) <= limit {
+		return ev
+	}
+	var out *stubbornv1.RunEvent
+	for _, n := range stateCuts {
+		out = proto.CloneOf(ev)
+		switch k := out.GetKind().(type) {
+		case *stubbornv1.RunEvent_RunStarted:
+			k.RunStarted.State = cutState(k.RunStarted.GetState(), n)
+		case *stubbornv1.RunEvent_RunFinished:
+			k.RunFinished.State = cutState(k.RunFinished.GetState(), n)
+		case *stubbornv1.RunEvent_AttemptStarted:
+			cutAttempt(k.AttemptStarted.GetAttempt(), n)
+		case *stubbornv1.RunEvent_AttemptFinished:
+			cutAttempt(k.AttemptFinished.GetAttempt(), n)
+			k.AttemptFinished.Note = Cut(k.AttemptFinished.GetNote(), n)
+		case *stubbornv1.RunEvent_FailureAnalyzed:
+			cutFailure(k.FailureAnalyzed.GetFailure(), n)
+			k.FailureAnalyzed.NextBrief = Cut(k.FailureAnalyzed.GetNextBrief(), n)
+		case *stubbornv1.RunEvent_DecisionRequested:
+			k.DecisionRequested.Reason = Cut(k.DecisionRequested.GetReason(), n)
+			for _, f := range k.DecisionRequested.GetFailureHistory() {
+				cutFailure(f, n)
+			}
+		}
+		if proto.Size(out) <= limit {
+			return out
+		}
+	}
+	return out
+}
+
+// cutState returns st with the texts of its attempt log and failure
+// history cut to n bytes; past the first cut, its accepted result too,
+// and past the third its brief (an event that carries them must fit a
+// store message).
+func cutState(st *stubbornv1.ControlState, n int) *stubbornv1.ControlState {
+	if st == nil {
+		return nil
+	}
+	for _, a := range st.GetAttemptLog() {
+		cutAttempt(a, n)
+	}
+	for _, f := range st.GetFailureHistory() {
+		cutFailure(f, n)
+	}
+	if n < stateCuts[0] {
+		cutResult(st.GetResult(), n)
+	}
+	if n < stateCuts[2] {
+		st.TaskBrief = Cut(st.GetTaskBrief(), n)
+	}
+	return st
+}
+
+func cutAttempt(a *stubbornv1.Attempt, n int) {
+	if a == nil {
+		return
+	}
+	a.Brief = Cut(a.GetBrief(), n)
+	cutResult(a.GetResult(), n)
+	if e := a.GetError(); e != nil {
+		e.Message = Cut(e.GetMessage(), n)
+	}
+}
+
+// cutResult cuts r's text to n bytes and drops its data when either is
+// longer.
+func cutResult(r *stubbornv1.Result, n int) {
+	if r == nil {
+		return
+	}
+	if len(r.GetText()) > n || r.GetData() != nil && proto.Size(r.GetData()) > n {
+		r.Text = Cut(r.GetText(), n)
+		r.Data = nil
+	}
+}
+
+func cutFailure(f *stubbornv1.FailureRecord, n int) {
+	if f == nil {
+		return
+	}
+	f.Reason = Cut(f.GetReason(), n)
+	f.Analysis = Cut(f.GetAnalysis(), n)
+	f.AnalysisError = Cut(f.GetAnalysisError(), n)
+	f.NotRetriedReason = Cut(f.GetNotRetriedReason(), n)
+}
