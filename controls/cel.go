@@ -9,6 +9,7 @@ import (
 	"cel.dev/cel-go/cel"
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/ext"
+	"google.golang.org/protobuf/proto"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -28,17 +29,18 @@ const (
 
 // celEnv declares what an expression may use: result (a stubborn.v1.Result,
 // so result.text is a string and result.data a JSON-like dyn), attempt and
-// delegate, with the standard library and the strings extension. It is built
-// once: a cel.Env is safe for concurrent use.
+// delegate, with the standard library and the strings extension, bounded
+// in memory (celbounds.go). It is built once: a cel.Env is safe for
+// concurrent use.
 var celEnv = sync.OnceValues(func() (*cel.Env, error) {
-	return cel.NewEnv(
+	return cel.NewEnv(append([]cel.EnvOption{
 		cel.Types(&stubbornv1.Result{}),
 		cel.Variable("result", cel.ObjectType("stubborn.v1.Result")),
 		cel.Variable("attempt", cel.IntType),
 		cel.Variable("delegate", cel.StringType),
 		ext.Strings(),
 		cel.ParserExpressionSizeLimit(CELMaxLength),
-	)
+	}, celBoundOptions()...)...)
 })
 
 // Expr is a compiled failure_when or accept_when expression. It is a
@@ -54,8 +56,12 @@ type Expr struct {
 // CompileExpr compiles and type-checks src. field names the spec field
 // ("failure_when" or "accept_when") and decides what true means: failed for
 // failure_when, acceptable for accept_when. The expression must have type
-// bool, or dyn (then a non-bool value fails the attempt when evaluated). The
-// error is CEL's own message, meant for the client.
+// bool, or dyn (then a non-bool value fails the attempt when evaluated), and
+// stay within the memory bounds over the largest answer (celbounds.go): one
+// that may build a value over CELMaxValueBytes is refused. The error is
+// meant for the client. A run resumed by another server compiles its
+// expression again, so one refused by these checks, accepted before they
+// existed, fails its attempts with the reason instead of being evaluated.
 func CompileExpr(field, src string) (*Expr, error) {
 	env, err := celEnv()
 	if err != nil {
@@ -68,6 +74,14 @@ func CompileExpr(field, src string) (*Expr, error) {
 	if t := ast.OutputType(); !t.IsExactType(cel.BoolType) && !t.IsExactType(cel.DynType) {
 		return nil, fmt.Errorf("must be a bool expression, but has type %s", t)
 	}
+	if err := checkBounds(env, ast); err != nil {
+		return nil, err
+	}
+	return newExpr(env, ast, field, src)
+}
+
+// newExpr plans a checked expression with the cost limit.
+func newExpr(env *cel.Env, ast *cel.Ast, field, src string) (*Expr, error) {
 	prg, err := env.Program(ast,
 		cel.CostLimit(CELCostLimit),
 		cel.InterruptCheckFrequency(celInterruptEvery),
@@ -80,10 +94,15 @@ func CompileExpr(field, src string) (*Expr, error) {
 
 // Eval evaluates the expression over one answer and returns its boolean
 // value. An evaluation error, a value that is not a bool, or the cost limit
-// is returned as an error.
+// is returned as an error, and so are inputs over the bounds the
+// expression was checked against (MaxResultBytes, MaxDelegateNameBytes):
+// they are not evaluated.
 func (e *Expr) Eval(ctx context.Context, attempt int32, delegate string, r *stubbornv1.Result) (bool, error) {
 	if r == nil {
 		r = &stubbornv1.Result{}
+	}
+	if err := checkInputs(delegate, r); err != nil {
+		return false, err
 	}
 	out, _, err := e.prg.ContextEval(ctx, map[string]any{
 		"result":   r,
@@ -98,6 +117,22 @@ func (e *Expr) Eval(ctx context.Context, attempt int32, delegate string, r *stub
 		return false, fmt.Errorf("evaluated to %s, not a bool", out.Type().TypeName())
 	}
 	return bool(b), nil
+}
+
+// checkInputs refuses inputs over the sizes CompileExpr assumed.
+func checkInputs(delegate string, r *stubbornv1.Result) error {
+	if n := len(r.GetText()); n > MaxResultBytes {
+		return fmt.Errorf("%w: result.text is %d bytes, more than the limit of %d", ErrTooLarge, n, MaxResultBytes)
+	}
+	if r.GetData() != nil {
+		if n := proto.Size(r.GetData()); n > MaxResultBytes {
+			return fmt.Errorf("%w: result.data is %d bytes, more than the limit of %d", ErrTooLarge, n, MaxResultBytes)
+		}
+	}
+	if n := len(delegate); n > MaxDelegateNameBytes {
+		return fmt.Errorf("%w: the delegate's name is %d bytes, more than the limit of %d", ErrTooLarge, n, MaxDelegateNameBytes)
+	}
+	return nil
 }
 
 // Check implements Criteria. failure_when true (accept_when false) fails

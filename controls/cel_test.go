@@ -3,6 +3,7 @@ package controls_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -40,6 +41,16 @@ func TestCompileExprRejectsWhatCannotRun(t *testing.T) {
 		{"not a bool: int", `attempt + 1`, "must be a bool expression, but has type int"},
 		{"type error", `attempt == "1"`, "no matching overload"},
 		{"too long", `result.text == "` + strings.Repeat("x", controls.CELMaxLength) + `"`, "size exceeds"},
+		// The issue's expression: 7 GB over a 60 KB answer.
+		{"replace that may build too much", `result.text.replace("", result.text + result.text).size() < 0`,
+			"replace may build a value of up to 2199026401281 bytes (over an answer of 1048576 bytes), more than the limit of 16777216 bytes"},
+		{"replace hidden in dyn", `dyn(result.text.replace("", result.text)) == 1`, "replace may build a value of up to 1099513724929 bytes"},
+		{"replace with a long replacement", `result.text.replace("a", "0123456789abcdef").size() > 1`, "replace may build a value of up to 17825809 bytes"},
+		{"join with a long separator", `result.text.split("").join(result.text).size() > 1`, "join may build a value of up to 2199027449857 bytes"},
+		{"format of anything", `"%s".format([result.data]) == "x"`, "format may build a value of up to 429916572 bytes"},
+		{"a computed regular expression", `result.text.matches(result.text)`,
+			"matches a pattern computed when evaluated, of up to 1048576 bytes: such a pattern may be at most 20 bytes long"},
+		{"a regular expression too large", `result.text.matches("` + strings.Repeat("(a){1000}", 7) + `")`, "matches a regular expression that may compile to 28009 instructions, more than the limit of 20000"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -57,6 +68,19 @@ func TestCompileExprRejectsWhatCannotRun(t *testing.T) {
 		`result.text.lowerAscii().startsWith("error")`, // strings extension
 		`!has(result.data)`,
 		runaway, // compiles: only the cost limit stops it
+		// Builders whose largest result stays within CELMaxValueBytes.
+		`result.text.replace("\n", " ").contains("x")`,
+		`result.text.replace("a", "0123456").size() > 1`,
+		`result.text.split(" ").exists(w, w == "no")`,
+		`result.text.split("").join(",").size() > 1`,
+		`"%s: %s".format([delegate, result.text]).size() > 1`,
+		`"%s %d".format([delegate, attempt]) == "x"`,
+		`strings.quote(result.text).size() > 1`,
+		`(result.text + result.text + result.text + result.text).size() > 1`,
+		`result.data.items.map(i, i.name).exists(n, n == "x")`,
+		`result.data.items.exists(i, i.name + "!" == "x!")`,
+		`result.text.matches("^(error|fail)[a-z ]{0,100}$")`,
+		`delegate.matches("^search-[0-9]+$")`,
 	} {
 		_, err := controls.CompileExpr("failure_when", src)
 		assert.NoError(t, err, src)
@@ -176,4 +200,103 @@ func TestRaceAcceptWhen(t *testing.T) {
 	require.Len(t, r.state.GetFailureHistory(), 1)
 	fr := r.state.GetFailureHistory()[0]
 	assert.Equal(t, "accept_when is false: size(result.text) > 3", fr.GetReason())
+}
+
+// allocated is how many bytes f allocates. Tests that call it are not
+// parallel, so that little else allocates meanwhile.
+func allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// TestCELMemoryIsBoundedOverTheLargestAnswer: the expressions that build
+// the most and still compile, over answers of MaxResultBytes made to make
+// them build the most, allocate well under 64 MiB each (CELMaxValueBytes
+// for the largest value, plus what the cost limit lets through). Not
+// parallel: it measures allocations.
+func TestCELMemoryIsBoundedOverTheLargestAnswer(t *testing.T) {
+	as := strings.Repeat("a", controls.MaxResultBytes)
+	items := make([]any, 40_000)
+	for i := range items {
+		items[i] = map[string]any{"name": "n"}
+	}
+	data, err := structpb.NewValue(map[string]any{"items": items})
+	require.NoError(t, err)
+	ten := "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]"
+	for src, text := range map[string]string{
+		`result.text.replace("a", "0123456").size() > 1`:                           as,
+		`result.text.replace("", "0123456", 2000000).size() > 1`:                   as,
+		`result.text.split("").join(",").size() > 1`:                               as,
+		`result.text.split(" ").exists(w, w == "b")`:                               strings.Repeat("a ", controls.MaxResultBytes/2),
+		`strings.quote(result.text).size() > 1`:                                    strings.Repeat(`"`, controls.MaxResultBytes),
+		`(result.text + result.text + result.text + result.text).size() > 1`:       as,
+		`"%s: %s".format([delegate, result.text]).size() > 1`:                      as,
+		ten + ".map(a, " + ten + `.map(b, "%s".format([result.text]))).size() < 0`: as,
+		`result.text.lowerAscii().upperAscii().trim().size() > 1`:                  as,
+		`bytes(result.text).size() > 1`:                                            as,
+		`result.data.items.map(i, i.name + "!").exists(n, n == "x")`:               "",
+	} {
+		e, err := controls.CompileExpr("failure_when", src)
+		require.NoError(t, err, src)
+		r := &stubbornv1.Result{Text: text, Data: data}
+		n := allocated(func() { _, _ = e.Eval(t.Context(), 1, "d", r) })
+		assert.Less(t, n, uint64(64<<20), "%s allocated %d bytes", src, n)
+	}
+}
+
+// TestFormatIsChargedForWhatItBuilds: format was charged for its format
+// string only, so a thousand copies of a 100 KB answer (100 MB, and a GB
+// over the largest answer) cost next to nothing; charged for what it
+// builds, the cost limit stops them after a few. Not parallel: it measures
+// allocations.
+func TestFormatIsChargedForWhatItBuilds(t *testing.T) {
+	ten := "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]"
+	e, err := controls.CompileExpr("failure_when", ten+".map(a, "+ten+".map(b, "+ten+`.map(c, "%s".format([result.text])))).size() < 0`)
+	require.NoError(t, err)
+	r := &stubbornv1.Result{Text: strings.Repeat("a", 100_000)}
+	n := allocated(func() { _, err = e.Eval(t.Context(), 1, "d", r) })
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "actual cost limit exceeded")
+	assert.Less(t, n, uint64(16<<20), "allocated %d bytes", n)
+}
+
+// TestExprRefusesInputsOverTheBounds: an answer over MaxResultBytes, or a
+// delegate name over MaxDelegateNameBytes, is not evaluated: the attempt
+// fails with the reason (the expression was checked for inputs within
+// them).
+func TestExprRefusesInputsOverTheBounds(t *testing.T) {
+	t.Parallel()
+	big, err := structpb.NewValue(strings.Repeat("x", controls.MaxResultBytes))
+	require.NoError(t, err)
+	e, err := controls.CompileExpr("failure_when", `result.text == "" && !has(result.data)`)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name     string
+		delegate string
+		r        *stubbornv1.Result
+		err      string
+	}{
+		{"text", "d", &stubbornv1.Result{Text: strings.Repeat("x", controls.MaxResultBytes+1)},
+			"failure_when could not be evaluated: too large: result.text is 1048577 bytes, more than the limit of 1048576"},
+		{"data", "d", &stubbornv1.Result{Data: big},
+			"failure_when could not be evaluated: too large: result.data is 1048580 bytes, more than the limit of 1048576"},
+		{"delegate", strings.Repeat("d", controls.MaxDelegateNameBytes+1), &stubbornv1.Result{},
+			"failure_when could not be evaluated: too large: the delegate's name is 129 bytes, more than the limit of 128"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := e.Check(t.Context(), 1, tc.delegate, tc.r)
+			var ce *controls.CriteriaError
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, tc.err, ce.Msg)
+			assert.Equal(t, byCEL, ce.Source)
+		})
+	}
+	v, err := e.Check(t.Context(), 1, strings.Repeat("d", controls.MaxDelegateNameBytes), &stubbornv1.Result{Text: strings.Repeat("x", controls.MaxResultBytes)})
+	require.NoError(t, err, "at the limits")
+	assert.False(t, v.Failed)
 }

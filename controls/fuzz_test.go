@@ -20,8 +20,8 @@ import (
 
 // FuzzCompileExpr compiles any failure_when/accept_when a client may send:
 // compiling never panics, an expression over CELMaxLength never compiles,
-// and one that compiles evaluates (within the cost limit) and checks
-// without a panic, over a result made from the input too.
+// and one that compiles evaluates (within the cost and memory limits) and
+// checks without a panic, over a result made from the input too.
 func FuzzCompileExpr(f *testing.F) {
 	for _, src := range []string{
 		`result.text != "x"`, `result.text ==`, `answer == ""`, `result.txt == ""`, `attempt + 1`, `attempt == "1"`,
@@ -30,6 +30,11 @@ func FuzzCompileExpr(f *testing.F) {
 		`size(result.text) > 3`, `[1,2,3].map(x, x * 2).size() == 3`, `result.text.split(" ").exists(w, w == "no")`,
 		`result.data.items.all(i, i.score > 0.5)`, `dyn(result.data.n) + 1 > 2`, `result.text.matches("^[a-z]+$")`,
 		`[1,2].map(x, [1,2].map(y, [1,2].map(z, x*y*z))).size() > 0`, `"x".repeat(1000).size() > 3`,
+		// Memory: refused (issue 17's amplification, a long join separator,
+		// a computed pattern), and the builders the bounds let through.
+		`result.text.replace("", result.text + result.text).size() < 0`, `result.text.split("").join(result.text) != ""`,
+		`result.text.matches(result.text)`, `result.text.replace("a", "0123456").size() > 1`,
+		`"%s: %s".format([delegate, result.text]).size() > 1`, `dyn([1, 2]).join(",") == ""`,
 	} {
 		f.Add(src, `{"items": [{"score": 0.7}], "ok": true, "n": 1}`, "some text")
 	}

@@ -284,6 +284,13 @@ func TestCriteriaRejectedAtSubmission(t *testing.T) {
 			codes.InvalidArgument, "fallback_chain.failure_when", []string{"undeclared reference to 'answer'"}},
 		{"CEL with an unknown field", learn(&stubbornv1.RetryWithLearningSpec{FailureWhen: `result.txt == ""`}),
 			codes.InvalidArgument, "retry_with_learning.failure_when", []string{"undefined field 'txt'"}},
+		{"CEL that may build gigabytes", learn(&stubbornv1.RetryWithLearningSpec{FailureWhen: `result.text.replace("", result.text + result.text).size() < 0`}),
+			codes.InvalidArgument, "retry_with_learning.failure_when", []string{
+				"is not a valid CEL expression: replace may build a value of up to 2199026401281 bytes (over an answer of 1048576 bytes), more than the limit of 16777216 bytes",
+			}},
+		{"CEL accept_when that may build gigabytes", &stubbornv1.RunRequest{TaskBrief: "x", Race: &stubbornv1.RaceSpec{
+			Candidates: []string{"echo"}, AcceptWhen: `result.text.split("").join(result.text) != ""`,
+		}}, codes.InvalidArgument, "race.accept_when", []string{"is not a valid CEL expression: join may build a value of up to"}},
 		{"CEL that is not a bool", &stubbornv1.RunRequest{TaskBrief: "x", Race: &stubbornv1.RaceSpec{Candidates: []string{"echo"}, AcceptWhen: `result.text`}},
 			codes.InvalidArgument, "race.accept_when", []string{"must be a bool expression, but has type string"}},
 		{"failure_criteria and no judge anywhere", learn(&stubbornv1.RetryWithLearningSpec{FailureCriteria: noResultsCriteria}),
