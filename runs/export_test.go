@@ -2,6 +2,7 @@ package runs
 
 import (
 	"context"
+	"time"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -45,4 +46,10 @@ func (JournalFinal) finalInJournal() bool { return true }
 func ReadsFinalFromJournal(s Store) bool {
 	fj, ok := s.(finalInJournal)
 	return ok && fj.finalInJournal()
+}
+
+// PurgeForTest makes one pass of the store's janitor as if it were now,
+// and returns how many runs and leftovers it purged.
+func (s *JetStream) PurgeForTest(ctx context.Context, now time.Time) (int, error) {
+	return s.purge(ctx, now)
 }

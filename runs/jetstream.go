@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	mrand "math/rand/v2"
 	"net/http"
 	"strconv"
@@ -27,12 +28,22 @@ type JetStreamConfig struct {
 	// Replicas is the number of copies of every stream and bucket: 1 for
 	// the embedded server, 3 for a production cluster. 0 means 1.
 	Replicas int
-	// Retention is how long a run's events and state are kept after they
-	// were last written; older runs disappear whole. 0 means 7 days.
+	// Retention is how long a finished run is kept after its run_finished
+	// was written; then it is purged whole (janitor.go). A run that has not
+	// finished is never purged, however old. 0 means 7 days.
 	Retention time.Duration
-	// MaxBytes bounds the events stream; the oldest runs go first. 0 means
-	// no bound beyond Retention.
+	// MaxBytes bounds the events stream. The stream refuses a write beyond
+	// it rather than drop anything (DiscardNew). Counting what runs in
+	// flight have yet to write, from 80 % of it finished runs are purged,
+	// those that ended first, down to 60 %, and past 90 % Manager.Start
+	// refuses new runs with ErrStoreFull (janitor.go). 0 means no bound.
 	MaxBytes int64
+	// PurgeEvery is how often finished runs are looked for to purge. 0
+	// means a tenth of Retention, at most a minute; negative means never
+	// (a test purges with a pass of its own).
+	PurgeEvery time.Duration
+	// Logger receives the purges' warnings. Nil means slog.Default().
+	Logger *slog.Logger
 	// Lease is how long a server may go without beating before it counts
 	// as dead and its runs are taken over. 0 means DefaultLease.
 	Lease time.Duration
@@ -95,6 +106,9 @@ type JetStream struct {
 
 	mu   sync.Mutex
 	last map[string]uint64 // stream sequence of the last event of each run this store wrote or read
+
+	// janitor purges finished runs and admits new ones (janitor.go).
+	janitor janitor
 }
 
 var _ Store = (*JetStream)(nil)
@@ -137,15 +151,18 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	if maxBytes <= 0 {
 		maxBytes = -1
 	}
+	// No MaxAge, and DiscardNew: the stream's own limits cannot tell a
+	// finished run from one in flight, so they never remove anything;
+	// Stubborn purges finished runs itself (janitor.go). A stream made by
+	// an older version (MaxAge, DiscardOld) is updated in place.
 	if s.events, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        eventsStream,
 		Description: "Stubborn run events, one subject per run",
 		Subjects:    []string{eventsSubject + "*"},
 		Storage:     storage,
 		Replicas:    cfg.Replicas,
-		MaxAge:      cfg.Retention,
 		MaxBytes:    maxBytes,
-		Discard:     jetstream.DiscardOld,
+		Discard:     jetstream.DiscardNew,
 		AllowDirect: true,
 	}); err != nil {
 		return nil, fmt.Errorf("events stream: %w", err)
@@ -155,14 +172,17 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	// every entry of the owners bucket, markers included, and should cost
 	// as many reads as there are live runs, not as many as ran this week.
 	s.markerTTL = max(cfg.Lease, time.Second) // JetStream's shortest message TTL is 1 s
+	// The states and owners entries have no TTL: a run in flight keeps
+	// them however long it waits (a decision may take weeks); a finished
+	// run's go with its journal (janitor.go).
 	for _, b := range []struct {
 		kv      *jetstream.KeyValue
 		name    string
 		ttl     time.Duration
 		markers time.Duration
 	}{
-		{&s.states, statesBucket, cfg.Retention, 0},
-		{&s.owners, ownersBucket, cfg.Retention, s.markerTTL},
+		{&s.states, statesBucket, 0, 0},
+		{&s.owners, ownersBucket, 0, s.markerTTL},
 		{&s.beats, beatsBucket, cfg.Lease, 0},
 	} {
 		kvCfg := jetstream.KeyValueConfig{
@@ -180,11 +200,15 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 			return nil, fmt.Errorf("bucket %s: %w", b.name, err)
 		}
 	}
+	if err := s.startJanitor(ctx, cfg); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
-// Close closes the NATS connection.
+// Close stops the janitor and closes the NATS connection.
 func (s *JetStream) Close() error {
+	s.stopJanitor()
 	s.nc.Close()
 	return nil
 }
@@ -920,7 +944,7 @@ func (s *JetStream) TakeOver(ctx context.Context, runID, from, owner string) err
 }
 
 // Release deletes the run's owner key; its marker expires after markerTTL
-// (0: after the retention).
+// (0: the janitor purges it after the retention).
 func (s *JetStream) Release(ctx context.Context, runID string) error {
 	return s.write(ctx, func(ctx context.Context) error {
 		if s.markerTTL == 0 {

@@ -466,6 +466,11 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 		UpdateTime: timestamppb.New(now),
 		Tenant:     TenantFrom(ctx),
 	}
+	if a, ok := m.store.(admission); ok {
+		if err := a.admit(ctx, proto.Size(state)); err != nil {
+			return nil, err
+		}
+	}
 	r, err := m.admit(id, state.GetTenant())
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package runs
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -72,4 +73,46 @@ func TestMemoryKeepsFinishedRunsWithinItsLimits(t *testing.T) {
 	assert.True(t, kept("d"))
 	assert.True(t, kept("f"))
 	assert.False(t, kept("e"), "two newer finished runs")
+}
+
+// TestMemoryNeverPrunesARunInFlight: however old a run in flight is (one
+// awaiting a decision may wait for weeks), and however many runs finish
+// after it, the memory store keeps its events and state: its limits count
+// and age finished runs only.
+func TestMemoryNeverPrunesARunInFlight(t *testing.T) {
+	ctx := context.Background()
+	s := NewMemory(time.Second)
+	now := time.Unix(1_800_000_000, 0)
+	s.clock = func() time.Time { return now }
+	s.SetLimits(1, time.Hour)
+	record := func(id string, seq int64, finished bool) {
+		t.Helper()
+		ev := &stubbornv1.RunEvent{RunId: id, Seq: seq, Kind: &stubbornv1.RunEvent_RunStarted{RunStarted: &stubbornv1.RunStarted{}}}
+		if finished {
+			ev.Kind = &stubbornv1.RunEvent_RunFinished{RunFinished: &stubbornv1.RunFinished{}}
+		}
+		enc, err := EncodeEvent(ev)
+		require.NoError(t, err)
+		require.NoError(t, s.Append(ctx, enc))
+	}
+	record("waiting", 1, false)
+	state, err := proto.Marshal(&stubbornv1.ControlState{RunId: "waiting", Status: stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION})
+	require.NoError(t, err)
+	require.NoError(t, s.PutState(ctx, "waiting", state))
+	for i := range 5 {
+		now = now.Add(30 * 24 * time.Hour)
+		id := fmt.Sprintf("done%d", i)
+		record(id, 1, false)
+		record(id, 2, true)
+		s.SetLimits(1, time.Hour)
+	}
+	evs, err := s.Events(ctx, "waiting", 0)
+	require.NoError(t, err)
+	assert.Len(t, evs, 1)
+	st, err := s.State(ctx, "waiting")
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, st.GetStatus())
+	evs, err = s.Events(ctx, "done3", 0)
+	require.NoError(t, err)
+	assert.Empty(t, evs, "a finished run beyond the limits goes")
 }

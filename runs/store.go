@@ -129,6 +129,14 @@ type finalInJournal interface {
 	finalInJournal() bool
 }
 
+// admission is a Store that may have no room for a new run: admit
+// returns ErrStoreFull then, and Manager.Start refuses the run before it
+// claims it. size is the size of the run's encoded state.
+type admission interface {
+	Store
+	admit(ctx context.Context, size int) error
+}
+
 // stopWritesKey is the context key of a channel (<-chan struct{}) closed
 // when a write made with the context is not to be made again after a
 // failure: the run that makes it was let go.

@@ -379,6 +379,10 @@ func toStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, runs.ErrClosed), errors.Is(err, runs.ErrUnavailable):
 		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, runs.ErrStoreFull):
+		// No RetryInfo: the store makes room as runs finish, not on a
+		// schedule.
+		return exhausted("store", err.Error(), 0)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	}

@@ -36,9 +36,9 @@ func (f *storeFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.syncPeriod, "sync-period", time.Second, "embedded, -durability interval: how often to fsync")
 	fs.IntVar(&f.replicas, "replicas", 0, "copies of every stream and bucket (default 1 embedded, 3 with -nats-url)")
 	fs.DurationVar(&f.lease, "lease", runs.DefaultLease, "how long a replica may go silent before others take its runs over")
-	fs.DurationVar(&f.retention, "retention", 7*24*time.Hour, "how long a run is kept after its last event")
-	fs.Int64Var(&f.maxBytes, "max-bytes", 0, "bound on the events stream's size; the oldest runs go first (0: none)")
-	fs.IntVar(&f.maxRuns, "max-runs", runs.DefaultMemoryRuns, "with -memory: how many finished runs are kept; the oldest go first")
+	fs.DurationVar(&f.retention, "retention", 7*24*time.Hour, "how long a finished run is kept after it finished; a run not finished is never removed, however old")
+	fs.Int64Var(&f.maxBytes, "max-bytes", 0, "bound on the events stream's size in bytes: from 80% full the oldest finished runs are purged (down to 60%), and new runs are refused RESOURCE_EXHAUSTED when the runs in flight may need the rest; a run not finished is never removed (0: none)")
+	fs.IntVar(&f.maxRuns, "max-runs", runs.DefaultMemoryRuns, "with -memory: how many finished runs are kept; the oldest go first (runs in flight are never removed)")
 	fs.DurationVar(&f.writeRetry, "write-retry", 0, "how long a run's store write that failed for a reason that may pass (a timeout, a NATS leader election or restart) is made again before the run is given up on this replica; 0 means the lease, negative no retry")
 	fs.BoolVar(&f.saveFinal, "save-final-states", false, "save every run's final state in the states bucket too (while replicas older than 2026-11-30 share the store: they read a finished run there only)")
 }
@@ -55,7 +55,7 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 		rc.Store, rc.CancelOnClose = m, true
 		return rc, func() {}, nil
 	}
-	js := runs.JetStreamConfig{Replicas: f.replicas, Retention: f.retention, MaxBytes: f.maxBytes, Lease: f.lease, SaveFinalStates: f.saveFinal, WriteRetry: f.writeRetry}
+	js := runs.JetStreamConfig{Replicas: f.replicas, Retention: f.retention, MaxBytes: f.maxBytes, Lease: f.lease, SaveFinalStates: f.saveFinal, WriteRetry: f.writeRetry, Logger: logger}
 	var (
 		nc      *nats.Conn
 		closeNS = func() {}

@@ -1,0 +1,495 @@
+package runs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Retention on JetStream: only finished runs are ever removed, and
+// Stubborn removes them, not the store's limits.
+//
+// The events stream has no MaxAge and, past MaxBytes, refuses a write
+// rather than drop the oldest messages (DiscardNew); the states and owners
+// buckets have no TTL. JetStream cannot tell a finished run from one in
+// flight — a run awaiting a decision may wait for weeks — so its own limits
+// never remove anything. Instead every store's janitor (one per replica)
+// purges, every PurgeEvery:
+//
+//   - by age: every run whose journal ends in run_finished written more
+//     than Retention ago;
+//   - by size, when MaxBytes is set and the store is more than highWater
+//     full (used): the finished runs whose journals ended first, until it
+//     is less than lowWater full;
+//   - leftovers older than Retention in the buckets: a finished run's state
+//     whose journal is gone (a run that could not record its start, or one
+//     a version before this one expired), deletion markers.
+//
+// A run whose owner entry is still there is not purged: its driver has yet
+// to save its final state and let go of it (or the replica that takes it
+// over will, from its journal, which must then still be there). A run is
+// purged state first, journal last, and a journal up to the run_finished
+// that was read only: a pass cut short leaves a journal that the next pass
+// finds again, and nothing written later could go. Several replicas may
+// purge the same run at once: a purge of what is gone already does
+// nothing.
+//
+// How full the store is (used) counts what runs in flight have yet to
+// write: the events stream's bytes, plus inFlightFactor times the owners
+// bucket's, which holds the state of every run in flight as it was
+// accepted. New runs are admitted (admit) while used, plus what the new
+// run adds to it, stays below admitBelow of MaxBytes; beyond, Manager.Start
+// refuses them with ErrStoreFull. The top tenth of MaxBytes is room for
+// what runs in flight write beyond the estimate (more attempts, large
+// results) and for runs another replica admitted meanwhile. A write refused
+// all the same is made again (a 503, see write) while the janitor makes
+// room, if it can: a store full of runs in flight has none to make.
+
+// Shares of MaxBytes, in percent.
+const (
+	// admitBelow bounds what admission lets the store hold.
+	admitBelow = 90
+	// highWater: above it, finished runs are purged by size...
+	highWater = 80
+	// lowWater: ...until the store is below it.
+	lowWater = 60
+)
+
+// inFlightFactor is how many times its state a run in flight is counted
+// on to write still. A run of one attempt writes about five times its
+// state in all — the brief is in run_started, attempt_started,
+// attempt_finished, and twice in run_finished — two of them before its
+// first call.
+const inFlightFactor = 4
+
+// usedFresh is how long admission trusts the size it read last (plus what
+// it admitted since): one read a second, not one per run.
+const usedFresh = time.Second
+
+// idleWait bounds a pass's wait for the next message of a stream that
+// had more when the pass began: they went meanwhile (another replica
+// purged them, their TTL ran out). A pass cut short does no harm: the next
+// one goes on.
+const idleWait = time.Second
+
+// ErrStoreFull: Manager.Start refuses a new run because the store has no
+// room for it (JetStreamConfig.MaxBytes). Runs in flight go on.
+var ErrStoreFull = errors.New("the run store is full")
+
+// janitor purges a JetStream store's finished runs and admits new runs.
+type janitor struct {
+	retention time.Duration
+	maxBytes  int64 // 0: no bound
+	log       *slog.Logger
+	// statesStream and ownersStream are the buckets' streams: a purge
+	// there leaves no marker behind.
+	statesStream jetstream.Stream
+	ownersStream jetstream.Stream
+
+	cancel   context.CancelFunc // ends the loop; nil when there is none
+	done     chan struct{}      // closed when the loop has returned
+	kick     chan struct{}      // asks the loop for a pass now (admission, when full)
+	stopOnce sync.Once
+
+	mu      sync.Mutex
+	used    int64     // guarded by mu: the store's size read last, plus what was admitted since
+	usedAt  time.Time // guarded by mu: when used was read; zero: never
+	reading bool      // guarded by mu: a read of used is under way
+	// starved, guarded by mu: the last pass left the store over highWater
+	// with nothing to purge; admission asks for no pass before the next
+	// one due (it would read every journal again for nothing).
+	starved bool
+}
+
+// startJanitor sets the janitor up from cfg (defaults applied), and starts
+// its loop unless cfg.PurgeEvery is negative.
+func (s *JetStream) startJanitor(ctx context.Context, cfg JetStreamConfig) error {
+	j := &s.janitor
+	j.retention, j.maxBytes, j.log = cfg.Retention, max(cfg.MaxBytes, 0), cfg.Logger
+	if j.log == nil {
+		j.log = slog.Default()
+	}
+	var err error
+	if j.statesStream, err = s.js.Stream(ctx, kvStream(statesBucket)); err != nil {
+		return fmt.Errorf("bucket %s: %w", statesBucket, err)
+	}
+	if j.ownersStream, err = s.js.Stream(ctx, kvStream(ownersBucket)); err != nil {
+		return fmt.Errorf("bucket %s: %w", ownersBucket, err)
+	}
+	j.kick = make(chan struct{}, 1)
+	j.done = make(chan struct{})
+	every := cfg.PurgeEvery
+	if every == 0 {
+		every = min(cfg.Retention/10, time.Minute)
+	}
+	if every < 0 {
+		close(j.done)
+		return nil
+	}
+	loopCtx, cancel := context.WithCancel(context.Background())
+	j.cancel = cancel
+	go s.purgeLoop(loopCtx, max(every, time.Millisecond))
+	return nil
+}
+
+// stopJanitor ends the loop and waits for it.
+func (s *JetStream) stopJanitor() {
+	j := &s.janitor
+	j.stopOnce.Do(func() {
+		if j.cancel != nil {
+			j.cancel()
+		}
+		if j.done != nil {
+			<-j.done
+		}
+	})
+}
+
+// purgeLoop purges every (jittered: replicas started together do not purge
+// in step), and when admission asks, at most once per usedFresh.
+func (s *JetStream) purgeLoop(ctx context.Context, every time.Duration) {
+	j := &s.janitor
+	defer close(j.done)
+	var last time.Time
+	for {
+		t := time.NewTimer(every/2 + time.Duration(mrand.Int64N(int64(every))))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		case <-j.kick:
+			t.Stop()
+			if !sleep(ctx, usedFresh-time.Since(last)) {
+				return
+			}
+		}
+		last = time.Now()
+		n, err := s.purge(ctx, last)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			j.log.Warn("purging finished runs", "err", err, "purged", n)
+		case n > 0:
+			j.log.Debug("purged finished runs", "purged", n)
+		}
+	}
+}
+
+// sleep waits d unless ctx ends first, and reports whether it did not.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// purge makes one pass of the janitor as if it were now, and returns how
+// many runs and leftovers it purged.
+func (s *JetStream) purge(ctx context.Context, now time.Time) (int, error) {
+	cutoff := now.Add(-s.janitor.retention)
+	n, err := s.purgeRuns(ctx, cutoff)
+	if err != nil {
+		return n, err
+	}
+	for _, b := range []struct {
+		stream jetstream.Stream
+		bucket string
+		state  bool
+	}{
+		{s.janitor.statesStream, statesBucket, true},
+		{s.janitor.ownersStream, ownersBucket, false},
+	} {
+		m, err := s.purgeLeftovers(ctx, b.stream, b.bucket, cutoff, b.state)
+		n += m
+		if err != nil {
+			return n, fmt.Errorf("bucket %s: %w", b.bucket, err)
+		}
+	}
+	return n, nil
+}
+
+// purgeRuns purges the finished runs whose journal ended before cutoff
+// and, while the store is over highWater, those that ended first, until it
+// is under lowWater. It reads the stream's messages in the order they were
+// written, and a run's run_finished is its last: it meets the finished runs
+// in the order they ended, and stops at the first message newer than
+// cutoff when not purging by size. A pass by age reads the messages older
+// than the retention only: those of the runs it purges, and of the few
+// runs in flight for that long.
+func (s *JetStream) purgeRuns(ctx context.Context, cutoff time.Time) (int, error) {
+	// By size, used is estimated down by a run's average journal per
+	// purge, and read again when the estimate says it is under lowWater.
+	bySize, used, perRun := false, int64(0), int64(0)
+	if s.janitor.maxBytes > 0 {
+		var err error
+		if used, perRun, err = s.readUsed(ctx); err != nil {
+			return 0, err
+		}
+		bySize = used > s.share(highWater)
+	}
+	n := 0
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: lastEventsIdle}
+	err := eachMsg(ctx, s.events, cfg, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+		old := !meta.Timestamp.After(cutoff)
+		if !old && !bySize {
+			return false, nil
+		}
+		runID := strings.TrimPrefix(msg.Subject(), eventsSubject)
+		evs, err := unpackEvents(msg.Data(), msg.Headers())
+		if err != nil {
+			// Not a journal Stubborn can read: not one to purge.
+			s.janitor.log.Warn("purging finished runs: unreadable journal message", "run_id", runID, "seq", meta.Sequence.Stream, "err", err)
+			return true, nil
+		}
+		if !evs[len(evs)-1].Finished {
+			return true, nil // not its journal's end, or a run in flight: never purged
+		}
+		purged, err := s.purgeRun(ctx, runID, meta.Sequence.Stream)
+		if err != nil || !purged {
+			return err == nil, err
+		}
+		n++
+		if used -= perRun; bySize && used <= s.share(lowWater) {
+			if used, perRun, err = s.readUsed(ctx); err != nil {
+				return false, err
+			}
+			bySize = used > s.share(lowWater)
+		}
+		return true, nil
+	})
+	if err == nil && s.janitor.maxBytes > 0 {
+		starved := false
+		if n > 0 || bySize {
+			// Admission sees the room made at once.
+			if used, _, err = s.readUsed(ctx); err != nil {
+				return n, err
+			}
+			starved = bySize && used > s.share(highWater)
+		}
+		s.janitor.mu.Lock()
+		s.janitor.starved = starved
+		s.janitor.mu.Unlock()
+		if starved {
+			s.janitor.log.Warn("the run store is over its high-water mark with no finished run left to purge: runs in flight fill it",
+				"used_bytes", used, "max_bytes", s.janitor.maxBytes)
+		}
+	}
+	return n, err
+}
+
+// purgeRun purges finished run runID whose journal ends at stream sequence
+// seq, unless it still has an owner entry; it reports whether it did.
+func (s *JetStream) purgeRun(ctx context.Context, runID string, seq uint64) (bool, error) {
+	if validKey(runID) {
+		if held, err := s.held(ctx, runID); err != nil || held {
+			return false, err
+		}
+		if err := s.janitor.statesStream.Purge(ctx, jetstream.WithPurgeSubject(kvSubject(statesBucket, runID))); err != nil {
+			return false, fmt.Errorf("run %s: purging its state: %w", runID, err)
+		}
+		if s.markerTTL == 0 {
+			// A NATS server older than 2.11: the purge marker Release
+			// left does not expire.
+			if err := s.janitor.ownersStream.Purge(ctx, jetstream.WithPurgeSubject(kvSubject(ownersBucket, runID))); err != nil {
+				return false, fmt.Errorf("run %s: purging its owner's marker: %w", runID, err)
+			}
+		}
+	}
+	// Up to the run_finished that was read, and nothing written after.
+	if err := s.events.Purge(ctx, jetstream.WithPurgeSubject(eventsSubject+runID), jetstream.WithPurgeSequence(seq+1)); err != nil {
+		return false, fmt.Errorf("run %s: purging its journal: %w", runID, err)
+	}
+	s.mu.Lock()
+	delete(s.last, runID)
+	s.mu.Unlock()
+	return true, nil
+}
+
+// held reports whether run runID has an owner entry.
+func (s *JetStream) held(ctx context.Context, runID string) (bool, error) {
+	_, err := s.owners.Get(ctx, runID)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	default:
+		return false, fmt.Errorf("run %s: reading its owner: %w", runID, err)
+	}
+}
+
+// purgeLeftovers purges from a bucket's stream the deletion markers older
+// than cutoff and, with states, the saved states older than cutoff of
+// finished runs that no one owns: their journal is gone, or goes by age
+// too (run_finished is written before the final state is saved).
+func (s *JetStream) purgeLeftovers(ctx context.Context, stream jetstream.Stream, bucket string, cutoff time.Time, states bool) (int, error) {
+	n := 0
+	prefix := kvSubject(bucket, "")
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: lastEventsIdle}
+	err := eachMsg(ctx, stream, cfg, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+		if meta.Timestamp.After(cutoff) {
+			return false, nil // the messages after it are newer still
+		}
+		key := strings.TrimPrefix(msg.Subject(), prefix)
+		if msg.Headers().Get(kvOperation) == "" {
+			if !states || !validKey(key) {
+				return true, nil // a run's owner: in flight
+			}
+			st, err := decodeState(msg.Data())
+			if err != nil || !isTerminal(st.GetStatus()) {
+				return true, nil // in flight (or not Stubborn's)
+			}
+			if held, err := s.held(ctx, key); err != nil || held {
+				return err == nil, err
+			}
+		}
+		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(msg.Subject()), jetstream.WithPurgeSequence(meta.Sequence.Stream+1)); err != nil {
+			return false, fmt.Errorf("purging %s: %w", key, err)
+		}
+		n++
+		return true, nil
+	})
+	return n, err
+}
+
+// kvOperation is the header of a KV deletion marker (DEL or PURGE).
+const kvOperation = "KV-Operation"
+
+// kvStream names a bucket's stream.
+func kvStream(bucket string) string { return "KV_" + bucket }
+
+// kvSubject is key's subject in bucket's stream.
+func kvSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
+
+// eachMsg calls fn with the messages of stream that cfg selects, in
+// order, while fn returns true, up to the last one the stream had when it
+// began (or until it waited idleWait for the next).
+func eachMsg(ctx context.Context, stream jetstream.Stream, cfg jetstream.OrderedConsumerConfig, fn func(jetstream.Msg, *jetstream.MsgMetadata) (bool, error)) error {
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return err
+	}
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	end := info.State.LastSeq
+	cons, err := stream.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if ci := cons.CachedInfo(); ci == nil || ci.NumPending == 0 {
+		return nil
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for {
+		msg, err := it.Next(jetstream.NextMaxWait(idleWait))
+		if errors.Is(err, nats.ErrTimeout) {
+			return nil
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return err
+		}
+		more, err := fn(msg, meta)
+		if err != nil || !more || meta.Sequence.Stream >= end || meta.NumPending == 0 {
+			return err
+		}
+	}
+}
+
+// share is percent % of MaxBytes, in bytes.
+func (s *JetStream) share(percent int64) int64 { return s.janitor.maxBytes / 100 * percent }
+
+// readUsed reads how full the store is (used: see the top of this file),
+// and the average size of a run's journal. Admission trusts used for
+// usedFresh.
+func (s *JetStream) readUsed(ctx context.Context) (used, perRun int64, err error) {
+	j := &s.janitor
+	j.mu.Lock()
+	j.reading = true
+	j.mu.Unlock()
+	defer func() {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		j.reading = false
+		if err == nil {
+			j.used, j.usedAt = used, time.Now()
+		}
+	}()
+	events, err := s.events.Info(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	owners, err := s.janitor.ownersStream.Info(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	used = int64(events.State.Bytes + inFlightFactor*owners.State.Bytes)
+	return used, int64(events.State.Bytes / max(events.State.NumSubjects, 1)), nil
+}
+
+// admit refuses a new run whose encoded state has size bytes with
+// ErrStoreFull when the store has no room for it (see the top of this
+// file). It reads the store's size at most once per usedFresh, counting
+// the runs it admits meanwhile; when that read fails it admits the run:
+// the claim that follows meets the same trouble, and says so.
+func (s *JetStream) admit(ctx context.Context, size int) error {
+	j := &s.janitor
+	if j.maxBytes <= 0 {
+		return nil
+	}
+	j.mu.Lock()
+	stale := j.usedAt.IsZero() || time.Since(j.usedAt) >= usedFresh && !j.reading
+	j.mu.Unlock()
+	if stale {
+		if _, _, err := s.readUsed(ctx); err != nil {
+			return nil
+		}
+	}
+	// Its claim, counted as a run in flight, then its run_started and
+	// attempt_started, each about its state, until the next read.
+	need := (inFlightFactor + 2) * int64(size)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.used > s.share(highWater) && !j.starved {
+		select {
+		case j.kick <- struct{}{}:
+		default:
+		}
+	}
+	if limit := s.share(admitBelow); j.used+need > limit {
+		return fmt.Errorf("%w: -max-bytes %d, of which it keeps the last %d%% for the runs in flight (the store holds %d bytes, the runs in flight included); finished runs are purged after -retention %s, and from %d%% full the oldest ones",
+			ErrStoreFull, j.maxBytes, 100-admitBelow, j.used, j.retention, highWater)
+	}
+	j.used += need
+	return nil
+}
