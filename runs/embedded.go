@@ -43,6 +43,12 @@ type EmbeddedConfig struct {
 
 // Embedded is an in-process NATS server with JetStream, listening on no
 // port, and a connection to it.
+//
+// The connection reconnects at once when the server dropped it while
+// still running (a client it judged slow or stale), as often as that
+// happens; one the server closed for a protocol error, or that found no
+// server to reconnect to for embeddedReconnects attempts (about 3 s), is
+// closed for good: see WatchConn.
 type Embedded struct {
 	Server *server.Server
 	Conn   *nats.Conn
@@ -102,13 +108,22 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		}
 		return nil, fmt.Errorf("embedded NATS: %s", reason)
 	}
-	nc, err := nats.Connect(nats.DefaultURL, nats.InProcessServer(ns), nats.Name("stubborn"))
+	nc, err := nats.Connect(nats.DefaultURL, nats.InProcessServer(ns), nats.Name("stubborn"),
+		nats.ReconnectWait(embeddedReconnectWait), nats.MaxReconnects(embeddedReconnects))
 	if err != nil {
 		ns.Shutdown()
 		return nil, fmt.Errorf("connecting to embedded NATS: %w", err)
 	}
 	return &Embedded{Server: ns, Conn: nc}, nil
 }
+
+// The in-process connection's reconnects: the server is in the process, so
+// an attempt succeeds at once unless the server stopped, and then none
+// ever will.
+const (
+	embeddedReconnectWait = 250 * time.Millisecond
+	embeddedReconnects    = 10
+)
 
 // Close closes the connection and shuts the server down.
 func (e *Embedded) Close() {
