@@ -3,6 +3,7 @@ package runs
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -33,10 +34,21 @@ type EmbeddedConfig struct {
 	Durability Durability
 	// SyncPeriod is the fsync period of SyncInterval. 0 means 1s.
 	SyncPeriod time.Duration
+	// Logger gets the server's warnings and errors (a damaged block file
+	// found at start, JetStream out of resources, …), each with
+	// component=nats; its notices at Debug; never its debug or trace lines.
+	// nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // Embedded is an in-process NATS server with JetStream, listening on no
 // port, and a connection to it.
+//
+// The connection reconnects at once when the server dropped it while
+// still running (a client it judged slow or stale), as often as that
+// happens; one the server closed for a protocol error, or that found no
+// server to reconnect to for embeddedReconnects attempts (about 3 s), is
+// closed for good: see WatchConn.
 type Embedded struct {
 	Server *server.Server
 	Conn   *nats.Conn
@@ -53,7 +65,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		StoreDir:   cfg.DataDir,
 		DontListen: true,
 		NoSigs:     true,
-		NoLog:      true,
+		// NoLog keeps nats-server from making a logger of its own (to
+		// stderr) should its options be reloaded; ours is set below.
+		NoLog: true,
 	}
 	switch cfg.Durability {
 	case SyncAlways:
@@ -70,18 +84,46 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS: %w", err)
 	}
+	log := newNATSLogger(cfg.Logger)
+	ns.SetLoggerV2(log, false, false, false)
 	ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		ns.Shutdown()
-		return nil, errors.New("embedded NATS did not start within 30s")
+	// A server that met a fatal error (nats-server goes on after one)
+	// never gets ready: no need to wait the whole time for it.
+	for deadline := time.Now().Add(30 * time.Second); !ns.ReadyForConnections(100 * time.Millisecond); {
+		if f := log.firstFatal(); f != "" {
+			ns.Shutdown()
+			return nil, fmt.Errorf("embedded NATS: %s", f)
+		}
+		if time.Now().After(deadline) {
+			ns.Shutdown()
+			return nil, errors.New("embedded NATS did not start within 30s")
+		}
 	}
-	nc, err := nats.Connect(nats.DefaultURL, nats.InProcessServer(ns), nats.Name("stubborn"))
+	if !ns.JetStreamEnabled() {
+		// nats-server reports this with Fatalf and goes on without it.
+		ns.Shutdown()
+		reason := log.firstFatal()
+		if reason == "" {
+			reason = "JetStream is not enabled"
+		}
+		return nil, fmt.Errorf("embedded NATS: %s", reason)
+	}
+	nc, err := nats.Connect(nats.DefaultURL, nats.InProcessServer(ns), nats.Name("stubborn"),
+		nats.ReconnectWait(embeddedReconnectWait), nats.MaxReconnects(embeddedReconnects))
 	if err != nil {
 		ns.Shutdown()
 		return nil, fmt.Errorf("connecting to embedded NATS: %w", err)
 	}
 	return &Embedded{Server: ns, Conn: nc}, nil
 }
+
+// The in-process connection's reconnects: the server is in the process, so
+// an attempt succeeds at once unless the server stopped, and then none
+// ever will.
+const (
+	embeddedReconnectWait = 250 * time.Millisecond
+	embeddedReconnects    = 10
+)
 
 // Close closes the connection and shuts the server down.
 func (e *Embedded) Close() {

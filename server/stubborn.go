@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/delegates"
@@ -155,6 +156,19 @@ func criteriaFor(d controls.Delegates, defaultJudge string) func(*stubbornv1.Con
 		}
 		return controls.NewCriteria(st.GetControl(), judge, d)
 	}
+}
+
+// SetServing reports the server in health (grpc.health.v1) as SERVING or
+// NOT_SERVING, both as a whole ("") and as stubborn.v1.ControlService: not
+// serving while it cannot do its work (its store unreachable, say). After
+// Stop it changes nothing: a stopped server stays NOT_SERVING.
+func (s *Stubborn) SetServing(serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.Health.SetServingStatus("", st)
+	s.Health.SetServingStatus(stubbornv1.ControlService_ServiceDesc.ServiceName, st)
 }
 
 // Serve serves on lis until Stop.

@@ -166,7 +166,7 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 		go func() { _ = metrics.Serve(mlis) }()
 		logger.Info("metrics serving", "url", "http://"+mlis.Addr().String()+"/metrics")
 	}
-	runsCfg, closeStore, err := store.open(ctx, logger)
+	runsCfg, storeConn, closeStore, err := store.open(ctx, logger)
 	if err != nil {
 		_ = lis.Close()
 		return 1, err
@@ -183,13 +183,22 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 		}
 		return 1, err
 	}
+	storeConn.attach(s.SetServing)
 	traces, metricsTo := sdk.Describe()
 	logger.Info("stubborn serving", "addr", lis.Addr().String(), "delegates", len(cfg.Delegates),
 		"tls", sec.describe(), "tenants", len(cfg.Tenants), "traces", traces, "metrics", metricsTo)
 	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(lis) }()
+	var fatal error
 	select {
 	case err = <-errc:
+	case fatal = <-storeConn.fatal:
+		// Every run's next write would fail: exit non-zero for a
+		// supervisor to start a server that can write again, which
+		// takes the runs over.
+		logger.Error("shutting down: the store cannot be reached again", "err", fatal)
+		s.Stop(10 * time.Second)
+		<-errc
 	case <-ctx.Done():
 		logger.Info("shutting down")
 		s.Stop(10 * time.Second)
@@ -199,6 +208,9 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = metrics.Shutdown(sctx)
 		cancel()
+	}
+	if fatal != nil {
+		return 1, fatal
 	}
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		return 1, err

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -43,17 +44,20 @@ func (f *storeFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.saveFinal, "save-final-states", false, "save every run's final state in the states bucket too (while replicas older than 2026-11-30 share the store: they read a finished run there only)")
 }
 
-// open connects the store. close must be called after the server stopped.
-func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config, func(), error) {
+// open connects the store. The storeWatch carries the state of its NATS
+// connection to health and says when it is closed for good. close must be
+// called after the server stopped.
+func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config, *storeWatch, func(), error) {
 	rc := runs.Config{Lease: f.lease, Logger: logger}
+	w := newStoreWatch()
 	if f.memory {
 		if f.maxRuns < 1 {
-			return rc, nil, fmt.Errorf("-max-runs must be at least 1, got %d", f.maxRuns)
+			return rc, nil, nil, fmt.Errorf("-max-runs must be at least 1, got %d", f.maxRuns)
 		}
 		m := runs.NewMemory(f.lease)
 		m.SetLimits(f.maxRuns, f.retention)
 		rc.Store, rc.CancelOnClose = m, true
-		return rc, func() {}, nil
+		return rc, w, func() {}, nil
 	}
 	js := runs.JetStreamConfig{Replicas: f.replicas, Retention: f.retention, MaxBytes: f.maxBytes, Lease: f.lease, SaveFinalStates: f.saveFinal, WriteRetry: f.writeRetry, Logger: logger}
 	var (
@@ -67,26 +71,78 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 		}
 		nc, err = nats.Connect(f.natsURL, nats.Name("stubborn"), nats.MaxReconnects(-1))
 		if err != nil {
-			return rc, nil, fmt.Errorf("-nats-url: %w", err)
+			return rc, nil, nil, fmt.Errorf("-nats-url: %w", err)
 		}
-		logger.Info("runs kept in NATS JetStream", "url", f.natsURL, "replicas", js.Replicas)
+		// The URL may hold a password: the connected one is logged, redacted.
+		logger.Info("runs kept in NATS JetStream", "url", nc.ConnectedUrlRedacted(), "replicas", js.Replicas)
 	} else {
 		e, err := runs.StartEmbedded(runs.EmbeddedConfig{
 			DataDir: f.dataDir, Durability: runs.Durability(f.durability), SyncPeriod: f.syncPeriod,
+			Logger: logger,
 		})
 		if err != nil {
-			return rc, nil, err
+			return rc, nil, nil, err
 		}
 		nc, closeNS = e.Conn, e.Close
 		rc.SoleOwner = true
 		logger.Info("runs kept in embedded JetStream", "data_dir", f.dataDir, "durability", f.durability)
 	}
+	stopWatch := runs.WatchConn(nc, logger, w.report)
 	store, err := runs.NewJetStream(ctx, nc, js)
 	if err != nil {
+		stopWatch()
 		nc.Close()
 		closeNS()
-		return rc, nil, err
+		return rc, nil, nil, err
 	}
+	// What the server found damaged when it read its files: logged.
+	store.Damage(ctx, logger)
 	rc.Store = store
-	return rc, func() { _ = store.Close(); closeNS() }, nil
+	w.conn = nc
+	return rc, w, func() { stopWatch(); _ = store.Close(); closeNS() }, nil
+}
+
+// storeWatch carries the state of the store's NATS connection to health:
+// NOT_SERVING while it is down (nats.go reconnecting), SERVING once it is
+// up again. A connection closed for good — the server closed it for a
+// protocol error, or the in-process connection found no server to go back
+// to — cannot come back, and each of this server's runs would fail its
+// next write: fatal then gets the reason, once, and `serve` exits 1 so
+// that a supervisor starts it again.
+type storeWatch struct {
+	fatal chan error // buffered: the first close for good
+	conn  *nats.Conn // nil with -memory; for tests
+
+	mu      sync.Mutex
+	down    bool       // the last state reported was not up; guarded by mu
+	serving func(bool) // set by attach; guarded by mu
+}
+
+func newStoreWatch() *storeWatch { return &storeWatch{fatal: make(chan error, 1)} }
+
+// attach sends the connection's state to serving from now on, starting
+// with the state it is in.
+func (w *storeWatch) attach(serving func(bool)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.serving = serving
+	serving(!w.down)
+}
+
+func (w *storeWatch) report(st runs.ConnState, err error) {
+	w.mu.Lock()
+	w.down = st != runs.ConnUp
+	if w.serving != nil {
+		w.serving(!w.down)
+	}
+	w.mu.Unlock()
+	if st == runs.ConnClosed {
+		if err == nil {
+			err = nats.ErrConnectionClosed
+		}
+		select {
+		case w.fatal <- fmt.Errorf("the store's NATS connection is closed for good: %w", err):
+		default:
+		}
+	}
 }

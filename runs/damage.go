@@ -1,0 +1,78 @@
+package runs
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+)
+
+// StreamDamage is what one of the store's streams lost, as its NATS server
+// reports it (JetStream's StreamInfo.State.Lost): messages that a damaged
+// block file held and that could not be read back — at start, or later
+// when the block was read.
+type StreamDamage struct {
+	// Stream is the stream's name: STUBBORN_EVENTS, or KV_<bucket>.
+	Stream string
+	// Seqs are the lost messages' stream sequences, in order.
+	Seqs []uint64
+	// Bytes is their size.
+	Bytes uint64
+}
+
+// maxSeqsLogged bounds the sequences a damage line lists.
+const maxSeqsLogged = 50
+
+// Damage asks the store's server what each of Stubborn's streams lost —
+// the events stream and the streams of the states, owners and heartbeats
+// buckets — and logs an ERROR for each that lost messages ("store
+// damaged: stream STUBBORN_EVENTS lost 3 messages", with stream=,
+// messages=, bytes= and the first maxSeqsLogged sequences in seqs=). A
+// stream it cannot ask about is logged at Warn and left out. It returns
+// the damage found, nil when there is none.
+//
+// NATS keeps what a stream lost in memory, from its start: call Damage
+// once the store is open, when the files were just read.
+func (s *JetStream) Damage(ctx context.Context, logger *slog.Logger) []StreamDamage {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	var found []StreamDamage
+	for _, name := range []string{eventsStream, "KV_" + statesBucket, "KV_" + ownersBucket, "KV_" + beatsBucket} {
+		st, err := s.js.Stream(ctx, name)
+		if err != nil {
+			logger.Warn("checking the store for damage", "stream", name, "err", err)
+			continue
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			logger.Warn("checking the store for damage", "stream", name, "err", err)
+			continue
+		}
+		lost := info.State.Lost
+		if lost == nil || len(lost.Msgs) == 0 {
+			continue
+		}
+		d := StreamDamage{Stream: name, Seqs: lost.Msgs, Bytes: lost.Bytes}
+		found = append(found, d)
+		logger.Error(fmt.Sprintf("store damaged: stream %s lost %d messages", name, len(d.Seqs)),
+			"stream", name, "messages", len(d.Seqs), "bytes", d.Bytes, "seqs", seqList(d.Seqs, maxSeqsLogged))
+	}
+	return found
+}
+
+// seqList is the first n sequences, comma-separated, and how many more.
+func seqList(seqs []uint64, n int) string {
+	var b strings.Builder
+	for i, q := range seqs {
+		if i == n {
+			fmt.Fprintf(&b, " and %d more", len(seqs)-n)
+			break
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprint(&b, q)
+	}
+	return b.String()
+}

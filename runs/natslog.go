@@ -1,0 +1,114 @@
+package runs
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// natsLogger carries the embedded NATS server's log to a slog.Logger, each
+// line with component=nats: notices at Debug (a start alone writes a dozen
+// of them: banner, version, limits, JetStream's settings), warnings at
+// Warn, errors and fatal errors at Error. The server's debug and trace
+// lines are not asked for (SetLoggerV2's flags are off), so they never
+// come; were they asked for, they would go to Debug.
+//
+// A line of a stream's file store ("Filestore [STUBBORN_EVENTS] …") gets
+// stream=<name>; one that says a block file is damaged (see damageWords)
+// is an ERROR that reads "store damaged: stream <name>: …", whatever level
+// nats-server gave it (it says so at Warn, and then goes on without the
+// messages it could not read).
+//
+// A fatal error does not end the process, as nats-server's own logger
+// would: the first one is kept for StartEmbedded to return (nats-server
+// calls Fatalf, and goes on, when JetStream cannot start, say).
+type natsLogger struct {
+	log *slog.Logger
+
+	mu    sync.Mutex
+	fatal string // the first Fatalf's line; guarded by mu
+}
+
+var _ server.Logger = (*natsLogger)(nil)
+
+func newNATSLogger(l *slog.Logger) *natsLogger {
+	if l == nil {
+		l = slog.Default()
+	}
+	return &natsLogger{log: l.With("component", "nats")}
+}
+
+func (n *natsLogger) Noticef(format string, v ...any) { n.put(slog.LevelDebug, format, v) }
+func (n *natsLogger) Warnf(format string, v ...any)   { n.put(slog.LevelWarn, format, v) }
+func (n *natsLogger) Errorf(format string, v ...any)  { n.put(slog.LevelError, format, v) }
+func (n *natsLogger) Debugf(format string, v ...any)  { n.put(slog.LevelDebug, format, v) }
+func (n *natsLogger) Tracef(format string, v ...any)  { n.put(slog.LevelDebug, format, v) }
+
+// damageWords are the words of nats-server's file store lines (v2.15)
+// that say a block file is damaged or missing: a record that fails its
+// sanity check or checksum, an index that does not match, a block that
+// cannot be loaded or found. Its other lines (a state file outdated
+// after a crash, which it rebuilds from the blocks, say) keep their level.
+var damageWords = []string{
+	"corrupt", "checksum", "sanity check", "overrun", "inconsistency",
+	"could not locate msg block", "loadBlock error", "lost",
+}
+
+// storeLine splits a file store's line into its stream and the rest.
+func storeLine(line string) (stream, rest string, ok bool) {
+	rest, ok = strings.CutPrefix(line, "Filestore [")
+	if !ok {
+		return "", "", false
+	}
+	stream, rest, ok = strings.Cut(rest, "] ")
+	return stream, rest, ok
+}
+
+func (n *natsLogger) Fatalf(format string, v ...any) {
+	line := fmt.Sprintf(format, v...)
+	n.mu.Lock()
+	if n.fatal == "" {
+		n.fatal = line
+	}
+	n.mu.Unlock()
+	n.log.Error(line, "fatal", true)
+}
+
+// firstFatal is the first fatal error's line, "" if none came.
+func (n *natsLogger) firstFatal() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.fatal
+}
+
+func (n *natsLogger) put(level slog.Level, format string, v []any) {
+	ctx := context.Background()
+	if level < slog.LevelWarn && !n.log.Enabled(ctx, level) {
+		return // no Sprintf for a line that goes nowhere (a warning may be an error)
+	}
+	line := fmt.Sprintf(format, v...)
+	stream, rest, ok := storeLine(line)
+	if !ok {
+		n.log.Log(ctx, level, line)
+		return
+	}
+	if level >= slog.LevelWarn && damaged(rest) {
+		n.log.Error(fmt.Sprintf("store damaged: stream %s: %s", stream, rest), "stream", stream)
+		return
+	}
+	n.log.Log(ctx, level, line, "stream", stream)
+}
+
+func damaged(s string) bool {
+	s = strings.ToLower(s)
+	for _, w := range damageWords {
+		if strings.Contains(s, strings.ToLower(w)) {
+			return true
+		}
+	}
+	return false
+}
