@@ -38,11 +38,12 @@ const (
 	// DefaultMaxWait is the default cap on a retry's max_wait.
 	DefaultMaxWait = time.Hour
 	// DefaultMaxResultBytes is the default cap on a delegate's answer.
-	DefaultMaxResultBytes = 1 << 20
-	// MaxMaxResultBytes is the largest max_result_bytes: an attempt's
-	// event carries its answer and its brief, and must fit a store
-	// message and a gRPC message (runs.MaxEventBytes).
-	MaxMaxResultBytes = 2 << 20
+	DefaultMaxResultBytes = controls.MaxResultBytes
+	// MaxMaxResultBytes is the largest max_result_bytes: the largest
+	// answer a CEL criterion evaluates (controls.MaxResultBytes); an
+	// attempt's event carries its answer and its brief, and must fit a
+	// store message and a gRPC message (runs.MaxEventBytes).
+	MaxMaxResultBytes = controls.MaxResultBytes
 )
 
 // ErrInvalidConfig is wrapped by every error [Parse] and [Load] return for a

@@ -2,9 +2,14 @@ package runs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
 // StreamDamage is what one of the store's streams lost, as its NATS server
@@ -53,6 +58,7 @@ func (s *JetStream) Damage(ctx context.Context, logger *slog.Logger) []StreamDam
 		if lost == nil || len(lost.Msgs) == 0 {
 			continue
 		}
+		s.MarkDamaged()
 		d := StreamDamage{Stream: name, Seqs: lost.Msgs, Bytes: lost.Bytes}
 		found = append(found, d)
 		logger.Error(fmt.Sprintf("store damaged: stream %s lost %d messages", name, len(d.Seqs)),
@@ -75,4 +81,36 @@ func seqList(seqs []uint64, n int) string {
 		fmt.Fprint(&b, q)
 	}
 	return b.String()
+}
+
+// MarkDamaged says the store's files were found damaged (Damage, or the
+// embedded server's log: Embedded.Damaged). A run claimed but whose
+// journal is empty may then have lost its journal: it is not resumed from
+// its claim, which would call its delegates again, but ends FAILED
+// (Manager.resume).
+func (s *JetStream) MarkDamaged() { s.damaged.Store(true) }
+
+// journalLost reports whether the empty journal of a claimed run was
+// lost: the store was found damaged, or the run saved a state that only a
+// run that wrote its journal saves (not RUNNING before its first attempt,
+// as older versions saved before the claim).
+func (s *JetStream) journalLost(ctx context.Context, runID string) (bool, string, error) {
+	if s.damaged.Load() {
+		return true, "its journal is empty, and the store's files were found damaged", nil
+	}
+	e, err := s.states.Get(ctx, runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, "", nil
+	}
+	if err != nil {
+		return false, "", err
+	}
+	st, err := decodeState(e.Value())
+	if err != nil {
+		return true, "its journal is empty, and its saved state cannot be read", nil
+	}
+	if st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_RUNNING && st.GetAttempts() == 0 && len(st.GetAttemptLog()) == 0 {
+		return false, "", nil
+	}
+	return true, fmt.Sprintf("its journal is empty, but it saved a state (%s, %d attempts) that only follows journal writes", st.GetStatus(), st.GetAttempts()), nil
 }

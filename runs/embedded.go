@@ -26,6 +26,10 @@ const (
 	SyncInterval Durability = "interval"
 )
 
+// EmbeddedMaxPayload is the embedded NATS server's largest message: room
+// for an event of MaxEventBytes and its headers.
+const EmbeddedMaxPayload = 4 << 20
+
 // EmbeddedConfig configures the in-process NATS server.
 type EmbeddedConfig struct {
 	// DataDir holds the JetStream files. Required.
@@ -52,7 +56,12 @@ type EmbeddedConfig struct {
 type Embedded struct {
 	Server *server.Server
 	Conn   *nats.Conn
+	log    *natsLogger
 }
+
+// Damaged reports whether the server said a block file of a stream was
+// damaged or missing (logged as an ERROR "store damaged: …").
+func (e *Embedded) Damaged() bool { return e.log.damage.Load() }
 
 // StartEmbedded starts the in-process server and connects to it.
 func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
@@ -68,6 +77,10 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		// NoLog keeps nats-server from making a logger of its own (to
 		// stderr) should its options be reloaded; ours is set below.
 		NoLog: true,
+		// A journal message holds an event of up to MaxEventBytes: NATS's
+		// default 1 MiB would cut a run's largest events (an answer of
+		// max_result_bytes with its brief).
+		MaxPayload: EmbeddedMaxPayload,
 	}
 	switch cfg.Durability {
 	case SyncAlways:
@@ -114,7 +127,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("connecting to embedded NATS: %w", err)
 	}
-	return &Embedded{Server: ns, Conn: nc}, nil
+	return &Embedded{Server: ns, Conn: nc, log: log}, nil
 }
 
 // The in-process connection's reconnects: the server is in the process, so

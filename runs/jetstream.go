@@ -109,6 +109,8 @@ type JetStream struct {
 
 	// janitor purges finished runs and admits new ones (janitor.go).
 	janitor janitor
+	// damaged says the store's files were found damaged (MarkDamaged).
+	damaged atomic.Bool
 }
 
 var _ Store = (*JetStream)(nil)
@@ -199,6 +201,14 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		if err != nil {
 			return nil, fmt.Errorf("bucket %s: %w", b.name, err)
 		}
+	}
+	if limit := s.eventLimit(); limit < MaxEventBytes {
+		log := cfg.Logger
+		if log == nil {
+			log = slog.Default()
+		}
+		log.Warn("the NATS server's max_payload is smaller than a run's largest event: larger events are kept with their texts cut (set max_payload to at least 4MB)",
+			"max_payload", s.nc.MaxPayload(), "largest_event", MaxEventBytes)
 	}
 	if err := s.startJanitor(ctx, cfg); err != nil {
 		return nil, err

@@ -559,6 +559,54 @@ func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
 	m.wg.Done()
 }
 
+// unrecoverable ends a run that cannot be resumed without risk of calling
+// its delegates again for work they may have done: its journal is damaged
+// or gone (a store that lost data). It is not driven: the run ends FAILED
+// with why, in a run_finished after the events its journal still has, its
+// final state is saved and its claim released, and an ERROR names it. It
+// returns an error only when the store could not be written: the run stays
+// claimed, for the next scan.
+func (m *Manager) unrecoverable(id string, recorded []Event, why string) error {
+	var state *stubbornv1.ControlState
+	if len(recorded) > 0 {
+		if ev, err := recorded[0].Decode(); err == nil {
+			state = ev.GetRunStarted().GetState()
+		}
+	}
+	if state == nil {
+		if st, err := m.store.State(m.ctx, id); err == nil {
+			state = st
+		}
+	}
+	end := &stubbornv1.ControlState{RunId: id}
+	if state != nil {
+		end = constantPart(state)
+	}
+	now := timestamppb.New(m.cfg.Clock.Now())
+	end.Status = stubbornv1.RunStatus_RUN_STATUS_FAILED
+	end.StatusReason = "the run could not be recovered: " + why + "; it was not resumed, so that no delegate is called again for work it may have done"
+	end.UpdateTime, end.EndTime = now, now
+	seq := int64(1)
+	if n := len(recorded); n > 0 {
+		seq = recorded[n-1].Seq + 1
+	}
+	m.log.Error("run cannot be recovered: its journal is damaged or lost; it ends FAILED", "run_id", id, "why", why, "events", len(recorded))
+	enc, err := EncodeEvent(controls.BoundEvent(&stubbornv1.RunEvent{
+		RunId: id, Seq: seq, Time: now,
+		Kind: &stubbornv1.RunEvent_RunFinished{RunFinished: &stubbornv1.RunFinished{State: end}},
+	}, refusedEventBytes))
+	if err != nil {
+		return err
+	}
+	if err := m.store.Append(m.ctx, enc); err != nil {
+		return fmt.Errorf("ending unrecoverable run %s: %w", id, err)
+	}
+	if err := m.store.PutState(m.ctx, id, enc.state()); err != nil {
+		return fmt.Errorf("ending unrecoverable run %s: %w", id, err)
+	}
+	return m.store.Release(m.ctx, id)
+}
+
 // admit registers a local run of tenant, unless the manager is closed.
 func (m *Manager) admit(id, tenant string) (*run, error) {
 	fj, inJournal := m.store.(finalInJournal)
@@ -620,7 +668,24 @@ func (m *Manager) resume(id, from string) error {
 	}
 	journal, err := decodeAll(recorded)
 	if err != nil {
-		return err
+		return m.unrecoverable(id, recorded, fmt.Sprintf("an event of its journal cannot be read (%v)", err))
+	}
+	for i, ev := range journal {
+		if ev.GetSeq() != int64(i)+1 {
+			return m.unrecoverable(id, recorded, fmt.Sprintf("its journal has event %d where event %d belongs: events are missing", ev.GetSeq(), i+1))
+		}
+	}
+	if len(journal) > 0 && journal[0].GetRunStarted().GetState() == nil {
+		return m.unrecoverable(id, recorded, "its journal does not start with run_started")
+	}
+	if len(journal) == 0 {
+		if jl, ok := m.store.(journalLoss); ok {
+			if lost, why, err := jl.journalLost(m.ctx, id); err != nil {
+				return err
+			} else if lost {
+				return m.unrecoverable(id, recorded, why)
+			}
+		}
 	}
 	if n := len(journal); n > 0 && journal[n-1].GetRunFinished() != nil {
 		// It finished but its owner died before letting go of it.

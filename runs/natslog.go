@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -31,6 +32,8 @@ type natsLogger struct {
 
 	mu    sync.Mutex
 	fatal string // the first Fatalf's line; guarded by mu
+	// damage says a line said a block file is damaged.
+	damage atomic.Bool
 }
 
 var _ server.Logger = (*natsLogger)(nil)
@@ -97,6 +100,7 @@ func (n *natsLogger) put(level slog.Level, format string, v []any) {
 		return
 	}
 	if level >= slog.LevelWarn && damaged(rest) {
+		n.damage.Store(true)
 		n.log.Error(fmt.Sprintf("store damaged: stream %s: %s", stream, rest), "stream", stream)
 		return
 	}

@@ -33,6 +33,7 @@ func TestEmbeddedServerLogsToSlog(t *testing.T) {
 		s, err := runs.NewJetStream(ctx, e.Conn, runs.JetStreamConfig{})
 		require.NoError(t, err)
 		assert.Empty(t, s.Damage(ctx, logger))
+		_ = s.Close()
 		e.Close()
 		l, ok := h.Find(slog.LevelDebug, "Server is ready")
 		require.True(t, ok, "nats-server's notices reach the logger: %v", h.Lines(slog.LevelDebug))
@@ -77,7 +78,7 @@ func TestDamagedEventsStreamIsAnErrorNamingIt(t *testing.T) {
 			dir := t.TempDir()
 			e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: dir, Logger: slog.New(slog.DiscardHandler)})
 			require.NoError(t, err)
-			_, err = runs.NewJetStream(ctx, e.Conn, runs.JetStreamConfig{})
+			first, err := runs.NewJetStream(ctx, e.Conn, runs.JetStreamConfig{})
 			require.NoError(t, err)
 			js, err := jetstream.New(e.Conn)
 			require.NoError(t, err)
@@ -87,6 +88,7 @@ func TestDamagedEventsStreamIsAnErrorNamingIt(t *testing.T) {
 					require.NoError(t, err)
 				}
 			}
+			_ = first.Close()
 			e.Close()
 			tc.damage(t, filepath.Join(dir, "jetstream", "$G", "streams", "STUBBORN_EVENTS", "msgs", "1.blk"))
 
@@ -96,6 +98,7 @@ func TestDamagedEventsStreamIsAnErrorNamingIt(t *testing.T) {
 			defer e.Close()
 			s, err := runs.NewJetStream(ctx, e.Conn, runs.JetStreamConfig{})
 			require.NoError(t, err)
+			defer func() { _ = s.Close() }()
 			s.Damage(ctx, logger) // NATS 2.15 reports these two as WARN lines, not as lost data
 			l, ok := h.Find(slog.LevelError, "store damaged: stream STUBBORN_EVENTS")
 			require.True(t, ok, "an ERROR names the stream; logged: %v", h.Lines(slog.LevelWarn))

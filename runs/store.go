@@ -118,6 +118,14 @@ type eventLimit interface {
 	eventLimit() int
 }
 
+// journalLoss is a Store that can tell a run's journal that was lost (a
+// state saved after its first write, the store's files damaged) from one
+// never written (its server stopped between the claim and the first
+// write): the first must not be resumed from the claim.
+type journalLoss interface {
+	journalLost(ctx context.Context, runID string) (lost bool, why string, err error)
+}
+
 // finalInJournal is a Store that may read a finished run's final state
 // from the run_finished its journal ends with, in State and States, and
 // says whether it does: then the Manager does not save the final state of

@@ -63,6 +63,7 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 	var (
 		nc      *nats.Conn
 		closeNS = func() {}
+		damaged = func() bool { return false }
 		err     error
 	)
 	if f.natsURL != "" {
@@ -83,7 +84,7 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 		if err != nil {
 			return rc, nil, nil, err
 		}
-		nc, closeNS = e.Conn, e.Close
+		nc, closeNS, damaged = e.Conn, e.Close, e.Damaged
 		rc.SoleOwner = true
 		logger.Info("runs kept in embedded JetStream", "data_dir", f.dataDir, "durability", f.durability)
 	}
@@ -95,8 +96,12 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 		closeNS()
 		return rc, nil, nil, err
 	}
-	// What the server found damaged when it read its files: logged.
+	// What the server found damaged when it read its files: logged, and
+	// runs whose journal may be lost are not resumed from their claims.
 	store.Damage(ctx, logger)
+	if damaged() {
+		store.MarkDamaged()
+	}
 	rc.Store = store
 	w.conn = nc
 	return rc, w, func() { stopWatch(); _ = store.Close(); closeNS() }, nil
