@@ -126,7 +126,7 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 		logging.WithLogOnEvents(logging.FinishCall),
 		// trace_id, and run_id for an RPC about a run.
 		logging.WithFieldsFromContextAndCallMeta(func(ctx context.Context, c interceptors.CallMeta) logging.Fields {
-			return append(telemetry.LogFields(ctx, c.ReqOrNil), tenantLogFields(ctx)...)
+			return append(telemetry.LogFields(ctx, loggable(c.ReqOrNil)), tenantLogFields(ctx)...)
 		}),
 	}
 	slotUnary, slotStream := tenantSlotInterceptors()
@@ -163,6 +163,16 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 		reflection.Register(g)
 	}
 	return g, hs
+}
+
+// loggable is req for telemetry.LogFields, or nil when its run_id is not a
+// well-formed one: a request refused for its run_id does not put the value
+// in the log.
+func loggable(req any) any {
+	if r, ok := req.(interface{ GetRunId() string }); ok && !validRunID(r.GetRunId()) {
+		return nil
+	}
+	return req
 }
 
 // Run starts a run and streams its events until it ends. The run goes on
@@ -224,10 +234,8 @@ func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 
 // WatchRun streams a run's events after after_seq, then live ones.
 func (s *Service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerStreamingServer[stubbornv1.WatchRunResponse]) error {
-	if err := runID(req.GetRunId()); err != nil {
-		return err
-	}
 	var v violations
+	checkRunID(&v, "run_id", req.GetRunId())
 	if req.GetAfterSeq() < 0 {
 		v.add("after_seq", "must not be negative, got %d", req.GetAfterSeq())
 	}
@@ -316,6 +324,7 @@ func (s *Service) ListRuns(ctx context.Context, req *stubbornv1.ListRunsRequest)
 	if _, ok := stubbornv1.RunStatus_name[int32(req.GetStatus())]; !ok {
 		v.add("status", "unknown value %d", req.GetStatus())
 	}
+	checkPageToken(&v, req.GetPageToken())
 	if err := v.err(); err != nil {
 		return nil, err
 	}
@@ -348,9 +357,7 @@ func (s *Service) CancelRun(ctx context.Context, req *stubbornv1.CancelRunReques
 // DecideRun answers a run awaiting a decision.
 func (s *Service) DecideRun(ctx context.Context, req *stubbornv1.DecideRunRequest) (*stubbornv1.DecideRunResponse, error) {
 	var v violations
-	if req.GetRunId() == "" {
-		v.add("run_id", "must not be empty")
-	}
+	checkRunID(&v, "run_id", req.GetRunId())
 	switch req.GetDecision() {
 	case stubbornv1.Decision_DECISION_RETRY, stubbornv1.Decision_DECISION_FAIL:
 	default:
