@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -17,6 +18,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
@@ -275,4 +278,49 @@ func TestDelegateNameAtTheLimitRuns(t *testing.T) {
 	_, err = e.client.StartRun(ctx, &stubbornv1.StartRunRequest{TaskBrief: "hi", Race: &stubbornv1.RaceSpec{Candidates: []string{"echo", over}}})
 	msg := badRequest(t, err, "race.candidates[1]")
 	assert.Equal(t, "race.candidates[1]: is 129 bytes, more than the limit of 128", msg)
+}
+
+// TestManyViolationsFitInTrailers: a request with very many violations (a
+// chain of 60 empty names, under a max_chain of 100, besides an empty
+// brief and wrong options) is INVALID_ARGUMENT whose status stays far
+// below the 8 KiB of trailers C-core clients accept: it names the first
+// violations and counts the rest, in the message and in the BadRequest
+// detail. (Python got "INTERNAL: Received RST_STREAM" instead.)
+func TestManyViolationsFitInTrailers(t *testing.T) {
+	e := startWith(t, setup{limits: delegates.Limits{MaxChain: 100}})
+	ctx := testCtx(t)
+	chain := make([]string, 60)
+	md := map[string]string{}
+	for i := range 40 {
+		md[fmt.Sprintf("k%02d\x01", i)] = strings.Repeat("v", 2000)
+	}
+	opts := &stubbornv1.RunOptions{IdempotencyKey: strings.Repeat("\n", 300), Metadata: md, RunTimeout: durationpb.New(-time.Second)}
+	check := func(name string, err error) {
+		t.Helper()
+		st := status.Convert(err)
+		require.Equal(t, codes.InvalidArgument, st.Code(), "%s: %.200s", name, st.Message())
+		// grpc-message carries the message, grpc-status-details-bin the
+		// status again, details and all.
+		size := len(st.Message()) + proto.Size(st.Proto())
+		assert.Less(t, size, 4<<10, "%s: %d bytes of status", name, size)
+		var entries []*errdetails.BadRequest_FieldViolation
+		for _, d := range st.Details() {
+			if br, ok := d.(*errdetails.BadRequest); ok {
+				entries = append(entries, br.GetFieldViolations()...)
+			}
+		}
+		require.NotEmpty(t, entries, name)
+		assert.LessOrEqual(t, len(entries), 11, name)
+		assert.Equal(t, "task_brief", entries[0].GetField(), name)
+		assert.Equal(t, "fallback_chain.chain[0]", entries[1].GetField(), name)
+		last := entries[len(entries)-1]
+		assert.Regexp(t, `^…and \d+ more violations$`, last.GetDescription(), name)
+		assert.True(t, strings.HasSuffix(st.Message(), "; "+last.GetDescription()), "%s: %s", name, st.Message())
+	}
+	_, err := e.client.StartRun(ctx, &stubbornv1.StartRunRequest{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: chain}, Options: opts})
+	check("StartRun", err)
+	s, err := e.client.Run(ctx, &stubbornv1.RunRequest{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: chain}, Options: opts})
+	require.NoError(t, err)
+	_, err = s.Recv()
+	check("Run", err)
 }

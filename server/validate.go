@@ -137,18 +137,71 @@ func (v *violations) add(field, format string, args ...any) {
 	v.list = append(v.list, &errdetails.BadRequest_FieldViolation{Field: field, Description: fmt.Sprintf(format, args...)})
 }
 
-// err returns INVALID_ARGUMENT naming every violation, with a
-// google.rpc.BadRequest detail, or nil.
+// Bounds of the status violations.err returns: gRPC sends its message as
+// the grpc-message trailer and the status again (message and details) as
+// grpc-status-details-bin, base64, and C-core clients (Python, Ruby, C++,
+// …) refuse trailers over 8 KiB in all with RST_STREAM, which they report
+// as INTERNAL. A chain of 60 empty names made more than that. The list is
+// cut, never the code: the message and the detail name the first
+// violations, in order, and end with "…and N more violations".
+const (
+	// maxListedViolations bounds the violations named one by one.
+	maxListedViolations = 10
+	// maxViolationFieldBytes and maxViolationDescriptionBytes bound each
+	// violation's field and description (cut on a character boundary).
+	maxViolationFieldBytes       = 128
+	maxViolationDescriptionBytes = 256
+	// maxViolationsMessageBytes bounds the message, the final count
+	// included. The detail holds the same text, so the status (message
+	// and details) is about twice this, plus a few bytes per entry.
+	maxViolationsMessageBytes = 1024
+)
+
+// err returns INVALID_ARGUMENT naming the violations, with a
+// google.rpc.BadRequest detail, or nil. Both are bounded: at most
+// maxListedViolations entries, each cut to maxViolationFieldBytes and
+// maxViolationDescriptionBytes, within maxViolationsMessageBytes in all,
+// then an entry with no field saying how many more violations there are.
 func (v *violations) err() error {
 	if len(v.list) == 0 {
 		return nil
 	}
-	msgs := make([]string, len(v.list))
-	for i, f := range v.list {
-		msgs[i] = f.GetField() + ": " + f.GetDescription()
+	// Room for the count at the end: "; …and N more violations".
+	const countRoom = len("; …and  more violations") + 20
+	var (
+		msg    strings.Builder
+		listed []*errdetails.BadRequest_FieldViolation
+	)
+	for _, f := range v.list[:min(len(v.list), maxListedViolations)] {
+		f = &errdetails.BadRequest_FieldViolation{
+			Field:       truncate(f.GetField(), maxViolationFieldBytes),
+			Description: truncate(f.GetDescription(), maxViolationDescriptionBytes),
+		}
+		entry := f.GetField() + ": " + f.GetDescription()
+		if len(listed) > 0 {
+			entry = "; " + entry
+		}
+		room := maxViolationsMessageBytes
+		if len(listed)+1 < len(v.list) {
+			room -= countRoom // more entries follow: keep room to count them
+		}
+		// The first entry always fits: it is at most 128+2+256 bytes.
+		if len(listed) > 0 && msg.Len()+len(entry) > room {
+			break
+		}
+		msg.WriteString(entry)
+		listed = append(listed, f)
 	}
-	st := status.New(codes.InvalidArgument, strings.Join(msgs, "; "))
-	if withDetails, err := st.WithDetails(&errdetails.BadRequest{FieldViolations: v.list}); err == nil {
+	if more := len(v.list) - len(listed); more > 0 {
+		count := fmt.Sprintf("…and %d more violations", more)
+		if more == 1 {
+			count = "…and 1 more violation"
+		}
+		msg.WriteString("; " + count)
+		listed = append(listed, &errdetails.BadRequest_FieldViolation{Description: count})
+	}
+	st := status.New(codes.InvalidArgument, msg.String())
+	if withDetails, err := st.WithDetails(&errdetails.BadRequest{FieldViolations: listed}); err == nil {
 		st = withDetails
 	}
 	return st.Err()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -213,8 +214,83 @@ func TestManyWrongEntriesMakeOneViolation(t *testing.T) {
 	}
 	_, err = val.runSpec(&stubbornv1.StartRunRequest{TaskBrief: "x", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: chain}})
 	fields := violated(t, err)
-	assert.Len(t, fields, 1+32, "the count, and each of the first max_chain names")
+	// The count, then the first max_chain names: 33 violations, of which
+	// the first 10 are named and the rest counted (violations.err).
+	assert.Len(t, fields, 10+1)
 	assert.Equal(t, "fallback_chain.chain", fields[0])
+	assert.Equal(t, "fallback_chain.chain[8]", fields[9])
+	assert.Contains(t, status.Convert(err).Message(), "; …and 23 more violations")
+}
+
+// TestViolationsAreBounded: the status of many violations names the first
+// maxListedViolations of them, each cut to its bounds on a character
+// boundary, within maxViolationsMessageBytes, then counts the rest, in the
+// message and in the BadRequest detail alike; a few violations are named
+// as they are. (A chain of 60 empty names made a status that C-core
+// clients refused: over 8 KiB of trailers.)
+func TestViolationsAreBounded(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("é", 400) // 800 bytes, two per character
+	tests := []struct {
+		name     string
+		n        int
+		desc     string
+		listed   int    // violations named one by one
+		count    string // the last entry, or "" when every violation is named
+		maxBytes int
+	}{
+		{"one", 1, "is wrong", 1, "", 100},
+		{"ten", 10, "is wrong", 10, "", 1024},
+		{"eleven", 11, "is wrong", 10, "…and 1 more violation", 1024},
+		{"sixty", 60, "must name a delegate", 10, "…and 50 more violations", 1024},
+		{"sixty long ones", 60, long, 3, "…and 57 more violations", 1024},
+		{"one long one", 1, long, 1, "", 512},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var v violations
+			for i := range tt.n {
+				v.add(fmt.Sprintf("fallback_chain.chain[%d]", i), "%s", tt.desc)
+			}
+			err := v.err()
+			st := status.Convert(err)
+			require.Equal(t, codes.InvalidArgument, st.Code())
+			msg := st.Message()
+			assert.LessOrEqual(t, len(msg), tt.maxBytes)
+			assert.True(t, utf8.ValidString(msg), "cut on a character boundary")
+			var br *errdetails.BadRequest
+			for _, d := range st.Details() {
+				if b, ok := d.(*errdetails.BadRequest); ok {
+					br = b
+				}
+			}
+			require.NotNil(t, br)
+			entries := br.GetFieldViolations()
+			want := tt.listed
+			if tt.count != "" {
+				want++
+			}
+			require.Len(t, entries, want, msg)
+			parts := strings.Split(msg, "; ")
+			require.Len(t, parts, want, msg)
+			for i, e := range entries[:tt.listed] {
+				assert.Equal(t, fmt.Sprintf("fallback_chain.chain[%d]", i), e.GetField())
+				assert.LessOrEqual(t, len(e.GetDescription()), maxViolationDescriptionBytes)
+				assert.True(t, utf8.ValidString(e.GetDescription()))
+				assert.True(t, strings.HasPrefix(tt.desc, strings.TrimSuffix(e.GetDescription(), "…")), "a prefix of the description")
+				assert.Equal(t, e.GetField()+": "+e.GetDescription(), parts[i])
+			}
+			if tt.count != "" {
+				last := entries[len(entries)-1]
+				assert.Empty(t, last.GetField())
+				assert.Equal(t, tt.count, last.GetDescription())
+				assert.Equal(t, tt.count, parts[len(parts)-1])
+			}
+		})
+	}
+	var none violations
+	assert.NoError(t, none.err())
 }
 
 // TestCELErrorsAreBounded: an expression with hundreds of errors, each of
