@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -16,10 +17,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
@@ -107,6 +111,7 @@ type boundsEnv struct {
 	client   stubbornv1.ControlServiceClient
 	conn     *grpc.ClientConn
 	store    *countingStore
+	server   *server.Stubborn
 	logs     *syncBuffer
 	longName string
 }
@@ -134,6 +139,7 @@ func startBounds(t *testing.T) *boundsEnv {
 		Runs:     runs.Config{Store: e.store, CancelOnClose: true},
 	})
 	require.NoError(t, err)
+	e.server = st
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go func() { _ = st.Serve(lis) }()
@@ -323,4 +329,96 @@ func TestManyViolationsFitInTrailers(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.Recv()
 	check("Run", err)
+}
+
+// rawCodec is a client codec that sends a []byte as it is: bytes that
+// proto.Marshal would refuse to make. Everything else is gRPC's proto
+// codec's.
+type rawCodec struct{ encoding.CodecV2 }
+
+func newRawCodec() rawCodec { return rawCodec{encoding.GetCodecV2("proto")} }
+
+func (c rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if b, ok := v.([]byte); ok {
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	return c.CodecV2.Marshal(v)
+}
+
+// withBadUTF8 encodes m with every "@BAD@" in it made 5 bytes that are not
+// UTF-8.
+func withBadUTF8(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	require.NoError(t, err)
+	require.Contains(t, string(b), "@BAD@")
+	return bytes.ReplaceAll(b, []byte("@BAD@"), []byte("\xff\xfe\xc3\x28\x80"))
+}
+
+// TestMalformedRequestsAreInvalidArgument: a request that is not valid
+// protobuf — a string field holding invalid UTF-8, or broken wire format —
+// is INVALID_ARGUMENT naming the field, from unary calls and from streams
+// alike, not gRPC's "INTERNAL: grpc: failed to unmarshal the received
+// message"; the call is logged with its code, nothing is kept for it, and
+// the server goes on serving.
+func TestMalformedRequestsAreInvalidArgument(t *testing.T) {
+	e := startBounds(t)
+	ctx := testCtx(t)
+	raw := grpc.ForceCodecV2(newRawCodec())
+	unary := func(method string, b []byte) error {
+		return e.conn.Invoke(ctx, "/stubborn.v1.ControlService/"+method, b, &emptypb.Empty{}, raw)
+	}
+	stream := func(method string, b []byte) error {
+		desc := &grpc.StreamDesc{StreamName: method, ServerStreams: true}
+		s, err := e.conn.NewStream(ctx, desc, "/stubborn.v1.ControlService/"+method, raw)
+		require.NoError(t, err)
+		require.NoError(t, s.SendMsg(b))
+		require.NoError(t, s.CloseSend())
+		return s.RecvMsg(&emptypb.Empty{})
+	}
+	echo := &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}}
+	truncated, err := proto.Marshal(&stubbornv1.StartRunRequest{TaskBrief: "a brief", FallbackChain: echo})
+	require.NoError(t, err)
+	truncated = truncated[:len(truncated)-3]
+	tests := []struct {
+		name, field, msg string
+		err              error
+	}{
+		{"StartRun, task_brief", "task_brief", "task_brief: is not valid UTF-8",
+			unary("StartRun", withBadUTF8(t, &stubbornv1.StartRunRequest{TaskBrief: "brief @BAD@", FallbackChain: echo}))},
+		{"StartRun, a chain element", "fallback_chain.chain[2]", "fallback_chain.chain[2]: is not valid UTF-8",
+			unary("StartRun", withBadUTF8(t, &stubbornv1.StartRunRequest{TaskBrief: "x", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo", "echo", "@BAD@"}}}))},
+		{"StartRun, a metadata key", "options.metadata", "options.metadata: a key is not valid UTF-8",
+			unary("StartRun", withBadUTF8(t, &stubbornv1.StartRunRequest{TaskBrief: "x", FallbackChain: echo, Options: &stubbornv1.RunOptions{Metadata: map[string]string{"@BAD@": "v"}}}))},
+		{"Run, task_brief", "task_brief", "task_brief: is not valid UTF-8",
+			stream("Run", withBadUTF8(t, &stubbornv1.RunRequest{TaskBrief: "@BAD@", FallbackChain: echo}))},
+		{"WatchRun, run_id", "run_id", "run_id: is not valid UTF-8",
+			stream("WatchRun", withBadUTF8(t, &stubbornv1.WatchRunRequest{RunId: "run_@BAD@"}))},
+		{"GetRun, run_id", "run_id", "run_id: is not valid UTF-8",
+			unary("GetRun", withBadUTF8(t, &stubbornv1.GetRunRequest{RunId: "run_@BAD@"}))},
+		{"StartRun, truncated", "request", "request: is not a valid protobuf message: proto: cannot parse invalid wire-format data",
+			unary("StartRun", truncated)},
+		{"Run, truncated", "request", "request: is not a valid protobuf message: proto: cannot parse invalid wire-format data",
+			stream("Run", truncated)},
+	}
+	for _, tt := range tests {
+		assert.Equal(t, tt.msg, badRequest(t, tt.err, tt.field), tt.name)
+	}
+	assert.Equal(t, 0, server.PendingMalformed(e.server), "every noted request was answered and forgotten")
+	assert.Empty(t, e.store.seen(), "no malformed request reached the store")
+	logs := e.logs.String()
+	assert.Contains(t, logs, "grpc.method=GetRun")
+	assert.Contains(t, logs, "grpc.code=InvalidArgument")
+	assert.NotContains(t, logs, "\xff\xfe")
+
+	// The server still serves, through the same connection.
+	res, err := e.client.StartRun(ctx, &stubbornv1.StartRunRequest{TaskBrief: "still here", FallbackChain: echo})
+	require.NoError(t, err)
+	w, err := e.client.WatchRun(ctx, &stubbornv1.WatchRunRequest{RunId: res.GetRunId()})
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, lastState(t, collect(t, w)).GetStatus())
+	s, err := e.client.Run(ctx, &stubbornv1.RunRequest{TaskBrief: "and streams", FallbackChain: echo})
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, lastState(t, collect(t, s)).GetStatus())
+	assert.Equal(t, 0, server.PendingMalformed(e.server))
 }

@@ -70,6 +70,9 @@ type Service struct {
 	starts   *rate.Limiter
 	active   *ActiveRuns
 	watching watchers
+	// malformed holds the requests the server's codec could not decode,
+	// until the interceptors answer them (malformed.go).
+	malformed malformedRequests
 }
 
 var _ stubbornv1.ControlServiceServer = (*Service)(nil)
@@ -143,8 +146,16 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 		unary = append(unary, authUnary)
 		stream = append(stream, authStream)
 	}
+	// A request the codec could not decode is answered last, just before
+	// the handler: the call is logged with its code, and a caller without
+	// credentials is UNAUTHENTICATED whatever it sent. The interceptors
+	// before read no request field but run_id, which the log leaves out
+	// unless it is well formed (loggable).
+	malformedUnary, malformedStream := malformedInterceptors(&svc.malformed)
+	unary = append(unary, malformedUnary)
+	stream = append(stream, malformedStream)
 	opts := append([]grpc.ServerOption{
-		codecOption(),
+		codecOption(&svc.malformed),
 		// Streams are served on goroutines kept between them, whose stacks
 		// have already grown, instead of a new goroutine each (marked
 		// experimental in grpc-go; a busy server spawns goroutines as
