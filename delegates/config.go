@@ -256,6 +256,9 @@ func (c *Config) validate() error {
 			bad("%s: name is empty", where)
 		} else {
 			where = fmt.Sprintf("delegates[%d] (%q)", i, d.Name)
+			if err := CheckName(d.Name); err != nil {
+				bad("%s: name: %v", where, err)
+			}
 			if j, dup := seen[d.Name]; dup {
 				bad("%s: name: duplicate of delegates[%d]", where, j)
 			} else {

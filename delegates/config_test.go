@@ -3,6 +3,7 @@ package delegates_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,6 +95,21 @@ func TestParseErrors(t *testing.T) {
 			name: "empty name",
 			src:  "delegates:\n  - target: x:1\n",
 			want: []string{`delegates[0]: name is empty`},
+		},
+		{
+			name: "name with a space",
+			src:  "delegates:\n  - {name: \"my echo\", target: x:1}\n",
+			want: []string{`delegates[0] ("my echo"): name: must have no whitespace, control or format character`},
+		},
+		{
+			name: "name over 128 bytes",
+			src:  "delegates:\n  - {name: " + strings.Repeat("n", delegates.MaxNameBytes+1) + ", target: x:1}\n",
+			want: []string{"name: is 129 bytes, more than the limit of 128"},
+		},
+		{
+			name: "preset name with a tab",
+			src:  "delegates:\n  - {name: a, target: x:1}\npresets:\n  - {name: \"p\\tq\", retry: {target: a}}\n",
+			want: []string{`presets[0] ("p\tq"): name: must have no whitespace`},
 		},
 		{
 			name: "empty target",

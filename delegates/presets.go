@@ -171,9 +171,12 @@ func (c *Config) validatePresets(delegates map[string]int) []error {
 	presets := make(map[string]*stubbornv1.ControlSpec, len(c.Presets))
 	for i, p := range c.Presets {
 		where := fmt.Sprintf("presets[%d] (%q)", i, p.Name)
+		nameErr := CheckName(p.Name)
 		switch _, isDelegate := delegates[p.Name]; {
 		case p.Name == "":
 			bad("presets[%d]: name is empty", i)
+		case nameErr != nil:
+			bad("%s: name: %v", where, nameErr)
 		case isDelegate:
 			bad("%s: name: a delegate has the same name", where)
 		case presets[p.Name] != nil:

@@ -6,6 +6,7 @@ import (
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/stubbornhq/stubborn/runs"
 )
@@ -57,12 +58,16 @@ func (b eventBatch) frame() []byte {
 }
 
 // codec is gRPC's proto codec, except that an eventResponse is sent as it
-// is encoded.
+// is encoded, and that a request it cannot decode is noted in malformed
+// (when set) instead of failing (malformed.go).
 type codec struct {
-	proto encoding.CodecV2
+	proto     encoding.CodecV2
+	malformed *malformedRequests
 }
 
-func newCodec() codec { return codec{proto: encoding.GetCodecV2(grpcproto.Name)} }
+func newCodec(malformed *malformedRequests) codec {
+	return codec{proto: encoding.GetCodecV2(grpcproto.Name), malformed: malformed}
+}
 
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	switch m := v.(type) {
@@ -74,11 +79,29 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	return c.proto.Marshal(v)
 }
 
-func (c codec) Unmarshal(data mem.BufferSlice, v any) error { return c.proto.Unmarshal(data, v) }
+// Unmarshal decodes a request. One that cannot be decoded is noted in
+// c.malformed, for the interceptors to answer INVALID_ARGUMENT, and nil is
+// returned: grpc-go would answer any error INTERNAL.
+func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+	err := c.proto.Unmarshal(data, v)
+	if err == nil || c.malformed == nil {
+		return err
+	}
+	m, ok := v.(proto.Message)
+	if !ok {
+		return err // not a message: gRPC's own error
+	}
+	// gRPC frees data once Unmarshal returns: the status is made now.
+	c.malformed.note(m, data.Materialize(), err)
+	return nil
+}
 
 func (c codec) Name() string { return c.proto.Name() }
 
 // codecOption makes the server use codec for every message it sends and
-// receives. (grpc.ForceServerCodecV2 is marked experimental, and promised
-// "throughout 1.x".)
-func codecOption() grpc.ServerOption { return grpc.ForceServerCodecV2(newCodec()) }
+// receives, noting the requests it cannot decode in malformed.
+// (grpc.ForceServerCodecV2 is marked experimental, and promised "throughout
+// 1.x".)
+func codecOption(malformed *malformedRequests) grpc.ServerOption {
+	return grpc.ForceServerCodecV2(newCodec(malformed))
+}

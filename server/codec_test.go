@@ -48,10 +48,10 @@ func TestCodecSendsABatchAsWatchRunResponseEvents(t *testing.T) {
 		batch = append(batch, runs.Event{RunID: "run_x", Seq: int64(i + 1), Data: data})
 		want.Events = append(want.Events, ev)
 	}
-	out, err := newCodec().Marshal(batch)
+	out, err := newCodec(nil).Marshal(batch)
 	require.NoError(t, err)
 	var got stubbornv1.WatchRunResponse
-	require.NoError(t, newCodec().Unmarshal(out, &got))
+	require.NoError(t, newCodec(nil).Unmarshal(out, &got))
 	assert.True(t, proto.Equal(want, &got), "%v", &got)
 	assert.Nil(t, got.GetEvent())
 }
@@ -65,7 +65,7 @@ func TestCodecSendsAPreEncodedEventAsEitherResponse(t *testing.T) {
 	}
 	data, err := proto.Marshal(ev)
 	require.NoError(t, err)
-	c := newCodec()
+	c := newCodec(nil)
 	out, err := c.Marshal(eventResponse(data))
 	require.NoError(t, err)
 

@@ -70,6 +70,9 @@ type Service struct {
 	starts   *rate.Limiter
 	active   *ActiveRuns
 	watching watchers
+	// malformed holds the requests the server's codec could not decode,
+	// until the interceptors answer them (malformed.go).
+	malformed malformedRequests
 }
 
 var _ stubbornv1.ControlServiceServer = (*Service)(nil)
@@ -126,7 +129,7 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 		logging.WithLogOnEvents(logging.FinishCall),
 		// trace_id, and run_id for an RPC about a run.
 		logging.WithFieldsFromContextAndCallMeta(func(ctx context.Context, c interceptors.CallMeta) logging.Fields {
-			return append(telemetry.LogFields(ctx, c.ReqOrNil), tenantLogFields(ctx)...)
+			return append(telemetry.LogFields(ctx, loggable(c.ReqOrNil)), tenantLogFields(ctx)...)
 		}),
 	}
 	slotUnary, slotStream := tenantSlotInterceptors()
@@ -143,8 +146,16 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 		unary = append(unary, authUnary)
 		stream = append(stream, authStream)
 	}
+	// A request the codec could not decode is answered last, just before
+	// the handler: the call is logged with its code, and a caller without
+	// credentials is UNAUTHENTICATED whatever it sent. The interceptors
+	// before read no request field but run_id, which the log leaves out
+	// unless it is well formed (loggable).
+	malformedUnary, malformedStream := malformedInterceptors(&svc.malformed)
+	unary = append(unary, malformedUnary)
+	stream = append(stream, malformedStream)
 	opts := append([]grpc.ServerOption{
-		codecOption(),
+		codecOption(&svc.malformed),
 		// Streams are served on goroutines kept between them, whose stacks
 		// have already grown, instead of a new goroutine each (marked
 		// experimental in grpc-go; a busy server spawns goroutines as
@@ -163,6 +174,16 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 		reflection.Register(g)
 	}
 	return g, hs
+}
+
+// loggable is req for telemetry.LogFields, or nil when its run_id is not a
+// well-formed one: a request refused for its run_id does not put the value
+// in the log.
+func loggable(req any) any {
+	if r, ok := req.(interface{ GetRunId() string }); ok && !validRunID(r.GetRunId()) {
+		return nil
+	}
+	return req
 }
 
 // Run starts a run and streams its events until it ends. The run goes on
@@ -224,10 +245,8 @@ func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 
 // WatchRun streams a run's events after after_seq, then live ones.
 func (s *Service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerStreamingServer[stubbornv1.WatchRunResponse]) error {
-	if err := runID(req.GetRunId()); err != nil {
-		return err
-	}
 	var v violations
+	checkRunID(&v, "run_id", req.GetRunId())
 	if req.GetAfterSeq() < 0 {
 		v.add("after_seq", "must not be negative, got %d", req.GetAfterSeq())
 	}
@@ -316,6 +335,7 @@ func (s *Service) ListRuns(ctx context.Context, req *stubbornv1.ListRunsRequest)
 	if _, ok := stubbornv1.RunStatus_name[int32(req.GetStatus())]; !ok {
 		v.add("status", "unknown value %d", req.GetStatus())
 	}
+	checkPageToken(&v, req.GetPageToken())
 	if err := v.err(); err != nil {
 		return nil, err
 	}
@@ -348,9 +368,7 @@ func (s *Service) CancelRun(ctx context.Context, req *stubbornv1.CancelRunReques
 // DecideRun answers a run awaiting a decision.
 func (s *Service) DecideRun(ctx context.Context, req *stubbornv1.DecideRunRequest) (*stubbornv1.DecideRunResponse, error) {
 	var v violations
-	if req.GetRunId() == "" {
-		v.add("run_id", "must not be empty")
-	}
+	checkRunID(&v, "run_id", req.GetRunId())
 	switch req.GetDecision() {
 	case stubbornv1.Decision_DECISION_RETRY, stubbornv1.Decision_DECISION_FAIL:
 	default:

@@ -55,6 +55,7 @@ type Stubborn struct {
 	Health *health.Server
 	Runs   *runs.Manager
 	Pool   *delegates.Pool
+	svc    *Service
 }
 
 // New builds a Stubborn server from cfg. Serve it, then Stop it.
@@ -142,8 +143,9 @@ func New(cfg Config) (*Stubborn, error) {
 		opts.Authenticate = NewAuthenticator(cfg.Registry.Tenants).Authenticate
 	}
 	serverOpts := append([]grpc.ServerOption{grpc.StatsHandler(tel.ServerHandler())}, cfg.ServerOptions...)
-	g, hs := NewGRPCServer(NewService(m, opts), opts, serverOpts...)
-	return &Stubborn{GRPC: g, Health: hs, Runs: m, Pool: pool}, nil
+	svc := NewService(m, opts)
+	g, hs := NewGRPCServer(svc, opts, serverOpts...)
+	return &Stubborn{GRPC: g, Health: hs, Runs: m, Pool: pool, svc: svc}, nil
 }
 
 // criteriaFor builds each run's failure criteria from its control spec,

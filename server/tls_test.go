@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -10,6 +11,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -203,4 +205,53 @@ func TestPlaintextOnlyOnLoopback(t *testing.T) {
 		}
 		assert.NoError(t, server.CheckPlaintext(a, true), addr)
 	}
+}
+
+// TestPlaintextListenCheckedBeforeBinding: the -listen address is checked
+// as given, before anything is bound, with CheckPlaintext's rule: an empty
+// host, 0.0.0.0 or :: is every interface, a name must resolve to loopback
+// addresses only; the error names the address as given.
+func TestPlaintextListenCheckedBeforeBinding(t *testing.T) {
+	t.Parallel()
+	hosts := map[string][]netip.Addr{
+		"lo.test":   {netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1")},
+		"db.test":   {netip.MustParseAddr("10.1.2.3")},
+		"both.test": {netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("10.0.0.1")},
+		"none.test": {},
+	}
+	var asked []string
+	lookup := func(_ context.Context, network, host string) ([]netip.Addr, error) {
+		asked = append(asked, host)
+		ips, ok := hosts[host]
+		if !ok {
+			return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+		}
+		return ips, nil
+	}
+	ctx := context.Background()
+	for listen, want := range map[string]string{
+		"127.0.0.1:7300": "", "127.0.0.9:1": "", "[::1]:7300": "", "[::ffff:127.0.0.1]:7300": "", "lo.test:7300": "",
+		"0.0.0.0:7300":      "refusing to serve plaintext on 0.0.0.0:7300, which is not a loopback address (every interface)",
+		"[::]:7300":         "refusing to serve plaintext on [::]:7300, which is not a loopback address (every interface)",
+		":7300":             "refusing to serve plaintext on :7300, which is not a loopback address (every interface)",
+		"10.1.2.3:7300":     "refusing to serve plaintext on 10.1.2.3:7300, which is not a loopback address: ",
+		"[fe80::1%lo]:7300": "refusing to serve plaintext on [fe80::1%lo]:7300, which is not a loopback address",
+		"db.test:7300":      "refusing to serve plaintext on db.test:7300, which is not a loopback address (db.test resolves to 10.1.2.3)",
+		"both.test:7300":    "(both.test resolves to 10.0.0.1)",
+		"none.test:7300":    "refusing to serve plaintext on none.test:7300: none.test resolves to no address",
+		"nowhere.test:7300": "refusing to serve plaintext on nowhere.test:7300: cannot tell whether it is a loopback address",
+		"7300":              "listen address \"7300\"",
+	} {
+		err := server.CheckPlaintextListenWith(ctx, listen, false, lookup)
+		if want == "" {
+			assert.NoError(t, err, listen)
+		} else {
+			assert.ErrorContains(t, err, want, listen)
+		}
+		assert.NoError(t, server.CheckPlaintextListenWith(ctx, listen, true, lookup), "%s with -insecure", listen)
+	}
+	assert.ElementsMatch(t, []string{"lo.test", "db.test", "both.test", "none.test", "nowhere.test"}, asked, "only names are resolved, and only without -insecure")
+	// The real resolver is not needed for addresses.
+	assert.NoError(t, server.CheckPlaintextListen(ctx, "127.0.0.1:0", false))
+	assert.ErrorContains(t, server.CheckPlaintextListen(ctx, "0.0.0.0:0", false), "on 0.0.0.0:0,")
 }

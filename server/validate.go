@@ -2,8 +2,12 @@ package server
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -11,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
@@ -26,7 +31,8 @@ type Limits struct {
 	// MaxWait bounds retry.max_wait, retry.base_wait and decision_timeout.
 	MaxWait time.Duration
 	// MaxMetadata bounds the number of options.metadata entries; each key
-	// and value is at most 1 KiB.
+	// and value is at most 1 KiB, all of them together at most
+	// maxMetadataBytes.
 	MaxMetadata int
 
 	// The limits below are off when zero and have no default (limits.go).
@@ -67,6 +73,51 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
+// Bounds of every caller string that no configured limit covers, so that
+// no value a caller sends reaches a store subject or key, a header or a
+// message that a dependency limits (README "Limits of every input"). A
+// violation names the field and what is wrong, never the over-long value.
+const (
+	// maxRunIDBytes bounds run_id. Run ids are "run_" and 29 base32hex
+	// characters (runs.newID); their alphabet (isIDChar) keeps them fit for
+	// a NATS subject or KV key: no '.', '*', '>' or whitespace.
+	maxRunIDBytes = 64
+	// maxPageTokenBytes bounds page_token: ListRuns' tokens are base64url
+	// of a creation time and a run id, about 90 bytes.
+	maxPageTokenBytes = 256
+	// maxIdempotencyKeyBytes bounds options.idempotency_key, sent to
+	// delegates as the stubborn-idempotency-key header: printable ASCII.
+	maxIdempotencyKeyBytes = 256
+	// maxMetadataKeyBytes and maxMetadataValueBytes bound each
+	// options.metadata entry, maxMetadataBytes all of them (keys and values).
+	maxMetadataKeyBytes   = 1 << 10
+	maxMetadataValueBytes = 1 << 10
+	maxMetadataBytes      = 64 << 10
+	// maxCELErrorBytes bounds the CEL error a violation quotes: CEL's own
+	// message repeats the source line under each of up to 100 errors.
+	maxCELErrorBytes = 512
+)
+
+// isIDChar reports whether b may be in a run_id or a page_token: ASCII
+// letters, digits, '_' and '-' (the base32hex and base64url alphabets).
+func isIDChar(b byte) bool {
+	return b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' || b == '_' || b == '-'
+}
+
+func isIDString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if !isIDChar(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// validRunID reports whether id is a well-formed run_id.
+func validRunID(id string) bool {
+	return id != "" && len(id) <= maxRunIDBytes && isIDString(id)
+}
+
 // runRequest is what RunRequest and StartRunRequest have in common.
 type runRequest interface {
 	GetTaskBrief() string
@@ -86,18 +137,71 @@ func (v *violations) add(field, format string, args ...any) {
 	v.list = append(v.list, &errdetails.BadRequest_FieldViolation{Field: field, Description: fmt.Sprintf(format, args...)})
 }
 
-// err returns INVALID_ARGUMENT naming every violation, with a
-// google.rpc.BadRequest detail, or nil.
+// Bounds of the status violations.err returns: gRPC sends its message as
+// the grpc-message trailer and the status again (message and details) as
+// grpc-status-details-bin, base64, and C-core clients (Python, Ruby, C++,
+// …) refuse trailers over 8 KiB in all with RST_STREAM, which they report
+// as INTERNAL. A chain of 60 empty names made more than that. The list is
+// cut, never the code: the message and the detail name the first
+// violations, in order, and end with "…and N more violations".
+const (
+	// maxListedViolations bounds the violations named one by one.
+	maxListedViolations = 10
+	// maxViolationFieldBytes and maxViolationDescriptionBytes bound each
+	// violation's field and description (cut on a character boundary).
+	maxViolationFieldBytes       = 128
+	maxViolationDescriptionBytes = 256
+	// maxViolationsMessageBytes bounds the message, the final count
+	// included. The detail holds the same text, so the status (message
+	// and details) is about twice this, plus a few bytes per entry.
+	maxViolationsMessageBytes = 1024
+)
+
+// err returns INVALID_ARGUMENT naming the violations, with a
+// google.rpc.BadRequest detail, or nil. Both are bounded: at most
+// maxListedViolations entries, each cut to maxViolationFieldBytes and
+// maxViolationDescriptionBytes, within maxViolationsMessageBytes in all,
+// then an entry with no field saying how many more violations there are.
 func (v *violations) err() error {
 	if len(v.list) == 0 {
 		return nil
 	}
-	msgs := make([]string, len(v.list))
-	for i, f := range v.list {
-		msgs[i] = f.GetField() + ": " + f.GetDescription()
+	// Room for the count at the end: "; …and N more violations".
+	const countRoom = len("; …and  more violations") + 20
+	var (
+		msg    strings.Builder
+		listed []*errdetails.BadRequest_FieldViolation
+	)
+	for _, f := range v.list[:min(len(v.list), maxListedViolations)] {
+		f = &errdetails.BadRequest_FieldViolation{
+			Field:       truncate(f.GetField(), maxViolationFieldBytes),
+			Description: truncate(f.GetDescription(), maxViolationDescriptionBytes),
+		}
+		entry := f.GetField() + ": " + f.GetDescription()
+		if len(listed) > 0 {
+			entry = "; " + entry
+		}
+		room := maxViolationsMessageBytes
+		if len(listed)+1 < len(v.list) {
+			room -= countRoom // more entries follow: keep room to count them
+		}
+		// The first entry always fits: it is at most 128+2+256 bytes.
+		if len(listed) > 0 && msg.Len()+len(entry) > room {
+			break
+		}
+		msg.WriteString(entry)
+		listed = append(listed, f)
 	}
-	st := status.New(codes.InvalidArgument, strings.Join(msgs, "; "))
-	if withDetails, err := st.WithDetails(&errdetails.BadRequest{FieldViolations: v.list}); err == nil {
+	if more := len(v.list) - len(listed); more > 0 {
+		count := fmt.Sprintf("…and %d more violations", more)
+		if more == 1 {
+			count = "…and 1 more violation"
+		}
+		msg.WriteString("; " + count)
+		listed = append(listed, &errdetails.BadRequest_FieldViolation{Description: count})
+	}
+	st := status.New(codes.InvalidArgument, msg.String())
+	if withDetails, err := st.WithDetails(&errdetails.BadRequest{FieldViolations: listed}); err == nil {
 		st = withDetails
 	}
 	return st.Err()
@@ -131,7 +235,7 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 	var names []namedRef // delegate names to look up once the shape is valid
 	judge := req.GetOptions().GetJudge()
 	if judge != "" {
-		names = append(names, namedRef{field: "options.judge", name: judge, direct: true})
+		names = append(names, val.name(&v, "options.judge", judge, true)...)
 	}
 	judged := judge != "" || val.hasJudge
 	if r := req.GetRetry(); r != nil {
@@ -167,12 +271,14 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 	if err := v.err(); err != nil {
 		return nil, err
 	}
+	// Every name is well formed by now (delegates.CheckName): short enough
+	// to quote.
 	for _, n := range names {
 		if !val.known(n.name) {
-			return nil, status.Errorf(codes.NotFound, "%s: delegate %q is not in the registry", n.field, n.name)
+			return nil, status.Errorf(codes.NotFound, "%s: delegate %.128q is not in the registry", n.field, n.name)
 		}
 		if n.direct && val.isDelegate != nil && !val.isDelegate(n.name) {
-			return nil, status.Errorf(codes.NotFound, "%s: %q is a preset, not a delegate in the registry: judges and analysts must be delegates", n.field, n.name)
+			return nil, status.Errorf(codes.NotFound, "%s: %.128q is a preset, not a delegate in the registry: judges and analysts must be delegates", n.field, n.name)
 		}
 	}
 	return spec, nil
@@ -210,7 +316,7 @@ func (val *validator) learning(v *violations, r *stubbornv1.RetryWithLearningSpe
 	}
 	val.criteria(v, "retry_with_learning", r.GetFailureCriteria(), r.GetFailureWhen(), "failure_criteria", "failure_when", judged)
 	if a := r.GetAnalyst(); a != "" {
-		refs = append(refs, namedRef{field: "retry_with_learning.analyst", name: a, direct: true})
+		refs = append(refs, val.name(v, "retry_with_learning.analyst", a, true)...)
 	}
 	return refs
 }
@@ -232,10 +338,49 @@ func (val *validator) criteria(v *violations, control, text, expr, textField, ex
 		}
 	}
 	if expr != "" {
-		if _, err := controls.CompileExpr(exprField, expr); err != nil {
-			v.add(control+"."+exprField, "is not a valid CEL expression: %v", err)
+		field := control + "." + exprField
+		if n := utf8.RuneCountInString(expr); n > controls.CELMaxLength {
+			v.add(field, "is %d characters, more than the limit of %d", n, controls.CELMaxLength)
+		} else if _, err := controls.CompileExpr(exprField, expr); err != nil {
+			v.add(field, "is not a valid CEL expression: %s", celError(err))
 		}
 	}
+}
+
+// celError is CEL's error cut to its first line (where, and what: CEL
+// follows it with the source line and a caret, then the next error) and to
+// maxCELErrorBytes, saying how many more errors there were.
+func celError(err error) string {
+	msg := err.Error()
+	more := strings.Count(msg, "\nERROR: ")
+	// CEL reports 100 errors at most, then "N more errors were truncated".
+	if i := strings.LastIndexByte(msg, '\n'); i >= 0 {
+		var n int
+		if _, err := fmt.Sscanf(msg[i+1:], "%d more errors were truncated", &n); err == nil {
+			more += n
+		}
+	}
+	if i := strings.IndexByte(msg, '\n'); i >= 0 {
+		msg = msg[:i]
+	}
+	msg = truncate(msg, maxCELErrorBytes)
+	if more > 0 {
+		msg += fmt.Sprintf(" (and %d more errors)", more)
+	}
+	return msg
+}
+
+// truncate cuts s to at most n bytes on a character boundary, marking the
+// cut with "…".
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 func (val *validator) target(v *violations, field, name string) []namedRef {
@@ -243,7 +388,17 @@ func (val *validator) target(v *violations, field, name string) []namedRef {
 		v.add(field, "must name a delegate")
 		return nil
 	}
-	return []namedRef{{field: field, name: name}}
+	return val.name(v, field, name, false)
+}
+
+// name checks a delegate name's shape (delegates.CheckName) and returns it
+// to be looked up, or adds a violation.
+func (val *validator) name(v *violations, field, name string, direct bool) []namedRef {
+	if err := delegates.CheckName(name); err != nil {
+		v.add(field, "%v", err)
+		return nil
+	}
+	return []namedRef{{field: field, name: name, direct: direct}}
 }
 
 func (val *validator) list(v *violations, field string, names []string) []namedRef {
@@ -254,13 +409,15 @@ func (val *validator) list(v *violations, field string, names []string) []namedR
 		v.add(field, "names %d delegates, more than the limit of %d", len(names), val.limits.MaxChain)
 	}
 	var refs []namedRef
-	for i, n := range names {
+	// A list over the limit is refused as a whole; the names in it past
+	// the limit are not looked at one by one.
+	for i, n := range names[:min(len(names), val.limits.MaxChain)] {
 		f := fmt.Sprintf("%s[%d]", field, i)
 		if n == "" {
 			v.add(f, "must name a delegate")
 			continue
 		}
-		refs = append(refs, namedRef{field: f, name: n})
+		refs = append(refs, val.name(v, f, n, false)...)
 	}
 	return refs
 }
@@ -296,25 +453,118 @@ func (val *validator) options(v *violations, o *stubbornv1.RunOptions) {
 			v.add(f.name, "must be a valid, non-negative duration")
 		}
 	}
-	if len(o.GetIdempotencyKey()) > 256 {
-		v.add("options.idempotency_key", "is %d bytes, more than the limit of 256", len(o.GetIdempotencyKey()))
+	switch key := o.GetIdempotencyKey(); {
+	case len(key) > maxIdempotencyKeyBytes:
+		v.add("options.idempotency_key", "is %d bytes, more than the limit of %d", len(key), maxIdempotencyKeyBytes)
+	case !printableASCII(key):
+		v.add("options.idempotency_key", "must be printable ASCII (space to '~'): it is sent to delegates as a gRPC header")
 	}
-	if len(o.GetMetadata()) > val.limits.MaxMetadata {
-		v.add("options.metadata", "has %d entries, more than the limit of %d", len(o.GetMetadata()), val.limits.MaxMetadata)
-	}
-	for k, value := range o.GetMetadata() {
-		if k == "" || len(k) > 1024 || len(value) > 1024 {
-			v.add("options.metadata", "keys must be non-empty and keys and values at most 1 KiB (key %.40q)", k)
+	val.metadata(v, o.GetMetadata())
+}
+
+// printableASCII reports whether s is all printable ASCII, space included:
+// what a gRPC header value may hold.
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
 		}
+	}
+	return true
+}
+
+// metadata checks options.metadata: the number of entries, then each entry
+// (in key order; the first wrong one is named, by at most 40 characters of
+// its key, with how many more are wrong the same way), then their total
+// size.
+func (val *validator) metadata(v *violations, md map[string]string) {
+	const field = "options.metadata"
+	if len(md) > val.limits.MaxMetadata {
+		v.add(field, "has %d entries, more than the limit of %d", len(md), val.limits.MaxMetadata)
+		return // its entries are not looked at one by one
+	}
+	type problem struct {
+		first string // what is wrong with the first entry
+		n     int    // entries wrong this way
+	}
+	var keys, values problem
+	note := func(p *problem, format string, args ...any) {
+		if p.n == 0 {
+			p.first = fmt.Sprintf(format, args...)
+		}
+		p.n++
+	}
+	total := 0
+	for _, k := range slices.Sorted(maps.Keys(md)) {
+		value := md[k]
+		total += len(k) + len(value)
+		switch {
+		case k == "":
+			note(&keys, "a key is empty")
+		case len(k) > maxMetadataKeyBytes:
+			note(&keys, "key %.40q… is %d bytes, more than the limit of %d", k, len(k), maxMetadataKeyBytes)
+		case !controlFree(k):
+			note(&keys, "key %.40q has a control character or is not valid UTF-8", k)
+		}
+		if len(value) > maxMetadataValueBytes {
+			note(&values, "the value of key %.40q is %d bytes, more than the limit of %d", k, len(value), maxMetadataValueBytes)
+		}
+	}
+	for _, p := range []problem{keys, values} {
+		switch {
+		case p.n == 1:
+			v.add(field, "%s", p.first)
+		case p.n > 1:
+			v.add(field, "%s (and %d more entries like it)", p.first, p.n-1)
+		}
+	}
+	if total > maxMetadataBytes {
+		v.add(field, "is %d bytes (keys and values), more than the limit of %d", total, maxMetadataBytes)
 	}
 }
 
-// runID checks a run_id field.
-func runID(id string) error {
-	if id == "" {
-		var v violations
-		v.add("run_id", "must not be empty")
-		return v.err()
+// controlFree reports whether s is valid UTF-8 without a control
+// character.
+func controlFree(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
 	}
-	return nil
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// checkRunID adds what is wrong with a run_id field to v: it must be
+// 1 to maxRunIDBytes ASCII letters, digits, '_' or '-'.
+func checkRunID(v *violations, field, id string) {
+	switch {
+	case id == "":
+		v.add(field, "must not be empty")
+	case len(id) > maxRunIDBytes:
+		v.add(field, "is %d bytes, more than the limit of %d", len(id), maxRunIDBytes)
+	case !isIDString(id):
+		v.add(field, "may hold only ASCII letters, digits, '_' and '-', as the run ids StartRun returns")
+	}
+}
+
+// runID checks a request's run_id field.
+func runID(id string) error {
+	var v violations
+	checkRunID(&v, "run_id", id)
+	return v.err()
+}
+
+// checkPageToken adds what is wrong with ListRuns' page_token to v. (A
+// token of the right shape that this server did not issue is refused by
+// the runs layer.)
+func checkPageToken(v *violations, tok string) {
+	switch {
+	case len(tok) > maxPageTokenBytes:
+		v.add("page_token", "is %d bytes, more than the limit of %d", len(tok), maxPageTokenBytes)
+	case !isIDString(tok):
+		v.add("page_token", "is not valid: pass a next_page_token as ListRuns returned it")
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
@@ -27,6 +28,7 @@ func FuzzValidateRunRequest(f *testing.F) {
 		{TaskBrief: "find it", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a", "b", "p"}, FailureCriteria: "empty"}},
 		{TaskBrief: "find it", Race: &stubbornv1.RaceSpec{Candidates: []string{"a", "b"}, AcceptWhen: `size(result.text) > 3`}},
 		{TaskBrief: "x", Retry: &stubbornv1.RetrySpec{Target: "zzz"}, Options: &stubbornv1.RunOptions{Judge: "p", Metadata: map[string]string{"k": "v"}, RunTimeout: durationpb.New(-time.Second)}},
+		{TaskBrief: "x", Retry: &stubbornv1.RetrySpec{Target: "a"}, Options: &stubbornv1.RunOptions{IdempotencyKey: "k\x01", Metadata: map[string]string{"k\n": "v", "": ""}}},
 		{TaskBrief: " ", Retry: &stubbornv1.RetrySpec{Target: "a"}, Race: &stubbornv1.RaceSpec{}},
 		{TaskBrief: strings.Repeat("b", 300), FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a", "", "a", "a", "a", "a"}, FailureWhen: "result.text +"}},
 	}
@@ -86,6 +88,22 @@ func FuzzValidateRunRequest(f *testing.F) {
 				if d != "" && !p.val.known(d) {
 					t.Fatalf("%s: accepted delegate %q", name, d)
 				}
+				if d != "" && delegates.CheckName(d) != nil {
+					t.Fatalf("%s: accepted delegate name %q: %v", name, d, delegates.CheckName(d))
+				}
+			}
+			if k := req.GetOptions().GetIdempotencyKey(); len(k) > maxIdempotencyKeyBytes || !printableASCII(k) {
+				t.Fatalf("%s: accepted idempotency_key %q", name, k)
+			}
+			total := 0
+			for k, v := range req.GetOptions().GetMetadata() {
+				total += len(k) + len(v)
+				if k == "" || len(k) > maxMetadataKeyBytes || len(v) > maxMetadataValueBytes || !controlFree(k) {
+					t.Fatalf("%s: accepted metadata entry %q", name, k)
+				}
+			}
+			if total > maxMetadataBytes {
+				t.Fatalf("%s: accepted %d bytes of metadata", name, total)
 			}
 		}
 	})

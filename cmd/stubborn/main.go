@@ -129,6 +129,16 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 	if err != nil {
 		return 2, err
 	}
+	// Plaintext off loopback is refused before anything is bound, naming
+	// the address as given.
+	if !sec.tls() {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := server.CheckPlaintextListen(cctx, *listen, sec.insecure)
+		cancel()
+		if err != nil {
+			return 2, err
+		}
+	}
 	// Traces and metrics go where the OTEL_* environment says (nowhere when
 	// it says nothing), metrics also to -metrics-listen.
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("opentelemetry", "err", err) }))
@@ -148,6 +158,8 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 		return 1, err
 	}
 	if !sec.tls() {
+		// Again on the address bound, should the name now resolve to
+		// another.
 		if err := server.CheckPlaintext(lis.Addr(), sec.insecure); err != nil {
 			_ = lis.Close()
 			return 2, err

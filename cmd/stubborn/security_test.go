@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,6 +57,28 @@ func TestServeRefusesSecurityFlagsThatDoNotFit(t *testing.T) {
 			assert.Equal(t, 2, code)
 			assert.ErrorContains(t, err, tt.want)
 		})
+	}
+}
+
+// TestServeRefusesPlaintextOffLoopbackBeforeBinding: serve -listen
+// 0.0.0.0:P (or :P) without TLS or -insecure is refused naming the address
+// as given, before anything is bound: the test holds 127.0.0.1:P, so a
+// bind of every interface on P would fail "address already in use"
+// instead (it used to bind, then refuse naming [::]:P).
+func TestServeRefusesPlaintextOffLoopbackBeforeBinding(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty.yaml")
+	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer held.Close()
+	port := held.Addr().(*net.TCPAddr).Port
+	for _, listen := range []string{fmt.Sprintf("0.0.0.0:%d", port), fmt.Sprintf(":%d", port)} {
+		code, err := run(context.Background(), []string{"serve", "-memory", "-config", empty, "-listen", listen}, &bytes.Buffer{})
+		assert.Equal(t, 2, code, listen)
+		require.Error(t, err, listen)
+		assert.Contains(t, err.Error(), "refusing to serve plaintext on "+listen+", which is not a loopback address")
+		assert.NotContains(t, err.Error(), "[::]")
+		assert.NotContains(t, err.Error(), "in use", "serve tried to bind %s", listen)
 	}
 }
 

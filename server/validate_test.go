@@ -1,0 +1,322 @@
+package server
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/delegates"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// violated returns the fields a status names in its google.rpc.BadRequest,
+// failing unless it is INVALID_ARGUMENT with one.
+func violated(t *testing.T, err error) []string {
+	t.Helper()
+	st := status.Convert(err)
+	require.Equal(t, codes.InvalidArgument, st.Code(), st.Message())
+	var fields []string
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			for _, v := range br.GetFieldViolations() {
+				fields = append(fields, v.GetField())
+			}
+		}
+	}
+	require.NotEmpty(t, fields, "INVALID_ARGUMENT carries a google.rpc.BadRequest")
+	return fields
+}
+
+// TestEveryInputIsBoundedAtSubmission checks each bound of a run request
+// at its limit (accepted, or NOT_FOUND for a well-formed name that is not
+// in the registry) and just over it (INVALID_ARGUMENT naming the field and
+// never repeating the value).
+func TestEveryInputIsBoundedAtSubmission(t *testing.T) {
+	t.Parallel()
+	val := &validator{limits: DefaultLimits(), known: func(n string) bool { return n == "echo" }, hasJudge: true}
+	name := func(n int) string { return strings.Repeat("d", n) }
+	echo := func(r *stubbornv1.StartRunRequest) *stubbornv1.StartRunRequest {
+		r.TaskBrief = "x"
+		if r.GetRetry() == nil && r.GetRetryWithLearning() == nil && r.GetRace() == nil && r.GetFallbackChain() == nil {
+			r.FallbackChain = &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}}
+		}
+		return r
+	}
+	withOptions := func(o *stubbornv1.RunOptions) *stubbornv1.StartRunRequest {
+		return echo(&stubbornv1.StartRunRequest{Options: o})
+	}
+	metadata := func(n int, key func(i int) string, value string) map[string]string {
+		md := make(map[string]string, n)
+		for i := range n {
+			md[key(i)] = value
+		}
+		return md
+	}
+	keyOf := func(size int) func(int) string {
+		return func(i int) string { return fmt.Sprintf("%0*d", size, i) }
+	}
+	// A valid expression of exactly n characters.
+	celOf := func(n int) string {
+		const pre, post = `result.text == "`, `"`
+		return pre + strings.Repeat("é", n-len(pre)-len(post)) + post
+	}
+	tests := []struct {
+		name string
+		req  *stubbornv1.StartRunRequest
+		code codes.Code // OK: accepted
+		// field is the one violation's field for INVALID_ARGUMENT, and a
+		// substring of the message otherwise.
+		field string
+		msg   string // a substring of the message
+	}{
+		// Delegate names, in every field that takes one.
+		{"retry.target at 128 bytes", echo(&stubbornv1.StartRunRequest{Retry: &stubbornv1.RetrySpec{Target: name(128)}}), codes.NotFound, "retry.target", "is not in the registry"},
+		{"retry.target over 128 bytes", echo(&stubbornv1.StartRunRequest{Retry: &stubbornv1.RetrySpec{Target: name(129)}}), codes.InvalidArgument, "retry.target", "is 129 bytes, more than the limit of 128"},
+		{"retry.target with a space", echo(&stubbornv1.StartRunRequest{Retry: &stubbornv1.RetrySpec{Target: "ec ho"}}), codes.InvalidArgument, "retry.target", "no whitespace"},
+		{"retry_with_learning.target over", echo(&stubbornv1.StartRunRequest{RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: name(129)}}), codes.InvalidArgument, "retry_with_learning.target", "more than the limit of 128"},
+		{"retry_with_learning.analyst at 128 bytes", echo(&stubbornv1.StartRunRequest{RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: "echo", Analyst: name(128)}}), codes.NotFound, "retry_with_learning.analyst", "is not in the registry"},
+		{"retry_with_learning.analyst over", echo(&stubbornv1.StartRunRequest{RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: "echo", Analyst: name(129)}}), codes.InvalidArgument, "retry_with_learning.analyst", "more than the limit of 128"},
+		{"retry_with_learning.analyst with a control character", echo(&stubbornv1.StartRunRequest{RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: "echo", Analyst: "a\x1bb"}}), codes.InvalidArgument, "retry_with_learning.analyst", "control"},
+		{"fallback_chain.chain[1] at 128 bytes", echo(&stubbornv1.StartRunRequest{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo", name(128)}}}), codes.NotFound, "fallback_chain.chain[1]", "is not in the registry"},
+		{"fallback_chain.chain[1] over", echo(&stubbornv1.StartRunRequest{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo", name(129)}}}), codes.InvalidArgument, "fallback_chain.chain[1]", "more than the limit of 128"},
+		{"race.candidates[0] at 128 bytes", echo(&stubbornv1.StartRunRequest{Race: &stubbornv1.RaceSpec{Candidates: []string{name(128)}}}), codes.NotFound, "race.candidates[0]", "is not in the registry"},
+		{"race.candidates[0] over", echo(&stubbornv1.StartRunRequest{Race: &stubbornv1.RaceSpec{Candidates: []string{name(129), "echo"}}}), codes.InvalidArgument, "race.candidates[0]", "more than the limit of 128"},
+		{"race.candidates[1] with a newline", echo(&stubbornv1.StartRunRequest{Race: &stubbornv1.RaceSpec{Candidates: []string{"echo", "echo\n"}}}), codes.InvalidArgument, "race.candidates[1]", "no whitespace"},
+		{"options.judge at 128 bytes", withOptions(&stubbornv1.RunOptions{Judge: name(128)}), codes.NotFound, "options.judge", "is not in the registry"},
+		{"options.judge over", withOptions(&stubbornv1.RunOptions{Judge: name(129)}), codes.InvalidArgument, "options.judge", "more than the limit of 128"},
+
+		// The brief and the criteria, bounded by max_brief_bytes.
+		{"task_brief at the limit", &stubbornv1.StartRunRequest{TaskBrief: name(64 << 10), FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}}}, codes.OK, "", ""},
+		{"task_brief over the limit", &stubbornv1.StartRunRequest{TaskBrief: name(64<<10 + 1), FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}}}, codes.InvalidArgument, "task_brief", "is 65537 bytes, more than the limit of 65536"},
+		{"failure_criteria at the limit", echo(&stubbornv1.StartRunRequest{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}, FailureCriteria: name(64 << 10)}}), codes.OK, "", ""},
+		{"failure_criteria over the limit", echo(&stubbornv1.StartRunRequest{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}, FailureCriteria: name(64<<10 + 1)}}), codes.InvalidArgument, "fallback_chain.failure_criteria", "more than the limit of 65536"},
+
+		// CEL: characters, not bytes.
+		{"failure_when at 4096 characters", echo(&stubbornv1.StartRunRequest{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}, FailureWhen: celOf(controls.CELMaxLength)}}), codes.OK, "", ""},
+		{"failure_when over 4096 characters", echo(&stubbornv1.StartRunRequest{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}, FailureWhen: celOf(controls.CELMaxLength + 1)}}), codes.InvalidArgument, "fallback_chain.failure_when", "is 4097 characters, more than the limit of 4096"},
+		{"accept_when over 4096 characters", echo(&stubbornv1.StartRunRequest{Race: &stubbornv1.RaceSpec{Candidates: []string{"echo"}, AcceptWhen: celOf(controls.CELMaxLength + 1)}}), codes.InvalidArgument, "race.accept_when", "is 4097 characters"},
+
+		// options.idempotency_key: printable ASCII, 256 bytes.
+		{"idempotency_key at 256 bytes", withOptions(&stubbornv1.RunOptions{IdempotencyKey: strings.Repeat("k ~", 85) + "k"}), codes.OK, "", ""},
+		{"idempotency_key over 256 bytes", withOptions(&stubbornv1.RunOptions{IdempotencyKey: name(257)}), codes.InvalidArgument, "options.idempotency_key", "is 257 bytes, more than the limit of 256"},
+		{"idempotency_key with a newline", withOptions(&stubbornv1.RunOptions{IdempotencyKey: "a\nb"}), codes.InvalidArgument, "options.idempotency_key", "printable ASCII"},
+		{"idempotency_key with a DEL", withOptions(&stubbornv1.RunOptions{IdempotencyKey: "a\x7f"}), codes.InvalidArgument, "options.idempotency_key", "printable ASCII"},
+		{"idempotency_key not ASCII", withOptions(&stubbornv1.RunOptions{IdempotencyKey: "clé"}), codes.InvalidArgument, "options.idempotency_key", "printable ASCII"},
+
+		// options.metadata: 64 entries, keys and values 1 KiB, 64 KiB in all.
+		{"metadata at 64 entries", withOptions(&stubbornv1.RunOptions{Metadata: metadata(64, keyOf(2), "v")}), codes.OK, "", ""},
+		{"metadata over 64 entries", withOptions(&stubbornv1.RunOptions{Metadata: metadata(65, keyOf(2), "v")}), codes.InvalidArgument, "options.metadata", "has 65 entries, more than the limit of 64"},
+		{"metadata key at 1 KiB", withOptions(&stubbornv1.RunOptions{Metadata: metadata(1, keyOf(1024), "v")}), codes.OK, "", ""},
+		{"metadata key over 1 KiB", withOptions(&stubbornv1.RunOptions{Metadata: metadata(1, keyOf(1025), "v")}), codes.InvalidArgument, "options.metadata", "is 1025 bytes, more than the limit of 1024"},
+		{"metadata key with a control character", withOptions(&stubbornv1.RunOptions{Metadata: map[string]string{"a\x00b": "v"}}), codes.InvalidArgument, "options.metadata", `key "a\x00b" has a control character`},
+		{"metadata key with a C1 control character", withOptions(&stubbornv1.RunOptions{Metadata: map[string]string{"a\u0085": "v"}}), codes.InvalidArgument, "options.metadata", "has a control character"},
+		{"metadata key empty", withOptions(&stubbornv1.RunOptions{Metadata: map[string]string{"": "v"}}), codes.InvalidArgument, "options.metadata", "a key is empty"},
+		{"metadata value at 1 KiB", withOptions(&stubbornv1.RunOptions{Metadata: map[string]string{"k": name(1024)}}), codes.OK, "", ""},
+		{"metadata value over 1 KiB", withOptions(&stubbornv1.RunOptions{Metadata: map[string]string{"k": name(1025)}}), codes.InvalidArgument, "options.metadata", `the value of key "k" is 1025 bytes, more than the limit of 1024`},
+		{"metadata at 64 KiB in all", withOptions(&stubbornv1.RunOptions{Metadata: metadata(32, keyOf(1024), name(1024))}), codes.OK, "", ""},
+		{"metadata over 64 KiB in all", withOptions(&stubbornv1.RunOptions{Metadata: func() map[string]string {
+			md := metadata(32, keyOf(1024), name(1024))
+			md["k"] = ""
+			return md
+		}()}), codes.InvalidArgument, "options.metadata", "is 65537 bytes (keys and values), more than the limit of 65536"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := val.runSpec(tt.req)
+			if tt.code == codes.OK {
+				require.NoError(t, err)
+				return
+			}
+			st := status.Convert(err)
+			require.Equal(t, tt.code, st.Code(), st.Message())
+			assert.Contains(t, st.Message(), tt.msg)
+			assert.Contains(t, st.Message(), tt.field+": ")
+			if tt.code == codes.InvalidArgument {
+				assert.Equal(t, []string{tt.field}, violated(t, err))
+			}
+			assert.Less(t, len(st.Message()), 512, "the message repeats no long value")
+			assert.NotContains(t, st.Message(), name(129), "the message repeats no long value")
+		})
+	}
+}
+
+// TestRunIDAndPageTokenBounds checks run_id and page_token at and over
+// their limits, and their alphabet (a run id becomes part of a NATS
+// subject: no '.', '*', '>' or space).
+func TestRunIDAndPageTokenBounds(t *testing.T) {
+	t.Parallel()
+	check := func(f func(*violations)) error {
+		var v violations
+		f(&v)
+		return v.err()
+	}
+	for _, id := range []string{"run_0123456789abcdefghijklmnopq", "r", "A-z_9", strings.Repeat("a", 64)} {
+		assert.NoError(t, runID(id), "%q", id)
+		assert.True(t, validRunID(id))
+	}
+	for id, want := range map[string]string{
+		"":                      "run_id: must not be empty",
+		strings.Repeat("a", 65): "run_id: is 65 bytes, more than the limit of 64",
+		"run.a":                 "run_id: may hold only ASCII letters, digits, '_' and '-'",
+		"run_*":                 "may hold only",
+		">":                     "may hold only",
+		"run a":                 "may hold only",
+		"run_\x00":              "may hold only",
+		"runé":                  "may hold only",
+	} {
+		err := runID(id)
+		assert.Equal(t, []string{"run_id"}, violated(t, err), "%q", id)
+		assert.Contains(t, status.Convert(err).Message(), want)
+		assert.False(t, validRunID(id))
+	}
+	assert.NoError(t, check(func(v *violations) { checkPageToken(v, "") }))
+	assert.NoError(t, check(func(v *violations) { checkPageToken(v, strings.Repeat("A", 256)) }))
+	for tok, want := range map[string]string{
+		strings.Repeat("A", 257): "page_token: is 257 bytes, more than the limit of 256",
+		"abc=":                   "page_token: is not valid",
+		"a.b":                    "page_token: is not valid",
+	} {
+		err := check(func(v *violations) { checkPageToken(v, tok) })
+		assert.Equal(t, []string{"page_token"}, violated(t, err))
+		assert.Contains(t, status.Convert(err).Message(), want)
+	}
+}
+
+// TestManyWrongEntriesMakeOneViolation: a request with many wrong entries
+// of one kind is told about the first, and how many more there are, not
+// with one violation each; a chain longer than its limit is refused as a
+// whole, its names past the limit not looked at.
+func TestManyWrongEntriesMakeOneViolation(t *testing.T) {
+	t.Parallel()
+	val := &validator{limits: DefaultLimits(), known: func(string) bool { return true }}
+	md := map[string]string{}
+	for i := range 40 {
+		md[fmt.Sprintf("k%02d\n", i)] = strings.Repeat("v", 1025)
+	}
+	_, err := val.runSpec(&stubbornv1.StartRunRequest{TaskBrief: "x", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}}, Options: &stubbornv1.RunOptions{Metadata: md}})
+	assert.Equal(t, []string{"options.metadata", "options.metadata"}, violated(t, err))
+	msg := status.Convert(err).Message()
+	assert.Contains(t, msg, `key "k00\n" has a control character or is not valid UTF-8 (and 39 more entries like it)`)
+	assert.Contains(t, msg, `the value of key "k00\n" is 1025 bytes, more than the limit of 1024 (and 39 more entries like it)`)
+
+	chain := make([]string, 1000)
+	for i := range chain {
+		chain[i] = strings.Repeat("x", delegates.MaxNameBytes+1)
+	}
+	_, err = val.runSpec(&stubbornv1.StartRunRequest{TaskBrief: "x", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: chain}})
+	fields := violated(t, err)
+	// The count, then the first max_chain names: 33 violations, of which
+	// the first 10 are named and the rest counted (violations.err).
+	assert.Len(t, fields, 10+1)
+	assert.Equal(t, "fallback_chain.chain", fields[0])
+	assert.Equal(t, "fallback_chain.chain[8]", fields[9])
+	assert.Contains(t, status.Convert(err).Message(), "; …and 23 more violations")
+}
+
+// TestViolationsAreBounded: the status of many violations names the first
+// maxListedViolations of them, each cut to its bounds on a character
+// boundary, within maxViolationsMessageBytes, then counts the rest, in the
+// message and in the BadRequest detail alike; a few violations are named
+// as they are. (A chain of 60 empty names made a status that C-core
+// clients refused: over 8 KiB of trailers.)
+func TestViolationsAreBounded(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("é", 400) // 800 bytes, two per character
+	tests := []struct {
+		name     string
+		n        int
+		desc     string
+		listed   int    // violations named one by one
+		count    string // the last entry, or "" when every violation is named
+		maxBytes int
+	}{
+		{"one", 1, "is wrong", 1, "", 100},
+		{"ten", 10, "is wrong", 10, "", 1024},
+		{"eleven", 11, "is wrong", 10, "…and 1 more violation", 1024},
+		{"sixty", 60, "must name a delegate", 10, "…and 50 more violations", 1024},
+		{"sixty long ones", 60, long, 3, "…and 57 more violations", 1024},
+		{"one long one", 1, long, 1, "", 512},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var v violations
+			for i := range tt.n {
+				v.add(fmt.Sprintf("fallback_chain.chain[%d]", i), "%s", tt.desc)
+			}
+			err := v.err()
+			st := status.Convert(err)
+			require.Equal(t, codes.InvalidArgument, st.Code())
+			msg := st.Message()
+			assert.LessOrEqual(t, len(msg), tt.maxBytes)
+			assert.True(t, utf8.ValidString(msg), "cut on a character boundary")
+			var br *errdetails.BadRequest
+			for _, d := range st.Details() {
+				if b, ok := d.(*errdetails.BadRequest); ok {
+					br = b
+				}
+			}
+			require.NotNil(t, br)
+			entries := br.GetFieldViolations()
+			want := tt.listed
+			if tt.count != "" {
+				want++
+			}
+			require.Len(t, entries, want, msg)
+			parts := strings.Split(msg, "; ")
+			require.Len(t, parts, want, msg)
+			for i, e := range entries[:tt.listed] {
+				assert.Equal(t, fmt.Sprintf("fallback_chain.chain[%d]", i), e.GetField())
+				assert.LessOrEqual(t, len(e.GetDescription()), maxViolationDescriptionBytes)
+				assert.True(t, utf8.ValidString(e.GetDescription()))
+				assert.True(t, strings.HasPrefix(tt.desc, strings.TrimSuffix(e.GetDescription(), "…")), "a prefix of the description")
+				assert.Equal(t, e.GetField()+": "+e.GetDescription(), parts[i])
+			}
+			if tt.count != "" {
+				last := entries[len(entries)-1]
+				assert.Empty(t, last.GetField())
+				assert.Equal(t, tt.count, last.GetDescription())
+				assert.Equal(t, tt.count, parts[len(parts)-1])
+			}
+		})
+	}
+	var none violations
+	assert.NoError(t, none.err())
+}
+
+// TestCELErrorsAreBounded: an expression with hundreds of errors, each of
+// which CEL reports with the whole source line, is refused with its first
+// error and a count, not with every error.
+func TestCELErrorsAreBounded(t *testing.T) {
+	t.Parallel()
+	val := &validator{limits: DefaultLimits(), known: func(string) bool { return true }}
+	expr := strings.Repeat("result.nope || ", 270) + "true"
+	require.LessOrEqual(t, len(expr), controls.CELMaxLength)
+	_, err := val.runSpec(&stubbornv1.StartRunRequest{TaskBrief: "x", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}, FailureWhen: expr}})
+	assert.Equal(t, []string{"fallback_chain.failure_when"}, violated(t, err))
+	msg := status.Convert(err).Message()
+	assert.Contains(t, msg, "fallback_chain.failure_when: is not a valid CEL expression: ERROR: <input>:1:")
+	assert.Contains(t, msg, "undefined field 'nope'")
+	assert.Contains(t, msg, "(and 269 more errors)")
+	assert.Less(t, len(msg), 1024)
+
+	// One error on a line of 4,000 characters: its first line only.
+	long := `result.text == "` + strings.Repeat("x", 3900) + `" && nope`
+	_, err = val.runSpec(&stubbornv1.StartRunRequest{TaskBrief: "x", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}, FailureWhen: long}})
+	msg = status.Convert(err).Message()
+	assert.Contains(t, msg, "undeclared reference to 'nope'")
+	assert.NotContains(t, msg, strings.Repeat("x", 100))
+
+	assert.Equal(t, "abc", truncate("abc", 3))
+	assert.Equal(t, "a…", truncate("abcdef", 4))
+	assert.Equal(t, "…", truncate("éé", 3), "never half a character")
+}
