@@ -540,6 +540,9 @@ func unpackEvents(data []byte, h nats.Header) ([]Event, error) {
 // Events reads the run's events after seq after and remembers where its
 // journal ends, so that this store may append to it.
 func (s *JetStream) Events(ctx context.Context, runID string, after int64) ([]Event, error) {
+	if !validKey(runID) {
+		return nil, nil // no such run's journal
+	}
 	subject := eventsSubject + runID
 	lastMsg, err := s.events.GetLastMsgForSubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -636,6 +639,9 @@ func (s *JetStream) consume(ctx context.Context, cfg jetstream.OrderedConsumerCo
 // Follow sends the run's events after seq after, then new ones, until
 // run_finished.
 func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn func(Event) error) error {
+	if !validKey(runID) {
+		return fmt.Errorf("%w: %.64q", ErrNotFound, runID)
+	}
 	finished := errors.New("finished")
 	err := s.read(ctx, runID, func(evs []Event, _ uint64) (bool, error) {
 		for _, ev := range evs {
@@ -676,7 +682,7 @@ func (s *JetStream) PutState(ctx context.Context, runID string, state []byte) er
 // stale one.
 func (s *JetStream) State(ctx context.Context, runID string) (*stubbornv1.ControlState, error) {
 	if !validKey(runID) {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
+		return nil, fmt.Errorf("%w: %.64q", ErrNotFound, runID)
 	}
 	var state []byte
 	e, err := s.states.Get(ctx, runID)
@@ -705,7 +711,7 @@ func (s *JetStream) State(ctx context.Context, runID string) (*stubbornv1.Contro
 		state = end
 	}
 	if len(state) == 0 {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
+		return nil, fmt.Errorf("%w: %.64q", ErrNotFound, runID)
 	}
 	return decodeState(state)
 }
@@ -1036,10 +1042,15 @@ func (s *JetStream) Send(ctx context.Context, owner string, cmd *Command) (*stub
 	return st, proto.Unmarshal(reply.State, st)
 }
 
+// maxKeyBytes bounds a run id used in a subject or a key: far below
+// NATS's 4 KiB control line, past which the server closes the connection
+// (the API checks run ids first: at most 64 bytes).
+const maxKeyBytes = 256
+
 // validKey reports whether s can be a KV key (run ids always can; a
 // client's typo may not).
 func validKey(s string) bool {
-	if s == "" {
+	if s == "" || len(s) > maxKeyBytes {
 		return false
 	}
 	for _, c := range s {

@@ -2,6 +2,7 @@ package runs
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,4 +52,31 @@ func TestReadingAFinishedJournalRemembersNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, evs, 1)
 	assert.NotContains(t, reader.last, "run_x", "nor does a reader of a finished run")
+}
+
+// TestNoRunIDReachesASubjectUnbounded: a run id too long for a NATS
+// subject (the server closes a connection whose control line passes
+// 4 KiB) is never sent: reads answer as for an unknown run, and the
+// connection stays up. The API refuses such ids first (server/validate.go);
+// this is the store's own guard.
+func TestNoRunIDReachesASubjectUnbounded(t *testing.T) {
+	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	s, err := NewJetStream(context.Background(), e.Conn, JetStreamConfig{Memory: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	long := strings.Repeat("a", 5000)
+	evs, err := s.Events(ctx, long, 0)
+	require.NoError(t, err)
+	assert.Empty(t, evs)
+	require.ErrorIs(t, s.Follow(ctx, long, 0, func(Event) error { return nil }), ErrNotFound)
+	_, err = s.State(ctx, long)
+	require.ErrorIs(t, err, ErrNotFound)
+	owner, err := s.Driver(ctx, long)
+	require.NoError(t, err)
+	assert.Empty(t, owner)
+	assert.False(t, e.Conn.IsClosed(), "the connection is up")
+	require.NoError(t, e.Conn.FlushTimeout(5*time.Second))
 }

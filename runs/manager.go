@@ -1471,13 +1471,14 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 
 	ev.RunId = r.id
 	ev.Seq = seq
-	if b := controls.BoundEvent(ev, r.maxEvent-eventFraming); b != ev {
+	enc, err := EncodeEvent(ev)
+	if err == nil && len(enc.Data) > r.maxEvent-eventFraming {
 		// Larger than the store's messages (or a watcher's): its texts
 		// are cut, and the run goes on.
-		r.log.Warn("event too large: its texts are cut", "run_id", r.id, "seq", seq, "bytes", proto.Size(ev), "limit", r.maxEvent)
-		ev = b
+		r.log.Warn("event too large: its texts are cut", "run_id", r.id, "seq", seq, "bytes", len(enc.Data), "limit", r.maxEvent)
+		ev = controls.BoundEvent(ev, r.maxEvent-eventFraming)
+		enc, err = EncodeEvent(ev)
 	}
-	enc, err := EncodeEvent(ev)
 	if err != nil {
 		// Not expected: the API's strings are checked or made UTF-8 before
 		// they reach an event. The run cannot go on without its journal.

@@ -396,9 +396,9 @@ func TestMalformedRequestsAreInvalidArgument(t *testing.T) {
 			stream("WatchRun", withBadUTF8(t, &stubbornv1.WatchRunRequest{RunId: "run_@BAD@"}))},
 		{"GetRun, run_id", "run_id", "run_id: is not valid UTF-8",
 			unary("GetRun", withBadUTF8(t, &stubbornv1.GetRunRequest{RunId: "run_@BAD@"}))},
-		{"StartRun, truncated", "request", "request: is not a valid protobuf message: proto: cannot parse invalid wire-format data",
+		{"StartRun, truncated", "request", "request: is not a valid protobuf message: its wire format cannot be parsed",
 			unary("StartRun", truncated)},
-		{"Run, truncated", "request", "request: is not a valid protobuf message: proto: cannot parse invalid wire-format data",
+		{"Run, truncated", "request", "request: is not a valid protobuf message: its wire format cannot be parsed",
 			stream("Run", truncated)},
 	}
 	for _, tt := range tests {
