@@ -1325,12 +1325,29 @@ func (m *Manager) List(ctx context.Context, status stubbornv1.RunStatus, pageSiz
 		return nil, "", err
 	}
 	slices.SortFunc(all, func(a, b *stubbornv1.ControlState) int { return keyOf(b).compare(keyOf(a)) })
-	if len(all) <= pageSize {
+	// A page ends at pageSize runs, or before the run that would take it
+	// past MaxListBytes (never before its first): a response a client
+	// with gRPC's default 4 MiB limit can read.
+	n, size := 0, 0
+	for n < len(all) && n < pageSize {
+		all[n] = controls.BoundState(all[n], controls.MaxStateBytes)
+		size += proto.Size(all[n])
+		if n > 0 && size > MaxListBytes {
+			break
+		}
+		n++
+	}
+	if n == len(all) {
 		return all, "", nil
 	}
-	page := all[:pageSize]
+	page := all[:n]
 	return page, keyOf(page[len(page)-1]).String(), nil
 }
+
+// MaxListBytes bounds the states of one page of List: below gRPC's
+// default 4 MiB message limit, with room for one run of the largest state
+// (controls.MaxStateBytes and an accepted result of max_result_bytes).
+const MaxListBytes = 3 << 20
 
 // listKey orders runs for ListRuns: by creation time, then id.
 type listKey struct {
