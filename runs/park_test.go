@@ -220,9 +220,11 @@ func TestAWokenRunKeepsWhatWasDecided(t *testing.T) {
 		budgets func(t *testing.T) controls.Budgets
 	}{
 		"the wait is most of the time left": {
-			replies: []controlstest.Reply{busyFor(600 * time.Millisecond), controlstest.OK("fine")},
+			// 800 ms are left after the wait for the woken run's replay
+			// and call: a loaded CI machine with -race took over 400.
+			replies: []controlstest.Reply{busyFor(1200 * time.Millisecond), controlstest.OK("fine")},
 			info:    controls.DelegateInfo{Idempotent: true},
-			opts:    &stubbornv1.RunOptions{RunTimeout: durationpb.New(time.Second)},
+			opts:    &stubbornv1.RunOptions{RunTimeout: durationpb.New(2 * time.Second)},
 		},
 		"a retry budget with one retry in it": {
 			replies: []controlstest.Reply{busyFor(50 * time.Millisecond), controlstest.OK("fine")},
