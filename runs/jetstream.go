@@ -842,6 +842,13 @@ func eachEntry(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.Key
 		return err
 	}
 	defer func() { _ = w.Stop() }()
+	// nats.go's watcher (jetstream, v1.55) never says it has delivered
+	// every current entry when one goes while it delivers them: a purge
+	// marker that expires (markerTTL), say. So an entry that says none
+	// follow (Delta 0) ends the scan too, and so does eachEntryIdle
+	// without news: a scan never waits for good.
+	idle := time.NewTimer(eachEntryIdle)
+	defer idle.Stop()
 	for {
 		select {
 		case e := <-w.Updates():
@@ -851,11 +858,21 @@ func eachEntry(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.Key
 			if more, err := fn(e); err != nil || !more {
 				return err
 			}
+			if e.Delta() == 0 {
+				return nil // the last of the current entries
+			}
+			idle.Reset(eachEntryIdle)
+		case <-idle.C:
+			return nil
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 }
+
+// eachEntryIdle is how long eachEntry waits for the next entry before it
+// takes the ones it has for all of them.
+const eachEntryIdle = 2 * time.Second
 
 // Beat creates or renews owner's heartbeat, which expires after the lease.
 func (s *JetStream) Beat(ctx context.Context, owner string) error {
