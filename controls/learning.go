@@ -55,8 +55,9 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 			// idempotent or read-only one may be asked again.
 			if info := env.Delegates.Info(target); !info.Idempotent && !info.ReadOnly {
 				rec.NotRetriedReason = fmt.Sprintf("attempt %d was interrupted and delegate %q is neither idempotent nor read_only", n, target)
+				rec.NotRetriedCode = stubbornv1.NotRetried_NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT
 				env.Tracker.Failure(rec, false, "")
-				return failedWith(rec.NotRetriedReason)
+				return failedWith(stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, rec.NotRetriedReason)
 			}
 		}
 		_, recorded, _, replayed := env.Tracker.Replayed(n)
