@@ -73,6 +73,9 @@ func TestOlderJournalsResumeToTheSameEnd(t *testing.T) {
 		"retry_no_decision":    stubbornv1.StatusReason_STATUS_REASON_DECISION_TIMEOUT,
 		"retry_run_timeout":    stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT,
 		"fallback_all_failed":  stubbornv1.StatusReason_STATUS_REASON_ALL_FAILED,
+		// Taken over again after its interrupted attempt was recorded: the
+		// delegate is not called a second time.
+		"learning_interrupted": stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED,
 	}
 	for name, code := range codes {
 		t.Run(name, func(t *testing.T) {
