@@ -29,7 +29,7 @@ demo: ## Run the demo: a server, demo delegates and two live runs in one process
 	go run ./cmd/stubborn demo
 
 .PHONY: test
-test: checkgenerate lint ## Lint, check gen/ is fresh, run every test with the race detector.
+test: checkgenerate lint breaking ## Lint, check gen/ is fresh and the API compatible, run every test with the race detector.
 	go test $(GO_TEST_FLAGS) ./...
 
 # Fuzz targets, as package:FuzzName[:count]. `go test` runs their seed
@@ -86,6 +86,30 @@ lint: $(BUF) ## go vet, gofmt, buf lint, buf format.
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	buf lint
 	buf format -d --exit-code
+
+# The API clients rely on: a buf image (a FileDescriptorSet, with the
+# imports and the comments) of proto/ at the last release (first taken from
+# b8318ca, the API before the typed reasons), which `make breaking` compares
+# proto/ with under buf.yaml's `breaking:` rules (FILE: no field,
+# value, message, enum, RPC or file removed, renumbered, renamed or retyped;
+# no package or option changed). It is not a .proto file, so buf lint,
+# buf format, buf generate and protoc never read it.
+#
+# Move it on purpose, and only at a release, after the whole change log of
+# the API has been read: `make baseline` writes the API of proto/ as it is
+# now, to be committed with the release. Never move it to make `make
+# breaking` pass: a change it reports breaks the clients already generated
+# from the released API (a field dropped, renumbered or retyped reads their
+# data wrong). Add instead: a new field, a new value, a new message.
+API_BASELINE := proto/baseline/stubborn-v1.binpb
+
+.PHONY: breaking
+breaking: $(BUF) ## Fail if proto/ breaks the API of the last release (API_BASELINE).
+	buf breaking --against $(API_BASELINE)
+
+.PHONY: baseline
+baseline: $(BUF) ## At a release only: make proto/ as it is now the API `make breaking` guards.
+	buf build -o $(API_BASELINE)
 
 .PHONY: bench
 bench: ## Load harness: Stubborn beside a direct call and a plain gRPC proxy.

@@ -56,7 +56,7 @@ func benchRun(b *testing.B, d controls.Delegates, spec *stubbornv1.ControlSpec, 
 		tr.Start()
 		env := &controls.Env{Delegates: d, Tracker: tr, Clock: clock}
 		out := controls.Execute(ctx, env, taskBrief, spec)
-		tr.Finish(out.Status, out.Result, out.Winner, out.Reason)
+		tr.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
 		if out.Status != want {
 			b.Fatalf("run ended %s: %s", out.Status, out.Reason)
 		}

@@ -350,6 +350,8 @@ func TestFallbackChainRunContext(t *testing.T) {
 
 		assert.Equal(t, cancelled, r.out.Status)
 		assert.Equal(t, "cancelled: CancelRun", r.out.Reason)
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_CANCELLED, r.out.Code)
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_CANCELLED, r.state.GetStatusReasonCode())
 		assert.Empty(t, r.out.Winner)
 		assert.Equal(t, []string{"primary"}, delegatesOf(r.calls))
 		assert.Equal(t, []stubbornv1.AttemptOutcome{attemptCancelled}, outcomes(r.state.GetAttemptLog()))
@@ -367,6 +369,8 @@ func TestFallbackChainRunContext(t *testing.T) {
 		r := f.end(t, done)
 		assert.Equal(t, cancelled, r.out.Status)
 		assert.Equal(t, "cancelled", r.out.Reason)
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_CANCELLED, r.out.Code)
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_CANCELLED, r.state.GetStatusReasonCode())
 	})
 
 	t.Run("an expired deadline: FAILED, run timeout exceeded, no call", func(t *testing.T) {
@@ -377,6 +381,8 @@ func TestFallbackChainRunContext(t *testing.T) {
 		r := f.run(t, ctx, chain(abc...))
 		assert.Equal(t, failed, r.out.Status)
 		assert.Equal(t, "run timeout exceeded", r.out.Reason)
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT, r.out.Code)
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT, r.state.GetStatusReasonCode())
 		assert.Empty(t, r.calls)
 		assert.Zero(t, r.state.GetAttempts())
 	})

@@ -237,7 +237,7 @@ func replayJournal(ctx context.Context, st *stubbornv1.ControlState, journal []*
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	tr.Finish(out.Status, out.Result, out.Winner, out.Reason)
+	tr.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
 	mu.Lock()
 	defer mu.Unlock()
 	return all, nil

@@ -3,6 +3,7 @@ package controls_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -146,17 +147,56 @@ func (f *fixture) start(ctx context.Context, spec *stubbornv1.ControlSpec) <-cha
 	go func() {
 		f.env.Tracker.Start()
 		out := controls.Execute(ctx, f.env, taskBrief, spec)
-		f.env.Tracker.Finish(out.Status, out.Result, out.Winner, out.Reason)
+		f.env.Tracker.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
 		state := f.env.Tracker.Snapshot()
 		done <- ran{out: out, state: state, calls: f.fakes.Calls()}
 	}()
 	return done
 }
 
-// end waits for a run started with start.
+// end waits for a run started with start, and checks its codes
+// (checkCodes).
 func (f *fixture) end(t *testing.T, done <-chan ran) ran {
 	t.Helper()
-	return recv(t, done, "the control to return")
+	r := recv(t, done, "the control to return")
+	checkCodes(t, r.out, r.state)
+	return r
+}
+
+// endCodes are the codes (Outcome.Code, ControlState.status_reason_code)
+// that each way for a run to end may have.
+var endCodes = map[stubbornv1.RunStatus][]stubbornv1.StatusReason{
+	succeeded: {stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED},
+	exhausted: {stubbornv1.StatusReason_STATUS_REASON_ALL_FAILED},
+	cancelled: {stubbornv1.StatusReason_STATUS_REASON_CANCELLED},
+	failed: {
+		stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED,
+		stubbornv1.StatusReason_STATUS_REASON_RETRY_PAST_DEADLINE, stubbornv1.StatusReason_STATUS_REASON_DECISION_FAIL,
+		stubbornv1.StatusReason_STATUS_REASON_DECISION_TIMEOUT, stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT,
+		stubbornv1.StatusReason_STATUS_REASON_NO_CONTROL,
+	},
+}
+
+// checkCodes checks that a run that ended has a code for why exactly when
+// it has words for it, one that its status may have, the same in its
+// outcome and its state; and that each failure record has a
+// not_retried_code exactly when it has a not_retried_reason.
+func checkCodes(t *testing.T, out controls.Outcome, st *stubbornv1.ControlState) {
+	t.Helper()
+	if (out.Reason == "") != (out.Code == stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED) {
+		t.Errorf("outcome %v: reason %q with code %v", out.Status, out.Reason, out.Code)
+	}
+	if !slices.Contains(endCodes[out.Status], out.Code) {
+		t.Errorf("outcome %v with code %v, want one of %v", out.Status, out.Code, endCodes[out.Status])
+	}
+	if st.GetStatusReasonCode() != out.Code || st.GetStatusReason() != out.Reason {
+		t.Errorf("state: status_reason %q, code %v; the outcome's: %q, %v", st.GetStatusReason(), st.GetStatusReasonCode(), out.Reason, out.Code)
+	}
+	for _, f := range st.GetFailureHistory() {
+		if (f.GetNotRetriedReason() == "") != (f.GetNotRetriedCode() == stubbornv1.NotRetried_NOT_RETRIED_UNSPECIFIED) {
+			t.Errorf("failure %d: not_retried_reason %q with not_retried_code %v", f.GetAttempt(), f.GetNotRetriedReason(), f.GetNotRetriedCode())
+		}
+	}
 }
 
 // run runs spec to its end.

@@ -50,13 +50,17 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 			Source: failureSource(env, n, a),
 		}
 		willRetry := i+1 < maxRetries
-		if ce, ok := a.err.(*CallError); ok && ce.Interrupted && willRetry {
+		if a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED && willRetry {
 			// The delegate may have done the interrupted attempt: only an
-			// idempotent or read-only one may be asked again.
+			// idempotent or read-only one may be asked again. The outcome
+			// says so both when this server finds the attempt in flight
+			// and when the journal has its end (a run taken over again):
+			// the CallError of a recorded end is not marked Interrupted.
 			if info := env.Delegates.Info(target); !info.Idempotent && !info.ReadOnly {
 				rec.NotRetriedReason = fmt.Sprintf("attempt %d was interrupted and delegate %q is neither idempotent nor read_only", n, target)
+				rec.NotRetriedCode = stubbornv1.NotRetried_NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT
 				env.Tracker.Failure(rec, false, "")
-				return failedWith(rec.NotRetriedReason)
+				return failedWith(stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, rec.NotRetriedReason)
 			}
 		}
 		_, recorded, _, replayed := env.Tracker.Replayed(n)

@@ -433,6 +433,8 @@ func TestRetryWithLearningRunContext(t *testing.T) {
 
 		assert.Equal(t, cancelled, r.out.Status)
 		assert.Equal(t, "cancelled: CancelRun", r.out.Reason)
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_CANCELLED, r.out.Code)
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_CANCELLED, r.state.GetStatusReasonCode())
 		assert.Nil(t, r.out.Result)
 		assert.Len(t, r.calls, 1, "no attempt after the run was cancelled")
 		assert.Equal(t, []stubbornv1.AttemptOutcome{attemptCancelled}, outcomes(r.state.GetAttemptLog()))
@@ -448,6 +450,8 @@ func TestRetryWithLearningRunContext(t *testing.T) {
 
 		assert.Equal(t, failed, r.out.Status)
 		assert.Equal(t, "run timeout exceeded", r.out.Reason)
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT, r.out.Code)
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT, r.state.GetStatusReasonCode())
 		assert.Empty(t, r.calls)
 		assert.Zero(t, r.state.GetAttempts())
 	})
@@ -461,6 +465,8 @@ func TestRetryWithLearningRunContext(t *testing.T) {
 
 		assert.Equal(t, failed, r.out.Status)
 		assert.Equal(t, "run timeout exceeded", r.out.Reason)
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT, r.out.Code)
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT, r.state.GetStatusReasonCode())
 		// One call, unless the deadline passed before it could start.
 		assert.LessOrEqual(t, len(r.calls), 1, "no attempt after the deadline")
 	})

@@ -43,7 +43,7 @@ func TestAParkedRetryResumesFromItsJournal(t *testing.T) {
 	assert.Equal(t, clock.Now().Add(10*time.Second), until)
 	assert.Equal(t, []time.Time{until}, parks, "the driver is told once")
 	assert.Empty(t, clock.Sleeps(), "a parked run does not wait")
-	tr.Finish(stubbornv1.RunStatus_RUN_STATUS_CANCELLED, nil, "", "stopped")
+	tr.Finish(stubbornv1.RunStatus_RUN_STATUS_CANCELLED, nil, "", "stopped", stubbornv1.StatusReason_STATUS_REASON_CANCELLED)
 	assert.Equal(t, []string{"run_started", "attempt_started", "attempt_finished", "failure_analyzed", "backoff_scheduled"}, kinds(journal),
 		"nothing follows the backoff, not even run_finished")
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF, tr.Snapshot().GetStatus())
@@ -60,7 +60,7 @@ func TestAParkedRetryResumesFromItsJournal(t *testing.T) {
 	tr2.Start()
 	assert.Zero(t, live, "run_started comes from the journal")
 	out := controls.Execute(context.Background(), &controls.Env{Delegates: d, Tracker: tr2, Clock: clock}, "task", spec)
-	tr2.Finish(out.Status, out.Result, out.Winner, out.Reason)
+	tr2.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, out.Status, out.Reason)
 	assert.Equal(t, 1, live)
 	assert.Equal(t, []time.Duration{9500 * time.Millisecond, 500 * time.Millisecond}, clock.Sleeps())
@@ -162,7 +162,7 @@ func TestADecisionDueSoonIsNotParked(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}()
-	d, timedOut, err := tr.AwaitDecision(ctx, "", "why", 500*time.Millisecond)
+	d, timedOut, err := tr.AwaitDecision(ctx, "", "why", stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, 500*time.Millisecond)
 	cancel()
 	require.NoError(t, err)
 	assert.False(t, timedOut)

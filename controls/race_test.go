@@ -302,6 +302,8 @@ func TestRaceEdges(t *testing.T) {
 
 			assert.Equal(t, cancelled, r.out.Status)
 			assert.Equal(t, "cancelled: CancelRun", r.out.Reason)
+			assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_CANCELLED, r.out.Code)
+			assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_CANCELLED, r.state.GetStatusReasonCode())
 			assert.Empty(t, r.out.Winner)
 			assert.Equal(t, []stubbornv1.AttemptOutcome{attemptCancelled, attemptCancelled}, outcomes(r.state.GetAttemptLog()))
 			assert.Len(t, r.state.GetFailureHistory(), 2)
@@ -343,6 +345,8 @@ func TestRaceEdges(t *testing.T) {
 			r := f.run(t, ctx, race("a", "b"))
 			assert.Equal(t, failed, r.out.Status)
 			assert.Equal(t, "run timeout exceeded", r.out.Reason)
+			assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT, r.out.Code)
+			assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT, r.state.GetStatusReasonCode())
 			assert.Empty(t, r.calls)
 		}},
 	}

@@ -79,7 +79,7 @@ func (w world) run(journal []*stubbornv1.RunEvent, resumed bool) (controls.Outco
 		env.Budgets = w.budgets()
 	}
 	out := controls.Execute(ctx, env, "task", w.spec)
-	tr.Finish(out.Status, out.Result, out.Winner, out.Reason)
+	tr.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
 	return out, recorded(), d
 }
 
@@ -110,12 +110,15 @@ func what(ev *stubbornv1.RunEvent) string {
 		s += fmt.Sprint(" #", a.GetNumber(), " ", a.GetDelegate(), " ", a.GetOutcome())
 	case ev.GetFailureAnalyzed() != nil:
 		f := ev.GetFailureAnalyzed()
-		s += fmt.Sprintf(" #%d %s retry=%v why=%q analysis=%q", f.GetFailure().GetAttempt(), f.GetFailure().GetDelegate(), f.GetWillRetry(), f.GetFailure().GetNotRetriedReason(), f.GetFailure().GetAnalysis())
+		s += fmt.Sprintf(" #%d %s retry=%v why=%q (%v) analysis=%q", f.GetFailure().GetAttempt(), f.GetFailure().GetDelegate(), f.GetWillRetry(), f.GetFailure().GetNotRetriedReason(), f.GetFailure().GetNotRetriedCode(), f.GetFailure().GetAnalysis())
+	case ev.GetDecisionRequested() != nil:
+		s += fmt.Sprintf(" why=%q (%v)", ev.GetDecisionRequested().GetReason(), ev.GetDecisionRequested().GetReasonCode())
 	case ev.GetBackoffScheduled() != nil:
 		b := ev.GetBackoffScheduled()
 		s += fmt.Sprint(" next=", b.GetNextAttempt(), " bound=", b.GetBound().AsDuration(), " hint=", b.GetFromHint(), " zero=", b.GetWait().AsDuration() == 0)
 	case ev.GetRunFinished() != nil:
-		s += " " + ev.GetRunFinished().GetState().GetStatus().String() + " " + ev.GetRunFinished().GetState().GetStatusReason()
+		st := ev.GetRunFinished().GetState()
+		s += " " + st.GetStatus().String() + " " + st.GetStatusReason() + " (" + st.GetStatusReasonCode().String() + ")"
 	}
 	return s
 }
@@ -169,6 +172,7 @@ func checkEveryCut(t *testing.T, w world, strict bool) {
 		}
 		assert.Equal(t, want.Status, out.Status, "cut %d", cut)
 		assert.Equal(t, want.Reason, out.Reason, "cut %d", cut)
+		assert.Equal(t, want.Code, out.Code, "cut %d", cut)
 		assert.Equal(t, wantWhat, gotWhat, "cut %d (after %s)", cut, what(journal[cut-1]))
 	}
 }
@@ -274,6 +278,7 @@ func TestAResumedRetryFitsItsNewWaitBeforeTheDeadline(t *testing.T) {
 	out, fresh, d := w.run(all[:cut], true)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, out.Status)
 	assert.Equal(t, "retry would end after the run's deadline", out.Reason)
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RETRY_PAST_DEADLINE, out.Code)
 	assert.Empty(t, d.calls, "no attempt after the deadline")
 	assert.Equal(t, []string{"run_finished"}, kinds(fresh))
 }

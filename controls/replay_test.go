@@ -54,7 +54,7 @@ func runOnce(t *testing.T, spec *stubbornv1.ControlSpec, d *byAttempt, journal [
 	tr.Start()
 	env := &controls.Env{Delegates: d, Tracker: tr, Clock: clock}
 	out := controls.Execute(context.Background(), env, "task", spec)
-	tr.Finish(out.Status, out.Result, out.Winner, out.Reason)
+	tr.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
 	return out, recorded()
 }
 

@@ -38,7 +38,9 @@ const (
 // attempt gets the original brief.
 //
 // A failed attempt is retried only when all of these hold, checked in this
-// order; the first that fails is the record's not_retried_reason:
+// order; the first that fails is the record's not_retried_reason, and its
+// not_retried_code the value of it (NOT_TRANSIENT, REFUSED or REJECTED,
+// NOT_IDEMPOTENT, HINT_NO_RETRY, HINT_OVER_CAP, EXHAUSTED, DEADLINE, BUDGET):
 //   - the failure is transient (see [Transient]). A result the criteria
 //     reject is not: the retry contract retries raised errors only;
 //   - the delegate is declared idempotent or read_only, or the call never
@@ -58,17 +60,21 @@ const (
 // and the wait slept is the wait announced.
 //
 // A failure that is not retried for any reason but the round running out
-// ends the run FAILED with that reason, without asking anyone. When the
-// round runs out (attempts retries after the first try), on_exhausted FAIL
-// ends the run FAILED "retries exhausted"; ASK (the default) waits for a
-// decision. FAIL ends the run FAILED "decision: FAIL"; no decision within
-// decision_timeout ends it FAILED "no decision within <timeout>". RETRY
-// grants a new round of attempts retries (at least one, so that a person's
-// RETRY always leads to a call) whose backoff starts again from the base:
-// the first retry waits a backoff drawn from [0, min(max_wait, base)] like
-// any first retry, so the delegate gets the same spacing whether or not a
-// person was asked. That retry still respects the run's deadline but not the
-// retry budget: a person asked for it explicitly.
+// ends the run FAILED with that reason (code NOT_RETRIED), without asking
+// anyone. When the round runs out (attempts retries after the first try),
+// on_exhausted FAIL ends the run FAILED "retries exhausted"
+// (RETRIES_EXHAUSTED); ASK (the default) waits for a decision, with the same
+// code. FAIL ends the run FAILED "decision: FAIL" (DECISION_FAIL); no
+// decision within decision_timeout ends it FAILED "no decision within
+// <timeout>" (DECISION_TIMEOUT). RETRY grants a new round of attempts
+// retries (at least one, so that a person's RETRY always leads to a call)
+// whose backoff starts again from the base: the first retry waits a backoff
+// drawn from [0, min(max_wait, base)] like any first retry, so the delegate
+// gets the same spacing whether or not a person was asked. That retry still
+// respects the run's deadline but not the retry budget: a person asked for
+// it explicitly. A retry that is to follow (recorded before a takeover, or
+// granted by RETRY) but whose wait would end after the run's deadline ends
+// the run FAILED (RETRY_PAST_DEADLINE).
 //
 // The run's context ending, during an attempt, a wait or the decision,
 // ends the control at once with [stopped]'s outcome, never with a retry.
@@ -121,11 +127,12 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 		}
 		var ce *CallError
 		errors.As(a.err, &ce)
-		var notRetried string
+		var notRetried string // why, in words; empty while a retry may follow
+		var code stubbornv1.NotRetried
 		if a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED {
-			notRetried = reasonRejected
-		} else {
-			rec.Transient, notRetried = Transient(ce)
+			notRetried, code = reasonRejected, stubbornv1.NotRetried_NOT_RETRIED_REJECTED
+		} else if rec.Transient, notRetried = Transient(ce); notRetried != "" {
+			code = notTransientCode(ce)
 		}
 		if rec.Transient && !replayed {
 			record(false)
@@ -134,13 +141,17 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 		case notRetried != "": // not transient; ce may be nil
 		case !info.Idempotent && !info.ReadOnly && !ce.NotSent:
 			notRetried = fmt.Sprintf("delegate %q is neither idempotent nor read_only", target)
+			code = stubbornv1.NotRetried_NOT_RETRIED_NOT_IDEMPOTENT
 		case ce.HasHint && ce.RetryHint < 0:
 			notRetried = fmt.Sprintf("retry hint %v asks not to retry", ce.RetryHint)
+			code = stubbornv1.NotRetried_NOT_RETRIED_HINT_NO_RETRY
 		case ce.HasHint && ce.RetryHint > maxWait:
 			notRetried = fmt.Sprintf("retry hint %v exceeds max_wait %v", ce.RetryHint, maxWait)
+			code = stubbornv1.NotRetried_NOT_RETRIED_HINT_OVER_CAP
 		}
 		roundOver := notRetried == "" && used >= allowed
 		if roundOver {
+			code = stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED
 			notRetried = fmt.Sprintf("%s (%d of %d)", reasonExhausted, used, allowed)
 			if round > 1 {
 				notRetried = fmt.Sprintf("%s (%d of %d in round %d)", reasonExhausted, used, allowed, round)
@@ -150,8 +161,8 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 		if decided {
 			// What was decided then holds (whether the call was sent, say,
 			// is not in the journal).
-			notRetried = was.GetNotRetriedReason()
-			roundOver = !willRetry && strings.HasPrefix(notRetried, reasonExhausted)
+			notRetried, code = was.GetNotRetriedReason(), was.GetNotRetriedCode()
+			roundOver = !willRetry && roundRanOut(was)
 		}
 
 		// The wait before the retry: the delegate's hint, else the backoff.
@@ -166,44 +177,47 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 			switch {
 			case decided: // the journal says what followed
 			case endsPastDeadline(ctx, env, wait):
-				notRetried = reasonDeadline
+				notRetried, code = reasonDeadline, stubbornv1.NotRetried_NOT_RETRIED_DEADLINE
 			case env.Budgets != nil && !env.Budgets.Allow(target):
-				notRetried = reasonBudget
+				notRetried, code = reasonBudget, stubbornv1.NotRetried_NOT_RETRIED_BUDGET
 			}
 		}
 
-		rec.NotRetriedReason = notRetried
+		rec.NotRetriedReason, rec.NotRetriedCode = notRetried, code
 		if notRetried == "" {
 			env.Tracker.Failure(rec, true, taskBrief)
 			if decided && !env.Tracker.BackoffReplayed(env.Tracker.NextAttempt()) && endsPastDeadline(ctx, env, wait) {
 				// The journal says a retry follows but not its wait (the
 				// run stopped in between): the wait drawn now must end
 				// before the deadline, as a live run's would.
-				return failedWith(reasonDeadline)
+				return failedWith(stubbornv1.StatusReason_STATUS_REASON_RETRY_PAST_DEADLINE, reasonDeadline)
 			}
 		} else {
 			env.Tracker.Failure(rec, false, "")
 			switch {
 			case !roundOver:
-				return failedWith(notRetried)
+				return failedWith(stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, notRetried)
 			case !ask:
-				return failedWith(reasonExhausted)
+				return failedWith(stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, reasonExhausted)
 			}
-			d, timedOut, err := env.Tracker.AwaitDecision(ctx, env.Path, notRetried, decisionTimeout)
+			d, timedOut, err := env.Tracker.AwaitDecision(ctx, env.Path, notRetried,
+				stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, decisionTimeout)
 			switch {
 			case err != nil:
 				return stopped(ctx)
 			case timedOut:
-				return failedWith(fmt.Sprintf("no decision within %v", decisionTimeout))
+				return failedWith(stubbornv1.StatusReason_STATUS_REASON_DECISION_TIMEOUT,
+					fmt.Sprintf("no decision within %v", decisionTimeout))
 			case d != stubbornv1.Decision_DECISION_RETRY:
-				return failedWith("decision: " + strings.TrimPrefix(d.String(), "DECISION_"))
+				return failedWith(stubbornv1.StatusReason_STATUS_REASON_DECISION_FAIL,
+					"decision: "+strings.TrimPrefix(d.String(), "DECISION_"))
 			}
 			// A new round, its backoff starting again from the base.
 			round, allowed, used = round+1, max(retries, 1), 0
 			wait, bound = Backoff(env.Rand, 1, base, maxWait)
 			fromHint = false
 			if !env.Tracker.BackoffReplayed(env.Tracker.NextAttempt()) && endsPastDeadline(ctx, env, wait) {
-				return failedWith(reasonDeadline)
+				return failedWith(stubbornv1.StatusReason_STATUS_REASON_RETRY_PAST_DEADLINE, reasonDeadline)
 			}
 		}
 
@@ -244,6 +258,25 @@ func Transient(ce *CallError) (bool, string) {
 	return false, "not transient: " + codeName(ce.Code)
 }
 
+// notTransientCode is the NotRetried value of a failure that [Transient]
+// says a retry may not fix: the reason it gives, as a value.
+func notTransientCode(ce *CallError) stubbornv1.NotRetried {
+	if ce != nil && ce.Refused {
+		return stubbornv1.NotRetried_NOT_RETRIED_REFUSED
+	}
+	return stubbornv1.NotRetried_NOT_RETRIED_NOT_TRANSIENT
+}
+
+// roundRanOut reports whether a recorded failure was not retried because
+// its round's retries ran out. A record made by a release before
+// not_retried_code has only the words, which then decide.
+func roundRanOut(rec *stubbornv1.FailureRecord) bool {
+	if c := rec.GetNotRetriedCode(); c != stubbornv1.NotRetried_NOT_RETRIED_UNSPECIFIED {
+		return c == stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED
+	}
+	return strings.HasPrefix(rec.GetNotRetriedReason(), reasonExhausted)
+}
+
 // codeName is a gRPC code's canonical name (google.rpc.Code), such as
 // UNAVAILABLE; codes.Code.String() spells it in Go's camel case instead.
 func codeName(c codes.Code) string {
@@ -268,7 +301,8 @@ func endsPastDeadline(ctx context.Context, env *Env, wait time.Duration) bool {
 	return ok && wait >= dl.Sub(env.clock().Now())
 }
 
-// failedWith is the outcome of a run that ends without a result for reason.
-func failedWith(reason string) Outcome {
-	return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_FAILED, Reason: reason}
+// failedWith is the outcome of a run that ends without a result for reason,
+// whose value is code.
+func failedWith(code stubbornv1.StatusReason, reason string) Outcome {
+	return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_FAILED, Reason: reason, Code: code}
 }

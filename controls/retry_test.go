@@ -33,6 +33,30 @@ const (
 	onExhaustedFail = stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL
 )
 
+// The codes of why a run ended (Outcome.Code) and why a failure was not
+// retried (FailureRecord.not_retried_code), short.
+const (
+	endOK           = stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED
+	endNotRetried   = stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED
+	endExhausted    = stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED
+	endPastDeadline = stubbornv1.StatusReason_STATUS_REASON_RETRY_PAST_DEADLINE
+	endDecisionFail = stubbornv1.StatusReason_STATUS_REASON_DECISION_FAIL
+	endNoDecision   = stubbornv1.StatusReason_STATUS_REASON_DECISION_TIMEOUT
+	endRunTimeout   = stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT
+	endCancelled    = stubbornv1.StatusReason_STATUS_REASON_CANCELLED
+
+	nrNone          = stubbornv1.NotRetried_NOT_RETRIED_UNSPECIFIED
+	nrNotTransient  = stubbornv1.NotRetried_NOT_RETRIED_NOT_TRANSIENT
+	nrRefused       = stubbornv1.NotRetried_NOT_RETRIED_REFUSED
+	nrRejected      = stubbornv1.NotRetried_NOT_RETRIED_REJECTED
+	nrNotIdempotent = stubbornv1.NotRetried_NOT_RETRIED_NOT_IDEMPOTENT
+	nrHintNoRetry   = stubbornv1.NotRetried_NOT_RETRIED_HINT_NO_RETRY
+	nrHintOverCap   = stubbornv1.NotRetried_NOT_RETRIED_HINT_OVER_CAP
+	nrExhausted     = stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED
+	nrDeadline      = stubbornv1.NotRetried_NOT_RETRIED_DEADLINE
+	nrBudget        = stubbornv1.NotRetried_NOT_RETRIED_BUDGET
+)
+
 // retryHarness is one run of the retry control over a fake delegate "d" and a
 // fake clock, with a seeded random source.
 type retryHarness struct {
@@ -111,10 +135,10 @@ func retrySpec(attempts int32, onExhausted stubbornv1.OnExhausted) *stubbornv1.R
 	return &stubbornv1.RetrySpec{Target: "d", Attempts: proto.Int32(attempts), OnExhausted: onExhausted}
 }
 
-func checkRetryOutcome(t *testing.T, got controls.Outcome, status stubbornv1.RunStatus, reason string) {
+func checkRetryOutcome(t *testing.T, got controls.Outcome, status stubbornv1.RunStatus, code stubbornv1.StatusReason, reason string) {
 	t.Helper()
-	if got.Status != status || got.Reason != reason {
-		t.Fatalf("outcome %v %q, want %v %q", got.Status, got.Reason, status, reason)
+	if got.Status != status || got.Reason != reason || got.Code != code {
+		t.Fatalf("outcome %v %v %q, want %v %v %q", got.Status, got.Code, got.Reason, status, code, reason)
 	}
 }
 
@@ -132,17 +156,24 @@ func checkRetryCalls(t *testing.T, h *retryHarness, want int) {
 }
 
 // checkNotRetried checks that the last failure record says no retry
-// follows, and why.
-func checkNotRetried(t *testing.T, h *retryHarness, reason string) {
+// follows, and why, in words and as a value; and that every earlier record
+// has a value exactly when it has words.
+func checkNotRetried(t *testing.T, h *retryHarness, code stubbornv1.NotRetried, reason string) {
 	t.Helper()
 	fs := h.failures()
 	if len(fs) == 0 {
 		t.Fatal("no failure_analyzed event")
 	}
 	last := fs[len(fs)-1]
-	if last.GetWillRetry() || last.GetNextBrief() != "" || last.GetFailure().GetNotRetriedReason() != reason {
-		t.Errorf("last failure: will_retry %v, next_brief %q, not_retried_reason %q; want false, \"\", %q",
-			last.GetWillRetry(), last.GetNextBrief(), last.GetFailure().GetNotRetriedReason(), reason)
+	if last.GetWillRetry() || last.GetNextBrief() != "" || last.GetFailure().GetNotRetriedReason() != reason ||
+		last.GetFailure().GetNotRetriedCode() != code {
+		t.Errorf("last failure: will_retry %v, next_brief %q, not_retried_reason %q, not_retried_code %v; want false, \"\", %q, %v",
+			last.GetWillRetry(), last.GetNextBrief(), last.GetFailure().GetNotRetriedReason(), last.GetFailure().GetNotRetriedCode(), reason, code)
+	}
+	for _, f := range fs {
+		if r := f.GetFailure(); (r.GetNotRetriedReason() == "") != (r.GetNotRetriedCode() == nrNone) {
+			t.Errorf("failure %d: not_retried_reason %q with not_retried_code %v", r.GetAttempt(), r.GetNotRetriedReason(), r.GetNotRetriedCode())
+		}
 	}
 	if st := h.env.Tracker.Snapshot(); len(st.GetFailureHistory()) != len(fs) {
 		t.Errorf("failure_history has %d records, %d events", len(st.GetFailureHistory()), len(fs))
@@ -156,7 +187,7 @@ func TestRetryTransientFailuresThenSuccess(t *testing.T) {
 	h := newRetryHarness(declIdempotent, retryUnavailable, retryUnavailable, controlstest.OK("invoice #7"))
 	out := h.run(t.Context(), &stubbornv1.RetrySpec{Target: "d"})
 
-	checkRetryOutcome(t, out, succeeded, "")
+	checkRetryOutcome(t, out, succeeded, endOK, "")
 	if out.Result.GetText() != "invoice #7" || out.Winner != "d" {
 		t.Errorf("result %q winner %q", out.Result.GetText(), out.Winner)
 	}
@@ -179,7 +210,7 @@ func TestRetryTransientFailuresThenSuccess(t *testing.T) {
 	}
 	for i, f := range h.failures() {
 		r := f.GetFailure()
-		if !f.GetWillRetry() || f.GetNextBrief() != retryBrief || !r.GetTransient() || r.GetNotRetriedReason() != "" ||
+		if !f.GetWillRetry() || f.GetNextBrief() != retryBrief || !r.GetTransient() || r.GetNotRetriedReason() != "" || r.GetNotRetriedCode() != nrNone ||
 			r.GetAttempt() != int32(i+1) || r.GetSummary() != "Error: connection reset" || r.GetReason() != "connection reset" {
 			t.Errorf("failure %d: %v", i+1, f)
 		}
@@ -191,9 +222,9 @@ func TestRetryPermanentFailureIsNotRetried(t *testing.T) {
 	t.Parallel()
 	h := newRetryHarness(declIdempotent, controlstest.Fail(codes.InvalidArgument, "bad invoice id"))
 	out := h.run(t.Context(), &stubbornv1.RetrySpec{Target: "d"})
-	checkRetryOutcome(t, out, failed, "not transient: INVALID_ARGUMENT")
+	checkRetryOutcome(t, out, failed, endNotRetried, "not transient: INVALID_ARGUMENT")
 	checkRetryCalls(t, h, 1)
-	checkNotRetried(t, h, "not transient: INVALID_ARGUMENT")
+	checkNotRetried(t, h, nrNotTransient, "not transient: INVALID_ARGUMENT")
 	if len(h.clock.Sleeps()) != 0 || len(h.backoffs()) != 0 {
 		t.Error("a permanent failure waited")
 	}
@@ -236,7 +267,8 @@ func TestRetryTransientRulesTable(t *testing.T) {
 		name      string
 		err       func(notSent bool) error
 		transient bool
-		reason    string // not_retried_reason when not transient
+		reason    string                // not_retried_reason when not transient
+		code      stubbornv1.NotRetried // not_retried_code when not transient
 	}
 	var rows []row
 	transientCodes := map[codes.Code]bool{
@@ -251,7 +283,7 @@ func TestRetryTransientRulesTable(t *testing.T) {
 		r := row{name: names[c], transient: transientCodes[c]}
 		r.err = func(notSent bool) error { return &controls.CallError{Code: c, Message: "boom", NotSent: notSent} }
 		if !r.transient {
-			r.reason = "not transient: " + names[c]
+			r.reason, r.code = "not transient: "+names[c], nrNotTransient
 		}
 		rows = append(rows, r)
 	}
@@ -275,19 +307,19 @@ func TestRetryTransientRulesTable(t *testing.T) {
 			return &controls.CallError{Code: h.code, Message: "upstream", HTTPStatus: h.status, NotSent: notSent}
 		}
 		if !r.transient {
-			r.reason = fmt.Sprintf("not transient: HTTP %d", h.status)
+			r.reason, r.code = fmt.Sprintf("not transient: HTTP %d", h.status), nrNotTransient
 		}
 		rows = append(rows, r)
 	}
 	rows = append(rows,
 		row{
-			name: "refused by middleware", reason: "not transient: refused by Stubborn's own middleware",
+			name: "refused by middleware", reason: "not transient: refused by Stubborn's own middleware", code: nrRefused,
 			err: func(notSent bool) error {
 				return &controls.CallError{Code: codes.Unavailable, Message: "limit", Refused: true, NotSent: notSent}
 			},
 		},
 		row{
-			name: "unclassified error", reason: "not transient: not a classified delegate error",
+			name: "unclassified error", reason: "not transient: not a classified delegate error", code: nrNotTransient,
 			err: func(bool) error { return errors.New("boom") },
 		},
 	)
@@ -311,24 +343,25 @@ func TestRetryTransientRulesTable(t *testing.T) {
 				out := h.run(t.Context(), &stubbornv1.RetrySpec{
 					Target: "d", Attempts: proto.Int32(1), OnExhausted: onExhaustedFail, MaxWait: durationpb.New(time.Second),
 				})
-				reason := r.reason
+				reason, code := r.reason, r.code
 				if reason == "" && !decl.safe {
-					reason = `delegate "d" is neither idempotent nor read_only`
+					reason, code = `delegate "d" is neither idempotent nor read_only`, nrNotIdempotent
 				}
 				if rec := h.failures()[0].GetFailure(); rec.GetTransient() != r.transient {
 					t.Errorf("record transient = %v, want %v", rec.GetTransient(), r.transient)
 				}
 				if reason == "" {
-					checkRetryOutcome(t, out, succeeded, "")
+					checkRetryOutcome(t, out, succeeded, endOK, "")
 					checkRetryCalls(t, h, 2)
-					if f := h.failures()[0]; !f.GetWillRetry() || f.GetFailure().GetNotRetriedReason() != "" {
+					if f := h.failures()[0]; !f.GetWillRetry() || f.GetFailure().GetNotRetriedReason() != "" ||
+						f.GetFailure().GetNotRetriedCode() != nrNone {
 						t.Errorf("retried failure recorded as %v", f)
 					}
 					return
 				}
-				checkRetryOutcome(t, out, failed, reason)
+				checkRetryOutcome(t, out, failed, endNotRetried, reason)
 				checkRetryCalls(t, h, 1)
-				checkNotRetried(t, h, reason)
+				checkNotRetried(t, h, code, reason)
 			})
 		}
 	}
@@ -348,17 +381,18 @@ func TestRetryHints(t *testing.T) {
 		replies []controlstest.Reply
 		status  stubbornv1.RunStatus
 		reason  string
+		code    stubbornv1.NotRetried
 		sleeps  []time.Duration
 	}{
 		{
 			name:    "hint beyond max_wait ends the retries",
 			replies: []controlstest.Reply{hintedFailure(codes.ResourceExhausted, 2*time.Second), controlstest.OK("late")},
-			status:  failed, reason: "retry hint 2s exceeds max_wait 1s",
+			status:  failed, reason: "retry hint 2s exceeds max_wait 1s", code: nrHintOverCap,
 		},
 		{
 			name:    "negative hint ends the retries",
 			replies: []controlstest.Reply{hintedFailure(codes.Unavailable, -time.Millisecond), controlstest.OK("late")},
-			status:  failed, reason: "retry hint -1ms asks not to retry",
+			status:  failed, reason: "retry hint -1ms asks not to retry", code: nrHintNoRetry,
 		},
 		{
 			name: "hints within max_wait replace the backoff",
@@ -371,7 +405,7 @@ func TestRetryHints(t *testing.T) {
 		{
 			name:    "a hint does not make a permanent failure transient",
 			replies: []controlstest.Reply{hintedFailure(codes.InvalidArgument, 10*time.Millisecond), controlstest.OK("ok")},
-			status:  failed, reason: "not transient: INVALID_ARGUMENT",
+			status:  failed, reason: "not transient: INVALID_ARGUMENT", code: nrNotTransient,
 		},
 	}
 	for _, tt := range tests {
@@ -379,13 +413,17 @@ func TestRetryHints(t *testing.T) {
 			t.Parallel()
 			h := newRetryHarness(declIdempotent, tt.replies...)
 			out := h.run(t.Context(), &stubbornv1.RetrySpec{Target: "d", MaxWait: maxWait, OnExhausted: onExhaustedFail})
-			checkRetryOutcome(t, out, tt.status, tt.reason)
+			end := endOK
+			if tt.reason != "" {
+				end = endNotRetried
+			}
+			checkRetryOutcome(t, out, tt.status, end, tt.reason)
 			if got := h.clock.Sleeps(); fmt.Sprint(got) != fmt.Sprint(tt.sleeps) {
 				t.Errorf("slept %v, want %v", got, tt.sleeps)
 			}
 			if tt.reason != "" {
 				checkRetryCalls(t, h, 1)
-				checkNotRetried(t, h, tt.reason)
+				checkNotRetried(t, h, tt.code, tt.reason)
 				return
 			}
 			for i, ev := range h.backoffs() {
@@ -405,7 +443,7 @@ func TestRetryBackoffEventsMatchSleeps(t *testing.T) {
 	out := h.run(t.Context(), &stubbornv1.RetrySpec{
 		Target: "d", OnExhausted: onExhaustedFail, BaseWait: durationpb.New(100 * time.Millisecond), MaxWait: durationpb.New(time.Second),
 	})
-	checkRetryOutcome(t, out, failed, "retries exhausted")
+	checkRetryOutcome(t, out, failed, endExhausted, "retries exhausted")
 
 	sleeps, backoffs := h.clock.Sleeps(), h.backoffs()
 	if len(sleeps) != 6 || len(backoffs) != 6 {
@@ -459,9 +497,9 @@ func TestRetryAttempts(t *testing.T) {
 			t.Parallel()
 			h := newRetryHarness(declIdempotent, retryUnavailable)
 			out := h.run(t.Context(), &stubbornv1.RetrySpec{Target: "d", Attempts: tt.attempts, OnExhausted: onExhaustedFail})
-			checkRetryOutcome(t, out, failed, "retries exhausted")
+			checkRetryOutcome(t, out, failed, endExhausted, "retries exhausted")
 			checkRetryCalls(t, h, tt.calls)
-			checkNotRetried(t, h, tt.reason)
+			checkNotRetried(t, h, nrExhausted, tt.reason)
 			if got := h.bounds(); fmt.Sprint(got) != fmt.Sprint(tt.bounds) {
 				t.Errorf("backoff bounds %v, want %v", got, tt.bounds)
 			}
@@ -477,9 +515,9 @@ func TestRetryOnExhaustedFail(t *testing.T) {
 	t.Parallel()
 	h := newRetryHarness(declIdempotent, retryUnavailable)
 	out := h.run(t.Context(), retrySpec(3, onExhaustedFail))
-	checkRetryOutcome(t, out, failed, "retries exhausted")
+	checkRetryOutcome(t, out, failed, endExhausted, "retries exhausted")
 	checkRetryCalls(t, h, 4)
-	checkNotRetried(t, h, "retries exhausted (3 of 3)")
+	checkNotRetried(t, h, nrExhausted, "retries exhausted (3 of 3)")
 	for _, k := range h.events.Kinds() {
 		if k == "decision_requested" {
 			t.Error("on_exhausted FAIL requested a decision")
@@ -508,6 +546,10 @@ func TestRetryAskRetryThenFail(t *testing.T) {
 			if st := h.env.Tracker.Snapshot(); st.GetStatusReason() != "retries exhausted (2 of 2)" || len(h.d.Calls()) != 3 {
 				t.Fatalf("waiting with reason %q after %d calls", st.GetStatusReason(), len(h.d.Calls()))
 			}
+			if st := h.env.Tracker.Snapshot(); st.GetStatusReasonCode() != endExhausted {
+				t.Fatalf("waiting with reason code %v", st.GetStatusReasonCode())
+			}
+			checkNotRetried(t, h, nrExhausted, "retries exhausted (2 of 2)")
 			if err := h.env.Tracker.Decide(stubbornv1.Decision_DECISION_RETRY); err != nil {
 				t.Fatal(err)
 			}
@@ -516,10 +558,14 @@ func TestRetryAskRetryThenFail(t *testing.T) {
 			if st := h.env.Tracker.Snapshot(); st.GetStatusReason() != "retries exhausted (2 of 2 in round 2)" {
 				t.Fatalf("second wait: reason %q", st.GetStatusReason())
 			}
+			if st := h.env.Tracker.Snapshot(); st.GetStatusReasonCode() != endExhausted {
+				t.Fatalf("second wait: reason code %v", st.GetStatusReasonCode())
+			}
+			checkNotRetried(t, h, nrExhausted, "retries exhausted (2 of 2 in round 2)")
 			if err := h.env.Tracker.Decide(stubbornv1.Decision_DECISION_FAIL); err != nil {
 				t.Fatal(err)
 			}
-			checkRetryOutcome(t, <-done, failed, "decision: FAIL")
+			checkRetryOutcome(t, <-done, failed, endDecisionFail, "decision: FAIL")
 			checkRetryCalls(t, h, 5)
 			if err := h.env.Tracker.Decide(stubbornv1.Decision_DECISION_RETRY); !errors.Is(err, controls.ErrNotAwaitingDecision) {
 				t.Errorf("Decide after the run: %v, want ErrNotAwaitingDecision", err)
@@ -536,6 +582,9 @@ func TestRetryAskRetryThenFail(t *testing.T) {
 				case "decision_requested":
 					req := ev.GetDecisionRequested()
 					tail = append(tail, fmt.Sprintf("%s(%d failures)", k, len(req.GetFailureHistory())))
+					if req.GetReasonCode() != endExhausted {
+						t.Errorf("decision_requested %q: reason_code %v, want %v", req.GetReason(), req.GetReasonCode(), endExhausted)
+					}
 				case "decision_received":
 					tail = append(tail, fmt.Sprintf("%s(%v)", k, ev.GetDecisionReceived().GetDecision()))
 				case "backoff_scheduled":
@@ -568,7 +617,7 @@ func TestRetryAskRetryThenSuccess(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := <-done
-	checkRetryOutcome(t, out, succeeded, "")
+	checkRetryOutcome(t, out, succeeded, endOK, "")
 	if out.Result.GetText() != "finally" {
 		t.Errorf("result %q", out.Result.GetText())
 	}
@@ -584,7 +633,7 @@ func TestRetryDecisionTimeout(t *testing.T) {
 	s := retrySpec(1, onExhaustedAsk)
 	s.DecisionTimeout = durationpb.New(5 * time.Minute)
 	out := h.run(t.Context(), s) // the fake clock lets the timeout pass at once
-	checkRetryOutcome(t, out, failed, "no decision within 5m0s")
+	checkRetryOutcome(t, out, failed, endNoDecision, "no decision within 5m0s")
 	checkRetryCalls(t, h, 2)
 	for _, ev := range h.events.All() {
 		if req := ev.GetDecisionRequested(); req != nil {
@@ -602,7 +651,7 @@ func TestRetryCancelledWhileAwaitingDecision(t *testing.T) {
 	done := h.runAsync(ctx, retrySpec(0, onExhaustedAsk))
 	h.awaitAsk(t)
 	cancel()
-	checkRetryOutcome(t, <-done, cancelled, "cancelled")
+	checkRetryOutcome(t, <-done, cancelled, endCancelled, "cancelled")
 	checkRetryCalls(t, h, 1)
 }
 
@@ -636,10 +685,14 @@ func TestRetryRunDeadline(t *testing.T) {
 			h := newRetryHarness(declIdempotent, hintedFailure(codes.Unavailable, tt.hint), controlstest.OK("ok"))
 			ctx := fakeDeadlineCtx{Context: t.Context(), deadline: h.clock.Now().Add(10 * time.Second)}
 			out := h.run(ctx, &stubbornv1.RetrySpec{Target: "d"})
-			checkRetryOutcome(t, out, tt.status, tt.reason)
+			end := endOK
+			if tt.reason != "" {
+				end = endNotRetried // the failure's own code says why: DEADLINE
+			}
+			checkRetryOutcome(t, out, tt.status, end, tt.reason)
 			if tt.reason != "" {
 				checkRetryCalls(t, h, 1)
-				checkNotRetried(t, h, tt.reason)
+				checkNotRetried(t, h, nrDeadline, tt.reason)
 				if len(h.clock.Sleeps()) != 0 {
 					t.Errorf("slept %v", h.clock.Sleeps())
 				}
@@ -654,7 +707,7 @@ func TestRetryRunAlreadyTimedOut(t *testing.T) {
 	h := newRetryHarness(declIdempotent, controlstest.OK("ok"))
 	ctx, cancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
 	defer cancel()
-	checkRetryOutcome(t, h.run(ctx, &stubbornv1.RetrySpec{Target: "d"}), failed, "run timeout exceeded")
+	checkRetryOutcome(t, h.run(ctx, &stubbornv1.RetrySpec{Target: "d"}), failed, endRunTimeout, "run timeout exceeded")
 	checkRetryCalls(t, h, 0)
 }
 
@@ -674,7 +727,7 @@ func TestRetryCancelledDuringBackoff(t *testing.T) {
 	h := newRetryHarness(declIdempotent, retryUnavailable, controlstest.OK("too late"))
 	ctx, cancel := context.WithCancel(t.Context())
 	h.env.Clock = cancelOnBackoff{Clock: h.clock, cancel: cancel}
-	checkRetryOutcome(t, h.run(ctx, &stubbornv1.RetrySpec{Target: "d"}), cancelled, "cancelled")
+	checkRetryOutcome(t, h.run(ctx, &stubbornv1.RetrySpec{Target: "d"}), cancelled, endCancelled, "cancelled")
 	checkRetryCalls(t, h, 1)
 	kinds := h.events.Kinds()
 	if kinds[len(kinds)-1] != "backoff_scheduled" {
@@ -698,7 +751,7 @@ func TestRetryCancelledDuringAttempt(t *testing.T) {
 	h := newRetryHarness(declIdempotent, controlstest.Reply{Hang: true}, controlstest.OK("too late"))
 	ctx, cancel := context.WithCancel(t.Context())
 	h.env.Delegates = cancelMidCall{Delegates: h.d, cancel: cancel}
-	checkRetryOutcome(t, h.run(ctx, &stubbornv1.RetrySpec{Target: "d"}), cancelled, "cancelled")
+	checkRetryOutcome(t, h.run(ctx, &stubbornv1.RetrySpec{Target: "d"}), cancelled, endCancelled, "cancelled")
 	checkRetryCalls(t, h, 1)
 	if len(h.failures()) != 0 || len(h.clock.Sleeps()) != 0 {
 		t.Error("a cancelled attempt was analysed or waited for")
@@ -718,9 +771,9 @@ func TestRetryRejectedResultIsNotRetried(t *testing.T) {
 	h := newRetryHarness(declIdempotent, controlstest.OK("an invoice"))
 	h.env.Criteria = rejectEverything{}
 	const reason = "not transient: the failure criteria rejected the result (only errors are retried)"
-	checkRetryOutcome(t, h.run(t.Context(), &stubbornv1.RetrySpec{Target: "d"}), failed, reason)
+	checkRetryOutcome(t, h.run(t.Context(), &stubbornv1.RetrySpec{Target: "d"}), failed, endNotRetried, reason)
 	checkRetryCalls(t, h, 1)
-	checkNotRetried(t, h, reason)
+	checkNotRetried(t, h, nrRejected, reason)
 	rec := h.failures()[0].GetFailure()
 	if rec.GetTransient() || rec.GetReason() != "no invoice number" || rec.GetSummary() != "an invoice" {
 		t.Errorf("record %v", rec)
@@ -744,26 +797,27 @@ func TestRetryBudget(t *testing.T) {
 
 	// 4 tokens: the first failure leaves 3 (retry), the second 2 (no).
 	h, out := run(retryUnavailable)
-	checkRetryOutcome(t, out, failed, reason)
+	checkRetryOutcome(t, out, failed, endNotRetried, reason)
 	checkRetryCalls(t, h, 2)
-	checkNotRetried(t, h, reason)
+	checkNotRetried(t, h, nrBudget, reason)
 	if got := budgets.Budget("d").Tokens(); got != 2 {
 		t.Errorf("tokens %v, want 2", got)
 	}
 
 	// A non-transient failure spends nothing; an answer refills 0.5.
 	_, out = run(controlstest.Fail(codes.InvalidArgument, "bad"))
-	checkRetryOutcome(t, out, failed, "not transient: INVALID_ARGUMENT")
+	checkRetryOutcome(t, out, failed, endNotRetried, "not transient: INVALID_ARGUMENT")
 	_, out = run(controlstest.OK("ok"))
-	checkRetryOutcome(t, out, succeeded, "")
+	checkRetryOutcome(t, out, succeeded, endOK, "")
 	if got := budgets.Budget("d").Tokens(); got != 2.5 {
 		t.Errorf("tokens %v, want 2.5", got)
 	}
 
 	// 2.5 tokens: a failure leaves 1.5, so not even one retry.
 	h, out = run(retryUnavailable, controlstest.OK("ok"))
-	checkRetryOutcome(t, out, failed, reason)
+	checkRetryOutcome(t, out, failed, endNotRetried, reason)
 	checkRetryCalls(t, h, 1)
+	checkNotRetried(t, h, nrBudget, reason)
 	if got := budgets.Budget("d").Suppressed(); got != 2 {
 		t.Errorf("suppressed %d retries, want 2", got)
 	}

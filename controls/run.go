@@ -23,6 +23,9 @@ type Outcome struct {
 	Winner string
 	// Reason says, in words, why the control ended this way.
 	Reason string
+	// Code says it as a value (ControlState.status_reason_code):
+	// UNSPECIFIED for SUCCEEDED, set for every other status.
+	Code stubbornv1.StatusReason
 }
 
 // Execute runs the control that spec selects over brief, start to end. It
@@ -39,14 +42,14 @@ func Execute(ctx context.Context, env *Env, brief string, spec *stubbornv1.Contr
 	case *stubbornv1.ControlSpec_Retry:
 		return Retry(ctx, env, brief, k.Retry)
 	}
-	return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_FAILED, Reason: "no control in spec"}
+	return failedWith(stubbornv1.StatusReason_STATUS_REASON_NO_CONTROL, "no control in spec")
 }
 
 // stopped is the outcome of a control whose run context ended: the run's
 // own deadline fails it, anything else (CancelRun, shutdown) cancels it.
 func stopped(ctx context.Context) Outcome {
 	if errors.Is(ctxErr(ctx), context.DeadlineExceeded) {
-		return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_FAILED, Reason: "run timeout exceeded"}
+		return failedWith(stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT, "run timeout exceeded")
 	}
 	reason := "cancelled"
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
@@ -54,7 +57,7 @@ func stopped(ctx context.Context) Outcome {
 	} else if cause != nil && cause != context.Canceled {
 		reason = cause.Error()
 	}
-	return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_CANCELLED, Reason: reason}
+	return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_CANCELLED, Reason: reason, Code: stubbornv1.StatusReason_STATUS_REASON_CANCELLED}
 }
 
 // ctxErr is ctx's error, made DeadlineExceeded when that is its cause: a
@@ -71,7 +74,10 @@ func ctxErr(ctx context.Context) error {
 
 // exhausted is the outcome once every allowed attempt failed.
 func exhausted(format string, args ...any) Outcome {
-	return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED, Reason: fmt.Sprintf(format, args...)}
+	return Outcome{
+		Status: stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED, Reason: fmt.Sprintf(format, args...),
+		Code: stubbornv1.StatusReason_STATUS_REASON_ALL_FAILED,
+	}
 }
 
 // ResultString is the reference contracts' String(result): the text, or the

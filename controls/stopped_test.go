@@ -23,10 +23,12 @@ func TestStoppedByADeadlineThatCameAsACancellation(t *testing.T) {
 	got := stopped(child)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, got.Status)
 	assert.Equal(t, "run timeout exceeded", got.Reason)
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT, got.Code)
 
 	cancelled, cancel2 := context.WithCancelCause(context.Background())
 	cancel2(errors.New("cancelled by CancelRun"))
 	got = stopped(cancelled)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.Status)
 	assert.Equal(t, "cancelled: cancelled by CancelRun", got.Reason)
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_CANCELLED, got.Code)
 }

@@ -433,19 +433,21 @@ func (t *Tracker) WaitBackoff(ctx context.Context, clock Clock) error {
 	return clock.Sleep(ctx, left)
 }
 
-// AwaitDecision marks the run AWAITING_DECISION, emits decision_requested
-// and blocks until Decide is called, timeout passes (0 means never), or ctx
-// ends. A timeout returns DECISION_FAIL with timedOut set.
+// AwaitDecision marks the run AWAITING_DECISION, with reason as its
+// status_reason and code as its status_reason_code, emits
+// decision_requested (with both) and blocks until Decide is called, timeout
+// passes (0 means never), or ctx ends. A timeout returns DECISION_FAIL with
+// timedOut set.
 //
 // With ParkWaits, the run's own control (path "") parks instead, unless
 // less than the minimum is left before the timeout: AwaitDecision returns
 // ErrParked at once, and Decide returns ErrNotAwaitingDecision; whoever
 // drives the run wakes it to be decided (see Parked).
-func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, timeout time.Duration) (d stubbornv1.Decision, timedOut bool, err error) {
+func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, code stubbornv1.StatusReason, timeout time.Duration) (d stubbornv1.Decision, timedOut bool, err error) {
 	ch := make(chan stubbornv1.Decision, 1)
 	t.mu.Lock()
 	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
-	t.state.StatusReason = reason
+	t.state.StatusReason, t.state.StatusReasonCode = reason, code
 	var deadline time.Time
 	if ev := t.journal.take(t.journal.next(&t.journal.requests)); ev != nil {
 		t.touch(ev)
@@ -455,13 +457,13 @@ func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, timeou
 		if got := t.journal.take(t.journal.next(&t.journal.answers)); got != nil {
 			t.touch(got)
 			t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
-			t.state.StatusReason = ""
+			t.state.StatusReason, t.state.StatusReasonCode = "", stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED
 			t.mu.Unlock()
 			return got.GetDecisionReceived().GetDecision(), false, nil
 		}
 	} else {
 		t.touch(nil)
-		req := &stubbornv1.DecisionRequested{Reason: reason, FailureHistory: t.state.FailureHistory}
+		req := &stubbornv1.DecisionRequested{Reason: reason, ReasonCode: code, FailureHistory: t.state.FailureHistory}
 		if timeout > 0 {
 			deadline = t.state.GetUpdateTime().AsTime().Add(timeout)
 			req.Deadline = timestamppb.New(deadline)
@@ -546,15 +548,16 @@ func (t *Tracker) decideLocked(d stubbornv1.Decision) {
 	t.decision <- d
 	t.decision = nil
 	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
-	t.state.StatusReason = ""
+	t.state.StatusReason, t.state.StatusReasonCode = "", stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED
 	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionReceived{
 		DecisionReceived: &stubbornv1.DecisionReceived{Decision: d},
 	}})
 }
 
-// Finish sets the final status, result and winner, and emits run_finished.
+// Finish sets the final status, result and winner, and why (reason, and
+// code as a value: UNSPECIFIED for SUCCEEDED), and emits run_finished.
 // Only the first call has an effect; none once the run is parked.
-func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result, winner, reason string) {
+func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result, winner, reason string, code stubbornv1.StatusReason) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.state.GetEndTime() != nil || t.parked {
@@ -565,7 +568,7 @@ func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result,
 	t.state.Status = status
 	t.state.Result = result
 	t.state.Winner = winner
-	t.state.StatusReason = reason
+	t.state.StatusReason, t.state.StatusReasonCode = reason, code
 	t.state.EndTime = copyTime(t.state.UpdateTime)
 	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunFinished{
 		RunFinished: &stubbornv1.RunFinished{State: BoundState(t.state, MaxStateBytes)},

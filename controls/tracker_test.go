@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/controls/controlstest"
@@ -42,14 +43,15 @@ func TestTracker(t *testing.T) {
 		var events controlstest.Events
 		tr := controls.NewTracker(&stubbornv1.ControlState{RunId: "r"}, controlstest.NewClock(), events.Sink)
 		tr.Start()
-		tr.Finish(cancelled, nil, "", "cancelled")
+		tr.Finish(cancelled, nil, "", "cancelled", stubbornv1.StatusReason_STATUS_REASON_CANCELLED)
 		first := tr.Snapshot()
-		tr.Finish(succeeded, &stubbornv1.Result{Text: "late"}, "x", "")
+		tr.Finish(succeeded, &stubbornv1.Result{Text: "late"}, "x", "", stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED)
 		again := tr.Snapshot()
 		assert.Equal(t, cancelled, first.GetStatus())
 		assert.Equal(t, cancelled, again.GetStatus())
 		assert.Nil(t, again.GetResult())
 		assert.Equal(t, "cancelled", again.GetStatusReason())
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_CANCELLED, again.GetStatusReasonCode())
 		assert.Equal(t, []string{"run_started", "run_finished"}, events.Kinds())
 	})
 
@@ -61,7 +63,7 @@ func TestTracker(t *testing.T) {
 		tr := controls.NewTracker(&stubbornv1.ControlState{RunId: "r"}, controlstest.NewClock(), events.Sink)
 		tr.Start()
 		n := tr.BeginAttempt("race[0]", "slow", "brief", 0)
-		tr.Finish(succeeded, &stubbornv1.Result{Text: "fast won"}, "fast", "")
+		tr.Finish(succeeded, &stubbornv1.Result{Text: "fast won"}, "fast", "", stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED)
 		tr.EndAttempt(n, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED, nil, context.Canceled, "")
 		tr.Failure(&stubbornv1.FailureRecord{Attempt: n, Delegate: "slow"}, false, "")
 		assert.Equal(t, []string{"run_started", "attempt_started", "run_finished"}, events.Kinds())
@@ -86,12 +88,14 @@ func TestTracker(t *testing.T) {
 		t.Parallel()
 		var events controlstest.Events
 		requested := make(chan struct{})
-		tr := controls.NewTracker(&stubbornv1.ControlState{RunId: "r"}, controlstest.NewClock(), func(ev *stubbornv1.RunEvent) {
-			events.Sink(ev)
+		var waiting *stubbornv1.ControlState // as the decision is requested
+		tr := controls.NewReplayTracker(&stubbornv1.ControlState{RunId: "r"}, controlstest.NewClock(), func(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
+			events.Sink(proto.CloneOf(ev))
 			if ev.GetDecisionRequested() != nil {
+				waiting = proto.CloneOf(st)
 				close(requested)
 			}
-		})
+		}, nil)
 		type answer struct {
 			d        stubbornv1.Decision
 			timedOut bool
@@ -100,12 +104,21 @@ func TestTracker(t *testing.T) {
 		got := make(chan answer, 1)
 		ctx := testCtx(t)
 		go func() {
-			d, timedOut, err := tr.AwaitDecision(ctx, "", "retries exhausted", 0)
+			d, timedOut, err := tr.AwaitDecision(ctx, "", "retries exhausted", stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, 0)
 			got <- answer{d, timedOut, err}
 		}()
 		recv(t, requested, "decision_requested")
+		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, waiting.GetStatus())
+		assert.Equal(t, "retries exhausted", waiting.GetStatusReason())
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, waiting.GetStatusReasonCode())
+		req := events.All()[0].GetDecisionRequested()
+		assert.Equal(t, "retries exhausted", req.GetReason())
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, req.GetReasonCode())
 		require.NoError(t, tr.Decide(stubbornv1.Decision_DECISION_RETRY))
 		assert.Equal(t, answer{d: stubbornv1.Decision_DECISION_RETRY}, recv(t, got, "AwaitDecision to return"))
 		assert.Equal(t, []string{"decision_requested", "decision_received"}, events.Kinds())
+		decided := tr.Snapshot()
+		assert.Empty(t, decided.GetStatusReason(), "decided, the run goes on")
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED, decided.GetStatusReasonCode())
 	})
 }

@@ -545,6 +545,7 @@ func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
 	failed := proto.CloneOf(state)
 	failed.Status = stubbornv1.RunStatus_RUN_STATUS_FAILED
 	failed.StatusReason = "the run could not be recorded: " + cause.Error()
+	failed.StatusReasonCode = stubbornv1.StatusReason_STATUS_REASON_NOT_RECORDED
 	failed.EndTime = timestamppb.New(m.cfg.Clock.Now())
 	data, err := proto.Marshal(failed)
 	if err == nil {
@@ -585,6 +586,7 @@ func (m *Manager) unrecoverable(id string, recorded []Event, why string) error {
 	now := timestamppb.New(m.cfg.Clock.Now())
 	end.Status = stubbornv1.RunStatus_RUN_STATUS_FAILED
 	end.StatusReason = "the run could not be recovered: " + why + "; it was not resumed, so that no delegate is called again for work it may have done"
+	end.StatusReasonCode = stubbornv1.StatusReason_STATUS_REASON_UNRECOVERABLE
 	end.UpdateTime, end.EndTime = now, now
 	seq := int64(1)
 	if n := len(recorded); n > 0 {
@@ -757,7 +759,7 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		// A bug in a control must end its run, not the server.
 		if p := recover(); p != nil {
 			m.log.Error("panic in run", "run_id", r.id, "panic", p, "stack", string(debug.Stack()))
-			tr.Finish(stubbornv1.RunStatus_RUN_STATUS_FAILED, nil, "", "internal error")
+			tr.Finish(stubbornv1.RunStatus_RUN_STATUS_FAILED, nil, "", "internal error", stubbornv1.StatusReason_STATUS_REASON_INTERNAL_ERROR)
 			m.retire(r)
 		}
 	}()
@@ -795,7 +797,7 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		parked = true // park has its wake-up
 		return
 	}
-	tr.Finish(out.Status, out.Result, out.Winner, out.Reason)
+	tr.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
 	m.retire(r)
 }
 
@@ -1669,6 +1671,7 @@ func (r *run) endRefused(evs []Event, refused *RefusedError) bool {
 	st := constantPart(base)
 	st.Status = stubbornv1.RunStatus_RUN_STATUS_FAILED
 	st.StatusReason = controls.Cut(errRefused.Error()+": "+refused.Err.Error(), controls.MaxReasonBytes)
+	st.StatusReasonCode = stubbornv1.StatusReason_STATUS_REASON_STORE_REFUSED
 	st.UpdateTime, st.EndTime = now, now
 	ev := &stubbornv1.RunEvent{
 		RunId: r.id, Seq: evs[refused.Written].Seq, Time: now,

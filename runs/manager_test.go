@@ -138,6 +138,7 @@ func TestCancelEndsAHangingRun(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
 	assert.Equal(t, "cancelled: cancelled by CancelRun", got.GetStatusReason())
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_CANCELLED, got.GetStatusReasonCode())
 	assert.Equal(t, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED, got.GetAttemptLog()[0].GetOutcome())
 }
 
@@ -149,6 +150,7 @@ func TestRunTimeoutFailsTheRun(t *testing.T) {
 	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
 	assert.Equal(t, "run timeout exceeded", fin.GetStatusReason())
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT, fin.GetStatusReasonCode())
 }
 
 func TestDecideOnlyWhenAwaiting(t *testing.T) {
@@ -197,6 +199,7 @@ func TestPanicInARunFailsOnlyThatRun(t *testing.T) {
 	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
 	assert.Equal(t, "internal error", fin.GetStatusReason())
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_INTERNAL_ERROR, fin.GetStatusReasonCode())
 	_, err = m.Start(context.Background(), "again", chain("a"), nil)
 	assert.NoError(t, err, "the manager still takes runs")
 }

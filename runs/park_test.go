@@ -88,6 +88,7 @@ func TestWaitingRunsHoldNoGoroutine(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
 	assert.Equal(t, "cancelled: cancelled by CancelRun", got.GetStatusReason())
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_CANCELLED, got.GetStatusReasonCode())
 	assert.Equal(t, int32(1), got.GetAttempts())
 	assert.Len(t, got.GetAttemptLog(), 1)
 	assert.Len(t, got.GetFailureHistory(), 1)
@@ -143,6 +144,7 @@ func TestCloseCancelsParkedRunsWhenAskedTo(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
 	assert.Equal(t, "cancelled: server shut down", got.GetStatusReason())
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_CANCELLED, got.GetStatusReasonCode())
 	assert.Len(t, got.GetAttemptLog(), 1, "the whole history")
 }
 
@@ -164,6 +166,8 @@ func TestARunAwaitingADecisionIsParkedUntilDecided(t *testing.T) {
 	got, err := m.Get(context.Background(), st.GetRunId())
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus())
+	assert.Equal(t, "retries exhausted (0 of 0)", got.GetStatusReason())
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, got.GetStatusReasonCode())
 
 	got, err = m.Decide(ctxFor(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
 	require.NoError(t, err)
@@ -193,6 +197,7 @@ func TestAParkedDecisionTimesOut(t *testing.T) {
 	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
 	assert.Equal(t, "no decision within 100ms", fin.GetStatusReason())
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_DECISION_TIMEOUT, fin.GetStatusReasonCode())
 	assert.Len(t, d.Calls(), 1)
 }
 

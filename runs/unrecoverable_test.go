@@ -61,6 +61,7 @@ func endsUnrecovered(t *testing.T, store runs.Store, d *controlstest.Delegates, 
 	}, 15*time.Second, 10*time.Millisecond, "the run ends FAILED")
 	assert.Contains(t, got.GetStatusReason(), "could not be recovered")
 	assert.Contains(t, got.GetStatusReason(), why)
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_UNRECOVERABLE, got.GetStatusReasonCode())
 	assert.Len(t, d.Calls(), 1, "its delegate is not called again")
 	l, ok := h.Find(slog.LevelError, "run cannot be recovered")
 	require.True(t, ok, "an ERROR names the run: %v", h.Lines(slog.LevelWarn))

@@ -452,6 +452,7 @@ func TestARefusedWriteEndsTheRun(t *testing.T) {
 	require.NotNil(t, end, "the last event is run_finished")
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, end.GetStatus())
 	assert.Contains(t, end.GetStatusReason(), "maximum payload")
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_STORE_REFUSED, end.GetStatusReasonCode())
 	assert.Equal(t, "brief", end.GetTaskBrief())
 	got, err := m.Get(ctx, st.GetRunId())
 	require.NoError(t, err)

@@ -109,6 +109,8 @@ func TestRetryEndToEnd(t *testing.T) {
 		assert.Empty(t, events(evs, "backoff_scheduled"))
 		require.Len(t, st.GetFailureHistory(), 1)
 		assert.Equal(t, "not transient: INVALID_ARGUMENT", st.GetFailureHistory()[0].GetNotRetriedReason())
+		assert.Equal(t, stubbornv1.NotRetried_NOT_RETRIED_NOT_TRANSIENT, st.GetFailureHistory()[0].GetNotRetriedCode())
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, st.GetStatusReasonCode())
 	})
 
 	t.Run("RetryInfo 2s over max_wait 1s ends the retries with that reason", func(t *testing.T) {
@@ -118,6 +120,8 @@ func TestRetryEndToEnd(t *testing.T) {
 		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, st.GetStatus())
 		assert.EqualValues(t, 1, st.GetAttempts())
 		assert.Contains(t, st.GetStatusReason(), "exceeds max_wait")
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, st.GetStatusReasonCode())
+		assert.Equal(t, stubbornv1.NotRetried_NOT_RETRIED_HINT_OVER_CAP, st.GetFailureHistory()[0].GetNotRetriedCode())
 		assert.EqualValues(t, 2, st.GetAttemptLog()[0].GetError().GetRetryHint().AsDuration()/time.Second)
 	})
 
@@ -127,6 +131,7 @@ func TestRetryEndToEnd(t *testing.T) {
 		st := lastState(t, collect(t, s))
 		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, st.GetStatus())
 		assert.Contains(t, st.GetFailureHistory()[0].GetNotRetriedReason(), "neither idempotent nor read_only")
+		assert.Equal(t, stubbornv1.NotRetried_NOT_RETRIED_NOT_IDEMPOTENT, st.GetFailureHistory()[0].GetNotRetriedCode())
 	})
 
 	t.Run("ASK: awaiting a decision, RETRY starts a new round, FAIL ends it", func(t *testing.T) {
@@ -151,6 +156,8 @@ func TestRetryEndToEnd(t *testing.T) {
 		got, err := e.client.GetRun(ctx, &stubbornv1.GetRunRequest{RunId: res.GetRunId()})
 		require.NoError(t, err)
 		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetState().GetStatus())
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, got.GetState().GetStatusReasonCode())
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, req.GetReasonCode())
 
 		_, err = e.client.DecideRun(ctx, &stubbornv1.DecideRunRequest{RunId: res.GetRunId(), Decision: stubbornv1.Decision_DECISION_RETRY})
 		require.NoError(t, err)
@@ -164,6 +171,7 @@ func TestRetryEndToEnd(t *testing.T) {
 		st := waitFor("run_finished").GetRunFinished().GetState()
 		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, st.GetStatus())
 		assert.EqualValues(t, 3, st.GetAttempts(), "a try and one retry, then the round RETRY granted: one more retry")
+		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_DECISION_FAIL, st.GetStatusReasonCode())
 
 		_, err = e.client.DecideRun(ctx, &stubbornv1.DecideRunRequest{RunId: res.GetRunId(), Decision: stubbornv1.Decision_DECISION_RETRY})
 		assert.Equal(t, codes.FailedPrecondition, status.Code(err), "a finished run is not waiting")
@@ -205,6 +213,8 @@ func TestRetryBudgetSuppressesRetries(t *testing.T) {
 	last := st.GetFailureHistory()[len(st.GetFailureHistory())-1]
 	assert.Equal(t, "retry budget exhausted", last.GetNotRetriedReason())
 	assert.Equal(t, "retry budget exhausted", st.GetStatusReason())
+	assert.Equal(t, stubbornv1.NotRetried_NOT_RETRIED_BUDGET, last.GetNotRetriedCode())
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, st.GetStatusReasonCode())
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -56,23 +56,58 @@ const (
 )
 
 // Values of ReasonKey: why no retry followed a failure (from
-// FailureRecord.not_retried_reason).
+// FailureRecord.not_retried_code; see SuppressedReason).
 const (
 	ReasonBudget        = "budget"         // the retry budget is exhausted
-	ReasonNotIdempotent = "not_idempotent" // the delegate is neither idempotent nor read_only
+	ReasonNotIdempotent = "not_idempotent" // the delegate is neither idempotent nor read_only (an interrupted attempt's too)
 	ReasonHintOverCap   = "hint_over_cap"  // the delegate's retry hint exceeds max_wait
 	ReasonHintNoRetry   = "hint_no_retry"  // the delegate's hint says not to retry
-	ReasonNotTransient  = "not_transient"  // the error is not one a retry may fix
+	ReasonNotTransient  = "not_transient"  // the error is not one a retry may fix (or Stubborn's middleware refused the call)
 	ReasonRejected      = "rejected"       // the failure criteria rejected an answer; only errors are retried
 	ReasonExhausted     = "exhausted"      // the round's retries ran out
 	ReasonDeadline      = "deadline"       // the wait would end after the run's deadline
 	ReasonOther         = "other"          // anything else
 )
 
-// SuppressedReason classifies a FailureRecord.not_retried_reason into one of
-// the fixed Reason* values, so that metrics never carry free text. It
-// returns "" for "" (a retry followed).
-func SuppressedReason(s string) string {
+// SuppressedReason classifies why no retry followed a failure, a
+// FailureRecord's not_retried_code and not_retried_reason, into one of the
+// fixed Reason* values, so that metrics never carry free text. It returns ""
+// when a retry followed (no code and no words).
+//
+// The code decides. A record without one was made by a release before
+// not_retried_code existed (a journal a server resumes, or replays to a
+// watcher), and its words are classified instead, by the substring rules
+// below: they follow the words those releases wrote, so keep them as long
+// as such journals may be around.
+func SuppressedReason(code stubbornv1.NotRetried, reason string) string {
+	switch code {
+	case stubbornv1.NotRetried_NOT_RETRIED_UNSPECIFIED:
+		return suppressedByWords(reason)
+	case stubbornv1.NotRetried_NOT_RETRIED_NOT_TRANSIENT,
+		stubbornv1.NotRetried_NOT_RETRIED_REFUSED: // its words always began "not transient"
+		return ReasonNotTransient
+	case stubbornv1.NotRetried_NOT_RETRIED_REJECTED:
+		return ReasonRejected
+	case stubbornv1.NotRetried_NOT_RETRIED_NOT_IDEMPOTENT,
+		stubbornv1.NotRetried_NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT:
+		return ReasonNotIdempotent
+	case stubbornv1.NotRetried_NOT_RETRIED_HINT_NO_RETRY:
+		return ReasonHintNoRetry
+	case stubbornv1.NotRetried_NOT_RETRIED_HINT_OVER_CAP:
+		return ReasonHintOverCap
+	case stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED:
+		return ReasonExhausted
+	case stubbornv1.NotRetried_NOT_RETRIED_DEADLINE:
+		return ReasonDeadline
+	case stubbornv1.NotRetried_NOT_RETRIED_BUDGET:
+		return ReasonBudget
+	}
+	return ReasonOther // NOT_RETRIED_OTHER, or a value newer than this server
+}
+
+// suppressedByWords classifies a not_retried_reason without a code, as
+// every release before not_retried_code did: "" for "".
+func suppressedByWords(s string) string {
 	switch {
 	case s == "":
 		return ""
@@ -92,6 +127,20 @@ func SuppressedReason(s string) string {
 		return ReasonExhausted
 	case strings.Contains(s, "deadline"):
 		return ReasonDeadline
+	}
+	return ReasonOther
+}
+
+// decisionReason classifies why a run asks for a decision (a
+// decision_requested event's reason_code and reason) as SuppressedReason
+// does: the retries that ran out. An event without a code, recorded by a
+// release before reason_code, is classified by its words.
+func decisionReason(code stubbornv1.StatusReason, reason string) string {
+	switch code {
+	case stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED:
+		return suppressedByWords(reason)
+	case stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED:
+		return ReasonExhausted
 	}
 	return ReasonOther
 }

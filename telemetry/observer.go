@@ -290,7 +290,8 @@ func (rs *runState) observe(ev *stubbornv1.RunEvent) {
 		}
 		reason := k.DecisionRequested.GetReason()
 		rs.span.AddEvent("stubborn.decision_requested", trace.WithAttributes(
-			attribute.String("stubborn.decision.reason", reason), ReasonKey.String(SuppressedReason(reason))))
+			attribute.String("stubborn.decision.reason", reason),
+			ReasonKey.String(decisionReason(k.DecisionRequested.GetReasonCode(), reason))))
 		rs.log(slog.LevelInfo, "run awaits a decision", slog.String("reason", reason))
 	case *stubbornv1.RunEvent_DecisionReceived:
 		if rs.awaiting {
@@ -377,7 +378,7 @@ func isTransient(err error, ae *stubbornv1.AttemptError) bool {
 
 func (rs *runState) failureLocked(fa *stubbornv1.FailureAnalyzed) {
 	f := fa.GetFailure()
-	reason := SuppressedReason(f.GetNotRetriedReason())
+	reason := SuppressedReason(f.GetNotRetriedCode(), f.GetNotRetriedReason())
 	attrs := []attribute.KeyValue{
 		AttemptNumberKey.Int(int(f.GetAttempt())),
 		DelegateKey.String(f.GetDelegate()),

@@ -212,6 +212,8 @@ func TestDecoratorParentsCallsOnTheAttemptSpan(t *testing.T) {
 	assert.Contains(t, b.Attributes(), AttemptOutcomeKey.String("succeeded"))
 }
 
+// A record without a code (made before not_retried_code) is classified by
+// its words.
 func TestSuppressedReasonIsAFixedSet(t *testing.T) {
 	for in, want := range map[string]string{
 		"":                       "",
@@ -227,8 +229,43 @@ func TestSuppressedReasonIsAFixedSet(t *testing.T) {
 		"retry would end after the run's deadline":                                          ReasonDeadline,
 		"something new": ReasonOther,
 	} {
-		assert.Equal(t, want, SuppressedReason(in), in)
+		assert.Equal(t, want, SuppressedReason(stubbornv1.NotRetried_NOT_RETRIED_UNSPECIFIED, in), in)
 	}
+}
+
+// A record with a code is classified by it, whatever its words say.
+func TestSuppressedReasonSwitchesOnTheCode(t *testing.T) {
+	want := map[stubbornv1.NotRetried]string{
+		stubbornv1.NotRetried_NOT_RETRIED_NOT_TRANSIENT:              ReasonNotTransient,
+		stubbornv1.NotRetried_NOT_RETRIED_REFUSED:                    ReasonNotTransient,
+		stubbornv1.NotRetried_NOT_RETRIED_REJECTED:                   ReasonRejected,
+		stubbornv1.NotRetried_NOT_RETRIED_NOT_IDEMPOTENT:             ReasonNotIdempotent,
+		stubbornv1.NotRetried_NOT_RETRIED_HINT_NO_RETRY:              ReasonHintNoRetry,
+		stubbornv1.NotRetried_NOT_RETRIED_HINT_OVER_CAP:              ReasonHintOverCap,
+		stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED:                  ReasonExhausted,
+		stubbornv1.NotRetried_NOT_RETRIED_DEADLINE:                   ReasonDeadline,
+		stubbornv1.NotRetried_NOT_RETRIED_BUDGET:                     ReasonBudget,
+		stubbornv1.NotRetried_NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT: ReasonNotIdempotent,
+		stubbornv1.NotRetried_NOT_RETRIED_OTHER:                      ReasonOther,
+		stubbornv1.NotRetried(99):                                    ReasonOther, // newer than this server
+	}
+	for v := range stubbornv1.NotRetried_name {
+		if code := stubbornv1.NotRetried(v); code != stubbornv1.NotRetried_NOT_RETRIED_UNSPECIFIED {
+			assert.Contains(t, want, code, "every value is classified")
+		}
+	}
+	for code, reason := range want {
+		assert.Equal(t, reason, SuppressedReason(code, ""), code.String())
+		// Words that would say otherwise do not count.
+		assert.Equal(t, reason, SuppressedReason(code, "retry budget exhausted (words of another reason)"), code.String())
+	}
+}
+
+func TestDecisionReason(t *testing.T) {
+	assert.Equal(t, ReasonExhausted, decisionReason(stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, "retries exhausted (3 of 3)"))
+	assert.Equal(t, ReasonExhausted, decisionReason(stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, ""), "the code decides")
+	assert.Equal(t, ReasonExhausted, decisionReason(stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED, "retries exhausted (1 of 1 in round 2)"), "an older event's words")
+	assert.Equal(t, ReasonOther, decisionReason(stubbornv1.StatusReason_STATUS_REASON_OTHER, "retries exhausted (3 of 3)"))
 }
 
 // nopHandler is a stats.Handler that does nothing.

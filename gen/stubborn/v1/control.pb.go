@@ -357,6 +357,224 @@ func (FailureSource) EnumDescriptor() ([]byte, []int) {
 	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{4}
 }
 
+// NotRetried says, as a value to switch on, why no retry followed a failed
+// attempt: FailureRecord.not_retried_code, beside the words of
+// FailureRecord.not_retried_reason. The retry control checks in the order of
+// these values (NOT_TRANSIENT to BUDGET) and records the first that stops
+// the retry.
+type NotRetried int32
+
+const (
+	// No value: a retry followed, the control does not retry, or the record
+	// was made by a server older than this field (not_retried_reason then
+	// says why in words, when no retry followed).
+	NotRetried_NOT_RETRIED_UNSPECIFIED NotRetried = 0
+	// The error is not one a retry may fix: its gRPC code (such as
+	// INVALID_ARGUMENT), an upstream HTTP status of 4xx other than 408, 425,
+	// 429, or an error that is not a classified delegate error.
+	NotRetried_NOT_RETRIED_NOT_TRANSIENT NotRetried = 1
+	// Stubborn's own middleware refused the call (AttemptError.refused): such
+	// a call is never retried.
+	NotRetried_NOT_RETRIED_REFUSED NotRetried = 2
+	// The delegate answered and the failure criteria rejected the answer: the
+	// retry control retries errors only.
+	NotRetried_NOT_RETRIED_REJECTED NotRetried = 3
+	// The delegate is declared neither idempotent nor read_only, and the call
+	// may have reached it.
+	NotRetried_NOT_RETRIED_NOT_IDEMPOTENT NotRetried = 4
+	// The delegate's retry hint is negative: it asks not to retry.
+	NotRetried_NOT_RETRIED_HINT_NO_RETRY NotRetried = 5
+	// The delegate's retry hint is longer than max_wait.
+	NotRetried_NOT_RETRIED_HINT_OVER_CAP NotRetried = 6
+	// The round's retries ran out (RetrySpec.attempts): the run awaits a
+	// decision, or ends FAILED with on_exhausted FAIL.
+	NotRetried_NOT_RETRIED_EXHAUSTED NotRetried = 7
+	// The wait before the retry would end at or after the run's deadline.
+	NotRetried_NOT_RETRIED_DEADLINE NotRetried = 8
+	// The retry budget of the delegate allows no more retries.
+	NotRetried_NOT_RETRIED_BUDGET NotRetried = 9
+	// retry-with-learning: the attempt was in flight when the server driving
+	// the run stopped, and the delegate, which may have done the work, is
+	// declared neither idempotent nor read_only.
+	NotRetried_NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT NotRetried = 10
+	// A reason without a value of its own; not_retried_reason says it.
+	NotRetried_NOT_RETRIED_OTHER NotRetried = 11
+)
+
+// Enum value maps for NotRetried.
+var (
+	NotRetried_name = map[int32]string{
+		0:  "NOT_RETRIED_UNSPECIFIED",
+		1:  "NOT_RETRIED_NOT_TRANSIENT",
+		2:  "NOT_RETRIED_REFUSED",
+		3:  "NOT_RETRIED_REJECTED",
+		4:  "NOT_RETRIED_NOT_IDEMPOTENT",
+		5:  "NOT_RETRIED_HINT_NO_RETRY",
+		6:  "NOT_RETRIED_HINT_OVER_CAP",
+		7:  "NOT_RETRIED_EXHAUSTED",
+		8:  "NOT_RETRIED_DEADLINE",
+		9:  "NOT_RETRIED_BUDGET",
+		10: "NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT",
+		11: "NOT_RETRIED_OTHER",
+	}
+	NotRetried_value = map[string]int32{
+		"NOT_RETRIED_UNSPECIFIED":                0,
+		"NOT_RETRIED_NOT_TRANSIENT":              1,
+		"NOT_RETRIED_REFUSED":                    2,
+		"NOT_RETRIED_REJECTED":                   3,
+		"NOT_RETRIED_NOT_IDEMPOTENT":             4,
+		"NOT_RETRIED_HINT_NO_RETRY":              5,
+		"NOT_RETRIED_HINT_OVER_CAP":              6,
+		"NOT_RETRIED_EXHAUSTED":                  7,
+		"NOT_RETRIED_DEADLINE":                   8,
+		"NOT_RETRIED_BUDGET":                     9,
+		"NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT": 10,
+		"NOT_RETRIED_OTHER":                      11,
+	}
+)
+
+func (x NotRetried) Enum() *NotRetried {
+	p := new(NotRetried)
+	*p = x
+	return p
+}
+
+func (x NotRetried) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NotRetried) Descriptor() protoreflect.EnumDescriptor {
+	return file_stubborn_v1_control_proto_enumTypes[5].Descriptor()
+}
+
+func (NotRetried) Type() protoreflect.EnumType {
+	return &file_stubborn_v1_control_proto_enumTypes[5]
+}
+
+func (x NotRetried) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NotRetried.Descriptor instead.
+func (NotRetried) EnumDescriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{5}
+}
+
+// StatusReason says, as a value to switch on, why a run ended or waits:
+// ControlState.status_reason_code, beside the words of
+// ControlState.status_reason.
+type StatusReason int32
+
+const (
+	// No value: the run is running normally or SUCCEEDED (status_reason is
+	// empty), or its state was recorded by a server older than this field
+	// (status_reason then says why in words).
+	StatusReason_STATUS_REASON_UNSPECIFIED StatusReason = 0
+	// The retry control's round of retries ran out: the run is
+	// AWAITING_DECISION (on_exhausted ASK) or ended FAILED (on_exhausted
+	// FAIL).
+	StatusReason_STATUS_REASON_RETRIES_EXHAUSTED StatusReason = 1
+	// FAILED: a failure was not retried for a reason other than the round
+	// running out; the not_retried_code of the last record in
+	// failure_history says which.
+	StatusReason_STATUS_REASON_NOT_RETRIED StatusReason = 2
+	// FAILED: a retry was to follow (a failure recorded with will_retry, or a
+	// RETRY decision), but its wait would end after the run's deadline.
+	StatusReason_STATUS_REASON_RETRY_PAST_DEADLINE StatusReason = 3
+	// FAILED: DecideRun answered DECISION_FAIL.
+	StatusReason_STATUS_REASON_DECISION_FAIL StatusReason = 4
+	// FAILED: nobody decided within RetrySpec.decision_timeout.
+	StatusReason_STATUS_REASON_DECISION_TIMEOUT StatusReason = 5
+	// EXHAUSTED: every allowed attempt failed (retry-with-learning's
+	// max_retries, every delegate of the chain, every race candidate).
+	StatusReason_STATUS_REASON_ALL_FAILED StatusReason = 6
+	// FAILED: the run's own timeout (RunOptions.run_timeout) passed.
+	StatusReason_STATUS_REASON_RUN_TIMEOUT StatusReason = 7
+	// CANCELLED: by CancelRun, or the run's context ended for another cause
+	// that status_reason names.
+	StatusReason_STATUS_REASON_CANCELLED StatusReason = 8
+	// FAILED: the run's control spec selects no control.
+	StatusReason_STATUS_REASON_NO_CONTROL StatusReason = 9
+	// FAILED: the store could not record the run's first event; the run never
+	// started.
+	StatusReason_STATUS_REASON_NOT_RECORDED StatusReason = 10
+	// FAILED: the store refused the run's events for good (too large, a full
+	// stream); the run stopped after the events it did write.
+	StatusReason_STATUS_REASON_STORE_REFUSED StatusReason = 11
+	// FAILED: the run's journal is damaged or lost, so it was not resumed,
+	// lest a delegate be called again for work it may have done.
+	StatusReason_STATUS_REASON_UNRECOVERABLE StatusReason = 12
+	// FAILED: a bug in the server (a panic in the control) ended the run.
+	StatusReason_STATUS_REASON_INTERNAL_ERROR StatusReason = 13
+	// A reason without a value of its own; status_reason says it.
+	StatusReason_STATUS_REASON_OTHER StatusReason = 14
+)
+
+// Enum value maps for StatusReason.
+var (
+	StatusReason_name = map[int32]string{
+		0:  "STATUS_REASON_UNSPECIFIED",
+		1:  "STATUS_REASON_RETRIES_EXHAUSTED",
+		2:  "STATUS_REASON_NOT_RETRIED",
+		3:  "STATUS_REASON_RETRY_PAST_DEADLINE",
+		4:  "STATUS_REASON_DECISION_FAIL",
+		5:  "STATUS_REASON_DECISION_TIMEOUT",
+		6:  "STATUS_REASON_ALL_FAILED",
+		7:  "STATUS_REASON_RUN_TIMEOUT",
+		8:  "STATUS_REASON_CANCELLED",
+		9:  "STATUS_REASON_NO_CONTROL",
+		10: "STATUS_REASON_NOT_RECORDED",
+		11: "STATUS_REASON_STORE_REFUSED",
+		12: "STATUS_REASON_UNRECOVERABLE",
+		13: "STATUS_REASON_INTERNAL_ERROR",
+		14: "STATUS_REASON_OTHER",
+	}
+	StatusReason_value = map[string]int32{
+		"STATUS_REASON_UNSPECIFIED":         0,
+		"STATUS_REASON_RETRIES_EXHAUSTED":   1,
+		"STATUS_REASON_NOT_RETRIED":         2,
+		"STATUS_REASON_RETRY_PAST_DEADLINE": 3,
+		"STATUS_REASON_DECISION_FAIL":       4,
+		"STATUS_REASON_DECISION_TIMEOUT":    5,
+		"STATUS_REASON_ALL_FAILED":          6,
+		"STATUS_REASON_RUN_TIMEOUT":         7,
+		"STATUS_REASON_CANCELLED":           8,
+		"STATUS_REASON_NO_CONTROL":          9,
+		"STATUS_REASON_NOT_RECORDED":        10,
+		"STATUS_REASON_STORE_REFUSED":       11,
+		"STATUS_REASON_UNRECOVERABLE":       12,
+		"STATUS_REASON_INTERNAL_ERROR":      13,
+		"STATUS_REASON_OTHER":               14,
+	}
+)
+
+func (x StatusReason) Enum() *StatusReason {
+	p := new(StatusReason)
+	*p = x
+	return p
+}
+
+func (x StatusReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StatusReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_stubborn_v1_control_proto_enumTypes[6].Descriptor()
+}
+
+func (StatusReason) Type() protoreflect.EnumType {
+	return &file_stubborn_v1_control_proto_enumTypes[6]
+}
+
+func (x StatusReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StatusReason.Descriptor instead.
+func (StatusReason) EnumDescriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{6}
+}
+
 // RetrySpec configures the retry control: the same delegate again, after a
 // full-jitter exponential backoff, for transient failures only.
 //
@@ -1820,8 +2038,13 @@ type ControlState struct {
 	// The run options, as submitted (idempotency_key filled in).
 	Options *RunOptions `protobuf:"bytes,10,opt,name=options,proto3" json:"options,omitempty"`
 	// Why the run ended or waits, in words (for example "retries exhausted",
-	// "decision: FAIL", "cancelled"). Empty while running normally.
+	// "decision: FAIL", "cancelled"); status_reason_code says it as a value.
+	// Empty while running normally.
 	StatusReason string `protobuf:"bytes,11,opt,name=status_reason,json=statusReason,proto3" json:"status_reason,omitempty"`
+	// Why the run ended or waits, as a value to switch on; status_reason has
+	// the words. STATUS_REASON_UNSPECIFIED while running normally, once
+	// SUCCEEDED, or for a state recorded by a server older than this field.
+	StatusReasonCode StatusReason `protobuf:"varint,17,opt,name=status_reason_code,json=statusReasonCode,proto3,enum=stubborn.v1.StatusReason" json:"status_reason_code,omitempty"`
 	// When the run was accepted.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// When the state last changed.
@@ -1949,6 +2172,13 @@ func (x *ControlState) GetStatusReason() string {
 		return x.StatusReason
 	}
 	return ""
+}
+
+func (x *ControlState) GetStatusReasonCode() StatusReason {
+	if x != nil {
+		return x.StatusReasonCode
+	}
+	return StatusReason_STATUS_REASON_UNSPECIFIED
 }
 
 func (x *ControlState) GetCreateTime() *timestamppb.Timestamp {
@@ -2226,10 +2456,17 @@ type FailureRecord struct {
 	// Whether a retry might fix it (the retry control's transient rules).
 	// false for controls that do not classify failures.
 	Transient bool `protobuf:"varint,5,opt,name=transient,proto3" json:"transient,omitempty"`
-	// Why no retry followed, when the retry control did not retry (for example
-	// "not transient: INVALID_ARGUMENT", "delegate is not idempotent"). Empty
-	// when a retry followed or the control does not retry.
+	// Why no retry followed, in words, when the retry control did not retry
+	// (for example "not transient: INVALID_ARGUMENT", `delegate "d" is neither
+	// idempotent nor read_only`) or retry-with-learning could not retry an
+	// interrupted attempt; not_retried_code says it as a value. Empty when a
+	// retry followed or the control does not retry.
 	NotRetriedReason string `protobuf:"bytes,6,opt,name=not_retried_reason,json=notRetriedReason,proto3" json:"not_retried_reason,omitempty"`
+	// Why no retry followed, as a value to switch on; not_retried_reason has
+	// the words. NOT_RETRIED_UNSPECIFIED when a retry followed, when the
+	// control does not retry, or for a record made by a server older than
+	// this field.
+	NotRetriedCode NotRetried `protobuf:"varint,11,opt,name=not_retried_code,json=notRetriedCode,proto3,enum=stubborn.v1.NotRetried" json:"not_retried_code,omitempty"`
 	// What the analyst delegate advised for the next attempt. Empty without an
 	// analyst, when no attempt followed, or when it gave no advice (see
 	// analysis_error).
@@ -2317,6 +2554,13 @@ func (x *FailureRecord) GetNotRetriedReason() string {
 		return x.NotRetriedReason
 	}
 	return ""
+}
+
+func (x *FailureRecord) GetNotRetriedCode() NotRetried {
+	if x != nil {
+		return x.NotRetriedCode
+	}
+	return NotRetried_NOT_RETRIED_UNSPECIFIED
 }
 
 func (x *FailureRecord) GetAnalysis() string {
@@ -2894,7 +3138,12 @@ type DecisionRequested struct {
 	// The failures so far.
 	FailureHistory []*FailureRecord `protobuf:"bytes,2,rep,name=failure_history,json=failureHistory,proto3" json:"failure_history,omitempty"`
 	// When the run ends FAILED if nobody decides. Unset means never.
-	Deadline      *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	Deadline *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// Why a decision is needed, as a value to switch on (the value
+	// ControlState.status_reason_code takes meanwhile):
+	// STATUS_REASON_RETRIES_EXHAUSTED. STATUS_REASON_UNSPECIFIED for an event
+	// recorded by a server older than this field.
+	ReasonCode    StatusReason `protobuf:"varint,4,opt,name=reason_code,json=reasonCode,proto3,enum=stubborn.v1.StatusReason" json:"reason_code,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2948,6 +3197,13 @@ func (x *DecisionRequested) GetDeadline() *timestamppb.Timestamp {
 		return x.Deadline
 	}
 	return nil
+}
+
+func (x *DecisionRequested) GetReasonCode() StatusReason {
+	if x != nil {
+		return x.ReasonCode
+	}
+	return StatusReason_STATUS_REASON_UNSPECIFIED
 }
 
 // DecisionReceived records the answer.
@@ -3196,7 +3452,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x13retry_with_learning\x18\x02 \x01(\v2\".stubborn.v1.RetryWithLearningSpecH\x00R\x11retryWithLearning\x12G\n" +
 	"\x0efallback_chain\x18\x03 \x01(\v2\x1e.stubborn.v1.FallbackChainSpecH\x00R\rfallbackChain\x12+\n" +
 	"\x04race\x18\x04 \x01(\v2\x15.stubborn.v1.RaceSpecH\x00R\x04raceB\x06\n" +
-	"\x04kind\"\xc8\x05\n" +
+	"\x04kind\"\x91\x06\n" +
 	"\fControlState\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12+\n" +
@@ -3211,7 +3467,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\acontrol\x18\t \x01(\v2\x18.stubborn.v1.ControlSpecR\acontrol\x121\n" +
 	"\aoptions\x18\n" +
 	" \x01(\v2\x17.stubborn.v1.RunOptionsR\aoptions\x12#\n" +
-	"\rstatus_reason\x18\v \x01(\tR\fstatusReason\x12;\n" +
+	"\rstatus_reason\x18\v \x01(\tR\fstatusReason\x12G\n" +
+	"\x12status_reason_code\x18\x11 \x01(\x0e2\x19.stubborn.v1.StatusReasonR\x10statusReasonCode\x12;\n" +
 	"\vcreate_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
@@ -3241,14 +3498,15 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\vwait_before\x18\t \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"waitBefore\x12\x12\n" +
 	"\x04path\x18\n" +
-	" \x01(\tR\x04path\"\xce\x02\n" +
+	" \x01(\tR\x04path\"\x91\x03\n" +
 	"\rFailureRecord\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x1a\n" +
 	"\bdelegate\x18\x02 \x01(\tR\bdelegate\x12\x18\n" +
 	"\asummary\x18\x03 \x01(\tR\asummary\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1c\n" +
 	"\ttransient\x18\x05 \x01(\bR\ttransient\x12,\n" +
-	"\x12not_retried_reason\x18\x06 \x01(\tR\x10notRetriedReason\x12\x1a\n" +
+	"\x12not_retried_reason\x18\x06 \x01(\tR\x10notRetriedReason\x12A\n" +
+	"\x10not_retried_code\x18\v \x01(\x0e2\x17.stubborn.v1.NotRetriedR\x0enotRetriedCode\x12\x1a\n" +
 	"\banalysis\x18\a \x01(\tR\banalysis\x12\x12\n" +
 	"\x04path\x18\b \x01(\tR\x04path\x122\n" +
 	"\x06source\x18\t \x01(\x0e2\x1a.stubborn.v1.FailureSourceR\x06source\x12%\n" +
@@ -3291,11 +3549,13 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x04wait\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x120\n" +
 	"\x05until\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12/\n" +
 	"\x05bound\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05bound\x12\x1b\n" +
-	"\tfrom_hint\x18\x05 \x01(\bR\bfromHint\"\xa8\x01\n" +
+	"\tfrom_hint\x18\x05 \x01(\bR\bfromHint\"\xe4\x01\n" +
 	"\x11DecisionRequested\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12C\n" +
 	"\x0ffailure_history\x18\x02 \x03(\v2\x1a.stubborn.v1.FailureRecordR\x0efailureHistory\x126\n" +
-	"\bdeadline\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"E\n" +
+	"\bdeadline\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12:\n" +
+	"\vreason_code\x18\x04 \x01(\x0e2\x19.stubborn.v1.StatusReasonR\n" +
+	"reasonCode\"E\n" +
 	"\x10DecisionReceived\x121\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x15.stubborn.v1.DecisionR\bdecision\":\n" +
 	"\n" +
@@ -3336,7 +3596,39 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x14FAILURE_SOURCE_JUDGE\x10\x02\x12\x16\n" +
 	"\x12FAILURE_SOURCE_CEL\x10\x03\x12\x19\n" +
 	"\x15FAILURE_SOURCE_HEALTH\x10\x04\x12\x1c\n" +
-	"\x18FAILURE_SOURCE_CANCELLED\x10\x052\x84\x04\n" +
+	"\x18FAILURE_SOURCE_CANCELLED\x10\x05*\xe9\x02\n" +
+	"\n" +
+	"NotRetried\x12\x1b\n" +
+	"\x17NOT_RETRIED_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19NOT_RETRIED_NOT_TRANSIENT\x10\x01\x12\x17\n" +
+	"\x13NOT_RETRIED_REFUSED\x10\x02\x12\x18\n" +
+	"\x14NOT_RETRIED_REJECTED\x10\x03\x12\x1e\n" +
+	"\x1aNOT_RETRIED_NOT_IDEMPOTENT\x10\x04\x12\x1d\n" +
+	"\x19NOT_RETRIED_HINT_NO_RETRY\x10\x05\x12\x1d\n" +
+	"\x19NOT_RETRIED_HINT_OVER_CAP\x10\x06\x12\x19\n" +
+	"\x15NOT_RETRIED_EXHAUSTED\x10\a\x12\x18\n" +
+	"\x14NOT_RETRIED_DEADLINE\x10\b\x12\x16\n" +
+	"\x12NOT_RETRIED_BUDGET\x10\t\x12*\n" +
+	"&NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT\x10\n" +
+	"\x12\x15\n" +
+	"\x11NOT_RETRIED_OTHER\x10\v*\xf2\x03\n" +
+	"\fStatusReason\x12\x1d\n" +
+	"\x19STATUS_REASON_UNSPECIFIED\x10\x00\x12#\n" +
+	"\x1fSTATUS_REASON_RETRIES_EXHAUSTED\x10\x01\x12\x1d\n" +
+	"\x19STATUS_REASON_NOT_RETRIED\x10\x02\x12%\n" +
+	"!STATUS_REASON_RETRY_PAST_DEADLINE\x10\x03\x12\x1f\n" +
+	"\x1bSTATUS_REASON_DECISION_FAIL\x10\x04\x12\"\n" +
+	"\x1eSTATUS_REASON_DECISION_TIMEOUT\x10\x05\x12\x1c\n" +
+	"\x18STATUS_REASON_ALL_FAILED\x10\x06\x12\x1d\n" +
+	"\x19STATUS_REASON_RUN_TIMEOUT\x10\a\x12\x1b\n" +
+	"\x17STATUS_REASON_CANCELLED\x10\b\x12\x1c\n" +
+	"\x18STATUS_REASON_NO_CONTROL\x10\t\x12\x1e\n" +
+	"\x1aSTATUS_REASON_NOT_RECORDED\x10\n" +
+	"\x12\x1f\n" +
+	"\x1bSTATUS_REASON_STORE_REFUSED\x10\v\x12\x1f\n" +
+	"\x1bSTATUS_REASON_UNRECOVERABLE\x10\f\x12 \n" +
+	"\x1cSTATUS_REASON_INTERNAL_ERROR\x10\r\x12\x17\n" +
+	"\x13STATUS_REASON_OTHER\x10\x0e2\x84\x04\n" +
 	"\x0eControlService\x12:\n" +
 	"\x03Run\x12\x17.stubborn.v1.RunRequest\x1a\x18.stubborn.v1.RunResponse0\x01\x12G\n" +
 	"\bStartRun\x12\x1c.stubborn.v1.StartRunRequest\x1a\x1d.stubborn.v1.StartRunResponse\x12I\n" +
@@ -3359,7 +3651,7 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 	return file_stubborn_v1_control_proto_rawDescData
 }
 
-var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
 var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
@@ -3367,134 +3659,139 @@ var file_stubborn_v1_control_proto_goTypes = []any{
 	(Decision)(0),                 // 2: stubborn.v1.Decision
 	(AttemptOutcome)(0),           // 3: stubborn.v1.AttemptOutcome
 	(FailureSource)(0),            // 4: stubborn.v1.FailureSource
-	(*RetrySpec)(nil),             // 5: stubborn.v1.RetrySpec
-	(*RetryWithLearningSpec)(nil), // 6: stubborn.v1.RetryWithLearningSpec
-	(*FallbackChainSpec)(nil),     // 7: stubborn.v1.FallbackChainSpec
-	(*RaceSpec)(nil),              // 8: stubborn.v1.RaceSpec
-	(*RunOptions)(nil),            // 9: stubborn.v1.RunOptions
-	(*RunRequest)(nil),            // 10: stubborn.v1.RunRequest
-	(*RunResponse)(nil),           // 11: stubborn.v1.RunResponse
-	(*StartRunRequest)(nil),       // 12: stubborn.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 13: stubborn.v1.StartRunResponse
-	(*WatchRunRequest)(nil),       // 14: stubborn.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 15: stubborn.v1.WatchRunResponse
-	(*GetRunRequest)(nil),         // 16: stubborn.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 17: stubborn.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 18: stubborn.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 19: stubborn.v1.ListRunsResponse
-	(*CancelRunRequest)(nil),      // 20: stubborn.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 21: stubborn.v1.CancelRunResponse
-	(*DecideRunRequest)(nil),      // 22: stubborn.v1.DecideRunRequest
-	(*DecideRunResponse)(nil),     // 23: stubborn.v1.DecideRunResponse
-	(*ControlSpec)(nil),           // 24: stubborn.v1.ControlSpec
-	(*ControlState)(nil),          // 25: stubborn.v1.ControlState
-	(*AttemptError)(nil),          // 26: stubborn.v1.AttemptError
-	(*Attempt)(nil),               // 27: stubborn.v1.Attempt
-	(*FailureRecord)(nil),         // 28: stubborn.v1.FailureRecord
-	(*RunEvent)(nil),              // 29: stubborn.v1.RunEvent
-	(*RunStarted)(nil),            // 30: stubborn.v1.RunStarted
-	(*AttemptStarted)(nil),        // 31: stubborn.v1.AttemptStarted
-	(*AttemptFinished)(nil),       // 32: stubborn.v1.AttemptFinished
-	(*FailureAnalyzed)(nil),       // 33: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 34: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 35: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 36: stubborn.v1.DecisionReceived
-	(*RunResumed)(nil),            // 37: stubborn.v1.RunResumed
-	(*RunFinished)(nil),           // 38: stubborn.v1.RunFinished
-	nil,                           // 39: stubborn.v1.RunOptions.MetadataEntry
-	(*durationpb.Duration)(nil),   // 40: google.protobuf.Duration
-	(*Result)(nil),                // 41: stubborn.v1.Result
-	(*timestamppb.Timestamp)(nil), // 42: google.protobuf.Timestamp
+	(NotRetried)(0),               // 5: stubborn.v1.NotRetried
+	(StatusReason)(0),             // 6: stubborn.v1.StatusReason
+	(*RetrySpec)(nil),             // 7: stubborn.v1.RetrySpec
+	(*RetryWithLearningSpec)(nil), // 8: stubborn.v1.RetryWithLearningSpec
+	(*FallbackChainSpec)(nil),     // 9: stubborn.v1.FallbackChainSpec
+	(*RaceSpec)(nil),              // 10: stubborn.v1.RaceSpec
+	(*RunOptions)(nil),            // 11: stubborn.v1.RunOptions
+	(*RunRequest)(nil),            // 12: stubborn.v1.RunRequest
+	(*RunResponse)(nil),           // 13: stubborn.v1.RunResponse
+	(*StartRunRequest)(nil),       // 14: stubborn.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 15: stubborn.v1.StartRunResponse
+	(*WatchRunRequest)(nil),       // 16: stubborn.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 17: stubborn.v1.WatchRunResponse
+	(*GetRunRequest)(nil),         // 18: stubborn.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 19: stubborn.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 20: stubborn.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),      // 21: stubborn.v1.ListRunsResponse
+	(*CancelRunRequest)(nil),      // 22: stubborn.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 23: stubborn.v1.CancelRunResponse
+	(*DecideRunRequest)(nil),      // 24: stubborn.v1.DecideRunRequest
+	(*DecideRunResponse)(nil),     // 25: stubborn.v1.DecideRunResponse
+	(*ControlSpec)(nil),           // 26: stubborn.v1.ControlSpec
+	(*ControlState)(nil),          // 27: stubborn.v1.ControlState
+	(*AttemptError)(nil),          // 28: stubborn.v1.AttemptError
+	(*Attempt)(nil),               // 29: stubborn.v1.Attempt
+	(*FailureRecord)(nil),         // 30: stubborn.v1.FailureRecord
+	(*RunEvent)(nil),              // 31: stubborn.v1.RunEvent
+	(*RunStarted)(nil),            // 32: stubborn.v1.RunStarted
+	(*AttemptStarted)(nil),        // 33: stubborn.v1.AttemptStarted
+	(*AttemptFinished)(nil),       // 34: stubborn.v1.AttemptFinished
+	(*FailureAnalyzed)(nil),       // 35: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 36: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 37: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 38: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 39: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 40: stubborn.v1.RunFinished
+	nil,                           // 41: stubborn.v1.RunOptions.MetadataEntry
+	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
+	(*Result)(nil),                // 43: stubborn.v1.Result
+	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	40, // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	42, // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,  // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	40, // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	40, // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
-	40, // 4: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	40, // 5: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	39, // 6: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
-	5,  // 7: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	6,  // 8: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	7,  // 9: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	8,  // 10: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
-	9,  // 11: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	29, // 12: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
-	5,  // 13: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	6,  // 14: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	7,  // 15: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	8,  // 16: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
-	9,  // 17: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	25, // 18: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	29, // 19: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	29, // 20: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	25, // 21: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	42, // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	42, // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	42, // 4: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	42, // 5: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	41, // 6: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	7,  // 7: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	8,  // 8: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	9,  // 9: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	10, // 10: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
+	11, // 11: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
+	31, // 12: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	7,  // 13: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	8,  // 14: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	9,  // 15: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	10, // 16: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
+	11, // 17: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
+	27, // 18: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	31, // 19: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	31, // 20: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	27, // 21: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
 	0,  // 22: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	25, // 23: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	25, // 24: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	27, // 23: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	27, // 24: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
 	2,  // 25: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	25, // 26: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	5,  // 27: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	6,  // 28: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	7,  // 29: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	8,  // 30: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	27, // 26: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	7,  // 27: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	8,  // 28: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	9,  // 29: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	10, // 30: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
 	0,  // 31: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	41, // 32: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	28, // 33: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	27, // 34: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	24, // 35: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	9,  // 36: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	42, // 37: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	42, // 38: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	42, // 39: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	40, // 40: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	42, // 41: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	42, // 42: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,  // 43: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	41, // 44: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	26, // 45: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	40, // 46: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	4,  // 47: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	42, // 48: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	30, // 49: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	31, // 50: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	32, // 51: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	33, // 52: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	34, // 53: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	35, // 54: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	36, // 55: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	38, // 56: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	37, // 57: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	25, // 58: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	27, // 59: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	27, // 60: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	28, // 61: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	40, // 62: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	42, // 63: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	40, // 64: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	28, // 65: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	42, // 66: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	2,  // 67: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	25, // 68: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	10, // 69: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	12, // 70: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	14, // 71: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	16, // 72: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	18, // 73: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	20, // 74: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	22, // 75: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	11, // 76: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	13, // 77: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	15, // 78: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	17, // 79: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	19, // 80: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	21, // 81: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	23, // 82: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	76, // [76:83] is the sub-list for method output_type
-	69, // [69:76] is the sub-list for method input_type
-	69, // [69:69] is the sub-list for extension type_name
-	69, // [69:69] is the sub-list for extension extendee
-	0,  // [0:69] is the sub-list for field type_name
+	43, // 32: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	30, // 33: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	29, // 34: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	26, // 35: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	11, // 36: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	6,  // 37: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	44, // 38: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	44, // 39: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	44, // 40: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	42, // 41: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	44, // 42: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	44, // 43: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,  // 44: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	43, // 45: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	28, // 46: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	42, // 47: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	5,  // 48: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	4,  // 49: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	44, // 50: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	32, // 51: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	33, // 52: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	34, // 53: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	35, // 54: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	36, // 55: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	37, // 56: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	38, // 57: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	40, // 58: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	39, // 59: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	27, // 60: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	29, // 61: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	29, // 62: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	30, // 63: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	42, // 64: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	44, // 65: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	42, // 66: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	30, // 67: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	44, // 68: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	6,  // 69: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,  // 70: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	27, // 71: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	12, // 72: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	14, // 73: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	16, // 74: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	18, // 75: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	20, // 76: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	22, // 77: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	24, // 78: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	13, // 79: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	15, // 80: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	17, // 81: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	19, // 82: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	21, // 83: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	23, // 84: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	25, // 85: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	79, // [79:86] is the sub-list for method output_type
+	72, // [72:79] is the sub-list for method input_type
+	72, // [72:72] is the sub-list for extension type_name
+	72, // [72:72] is the sub-list for extension extendee
+	0,  // [0:72] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -3527,7 +3824,7 @@ func file_stubborn_v1_control_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
-			NumEnums:      5,
+			NumEnums:      7,
 			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,

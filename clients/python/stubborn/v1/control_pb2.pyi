@@ -24,6 +24,18 @@ FAILURE_SOURCE_ERROR: FailureSource
 FAILURE_SOURCE_HEALTH: FailureSource
 FAILURE_SOURCE_JUDGE: FailureSource
 FAILURE_SOURCE_UNSPECIFIED: FailureSource
+NOT_RETRIED_BUDGET: NotRetried
+NOT_RETRIED_DEADLINE: NotRetried
+NOT_RETRIED_EXHAUSTED: NotRetried
+NOT_RETRIED_HINT_NO_RETRY: NotRetried
+NOT_RETRIED_HINT_OVER_CAP: NotRetried
+NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT: NotRetried
+NOT_RETRIED_NOT_IDEMPOTENT: NotRetried
+NOT_RETRIED_NOT_TRANSIENT: NotRetried
+NOT_RETRIED_OTHER: NotRetried
+NOT_RETRIED_REFUSED: NotRetried
+NOT_RETRIED_REJECTED: NotRetried
+NOT_RETRIED_UNSPECIFIED: NotRetried
 ON_EXHAUSTED_ASK: OnExhausted
 ON_EXHAUSTED_FAIL: OnExhausted
 ON_EXHAUSTED_UNSPECIFIED: OnExhausted
@@ -36,6 +48,21 @@ RUN_STATUS_PENDING: RunStatus
 RUN_STATUS_RUNNING: RunStatus
 RUN_STATUS_SUCCEEDED: RunStatus
 RUN_STATUS_UNSPECIFIED: RunStatus
+STATUS_REASON_ALL_FAILED: StatusReason
+STATUS_REASON_CANCELLED: StatusReason
+STATUS_REASON_DECISION_FAIL: StatusReason
+STATUS_REASON_DECISION_TIMEOUT: StatusReason
+STATUS_REASON_INTERNAL_ERROR: StatusReason
+STATUS_REASON_NOT_RECORDED: StatusReason
+STATUS_REASON_NOT_RETRIED: StatusReason
+STATUS_REASON_NO_CONTROL: StatusReason
+STATUS_REASON_OTHER: StatusReason
+STATUS_REASON_RETRIES_EXHAUSTED: StatusReason
+STATUS_REASON_RETRY_PAST_DEADLINE: StatusReason
+STATUS_REASON_RUN_TIMEOUT: StatusReason
+STATUS_REASON_STORE_REFUSED: StatusReason
+STATUS_REASON_UNRECOVERABLE: StatusReason
+STATUS_REASON_UNSPECIFIED: StatusReason
 
 class Attempt(_message.Message):
     __slots__ = ["brief", "delegate", "end_time", "error", "number", "outcome", "path", "result", "start_time", "wait_before"]
@@ -130,7 +157,7 @@ class ControlSpec(_message.Message):
     def __init__(self, retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ...) -> None: ...
 
 class ControlState(_message.Message):
-    __slots__ = ["attempt_log", "attempts", "control", "create_time", "end_time", "failure_history", "options", "result", "run_id", "status", "status_reason", "task_brief", "tenant", "traceparent", "update_time", "winner"]
+    __slots__ = ["attempt_log", "attempts", "control", "create_time", "end_time", "failure_history", "options", "result", "run_id", "status", "status_reason", "status_reason_code", "task_brief", "tenant", "traceparent", "update_time", "winner"]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_LOG_FIELD_NUMBER: _ClassVar[int]
     CONTROL_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +168,7 @@ class ControlState(_message.Message):
     RESULT_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_REASON_CODE_FIELD_NUMBER: _ClassVar[int]
     STATUS_REASON_FIELD_NUMBER: _ClassVar[int]
     TASK_BRIEF_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -158,12 +186,13 @@ class ControlState(_message.Message):
     run_id: str
     status: RunStatus
     status_reason: str
+    status_reason_code: StatusReason
     task_brief: str
     tenant: str
     traceparent: str
     update_time: _timestamp_pb2.Timestamp
     winner: str
-    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., winner: _Optional[str] = ..., attempts: _Optional[int] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., attempt_log: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., task_brief: _Optional[str] = ..., control: _Optional[_Union[ControlSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., status_reason: _Optional[str] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., winner: _Optional[str] = ..., attempts: _Optional[int] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., attempt_log: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., task_brief: _Optional[str] = ..., control: _Optional[_Union[ControlSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., status_reason: _Optional[str] = ..., status_reason_code: _Optional[_Union[StatusReason, str]] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class DecideRunRequest(_message.Message):
     __slots__ = ["decision", "run_id"]
@@ -186,14 +215,16 @@ class DecisionReceived(_message.Message):
     def __init__(self, decision: _Optional[_Union[Decision, str]] = ...) -> None: ...
 
 class DecisionRequested(_message.Message):
-    __slots__ = ["deadline", "failure_history", "reason"]
+    __slots__ = ["deadline", "failure_history", "reason", "reason_code"]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
     FAILURE_HISTORY_FIELD_NUMBER: _ClassVar[int]
+    REASON_CODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     deadline: _timestamp_pb2.Timestamp
     failure_history: _containers.RepeatedCompositeFieldContainer[FailureRecord]
     reason: str
-    def __init__(self, reason: _Optional[str] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., deadline: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    reason_code: StatusReason
+    def __init__(self, reason: _Optional[str] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., deadline: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., reason_code: _Optional[_Union[StatusReason, str]] = ...) -> None: ...
 
 class FailureAnalyzed(_message.Message):
     __slots__ = ["failure", "next_brief", "will_retry"]
@@ -206,11 +237,12 @@ class FailureAnalyzed(_message.Message):
     def __init__(self, failure: _Optional[_Union[FailureRecord, _Mapping]] = ..., will_retry: bool = ..., next_brief: _Optional[str] = ...) -> None: ...
 
 class FailureRecord(_message.Message):
-    __slots__ = ["analysis", "analysis_error", "attempt", "delegate", "not_retried_reason", "path", "reason", "source", "summary", "transient"]
+    __slots__ = ["analysis", "analysis_error", "attempt", "delegate", "not_retried_code", "not_retried_reason", "path", "reason", "source", "summary", "transient"]
     ANALYSIS_ERROR_FIELD_NUMBER: _ClassVar[int]
     ANALYSIS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     DELEGATE_FIELD_NUMBER: _ClassVar[int]
+    NOT_RETRIED_CODE_FIELD_NUMBER: _ClassVar[int]
     NOT_RETRIED_REASON_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -221,13 +253,14 @@ class FailureRecord(_message.Message):
     analysis_error: str
     attempt: int
     delegate: str
+    not_retried_code: NotRetried
     not_retried_reason: str
     path: str
     reason: str
     source: FailureSource
     summary: str
     transient: bool
-    def __init__(self, attempt: _Optional[int] = ..., delegate: _Optional[str] = ..., summary: _Optional[str] = ..., reason: _Optional[str] = ..., transient: bool = ..., not_retried_reason: _Optional[str] = ..., analysis: _Optional[str] = ..., path: _Optional[str] = ..., source: _Optional[_Union[FailureSource, str]] = ..., analysis_error: _Optional[str] = ...) -> None: ...
+    def __init__(self, attempt: _Optional[int] = ..., delegate: _Optional[str] = ..., summary: _Optional[str] = ..., reason: _Optional[str] = ..., transient: bool = ..., not_retried_reason: _Optional[str] = ..., not_retried_code: _Optional[_Union[NotRetried, str]] = ..., analysis: _Optional[str] = ..., path: _Optional[str] = ..., source: _Optional[_Union[FailureSource, str]] = ..., analysis_error: _Optional[str] = ...) -> None: ...
 
 class FallbackChainSpec(_message.Message):
     __slots__ = ["chain", "failure_criteria", "failure_when"]
@@ -457,4 +490,10 @@ class AttemptOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class FailureSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class NotRetried(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class StatusReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file stubborn/v1/control.proto.
  */
 export const file_stubborn_v1_control: GenFile = /*@__PURE__*/
-  fileDesc("ChlzdHViYm9ybi92MS9jb250cm9sLnByb3RvEgtzdHViYm9ybi52MSL/AQoJUmV0cnlTcGVjEg4KBnRhcmdldBgBIAEoCRIVCghhdHRlbXB0cxgCIAEoBUgAiAEBEisKCG1heF93YWl0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KDG9uX2V4aGF1c3RlZBgEIAEoDjIYLnN0dWJib3JuLnYxLk9uRXhoYXVzdGVkEiwKCWJhc2Vfd2FpdBgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIzChBkZWNpc2lvbl90aW1lb3V0GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQgsKCV9hdHRlbXB0cyKSAQoVUmV0cnlXaXRoTGVhcm5pbmdTcGVjEg4KBnRhcmdldBgBIAEoCRIYCgttYXhfcmV0cmllcxgCIAEoBUgAiAEBEhgKEGZhaWx1cmVfY3JpdGVyaWEYAyABKAkSFAoMZmFpbHVyZV93aGVuGAQgASgJEg8KB2FuYWx5c3QYBSABKAlCDgoMX21heF9yZXRyaWVzIlIKEUZhbGxiYWNrQ2hhaW5TcGVjEg0KBWNoYWluGAEgAygJEhgKEGZhaWx1cmVfY3JpdGVyaWEYAiABKAkSFAoMZmFpbHVyZV93aGVuGAMgASgJIlAKCFJhY2VTcGVjEhIKCmNhbmRpZGF0ZXMYASADKAkSGwoTYWNjZXB0YW5jZV9jcml0ZXJpYRgCIAEoCRITCgthY2NlcHRfd2hlbhgDIAEoCSKCAgoKUnVuT3B0aW9ucxIXCg9pZGVtcG90ZW5jeV9rZXkYASABKAkSLgoLcnVuX3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SMgoPYXR0ZW1wdF90aW1lb3V0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjcKCG1ldGFkYXRhGAQgAygLMiUuc3R1YmJvcm4udjEuUnVuT3B0aW9ucy5NZXRhZGF0YUVudHJ5Eg0KBWp1ZGdlGAUgASgJGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKPAgoKUnVuUmVxdWVzdBISCgp0YXNrX2JyaWVmGAEgASgJEiUKBXJldHJ5GAIgASgLMhYuc3R1YmJvcm4udjEuUmV0cnlTcGVjEj8KE3JldHJ5X3dpdGhfbGVhcm5pbmcYAyABKAsyIi5zdHViYm9ybi52MS5SZXRyeVdpdGhMZWFybmluZ1NwZWMSNgoOZmFsbGJhY2tfY2hhaW4YBCABKAsyHi5zdHViYm9ybi52MS5GYWxsYmFja0NoYWluU3BlYxIjCgRyYWNlGAUgASgLMhUuc3R1YmJvcm4udjEuUmFjZVNwZWMSKAoHb3B0aW9ucxgGIAEoCzIXLnN0dWJib3JuLnYxLlJ1bk9wdGlvbnMiMwoLUnVuUmVzcG9uc2USJAoFZXZlbnQYASABKAsyFS5zdHViYm9ybi52MS5SdW5FdmVudCKUAgoPU3RhcnRSdW5SZXF1ZXN0EhIKCnRhc2tfYnJpZWYYASABKAkSJQoFcmV0cnkYAiABKAsyFi5zdHViYm9ybi52MS5SZXRyeVNwZWMSPwoTcmV0cnlfd2l0aF9sZWFybmluZxgDIAEoCzIiLnN0dWJib3JuLnYxLlJldHJ5V2l0aExlYXJuaW5nU3BlYxI2Cg5mYWxsYmFja19jaGFpbhgEIAEoCzIeLnN0dWJib3JuLnYxLkZhbGxiYWNrQ2hhaW5TcGVjEiMKBHJhY2UYBSABKAsyFS5zdHViYm9ybi52MS5SYWNlU3BlYxIoCgdvcHRpb25zGAYgASgLMhcuc3R1YmJvcm4udjEuUnVuT3B0aW9ucyJMChBTdGFydFJ1blJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRIoCgVzdGF0ZRgCIAEoCzIZLnN0dWJib3JuLnYxLkNvbnRyb2xTdGF0ZSJHCg9XYXRjaFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAxIRCgltYXhfYmF0Y2gYAyABKAUiXwoQV2F0Y2hSdW5SZXNwb25zZRIkCgVldmVudBgBIAEoCzIVLnN0dWJib3JuLnYxLlJ1bkV2ZW50EiUKBmV2ZW50cxgCIAMoCzIVLnN0dWJib3JuLnYxLlJ1bkV2ZW50Ih8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIjoKDkdldFJ1blJlc3BvbnNlEigKBXN0YXRlGAEgASgLMhkuc3R1YmJvcm4udjEuQ29udHJvbFN0YXRlImAKD0xpc3RSdW5zUmVxdWVzdBImCgZzdGF0dXMYASABKA4yFi5zdHViYm9ybi52MS5SdW5TdGF0dXMSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiVAoQTGlzdFJ1bnNSZXNwb25zZRInCgRydW5zGAEgAygLMhkuc3R1YmJvcm4udjEuQ29udHJvbFN0YXRlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIiChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSI9ChFDYW5jZWxSdW5SZXNwb25zZRIoCgVzdGF0ZRgBIAEoCzIZLnN0dWJib3JuLnYxLkNvbnRyb2xTdGF0ZSJLChBEZWNpZGVSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRInCghkZWNpc2lvbhgCIAEoDjIVLnN0dWJib3JuLnYxLkRlY2lzaW9uIj0KEURlY2lkZVJ1blJlc3BvbnNlEigKBXN0YXRlGAEgASgLMhkuc3R1YmJvcm4udjEuQ29udHJvbFN0YXRlIuIBCgtDb250cm9sU3BlYxInCgVyZXRyeRgBIAEoCzIWLnN0dWJib3JuLnYxLlJldHJ5U3BlY0gAEkEKE3JldHJ5X3dpdGhfbGVhcm5pbmcYAiABKAsyIi5zdHViYm9ybi52MS5SZXRyeVdpdGhMZWFybmluZ1NwZWNIABI4Cg5mYWxsYmFja19jaGFpbhgDIAEoCzIeLnN0dWJib3JuLnYxLkZhbGxiYWNrQ2hhaW5TcGVjSAASJQoEcmFjZRgEIAEoCzIVLnN0dWJib3JuLnYxLlJhY2VTcGVjSABCBgoEa2luZCKiBAoMQ29udHJvbFN0YXRlEg4KBnJ1bl9pZBgBIAEoCRImCgZzdGF0dXMYAiABKA4yFi5zdHViYm9ybi52MS5SdW5TdGF0dXMSIwoGcmVzdWx0GAMgASgLMhMuc3R1YmJvcm4udjEuUmVzdWx0Eg4KBndpbm5lchgEIAEoCRIQCghhdHRlbXB0cxgFIAEoBRIzCg9mYWlsdXJlX2hpc3RvcnkYBiADKAsyGi5zdHViYm9ybi52MS5GYWlsdXJlUmVjb3JkEikKC2F0dGVtcHRfbG9nGAcgAygLMhQuc3R1YmJvcm4udjEuQXR0ZW1wdBISCgp0YXNrX2JyaWVmGAggASgJEikKB2NvbnRyb2wYCSABKAsyGC5zdHViYm9ybi52MS5Db250cm9sU3BlYxIoCgdvcHRpb25zGAogASgLMhcuc3R1YmJvcm4udjEuUnVuT3B0aW9ucxIVCg1zdGF0dXNfcmVhc29uGAsgASgJEi8KC2NyZWF0ZV90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgt1cGRhdGVfdGltZRgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kX3RpbWUYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GA8gASgJEg4KBnRlbmFudBgQIAEoCSKUAQoMQXR0ZW1wdEVycm9yEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCRITCgtodHRwX3N0YXR1cxgDIAEoBRItCgpyZXRyeV9oaW50GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhAKCG5vdF9zZW50GAUgASgIEg8KB3JlZnVzZWQYBiABKAgi0wIKB0F0dGVtcHQSDgoGbnVtYmVyGAEgASgFEhAKCGRlbGVnYXRlGAIgASgJEg0KBWJyaWVmGAMgASgJEi4KCnN0YXJ0X3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCgdvdXRjb21lGAYgASgOMhsuc3R1YmJvcm4udjEuQXR0ZW1wdE91dGNvbWUSIwoGcmVzdWx0GAcgASgLMhMuc3R1YmJvcm4udjEuUmVzdWx0EigKBWVycm9yGAggASgLMhkuc3R1YmJvcm4udjEuQXR0ZW1wdEVycm9yEi4KC3dhaXRfYmVmb3JlGAkgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEgwKBHBhdGgYCiABKAki5gEKDUZhaWx1cmVSZWNvcmQSDwoHYXR0ZW1wdBgBIAEoBRIQCghkZWxlZ2F0ZRgCIAEoCRIPCgdzdW1tYXJ5GAMgASgJEg4KBnJlYXNvbhgEIAEoCRIRCgl0cmFuc2llbnQYBSABKAgSGgoSbm90X3JldHJpZWRfcmVhc29uGAYgASgJEhAKCGFuYWx5c2lzGAcgASgJEgwKBHBhdGgYCCABKAkSKgoGc291cmNlGAkgASgOMhouc3R1YmJvcm4udjEuRmFpbHVyZVNvdXJjZRIWCg5hbmFseXNpc19lcnJvchgKIAEoCSLbBAoIUnVuRXZlbnQSDgoGcnVuX2lkGAEgASgJEgsKA3NlcRgCIAEoAxIoCgR0aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRwYXRoGAQgASgJEi4KC3J1bl9zdGFydGVkGAogASgLMhcuc3R1YmJvcm4udjEuUnVuU3RhcnRlZEgAEjYKD2F0dGVtcHRfc3RhcnRlZBgLIAEoCzIbLnN0dWJib3JuLnYxLkF0dGVtcHRTdGFydGVkSAASOAoQYXR0ZW1wdF9maW5pc2hlZBgMIAEoCzIcLnN0dWJib3JuLnYxLkF0dGVtcHRGaW5pc2hlZEgAEjgKEGZhaWx1cmVfYW5hbHl6ZWQYDSABKAsyHC5zdHViYm9ybi52MS5GYWlsdXJlQW5hbHl6ZWRIABI6ChFiYWNrb2ZmX3NjaGVkdWxlZBgOIAEoCzIdLnN0dWJib3JuLnYxLkJhY2tvZmZTY2hlZHVsZWRIABI8ChJkZWNpc2lvbl9yZXF1ZXN0ZWQYDyABKAsyHi5zdHViYm9ybi52MS5EZWNpc2lvblJlcXVlc3RlZEgAEjoKEWRlY2lzaW9uX3JlY2VpdmVkGBAgASgLMh0uc3R1YmJvcm4udjEuRGVjaXNpb25SZWNlaXZlZEgAEjAKDHJ1bl9maW5pc2hlZBgRIAEoCzIYLnN0dWJib3JuLnYxLlJ1bkZpbmlzaGVkSAASLgoLcnVuX3Jlc3VtZWQYEiABKAsyFy5zdHViYm9ybi52MS5SdW5SZXN1bWVkSABCBgoEa2luZCI2CgpSdW5TdGFydGVkEigKBXN0YXRlGAEgASgLMhkuc3R1YmJvcm4udjEuQ29udHJvbFN0YXRlIjcKDkF0dGVtcHRTdGFydGVkEiUKB2F0dGVtcHQYASABKAsyFC5zdHViYm9ybi52MS5BdHRlbXB0IkYKD0F0dGVtcHRGaW5pc2hlZBIlCgdhdHRlbXB0GAEgASgLMhQuc3R1YmJvcm4udjEuQXR0ZW1wdBIMCgRub3RlGAIgASgJImYKD0ZhaWx1cmVBbmFseXplZBIrCgdmYWlsdXJlGAEgASgLMhouc3R1YmJvcm4udjEuRmFpbHVyZVJlY29yZBISCgp3aWxsX3JldHJ5GAIgASgIEhIKCm5leHRfYnJpZWYYAyABKAkiuQEKEEJhY2tvZmZTY2hlZHVsZWQSFAoMbmV4dF9hdHRlbXB0GAEgASgFEicKBHdhaXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKQoFdW50aWwYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKBWJvdW5kGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCWZyb21faGludBgFIAEoCCKGAQoRRGVjaXNpb25SZXF1ZXN0ZWQSDgoGcmVhc29uGAEgASgJEjMKD2ZhaWx1cmVfaGlzdG9yeRgCIAMoCzIaLnN0dWJib3JuLnYxLkZhaWx1cmVSZWNvcmQSLAoIZGVhZGxpbmUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjsKEERlY2lzaW9uUmVjZWl2ZWQSJwoIZGVjaXNpb24YASABKA4yFS5zdHViYm9ybi52MS5EZWNpc2lvbiIrCgpSdW5SZXN1bWVkEg0KBW93bmVyGAEgASgJEg4KBnJlYXNvbhgCIAEoCSI3CgtSdW5GaW5pc2hlZBIoCgVzdGF0ZRgBIAEoCzIZLnN0dWJib3JuLnYxLkNvbnRyb2xTdGF0ZSr6AQoJUnVuU3RhdHVzEhoKFlJVTl9TVEFUVVNfVU5TUEVDSUZJRUQQABIWChJSVU5fU1RBVFVTX1BFTkRJTkcQARIWChJSVU5fU1RBVFVTX1JVTk5JTkcQAhIaChZSVU5fU1RBVFVTX0JBQ0tJTkdfT0ZGEAMSIAocUlVOX1NUQVRVU19BV0FJVElOR19ERUNJU0lPThAEEhgKFFJVTl9TVEFUVVNfU1VDQ0VFREVEEAUSGAoUUlVOX1NUQVRVU19FWEhBVVNURUQQBhIVChFSVU5fU1RBVFVTX0ZBSUxFRBAHEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAgqWAoLT25FeGhhdXN0ZWQSHAoYT05fRVhIQVVTVEVEX1VOU1BFQ0lGSUVEEAASFAoQT05fRVhIQVVTVEVEX0FTSxABEhUKEU9OX0VYSEFVU1RFRF9GQUlMEAIqSwoIRGVjaXNpb24SGAoUREVDSVNJT05fVU5TUEVDSUZJRUQQABISCg5ERUNJU0lPTl9SRVRSWRABEhEKDURFQ0lTSU9OX0ZBSUwQAirmAQoOQXR0ZW1wdE91dGNvbWUSHwobQVRURU1QVF9PVVRDT01FX1VOU1BFQ0lGSUVEEAASHQoZQVRURU1QVF9PVVRDT01FX1NVQ0NFRURFRBABEhkKFUFUVEVNUFRfT1VUQ09NRV9FUlJPUhACEhwKGEFUVEVNUFRfT1VUQ09NRV9SRUpFQ1RFRBADEh0KGUFUVEVNUFRfT1VUQ09NRV9DQU5DRUxMRUQQBBIbChdBVFRFTVBUX09VVENPTUVfU0tJUFBFRBAFEh8KG0FUVEVNUFRfT1VUQ09NRV9JTlRFUlJVUFRFRBAGKrQBCg1GYWlsdXJlU291cmNlEh4KGkZBSUxVUkVfU09VUkNFX1VOU1BFQ0lGSUVEEAASGAoURkFJTFVSRV9TT1VSQ0VfRVJST1IQARIYChRGQUlMVVJFX1NPVVJDRV9KVURHRRACEhYKEkZBSUxVUkVfU09VUkNFX0NFTBADEhkKFUZBSUxVUkVfU09VUkNFX0hFQUxUSBAEEhwKGEZBSUxVUkVfU09VUkNFX0NBTkNFTExFRBAFMoQECg5Db250cm9sU2VydmljZRI6CgNSdW4SFy5zdHViYm9ybi52MS5SdW5SZXF1ZXN0Ghguc3R1YmJvcm4udjEuUnVuUmVzcG9uc2UwARJHCghTdGFydFJ1bhIcLnN0dWJib3JuLnYxLlN0YXJ0UnVuUmVxdWVzdBodLnN0dWJib3JuLnYxLlN0YXJ0UnVuUmVzcG9uc2USSQoIV2F0Y2hSdW4SHC5zdHViYm9ybi52MS5XYXRjaFJ1blJlcXVlc3QaHS5zdHViYm9ybi52MS5XYXRjaFJ1blJlc3BvbnNlMAESQQoGR2V0UnVuEhouc3R1YmJvcm4udjEuR2V0UnVuUmVxdWVzdBobLnN0dWJib3JuLnYxLkdldFJ1blJlc3BvbnNlEkcKCExpc3RSdW5zEhwuc3R1YmJvcm4udjEuTGlzdFJ1bnNSZXF1ZXN0Gh0uc3R1YmJvcm4udjEuTGlzdFJ1bnNSZXNwb25zZRJKCglDYW5jZWxSdW4SHS5zdHViYm9ybi52MS5DYW5jZWxSdW5SZXF1ZXN0Gh4uc3R1YmJvcm4udjEuQ2FuY2VsUnVuUmVzcG9uc2USSgoJRGVjaWRlUnVuEh0uc3R1YmJvcm4udjEuRGVjaWRlUnVuUmVxdWVzdBoeLnN0dWJib3JuLnYxLkRlY2lkZVJ1blJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_stubborn_v1_delegate]);
+  fileDesc("ChlzdHViYm9ybi92MS9jb250cm9sLnByb3RvEgtzdHViYm9ybi52MSL/AQoJUmV0cnlTcGVjEg4KBnRhcmdldBgBIAEoCRIVCghhdHRlbXB0cxgCIAEoBUgAiAEBEisKCG1heF93YWl0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KDG9uX2V4aGF1c3RlZBgEIAEoDjIYLnN0dWJib3JuLnYxLk9uRXhoYXVzdGVkEiwKCWJhc2Vfd2FpdBgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIzChBkZWNpc2lvbl90aW1lb3V0GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQgsKCV9hdHRlbXB0cyKSAQoVUmV0cnlXaXRoTGVhcm5pbmdTcGVjEg4KBnRhcmdldBgBIAEoCRIYCgttYXhfcmV0cmllcxgCIAEoBUgAiAEBEhgKEGZhaWx1cmVfY3JpdGVyaWEYAyABKAkSFAoMZmFpbHVyZV93aGVuGAQgASgJEg8KB2FuYWx5c3QYBSABKAlCDgoMX21heF9yZXRyaWVzIlIKEUZhbGxiYWNrQ2hhaW5TcGVjEg0KBWNoYWluGAEgAygJEhgKEGZhaWx1cmVfY3JpdGVyaWEYAiABKAkSFAoMZmFpbHVyZV93aGVuGAMgASgJIlAKCFJhY2VTcGVjEhIKCmNhbmRpZGF0ZXMYASADKAkSGwoTYWNjZXB0YW5jZV9jcml0ZXJpYRgCIAEoCRITCgthY2NlcHRfd2hlbhgDIAEoCSKCAgoKUnVuT3B0aW9ucxIXCg9pZGVtcG90ZW5jeV9rZXkYASABKAkSLgoLcnVuX3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SMgoPYXR0ZW1wdF90aW1lb3V0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjcKCG1ldGFkYXRhGAQgAygLMiUuc3R1YmJvcm4udjEuUnVuT3B0aW9ucy5NZXRhZGF0YUVudHJ5Eg0KBWp1ZGdlGAUgASgJGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKPAgoKUnVuUmVxdWVzdBISCgp0YXNrX2JyaWVmGAEgASgJEiUKBXJldHJ5GAIgASgLMhYuc3R1YmJvcm4udjEuUmV0cnlTcGVjEj8KE3JldHJ5X3dpdGhfbGVhcm5pbmcYAyABKAsyIi5zdHViYm9ybi52MS5SZXRyeVdpdGhMZWFybmluZ1NwZWMSNgoOZmFsbGJhY2tfY2hhaW4YBCABKAsyHi5zdHViYm9ybi52MS5GYWxsYmFja0NoYWluU3BlYxIjCgRyYWNlGAUgASgLMhUuc3R1YmJvcm4udjEuUmFjZVNwZWMSKAoHb3B0aW9ucxgGIAEoCzIXLnN0dWJib3JuLnYxLlJ1bk9wdGlvbnMiMwoLUnVuUmVzcG9uc2USJAoFZXZlbnQYASABKAsyFS5zdHViYm9ybi52MS5SdW5FdmVudCKUAgoPU3RhcnRSdW5SZXF1ZXN0EhIKCnRhc2tfYnJpZWYYASABKAkSJQoFcmV0cnkYAiABKAsyFi5zdHViYm9ybi52MS5SZXRyeVNwZWMSPwoTcmV0cnlfd2l0aF9sZWFybmluZxgDIAEoCzIiLnN0dWJib3JuLnYxLlJldHJ5V2l0aExlYXJuaW5nU3BlYxI2Cg5mYWxsYmFja19jaGFpbhgEIAEoCzIeLnN0dWJib3JuLnYxLkZhbGxiYWNrQ2hhaW5TcGVjEiMKBHJhY2UYBSABKAsyFS5zdHViYm9ybi52MS5SYWNlU3BlYxIoCgdvcHRpb25zGAYgASgLMhcuc3R1YmJvcm4udjEuUnVuT3B0aW9ucyJMChBTdGFydFJ1blJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRIoCgVzdGF0ZRgCIAEoCzIZLnN0dWJib3JuLnYxLkNvbnRyb2xTdGF0ZSJHCg9XYXRjaFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAxIRCgltYXhfYmF0Y2gYAyABKAUiXwoQV2F0Y2hSdW5SZXNwb25zZRIkCgVldmVudBgBIAEoCzIVLnN0dWJib3JuLnYxLlJ1bkV2ZW50EiUKBmV2ZW50cxgCIAMoCzIVLnN0dWJib3JuLnYxLlJ1bkV2ZW50Ih8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIjoKDkdldFJ1blJlc3BvbnNlEigKBXN0YXRlGAEgASgLMhkuc3R1YmJvcm4udjEuQ29udHJvbFN0YXRlImAKD0xpc3RSdW5zUmVxdWVzdBImCgZzdGF0dXMYASABKA4yFi5zdHViYm9ybi52MS5SdW5TdGF0dXMSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiVAoQTGlzdFJ1bnNSZXNwb25zZRInCgRydW5zGAEgAygLMhkuc3R1YmJvcm4udjEuQ29udHJvbFN0YXRlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIiChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSI9ChFDYW5jZWxSdW5SZXNwb25zZRIoCgVzdGF0ZRgBIAEoCzIZLnN0dWJib3JuLnYxLkNvbnRyb2xTdGF0ZSJLChBEZWNpZGVSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRInCghkZWNpc2lvbhgCIAEoDjIVLnN0dWJib3JuLnYxLkRlY2lzaW9uIj0KEURlY2lkZVJ1blJlc3BvbnNlEigKBXN0YXRlGAEgASgLMhkuc3R1YmJvcm4udjEuQ29udHJvbFN0YXRlIuIBCgtDb250cm9sU3BlYxInCgVyZXRyeRgBIAEoCzIWLnN0dWJib3JuLnYxLlJldHJ5U3BlY0gAEkEKE3JldHJ5X3dpdGhfbGVhcm5pbmcYAiABKAsyIi5zdHViYm9ybi52MS5SZXRyeVdpdGhMZWFybmluZ1NwZWNIABI4Cg5mYWxsYmFja19jaGFpbhgDIAEoCzIeLnN0dWJib3JuLnYxLkZhbGxiYWNrQ2hhaW5TcGVjSAASJQoEcmFjZRgEIAEoCzIVLnN0dWJib3JuLnYxLlJhY2VTcGVjSABCBgoEa2luZCLZBAoMQ29udHJvbFN0YXRlEg4KBnJ1bl9pZBgBIAEoCRImCgZzdGF0dXMYAiABKA4yFi5zdHViYm9ybi52MS5SdW5TdGF0dXMSIwoGcmVzdWx0GAMgASgLMhMuc3R1YmJvcm4udjEuUmVzdWx0Eg4KBndpbm5lchgEIAEoCRIQCghhdHRlbXB0cxgFIAEoBRIzCg9mYWlsdXJlX2hpc3RvcnkYBiADKAsyGi5zdHViYm9ybi52MS5GYWlsdXJlUmVjb3JkEikKC2F0dGVtcHRfbG9nGAcgAygLMhQuc3R1YmJvcm4udjEuQXR0ZW1wdBISCgp0YXNrX2JyaWVmGAggASgJEikKB2NvbnRyb2wYCSABKAsyGC5zdHViYm9ybi52MS5Db250cm9sU3BlYxIoCgdvcHRpb25zGAogASgLMhcuc3R1YmJvcm4udjEuUnVuT3B0aW9ucxIVCg1zdGF0dXNfcmVhc29uGAsgASgJEjUKEnN0YXR1c19yZWFzb25fY29kZRgRIAEoDjIZLnN0dWJib3JuLnYxLlN0YXR1c1JlYXNvbhIvCgtjcmVhdGVfdGltZRgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLdXBkYXRlX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGA4gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgt0cmFjZXBhcmVudBgPIAEoCRIOCgZ0ZW5hbnQYECABKAkilAEKDEF0dGVtcHRFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSEwoLaHR0cF9zdGF0dXMYAyABKAUSLQoKcmV0cnlfaGludBgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIQCghub3Rfc2VudBgFIAEoCBIPCgdyZWZ1c2VkGAYgASgIItMCCgdBdHRlbXB0Eg4KBm51bWJlchgBIAEoBRIQCghkZWxlZ2F0ZRgCIAEoCRINCgVicmllZhgDIAEoCRIuCgpzdGFydF90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoHb3V0Y29tZRgGIAEoDjIbLnN0dWJib3JuLnYxLkF0dGVtcHRPdXRjb21lEiMKBnJlc3VsdBgHIAEoCzITLnN0dWJib3JuLnYxLlJlc3VsdBIoCgVlcnJvchgIIAEoCzIZLnN0dWJib3JuLnYxLkF0dGVtcHRFcnJvchIuCgt3YWl0X2JlZm9yZRgJIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIMCgRwYXRoGAogASgJIpkCCg1GYWlsdXJlUmVjb3JkEg8KB2F0dGVtcHQYASABKAUSEAoIZGVsZWdhdGUYAiABKAkSDwoHc3VtbWFyeRgDIAEoCRIOCgZyZWFzb24YBCABKAkSEQoJdHJhbnNpZW50GAUgASgIEhoKEm5vdF9yZXRyaWVkX3JlYXNvbhgGIAEoCRIxChBub3RfcmV0cmllZF9jb2RlGAsgASgOMhcuc3R1YmJvcm4udjEuTm90UmV0cmllZBIQCghhbmFseXNpcxgHIAEoCRIMCgRwYXRoGAggASgJEioKBnNvdXJjZRgJIAEoDjIaLnN0dWJib3JuLnYxLkZhaWx1cmVTb3VyY2USFgoOYW5hbHlzaXNfZXJyb3IYCiABKAki2wQKCFJ1bkV2ZW50Eg4KBnJ1bl9pZBgBIAEoCRILCgNzZXEYAiABKAMSKAoEdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDAoEcGF0aBgEIAEoCRIuCgtydW5fc3RhcnRlZBgKIAEoCzIXLnN0dWJib3JuLnYxLlJ1blN0YXJ0ZWRIABI2Cg9hdHRlbXB0X3N0YXJ0ZWQYCyABKAsyGy5zdHViYm9ybi52MS5BdHRlbXB0U3RhcnRlZEgAEjgKEGF0dGVtcHRfZmluaXNoZWQYDCABKAsyHC5zdHViYm9ybi52MS5BdHRlbXB0RmluaXNoZWRIABI4ChBmYWlsdXJlX2FuYWx5emVkGA0gASgLMhwuc3R1YmJvcm4udjEuRmFpbHVyZUFuYWx5emVkSAASOgoRYmFja29mZl9zY2hlZHVsZWQYDiABKAsyHS5zdHViYm9ybi52MS5CYWNrb2ZmU2NoZWR1bGVkSAASPAoSZGVjaXNpb25fcmVxdWVzdGVkGA8gASgLMh4uc3R1YmJvcm4udjEuRGVjaXNpb25SZXF1ZXN0ZWRIABI6ChFkZWNpc2lvbl9yZWNlaXZlZBgQIAEoCzIdLnN0dWJib3JuLnYxLkRlY2lzaW9uUmVjZWl2ZWRIABIwCgxydW5fZmluaXNoZWQYESABKAsyGC5zdHViYm9ybi52MS5SdW5GaW5pc2hlZEgAEi4KC3J1bl9yZXN1bWVkGBIgASgLMhcuc3R1YmJvcm4udjEuUnVuUmVzdW1lZEgAQgYKBGtpbmQiNgoKUnVuU3RhcnRlZBIoCgVzdGF0ZRgBIAEoCzIZLnN0dWJib3JuLnYxLkNvbnRyb2xTdGF0ZSI3Cg5BdHRlbXB0U3RhcnRlZBIlCgdhdHRlbXB0GAEgASgLMhQuc3R1YmJvcm4udjEuQXR0ZW1wdCJGCg9BdHRlbXB0RmluaXNoZWQSJQoHYXR0ZW1wdBgBIAEoCzIULnN0dWJib3JuLnYxLkF0dGVtcHQSDAoEbm90ZRgCIAEoCSJmCg9GYWlsdXJlQW5hbHl6ZWQSKwoHZmFpbHVyZRgBIAEoCzIaLnN0dWJib3JuLnYxLkZhaWx1cmVSZWNvcmQSEgoKd2lsbF9yZXRyeRgCIAEoCBISCgpuZXh0X2JyaWVmGAMgASgJIrkBChBCYWNrb2ZmU2NoZWR1bGVkEhQKDG5leHRfYXR0ZW1wdBgBIAEoBRInCgR3YWl0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEikKBXVudGlsGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIoCgVib3VuZBgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIRCglmcm9tX2hpbnQYBSABKAgitgEKEURlY2lzaW9uUmVxdWVzdGVkEg4KBnJlYXNvbhgBIAEoCRIzCg9mYWlsdXJlX2hpc3RvcnkYAiADKAsyGi5zdHViYm9ybi52MS5GYWlsdXJlUmVjb3JkEiwKCGRlYWRsaW5lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgtyZWFzb25fY29kZRgEIAEoDjIZLnN0dWJib3JuLnYxLlN0YXR1c1JlYXNvbiI7ChBEZWNpc2lvblJlY2VpdmVkEicKCGRlY2lzaW9uGAEgASgOMhUuc3R1YmJvcm4udjEuRGVjaXNpb24iKwoKUnVuUmVzdW1lZBINCgVvd25lchgBIAEoCRIOCgZyZWFzb24YAiABKAkiNwoLUnVuRmluaXNoZWQSKAoFc3RhdGUYASABKAsyGS5zdHViYm9ybi52MS5Db250cm9sU3RhdGUq+gEKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFgoSUlVOX1NUQVRVU19QRU5ESU5HEAESFgoSUlVOX1NUQVRVU19SVU5OSU5HEAISGgoWUlVOX1NUQVRVU19CQUNLSU5HX09GRhADEiAKHFJVTl9TVEFUVVNfQVdBSVRJTkdfREVDSVNJT04QBBIYChRSVU5fU1RBVFVTX1NVQ0NFRURFRBAFEhgKFFJVTl9TVEFUVVNfRVhIQVVTVEVEEAYSFQoRUlVOX1NUQVRVU19GQUlMRUQQBxIYChRSVU5fU1RBVFVTX0NBTkNFTExFRBAIKlgKC09uRXhoYXVzdGVkEhwKGE9OX0VYSEFVU1RFRF9VTlNQRUNJRklFRBAAEhQKEE9OX0VYSEFVU1RFRF9BU0sQARIVChFPTl9FWEhBVVNURURfRkFJTBACKksKCERlY2lzaW9uEhgKFERFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASEgoOREVDSVNJT05fUkVUUlkQARIRCg1ERUNJU0lPTl9GQUlMEAIq5gEKDkF0dGVtcHRPdXRjb21lEh8KG0FUVEVNUFRfT1VUQ09NRV9VTlNQRUNJRklFRBAAEh0KGUFUVEVNUFRfT1VUQ09NRV9TVUNDRUVERUQQARIZChVBVFRFTVBUX09VVENPTUVfRVJST1IQAhIcChhBVFRFTVBUX09VVENPTUVfUkVKRUNURUQQAxIdChlBVFRFTVBUX09VVENPTUVfQ0FOQ0VMTEVEEAQSGwoXQVRURU1QVF9PVVRDT01FX1NLSVBQRUQQBRIfChtBVFRFTVBUX09VVENPTUVfSU5URVJSVVBURUQQBiq0AQoNRmFpbHVyZVNvdXJjZRIeChpGQUlMVVJFX1NPVVJDRV9VTlNQRUNJRklFRBAAEhgKFEZBSUxVUkVfU09VUkNFX0VSUk9SEAESGAoURkFJTFVSRV9TT1VSQ0VfSlVER0UQAhIWChJGQUlMVVJFX1NPVVJDRV9DRUwQAxIZChVGQUlMVVJFX1NPVVJDRV9IRUFMVEgQBBIcChhGQUlMVVJFX1NPVVJDRV9DQU5DRUxMRUQQBSrpAgoKTm90UmV0cmllZBIbChdOT1RfUkVUUklFRF9VTlNQRUNJRklFRBAAEh0KGU5PVF9SRVRSSUVEX05PVF9UUkFOU0lFTlQQARIXChNOT1RfUkVUUklFRF9SRUZVU0VEEAISGAoUTk9UX1JFVFJJRURfUkVKRUNURUQQAxIeChpOT1RfUkVUUklFRF9OT1RfSURFTVBPVEVOVBAEEh0KGU5PVF9SRVRSSUVEX0hJTlRfTk9fUkVUUlkQBRIdChlOT1RfUkVUUklFRF9ISU5UX09WRVJfQ0FQEAYSGQoVTk9UX1JFVFJJRURfRVhIQVVTVEVEEAcSGAoUTk9UX1JFVFJJRURfREVBRExJTkUQCBIWChJOT1RfUkVUUklFRF9CVURHRVQQCRIqCiZOT1RfUkVUUklFRF9JTlRFUlJVUFRFRF9OT1RfSURFTVBPVEVOVBAKEhUKEU5PVF9SRVRSSUVEX09USEVSEAsq8gMKDFN0YXR1c1JlYXNvbhIdChlTVEFUVVNfUkVBU09OX1VOU1BFQ0lGSUVEEAASIwofU1RBVFVTX1JFQVNPTl9SRVRSSUVTX0VYSEFVU1RFRBABEh0KGVNUQVRVU19SRUFTT05fTk9UX1JFVFJJRUQQAhIlCiFTVEFUVVNfUkVBU09OX1JFVFJZX1BBU1RfREVBRExJTkUQAxIfChtTVEFUVVNfUkVBU09OX0RFQ0lTSU9OX0ZBSUwQBBIiCh5TVEFUVVNfUkVBU09OX0RFQ0lTSU9OX1RJTUVPVVQQBRIcChhTVEFUVVNfUkVBU09OX0FMTF9GQUlMRUQQBhIdChlTVEFUVVNfUkVBU09OX1JVTl9USU1FT1VUEAcSGwoXU1RBVFVTX1JFQVNPTl9DQU5DRUxMRUQQCBIcChhTVEFUVVNfUkVBU09OX05PX0NPTlRST0wQCRIeChpTVEFUVVNfUkVBU09OX05PVF9SRUNPUkRFRBAKEh8KG1NUQVRVU19SRUFTT05fU1RPUkVfUkVGVVNFRBALEh8KG1NUQVRVU19SRUFTT05fVU5SRUNPVkVSQUJMRRAMEiAKHFNUQVRVU19SRUFTT05fSU5URVJOQUxfRVJST1IQDRIXChNTVEFUVVNfUkVBU09OX09USEVSEA4yhAQKDkNvbnRyb2xTZXJ2aWNlEjoKA1J1bhIXLnN0dWJib3JuLnYxLlJ1blJlcXVlc3QaGC5zdHViYm9ybi52MS5SdW5SZXNwb25zZTABEkcKCFN0YXJ0UnVuEhwuc3R1YmJvcm4udjEuU3RhcnRSdW5SZXF1ZXN0Gh0uc3R1YmJvcm4udjEuU3RhcnRSdW5SZXNwb25zZRJJCghXYXRjaFJ1bhIcLnN0dWJib3JuLnYxLldhdGNoUnVuUmVxdWVzdBodLnN0dWJib3JuLnYxLldhdGNoUnVuUmVzcG9uc2UwARJBCgZHZXRSdW4SGi5zdHViYm9ybi52MS5HZXRSdW5SZXF1ZXN0Ghsuc3R1YmJvcm4udjEuR2V0UnVuUmVzcG9uc2USRwoITGlzdFJ1bnMSHC5zdHViYm9ybi52MS5MaXN0UnVuc1JlcXVlc3QaHS5zdHViYm9ybi52MS5MaXN0UnVuc1Jlc3BvbnNlEkoKCUNhbmNlbFJ1bhIdLnN0dWJib3JuLnYxLkNhbmNlbFJ1blJlcXVlc3QaHi5zdHViYm9ybi52MS5DYW5jZWxSdW5SZXNwb25zZRJKCglEZWNpZGVSdW4SHS5zdHViYm9ybi52MS5EZWNpZGVSdW5SZXF1ZXN0Gh4uc3R1YmJvcm4udjEuRGVjaWRlUnVuUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_stubborn_v1_delegate]);
 
 /**
  * RetrySpec configures the retry control: the same delegate again, after a
@@ -920,11 +920,21 @@ export type ControlState = Message<"stubborn.v1.ControlState"> & {
 
   /**
    * Why the run ended or waits, in words (for example "retries exhausted",
-   * "decision: FAIL", "cancelled"). Empty while running normally.
+   * "decision: FAIL", "cancelled"); status_reason_code says it as a value.
+   * Empty while running normally.
    *
    * @generated from field: string status_reason = 11;
    */
   statusReason: string;
+
+  /**
+   * Why the run ended or waits, as a value to switch on; status_reason has
+   * the words. STATUS_REASON_UNSPECIFIED while running normally, once
+   * SUCCEEDED, or for a state recorded by a server older than this field.
+   *
+   * @generated from field: stubborn.v1.StatusReason status_reason_code = 17;
+   */
+  statusReasonCode: StatusReason;
 
   /**
    * When the run was accepted.
@@ -1168,13 +1178,25 @@ export type FailureRecord = Message<"stubborn.v1.FailureRecord"> & {
   transient: boolean;
 
   /**
-   * Why no retry followed, when the retry control did not retry (for example
-   * "not transient: INVALID_ARGUMENT", "delegate is not idempotent"). Empty
-   * when a retry followed or the control does not retry.
+   * Why no retry followed, in words, when the retry control did not retry
+   * (for example "not transient: INVALID_ARGUMENT", `delegate "d" is neither
+   * idempotent nor read_only`) or retry-with-learning could not retry an
+   * interrupted attempt; not_retried_code says it as a value. Empty when a
+   * retry followed or the control does not retry.
    *
    * @generated from field: string not_retried_reason = 6;
    */
   notRetriedReason: string;
+
+  /**
+   * Why no retry followed, as a value to switch on; not_retried_reason has
+   * the words. NOT_RETRIED_UNSPECIFIED when a retry followed, when the
+   * control does not retry, or for a record made by a server older than
+   * this field.
+   *
+   * @generated from field: stubborn.v1.NotRetried not_retried_code = 11;
+   */
+  notRetriedCode: NotRetried;
 
   /**
    * What the analyst delegate advised for the next attempt. Empty without an
@@ -1522,6 +1544,16 @@ export type DecisionRequested = Message<"stubborn.v1.DecisionRequested"> & {
    * @generated from field: google.protobuf.Timestamp deadline = 3;
    */
   deadline?: Timestamp | undefined;
+
+  /**
+   * Why a decision is needed, as a value to switch on (the value
+   * ControlState.status_reason_code takes meanwhile):
+   * STATUS_REASON_RETRIES_EXHAUSTED. STATUS_REASON_UNSPECIFIED for an event
+   * recorded by a server older than this field.
+   *
+   * @generated from field: stubborn.v1.StatusReason reason_code = 4;
+   */
+  reasonCode: StatusReason;
 };
 
 /**
@@ -1879,6 +1911,249 @@ export enum FailureSource {
  */
 export const FailureSourceSchema: GenEnum<FailureSource> = /*@__PURE__*/
   enumDesc(file_stubborn_v1_control, 4);
+
+/**
+ * NotRetried says, as a value to switch on, why no retry followed a failed
+ * attempt: FailureRecord.not_retried_code, beside the words of
+ * FailureRecord.not_retried_reason. The retry control checks in the order of
+ * these values (NOT_TRANSIENT to BUDGET) and records the first that stops
+ * the retry.
+ *
+ * @generated from enum stubborn.v1.NotRetried
+ */
+export enum NotRetried {
+  /**
+   * No value: a retry followed, the control does not retry, or the record
+   * was made by a server older than this field (not_retried_reason then
+   * says why in words, when no retry followed).
+   *
+   * @generated from enum value: NOT_RETRIED_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The error is not one a retry may fix: its gRPC code (such as
+   * INVALID_ARGUMENT), an upstream HTTP status of 4xx other than 408, 425,
+   * 429, or an error that is not a classified delegate error.
+   *
+   * @generated from enum value: NOT_RETRIED_NOT_TRANSIENT = 1;
+   */
+  NOT_TRANSIENT = 1,
+
+  /**
+   * Stubborn's own middleware refused the call (AttemptError.refused): such
+   * a call is never retried.
+   *
+   * @generated from enum value: NOT_RETRIED_REFUSED = 2;
+   */
+  REFUSED = 2,
+
+  /**
+   * The delegate answered and the failure criteria rejected the answer: the
+   * retry control retries errors only.
+   *
+   * @generated from enum value: NOT_RETRIED_REJECTED = 3;
+   */
+  REJECTED = 3,
+
+  /**
+   * The delegate is declared neither idempotent nor read_only, and the call
+   * may have reached it.
+   *
+   * @generated from enum value: NOT_RETRIED_NOT_IDEMPOTENT = 4;
+   */
+  NOT_IDEMPOTENT = 4,
+
+  /**
+   * The delegate's retry hint is negative: it asks not to retry.
+   *
+   * @generated from enum value: NOT_RETRIED_HINT_NO_RETRY = 5;
+   */
+  HINT_NO_RETRY = 5,
+
+  /**
+   * The delegate's retry hint is longer than max_wait.
+   *
+   * @generated from enum value: NOT_RETRIED_HINT_OVER_CAP = 6;
+   */
+  HINT_OVER_CAP = 6,
+
+  /**
+   * The round's retries ran out (RetrySpec.attempts): the run awaits a
+   * decision, or ends FAILED with on_exhausted FAIL.
+   *
+   * @generated from enum value: NOT_RETRIED_EXHAUSTED = 7;
+   */
+  EXHAUSTED = 7,
+
+  /**
+   * The wait before the retry would end at or after the run's deadline.
+   *
+   * @generated from enum value: NOT_RETRIED_DEADLINE = 8;
+   */
+  DEADLINE = 8,
+
+  /**
+   * The retry budget of the delegate allows no more retries.
+   *
+   * @generated from enum value: NOT_RETRIED_BUDGET = 9;
+   */
+  BUDGET = 9,
+
+  /**
+   * retry-with-learning: the attempt was in flight when the server driving
+   * the run stopped, and the delegate, which may have done the work, is
+   * declared neither idempotent nor read_only.
+   *
+   * @generated from enum value: NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT = 10;
+   */
+  INTERRUPTED_NOT_IDEMPOTENT = 10,
+
+  /**
+   * A reason without a value of its own; not_retried_reason says it.
+   *
+   * @generated from enum value: NOT_RETRIED_OTHER = 11;
+   */
+  OTHER = 11,
+}
+
+/**
+ * Describes the enum stubborn.v1.NotRetried.
+ */
+export const NotRetriedSchema: GenEnum<NotRetried> = /*@__PURE__*/
+  enumDesc(file_stubborn_v1_control, 5);
+
+/**
+ * StatusReason says, as a value to switch on, why a run ended or waits:
+ * ControlState.status_reason_code, beside the words of
+ * ControlState.status_reason.
+ *
+ * @generated from enum stubborn.v1.StatusReason
+ */
+export enum StatusReason {
+  /**
+   * No value: the run is running normally or SUCCEEDED (status_reason is
+   * empty), or its state was recorded by a server older than this field
+   * (status_reason then says why in words).
+   *
+   * @generated from enum value: STATUS_REASON_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The retry control's round of retries ran out: the run is
+   * AWAITING_DECISION (on_exhausted ASK) or ended FAILED (on_exhausted
+   * FAIL).
+   *
+   * @generated from enum value: STATUS_REASON_RETRIES_EXHAUSTED = 1;
+   */
+  RETRIES_EXHAUSTED = 1,
+
+  /**
+   * FAILED: a failure was not retried for a reason other than the round
+   * running out; the not_retried_code of the last record in
+   * failure_history says which.
+   *
+   * @generated from enum value: STATUS_REASON_NOT_RETRIED = 2;
+   */
+  NOT_RETRIED = 2,
+
+  /**
+   * FAILED: a retry was to follow (a failure recorded with will_retry, or a
+   * RETRY decision), but its wait would end after the run's deadline.
+   *
+   * @generated from enum value: STATUS_REASON_RETRY_PAST_DEADLINE = 3;
+   */
+  RETRY_PAST_DEADLINE = 3,
+
+  /**
+   * FAILED: DecideRun answered DECISION_FAIL.
+   *
+   * @generated from enum value: STATUS_REASON_DECISION_FAIL = 4;
+   */
+  DECISION_FAIL = 4,
+
+  /**
+   * FAILED: nobody decided within RetrySpec.decision_timeout.
+   *
+   * @generated from enum value: STATUS_REASON_DECISION_TIMEOUT = 5;
+   */
+  DECISION_TIMEOUT = 5,
+
+  /**
+   * EXHAUSTED: every allowed attempt failed (retry-with-learning's
+   * max_retries, every delegate of the chain, every race candidate).
+   *
+   * @generated from enum value: STATUS_REASON_ALL_FAILED = 6;
+   */
+  ALL_FAILED = 6,
+
+  /**
+   * FAILED: the run's own timeout (RunOptions.run_timeout) passed.
+   *
+   * @generated from enum value: STATUS_REASON_RUN_TIMEOUT = 7;
+   */
+  RUN_TIMEOUT = 7,
+
+  /**
+   * CANCELLED: by CancelRun, or the run's context ended for another cause
+   * that status_reason names.
+   *
+   * @generated from enum value: STATUS_REASON_CANCELLED = 8;
+   */
+  CANCELLED = 8,
+
+  /**
+   * FAILED: the run's control spec selects no control.
+   *
+   * @generated from enum value: STATUS_REASON_NO_CONTROL = 9;
+   */
+  NO_CONTROL = 9,
+
+  /**
+   * FAILED: the store could not record the run's first event; the run never
+   * started.
+   *
+   * @generated from enum value: STATUS_REASON_NOT_RECORDED = 10;
+   */
+  NOT_RECORDED = 10,
+
+  /**
+   * FAILED: the store refused the run's events for good (too large, a full
+   * stream); the run stopped after the events it did write.
+   *
+   * @generated from enum value: STATUS_REASON_STORE_REFUSED = 11;
+   */
+  STORE_REFUSED = 11,
+
+  /**
+   * FAILED: the run's journal is damaged or lost, so it was not resumed,
+   * lest a delegate be called again for work it may have done.
+   *
+   * @generated from enum value: STATUS_REASON_UNRECOVERABLE = 12;
+   */
+  UNRECOVERABLE = 12,
+
+  /**
+   * FAILED: a bug in the server (a panic in the control) ended the run.
+   *
+   * @generated from enum value: STATUS_REASON_INTERNAL_ERROR = 13;
+   */
+  INTERNAL_ERROR = 13,
+
+  /**
+   * A reason without a value of its own; status_reason says it.
+   *
+   * @generated from enum value: STATUS_REASON_OTHER = 14;
+   */
+  OTHER = 14,
+}
+
+/**
+ * Describes the enum stubborn.v1.StatusReason.
+ */
+export const StatusReasonSchema: GenEnum<StatusReason> = /*@__PURE__*/
+  enumDesc(file_stubborn_v1_control, 6);
 
 /**
  * ControlService runs resilience controls (retry, retry-with-learning,
