@@ -210,7 +210,7 @@ func New(cfg Config) (*Manager, error) {
 	return m, nil
 }
 
-// isClosed reports whether Close or Kill has been called.
+// isClosed reports whether Close or kill has been called.
 func (m *Manager) isClosed() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -265,10 +265,11 @@ func (m *Manager) stopRuns(abandon bool) {
 	m.wg.Wait()
 }
 
-// Kill stops driving every run at once, writing nothing and telling no one,
+// kill stops driving every run at once, writing nothing and telling no one,
 // as a crash would. The runs are taken over once the lease has passed.
-// For tests of recovery.
-func (m *Manager) Kill() {
+// For tests of recovery (Kill in export_test.go). It takes Close's steps,
+// but abandons every run and does not leave the store (Leave).
+func (m *Manager) kill() {
 	m.paused.Store(true)
 	m.stopRuns(true)
 	m.stopBeats()

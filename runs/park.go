@@ -48,7 +48,7 @@ func (p *parking) claim() bool {
 // context (CancelRun, its deadline, shutdown) wakes it at once; and
 // DecideRun wakes it with the decision (decide). Woken, it is driven again
 // from its journal, which replays up to the wait and goes on from there
-// (or stops, when its context ended); abandoned meanwhile (Close, Kill),
+// (or stops, when its context ended); abandoned meanwhile (Close, kill),
 // it is only let go. Until woken, GetRun reads the parked tracker, whose
 // state is the run's.
 func (m *Manager) park(r *run, p *parking, until time.Time) {
@@ -158,6 +158,3 @@ func (m *Manager) unpark(ctx context.Context, r *run, answer *decision) {
 	// cannot: its journal ends awaiting it).
 	answer.give(ErrNotAwaitingDecision)
 }
-
-// Parked returns how many runs wait in backoff without a goroutine.
-func (m *Manager) Parked() int { return int(m.parked.Load()) }
