@@ -31,6 +31,15 @@ func (m *Manager) AppendForTest(ctx context.Context, id string) error {
 	return m.store.Append(ctx, ev)
 }
 
+// Kill stops driving every run at once, writing nothing and telling no one,
+// as a crash would (Manager.kill). The runs are taken over once the lease
+// has passed.
+func (m *Manager) Kill() { m.kill() }
+
+// Parked returns how many runs wait in backoff without a goroutine (parked
+// on park's timer or for a decision).
+func (m *Manager) Parked() int { return int(m.parked.Load()) }
+
 // IsClosedForTest reports whether Close or Kill has begun.
 func (m *Manager) IsClosedForTest() bool { return m.isClosed() }
 

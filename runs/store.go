@@ -11,7 +11,27 @@ import (
 // of each run's state, which server drives each run, and which servers are
 // alive. The Manager is the same over every Store; JetStream is the
 // production one, Memory serves tests and the -store memory flag.
+//
+// It is made of one interface per concern, each what a part of the
+// Manager needs: a run's journal writer (run.flush, run.endRefused)
+// appends to the Journal and saves to the States; watching follows the
+// Journal; GetRun and ListRuns read the States; heartbeats, claims,
+// takeover scans and resumes go through Ownership (resumes read the
+// Journal too); CancelRun and DecideRun for a run another server drives go
+// through Commands.
 type Store interface {
+	Journal
+	States
+	Ownership
+	Commands
+
+	// Close releases the store's resources.
+	Close() error
+}
+
+// Journal keeps each run's events, in seq order, and fences out a server
+// that lost the run.
+type Journal interface {
 	// Append records evs, consecutive events of one run in seq order (at
 	// least one), as one write: all of them or none. It fails with
 	// ErrConflict when the run's journal does not end where this store's
@@ -26,7 +46,10 @@ type Store interface {
 	// recorded and then each new one as it is recorded, until run_finished
 	// has been sent (it returns nil), ctx ends or fn fails.
 	Follow(ctx context.Context, runID string, after int64, fn func(Event) error) error
+}
 
+// States keeps a snapshot of each run's state.
+type States interface {
 	// PutState saves the snapshot of run runID's state, encoded (a
 	// stubborn.v1.ControlState). state is never changed: a store may keep
 	// it.
@@ -37,7 +60,11 @@ type Store interface {
 	// States calls fn with every run's state (as State gives it), once
 	// each, in no particular order, until fn returns false.
 	States(ctx context.Context, fn func(*stubbornv1.ControlState) bool) error
+}
 
+// Ownership says which servers are alive and which server drives each
+// run.
+type Ownership interface {
 	// Beat says owner is alive; it must be repeated within the store's
 	// lease time, after which owner counts as dead.
 	Beat(ctx context.Context, owner string) error
@@ -65,16 +92,16 @@ type Store interface {
 	TakeOver(ctx context.Context, runID, from, owner string) error
 	// Release forgets the driver of a finished run.
 	Release(ctx context.Context, runID string) error
+}
 
+// Commands carries operations on a run to the server that drives it.
+type Commands interface {
 	// Serve answers commands (cancel, decide) sent to owner's runs by other
 	// servers, with handle, until stop is called; ctx is the parent of
 	// handle's contexts. When it returns, commands sent reach handle.
 	Serve(ctx context.Context, owner string, handle func(context.Context, *Command) (*stubbornv1.ControlState, error)) (stop func(), err error)
 	// Send delivers a command to the server that drives cmd.RunId.
 	Send(ctx context.Context, owner string, cmd *Command) (*stubbornv1.ControlState, error)
-
-	// Close releases the store's resources.
-	Close() error
 }
 
 // Command is an operation on a run that only its driver can carry out.

@@ -1,0 +1,108 @@
+package runs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/stubbornhq/stubborn/controls"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// Cancel cancels a run and waits (bounded by ctx) until it has ended. A
+// finished run is returned as it is.
+func (m *Manager) Cancel(ctx context.Context, id string) (*stubbornv1.ControlState, error) {
+	return m.command(ctx, &Command{RunID: id, Cancel: true})
+}
+
+// Decide answers a run awaiting a decision.
+func (m *Manager) Decide(ctx context.Context, id string, d stubbornv1.Decision) (*stubbornv1.ControlState, error) {
+	return m.command(ctx, &Command{RunID: id, Decision: d})
+}
+
+// command carries out cmd here if this server drives the run, or sends it
+// to the server that does.
+//
+// Only ctx's tenant may command its runs: that is checked here, on the
+// server the command arrives at, before it is carried out or sent on.
+func (m *Manager) command(ctx context.Context, cmd *Command) (*stubbornv1.ControlState, error) {
+	if r := m.local(cmd.RunID); r != nil && !r.isLost() {
+		if err := visible(ctx, cmd.RunID, r.tenant); err != nil {
+			return nil, err
+		}
+		return m.handle(ctx, cmd)
+	}
+	st, err := m.state(ctx, cmd.RunID)
+	if err != nil {
+		return nil, err
+	}
+	if isTerminal(st.GetStatus()) {
+		return m.handle(ctx, cmd)
+	}
+	owner, err := m.store.Driver(ctx, cmd.RunID)
+	if err != nil {
+		return nil, err
+	}
+	if owner == "" || owner == m.owner {
+		return m.handle(ctx, cmd)
+	}
+	st, err = m.store.Send(ctx, owner, cmd)
+	if err != nil && !errors.Is(err, ErrNotAwaitingDecision) && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return st, err
+}
+
+// handle carries out a command on a run this server drives, or on a
+// finished run.
+func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.ControlState, error) {
+	r := m.local(cmd.RunID)
+	if r == nil || r.isLost() {
+		st, err := m.store.State(ctx, cmd.RunID)
+		if err != nil {
+			return nil, err
+		}
+		if !isTerminal(st.GetStatus()) {
+			return nil, fmt.Errorf("%w: run %s is driven by another server", ErrUnavailable, cmd.RunID)
+		}
+		if cmd.Cancel {
+			return st, nil
+		}
+		return nil, fmt.Errorf("%w (status %s)", ErrNotAwaitingDecision, st.GetStatus())
+	}
+	if cmd.Cancel {
+		r.cancel(errCancelled)
+		select {
+		case <-r.ended:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return r.snapshot()
+	}
+	// A run being resumed from its journal is decided once the replay has
+	// reached where the run waits.
+	if err := r.caughtUp(ctx); err != nil {
+		return nil, err
+	}
+	tr := r.live()
+	if tr == nil {
+		return nil, fmt.Errorf("%w (the run has ended)", ErrNotAwaitingDecision)
+	}
+	err := tr.Decide(cmd.Decision)
+	if errors.Is(err, controls.ErrParked) {
+		ok, err := m.decide(r, tr, cmd.Decision)
+		if !ok {
+			// Another call woke it first (a decision, its timeout, a
+			// cancellation): the first one wins, as when it is not parked.
+			return nil, fmt.Errorf("%w (another decision, its timeout or a cancellation came first)", ErrNotAwaitingDecision)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return r.snapshot()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w (status %s)", err, tr.Status())
+	}
+	return tr.Snapshot(), nil
+}

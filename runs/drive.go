@@ -1,0 +1,196 @@
+package runs
+
+import (
+	"context"
+	mrand "math/rand/v2"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/stubbornhq/stubborn/controls"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// drive runs the control to its end with tr, state's tracker. A new run's
+// run_started is recorded already (Start). With replay, tr replays the
+// run's journal from run_started on (a run taken over, resumedBecause
+// saying why, or a parked run woken), and the run's cancellation is held
+// back until the replay has caught up (controls.Tracker.OnLive), so that
+// a run cancelled meanwhile ends with its whole history. A run whose
+// control parks (controls.Tracker.ParkWaits) leaves drive waiting on
+// park's timer, holding no goroutine.
+func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state *stubbornv1.ControlState, replay bool, resumedBecause string) {
+	runCtx := ctx
+	parked := false
+	defer func() {
+		if !parked {
+			m.endDrive(r)
+		}
+	}()
+	if m.cfg.ParkAfter > 0 {
+		// Parked under the tracker's lock: by the time anyone sees the run
+		// waiting, its parking is set, and may be woken before this drive
+		// has returned (it writes nothing more).
+		tr.ParkWaits(m.cfg.ParkAfter, func(until time.Time, decision bool) {
+			// Woken, the run replays its journal in memory: it must
+			// have every event recorded so far.
+			r.flush()
+			m.park(r, &parking{ctx: runCtx, tracker: tr, decision: decision}, until)
+		})
+	}
+	defer func() {
+		// A bug in a control must end its run, not the server.
+		if p := recover(); p != nil {
+			m.log.Error("panic in run", "run_id", r.id, "panic", p, "stack", string(debug.Stack()))
+			tr.Finish(stubbornv1.RunStatus_RUN_STATUS_FAILED, nil, "", "internal error", stubbornv1.StatusReason_STATUS_REASON_INTERNAL_ERROR)
+			m.retire(r)
+		}
+	}()
+	if replay {
+		held, release, stop := holdCancel(ctx)
+		defer stop()
+		ctx = held
+		tr.OnLive(release)
+		tr.OnLive(r.wentLive)
+		tr.Start()
+		if resumedBecause != "" {
+			tr.Resumed(m.owner, resumedBecause)
+		}
+	}
+	// What the criteria, the call context and the control read of the run
+	// never changes once it is accepted: no need for a copy of the state.
+	snapshot := constantPart(state)
+	env := &controls.Env{
+		Delegates: flushing{m.cfg.Delegates, r},
+		Presets:   m.cfg.Presets,
+		Budgets:   m.cfg.Budgets,
+		Tracker:   tr,
+		Clock:     m.cfg.Clock,
+		Rand:      m.rand(r),
+	}
+	if m.cfg.Criteria != nil {
+		env.Criteria = m.cfg.Criteria(snapshot)
+	}
+	callCtx := ctx
+	if m.cfg.CallContext != nil {
+		callCtx = m.cfg.CallContext(ctx, snapshot)
+	}
+	out := controls.Execute(callCtx, env, snapshot.GetTaskBrief(), snapshot.GetControl())
+	if _, ok := tr.Parked(); ok {
+		parked = true // park has its wake-up
+		return
+	}
+	tr.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
+	m.retire(r)
+}
+
+// endDrive ends run r's drive here: finished, abandoned or lost.
+func (m *Manager) endDrive(r *run) {
+	if r.stopTimer != nil {
+		r.stopTimer()
+	}
+	r.cancel(nil)
+	m.wg.Done()
+}
+
+// heldContext is a run's context while its journal is replayed: done only
+// once released (holdCancel), then as the run's context is, with its error
+// and cause; its deadline is the run's all along.
+type heldContext struct {
+	context.Context // cancelled by release once the run's context has ended
+	run             context.Context
+}
+
+func (c heldContext) Deadline() (time.Time, bool) { return c.run.Deadline() }
+
+func (c heldContext) Err() error {
+	if c.Context.Err() == nil {
+		return nil
+	}
+	if err := c.run.Err(); err != nil {
+		return err
+	}
+	return c.Context.Err()
+}
+
+// holdCancel returns a context with run's values and deadline that ends
+// with run only once release has been called; stop ends it, and must be
+// called when done.
+func holdCancel(run context.Context) (ctx context.Context, release, stop func()) {
+	inner, cancel := context.WithCancelCause(context.WithoutCancel(run))
+	var (
+		mu        sync.Mutex
+		stopAfter func() bool
+	)
+	release = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopAfter != nil {
+			return
+		}
+		stopAfter = context.AfterFunc(run, func() { cancel(context.Cause(run)) })
+		if run.Err() != nil {
+			cancel(context.Cause(run)) // at once: the next step must see it
+		}
+	}
+	stop = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopAfter != nil {
+			stopAfter()
+		}
+		cancel(nil)
+	}
+	return heldContext{Context: inner, run: run}, release, stop
+}
+
+// constantPart returns a new state with the fields of st that never change
+// once the run is accepted (id, brief, control, options, tenant, creation,
+// trace), sharing their messages, which nobody changes either.
+func constantPart(st *stubbornv1.ControlState) *stubbornv1.ControlState {
+	return &stubbornv1.ControlState{
+		RunId:       st.GetRunId(),
+		TaskBrief:   st.GetTaskBrief(),
+		Control:     st.GetControl(),
+		Options:     st.GetOptions(),
+		CreateTime:  st.GetCreateTime(),
+		Tenant:      st.GetTenant(),
+		Traceparent: st.GetTraceparent(),
+	}
+}
+
+func (m *Manager) rand(r *run) *mrand.Rand {
+	if m.cfg.Seed != 0 {
+		return mrand.New(mrand.NewPCG(m.cfg.Seed, r.order))
+	}
+	return nil
+}
+
+// retire lets go of a finished run: the store forgets its driver, and this
+// server forgets the oldest finished runs beyond its limit.
+func (m *Manager) retire(r *run) {
+	r.mu.Lock()
+	lost, unsaved := r.lost, r.endUnsaved
+	r.mu.Unlock()
+	switch {
+	case lost:
+	case unsaved:
+		// Without its claim the run's state would be gone until its
+		// journal expires: the server that takes it over next (this one
+		// leaving or restarting) saves the final state from the journal,
+		// then releases it.
+		m.log.Warn("keeping the claim of a finished run whose final state is not saved", "run_id", r.id)
+	default:
+		// The store bounds its own call, as for record.
+		if err := m.store.Release(m.letGo, r.id); err != nil {
+			m.log.Warn("releasing a finished run", "run_id", r.id, "err", err)
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.finished = append(m.finished, r.id)
+	for len(m.finished) > m.cfg.MaxFinished {
+		delete(m.runs, m.finished[0])
+		m.finished = m.finished[1:]
+	}
+}

@@ -1,0 +1,433 @@
+package runs
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// PutState saves a snapshot.
+func (s *JetStream) PutState(ctx context.Context, runID string, state []byte) error {
+	return s.write(ctx, func(ctx context.Context) error {
+		_, err := s.states.Put(ctx, runID, state)
+		return err
+	}, nil)
+}
+
+// State returns a run's state: the one its journal's run_finished
+// carries once it has finished, else the last one saved, else the one its
+// claim carries. A run writes its claim, its journal (and its saved
+// states) and then lets its claim go, in that order, and State reads them
+// in that order: a run whose claim is gone has finished, and its journal
+// says so, or never was. The journal is read unless the saved state is
+// final already: a run that saved no state before its end does not save
+// its last one (finalInJournal), and a run whose last save failed has a
+// stale one.
+func (s *JetStream) State(ctx context.Context, runID string) (*stubbornv1.ControlState, error) {
+	if !validKey(runID) {
+		return nil, fmt.Errorf("%w: %.64q", ErrNotFound, runID)
+	}
+	var state []byte
+	e, err := s.states.Get(ctx, runID)
+	switch {
+	case err == nil:
+		st, err := decodeState(e.Value())
+		if err != nil || isTerminal(st.GetStatus()) {
+			return st, err
+		}
+		state = e.Value()
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
+		return nil, err
+	default:
+		o, err := s.owners.Get(ctx, runID)
+		if err == nil {
+			_, state = parseOwnerEntry(o.Value())
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, err
+		}
+	}
+	last, err := s.lastEvent(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	if end := last.state(); last.Finished && len(end) > 0 {
+		state = end
+	}
+	if len(state) == 0 {
+		return nil, fmt.Errorf("%w: %.64q", ErrNotFound, runID)
+	}
+	return decodeState(state)
+}
+
+// lastEvent returns the last event of the run's journal; the zero Event
+// when it has none.
+func (s *JetStream) lastEvent(ctx context.Context, runID string) (Event, error) {
+	msg, err := s.events.GetLastMsgForSubject(ctx, eventsSubject+runID)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return Event{}, nil
+	}
+	if err != nil {
+		return Event{}, err
+	}
+	evs, err := unpackEvents(msg.Data, msg.Header)
+	if err != nil {
+		return Event{}, fmt.Errorf("run %s: %w", runID, err)
+	}
+	return evs[len(evs)-1], nil
+}
+
+// finalInJournal: State and States read a finished run's state from its
+// run_finished, so that a run that saved none before its end is not made
+// to save its last one (a write per run), unless the config says to save
+// it anyway (SaveFinalStates).
+func (s *JetStream) finalInJournal() bool { return !s.saveFinal }
+
+// States calls fn with every run's state: a finished run's from its
+// journal's run_finished, the others' the last saved, else their claim's.
+// It reads the claims, then the saved states, then the journals' last
+// messages, the order in which a run writes them: a run that finishes
+// meanwhile is still listed (with one of its states), not missed.
+func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState) bool) error {
+	all := map[string][]byte{}
+	if err := eachEntry(ctx, s.owners, func(e jetstream.KeyValueEntry) (bool, error) {
+		if _, state := parseOwnerEntry(e.Value()); len(state) > 0 {
+			all[e.Key()] = state
+		}
+		return true, nil
+	}); err != nil {
+		return err
+	}
+	if err := eachEntry(ctx, s.states, func(e jetstream.KeyValueEntry) (bool, error) {
+		all[e.Key()] = e.Value()
+		return true, nil
+	}); err != nil {
+		return err
+	}
+	if err := s.lastEvents(ctx, func(runID string, last Event) {
+		if state := last.state(); last.Finished && len(state) > 0 {
+			all[runID] = state
+		}
+	}); err != nil {
+		return err
+	}
+	for _, state := range all {
+		st, err := decodeState(state)
+		if err != nil {
+			return err
+		}
+		if !fn(st) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// lastEvents calls fn with the last event of every run's journal. It
+// reads the stream's last sequence first and stops there (or when the
+// server says nothing more is pending): a message of a run that arrives
+// meanwhile is not waited for. A scan that waits lastEventsIdle for its
+// next message ends too: the messages it was waiting for expired.
+func (s *JetStream) lastEvents(ctx context.Context, fn func(runID string, last Event)) error {
+	info, err := s.events.Info(ctx)
+	if err != nil {
+		return err
+	}
+	end := info.State.LastSeq
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	cfg := jetstream.OrderedConsumerConfig{
+		FilterSubjects:    []string{eventsSubject + "*"},
+		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
+		InactiveThreshold: lastEventsIdle,
+	}
+	return s.consume(ctx, cfg, lastEventsIdle, func(runID string, evs []Event, meta *jetstream.MsgMetadata) (bool, error) {
+		fn(runID, evs[len(evs)-1])
+		return meta.Sequence.Stream < end && meta.NumPending > 0, nil
+	})
+}
+
+// lastEventsIdle bounds lastEvents' wait for its next message, and is how
+// long its consumer outlives it on the server.
+const lastEventsIdle = 5 * time.Second
+
+// An owners entry is the driver's name after ownerMark and its length (a
+// uvarint), followed by the run's state as it was claimed. An entry that
+// does not start with ownerMark is a name alone (an older server's).
+const ownerMark = 0
+
+// ownerEntry encodes an owners entry.
+func ownerEntry(owner string, state []byte) []byte {
+	b := make([]byte, 0, 1+binary.MaxVarintLen64+len(owner)+len(state))
+	b = append(b, ownerMark)
+	b = binary.AppendUvarint(b, uint64(len(owner)))
+	b = append(b, owner...)
+	return append(b, state...)
+}
+
+// parseOwnerEntry decodes an owners entry.
+func parseOwnerEntry(v []byte) (owner string, state []byte) {
+	if len(v) == 0 || v[0] != ownerMark {
+		return string(v), nil
+	}
+	n, k := binary.Uvarint(v[1:])
+	if k <= 0 || n > uint64(len(v)-1-k) {
+		return "", nil
+	}
+	rest := v[1+k:]
+	return string(rest[:n]), rest[n:]
+}
+
+// eachEntry calls fn with every current entry of kv until fn returns false.
+func eachEntry(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry) (bool, error)) error {
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	// nats.go's watcher (jetstream, v1.55) never says it has delivered
+	// every current entry when one goes while it delivers them: a purge
+	// marker that expires (markerTTL), say. So an entry that says none
+	// follow (Delta 0) ends the scan too, and so does eachEntryIdle
+	// without news: a scan never waits for good.
+	idle := time.NewTimer(eachEntryIdle)
+	defer idle.Stop()
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				return nil // every current entry delivered
+			}
+			if more, err := fn(e); err != nil || !more {
+				return err
+			}
+			if e.Delta() == 0 {
+				return nil // the last of the current entries
+			}
+			idle.Reset(eachEntryIdle)
+		case <-idle.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// eachEntryIdle is how long eachEntry waits for the next entry before it
+// takes the ones it has for all of them.
+const eachEntryIdle = 2 * time.Second
+
+// Beat creates or renews owner's heartbeat, which expires after the lease.
+func (s *JetStream) Beat(ctx context.Context, owner string) error {
+	sent := time.Now()
+	_, err := s.beats.Put(ctx, owner, []byte(sent.UTC().Format(time.RFC3339Nano)))
+	if err == nil {
+		s.beatAt.Store(sent.UnixNano())
+	}
+	return err
+}
+
+// leftBeat is the heartbeat a server leaves behind when it stops (a beat
+// is a time).
+var leftBeat = []byte("left")
+
+// Alive reports whether owner's heartbeat has not expired, and owner has
+// not left.
+func (s *JetStream) Alive(ctx context.Context, owner string) (bool, error) {
+	e, err := s.beats.Get(ctx, owner)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return !bytes.Equal(e.Value(), leftBeat), nil
+}
+
+// Live calls fn with every owner whose heartbeat has not expired.
+func (s *JetStream) Live(ctx context.Context, fn func(owner string, left bool)) error {
+	return eachEntry(ctx, s.beats, func(e jetstream.KeyValueEntry) (bool, error) {
+		fn(e.Key(), bytes.Equal(e.Value(), leftBeat))
+		return true, nil
+	})
+}
+
+// Leave replaces owner's heartbeat with one that says it left, which
+// expires after the lease like a beat.
+func (s *JetStream) Leave(ctx context.Context, owner string) error {
+	_, err := s.beats.Put(ctx, owner, leftBeat)
+	return err
+}
+
+// Claim creates the run's owner key, with its state.
+func (s *JetStream) Claim(ctx context.Context, runID, owner string, state []byte) error {
+	entry := ownerEntry(owner, state)
+	err := s.write(ctx, func(ctx context.Context) error {
+		_, err := s.owners.Create(ctx, runID, entry)
+		return err
+	}, func(ctx context.Context) (bool, error) {
+		e, err := s.owners.Get(ctx, runID)
+		if err != nil {
+			return false, err
+		}
+		return bytes.Equal(e.Value(), entry), nil
+	})
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("%w: run %s already has a driver", ErrConflict, runID)
+	}
+	return err
+}
+
+// Driver reads the run's owner key.
+func (s *JetStream) Driver(ctx context.Context, runID string) (string, error) {
+	if !validKey(runID) {
+		return "", nil
+	}
+	e, err := s.owners.Get(ctx, runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	owner, _ := parseOwnerEntry(e.Value())
+	return owner, nil
+}
+
+// Owners calls fn with every run that has a driver.
+func (s *JetStream) Owners(ctx context.Context, fn func(runID, owner string) bool) error {
+	return eachEntry(ctx, s.owners, func(e jetstream.KeyValueEntry) (bool, error) {
+		owner, _ := parseOwnerEntry(e.Value())
+		return fn(e.Key(), owner), nil
+	})
+}
+
+// TakeOver swaps the run's owner from from to owner at the revision read,
+// so that of several servers trying, exactly one wins.
+func (s *JetStream) TakeOver(ctx context.Context, runID, from, owner string) error {
+	e, err := s.owners.Get(ctx, runID)
+	if err != nil {
+		return err
+	}
+	was, state := parseOwnerEntry(e.Value())
+	if was != from {
+		return fmt.Errorf("%w: run %s is driven by %q", ErrConflict, runID, was)
+	}
+	if _, err := s.owners.Update(ctx, runID, ownerEntry(owner, state), e.Revision()); err != nil {
+		return fmt.Errorf("%w: %v", ErrConflict, err)
+	}
+	return nil
+}
+
+// Release deletes the run's owner key; its marker expires after markerTTL
+// (0: the janitor purges it after the retention).
+func (s *JetStream) Release(ctx context.Context, runID string) error {
+	return s.write(ctx, func(ctx context.Context) error {
+		if s.markerTTL == 0 {
+			return s.owners.Purge(ctx, runID)
+		}
+		return s.owners.Purge(ctx, runID, jetstream.PurgeTTL(s.markerTTL))
+	}, nil)
+}
+
+// commandReply is the answer to a Command.
+type commandReply struct {
+	State    []byte `json:"state,omitempty"`
+	Error    string `json:"error,omitempty"`
+	NotFound bool   `json:"not_found,omitempty"`
+	NotReady bool   `json:"not_awaiting,omitempty"`
+}
+
+// Serve answers commands sent to owner until stop, once the NATS server
+// has the subscription.
+func (s *JetStream) Serve(ctx context.Context, owner string, handle func(context.Context, *Command) (*stubbornv1.ControlState, error)) (func(), error) {
+	sub, err := s.nc.Subscribe(commandSubject+owner, func(msg *nats.Msg) {
+		go func() {
+			var cmd Command
+			reply := commandReply{}
+			if err := json.Unmarshal(msg.Data, &cmd); err != nil {
+				reply.Error = err.Error()
+			} else {
+				hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				st, err := handle(hctx, &cmd)
+				cancel()
+				switch {
+				case err != nil:
+					reply.Error = err.Error()
+					reply.NotFound = errors.Is(err, ErrNotFound)
+					reply.NotReady = errors.Is(err, ErrNotAwaitingDecision)
+				default:
+					reply.State, _ = proto.Marshal(st)
+				}
+			}
+			data, _ := json.Marshal(reply)
+			_ = msg.Respond(data)
+		}()
+	})
+	if err != nil {
+		return nil, err
+	}
+	fctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	if err := s.nc.FlushWithContext(fctx); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
+}
+
+// Send asks owner to carry out cmd and waits for its answer.
+func (s *JetStream) Send(ctx context.Context, owner string, cmd *Command) (*stubbornv1.ControlState, error) {
+	data, err := json.Marshal(cmd)
+	if err != nil {
+		return nil, err
+	}
+	msg, err := s.nc.RequestWithContext(ctx, commandSubject+owner, data)
+	if err != nil {
+		return nil, err
+	}
+	var reply commandReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		return nil, err
+	}
+	switch {
+	case reply.NotFound:
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, reply.Error)
+	case reply.NotReady:
+		return nil, fmt.Errorf("%w: %s", ErrNotAwaitingDecision, strings.TrimPrefix(reply.Error, ErrNotAwaitingDecision.Error()))
+	case reply.Error != "":
+		return nil, errors.New(reply.Error)
+	}
+	st := &stubbornv1.ControlState{}
+	return st, proto.Unmarshal(reply.State, st)
+}
+
+// maxKeyBytes bounds a run id used in a subject or a key: far below
+// NATS's 4 KiB control line, past which the server closes the connection
+// (the API checks run ids first: at most 64 bytes).
+const maxKeyBytes = 256
+
+// validKey reports whether s can be a KV key (run ids always can; a
+// client's typo may not).
+func validKey(s string) bool {
+	if s == "" || len(s) > maxKeyBytes {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,294 @@
+package runs
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/stubbornhq/stubborn/controls"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// record is the tracker's recorder: it numbers the event and encodes it,
+// once, for the store, the journal in memory and every watcher, and keeps
+// it pending, with the state when the status changed, until flush writes
+// what is pending in one store write. An event that makes the run wait for
+// time (more than zero) or for a person, the run's last, and any event recorded while a
+// delegate call is in flight (a race's candidates) are flushed at once;
+// the others go with the next of those, or before the run's next delegate
+// call (flushing). So a call is made only once its attempt_started is durable,
+// a watcher sees an event only once it is, and a one-attempt run writes
+// its four events in two. ev and st are the tracker's: read during the
+// call only, as the Observer does.
+func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
+	// The tracker calls record under its own lock, one event at a time, so
+	// r.mu is taken only to number and to keep the event: the watchers'
+	// since never waits for the store's I/O (flush does it unlocked).
+	r.mu.Lock()
+	if r.lost || r.done {
+		r.mu.Unlock()
+		return
+	}
+	seq := int64(len(r.events)+r.writing+len(r.pending)) + 1
+	lastStatus := r.lastStatus
+	r.mu.Unlock()
+
+	ev.RunId = r.id
+	ev.Seq = seq
+	enc, err := EncodeEvent(ev)
+	if err == nil && len(enc.Data) > r.maxEvent-eventFraming {
+		// Larger than the store's messages (or a watcher's): its texts
+		// are cut, and the run goes on.
+		r.log.Warn("event too large: its texts are cut", "run_id", r.id, "seq", seq, "bytes", len(enc.Data), "limit", r.maxEvent)
+		ev = controls.BoundEvent(ev, r.maxEvent-eventFraming)
+		enc, err = EncodeEvent(ev)
+	}
+	if err != nil {
+		// Not expected: the API's strings are checked or made UTF-8 before
+		// they reach an event. The run cannot go on without its journal.
+		r.log.Error("run stopped: its event cannot be encoded", "run_id", r.id, "err", err)
+		r.lose(err, err)
+		return
+	}
+	var state []byte
+	status := st.GetStatus()
+	if enc.Finished || status != lastStatus {
+		// run_started and run_finished carry the state: their encoding
+		// has the state's.
+		if state = enc.state(); state == nil {
+			if state, err = proto.Marshal(controls.BoundState(st, controls.MaxStateBytes)); err != nil {
+				r.log.Warn("saving run state", "run_id", r.id, "err", err)
+			}
+		}
+	}
+
+	r.mu.Lock()
+	if r.lost {
+		r.mu.Unlock()
+		return
+	}
+	r.pending = append(r.pending, enc)
+	if state != nil {
+		r.pendingState, r.pendingStatus = state, status
+	}
+	r.lastStatus = status
+	if r.observe != nil && !enc.Finished {
+		r.observe(ev)
+	}
+	r.mu.Unlock()
+	switch k := ev.GetKind().(type) {
+	case *stubbornv1.RunEvent_DecisionRequested, *stubbornv1.RunEvent_DecisionReceived,
+		*stubbornv1.RunEvent_RunFinished:
+		// The run waits for a person now, a caller waits for the decision
+		// to be taken, or the run is over.
+		r.flush()
+	case *stubbornv1.RunEvent_BackoffScheduled:
+		if k.BackoffScheduled.GetWait().AsDuration() > 0 || r.calls.Load() > 0 {
+			// The run waits now. (A zero wait is no wait: the events go
+			// with the next attempt's, written before its call.)
+			r.flush()
+		}
+	default:
+		if r.calls.Load() > 0 {
+			// Another call is in flight (a race's candidates): the run
+			// waits for it, and this event is news now.
+			r.flush()
+		}
+	}
+	if enc.Finished {
+		// The run's end is observed once written: a run whose last write
+		// failed is observed to stop (loseLocked), not to end.
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.done && r.observe != nil {
+			r.observe(ev)
+			r.observe = nil
+		}
+	}
+}
+
+// flush writes the run's pending events to the store in one write (fenced:
+// a write after another server took the run over fails), saves the state
+// when their status changed, journals them and wakes the watchers. One
+// flush at a time, in order; one that finds nothing pending returns once
+// the flush before it has written.
+//
+// Each store bounds its own calls (JetStream's have the client's default
+// timeout, and are made again through an outage for up to its
+// WriteRetry), so flush gives them no deadline (writeContext).
+func (r *run) flush() {
+	r.flushMu.Lock()
+	defer r.flushMu.Unlock()
+	r.mu.Lock()
+	evs, state, status := r.pending, r.pendingState, r.pendingStatus
+	r.pending, r.pendingState = nil, nil
+	r.writing = len(evs)
+	if r.lost || len(evs) == 0 {
+		r.writing = 0
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Unlock()
+
+	if err := r.store.Append(writeContext{r}, evs...); err != nil {
+		var refused *RefusedError
+		if errors.As(err, &refused) && r.endRefused(evs, refused) {
+			return
+		}
+		r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
+		r.lose(err, errLost)
+		return
+	}
+	finished := evs[len(evs)-1].Finished
+	if state != nil && (finished && r.saveEnd || !finished && status != r.savedStatus) {
+		if err := r.store.PutState(writeContext{r}, r.id, state); err != nil {
+			r.log.Warn("saving run state", "run_id", r.id, "err", err)
+			r.mu.Lock()
+			r.endUnsaved = finished
+			r.mu.Unlock()
+			// The write may have landed all the same (a timeout): the
+			// store may hold this state, so the next differs from what is
+			// known saved, and the end must be saved over it.
+			r.saveEnd, r.savedStatus = true, -1
+		} else {
+			r.saveEnd, r.savedStatus = true, status
+		}
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.writing = 0
+	if r.lost {
+		return // abandoned meanwhile: the events are in the store, which its watchers follow now
+	}
+	if r.events == nil {
+		r.events = make([]Event, 0, journalCap)
+	}
+	r.events = append(r.events, evs...)
+	if evs[len(evs)-1].Finished {
+		r.done = true
+		r.tracker = nil
+		close(r.ended)
+	}
+	r.wakeLocked()
+}
+
+// writeContext is the context of a run's store writes. It is never
+// cancelled: a write under way is made whole (as a run that is let go
+// leaves it), and a cancelled run's run_finished is still written. It
+// carries the run's ended channel (stopWritesKey): a store that makes a
+// failed write again through an outage (JetStream) stops trying once this
+// server lets the run go (lose, abandon). A type of its own, not
+// context.WithValue: nothing to allocate per write, and no goroutine for
+// the deadlines derived from it (it has no Done channel).
+type writeContext struct{ r *run }
+
+func (writeContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (writeContext) Done() <-chan struct{}       { return nil }
+func (writeContext) Err() error                  { return nil }
+
+func (c writeContext) Value(key any) any {
+	if key == (stopWritesKey{}) {
+		return (<-chan struct{})(c.r.ended)
+	}
+	return nil
+}
+
+// eventFraming is what an event's encoding adds to its message's size.
+const eventFraming = 64
+
+// endRefused ends a run whose events the store refused for good (too
+// large, a full stream): FAILED, with the reason, in a run_finished small
+// enough for the store to take, after the events it did write. The run's
+// context is cancelled: its control stops, and nothing it records after
+// is written. It reports false when that run_finished could not be
+// written either (or the run's first event was refused: Start fails it),
+// and the run is to be lost as for any failed write.
+func (r *run) endRefused(evs []Event, refused *RefusedError) bool {
+	r.mu.Lock()
+	base := r.base
+	r.mu.Unlock()
+	written := evs[:refused.Written]
+	if base == nil || evs[0].Seq == 1 && len(written) == 0 {
+		return false
+	}
+	now := timestamppb.New(r.clock.Now())
+	st := constantPart(base)
+	st.Status = stubbornv1.RunStatus_RUN_STATUS_FAILED
+	st.StatusReason = controls.Cut(errRefused.Error()+": "+refused.Err.Error(), controls.MaxReasonBytes)
+	st.StatusReasonCode = stubbornv1.StatusReason_STATUS_REASON_STORE_REFUSED
+	st.UpdateTime, st.EndTime = now, now
+	ev := &stubbornv1.RunEvent{
+		RunId: r.id, Seq: evs[refused.Written].Seq, Time: now,
+		Kind: &stubbornv1.RunEvent_RunFinished{RunFinished: &stubbornv1.RunFinished{State: st}},
+	}
+	enc, err := EncodeEvent(controls.BoundEvent(ev, refusedEventBytes))
+	if err == nil {
+		err = r.store.Append(writeContext{r}, enc)
+	}
+	if err != nil {
+		r.log.Error("run stopped: the store refused its events, and its end", "run_id", r.id, "refused", refused.Err, "err", err)
+		return false
+	}
+	r.log.Error("run failed: the store refused its events", "run_id", r.id, "seq", evs[refused.Written].Seq, "err", refused.Err)
+	if r.saveEnd {
+		if data, err := proto.Marshal(st); err == nil {
+			if err := r.store.PutState(writeContext{r}, r.id, data); err != nil {
+				r.log.Warn("saving run state", "run_id", r.id, "err", err)
+			}
+		}
+	}
+	r.mu.Lock()
+	r.writing = 0
+	r.pending, r.pendingState = nil, nil
+	r.events = append(r.events, written...)
+	r.events = append(r.events, enc)
+	r.done = true
+	r.tracker = nil
+	close(r.ended)
+	r.wakeLocked()
+	observe := r.observe
+	r.observe = nil
+	r.mu.Unlock()
+	if observe != nil {
+		observe(ev)
+	}
+	r.cancel(errRefused)
+	return true
+}
+
+// refusedEventBytes bounds the run_finished of a run whose events the
+// store refused: far below any store's message size.
+const refusedEventBytes = 64 << 10
+
+// flushing is the Delegates of a run's controls: each call, and each
+// health check (it may take a while), is made once the events before it
+// are written (run.flush).
+type flushing struct {
+	controls.Delegates
+	r *run
+}
+
+func (f flushing) Serving(ctx context.Context, name string) bool {
+	f.r.flush()
+	return f.Delegates.Serving(ctx, name)
+}
+
+func (f flushing) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+	f.r.flush()
+	f.r.calls.Add(1)
+	defer f.r.calls.Add(-1)
+	if f.r.isLost() || f.r.isDone() {
+		// The write failed: the run's context ends (lose, endRefused),
+		// and nothing is sent on its behalf.
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return nil, &controls.CallError{Code: codes.Aborted, Message: "not sent: " + errLost.Error(), NotSent: true}
+	}
+	return f.Delegates.Call(ctx, c)
+}

@@ -1,0 +1,214 @@
+package runs
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/stubbornhq/stubborn/controls"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// run is a run this server drives: its tracker and, in memory, the journal
+// of its events for fast watching.
+type run struct {
+	id        string
+	tenant    string // ControlState.tenant: who may see the run
+	order     uint64
+	store     Store
+	log       *slog.Logger
+	ready     chan struct{} // closed once tracker is set
+	cancel    context.CancelCauseFunc
+	stopTimer context.CancelFunc
+	observe   func(*stubbornv1.RunEvent) // the Observer's, or nil
+
+	mu      sync.Mutex
+	parking *parking      // set while the run is parked
+	replay  chan struct{} // set while its tracker replays its journal
+	// tracker drives the run until it ends here; then it is dropped, and
+	// with it the state's many small messages, which the garbage collector
+	// would scan for as long as the finished run is kept: the
+	// run_finished event has the final state.
+	tracker *controls.Tracker
+	events  []Event // encoded once, sent as they are to every watcher
+	// changed is closed, and cleared, by the next event or loss; since
+	// makes one only for a watcher that has to wait, so that an event
+	// nobody waits for costs no channel.
+	changed    chan struct{}
+	done       bool
+	lost       bool  // another server drives the run: write nothing more
+	lostErr    error // why, when a write failed
+	lastStatus stubbornv1.RunStatus
+	ended      chan struct{} // closed once the run has ended here
+	// pending are the events recorded and not yet written (record), with
+	// the state to save after them when their status changed; writing
+	// counts those a flush is writing.
+	pending      []Event
+	pendingState []byte
+	// pendingStatus is pendingState's status; savedStatus the status of
+	// the state saved last (or claimed), -1 when unknown. A state is saved
+	// only when its status differs: a retry whose wait is zero goes from
+	// RUNNING to BACKING_OFF and back between two writes, and saving
+	// RUNNING again would change only the snapshot's details. savedStatus
+	// is read and set by flush.
+	pendingStatus stubbornv1.RunStatus
+	savedStatus   stubbornv1.RunStatus
+	writing       int
+	flushMu       sync.Mutex   // one flush at a time
+	calls         atomic.Int32 // delegate calls in flight (flushing)
+	endUnsaved    bool         // the final state could not be saved
+	// base is the part of the run's state that never changes
+	// (constantPart), for the run_finished of a run whose events the
+	// store refused (endRefused). maxEvent bounds an event's encoding
+	// (eventLimit).
+	base     *stubbornv1.ControlState
+	maxEvent int
+	clock    controls.Clock
+	// saveEnd says the run's final state must be saved: the store does
+	// not read it from the journal (finalInJournal), or the run saved
+	// a state before (the saved one would hide the journal's), or this
+	// server cannot tell (a run taken over). Read and set by flush.
+	saveEnd bool
+}
+
+// isDone reports whether the run has ended here.
+func (r *run) isDone() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.done
+}
+
+// replaying says the run's tracker is about to replay its journal: until
+// it goes live (wentLive), caughtUp waits.
+func (r *run) replaying() {
+	r.mu.Lock()
+	r.replay = make(chan struct{})
+	r.mu.Unlock()
+}
+
+// wentLive says the run's tracker has replayed its journal. Called with
+// the tracker's lock held (Tracker.OnLive).
+func (r *run) wentLive() {
+	r.mu.Lock()
+	if r.replay != nil {
+		close(r.replay)
+		r.replay = nil
+	}
+	r.mu.Unlock()
+}
+
+// caughtUp waits, bounded by ctx, until the run's tracker is not replaying
+// its journal: GetRun and DecideRun see the run as it is, not the part of
+// its history replayed so far.
+func (r *run) caughtUp(ctx context.Context) error {
+	r.mu.Lock()
+	c := r.replay
+	r.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	select {
+	case <-c:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// setTracker makes tr the run's tracker.
+func (r *run) setTracker(tr *controls.Tracker) {
+	r.mu.Lock()
+	r.tracker = tr
+	r.mu.Unlock()
+}
+
+// lose stops the run after a failed write: err is why, cause what its
+// context is cancelled with.
+func (r *run) lose(err, cause error) {
+	r.mu.Lock()
+	r.lostErr = err
+	r.loseLocked()
+	r.mu.Unlock()
+	r.cancel(cause)
+}
+
+// live returns the run's tracker while it goes on here, nil once it ended.
+func (r *run) live() *controls.Tracker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.tracker
+}
+
+// snapshot returns the run's current state: the tracker's while it goes on
+// here, its run_finished event's once it has ended.
+func (r *run) snapshot() (*stubbornv1.ControlState, error) {
+	r.mu.Lock()
+	tr := r.tracker
+	var final Event
+	if tr == nil && r.done {
+		final = r.events[len(r.events)-1]
+	}
+	r.mu.Unlock()
+	if tr != nil {
+		return tr.Snapshot(), nil
+	}
+	if final.Data == nil {
+		return nil, fmt.Errorf("%w: run %s is not driven here", ErrUnavailable, r.id)
+	}
+	ev, err := final.Decode()
+	if err != nil {
+		return nil, err
+	}
+	if ev.GetRunFinished().GetState() == nil {
+		return nil, fmt.Errorf("run %s: its last event is not run_finished", r.id)
+	}
+	return ev.GetRunFinished().GetState(), nil
+}
+
+// abandon stops the run from writing anything more.
+func (r *run) abandon() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.loseLocked()
+}
+
+func (r *run) loseLocked() {
+	if r.lost {
+		return
+	}
+	r.lost = true
+	if r.observe != nil && !r.done {
+		r.observe(nil) // this server stops driving the run without run_finished
+	}
+	if !r.done {
+		close(r.ended)
+	}
+	r.wakeLocked()
+}
+
+// journalCap is the in-memory journal's first capacity: a run with one or
+// two attempts never grows it.
+const journalCap = 8
+
+// wakeLocked wakes the watchers waiting for a change. Callers hold r.mu.
+func (r *run) wakeLocked() {
+	if r.changed != nil {
+		close(r.changed)
+		r.changed = nil
+	}
+}
+
+// lostBecause returns why the run's last write failed, or nil.
+func (r *run) lostBecause() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lostErr
+}
+
+func (r *run) isLost() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lost
+}

@@ -1,0 +1,209 @@
+package runs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/stubbornhq/stubborn/controls"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// Start accepts a run and starts its control in the background. The request
+// must already be valid; the run keeps spec (it is not copied: the caller
+// must not change it). It returns the run's state when accepted.
+//
+// ctx is the request's context: it is used for tracing, and for the tenant
+// the run belongs to (TenantFrom), since the run outlives the request.
+func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (*stubbornv1.ControlState, error) {
+	id := newID()
+	if opts == nil {
+		opts = &stubbornv1.RunOptions{}
+	}
+	if opts.GetIdempotencyKey() == "" {
+		opts = proto.CloneOf(opts) // the request's own stays as it came
+		opts.IdempotencyKey = id
+	}
+	now := m.cfg.Clock.Now()
+	// Saved as RUNNING (an attempt is about to start) from the first: the
+	// state run_started saves a moment later would differ only in its
+	// update time, and saving it again is one store write per run.
+	state := &stubbornv1.ControlState{
+		RunId:      id,
+		Status:     stubbornv1.RunStatus_RUN_STATUS_RUNNING,
+		TaskBrief:  brief,
+		Control:    spec,
+		Options:    opts,
+		CreateTime: timestamppb.New(now),
+		UpdateTime: timestamppb.New(now),
+		Tenant:     TenantFrom(ctx),
+	}
+	if a, ok := m.store.(admission); ok {
+		if err := a.admit(ctx, proto.Size(state)); err != nil {
+			return nil, err
+		}
+	}
+	r, err := m.admit(id, state.GetTenant())
+	if err != nil {
+		return nil, err
+	}
+	runCtx := m.runContext(r, now, opts)
+	if m.cfg.Observer != nil {
+		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, ctx, state, false)
+	}
+	// The run is accepted once it has a driver and its state is saved, in
+	// one write (the claim carries the state): a server that takes it over
+	// then (this one stalled past its lease, or stopped) resumes it from
+	// that state, and its first write fences this one out. run_started is
+	// recorded before Start returns, and written with the events that
+	// follow it, before the run's first call (record).
+	data, err := proto.Marshal(state)
+	if err == nil {
+		err = m.store.Claim(ctx, id, m.owner, data)
+	}
+	if err != nil {
+		m.forget(r)
+		return nil, fmt.Errorf("recording the run: %w", err)
+	}
+	r.lastStatus, r.savedStatus = state.GetStatus(), state.GetStatus()
+	tr := m.track(r, state, nil)
+	tr.Start()
+	if err := r.lostBecause(); err != nil && !errors.Is(err, ErrConflict) {
+		// run_started could not be encoded (its writing comes later, in
+		// drive): the caller is told, and the run is marked
+		// failed and let go of, as far as the store still answers.
+		m.unstart(r, state, err)
+		return nil, fmt.Errorf("recording the run: %w", err)
+	}
+	// Abandoned meanwhile (this server is closing), or taken over already
+	// (ErrConflict: this server stalled past its lease) is still accepted:
+	// another server drives it from its saved state. This one's drive ends
+	// at once, writing nothing. Nothing changes the state until drive runs:
+	// read it here.
+	accepted := constantPart(state)
+	accepted.Status = state.GetStatus()
+	accepted.UpdateTime = state.GetUpdateTime()
+	m.workers.run(func() { m.drive(runCtx, r, tr, state, false, "") })
+	return accepted, nil
+}
+
+// track gives run r its tracker, of state replaying journal.
+func (m *Manager) track(r *run, state *stubbornv1.ControlState, journal []*stubbornv1.RunEvent) *controls.Tracker {
+	tr := m.tracker(r, state, journal)
+	r.mu.Lock()
+	r.base = constantPart(state)
+	r.mu.Unlock()
+	r.setTracker(tr)
+	close(r.ready)
+	return tr
+}
+
+// tracker returns a new tracker for run r, of state replaying journal;
+// drive lets it park.
+func (m *Manager) tracker(r *run, state *stubbornv1.ControlState, journal []*stubbornv1.RunEvent) *controls.Tracker {
+	return controls.NewReplayTracker(state, m.cfg.Clock, r.record, journal)
+}
+
+// unstart drops a run whose run_started the store failed to record: it is
+// lost already (record said so to the observer). Its saved state becomes
+// FAILED, so that no list shows it pending, and its claim goes.
+func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
+	m.mu.Lock()
+	delete(m.runs, r.id)
+	m.mu.Unlock()
+	if r.stopTimer != nil {
+		r.stopTimer()
+	}
+	failed := proto.CloneOf(state)
+	failed.Status = stubbornv1.RunStatus_RUN_STATUS_FAILED
+	failed.StatusReason = "the run could not be recorded: " + cause.Error()
+	failed.StatusReasonCode = stubbornv1.StatusReason_STATUS_REASON_NOT_RECORDED
+	failed.EndTime = timestamppb.New(m.cfg.Clock.Now())
+	data, err := proto.Marshal(failed)
+	if err == nil {
+		err = m.store.PutState(m.letGo, r.id, data)
+	}
+	if err == nil {
+		err = m.store.Release(m.letGo, r.id)
+	}
+	if err != nil {
+		m.log.Warn("letting go of a run that could not start", "run_id", r.id, "err", err)
+	}
+	m.wg.Done()
+}
+
+// admit registers a local run of tenant, unless the manager is closed.
+func (m *Manager) admit(id, tenant string) (*run, error) {
+	fj, inJournal := m.store.(finalInJournal)
+	inJournal = inJournal && fj.finalInJournal()
+	r := &run{
+		id: id, tenant: tenant, store: m.store, log: m.log, lastStatus: -1, savedStatus: -1,
+		ready: make(chan struct{}), ended: make(chan struct{}),
+		saveEnd: !inJournal, maxEvent: MaxEventBytes, clock: m.cfg.Clock,
+	}
+	if l, ok := m.store.(eventLimit); ok {
+		r.maxEvent = min(r.maxEvent, l.eventLimit())
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
+	m.counter++
+	r.order = m.counter
+	m.runs[id] = r
+	m.wg.Add(1)
+	return r, nil
+}
+
+// forget drops a run that could not start.
+func (m *Manager) forget(r *run) {
+	m.mu.Lock()
+	delete(m.runs, r.id)
+	m.mu.Unlock()
+	r.cancel(ErrClosed)
+	if r.stopTimer != nil {
+		r.stopTimer()
+	}
+	if r.observe != nil {
+		r.observe(nil)
+	}
+	close(r.ready)
+	m.wg.Done()
+}
+
+// runContext is the run's own context: ended by CancelRun, by the run's
+// timeout (counted from its creation), or by the manager's end.
+func (m *Manager) runContext(r *run, created time.Time, opts *stubbornv1.RunOptions) context.Context {
+	ctx, cancel := context.WithCancelCause(m.ctx)
+	r.cancel = cancel
+	if d := opts.GetRunTimeout().AsDuration(); d > 0 {
+		var stop context.CancelFunc
+		ctx, stop = context.WithDeadline(ctx, created.Add(d))
+		r.stopTimer = stop
+	}
+	return ctx
+}
+
+// idCounter orders the ids made in the same nanosecond.
+var idCounter atomic.Uint32
+
+// newID returns a run id that sorts by creation (wall time, then a process
+// counter) and ends with 80 random bits, so ids from several servers never
+// collide.
+func newID() string {
+	var b [18]byte
+	binary.BigEndian.PutUint64(b[0:8], uint64(time.Now().UnixNano()))
+	binary.BigEndian.PutUint16(b[8:10], uint16(idCounter.Add(1)))
+	_, _ = rand.Read(b[10:])
+	return "run_" + strings.ToLower(base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
