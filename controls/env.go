@@ -19,6 +19,54 @@ type Call struct {
 	Brief string
 	// Attempt is the run-wide attempt number, starting at 1.
 	Attempt int32
+
+	// The fields below are the run's, the same for each of its calls: the
+	// run engine (runs) sets them on every call its controls make; a
+	// control leaves them zero.
+
+	// RunID is sent as ExecuteRequest.run_id and the stubborn-run-id header.
+	RunID string
+	// IdempotencyKey is sent as ExecuteRequest.idempotency_key and the
+	// stubborn-idempotency-key header.
+	IdempotencyKey string
+	// Metadata is sent as ExecuteRequest.metadata (not as gRPC headers).
+	// Read only.
+	Metadata map[string]string
+	// AttemptTimeout, when positive, replaces the delegate's configured
+	// timeout of each attempt. The run's own deadline still applies.
+	AttemptTimeout time.Duration
+}
+
+// RunCall returns a Call with the run's fields of st set: RunID,
+// IdempotencyKey, Metadata and AttemptTimeout.
+func RunCall(st *stubbornv1.ControlState) Call {
+	o := st.GetOptions()
+	return Call{
+		RunID: st.GetRunId(), IdempotencyKey: o.GetIdempotencyKey(),
+		Metadata: o.GetMetadata(), AttemptTimeout: o.GetAttemptTimeout().AsDuration(),
+	}
+}
+
+// WithRun sets the run's fields of run (RunCall) on c.
+func (c Call) WithRun(run Call) Call {
+	c.RunID, c.IdempotencyKey, c.Metadata, c.AttemptTimeout = run.RunID, run.IdempotencyKey, run.Metadata, run.AttemptTimeout
+	return c
+}
+
+// ForRun returns d with the run's fields of st (RunCall) set on every
+// call: for what calls delegates outside a control's Env, as a run's
+// judge does.
+func ForRun(d Delegates, st *stubbornv1.ControlState) Delegates {
+	return runCalls{d, RunCall(st)}
+}
+
+type runCalls struct {
+	Delegates
+	run Call
+}
+
+func (r runCalls) Call(ctx context.Context, c Call) (*stubbornv1.Result, error) {
+	return r.Delegates.Call(ctx, c.WithRun(r.run))
 }
 
 // Delegates is how a control reaches delegates.

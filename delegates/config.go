@@ -139,7 +139,7 @@ type Delegate struct {
 	// ReadOnly says a call has no side effect at all.
 	ReadOnly bool `yaml:"read_only,omitempty"`
 	// Timeout is the per-attempt timeout; zero means DefaultTimeout. A run
-	// may override it per attempt (see CallOptions.AttemptTimeout).
+	// may override it per attempt (controls.Call.AttemptTimeout).
 	Timeout Duration `yaml:"timeout,omitempty"`
 	// TLS makes the connection use TLS (see TLS); the zero value is
 	// plaintext.

@@ -42,35 +42,6 @@ const (
 	HealthCacheTTL = time.Second
 )
 
-// CallOptions is what a call needs beyond controls.Call: the run it belongs
-// to and the per-attempt timeout. The runs layer puts it in the run's context
-// with WithCallOptions; Pool.Call reads it with CallOptionsFrom.
-type CallOptions struct {
-	// RunID is sent as ExecuteRequest.run_id and the stubborn-run-id header.
-	RunID string
-	// IdempotencyKey is sent as ExecuteRequest.idempotency_key and the
-	// stubborn-idempotency-key header.
-	IdempotencyKey string
-	// Metadata is sent as ExecuteRequest.metadata (not as gRPC headers).
-	Metadata map[string]string
-	// AttemptTimeout, when positive, replaces the delegate's configured
-	// timeout for each attempt. The run's own deadline still applies.
-	AttemptTimeout time.Duration
-}
-
-type callOptionsKey struct{}
-
-// WithCallOptions returns a child of ctx that carries o for Pool.Call.
-func WithCallOptions(ctx context.Context, o CallOptions) context.Context {
-	return context.WithValue(ctx, callOptionsKey{}, o)
-}
-
-// CallOptionsFrom returns the CallOptions in ctx, or zero options.
-func CallOptionsFrom(ctx context.Context) CallOptions {
-	o, _ := ctx.Value(callOptionsKey{}).(CallOptions)
-	return o
-}
-
 // Pool is the delegate registry with one shared, lazily connecting gRPC client
 // connection per delegate. It implements controls.Delegates and is safe for
 // concurrent use. Close it when done.
@@ -219,8 +190,8 @@ func NotFound(name string) *controls.CallError {
 }
 
 // Call sends one Execute attempt to the named delegate. It applies the
-// delegate's timeout, or CallOptions.AttemptTimeout from ctx, to the attempt,
-// and sends the CallOptions' run id, idempotency key and metadata (in the
+// delegate's timeout, or c.AttemptTimeout, to the attempt,
+// and sends c's run id, idempotency key and metadata (in the
 // request, plus the stubborn-* headers). When ctx itself ends (the run was
 // cancelled or hit its deadline) Call returns ctx.Err() (or
 // context.DeadlineExceeded when ctx's deadline has passed but its timer has
@@ -236,10 +207,9 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	o := CallOptionsFrom(ctx)
 	timeout := e.cfg.Timeout.Std()
-	if o.AttemptTimeout > 0 {
-		timeout = o.AttemptTimeout
+	if c.AttemptTimeout > 0 {
+		timeout = c.AttemptTimeout
 	}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -248,11 +218,11 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 	if c.Attempt > 0 {
 		kv = append(kv, HeaderAttempt, strconv.Itoa(int(c.Attempt)))
 	}
-	if o.IdempotencyKey != "" {
-		kv = append(kv, HeaderIdempotencyKey, o.IdempotencyKey)
+	if c.IdempotencyKey != "" {
+		kv = append(kv, HeaderIdempotencyKey, c.IdempotencyKey)
 	}
-	if o.RunID != "" {
-		kv = append(kv, HeaderRunID, o.RunID)
+	if c.RunID != "" {
+		kv = append(kv, HeaderRunID, c.RunID)
 	}
 	if len(kv) > 0 {
 		actx = metadata.AppendToOutgoingContext(actx, kv...)
@@ -260,10 +230,10 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 
 	req := &stubbornv1.ExecuteRequest{
 		Brief:          c.Brief,
-		RunId:          o.RunID,
+		RunId:          c.RunID,
 		Attempt:        c.Attempt,
-		IdempotencyKey: o.IdempotencyKey,
-		Metadata:       maps.Clone(o.Metadata),
+		IdempotencyKey: c.IdempotencyKey,
+		Metadata:       maps.Clone(c.Metadata),
 	}
 	var (
 		trailer metadata.MD

@@ -206,11 +206,10 @@ func TestCallSendsRunMetadata(t *testing.T) {
 	rec := demo.NewScripted(nil)
 	p := newPool(t, &delegates.Config{Delegates: []delegates.Delegate{{Name: "rec", Target: serve(t, rec)}}})
 	meta := map[string]string{"tenant": "acme", "lang": "go"}
-	ctx := delegates.WithCallOptions(testCtx(t), delegates.CallOptions{
+	res, err := p.Call(testCtx(t), controls.Call{
+		Delegate: "rec", Brief: "the brief", Attempt: 3,
 		RunID: "run-1", IdempotencyKey: "key-1", Metadata: meta,
 	})
-
-	res, err := p.Call(ctx, controls.Call{Delegate: "rec", Brief: "the brief", Attempt: 3})
 	require.NoError(t, err)
 	assert.Equal(t, "echo: the brief", res.GetText())
 	_, err = p.Call(testCtx(t), controls.Call{Delegate: "rec", Brief: "bare"})
@@ -229,7 +228,7 @@ func TestCallSendsRunMetadata(t *testing.T) {
 	assert.Equal(t, []string{"key-1"}, h.Get(delegates.HeaderIdempotencyKey))
 	assert.Equal(t, []string{"run-1"}, h.Get(delegates.HeaderRunID))
 
-	// Without CallOptions nor attempt number nothing extra is sent.
+	// Without the run's fields nor attempt number nothing extra is sent.
 	bare := got[1]
 	assert.Empty(t, bare.Request.GetRunId())
 	assert.Empty(t, bare.Request.GetIdempotencyKey())
@@ -250,9 +249,8 @@ func TestCallAttemptTimeout(t *testing.T) {
 	ctx := testCtx(t)
 
 	// Per-call attempt timeout overrides the configured minute.
-	actx := delegates.WithCallOptions(ctx, delegates.CallOptions{AttemptTimeout: 100 * time.Millisecond})
 	start := time.Now()
-	_, err := p.Call(actx, controls.Call{Delegate: "slow", Brief: "b", Attempt: 1})
+	_, err := p.Call(ctx, controls.Call{Delegate: "slow", Brief: "b", Attempt: 1, AttemptTimeout: 100 * time.Millisecond})
 	assert.Equal(t, &controls.CallError{
 		Code: codes.DeadlineExceeded, Message: "attempt timed out after 100ms",
 	}, callError(t, err))
@@ -269,8 +267,7 @@ func TestCallAttemptTimeout(t *testing.T) {
 	// configured timeout would cut off.
 	_, err = p.Call(ctx, controls.Call{Delegate: "quick", Brief: "b", Attempt: 1})
 	assert.Equal(t, codes.DeadlineExceeded, callError(t, err).Code)
-	longer := delegates.WithCallOptions(ctx, delegates.CallOptions{AttemptTimeout: 5 * time.Second})
-	res, err := p.Call(longer, controls.Call{Delegate: "quick", Brief: "b", Attempt: 2})
+	res, err := p.Call(ctx, controls.Call{Delegate: "quick", Brief: "b", Attempt: 2, AttemptTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	assert.Equal(t, "slow: b", res.GetText())
 }

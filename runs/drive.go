@@ -61,7 +61,7 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 	// never changes once it is accepted: no need for a copy of the state.
 	snapshot := constantPart(state)
 	env := &controls.Env{
-		Delegates: flushing{m.cfg.Delegates, r},
+		Delegates: flushing{m.cfg.Delegates, r, controls.RunCall(snapshot)},
 		Presets:   m.cfg.Presets,
 		Budgets:   m.cfg.Budgets,
 		Tracker:   tr,
@@ -71,11 +71,7 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 	if m.cfg.Criteria != nil {
 		env.Criteria = m.cfg.Criteria(snapshot)
 	}
-	callCtx := ctx
-	if m.cfg.CallContext != nil {
-		callCtx = m.cfg.CallContext(ctx, snapshot)
-	}
-	out := controls.Execute(callCtx, env, snapshot.GetTaskBrief(), snapshot.GetControl())
+	out := controls.Execute(ctx, env, snapshot.GetTaskBrief(), snapshot.GetControl())
 	if _, ok := tr.Parked(); ok {
 		parked = true // park has its wake-up
 		return

@@ -271,6 +271,9 @@ const refusedEventBytes = 64 << 10
 type flushing struct {
 	controls.Delegates
 	r *run
+	// of are the run's fields of every call (controls.Call's RunID,
+	// IdempotencyKey, Metadata, AttemptTimeout).
+	of controls.Call
 }
 
 func (f flushing) Serving(ctx context.Context, name string) bool {
@@ -290,5 +293,5 @@ func (f flushing) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result
 		}
 		return nil, &controls.CallError{Code: codes.Aborted, Message: "not sent: " + errLost.Error(), NotSent: true}
 	}
-	return f.Delegates.Call(ctx, c)
+	return f.Delegates.Call(ctx, c.WithRun(f.of))
 }

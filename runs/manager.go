@@ -56,10 +56,6 @@ type Config struct {
 	// Budgets limits the retry control's retries per delegate. Nil means no
 	// budget.
 	Budgets controls.Budgets
-	// CallContext, when set, decorates the context of a run's delegate calls
-	// with what the delegates layer needs (run id, idempotency key,
-	// metadata, attempt timeout).
-	CallContext func(ctx context.Context, run *stubbornv1.ControlState) context.Context
 	// Observer, when set, sees every run. Nil means none.
 	Observer Observer
 	// Criteria builds the failure criteria of a run. Nil means only errors

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"log/slog"
 	"net"
 	"time"
@@ -38,10 +37,12 @@ type Config struct {
 	// still passes callers' trace context on to the delegates (with stats
 	// handlers that do only that, not otelgrpc's).
 	Telemetry telemetry.Config
-	// Runs configures where runs are kept and who drives them: Store,
-	// Owner, Lease, SoleOwner, CancelOnClose. The rest of runs.Config is
-	// filled in by New. The zero value keeps runs in memory and cancels them
-	// on Stop.
+	// Runs configures the run engine, and is passed to it whole (Store,
+	// Owner, Lease, SoleOwner, CancelOnClose, MaxFinished, ParkAfter,
+	// Logger …), except what New builds from the rest of Config and sets
+	// over it: Delegates, Presets, Budgets, Observer and Criteria; Clock
+	// and Seed when Config sets them. The zero value keeps runs in memory
+	// and cancels them on Stop.
 	Runs runs.Config
 	// NoReflection leaves the reflection service out. Authentication (the
 	// Registry's tenants) applies to reflection as to the ControlService.
@@ -97,31 +98,21 @@ func New(cfg Config) (*Stubborn, error) {
 	if rc.Logger == nil {
 		rc.Logger = cfg.Logger
 	}
-	m, err := runs.New(runs.Config{
-		Store:         rc.Store,
-		Owner:         rc.Owner,
-		Lease:         rc.Lease,
-		SoleOwner:     rc.SoleOwner,
-		CancelOnClose: rc.CancelOnClose,
-		MaxFinished:   rc.MaxFinished,
-		Logger:        rc.Logger,
-		Budgets:       budgets,
-		Delegates:     calls,
-		Presets:       pool,
-		Observer:      active.Observer(tel),
-		Clock:         cfg.Clock,
-		Seed:          cfg.Seed,
-		Criteria:      criteriaFor(calls, cfg.Registry.Judge),
-		CallContext: func(ctx context.Context, st *stubbornv1.ControlState) context.Context {
-			o := st.GetOptions()
-			return delegates.WithCallOptions(ctx, delegates.CallOptions{
-				RunID:          st.GetRunId(),
-				IdempotencyKey: o.GetIdempotencyKey(),
-				Metadata:       o.GetMetadata(),
-				AttemptTimeout: o.GetAttemptTimeout().AsDuration(),
-			})
-		},
-	})
+	// The run engine's configuration is cfg.Runs, whole; the server sets
+	// what it builds (the delegates, presets, budgets, observer and
+	// criteria), and the clock and seed when it has them.
+	rc.Budgets = budgets
+	rc.Delegates = calls
+	rc.Presets = pool
+	rc.Observer = active.Observer(tel)
+	rc.Criteria = criteriaFor(calls, cfg.Registry.Judge)
+	if cfg.Clock != nil {
+		rc.Clock = cfg.Clock
+	}
+	if cfg.Seed != 0 {
+		rc.Seed = cfg.Seed
+	}
+	m, err := runs.New(rc)
 	if err != nil {
 		_ = pool.Close()
 		return nil, err
@@ -156,7 +147,7 @@ func criteriaFor(d controls.Delegates, defaultJudge string) func(*stubbornv1.Con
 		if judge == "" {
 			judge = defaultJudge
 		}
-		return controls.NewCriteria(st.GetControl(), judge, d)
+		return controls.NewCriteria(st.GetControl(), judge, controls.ForRun(d, st))
 	}
 }
 
