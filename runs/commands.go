@@ -90,7 +90,7 @@ func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.Control
 	}
 	err := tr.Decide(cmd.Decision)
 	if errors.Is(err, controls.ErrParked) {
-		ok, err := m.decide(r, tr, cmd.Decision)
+		ok, err := m.decide(ctx, r, tr, cmd.Decision)
 		if !ok {
 			// Another call woke it first (a decision, its timeout, a
 			// cancellation): the first one wins, as when it is not parked.
@@ -104,5 +104,6 @@ func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.Control
 	if err != nil {
 		return nil, fmt.Errorf("%w (status %s)", err, tr.Status())
 	}
+	r.flush() // decision_received: the caller is answered once it is written
 	return tr.Snapshot(), nil
 }

@@ -8,10 +8,11 @@
 // The mutexes a run goes through, and what each guards:
 //
 //   - controls.Tracker's mu (package controls): the run's state. The
-//     tracker calls back with it held: the recorder (run.record), the
-//     OnLive functions (the release of holdCancel, run.wentLive,
-//     run.setTracker), the park hook of ParkWaits (which flushes and calls
-//     Manager.park) and Answer's taken.
+//     tracker calls back with it held: the recorder (run.record, which
+//     only queues the event: the outbox), the OnLive functions (the
+//     release of holdCancel, run.wentLive, run.setTracker), the park hook
+//     of ParkWaits (which only notes the parking, for drive to set once
+//     the tracker is unlocked) and Answer's taken.
 //   - run.flushMu: one flush of a run at a time, in order (run.flush); held
 //     across the flush's store writes.
 //   - run.mu: the rest of a run: its journal in memory, the events and state
@@ -28,13 +29,14 @@
 // the other way round:
 //
 //	controls.Tracker's mu
-//	├── run.flushMu          (record, the park hook: flush)
-//	│   ├── run.mu
-//	│   │   └── the Observer's own locks
-//	│   └── the store's locks (JetStream.mu, janitor.mu, Memory.mu)
-//	├── run.mu               (record, wentLive, setTracker)
-//	├── parking.mu           (the park hook: Manager.park)
+//	├── run.mu               (record, the park hook, wentLive, setTracker)
+//	│   └── the Observer's own locks
 //	└── the mu of holdCancel (its release, an OnLive function)
+//
+//	run.flushMu             (flush; never under the tracker's mu)
+//	├── run.mu
+//	│   └── the Observer's own locks
+//	└── the store's locks (JetStream.mu, janitor.mu, Memory.mu)
 //
 // run.mu and parking.mu are never held together: park, wake and decide
 // take one after the other. No lock of this package is held while the
@@ -47,19 +49,21 @@
 //
 // # Store I/O
 //
-// No store call is made under Manager.mu, run.mu, parking.mu or a store's
-// own lock. The writes of a run's journal and state (Append and PutState in
-// run.flush and run.endRefused) are made under run.flushMu, by design:
-// a run's writes go one at a time, in order. When the flush comes from
-// run.record (an event that must be durable at once: a wait, a decision,
-// the run's end, an event while a call is in flight) or from the park hook,
-// they are also made under controls.Tracker's mu. A JetStream write that
-// fails is made again for up to WriteRetry (the lease, 10 s by default),
-// and meanwhile GetRun and DecideRun on that run (Tracker.Snapshot,
-// Tracker.Decide) and the run's other branches (a race's candidates) wait
-// for the tracker. Moving those writes out of the tracker's lock (an outbox
-// written by the run's goroutine after unlocking) is item 3 of issue 18,
-// still to be done. Every other store call (claims, heartbeats, takeover
-// scans and resumes, unstart, retire, commands, Get, List, Watch) is made
-// with no lock of this package held.
+// No store call is made under a lock that guards data: not under the
+// tracker's mu, Manager.mu, run.mu, parking.mu or a store's own lock. The
+// tracker's recorder (run.record) only numbers, encodes and queues each
+// event in the run's outbox (run.pending); the outbox is written by
+// run.flush, one flush at a time under run.flushMu (the writer's turn, not
+// a data lock: readers of the run never take it), from the run's own
+// goroutines once the tracker is unlocked: before each delegate call and
+// health check (flushing), before a backoff wait (flushingClock), after the
+// control parks or ends (drive), once a decision is taken (handle,
+// decide), before a woken run is replayed (unpark), and by the run's
+// writer (kick) for an event nobody else waits to write: a request for a
+// decision, news of a race's candidate while another call is in flight.
+// A JetStream write that fails is made again for up to WriteRetry, and
+// meanwhile only that run's own steps wait: GetRun and DecideRun read the
+// tracker, which no write holds. Every other store call (claims,
+// heartbeats, takeover scans and resumes, unstart, retire, commands, Get,
+// List, Watch) is made with no lock of this package held.
 package runs

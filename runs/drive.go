@@ -22,6 +22,10 @@ import (
 func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state *stubbornv1.ControlState, replay bool, resumedBecause string) {
 	runCtx := ctx
 	parked := false
+	var (
+		parkAs    *parking
+		parkUntil time.Time
+	)
 	defer func() {
 		if !parked {
 			m.endDrive(r)
@@ -32,10 +36,16 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		// waiting, its parking is set, and may be woken before this drive
 		// has returned (it writes nothing more).
 		tr.ParkWaits(m.cfg.ParkAfter, func(until time.Time, decision bool) {
-			// Woken, the run replays its journal in memory: it must
-			// have every event recorded so far.
-			r.flush()
-			m.park(r, &parking{ctx: runCtx, tracker: tr, decision: decision}, until)
+			// Called with the tracker's lock held, on this goroutine (only
+			// the run's own control parks): no write here. The run is
+			// parked once the control has returned and the events before
+			// the wait are written (below): woken, it replays its journal
+			// in memory, and must have every event recorded so far.
+			// Meanwhile DecideRun waits for the parking (decide).
+			parkAs, parkUntil = &parking{ctx: runCtx, tracker: tr, decision: decision}, until
+			r.mu.Lock()
+			r.parkingSet = make(chan struct{})
+			r.mu.Unlock()
 		})
 	}
 	defer func() {
@@ -43,6 +53,7 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		if p := recover(); p != nil {
 			m.log.Error("panic in run", "run_id", r.id, "panic", p, "stack", string(debug.Stack()))
 			tr.Finish(stubbornv1.RunStatus_RUN_STATUS_FAILED, nil, "", "internal error", stubbornv1.StatusReason_STATUS_REASON_INTERNAL_ERROR)
+			r.flush()
 			m.retire(r)
 		}
 	}()
@@ -65,7 +76,7 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		Presets:   m.cfg.Presets,
 		Budgets:   m.cfg.Budgets,
 		Tracker:   tr,
-		Clock:     m.cfg.Clock,
+		Clock:     flushingClock{m.cfg.Clock, r},
 		Rand:      m.rand(r),
 	}
 	if m.cfg.Criteria != nil {
@@ -74,9 +85,12 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 	out := controls.Execute(ctx, env, snapshot.GetTaskBrief(), snapshot.GetControl())
 	if _, ok := tr.Parked(); ok {
 		parked = true // park has its wake-up
+		r.flush()     // what led to the wait, now the tracker is unlocked
+		m.park(r, parkAs, parkUntil)
 		return
 	}
 	tr.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
+	r.flush() // run_finished, before the claim goes
 	m.retire(r)
 }
 

@@ -15,15 +15,20 @@ import (
 
 // record is the tracker's recorder: it numbers the event and encodes it,
 // once, for the store, the journal in memory and every watcher, and keeps
-// it pending, with the state when the status changed, until flush writes
-// what is pending in one store write. An event that makes the run wait for
-// time (more than zero) or for a person, the run's last, and any event recorded while a
-// delegate call is in flight (a race's candidates) are flushed at once;
-// the others go with the next of those, or before the run's next delegate
-// call (flushing). So a call is made only once its attempt_started is durable,
-// a watcher sees an event only once it is, and a one-attempt run writes
-// its four events in two. ev and st are the tracker's: read during the
-// call only, as the Observer does.
+// it pending (the outbox), with the state when the status changed, until
+// flush writes what is pending in one store write. The tracker calls it
+// with its lock held, so record writes nothing: the run's own goroutine
+// writes the outbox once the tracker is unlocked, before each delegate
+// call and health check (flushing), before a backoff wait (flushingClock),
+// after the run parks or ends (drive) and once a decision is taken
+// (Manager.handle, decide). An event that makes the run wait for a person
+// (decision_requested), and any event recorded while a delegate call is
+// in flight (a race's candidates), is written by the run's writer
+// (kick), which the tracker's lock does not hold either. So a call is
+// made only once its attempt_started is durable, a watcher sees an event
+// only once it is, and a one-attempt run writes its four events in two.
+// ev and st are the tracker's: read during the call only, as the Observer
+// does.
 func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 	// The tracker calls record under its own lock, one event at a time, so
 	// r.mu is taken only to number and to keep the event: the watchers'
@@ -80,35 +85,60 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		r.observe(ev)
 	}
 	r.mu.Unlock()
-	switch k := ev.GetKind().(type) {
-	case *stubbornv1.RunEvent_DecisionRequested, *stubbornv1.RunEvent_DecisionReceived,
-		*stubbornv1.RunEvent_RunFinished:
-		// The run waits for a person now, a caller waits for the decision
-		// to be taken, or the run is over.
-		r.flush()
-	case *stubbornv1.RunEvent_BackoffScheduled:
-		if k.BackoffScheduled.GetWait().AsDuration() > 0 || r.calls.Load() > 0 {
-			// The run waits now. (A zero wait is no wait: the events go
-			// with the next attempt's, written before its call.)
-			r.flush()
-		}
+	switch ev.GetKind().(type) {
+	case *stubbornv1.RunEvent_DecisionRequested:
+		// The run waits for a person now: a watcher must see it.
+		r.kick()
+	case *stubbornv1.RunEvent_RunFinished, *stubbornv1.RunEvent_DecisionReceived:
+		// Written by whoever waits for them (drive, Manager.handle).
 	default:
 		if r.calls.Load() > 0 {
 			// Another call is in flight (a race's candidates): the run
 			// waits for it, and this event is news now.
+			r.kick()
+		}
+	}
+}
+
+// kick has the run's writer write its outbox: a goroutine of the run's
+// own, started unless one runs, that flushes until nothing is pending.
+func (r *run) kick() {
+	r.mu.Lock()
+	if r.writer || r.lost || r.done {
+		r.mu.Unlock()
+		return
+	}
+	r.writer = true
+	r.mu.Unlock()
+	r.writers.Add(1)
+	go func() {
+		defer r.writers.Done()
+		for {
 			r.flush()
+			r.mu.Lock()
+			if len(r.pending) == 0 || r.lost || r.done {
+				r.writer = false
+				r.mu.Unlock()
+				return
+			}
+			r.mu.Unlock()
 		}
+	}()
+}
+
+// flushingClock is the Clock of a run's controls: a wait (a backoff) starts
+// once the events before it are written. A zero wait is no wait: its
+// events go with the next attempt's, written before its call.
+type flushingClock struct {
+	controls.Clock
+	r *run
+}
+
+func (c flushingClock) Sleep(ctx context.Context, d time.Duration) error {
+	if d > 0 {
+		c.r.flush()
 	}
-	if enc.Finished {
-		// The run's end is observed once written: a run whose last write
-		// failed is observed to stop (loseLocked), not to end.
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.done && r.observe != nil {
-			r.observe(ev)
-			r.observe = nil
-		}
-	}
+	return c.Clock.Sleep(ctx, d)
 }
 
 // flush writes the run's pending events to the store in one write (fenced:
@@ -169,10 +199,18 @@ func (r *run) flush() {
 		r.events = make([]Event, 0, journalCap)
 	}
 	r.events = append(r.events, evs...)
-	if evs[len(evs)-1].Finished {
+	if last := evs[len(evs)-1]; last.Finished {
 		r.done = true
 		r.tracker = nil
 		close(r.ended)
+		if r.observe != nil {
+			// The run's end is observed once written: a run whose last
+			// write failed is observed to stop (loseLocked), not to end.
+			if ev, err := last.Decode(); err == nil {
+				r.observe(ev)
+			}
+			r.observe = nil
+		}
 	}
 	r.wakeLocked()
 }

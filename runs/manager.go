@@ -127,6 +127,7 @@ type Manager struct {
 	ctx    context.Context // parent of every run and loop; cancelled by Close
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup // runs
+	writes sync.WaitGroup // the runs' writers (run.kick)
 	loops  sync.WaitGroup // takeover scan
 	// stopBeats ends the heartbeat loop, beating its wait group.
 	stopBeats context.CancelFunc
@@ -221,6 +222,7 @@ func (m *Manager) Owner() string { return m.owner }
 // by another server, or by the next start on the same store.
 func (m *Manager) Close() {
 	m.stopRuns(!m.cfg.CancelOnClose)
+	m.writes.Wait()
 	// No beat after Leave's: it would make this server look alive for
 	// another lease.
 	m.stopBeats()
@@ -268,6 +270,7 @@ func (m *Manager) stopRuns(abandon bool) {
 func (m *Manager) kill() {
 	m.paused.Store(true)
 	m.stopRuns(true)
+	m.writes.Wait()
 	m.stopBeats()
 	m.beating.Wait()
 	m.stopServing()

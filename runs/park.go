@@ -55,6 +55,10 @@ func (m *Manager) park(r *run, p *parking, until time.Time) {
 	m.parked.Add(1)
 	r.mu.Lock()
 	r.parking = p
+	if r.parkingSet != nil {
+		close(r.parkingSet)
+		r.parkingSet = nil
+	}
 	r.mu.Unlock()
 	wake := func() {
 		if p.claim() {
@@ -115,20 +119,36 @@ func (a *decision) give(err error) {
 // it. It reports false when that parking is over (another call woke it
 // first). Once the run is woken with d, d is taken whatever the caller's
 // context: the replay, which calls no delegate, is waited for.
-func (m *Manager) decide(r *run, tr *controls.Tracker, d stubbornv1.Decision) (ok bool, err error) {
+func (m *Manager) decide(ctx context.Context, r *run, tr *controls.Tracker, d stubbornv1.Decision) (ok bool, err error) {
 	r.mu.Lock()
-	p := r.parking
+	p, set := r.parking, r.parkingSet
 	r.mu.Unlock()
+	if p == nil && set != nil {
+		// Parked a moment ago: its events are being written (drive).
+		select {
+		case <-set:
+		case <-ctx.Done():
+			return true, ctx.Err()
+		}
+		r.mu.Lock()
+		p = r.parking
+		r.mu.Unlock()
+	}
 	if p == nil || p.tracker != tr || !p.decision || !p.claim() {
 		return false, nil
 	}
 	answer := &decision{d: d, taken: make(chan error, 1)}
 	m.wake(p.ctx, r, answer)
-	return true, <-answer.taken
+	err = <-answer.taken
+	if err == nil {
+		r.flush() // decision_received, recorded before it was taken
+	}
+	return true, err
 }
 
 // unpark drives a parked run again: a new tracker replays its journal.
 func (m *Manager) unpark(ctx context.Context, r *run, answer *decision) {
+	r.flush() // the events the run recorded before it parked, if not yet written
 	r.mu.Lock()
 	recorded := r.events[:len(r.events):len(r.events)]
 	r.mu.Unlock()

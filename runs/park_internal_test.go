@@ -42,7 +42,7 @@ func TestALateDecisionDoesNotWakeAnotherWait(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { p := parkedBy(); return p != nil && !p.decision }, 5*time.Second, time.Millisecond, "parked in the backoff")
 
-	ok, err := m.decide(r, first, stubbornv1.Decision_DECISION_FAIL)
+	ok, err := m.decide(context.Background(), r, first, stubbornv1.Decision_DECISION_FAIL)
 	assert.False(t, ok, "the decision it came for is taken")
 	assert.NoError(t, err)
 	assert.Equal(t, 1, m.Parked(), "the backoff still waits")

@@ -23,10 +23,15 @@ type run struct {
 	cancel    context.CancelCauseFunc
 	stopTimer context.CancelFunc
 	observe   func(*stubbornv1.RunEvent) // the Observer's, or nil
+	writers   *sync.WaitGroup            // the manager's, of the runs' writers (kick)
 
-	mu      sync.Mutex
-	parking *parking      // set while the run is parked
-	replay  chan struct{} // set while its tracker replays its journal
+	mu     sync.Mutex
+	writer bool // the run's writer runs (kick)
+	// parkingSet, while not nil, is closed once the run's control,
+	// parked, has its parking set (drive).
+	parkingSet chan struct{}
+	parking    *parking      // set while the run is parked
+	replay     chan struct{} // set while its tracker replays its journal
 	// tracker drives the run until it ends here; then it is dropped, and
 	// with it the state's many small messages, which the garbage collector
 	// would scan for as long as the finished run is kept: the
