@@ -81,7 +81,7 @@ const (
 func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.RetrySpec) Outcome {
 	r := newRetry(env, taskBrief, spec)
 	for round := 1; ; round++ {
-		out, spent := r.run(ctx, round)
+		out, spent := r.run(ctx, env, round)
 		if spent == "" {
 			return out
 		}
@@ -103,9 +103,9 @@ func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Ret
 	}
 }
 
-// retry is one run of the retry control: its spec, read once.
+// retry is one run of the retry control: its spec, read once. (Its Env
+// is passed beside it, so that escape analysis keeps both on the stack.)
 type retry struct {
-	env                            *Env
 	target, brief                  string
 	info                           DelegateInfo
 	retries                        int // per round: attempts, at least 1 after a RETRY
@@ -113,9 +113,9 @@ type retry struct {
 	ask                            bool // on_exhausted ASK
 }
 
-func newRetry(env *Env, taskBrief string, spec *stubbornv1.RetrySpec) *retry {
-	r := &retry{
-		env: env, target: spec.GetTarget(), brief: taskBrief, info: env.Delegates.Info(spec.GetTarget()),
+func newRetry(env *Env, taskBrief string, spec *stubbornv1.RetrySpec) retry {
+	r := retry{
+		target: spec.GetTarget(), brief: taskBrief, info: env.Delegates.Info(spec.GetTarget()),
 		retries:         DefaultRetryAttempts,
 		base:            durationOr(spec.GetBaseWait().AsDuration(), spec.GetBaseWait() != nil, DefaultRetryBaseWait),
 		maxWait:         durationOr(spec.GetMaxWait().AsDuration(), spec.GetMaxWait() != nil, DefaultRetryMaxWait),
@@ -134,13 +134,13 @@ func newRetry(env *Env, taskBrief string, spec *stubbornv1.RetrySpec) *retry {
 // how the run ends, or, when the round's retries ran out, spent: why, in
 // words. A round after the first starts with a retry, its backoff drawn
 // from the base again.
-func (r *retry) run(ctx context.Context, round int) (out Outcome, spent string) {
+func (r *retry) run(ctx context.Context, env *Env, round int) (out Outcome, spent string) {
 	allowed, used := r.retries, 0 // retries granted and spent in this round
 	var w retryWait
 	if round > 1 {
 		allowed = max(r.retries, 1)
-		w.wait, w.bound = Backoff(r.env.Rand, 1, r.base, r.maxWait)
-		w.pastDeadline = r.env.endsPastDeadline(ctx, w.wait)
+		w.wait, w.bound = Backoff(env.Rand, 1, r.base, r.maxWait)
+		w.pastDeadline = env.endsPastDeadline(ctx, w.wait)
 	}
 	for again := round > 1; ; again = true {
 		var waitBefore time.Duration
@@ -153,43 +153,43 @@ func (r *retry) run(ctx context.Context, round int) (out Outcome, spent string) 
 			}
 			used++
 			var err error
-			if waitBefore, err = r.env.backoff(ctx, w.wait, w.bound, w.fromHint); err != nil {
+			if waitBefore, err = env.backoff(ctx, w.wait, w.bound, w.fromHint); err != nil {
 				return stopped(ctx), ""
 			}
 		}
 		if ctx.Err() != nil {
 			return stopped(ctx), ""
 		}
-		n, a := attempt(ctx, r.env, "target", r.target, r.brief, waitBefore)
+		n, a := attempt(ctx, env, "target", r.target, r.brief, waitBefore)
 		if ctx.Err() != nil {
 			return stopped(ctx), ""
 		}
 		if a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED || a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED {
-			r.env.count(n, r.target, true) // the delegate answered: it is not overloaded
+			env.count(n, r.target, true) // the delegate answered: it is not overloaded
 		}
 		if !a.failed {
 			return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Result: a.result, Winner: r.target}, ""
 		}
 		var rec *stubbornv1.FailureRecord
-		rec, w = r.transient(ctx, n, a, used, allowed, round)
-		rec, willRetry := r.env.analysed(rec, func(rec *stubbornv1.FailureRecord) bool {
+		rec, w = r.transient(ctx, env, n, a, used, allowed, round)
+		rec, willRetry := env.analysed(rec, func(rec *stubbornv1.FailureRecord) bool {
 			switch {
 			case rec.NotRetriedReason != "":
 			case w.pastDeadline:
 				rec.NotRetriedReason, rec.NotRetriedCode = reasonDeadline, stubbornv1.NotRetried_NOT_RETRIED_DEADLINE
-			case !r.env.allowRetry(r.target):
+			case !env.allowRetry(r.target):
 				rec.NotRetriedReason, rec.NotRetriedCode = reasonBudget, stubbornv1.NotRetried_NOT_RETRIED_BUDGET
 			}
 			return rec.NotRetriedReason == ""
 		})
 		if why := rec.GetNotRetriedReason(); why != "" {
-			r.env.Tracker.Failure(rec, false, "")
+			env.Tracker.Failure(rec, false, "")
 			if !willRetry && roundRanOut(rec) {
 				return Outcome{}, why
 			}
 			return failedWith(stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, why), ""
 		}
-		r.env.Tracker.Failure(rec, true, r.brief)
+		env.Tracker.Failure(rec, true, r.brief)
 	}
 }
 
@@ -205,10 +205,10 @@ type retryWait struct {
 // (see [Retry], up to the round's retries running out), and, when it may
 // be, the wait before the retry. The deadline and the retry budget have
 // the last word (see Env.analysed).
-func (r *retry) transient(ctx context.Context, n int32, a attemptResult, used, allowed, round int) (*stubbornv1.FailureRecord, retryWait) {
+func (r *retry) transient(ctx context.Context, env *Env, n int32, a attemptResult, used, allowed, round int) (*stubbornv1.FailureRecord, retryWait) {
 	rec := &stubbornv1.FailureRecord{
-		Attempt: n, Delegate: r.target, Summary: a.summary, Reason: a.reason, Path: r.env.Path,
-		Source: failureSource(r.env, n, a),
+		Attempt: n, Delegate: r.target, Summary: a.summary, Reason: a.reason, Path: env.Path,
+		Source: failureSource(env, n, a),
 	}
 	var ce *CallError
 	errors.As(a.err, &ce)
@@ -218,7 +218,7 @@ func (r *retry) transient(ctx context.Context, n int32, a attemptResult, used, a
 		rec.NotRetriedCode = notTransientCode(ce)
 	}
 	if rec.Transient {
-		r.env.count(n, r.target, false)
+		env.count(n, r.target, false)
 	}
 	switch {
 	case rec.NotRetriedReason != "": // not transient; ce may be nil
@@ -242,9 +242,9 @@ func (r *retry) transient(ctx context.Context, n int32, a attemptResult, used, a
 		if w.fromHint = ce.HasHint; w.fromHint {
 			w.wait, w.bound = ce.RetryHint, r.maxWait
 		} else {
-			w.wait, w.bound = Backoff(r.env.Rand, used+1, r.base, r.maxWait)
+			w.wait, w.bound = Backoff(env.Rand, used+1, r.base, r.maxWait)
 		}
-		w.pastDeadline = r.env.endsPastDeadline(ctx, w.wait)
+		w.pastDeadline = env.endsPastDeadline(ctx, w.wait)
 		return rec, w
 	}
 	return rec, retryWait{}
