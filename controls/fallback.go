@@ -23,7 +23,7 @@ func FallbackChain(ctx context.Context, env *Env, taskBrief string, spec *stubbo
 			n int32
 			a attemptResult
 		)
-		if env.Delegates.Serving(ctx, name) {
+		if env.serving(ctx, name) {
 			n, a = attempt(ctx, env, fmt.Sprintf("chain[%d]", i), name, taskBrief, 0)
 			if ctx.Err() != nil {
 				return stopped(ctx)

@@ -63,20 +63,17 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 				return failedWith(stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, rec.NotRetriedReason)
 			}
 		}
-		_, recorded, _, replayed := env.Tracker.Replayed(n)
-		if replayed && recorded != nil {
-			rec = recorded // with the analyst's advice, which is not asked again
-		}
-		failures = append(failures, rec)
-		if willRetry && spec.GetAnalyst() != "" && recorded == nil {
-			// Asked unless the journal has the analysis (a run resumed
-			// between the attempt's end and its analysis asks now).
-			analyse(ctx, env, spec.GetAnalyst(), taskBrief, rec)
+		if willRetry && spec.GetAnalyst() != "" {
+			rec, _ = env.analysed(rec, func(rec *stubbornv1.FailureRecord) bool {
+				analyse(ctx, env, spec.GetAnalyst(), taskBrief, rec)
+				return willRetry
+			})
 			if ctx.Err() != nil {
 				env.Tracker.Failure(rec, false, "")
 				return stopped(ctx)
 			}
 		}
+		failures = append(failures, rec)
 		brief = ""
 		if willRetry {
 			brief = EnrichBrief(taskBrief, failures)

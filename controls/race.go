@@ -39,7 +39,7 @@ func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Race
 	candidate.racing = true
 	for i, name := range candidates {
 		go func() {
-			done <- finish{index: i, a: call(raceCtx, &candidate, numbers[i], fmt.Sprintf("candidates[%d]", i), name, taskBrief)}
+			done <- finish{index: i, a: candidate.answer(raceCtx, numbers[i], fmt.Sprintf("candidates[%d]", i), name, taskBrief)}
 		}()
 	}
 

@@ -282,3 +282,38 @@ func TestAResumedRetryFitsItsNewWaitBeforeTheDeadline(t *testing.T) {
 	assert.Empty(t, d.calls, "no attempt after the deadline")
 	assert.Equal(t, []string{"run_finished"}, kinds(fresh))
 }
+
+// A health answer is a recorded effect: a fallback chain resumed after it
+// skipped a delegate that was NOT_SERVING skips it again, and does not
+// call it, although it serves now (as the tree before the effects did).
+func TestReplayTakesHealthFromTheJournal(t *testing.T) {
+	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a", "b"}}}}
+	script := func() map[string][]controlstest.Reply {
+		return map[string][]controlstest.Reply{"a": {controlstest.OK("a")}, "b": {controlstest.OK("b")}}
+	}
+	d := controlstest.NewDelegates(script())
+	d.SetNotServing("a")
+	st, rec, recorded := resumeFrom(spec, nil)
+	tr := controls.NewReplayTracker(st, controlstest.NewClock(), rec, nil)
+	tr.Start()
+	out := controls.Execute(context.Background(), &controls.Env{Delegates: d, Tracker: tr, Clock: controlstest.NewClock()}, "task", spec)
+	tr.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
+	all := recorded()
+	assert.Equal(t, "b", out.Winner)
+	assert.Equal(t, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SKIPPED, all[2].GetAttemptFinished().GetAttempt().GetOutcome())
+
+	for _, cut := range []int{3, 4} { // after the skip; after its failure record
+		resumed := controlstest.NewDelegates(script()) // a serves now
+		out, fresh := func() (controls.Outcome, []*stubbornv1.RunEvent) {
+			st, rec, recorded := resumeFrom(spec, all[:cut])
+			tr := controls.NewReplayTracker(st, controlstest.NewClock(), rec, all[:cut])
+			tr.Start()
+			out := controls.Execute(context.Background(), &controls.Env{Delegates: resumed, Tracker: tr, Clock: controlstest.NewClock()}, "task", spec)
+			tr.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
+			return out, recorded()
+		}()
+		assert.Equal(t, "b", out.Winner, "cut %d", cut)
+		assert.Empty(t, resumed.CallsTo("a"), "cut %d: a is not called", cut)
+		assert.Equal(t, kinds(all[cut:]), kinds(fresh), "cut %d", cut)
+	}
+}

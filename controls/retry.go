@@ -79,155 +79,175 @@ const (
 // The run's context ending, during an attempt, a wait or the decision,
 // ends the control at once with [stopped]'s outcome, never with a retry.
 func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.RetrySpec) Outcome {
-	target := spec.GetTarget()
-	retries := DefaultRetryAttempts
-	if spec != nil && spec.Attempts != nil {
-		retries = max(0, int(spec.GetAttempts()))
-	}
-	base := durationOr(spec.GetBaseWait().AsDuration(), spec.GetBaseWait() != nil, DefaultRetryBaseWait)
-	maxWait := durationOr(spec.GetMaxWait().AsDuration(), spec.GetMaxWait() != nil, DefaultRetryMaxWait)
-	decisionTimeout := spec.GetDecisionTimeout().AsDuration() // unset: 0, wait for ever
-	ask := spec.GetOnExhausted() != stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL
-	info := env.Delegates.Info(target)
-	record := func(success bool) {
-		if env.Budgets != nil {
-			env.Budgets.Record(target, success)
+	r := newRetry(env, taskBrief, spec)
+	for round := 1; ; round++ {
+		out, spent := r.run(ctx, env, round)
+		if spent == "" {
+			return out
+		}
+		if !r.ask {
+			return failedWith(stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, reasonExhausted)
+		}
+		d, timedOut, err := env.Tracker.AwaitDecision(ctx, env.Path, spent,
+			stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, r.decisionTimeout)
+		switch {
+		case err != nil:
+			return stopped(ctx)
+		case timedOut:
+			return failedWith(stubbornv1.StatusReason_STATUS_REASON_DECISION_TIMEOUT,
+				fmt.Sprintf("no decision within %v", r.decisionTimeout))
+		case d != stubbornv1.Decision_DECISION_RETRY:
+			return failedWith(stubbornv1.StatusReason_STATUS_REASON_DECISION_FAIL,
+				"decision: "+strings.TrimPrefix(d.String(), "DECISION_"))
 		}
 	}
+}
 
-	round, allowed, used := 1, retries, 0 // retries granted and spent in this round
-	var waitBefore time.Duration
-	for {
-		if ctx.Err() != nil {
-			return stopped(ctx)
+// retry is one run of the retry control: its spec, read once. (Its Env
+// is passed beside it, so that escape analysis keeps both on the stack.)
+type retry struct {
+	target, brief                  string
+	info                           DelegateInfo
+	retries                        int // per round: attempts, at least 1 after a RETRY
+	base, maxWait, decisionTimeout time.Duration
+	ask                            bool // on_exhausted ASK
+}
+
+func newRetry(env *Env, taskBrief string, spec *stubbornv1.RetrySpec) retry {
+	r := retry{
+		target: spec.GetTarget(), brief: taskBrief, info: env.Delegates.Info(spec.GetTarget()),
+		retries:         DefaultRetryAttempts,
+		base:            durationOr(spec.GetBaseWait().AsDuration(), spec.GetBaseWait() != nil, DefaultRetryBaseWait),
+		maxWait:         durationOr(spec.GetMaxWait().AsDuration(), spec.GetMaxWait() != nil, DefaultRetryMaxWait),
+		decisionTimeout: spec.GetDecisionTimeout().AsDuration(), // unset: 0, wait for ever
+		ask:             spec.GetOnExhausted() != stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL,
+	}
+	if spec != nil && spec.Attempts != nil {
+		r.retries = max(0, int(spec.GetAttempts()))
+	}
+	return r
+}
+
+// run is one round, the retry contract's run(retries, fun, transient,
+// announce): it calls the target, and while a failure is to be retried
+// (see [Retry]) it announces the wait, waits, and calls again. It returns
+// how the run ends, or, when the round's retries ran out, spent: why, in
+// words. A round after the first starts with a retry, its backoff drawn
+// from the base again.
+func (r *retry) run(ctx context.Context, env *Env, round int) (out Outcome, spent string) {
+	allowed, used := r.retries, 0 // retries granted and spent in this round
+	var w retryWait
+	if round > 1 {
+		allowed = max(r.retries, 1)
+		w.wait, w.bound = Backoff(env.Rand, 1, r.base, r.maxWait)
+		w.pastDeadline = env.endsPastDeadline(ctx, w.wait)
+	}
+	for again := round > 1; ; again = true {
+		var waitBefore time.Duration
+		if again {
+			if w.pastDeadline {
+				// A retry that is to follow (recorded before the run
+				// changed hands, or granted by RETRY) must still end its
+				// wait before the deadline.
+				return failedWith(stubbornv1.StatusReason_STATUS_REASON_RETRY_PAST_DEADLINE, reasonDeadline), ""
+			}
+			used++
+			var err error
+			if waitBefore, err = env.backoff(ctx, w.wait, w.bound, w.fromHint); err != nil {
+				return stopped(ctx), ""
+			}
 		}
-		n, a := attempt(ctx, env, "target", target, taskBrief, waitBefore)
 		if ctx.Err() != nil {
-			return stopped(ctx)
+			return stopped(ctx), ""
 		}
-		// A run resumed from its journal (taken over, or woken from a
-		// parked wait) replays what was decided after a recorded attempt,
-		// not what would be decided now: the time left and the retry budget
-		// have changed since. A replayed attempt was counted in the budget
-		// when it was made.
-		replayed := env.Tracker.AttemptReplayed(n)
-		was, willRetry, decided := env.Tracker.ReplayedFailure(n)
-		if !replayed && (a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED ||
-			a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED) {
-			record(true) // the delegate answered: it is not overloaded
+		n, a := attempt(ctx, env, "target", r.target, r.brief, waitBefore)
+		if ctx.Err() != nil {
+			return stopped(ctx), ""
+		}
+		if a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED || a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED {
+			env.count(n, r.target, true) // the delegate answered: it is not overloaded
 		}
 		if !a.failed {
-			return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Result: a.result, Winner: target}
+			return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Result: a.result, Winner: r.target}, ""
 		}
-
-		// Why this failure is not retried; empty while a retry may follow.
-		rec := &stubbornv1.FailureRecord{
-			Attempt: n, Delegate: target, Summary: a.summary, Reason: a.reason, Path: env.Path,
-			Source: failureSource(env, n, a),
-		}
-		var ce *CallError
-		errors.As(a.err, &ce)
-		var notRetried string // why, in words; empty while a retry may follow
-		var code stubbornv1.NotRetried
-		if a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED {
-			notRetried, code = reasonRejected, stubbornv1.NotRetried_NOT_RETRIED_REJECTED
-		} else if rec.Transient, notRetried = Transient(ce); notRetried != "" {
-			code = notTransientCode(ce)
-		}
-		if rec.Transient && !replayed {
-			record(false)
-		}
-		switch {
-		case notRetried != "": // not transient; ce may be nil
-		case !info.Idempotent && !info.ReadOnly && !ce.NotSent:
-			notRetried = fmt.Sprintf("delegate %q is neither idempotent nor read_only", target)
-			code = stubbornv1.NotRetried_NOT_RETRIED_NOT_IDEMPOTENT
-		case ce.HasHint && ce.RetryHint < 0:
-			notRetried = fmt.Sprintf("retry hint %v asks not to retry", ce.RetryHint)
-			code = stubbornv1.NotRetried_NOT_RETRIED_HINT_NO_RETRY
-		case ce.HasHint && ce.RetryHint > maxWait:
-			notRetried = fmt.Sprintf("retry hint %v exceeds max_wait %v", ce.RetryHint, maxWait)
-			code = stubbornv1.NotRetried_NOT_RETRIED_HINT_OVER_CAP
-		}
-		roundOver := notRetried == "" && used >= allowed
-		if roundOver {
-			code = stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED
-			notRetried = fmt.Sprintf("%s (%d of %d)", reasonExhausted, used, allowed)
-			if round > 1 {
-				notRetried = fmt.Sprintf("%s (%d of %d in round %d)", reasonExhausted, used, allowed, round)
-			}
-		}
-
-		if decided {
-			// What was decided then holds (whether the call was sent, say,
-			// is not in the journal).
-			notRetried, code = was.GetNotRetriedReason(), was.GetNotRetriedCode()
-			roundOver = !willRetry && roundRanOut(was)
-		}
-
-		// The wait before the retry: the delegate's hint, else the backoff.
-		var wait, bound time.Duration
-		var fromHint bool
-		if notRetried == "" {
-			if fromHint = ce != nil && ce.HasHint; fromHint {
-				wait, bound = ce.RetryHint, maxWait
-			} else {
-				wait, bound = Backoff(env.Rand, used+1, base, maxWait)
-			}
+		var rec *stubbornv1.FailureRecord
+		rec, w = r.transient(ctx, env, n, a, used, allowed, round)
+		rec, willRetry := env.analysed(rec, func(rec *stubbornv1.FailureRecord) bool {
 			switch {
-			case decided: // the journal says what followed
-			case endsPastDeadline(ctx, env, wait):
-				notRetried, code = reasonDeadline, stubbornv1.NotRetried_NOT_RETRIED_DEADLINE
-			case env.Budgets != nil && !env.Budgets.Allow(target):
-				notRetried, code = reasonBudget, stubbornv1.NotRetried_NOT_RETRIED_BUDGET
+			case rec.NotRetriedReason != "":
+			case w.pastDeadline:
+				rec.NotRetriedReason, rec.NotRetriedCode = reasonDeadline, stubbornv1.NotRetried_NOT_RETRIED_DEADLINE
+			case !env.allowRetry(r.target):
+				rec.NotRetriedReason, rec.NotRetriedCode = reasonBudget, stubbornv1.NotRetried_NOT_RETRIED_BUDGET
 			}
-		}
-
-		rec.NotRetriedReason, rec.NotRetriedCode = notRetried, code
-		if notRetried == "" {
-			env.Tracker.Failure(rec, true, taskBrief)
-			if decided && !env.Tracker.BackoffReplayed(env.Tracker.NextAttempt()) && endsPastDeadline(ctx, env, wait) {
-				// The journal says a retry follows but not its wait (the
-				// run stopped in between): the wait drawn now must end
-				// before the deadline, as a live run's would.
-				return failedWith(stubbornv1.StatusReason_STATUS_REASON_RETRY_PAST_DEADLINE, reasonDeadline)
-			}
-		} else {
+			return rec.NotRetriedReason == ""
+		})
+		if why := rec.GetNotRetriedReason(); why != "" {
 			env.Tracker.Failure(rec, false, "")
-			switch {
-			case !roundOver:
-				return failedWith(stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, notRetried)
-			case !ask:
-				return failedWith(stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, reasonExhausted)
+			if !willRetry && roundRanOut(rec) {
+				return Outcome{}, why
 			}
-			d, timedOut, err := env.Tracker.AwaitDecision(ctx, env.Path, notRetried,
-				stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, decisionTimeout)
-			switch {
-			case err != nil:
-				return stopped(ctx)
-			case timedOut:
-				return failedWith(stubbornv1.StatusReason_STATUS_REASON_DECISION_TIMEOUT,
-					fmt.Sprintf("no decision within %v", decisionTimeout))
-			case d != stubbornv1.Decision_DECISION_RETRY:
-				return failedWith(stubbornv1.StatusReason_STATUS_REASON_DECISION_FAIL,
-					"decision: "+strings.TrimPrefix(d.String(), "DECISION_"))
-			}
-			// A new round, its backoff starting again from the base.
-			round, allowed, used = round+1, max(retries, 1), 0
-			wait, bound = Backoff(env.Rand, 1, base, maxWait)
-			fromHint = false
-			if !env.Tracker.BackoffReplayed(env.Tracker.NextAttempt()) && endsPastDeadline(ctx, env, wait) {
-				return failedWith(stubbornv1.StatusReason_STATUS_REASON_RETRY_PAST_DEADLINE, reasonDeadline)
-			}
+			return failedWith(stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, why), ""
 		}
-
-		used++
-		wait = env.Tracker.Backoff(env.Path, env.Tracker.NextAttempt(), wait, bound, fromHint)
-		if env.Tracker.WaitBackoff(ctx, env.clock()) != nil || ctx.Err() != nil {
-			return stopped(ctx)
-		}
-		waitBefore = wait
+		env.Tracker.Failure(rec, true, r.brief)
 	}
+}
+
+// retryWait is the wait before a retry: the delegate's hint, else the
+// backoff, and whether it ends past the run's deadline.
+type retryWait struct {
+	wait, bound            time.Duration
+	fromHint, pastDeadline bool
+}
+
+// transient is the contract's transient(answer): the failure record of
+// attempt n, whose not_retried_reason says why the failure is not retried
+// (see [Retry], up to the round's retries running out), and, when it may
+// be, the wait before the retry. The deadline and the retry budget have
+// the last word (see Env.analysed).
+func (r *retry) transient(ctx context.Context, env *Env, n int32, a attemptResult, used, allowed, round int) (*stubbornv1.FailureRecord, retryWait) {
+	rec := &stubbornv1.FailureRecord{
+		Attempt: n, Delegate: r.target, Summary: a.summary, Reason: a.reason, Path: env.Path,
+		Source: failureSource(env, n, a),
+	}
+	var ce *CallError
+	errors.As(a.err, &ce)
+	if a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED {
+		rec.NotRetriedReason, rec.NotRetriedCode = reasonRejected, stubbornv1.NotRetried_NOT_RETRIED_REJECTED
+	} else if rec.Transient, rec.NotRetriedReason = Transient(ce); rec.NotRetriedReason != "" {
+		rec.NotRetriedCode = notTransientCode(ce)
+	}
+	if rec.Transient {
+		env.count(n, r.target, false)
+	}
+	switch {
+	case rec.NotRetriedReason != "": // not transient; ce may be nil
+	case !r.info.Idempotent && !r.info.ReadOnly && !ce.NotSent:
+		rec.NotRetriedReason = fmt.Sprintf("delegate %q is neither idempotent nor read_only", r.target)
+		rec.NotRetriedCode = stubbornv1.NotRetried_NOT_RETRIED_NOT_IDEMPOTENT
+	case ce.HasHint && ce.RetryHint < 0:
+		rec.NotRetriedReason = fmt.Sprintf("retry hint %v asks not to retry", ce.RetryHint)
+		rec.NotRetriedCode = stubbornv1.NotRetried_NOT_RETRIED_HINT_NO_RETRY
+	case ce.HasHint && ce.RetryHint > r.maxWait:
+		rec.NotRetriedReason = fmt.Sprintf("retry hint %v exceeds max_wait %v", ce.RetryHint, r.maxWait)
+		rec.NotRetriedCode = stubbornv1.NotRetried_NOT_RETRIED_HINT_OVER_CAP
+	case used >= allowed:
+		rec.NotRetriedReason = fmt.Sprintf("%s (%d of %d)", reasonExhausted, used, allowed)
+		if round > 1 {
+			rec.NotRetriedReason = fmt.Sprintf("%s (%d of %d in round %d)", reasonExhausted, used, allowed, round)
+		}
+		rec.NotRetriedCode = stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED
+	default:
+		var w retryWait
+		if w.fromHint = ce.HasHint; w.fromHint {
+			w.wait, w.bound = ce.RetryHint, r.maxWait
+		} else {
+			w.wait, w.bound = Backoff(env.Rand, used+1, r.base, r.maxWait)
+		}
+		w.pastDeadline = env.endsPastDeadline(ctx, w.wait)
+		return rec, w
+	}
+	return rec, retryWait{}
 }
 
 // Transient reports whether a retry may fix a failed call, and when not,
@@ -292,13 +312,6 @@ func durationOr(d time.Duration, set bool, def time.Duration) time.Duration {
 		return def
 	}
 	return max(d, 0)
-}
-
-// endsPastDeadline reports whether a wait starting now ends at or after the
-// run's deadline, leaving no time for the attempt that follows it.
-func endsPastDeadline(ctx context.Context, env *Env, wait time.Duration) bool {
-	dl, ok := ctx.Deadline()
-	return ok && wait >= dl.Sub(env.clock().Now())
 }
 
 // failedWith is the outcome of a run that ends without a result for reason,

@@ -123,46 +123,33 @@ type attemptResult struct {
 // attempt calls a delegate (or runs a preset) once, judges the answer, and
 // records the attempt's start and end. slot names the spec field the name
 // came from (such as "chain[1]"); a preset's own attempts are recorded under
-// it. The caller checks ctx.Err() afterwards.
+// it. The answer comes through env (see Env.answer). The caller checks
+// ctx.Err() afterwards.
 func attempt(ctx context.Context, env *Env, slot, delegate, brief string, waitBefore time.Duration) (int32, attemptResult) {
 	n := env.Tracker.BeginAttempt(env.Path, delegate, brief, waitBefore)
-	a := call(ctx, env, n, slot, delegate, brief)
+	a := env.answer(ctx, n, slot, delegate, brief)
 	endAttempt(env, n, a)
 	return n, a
 }
 
 // call sends attempt n to a delegate, or runs the preset of that name, and
 // judges the answer, without recording the attempt itself.
-//
-// A preset's attempt is run again when the run is replayed, even when the
-// journal has its end (unless it was cancelled, or raced others): its own
-// steps replay from the journal (they are in the run's attempt log and
-// numbering), and an interrupted one goes on where its journal stops
-// instead of failing as an interrupted call.
 func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) attemptResult {
-	spec, isPreset := env.preset(delegate)
-	was, fromJournal := replayed(env, n)
-	if fromJournal && (!isPreset || env.racing || was.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED) {
-		// A preset cancelled then is not run again: it would go on live
-		// past where it was stopped. Nor is one that raced others: the
-		// race's branches replay concurrently, so their nested attempts
-		// would not get the numbers the journal has, and a branch the
-		// journal shows interrupted would call its delegates although the
-		// race was won.
-		return was
-	}
 	var (
 		res *stubbornv1.Result
 		err error
 	)
-	if isPreset {
+	if spec, isPreset := env.preset(delegate); isPreset {
 		res, err = nested(ctx, env, slot, delegate, brief, spec)
-		if fromJournal && was.outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED {
-			return was // its end as judged then
-		}
 	} else {
 		res, err = env.Delegates.Call(ctx, Call{Delegate: delegate, Brief: brief, Attempt: n})
 	}
+	return judge(ctx, env, n, delegate, res, err)
+}
+
+// judge turns attempt n's answer, a result or an error, into how the
+// attempt ended, applying the failure criteria to a result.
+func judge(ctx context.Context, env *Env, n int32, delegate string, res *stubbornv1.Result, err error) attemptResult {
 	if ctx.Err() != nil {
 		return attemptResult{
 			outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED,
@@ -202,40 +189,6 @@ var ErrInterrupted = &CallError{
 	Code:        codes.Unavailable,
 	Message:     "interrupted: the server driving the run stopped during the call",
 	Interrupted: true,
-}
-
-// replayed returns attempt n's result from the tracker's journal when the
-// run is being resumed and the journal knows how the attempt ended.
-func replayed(env *Env, n int32) (attemptResult, bool) {
-	a, rec, interrupted, ok := env.Tracker.Replayed(n)
-	switch {
-	case !ok:
-		return attemptResult{}, false
-	case interrupted:
-		return attemptResult{
-			outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED,
-			err:     ErrInterrupted, failed: true,
-			reason: ErrInterrupted.Message, summary: "Error: " + ErrInterrupted.Message,
-		}, true
-	}
-	r := attemptResult{outcome: a.GetOutcome(), result: a.GetResult()}
-	if e := a.GetError(); e != nil {
-		r.err = &CallError{
-			Code: codes.Code(e.GetCode()), Message: e.GetMessage(), HTTPStatus: int(e.GetHttpStatus()),
-			NotSent: e.GetNotSent(), Refused: e.GetRefused(),
-		}
-		if h := e.GetRetryHint(); h != nil {
-			r.err.(*CallError).HasHint, r.err.(*CallError).RetryHint = true, h.AsDuration()
-		}
-	}
-	if a.GetOutcome() != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED {
-		r.failed = true
-		r.reason, r.summary = rec.GetReason(), rec.GetSummary()
-		if rec == nil && r.err != nil {
-			r.reason, r.summary = Message(r.err), "Error: "+Message(r.err)
-		}
-	}
-	return r, true
 }
 
 // nested runs a preset's control as one step of its parent: its attempts

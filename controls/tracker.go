@@ -41,11 +41,13 @@ var ErrParked = errors.New("run parked while it waits")
 // A tracker built with a journal (the events a run already recorded, when
 // another server takes the run over) replays it: running the control again
 // from the start, every step that the journal holds is taken from it instead
-// of being done again — the attempt's outcome without calling the delegate,
-// the backoff's wait without drawing it, the decision without asking — and
-// its event is not emitted twice. The first step the journal lacks is done
-// for real, and from there the run goes on live. An attempt that started but
-// never finished comes back as interrupted (see Replayed).
+// of being done again — the attempt's answer without calling the delegate
+// (see Env.answer and the other effects in effects.go), the backoff's wait
+// without waiting it again, the decision without asking — and its event is
+// not emitted twice. The first step the journal lacks is done for real, and
+// from there the run goes on live. An attempt that started but never
+// finished comes back as interrupted (ErrInterrupted). The controls never
+// ask which: the effects their Env gives them are the journal's or live.
 type Tracker struct {
 	mu       sync.Mutex
 	state    *stubbornv1.ControlState
@@ -269,40 +271,6 @@ func (t *Tracker) BeginAttempt(path, delegate, brief string, waitBefore time.Dur
 	return n
 }
 
-// NextAttempt returns the number the next attempt will get.
-func (t *Tracker) NextAttempt() int32 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return int32(len(t.state.AttemptLog)) + 1
-}
-
-// Replayed reports how attempt n ended according to the journal: its
-// attempt (with outcome, result, error) and, if it failed, its failure
-// record. interrupted is true for an attempt that started but never
-// finished: the delegate may or may not have done it. ok is false when the
-// journal does not know the attempt's end, and the attempt must be made.
-func (t *Tracker) Replayed(n int32) (a *stubbornv1.Attempt, rec *stubbornv1.FailureRecord, interrupted, ok bool) {
-	if t.journal == noJournal {
-		return nil, nil, false, false // not replaying: no need for the lock
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	j := t.journal
-	if fin := j.finished[n]; fin != nil {
-		if f := j.failures[n]; f != nil {
-			rec = f.GetFailureAnalyzed().GetFailure()
-		}
-		return fin.GetAttemptFinished().GetAttempt(), rec, false, true
-	}
-	if j.started[n] != nil && !j.used[j.started[n]] {
-		return nil, nil, false, false
-	}
-	if j.started[n] != nil {
-		return nil, nil, true, true
-	}
-	return nil, nil, false, false
-}
-
 // EndAttempt records how attempt n ended and emits attempt_finished. err,
 // when not nil, becomes the attempt's error.
 func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result *stubbornv1.Result, err error, note string) {
@@ -344,35 +312,6 @@ func (t *Tracker) Failure(rec *stubbornv1.FailureRecord, willRetry bool, nextBri
 			NextBrief: nextBrief,
 		},
 	}})
-}
-
-// AttemptReplayed reports whether attempt n's end comes from the journal.
-func (t *Tracker) AttemptReplayed(n int32) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.journal.finished[n] != nil
-}
-
-// BackoffReplayed reports whether the journal holds the backoff before
-// attempt next.
-func (t *Tracker) BackoffReplayed(next int32) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.journal.backoffs[next] != nil
-}
-
-// ReplayedFailure returns the journal's analysis of attempt n's failure
-// and whether a retry followed, when the journal holds it and it has not
-// been replayed yet (Failure replays it).
-func (t *Tracker) ReplayedFailure(n int32) (rec *stubbornv1.FailureRecord, willRetry, ok bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	ev := t.journal.failures[n]
-	if ev == nil || t.journal.used[ev] {
-		return nil, false, false
-	}
-	f := ev.GetFailureAnalyzed()
-	return f.GetFailure(), f.GetWillRetry(), true
 }
 
 // Backoff marks the run BACKING_OFF and emits backoff_scheduled for a wait
@@ -605,70 +544,4 @@ func attemptError(err error) *stubbornv1.AttemptError {
 		code = codes.DeadlineExceeded
 	}
 	return &stubbornv1.AttemptError{Code: int32(code), Message: strings.ToValidUTF8(err.Error(), "\uFFFD")}
-}
-
-// journal indexes a run's recorded events for replay. Every event is used
-// at most once.
-type journal struct {
-	runStarted *stubbornv1.RunEvent
-	started    map[int32]*stubbornv1.RunEvent // attempt_started by attempt number
-	finished   map[int32]*stubbornv1.RunEvent // attempt_finished by attempt number
-	failures   map[int32]*stubbornv1.RunEvent // failure_analyzed by attempt number
-	backoffs   map[int32]*stubbornv1.RunEvent // backoff_scheduled by the attempt that follows
-	requests   []*stubbornv1.RunEvent         // decision_requested, in order
-	answers    []*stubbornv1.RunEvent         // decision_received, in order
-	used       map[*stubbornv1.RunEvent]bool
-}
-
-func newJournal(evs []*stubbornv1.RunEvent) *journal {
-	j := &journal{
-		started:  map[int32]*stubbornv1.RunEvent{},
-		finished: map[int32]*stubbornv1.RunEvent{},
-		failures: map[int32]*stubbornv1.RunEvent{},
-		backoffs: map[int32]*stubbornv1.RunEvent{},
-		used:     map[*stubbornv1.RunEvent]bool{},
-	}
-	for _, ev := range evs {
-		switch k := ev.GetKind().(type) {
-		case *stubbornv1.RunEvent_RunStarted:
-			j.runStarted = ev
-		case *stubbornv1.RunEvent_AttemptStarted:
-			j.started[k.AttemptStarted.GetAttempt().GetNumber()] = ev
-		case *stubbornv1.RunEvent_AttemptFinished:
-			j.finished[k.AttemptFinished.GetAttempt().GetNumber()] = ev
-		case *stubbornv1.RunEvent_FailureAnalyzed:
-			j.failures[k.FailureAnalyzed.GetFailure().GetAttempt()] = ev
-		case *stubbornv1.RunEvent_BackoffScheduled:
-			j.backoffs[k.BackoffScheduled.GetNextAttempt()] = ev
-		case *stubbornv1.RunEvent_DecisionRequested:
-			j.requests = append(j.requests, ev)
-		case *stubbornv1.RunEvent_DecisionReceived:
-			j.answers = append(j.answers, ev)
-		}
-	}
-	return j
-}
-
-// noJournal is the empty journal of a run that is not being replayed. Its
-// nil maps read as empty and it is never written.
-var noJournal = &journal{}
-
-// take marks ev used and returns it; nil when there is no such event, or it
-// was used already.
-func (j *journal) take(ev *stubbornv1.RunEvent) *stubbornv1.RunEvent {
-	if ev == nil || j.used[ev] {
-		return nil
-	}
-	j.used[ev] = true
-	return ev
-}
-
-// next returns the first unused event of list.
-func (j *journal) next(list *[]*stubbornv1.RunEvent) *stubbornv1.RunEvent {
-	for _, ev := range *list {
-		if !j.used[ev] {
-			return ev
-		}
-	}
-	return nil
 }

@@ -1,0 +1,185 @@
+package controls
+
+import (
+	"google.golang.org/grpc/codes"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// journal indexes a run's recorded events for replay. Every event is used
+// at most once.
+type journal struct {
+	runStarted *stubbornv1.RunEvent
+	started    map[int32]*stubbornv1.RunEvent // attempt_started by attempt number
+	finished   map[int32]*stubbornv1.RunEvent // attempt_finished by attempt number
+	failures   map[int32]*stubbornv1.RunEvent // failure_analyzed by attempt number
+	backoffs   map[int32]*stubbornv1.RunEvent // backoff_scheduled by the attempt that follows
+	requests   []*stubbornv1.RunEvent         // decision_requested, in order
+	answers    []*stubbornv1.RunEvent         // decision_received, in order
+	used       map[*stubbornv1.RunEvent]bool
+}
+
+func newJournal(evs []*stubbornv1.RunEvent) *journal {
+	j := &journal{
+		started:  map[int32]*stubbornv1.RunEvent{},
+		finished: map[int32]*stubbornv1.RunEvent{},
+		failures: map[int32]*stubbornv1.RunEvent{},
+		backoffs: map[int32]*stubbornv1.RunEvent{},
+		used:     map[*stubbornv1.RunEvent]bool{},
+	}
+	for _, ev := range evs {
+		switch k := ev.GetKind().(type) {
+		case *stubbornv1.RunEvent_RunStarted:
+			j.runStarted = ev
+		case *stubbornv1.RunEvent_AttemptStarted:
+			j.started[k.AttemptStarted.GetAttempt().GetNumber()] = ev
+		case *stubbornv1.RunEvent_AttemptFinished:
+			j.finished[k.AttemptFinished.GetAttempt().GetNumber()] = ev
+		case *stubbornv1.RunEvent_FailureAnalyzed:
+			j.failures[k.FailureAnalyzed.GetFailure().GetAttempt()] = ev
+		case *stubbornv1.RunEvent_BackoffScheduled:
+			j.backoffs[k.BackoffScheduled.GetNextAttempt()] = ev
+		case *stubbornv1.RunEvent_DecisionRequested:
+			j.requests = append(j.requests, ev)
+		case *stubbornv1.RunEvent_DecisionReceived:
+			j.answers = append(j.answers, ev)
+		}
+	}
+	return j
+}
+
+// noJournal is the empty journal of a run that is not being replayed. Its
+// nil maps read as empty and it is never written.
+var noJournal = &journal{}
+
+// take marks ev used and returns it; nil when there is no such event, or it
+// was used already.
+func (j *journal) take(ev *stubbornv1.RunEvent) *stubbornv1.RunEvent {
+	if ev == nil || j.used[ev] {
+		return nil
+	}
+	j.used[ev] = true
+	return ev
+}
+
+// next returns the first unused event of list.
+func (j *journal) next(list *[]*stubbornv1.RunEvent) *stubbornv1.RunEvent {
+	for _, ev := range *list {
+		if !j.used[ev] {
+			return ev
+		}
+	}
+	return nil
+}
+
+// The recorded effects: what the journal says a control met, for the
+// environment to feed back (see effects.go). Each reads the journal without
+// taking its events; the tracker's steps take them.
+
+// nextAttempt returns the number the next attempt will get.
+func (t *Tracker) nextAttempt() int32 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return int32(len(t.state.AttemptLog)) + 1
+}
+
+// recordedAnswer returns how attempt n ended according to the journal, as
+// its attempt's end and, if it failed, its failure record had it. An
+// attempt that started but never finished comes back interrupted (as
+// ErrInterrupted): the delegate may or may not have done it. ok is false
+// when the journal does not know the attempt's end, and the attempt must be
+// made.
+func (t *Tracker) recordedAnswer(n int32) (attemptResult, bool) {
+	if t.journal == noJournal {
+		return attemptResult{}, false // not replaying: no need for the lock
+	}
+	t.mu.Lock()
+	j := t.journal
+	fin, started := j.finished[n], j.started[n]
+	var rec *stubbornv1.FailureRecord
+	if f := j.failures[n]; f != nil {
+		rec = f.GetFailureAnalyzed().GetFailure()
+	}
+	interrupted := fin == nil && started != nil && j.used[started]
+	t.mu.Unlock()
+	switch {
+	case interrupted:
+		return attemptResult{
+			outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED,
+			err:     ErrInterrupted, failed: true,
+			reason: ErrInterrupted.Message, summary: "Error: " + ErrInterrupted.Message,
+		}, true
+	case fin == nil:
+		return attemptResult{}, false
+	}
+	a := fin.GetAttemptFinished().GetAttempt()
+	r := attemptResult{outcome: a.GetOutcome(), result: a.GetResult()}
+	if e := a.GetError(); e != nil {
+		ce := &CallError{
+			Code: codes.Code(e.GetCode()), Message: e.GetMessage(), HTTPStatus: int(e.GetHttpStatus()),
+			NotSent: e.GetNotSent(), Refused: e.GetRefused(),
+		}
+		if h := e.GetRetryHint(); h != nil {
+			ce.HasHint, ce.RetryHint = true, h.AsDuration()
+		}
+		r.err = ce
+	}
+	if a.GetOutcome() != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED {
+		r.failed = true
+		r.reason, r.summary = rec.GetReason(), rec.GetSummary()
+		if rec == nil && r.err != nil {
+			r.reason, r.summary = Message(r.err), "Error: "+Message(r.err)
+		}
+	}
+	return r, true
+}
+
+// answered reports whether the journal has attempt n's end: the attempt was
+// made, and counted wherever attempts are counted, before the run changed
+// hands.
+func (t *Tracker) answered(n int32) bool {
+	if t.journal == noJournal {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.journal.finished[n] != nil
+}
+
+// nextAnswer is recordedAnswer for the attempt that comes next, before it
+// starts.
+func (t *Tracker) nextAnswer() (attemptResult, bool) {
+	if t.journal == noJournal {
+		return attemptResult{}, false
+	}
+	return t.recordedAnswer(t.nextAttempt())
+}
+
+// nextScheduled reports whether the journal holds the backoff before the
+// attempt that comes next: its wait was scheduled, so it ended before the
+// run's deadline.
+func (t *Tracker) nextScheduled() bool {
+	if t.journal == noJournal {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.journal.backoffs[int32(len(t.state.AttemptLog))+1] != nil
+}
+
+// recordedFailure returns the journal's analysis of attempt n's failure and
+// whether a retry followed, when the journal holds it and Failure has not
+// replayed it yet.
+func (t *Tracker) recordedFailure(n int32) (rec *stubbornv1.FailureRecord, willRetry, ok bool) {
+	if t.journal == noJournal {
+		return nil, false, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ev := t.journal.failures[n]
+	if ev == nil || t.journal.used[ev] {
+		return nil, false, false
+	}
+	f := ev.GetFailureAnalyzed()
+	return f.GetFailure(), f.GetWillRetry(), true
+}
