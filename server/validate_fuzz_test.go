@@ -1,6 +1,8 @@
 package server
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -63,48 +65,66 @@ func FuzzValidateRunRequest(f *testing.F) {
 				}
 				continue
 			}
-			if spec.GetKind() == nil {
-				t.Fatalf("%s: accepted without a control", name)
-			}
-			n := 0
-			for _, set := range []bool{req.GetRetry() != nil, req.GetRetryWithLearning() != nil, req.GetFallbackChain() != nil, req.GetRace() != nil} {
-				if set {
-					n++
-				}
-			}
-			if n != 1 {
-				t.Fatalf("%s: accepted with %d controls", name, n)
-			}
-			if l := len(req.GetTaskBrief()); l > p.limits.MaxBriefBytes || strings.TrimSpace(req.GetTaskBrief()) == "" {
-				t.Fatalf("%s: accepted a brief of %d bytes", name, l)
-			}
-			names := append(append([]string{req.GetRetry().GetTarget(), req.GetRetryWithLearning().GetTarget(),
-				req.GetRetryWithLearning().GetAnalyst(), req.GetOptions().GetJudge()},
-				req.GetFallbackChain().GetChain()...), req.GetRace().GetCandidates()...)
-			if len(req.GetFallbackChain().GetChain()) > p.limits.MaxChain || len(req.GetRace().GetCandidates()) > p.limits.MaxChain {
-				t.Fatalf("%s: accepted a chain longer than %d", name, p.limits.MaxChain)
-			}
-			for _, d := range names {
-				if d != "" && !p.val.known(d) {
-					t.Fatalf("%s: accepted delegate %q", name, d)
-				}
-				if d != "" && delegates.CheckName(d) != nil {
-					t.Fatalf("%s: accepted delegate name %q: %v", name, d, delegates.CheckName(d))
-				}
-			}
-			if k := req.GetOptions().GetIdempotencyKey(); len(k) > maxIdempotencyKeyBytes || !printableASCII(k) {
-				t.Fatalf("%s: accepted idempotency_key %q", name, k)
-			}
-			total := 0
-			for k, v := range req.GetOptions().GetMetadata() {
-				total += len(k) + len(v)
-				if k == "" || len(k) > maxMetadataKeyBytes || len(v) > maxMetadataValueBytes || !controlFree(k) {
-					t.Fatalf("%s: accepted metadata entry %q", name, k)
-				}
-			}
-			if total > maxMetadataBytes {
-				t.Fatalf("%s: accepted %d bytes of metadata", name, total)
+			if err := checkAccepted(req, spec, p); err != nil {
+				t.Fatalf("%s: %v", name, err)
 			}
 		}
 	})
+}
+
+// checkAccepted returns what is wrong with a request p's validator
+// accepted as spec, or nil: it must select exactly one control, be within
+// the limits and name only delegates the tenant may use, by valid names.
+func checkAccepted(req *stubbornv1.StartRunRequest, spec *stubbornv1.ControlSpec, p *policy) error {
+	if spec.GetKind() == nil {
+		return errors.New("accepted without a control")
+	}
+	n := 0
+	for _, set := range []bool{req.GetRetry() != nil, req.GetRetryWithLearning() != nil, req.GetFallbackChain() != nil, req.GetRace() != nil} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return fmt.Errorf("accepted with %d controls", n)
+	}
+	if l := len(req.GetTaskBrief()); l > p.limits.MaxBriefBytes || strings.TrimSpace(req.GetTaskBrief()) == "" {
+		return fmt.Errorf("accepted a brief of %d bytes", l)
+	}
+	if len(req.GetFallbackChain().GetChain()) > p.limits.MaxChain || len(req.GetRace().GetCandidates()) > p.limits.MaxChain {
+		return fmt.Errorf("accepted a chain longer than %d", p.limits.MaxChain)
+	}
+	names := append(append([]string{req.GetRetry().GetTarget(), req.GetRetryWithLearning().GetTarget(),
+		req.GetRetryWithLearning().GetAnalyst(), req.GetOptions().GetJudge()},
+		req.GetFallbackChain().GetChain()...), req.GetRace().GetCandidates()...)
+	for _, d := range names {
+		if d == "" {
+			continue
+		}
+		if !p.val.known(d) {
+			return fmt.Errorf("accepted delegate %q", d)
+		}
+		if err := delegates.CheckName(d); err != nil {
+			return fmt.Errorf("accepted delegate name %q: %v", d, err)
+		}
+	}
+	return checkAcceptedOptions(req.GetOptions())
+}
+
+// checkAcceptedOptions returns what is wrong with accepted run options.
+func checkAcceptedOptions(o *stubbornv1.RunOptions) error {
+	if k := o.GetIdempotencyKey(); len(k) > maxIdempotencyKeyBytes || !printableASCII(k) {
+		return fmt.Errorf("accepted idempotency_key %q", k)
+	}
+	total := 0
+	for k, v := range o.GetMetadata() {
+		total += len(k) + len(v)
+		if k == "" || len(k) > maxMetadataKeyBytes || len(v) > maxMetadataValueBytes || !controlFree(k) {
+			return fmt.Errorf("accepted metadata entry %q", k)
+		}
+	}
+	if total > maxMetadataBytes {
+		return fmt.Errorf("accepted %d bytes of metadata", total)
+	}
+	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
+	"google.golang.org/grpc"
 
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/server"
@@ -99,50 +100,106 @@ func newLogger(format string, level slog.Level) (*slog.Logger, error) {
 	return nil, fmt.Errorf("-log-format must be text or json, got %q", format)
 }
 
-func cmdServe(ctx context.Context, args []string) (int, error) {
+// serveConfig is what serve's flags and config file say.
+type serveConfig struct {
+	listen, metricsListen string
+	logger                *slog.Logger
+	registry              *delegates.Config
+	sec                   securityFlags
+	store                 storeFlags
+	serverOpts            []grpc.ServerOption
+}
+
+// parseServe reads serve's flags and config file, and refuses plaintext
+// off loopback before anything is bound, naming the address as given. Its
+// errors are usage errors (exit 2).
+func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 	fs := newFlagSet("serve")
 	configPath := fs.String("config", "stubborn.yaml", "delegates config (YAML)")
 	listen := fs.String("listen", defaultAddr, "address to serve gRPC on")
 	logFormat := fs.String("log-format", "text", "text or json")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error (debug adds error messages and failure reasons, which may quote briefs and results)")
 	metricsListen := fs.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (none when empty)")
-	var sec securityFlags
-	sec.register(fs)
-	var store storeFlags
-	store.register(fs)
+	c := &serveConfig{}
+	c.sec.register(fs)
+	c.store.register(fs)
 	if err := fs.Parse(args); err != nil {
-		return 2, err
+		return nil, err
 	}
+	c.listen, c.metricsListen = *listen, *metricsListen
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return 2, fmt.Errorf("-log-level must be debug, info, warn or error, got %q", *logLevel)
+		return nil, fmt.Errorf("-log-level must be debug, info, warn or error, got %q", *logLevel)
 	}
-	logger, err := newLogger(*logFormat, level)
-	if err != nil {
-		return 2, err
+	var err error
+	if c.logger, err = newLogger(*logFormat, level); err != nil {
+		return nil, err
 	}
-	cfg, err := delegates.Load(*configPath)
-	if err != nil {
-		return 2, err
+	if c.registry, err = delegates.Load(*configPath); err != nil {
+		return nil, err
 	}
-	serverOpts, err := sec.serverOptions(cfg)
-	if err != nil {
-		return 2, err
+	if c.serverOpts, err = c.sec.serverOptions(c.registry); err != nil {
+		return nil, err
 	}
-	// Plaintext off loopback is refused before anything is bound, naming
-	// the address as given.
-	if !sec.tls() {
+	if !c.sec.tls() {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := server.CheckPlaintextListen(cctx, *listen, sec.insecure)
-		cancel()
-		if err != nil {
-			return 2, err
+		defer cancel()
+		if err := server.CheckPlaintextListen(cctx, c.listen, c.sec.insecure); err != nil {
+			return nil, err
 		}
 	}
+	return c, nil
+}
+
+// listenServe binds the gRPC listener and, with -metrics-listen, serves
+// the metrics; stopMetrics shuts that down.
+func listenServe(c *serveConfig, sdk *telemetry.SDK) (lis net.Listener, stopMetrics func(), err error) {
+	if lis, err = net.Listen("tcp", c.listen); err != nil {
+		return nil, nil, err
+	}
+	if !c.sec.tls() {
+		// Again on the address bound, should the name now resolve to
+		// another.
+		if err := server.CheckPlaintext(lis.Addr(), c.sec.insecure); err != nil {
+			_ = lis.Close()
+			return nil, nil, usageError{err}
+		}
+	}
+	if c.metricsListen == "" {
+		return lis, func() {}, nil
+	}
+	mlis, err := net.Listen("tcp", c.metricsListen)
+	if err != nil {
+		_ = lis.Close()
+		return nil, nil, fmt.Errorf("-metrics-listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", sdk.MetricsHandler)
+	metrics := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = metrics.Serve(mlis) }()
+	c.logger.Info("metrics serving", "url", "http://"+mlis.Addr().String()+"/metrics")
+	return lis, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = metrics.Shutdown(sctx)
+		cancel()
+	}, nil
+}
+
+// usageError is an error of serve's flags found late (exit 2).
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+func cmdServe(ctx context.Context, args []string) (int, error) {
+	c, err := parseServe(ctx, args)
+	if err != nil {
+		return 2, err
+	}
+	logger := c.logger
 	// Traces and metrics go where the OTEL_* environment says (nowhere when
 	// it says nothing), metrics also to -metrics-listen.
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("opentelemetry", "err", err) }))
-	sdk, err := telemetry.Setup(ctx, telemetry.SetupOptions{Prometheus: *metricsListen != ""})
+	sdk, err := telemetry.Setup(ctx, telemetry.SetupOptions{Prometheus: c.metricsListen != ""})
 	if err != nil {
 		return 2, fmt.Errorf("OpenTelemetry environment: %w", err)
 	}
@@ -153,76 +210,53 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 			logger.Warn("flushing telemetry", "err", err)
 		}
 	}()
-	lis, err := net.Listen("tcp", *listen)
+	lis, stopMetrics, err := listenServe(c, sdk)
 	if err != nil {
-		return 1, err
-	}
-	if !sec.tls() {
-		// Again on the address bound, should the name now resolve to
-		// another.
-		if err := server.CheckPlaintext(lis.Addr(), sec.insecure); err != nil {
-			_ = lis.Close()
+		if errors.As(err, new(usageError)) {
 			return 2, err
 		}
+		return 1, err
 	}
-	var metrics *http.Server
-	if *metricsListen != "" {
-		mlis, err := net.Listen("tcp", *metricsListen)
-		if err != nil {
-			_ = lis.Close()
-			return 1, fmt.Errorf("-metrics-listen: %w", err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", sdk.MetricsHandler)
-		metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = metrics.Serve(mlis) }()
-		logger.Info("metrics serving", "url", "http://"+mlis.Addr().String()+"/metrics")
-	}
-	runsCfg, storeConn, closeStore, err := store.open(ctx, logger)
+	defer stopMetrics()
+	runsCfg, storeConn, closeStore, err := c.store.open(ctx, logger)
 	if err != nil {
 		_ = lis.Close()
 		return 1, err
 	}
 	defer closeStore()
 	s, err := server.New(server.Config{
-		Registry: cfg, Logger: logger, Telemetry: sdk.Config(logger), Runs: runsCfg,
-		ServerOptions: serverOpts, NoReflection: !sec.reflection,
+		Registry: c.registry, Logger: logger, Telemetry: sdk.Config(logger), Runs: runsCfg,
+		ServerOptions: c.serverOpts, NoReflection: !c.sec.reflection,
 	})
 	if err != nil {
 		_ = lis.Close()
-		if metrics != nil {
-			_ = metrics.Close()
-		}
 		return 1, err
 	}
 	storeConn.attach(s.SetServing)
 	traces, metricsTo := sdk.Describe()
-	logger.Info("stubborn serving", "addr", lis.Addr().String(), "delegates", len(cfg.Delegates),
-		"tls", sec.describe(), "tenants", len(cfg.Tenants), "traces", traces, "metrics", metricsTo)
+	logger.Info("stubborn serving", "addr", lis.Addr().String(), "delegates", len(c.registry.Delegates),
+		"tls", c.sec.describe(), "tenants", len(c.registry.Tenants), "traces", traces, "metrics", metricsTo)
+	return serveUntil(ctx, s, lis, storeConn.fatal, logger)
+}
+
+// serveUntil serves s on lis until it fails, ctx ends (a graceful stop)
+// or the store is lost for good (fatal: exit 1, for a supervisor to start
+// a server that can write again, which takes the runs over).
+func serveUntil(ctx context.Context, s *server.Stubborn, lis net.Listener, fatalc <-chan error, logger *slog.Logger) (int, error) {
 	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(lis) }()
-	var fatal error
+	var err error
 	select {
 	case err = <-errc:
-	case fatal = <-storeConn.fatal:
-		// Every run's next write would fail: exit non-zero for a
-		// supervisor to start a server that can write again, which
-		// takes the runs over.
+	case fatal := <-fatalc:
 		logger.Error("shutting down: the store cannot be reached again", "err", fatal)
 		s.Stop(10 * time.Second)
 		<-errc
+		return 1, fatal
 	case <-ctx.Done():
 		logger.Info("shutting down")
 		s.Stop(10 * time.Second)
 		err = <-errc
-	}
-	if metrics != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = metrics.Shutdown(sctx)
-		cancel()
-	}
-	if fatal != nil {
-		return 1, fatal
 	}
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		return 1, err
