@@ -3,6 +3,29 @@
 // watchers replay and follow them, and carries cancellations and decisions
 // to the control. The gRPC handlers in package server sit on top of it.
 //
+// # How a run ends here
+//
+// One word for each way a run stops being driven by this server, used in
+// the code and the logs alike:
+//
+//   - finish: the control ended and run_finished is written (drive); the
+//     claim is then released (retire).
+//   - fail at start (unstart): run_started could not be recorded; the
+//     saved state says FAILED and the claim is released.
+//   - refuse (endRefused): the store refused the run's events for good;
+//     a small run_finished says FAILED.
+//   - unrecoverable: a run taken over whose journal is damaged or lost
+//     ends FAILED without being driven.
+//   - lose: a write failed or lost to another server's (a conflict); the
+//     run is left to whoever drives it now, writing nothing more.
+//   - abandon: this server stops (Close, kill) and leaves the run to be
+//     taken over.
+//   - forget: the run was never accepted (its claim failed, or the
+//     manager is closed).
+//
+// Parking is not an end: park, wake and unpark put a waiting run aside and
+// drive it again; endDrive is the bookkeeping of every drive's end.
+//
 // # Locks
 //
 // The mutexes a run goes through, and what each guards:
