@@ -81,8 +81,15 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		r.pendingState, r.pendingStatus = state, status
 	}
 	r.lastStatus = status
-	if r.observe != nil && !enc.Finished {
-		r.observe(ev)
+	if r.observe != nil {
+		if enc.Finished {
+			// Observed once written (flush): the tracker's state may
+			// change after it is unlocked (a race's losing branches), so
+			// the observer gets a summary of it, made now.
+			r.end = endSummary(ev)
+		} else {
+			r.observe(ev)
+		}
 	}
 	r.mu.Unlock()
 	switch ev.GetKind().(type) {
@@ -97,6 +104,21 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 			// waits for it, and this event is news now.
 			r.kick()
 		}
+	}
+}
+
+// endSummary returns a run_finished like ev with a state of its own that
+// has the run's constant fields and its end, but not its result, attempt
+// log or failure history (what an Observer reads of a run's end).
+func endSummary(ev *stubbornv1.RunEvent) *stubbornv1.RunEvent {
+	st := ev.GetRunFinished().GetState()
+	sum := constantPart(st)
+	sum.Status, sum.StatusReason, sum.StatusReasonCode = st.GetStatus(), st.GetStatusReason(), st.GetStatusReasonCode()
+	sum.Attempts, sum.Winner = st.GetAttempts(), st.GetWinner()
+	sum.UpdateTime, sum.EndTime = st.GetUpdateTime(), st.GetEndTime()
+	return &stubbornv1.RunEvent{
+		RunId: ev.GetRunId(), Seq: ev.GetSeq(), Time: ev.GetTime(), Path: ev.GetPath(),
+		Kind: &stubbornv1.RunEvent_RunFinished{RunFinished: &stubbornv1.RunFinished{State: sum}},
 	}
 }
 
@@ -203,13 +225,11 @@ func (r *run) flush() {
 		r.done = true
 		r.tracker = nil
 		close(r.ended)
-		if r.observe != nil {
+		if r.observe != nil && r.end != nil {
 			// The run's end is observed once written: a run whose last
 			// write failed is observed to stop (loseLocked), not to end.
-			if ev, err := last.Decode(); err == nil {
-				r.observe(ev)
-			}
-			r.observe = nil
+			r.observe(r.end)
+			r.observe, r.end = nil, nil
 		}
 	}
 	r.wakeLocked()

@@ -109,9 +109,11 @@ type Observer interface {
 	// st.Traceparent, which is persisted with the run. It returns the
 	// context the run's control runs in (runCtx with, say, a span) and a
 	// function that sees each event of the run as it is recorded, the last
-	// one being run_finished (once it is written); it gets nil once instead
-	// if this server stops driving the run without run_finished (shutdown,
-	// crash, takeover, a refused write).
+	// one being run_finished (once it is written: its state then has the
+	// run's constant fields and its end, status, reason, attempts, winner
+	// and times, not its result, attempt log or failure history); it gets
+	// nil once instead if this server stops driving the run without
+	// run_finished (shutdown, crash, takeover).
 	ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool) (context.Context, func(ev *stubbornv1.RunEvent))
 }
 

@@ -30,6 +30,9 @@ type run struct {
 	// parkingSet, while not nil, is closed once the run's control,
 	// parked, has its parking set (drive).
 	parkingSet chan struct{}
+	// end is the run's end for the Observer (endSummary), from when
+	// run_finished is recorded until it is written.
+	end *stubbornv1.RunEvent
 	parking    *parking      // set while the run is parked
 	replay     chan struct{} // set while its tracker replays its journal
 	// tracker drives the run until it ends here; then it is dropped, and
