@@ -32,9 +32,9 @@ type run struct {
 	parkingSet chan struct{}
 	// end is the run's end for the Observer (endSummary), from when
 	// run_finished is recorded until it is written.
-	end *stubbornv1.RunEvent
-	parking    *parking      // set while the run is parked
-	replay     chan struct{} // set while its tracker replays its journal
+	end     *stubbornv1.RunEvent
+	parking *parking      // set while the run is parked
+	replay  chan struct{} // set while its tracker replays its journal
 	// tracker drives the run until it ends here; then it is dropped, and
 	// with it the state's many small messages, which the garbage collector
 	// would scan for as long as the finished run is kept: the
