@@ -38,9 +38,19 @@ func awaiting(t *testing.T, store runs.Store, d *controlstest.Delegates) string 
 	require.NoError(t, err)
 	st, err := a.Start(ctxFor(t), "brief", askSpec(), nil)
 	require.NoError(t, err)
+	// Awaiting in the store, not only in a's memory: its journal ends with
+	// decision_requested, and the state saved after it says so.
 	require.Eventually(t, func() bool {
-		got, err := a.Get(ctxFor(t), st.GetRunId())
-		return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
+		got, err := store.State(ctxFor(t), st.GetRunId())
+		if err != nil || got.GetStatus() != stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION {
+			return false
+		}
+		evs, err := store.Events(ctxFor(t), st.GetRunId(), 0)
+		if err != nil || len(evs) == 0 {
+			return false
+		}
+		last, err := evs[len(evs)-1].Decode()
+		return err == nil && last.GetDecisionRequested() != nil
 	}, 10*time.Second, 5*time.Millisecond)
 	a.Kill()
 	return st.GetRunId()
