@@ -65,7 +65,12 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		// run_started and run_finished carry the state: their encoding
 		// has the state's.
 		if state = enc.state(); state == nil {
-			if state, err = proto.Marshal(controls.BoundState(st, controls.MaxStateBytes)); err != nil {
+			// Sized by its encoding: BoundState (which sizes it again) only
+			// for a state that may be over the bound.
+			if state, err = proto.Marshal(st); err == nil && len(state) > controls.MaxStateBytes {
+				state, err = proto.Marshal(controls.BoundState(st, controls.MaxStateBytes))
+			}
+			if err != nil {
 				r.log.Warn("saving run state", "run_id", r.id, "err", err)
 			}
 		}

@@ -82,23 +82,30 @@ func endsUnrecovered(t *testing.T, store runs.Store, d *controlstest.Delegates, 
 	}, 10*time.Second, 10*time.Millisecond, "its claim is released")
 }
 
+// awaitingOnEmbedded starts a run awaiting a decision on a fresh embedded
+// server (awaiting, with notSent's delegate), and returns the server, the
+// delegate, the run's id and the events stream, to damage its journal.
+func awaitingOnEmbedded(t *testing.T) (*runs.Embedded, *controlstest.Delegates, string, jetstream.Stream) {
+	t.Helper()
+	e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	d := notSent()
+	id := awaiting(t, openOn(t, e), d)
+	js, err := jetstream.New(e.Conn)
+	require.NoError(t, err)
+	stream, err := js.Stream(ctxFor(t), "STUBBORN_EVENTS")
+	require.NoError(t, err)
+	return e, d, id, stream
+}
+
 // TestALostJournalIsNotReplayedFromTheClaim: a run awaiting a decision
 // whose journal is gone (purged, or a store that lost it) is not resumed
 // from the state its claim carries, which would call its delegate again
 // without any decision: it ends FAILED, saying why. Before, the new server
 // replayed it from scratch.
 func TestALostJournalIsNotReplayedFromTheClaim(t *testing.T) {
-	e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
-	store := openOn(t, e)
-	d := notSent()
-	id := awaiting(t, store, d)
-
-	js, err := jetstream.New(e.Conn)
-	require.NoError(t, err)
-	stream, err := js.Stream(ctxFor(t), "STUBBORN_EVENTS")
-	require.NoError(t, err)
+	e, d, id, stream := awaitingOnEmbedded(t)
 	require.NoError(t, stream.Purge(ctxFor(t), jetstream.WithPurgeSubject("stubborn.events."+id)))
 
 	endsUnrecovered(t, openOn(t, e), d, id, "saved a state")
@@ -107,17 +114,7 @@ func TestALostJournalIsNotReplayedFromTheClaim(t *testing.T) {
 // TestAJournalWithAHoleIsNotReplayed: a journal whose first message is
 // gone (a damaged block) does not start at event 1: the run ends FAILED.
 func TestAJournalWithAHoleIsNotReplayed(t *testing.T) {
-	e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
-	store := openOn(t, e)
-	d := notSent()
-	id := awaiting(t, store, d)
-
-	js, err := jetstream.New(e.Conn)
-	require.NoError(t, err)
-	stream, err := js.Stream(ctxFor(t), "STUBBORN_EVENTS")
-	require.NoError(t, err)
+	e, d, id, stream := awaitingOnEmbedded(t)
 	var first uint64
 	for seq := uint64(1); first == 0; seq++ {
 		m, err := stream.GetMsg(ctxFor(t), seq)
