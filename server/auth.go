@@ -4,11 +4,10 @@ import (
 	"context"
 	"sort"
 	"strings"
-	"sync/atomic"
 
-	middleware "github.com/grpc-ecosystem/go-grpc-middleware/v2"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -135,39 +134,11 @@ func verifiedClientCert(ctx context.Context) (clientCert, bool) {
 }
 
 // withTenant puts the tenant in ctx for the runs layer, and in the call's
-// log line.
+// log line (go-grpc-middleware's logging.AddFields: the logging interceptor,
+// which runs before authentication, writes the line when the call ends).
 func withTenant(ctx context.Context, tenant string) context.Context {
-	if slot, ok := ctx.Value(tenantSlotKey{}).(*atomic.Pointer[string]); ok {
-		slot.Store(&tenant)
-	}
+	logging.AddFields(ctx, logging.Fields{"tenant", tenant})
 	return runs.WithTenant(ctx, tenant)
-}
-
-type tenantSlotKey struct{}
-
-// tenantLogFields names the call's tenant in its log line, once
-// authentication has set it.
-func tenantLogFields(ctx context.Context) []any {
-	if slot, ok := ctx.Value(tenantSlotKey{}).(*atomic.Pointer[string]); ok {
-		if t := slot.Load(); t != nil {
-			return []any{"tenant", *t}
-		}
-	}
-	return nil
-}
-
-// tenantSlotInterceptors give each call a slot for its tenant, before the
-// logging interceptor captures the context its log line is made from.
-func tenantSlotInterceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
-	unary := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		return handler(context.WithValue(ctx, tenantSlotKey{}, new(atomic.Pointer[string])), req)
-	}
-	stream := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		w := middleware.WrapServerStream(ss)
-		w.WrappedContext = context.WithValue(ss.Context(), tenantSlotKey{}, new(atomic.Pointer[string]))
-		return handler(srv, w)
-	}
-	return unary, stream
 }
 
 // authInterceptors run authenticate (go-grpc-middleware's auth interceptor)

@@ -204,10 +204,17 @@ type ActiveRuns struct {
 	mu       sync.Mutex
 	total    int
 	byTenant map[string]int
+	// reserved holds the slots StartRun calls reserved, by reservation
+	// number, until released: the run's observer finds its slot by the
+	// number in the request's context (a plain value; the slot stays here).
+	reserved map[uint64]*runSlot
+	last     uint64
 }
 
 // NewActiveRuns returns a counter with no run in progress.
-func NewActiveRuns() *ActiveRuns { return &ActiveRuns{byTenant: map[string]int{}} }
+func NewActiveRuns() *ActiveRuns {
+	return &ActiveRuns{byTenant: map[string]int{}, reserved: map[uint64]*runSlot{}}
+}
 
 // InProgress returns how many of tenant's runs are in progress here.
 func (a *ActiveRuns) InProgress(tenant string) int {
@@ -218,9 +225,10 @@ func (a *ActiveRuns) InProgress(tenant string) int {
 
 // runSlot is one counted run; release uncounts it, once.
 type runSlot struct {
-	a      *ActiveRuns
-	tenant string
-	once   sync.Once
+	a           *ActiveRuns
+	tenant      string
+	reservation uint64 // its key in reserved; 0 for a slot added whatever the limits
+	once        sync.Once
 }
 
 func (r *runSlot) release() {
@@ -231,7 +239,30 @@ func (r *runSlot) release() {
 		if r.a.byTenant[r.tenant]--; r.a.byTenant[r.tenant] <= 0 {
 			delete(r.a.byTenant, r.tenant)
 		}
+		if r.reservation != 0 {
+			delete(r.a.reserved, r.reservation)
+		}
 	})
+}
+
+// reservationKey is the context key of a StartRun call's reservation
+// number (a uint64), which its run's observer takes the slot of.
+type reservationKey struct{}
+
+// withReservation returns ctx naming slot's reservation, for the observer.
+func withReservation(ctx context.Context, slot *runSlot) context.Context {
+	return context.WithValue(ctx, reservationKey{}, slot.reservation)
+}
+
+// reservedFor returns the slot the request of ctx reserved, or nil.
+func (a *ActiveRuns) reservedFor(ctx context.Context) *runSlot {
+	n, ok := ctx.Value(reservationKey{}).(uint64)
+	if !ok {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.reserved[n]
 }
 
 // reserve counts a new run of p's tenant unless the tenant's or the
@@ -247,7 +278,11 @@ func (a *ActiveRuns) reserve(p *policy, serverMax int) (*runSlot, error) {
 		return nil, exhausted("server", fmt.Sprintf(
 			"limit max_concurrent_runs reached for the server: the limit is %d runs in progress; retry once one has ended", serverMax), 0)
 	}
-	return a.addLocked(p.tenant), nil
+	slot := a.addLocked(p.tenant)
+	a.last++
+	slot.reservation = a.last
+	a.reserved[slot.reservation] = slot
+	return slot, nil
 }
 
 // add counts a run whatever the limits (a run resumed here).
@@ -262,8 +297,6 @@ func (a *ActiveRuns) addLocked(tenant string) *runSlot {
 	a.byTenant[tenant]++
 	return &runSlot{a: a, tenant: tenant}
 }
-
-type runSlotKey struct{}
 
 // Observer returns a runs.Observer that counts every run this server
 // drives until it ends (or this server stops driving it), then passes it
@@ -281,7 +314,7 @@ type countingObserver struct {
 func (o countingObserver) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool) (context.Context, func(*stubbornv1.RunEvent)) {
 	var slot *runSlot
 	if !resumed {
-		slot, _ = reqCtx.Value(runSlotKey{}).(*runSlot)
+		slot = o.a.reservedFor(reqCtx)
 	}
 	if slot == nil {
 		slot = o.a.add(st.GetTenant())

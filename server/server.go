@@ -129,12 +129,11 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 		logging.WithLogOnEvents(logging.FinishCall),
 		// trace_id, and run_id for an RPC about a run.
 		logging.WithFieldsFromContextAndCallMeta(func(ctx context.Context, c interceptors.CallMeta) logging.Fields {
-			return append(telemetry.LogFields(ctx, loggable(c.ReqOrNil)), tenantLogFields(ctx)...)
+			return telemetry.LogFields(ctx, loggable(c.ReqOrNil))
 		}),
 	}
-	slotUnary, slotStream := tenantSlotInterceptors()
-	unary := []grpc.UnaryServerInterceptor{slotUnary}
-	stream := []grpc.StreamServerInterceptor{slotStream}
+	var unary []grpc.UnaryServerInterceptor
+	var stream []grpc.StreamServerInterceptor
 	if logger.Enabled(context.Background(), slog.LevelError) {
 		unary = append(unary, logging.UnaryServerInterceptor(logAdapter, logOpts...))
 		stream = append(stream, logging.StreamServerInterceptor(logAdapter, logOpts...))
@@ -229,7 +228,7 @@ func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 			undo()
 			return nil, err
 		}
-		ctx = context.WithValue(ctx, runSlotKey{}, slot) // the run's observer takes it over
+		ctx = withReservation(ctx, slot) // the run's observer takes it over
 	}
 	st, err := s.runs.Start(ctx, req.GetTaskBrief(), spec, req.GetOptions())
 	if err != nil {
@@ -239,7 +238,7 @@ func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 		undo()
 		return nil, toStatus(err)
 	}
-	telemetry.SetRunID(ctx, st.GetRunId())
+	logging.AddFields(ctx, logging.Fields{"run_id", st.GetRunId()}) // for the call's log line
 	return st, nil
 }
 
@@ -256,7 +255,7 @@ func (s *Service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerSt
 	if err := v.err(); err != nil {
 		return err
 	}
-	telemetry.SetRunID(stream.Context(), req.GetRunId())
+	logging.AddFields(stream.Context(), logging.Fields{"run_id", req.GetRunId()}) // for the call's log line
 	release, err := s.watcher(stream.Context(), req.GetRunId())
 	if err != nil {
 		return err

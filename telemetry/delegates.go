@@ -15,20 +15,22 @@ import (
 // delegate call's otelgrpc client span is then the attempt span's child, and
 // the delegate gets that trace context. A judge's or an analyst's call about
 // an attempt (same attempt number, another delegate, or a second call) runs
-// under the attempt span too but does not count as the attempt. Calls whose
-// context did not come from ObserveRun pass through unchanged.
+// under the attempt span too but does not count as the attempt. A call is
+// matched to its run by its RunID; calls of no run ObserveRun is observing
+// pass through unchanged.
 func (t *Telemetry) Delegates(d controls.Delegates) controls.Delegates {
-	return &tracedDelegates{next: d}
+	return &tracedDelegates{t: t, next: d}
 }
 
 type tracedDelegates struct {
+	t    *Telemetry
 	next controls.Delegates
 }
 
 var _ controls.Delegates = (*tracedDelegates)(nil)
 
 func (d *tracedDelegates) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
-	rs := runFrom(ctx)
+	rs := d.t.liveRun(c.RunID)
 	if rs == nil {
 		return d.next.Call(ctx, c)
 	}

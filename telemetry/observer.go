@@ -45,14 +45,13 @@ func ParseTraceparent(s string) trace.SpanContext {
 	return trace.SpanContextFromContext(ctx)
 }
 
-type runKey struct{}
-
 // ObserveRun implements the runs package's Observer. It starts the run's
 // span (named "stubborn.run <control>") as a child of the request's span; a
 // resumed run, whose request is gone, gets a span linked to the trace that
 // st.traceparent names. A new run's st.traceparent is set from reqCtx. The
 // returned context carries the run span (so every delegate call joins the
-// trace) and the run's state for [Telemetry.Delegates]; the returned
+// trace); the run's state is kept, by run id, for [Telemetry.Delegates]
+// until the run ends here; the returned
 // function turns each event into metrics, span events and log lines, and
 // ends the spans at run_finished.
 func (t *Telemetry) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool) (context.Context, func(ev *stubbornv1.RunEvent)) {
@@ -101,7 +100,8 @@ func (t *Telemetry) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.Co
 	} else if sc := trace.SpanContextFromContext(reqCtx); sc.HasTraceID() {
 		rs.logAttrs = append(rs.logAttrs, slog.String("trace_id", sc.TraceID().String()))
 	}
-	rs.ctx = context.WithValue(ctx, runKey{}, rs)
+	rs.ctx = ctx
+	t.live.Store(rs.id, rs)
 	rs.logControl = slog.String("control", control)
 	rs.resumed = resumed
 	return rs.ctx, rs.observe
@@ -125,10 +125,15 @@ func passTrace(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resu
 	return ctx
 }
 
-// runFrom returns the run state ObserveRun put in ctx, or nil.
-func runFrom(ctx context.Context) *runState {
-	rs, _ := ctx.Value(runKey{}).(*runState)
-	return rs
+// liveRun returns the state of run id while this server observes it, or
+// nil.
+func (t *Telemetry) liveRun(id string) *runState {
+	if id == "" {
+		return nil
+	}
+	rs, _ := t.live.Load(id)
+	r, _ := rs.(*runState)
+	return r
 }
 
 // runState is what Telemetry keeps about a run while it goes on.
@@ -490,6 +495,7 @@ func (rs *runState) abandonLocked() {
 // releaseLocked lets go of the spans and contexts once the run has ended
 // here: the manager keeps finished runs (and so this state) for a while.
 func (rs *runState) releaseLocked() {
+	rs.t.live.CompareAndDelete(rs.id, rs)
 	rs.attempts, rs.lastDelegate = nil, nil
 	rs.span = trace.SpanFromContext(context.Background())
 	rs.ctx = context.Background()

@@ -170,31 +170,34 @@ func TestDecoratorParentsCallsOnTheAttemptSpan(t *testing.T) {
 	fake := &fakeDelegates{err: &controls.CallError{Code: codes.Unavailable, Message: "busy"}}
 	d := r.tel.Delegates(fake)
 
-	// Without a run, calls pass through.
+	// Calls are matched to their run by RunID. Without a run, or before
+	// ObserveRun, calls pass through.
 	_, _ = d.Call(context.Background(), controls.Call{Delegate: "a", Attempt: 1})
+	assert.False(t, fake.last().IsValid())
+	_, _ = d.Call(context.Background(), controls.Call{RunID: "run_1", Delegate: "a", Attempt: 1})
 	assert.False(t, fake.last().IsValid())
 
 	st := &stubbornv1.ControlState{RunId: "run_1", Control: chain("a", "b")}
 	ctx, observe := r.tel.ObserveRun(context.Background(), context.Background(), st, false)
 	observe(runStarted)
 	observe(started(1, "a", ""))
-	_, _ = d.Call(ctx, controls.Call{Delegate: "a", Attempt: 1})
+	_, _ = d.Call(ctx, controls.Call{RunID: "run_1", Delegate: "a", Attempt: 1})
 	attemptSC := fake.last()
 	// A judge's call about attempt 1 runs under it but is not the attempt.
 	fake.err = nil
-	_, _ = d.Call(ctx, controls.Call{Delegate: "judge", Attempt: 1})
+	_, _ = d.Call(ctx, controls.Call{RunID: "run_1", Delegate: "judge", Attempt: 1})
 	assert.Equal(t, attemptSC, fake.last())
 	observe(finished(1, "a", "", stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_ERROR, &stubbornv1.AttemptError{Code: int32(codes.Unavailable)}))
 
 	// A call that comes before its attempt_started event gets the span the
 	// event then finds: one span per attempt either way.
-	_, _ = d.Call(ctx, controls.Call{Delegate: "b", Attempt: 2})
+	_, _ = d.Call(ctx, controls.Call{RunID: "run_1", Delegate: "b", Attempt: 2})
 	second := fake.last()
 	observe(started(2, "b", "chain[1]"))
 	observe(finished(2, "b", "chain[1]", stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED, nil))
 	observe(runFinished(&stubbornv1.ControlState{RunId: "run_1", Control: chain("a", "b"), Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Winner: "b", Attempts: 2}))
 	// After the run, calls (a race loser returning late) pass through.
-	_, _ = d.Call(ctx, controls.Call{Delegate: "b", Attempt: 3})
+	_, _ = d.Call(ctx, controls.Call{RunID: "run_1", Delegate: "b", Attempt: 3})
 
 	byName := map[string]sdktrace.ReadOnlySpan{}
 	for _, s := range r.spans.Ended() {
@@ -280,14 +283,12 @@ func TestLogFields(t *testing.T) {
 	r := newRecorder(t)
 	ctx, span := r.tp.Tracer("test").Start(context.Background(), "rpc")
 	defer span.End()
-	ctx = runSlotHandler{nopHandler{}}.TagRPC(ctx, &stats.RPCTagInfo{})
 	assert.Equal(t, []any{"trace_id", span.SpanContext().TraceID().String()}, LogFields(ctx, nil))
-	SetRunID(ctx, "run_1")
-	assert.Equal(t, []any{"trace_id", span.SpanContext().TraceID().String(), "run_id", "run_1"}, LogFields(ctx, nil))
+	assert.Equal(t, []any{"trace_id", span.SpanContext().TraceID().String(), "run_id", "run_1"},
+		LogFields(ctx, &stubbornv1.DecideRunRequest{RunId: "run_1"}))
 	// A unary request names its run.
 	assert.Equal(t, []any{"run_id", "run_2"}, LogFields(context.Background(), &stubbornv1.GetRunRequest{RunId: "run_2"}))
 	assert.Empty(t, LogFields(context.Background(), &stubbornv1.ListRunsRequest{}))
-	SetRunID(context.Background(), "run_3") // no slot: nothing happens
 }
 
 func TestNestedPresetAttemptsGoUnderThePresetsAttempt(t *testing.T) {

@@ -13,6 +13,7 @@ package telemetry
 
 import (
 	"log/slog"
+	"sync"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
@@ -53,6 +54,9 @@ type Telemetry struct {
 	// off: no tracer and no meter provider, so nothing is recorded but the
 	// run logs; the trace context is still passed on.
 	off bool
+	// live holds the runs ObserveRun observes, by run id, until they end
+	// here: how Delegates finds the run a call belongs to.
+	live sync.Map
 }
 
 // New builds a Telemetry from cfg. It fails only when an instrument cannot
@@ -86,20 +90,19 @@ func New(cfg Config) (*Telemetry, error) {
 // ServerHandler returns the stats handler for Stubborn's gRPC server
 // (grpc.StatsHandler): otelgrpc's, which makes a server span per RPC (health
 // checks excluded) as a child of the caller's trace context and records the
-// rpc.server.* metrics. It also gives each RPC's context a slot for its run
-// id, which [SetRunID] fills and [LogFields] reads. When nothing is recorded
+// rpc.server.* metrics. When nothing is recorded
 // (no tracer and no meter provider), it only reads the caller's trace
 // context.
 func (t *Telemetry) ServerHandler() stats.Handler {
 	if t.off {
-		return runSlotHandler{propagatingServer{t.prop}}
+		return propagatingServer{t.prop}
 	}
-	return runSlotHandler{otelgrpc.NewServerHandler(
+	return otelgrpc.NewServerHandler(
 		otelgrpc.WithTracerProvider(t.tp),
 		otelgrpc.WithMeterProvider(t.mp),
 		otelgrpc.WithPropagators(t.prop),
 		otelgrpc.WithFilter(filters.Not(filters.HealthCheck())),
-	)}
+	)
 }
 
 // ClientHandler returns the stats handler for the delegate connections
