@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -132,8 +131,17 @@ type Delegate struct {
 	// Name is how runs refer to the delegate. Required and unique.
 	Name string `yaml:"name"`
 	// Target is any gRPC target string: host:port, dns:///host:port,
-	// unix:///path, … Required.
-	Target string `yaml:"target"`
+	// unix:///path, …: the delegate serves stubborn.v1.DelegateService.
+	// A delegate sets exactly one of Target, HTTP, OpenAI and Anthropic.
+	Target string `yaml:"target,omitempty"`
+	// HTTP makes the delegate a JSON-over-HTTP endpoint (see HTTP).
+	HTTP *HTTP `yaml:"http,omitempty"`
+	// OpenAI makes the delegate a model behind the OpenAI Chat Completions
+	// API (see OpenAI).
+	OpenAI *OpenAI `yaml:"openai,omitempty"`
+	// Anthropic makes the delegate a model behind Anthropic's Messages
+	// API (see Anthropic).
+	Anthropic *Anthropic `yaml:"anthropic,omitempty"`
 	// Idempotent says a repeated call has no further side effect.
 	Idempotent bool `yaml:"idempotent,omitempty"`
 	// ReadOnly says a call has no side effect at all.
@@ -141,8 +149,9 @@ type Delegate struct {
 	// Timeout is the per-attempt timeout; zero means DefaultTimeout. A run
 	// may override it per attempt (controls.Call.AttemptTimeout).
 	Timeout Duration `yaml:"timeout,omitempty"`
-	// TLS makes the connection use TLS (see TLS); the zero value is
-	// plaintext.
+	// TLS makes a gRPC connection use TLS (see TLS); the zero value is
+	// plaintext. For the HTTP kinds, https:// URLs always use TLS; its ca,
+	// server_name, cert and key apply to them too.
 	TLS TLS `yaml:"tls,omitempty"`
 }
 
@@ -198,6 +207,11 @@ func Load(path string) (*Config, error) {
 // reported, each naming the entry and field it is about. An empty document is
 // a valid config with no delegates.
 func Parse(b []byte) (*Config, error) {
+	return parse(b, os.LookupEnv)
+}
+
+// parse is Parse reading environment variables with lookupEnv.
+func parse(b []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
 	var cfg Config
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
@@ -205,7 +219,7 @@ func Parse(b []byte) (*Config, error) {
 		return nil, decodeError(b, err)
 	}
 	cfg.applyDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.validate(lookupEnv); err != nil {
 		return nil, err
 	}
 	return &cfg, nil
@@ -243,7 +257,7 @@ func (c *Config) applyDefaults() {
 	}
 }
 
-func (c *Config) validate() error {
+func (c *Config) validate(lookupEnv func(string) (string, bool)) error {
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...)))
@@ -265,8 +279,8 @@ func (c *Config) validate() error {
 				seen[d.Name] = i
 			}
 		}
-		if strings.TrimSpace(d.Target) == "" {
-			bad("%s: target is empty", where)
+		for _, msg := range c.Delegates[i].checkKind(lookupEnv) {
+			bad("%s: %s", where, msg)
 		}
 		if d.Timeout < 0 {
 			bad("%s: timeout: must not be negative (got %s)", where, d.Timeout)
@@ -321,11 +335,16 @@ func decodeError(src []byte, err error) error {
 			continue
 		}
 		line, _ := strconv.Atoi(m[1])
-		msg := m[2]
+		msg, key := m[2], ""
 		if u := yamlUnknownField.FindStringSubmatch(msg); u != nil {
-			msg = "unknown field"
+			msg, key = "unknown field", u[1]
 		}
-		path, ok := locate(&root, line, "")
+		// The unknown key itself, even when it shares its line with others
+		// ({name: a, tmeout: 5s}); else the first key on the line.
+		path, ok := locate(&root, line, "", key)
+		if !ok && key != "" {
+			path, ok = locate(&root, line, "", "")
+		}
 		if !ok || path == "" {
 			path = "config"
 		}
@@ -335,12 +354,13 @@ func decodeError(src []byte, err error) error {
 }
 
 // locate returns the path (such as `delegates[1] ("search").timeout`) of the
-// node on the given line of a parsed document.
-func locate(n *yaml.Node, line int, path string) (string, bool) {
+// node on the given line of a parsed document: of the key named key when
+// it is not empty, else of the first key on the line.
+func locate(n *yaml.Node, line int, path, key string) (string, bool) {
 	switch n.Kind {
 	case yaml.DocumentNode:
 		for _, c := range n.Content {
-			if p, ok := locate(c, line, path); ok {
+			if p, ok := locate(c, line, path, key); ok {
 				return p, true
 			}
 		}
@@ -351,14 +371,16 @@ func locate(n *yaml.Node, line int, path string) (string, bool) {
 			if path != "" {
 				p = path + "." + k.Value
 			}
-			if k.Line == line {
+			if k.Line == line && (key == "" || k.Value == key) {
 				return p, true
 			}
 			if within(v, line) {
-				if sub, ok := locate(v, line, p); ok {
+				if sub, ok := locate(v, line, p, key); ok {
 					return sub, true
 				}
-				return p, true
+				if key == "" {
+					return p, true
+				}
 			}
 		}
 	case yaml.SequenceNode:
@@ -370,7 +392,7 @@ func locate(n *yaml.Node, line int, path string) (string, bool) {
 			if name := mappingValue(item, "name"); name != "" {
 				p += fmt.Sprintf(" (%q)", name)
 			}
-			if sub, ok := locate(item, line, p); ok {
+			if sub, ok := locate(item, line, p, key); ok {
 				return sub, true
 			}
 			return p, true

@@ -4,19 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"strconv"
+	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stubbornhq/stubborn/controls"
@@ -51,6 +46,8 @@ type Pool struct {
 	presets map[string]*stubbornv1.ControlSpec
 	// maxResult is limits.max_result_bytes.
 	maxResult int
+	// wrapHTTP wraps the HTTP kinds' transports, or is nil.
+	wrapHTTP func(http.RoundTripper) http.RoundTripper
 
 	mu     sync.Mutex
 	health map[string]healthAnswer
@@ -58,10 +55,8 @@ type Pool struct {
 }
 
 type entry struct {
-	cfg    Delegate
-	conn   *grpc.ClientConn
-	client stubbornv1.DelegateServiceClient
-	health healthpb.HealthClient
+	cfg Delegate
+	t   transport
 }
 
 type healthAnswer struct {
@@ -83,11 +78,28 @@ var (
 // are appended to every connection's options, so they can add dialers,
 // interceptors or stats handlers, or replace the credentials.
 func NewPool(cfg *Config, opts ...grpc.DialOption) (*Pool, error) {
+	return NewPoolWith(cfg, PoolOptions{Dial: opts})
+}
+
+// PoolOptions adjust how a Pool reaches its delegates.
+type PoolOptions struct {
+	// Dial is appended to every gRPC delegate's dial options (NewPool's
+	// opts).
+	Dial []grpc.DialOption
+	// HTTPTransport, when set, wraps the transport of each HTTP kind's
+	// client (tracing, metrics).
+	HTTPTransport func(http.RoundTripper) http.RoundTripper
+}
+
+// NewPoolWith is NewPool with every option.
+func NewPoolWith(cfg *Config, o PoolOptions) (*Pool, error) {
+	opts := o.Dial
 	p := &Pool{
-		byKey:   make(map[string]*entry, len(cfg.Delegates)),
-		presets: make(map[string]*stubbornv1.ControlSpec, len(cfg.Presets)),
-		health:  make(map[string]healthAnswer),
-		now:     time.Now,
+		wrapHTTP: o.HTTPTransport,
+		byKey:    make(map[string]*entry, len(cfg.Delegates)),
+		presets:  make(map[string]*stubbornv1.ControlSpec, len(cfg.Presets)),
+		health:   make(map[string]healthAnswer),
+		now:      time.Now,
 	}
 	p.maxResult = cfg.Limits.MaxResultBytes
 	if p.maxResult <= 0 {
@@ -97,39 +109,24 @@ func NewPool(cfg *Config, opts ...grpc.DialOption) (*Pool, error) {
 		p.presets[pr.Name] = pr.Spec
 	}
 	for i, d := range cfg.Delegates {
-		if _, dup := p.byKey[d.Name]; dup || d.Name == "" || d.Target == "" {
+		if _, dup := p.byKey[d.Name]; dup || d.Name == "" {
 			p.Close()
-			return nil, fmt.Errorf("%w: delegates[%d] (%q): empty or duplicate name, or empty target", ErrInvalidConfig, i, d.Name)
+			return nil, fmt.Errorf("%w: delegates[%d] (%q): empty or duplicate name", ErrInvalidConfig, i, d.Name)
+		}
+		if msgs := d.checkKind(os.LookupEnv); len(msgs) > 0 {
+			p.Close()
+			return nil, fmt.Errorf("%w: delegates[%d] (%q): %s", ErrInvalidConfig, i, d.Name, strings.Join(msgs, "; "))
 		}
 		if d.Timeout <= 0 {
 			d.Timeout = Duration(DefaultTimeout)
 		}
-		creds := insecure.NewCredentials()
-		if tc, err := d.TLS.ClientConfig(); err != nil {
-			p.Close()
-			return nil, fmt.Errorf("delegate %q: %w", d.Name, err)
-		} else if tc != nil {
-			creds = credentials.NewTLS(tc)
-		}
-		all := append([]grpc.DialOption{
-			grpc.WithTransportCredentials(creds),
-			grpc.WithDisableRetry(),
-			// Past max_result_bytes an answer fails its attempt (Call);
-			// one so large that gRPC will not read it fails the same.
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(p.maxResult + recvSlack)),
-		}, opts...)
-		conn, err := grpc.NewClient(d.Target, all...)
+		t, err := p.newTransport(d, opts)
 		if err != nil {
 			p.Close()
-			return nil, fmt.Errorf("delegate %q: target %q: %w", d.Name, d.Target, err)
+			return nil, fmt.Errorf("delegate %q: %w", d.Name, err)
 		}
 		p.order = append(p.order, d.Name)
-		p.byKey[d.Name] = &entry{
-			cfg:    d,
-			conn:   conn,
-			client: stubbornv1.NewDelegateServiceClient(conn),
-			health: healthpb.NewHealthClient(conn),
-		}
+		p.byKey[d.Name] = &entry{cfg: d, t: t}
 	}
 	return p, nil
 }
@@ -138,7 +135,7 @@ func NewPool(cfg *Config, opts ...grpc.DialOption) (*Pool, error) {
 func (p *Pool) Close() error {
 	var errs []error
 	for _, name := range p.order {
-		if err := p.byKey[name].conn.Close(); err != nil {
+		if err := p.byKey[name].t.close(); err != nil {
 			errs = append(errs, fmt.Errorf("delegate %q: %w", name, err))
 		}
 	}
@@ -189,7 +186,8 @@ func NotFound(name string) *controls.CallError {
 	}
 }
 
-// Call sends one Execute attempt to the named delegate. It applies the
+// Call sends one attempt to the named delegate (an Execute to a gRPC
+// delegate, a request to an HTTP kind's endpoint). It applies the
 // delegate's timeout, or c.AttemptTimeout, to the attempt,
 // and sends c's run id, idempotency key and metadata (in the
 // request, plus the stubborn-* headers). When ctx itself ends (the run was
@@ -213,46 +211,12 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 	}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-
-	kv := make([]string, 0, 6)
-	if c.Attempt > 0 {
-		kv = append(kv, HeaderAttempt, strconv.Itoa(int(c.Attempt)))
-	}
-	if c.IdempotencyKey != "" {
-		kv = append(kv, HeaderIdempotencyKey, c.IdempotencyKey)
-	}
-	if c.RunID != "" {
-		kv = append(kv, HeaderRunID, c.RunID)
-	}
-	if len(kv) > 0 {
-		actx = metadata.AppendToOutgoingContext(actx, kv...)
-	}
-
-	req := &stubbornv1.ExecuteRequest{
-		Brief:          c.Brief,
-		RunId:          c.RunID,
-		Attempt:        c.Attempt,
-		IdempotencyKey: c.IdempotencyKey,
-		Metadata:       maps.Clone(c.Metadata),
-	}
-	var (
-		trailer metadata.MD
-		pr      peer.Peer
-	)
-	resp, err := e.client.Execute(actx, req, grpc.Trailer(&trailer), grpc.Peer(&pr))
+	r, err := e.t.call(actx, c)
 	if err != nil {
 		if cerr := ended(ctx); cerr != nil {
 			return nil, cerr
 		}
-		ce := Classify(err, trailer)
-		if tooLarge(ce) {
-			ce = p.resultTooLarge(-1)
-		}
-		if pr.Addr != nil {
-			// A connection to the delegate carried the call: whatever the
-			// message says, it may have been received.
-			ce.NotSent = false
-		}
+		ce := Classify(err, nil)
 		if (ce.Code == codes.DeadlineExceeded || ce.Code == codes.Canceled) && ended(actx) != nil {
 			// The attempt's deadline ended it, even when the delegate's
 			// server (which enforces the same deadline) reset the stream
@@ -262,39 +226,26 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 		}
 		return nil, ce
 	}
-	if r := resp.GetResult(); r != nil {
-		if n := proto.Size(r); n > p.maxResult {
-			return nil, p.resultTooLarge(n)
-		}
-		return r, nil
+	if r == nil {
+		return &stubbornv1.Result{}, nil
 	}
-	return &stubbornv1.Result{}, nil
+	if n := proto.Size(r); n > p.maxResult {
+		return nil, p.resultTooLarge(n)
+	}
+	return r, nil
 }
 
 // recvSlack is what a delegate's response may hold besides its Result.
 const recvSlack = 16 << 10
 
 // resultTooLarge is the error of an answer of n bytes (-1: too large for
-// gRPC to read) over max_result_bytes: Stubborn refuses it, and it is not
-// retried (the same call would answer the same).
+// gRPC to read) over max_result_bytes.
 func (p *Pool) resultTooLarge(n int) *controls.CallError {
-	size := "larger than gRPC would receive"
+	what := "the answer is larger than gRPC would receive"
 	if n >= 0 {
-		size = fmt.Sprintf("%d bytes", n)
+		what = fmt.Sprintf("the answer is %d bytes", n)
 	}
-	return &controls.CallError{
-		Code:    codes.ResourceExhausted,
-		Message: fmt.Sprintf("the answer is %s, more than limits.max_result_bytes (%d)", size, p.maxResult),
-		Refused: true,
-	}
-}
-
-// tooLarge reports whether ce is gRPC's own refusal of a response over the
-// receive limit (not a delegate's RESOURCE_EXHAUSTED, which may pass).
-func tooLarge(ce *controls.CallError) bool {
-	return ce.Code == codes.ResourceExhausted &&
-		(strings.HasPrefix(ce.Message, "grpc: received message larger than max") ||
-			strings.HasPrefix(ce.Message, "grpc: received message after decompression larger than max"))
+	return resultTooLarge(p.maxResult, what)
 }
 
 // ended returns ctx's error, or context.DeadlineExceeded once ctx's deadline
@@ -310,11 +261,13 @@ func ended(ctx context.Context) error {
 	return nil
 }
 
-// Serving asks the delegate's grpc.health.v1 service about service "" (at
-// most HealthTimeout, and never past ctx). It returns false only for an
-// answer of NOT_SERVING; any other answer, UNIMPLEMENTED, an error or an
-// unknown name gives true, since a delegate that cannot be judged is worth
-// trying. Answers are reused for HealthCacheTTL.
+// Serving asks the delegate whether it is serving (at most HealthTimeout,
+// and never past ctx): a gRPC delegate's grpc.health.v1 service about
+// service "", an HTTP kind's health_url. It returns false only for an answer
+// of NOT_SERVING (a non-2xx answer from a health_url); any other answer,
+// UNIMPLEMENTED, an error, no health_url or an unknown name gives true,
+// since a delegate that cannot be judged is worth trying. Answers are
+// reused for HealthCacheTTL.
 func (p *Pool) Serving(ctx context.Context, name string) bool {
 	e, ok := p.byKey[name]
 	if !ok {
@@ -328,8 +281,7 @@ func (p *Pool) Serving(ctx context.Context, name string) bool {
 	}
 	hctx, cancel := context.WithTimeout(ctx, HealthTimeout)
 	defer cancel()
-	resp, err := e.health.Check(hctx, &healthpb.HealthCheckRequest{Service: ""})
-	serving := err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING
+	serving := e.t.serving(hctx)
 	if ctx.Err() != nil {
 		// The caller gave up; that says nothing about the delegate.
 		return true

@@ -93,6 +93,8 @@ type setup struct {
 	dialOptions []grpc.DialOption
 	// logger defaults to a discarding one.
 	logger *slog.Logger
+	// registry entries added as they are (HTTP kinds).
+	entries []delegates.Delegate
 }
 
 // delegateTLS serves delegates over TLS and tells the registry how to reach
@@ -140,6 +142,7 @@ func startWith(t *testing.T, su setup) *env {
 			Timeout: delegates.Duration(time.Minute), TLS: dtls,
 		})
 	}
+	cfg.Delegates = append(cfg.Delegates, su.entries...)
 	logger := su.logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)

@@ -75,7 +75,7 @@ func New(cfg Config) (*Stubborn, error) {
 		return nil, err
 	}
 	dial := append([]grpc.DialOption{grpc.WithStatsHandler(tel.ClientHandler())}, cfg.DialOptions...)
-	pool, err := delegates.NewPool(cfg.Registry, dial...)
+	pool, err := delegates.NewPoolWith(cfg.Registry, delegates.PoolOptions{Dial: dial, HTTPTransport: tel.HTTPTransport})
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"net/http"
 
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
@@ -80,3 +81,20 @@ func (propagatingClient) TagConn(ctx context.Context, _ *stats.ConnTagInfo) cont
 }
 
 func (propagatingClient) HandleConn(context.Context, stats.ConnStats) {}
+
+// propagatingTransport injects the request's trace context into its
+// headers.
+type propagatingTransport struct {
+	prop propagation.TextMapPropagator
+	next http.RoundTripper
+}
+
+func (p propagatingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	ctx := r.Context()
+	if !trace.SpanContextFromContext(ctx).IsValid() && baggage.FromContext(ctx).Len() == 0 {
+		return p.next.RoundTrip(r)
+	}
+	r = r.Clone(ctx) // a RoundTripper must not change its request
+	p.prop.Inject(ctx, propagation.HeaderCarrier(r.Header))
+	return p.next.RoundTrip(r)
+}

@@ -13,10 +13,12 @@ package telemetry
 
 import (
 	"log/slog"
+	"net/http"
 	"sync"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
@@ -118,6 +120,22 @@ func (t *Telemetry) ClientHandler() stats.Handler {
 		otelgrpc.WithTracerProvider(t.tp),
 		otelgrpc.WithMeterProvider(t.mp),
 		otelgrpc.WithPropagators(t.prop),
+	)
+}
+
+// HTTPTransport wraps the transport of the HTTP delegates (http, openai,
+// anthropic) as ClientHandler does the gRPC ones: otelhttp's, which makes a
+// client span per request (a child of the attempt span) and records the
+// http.client.* metrics, and sends the trace context in the request's
+// headers. When nothing is recorded it only sends the trace context.
+func (t *Telemetry) HTTPTransport(rt http.RoundTripper) http.RoundTripper {
+	if t.off {
+		return propagatingTransport{prop: t.prop, next: rt}
+	}
+	return otelhttp.NewTransport(rt,
+		otelhttp.WithTracerProvider(t.tp),
+		otelhttp.WithMeterProvider(t.mp),
+		otelhttp.WithPropagators(t.prop),
 	)
 }
 

@@ -1,0 +1,209 @@
+package delegates
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/stubbornhq/stubborn/controls"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// The model kinds speak two small, stable JSON APIs directly, over the
+// same httpClient as the http kind, rather than through a vendor SDK: the
+// request and the fields read are a handful, every failure maps the same
+// way as an http delegate's (status, Retry-After, not sent, the size
+// bound), and nothing but the config decides where a key is sent. (The
+// official OpenAI Go SDK reads OPENAI_API_KEY, OPENAI_BASE_URL and
+// OPENAI_CUSTOM_HEADERS from the environment whatever the caller sets,
+// with no public switch to turn that off, so a key meant for one endpoint
+// would reach a local one configured without a key.)
+
+// chatMessage is one message of a chat request.
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// openAIRequest is a Chat Completions request.
+type openAIRequest struct {
+	Model       string        `json:"model"`
+	Messages    []chatMessage `json:"messages"`
+	Temperature *float64      `json:"temperature,omitempty"`
+	MaxTokens   int           `json:"max_tokens,omitempty"`
+}
+
+// openAIAnswer is what is read of a Chat Completions answer.
+type openAIAnswer struct {
+	Model   string `json:"model"`
+	Choices []struct {
+		Message struct {
+			Content *string `json:"content"`
+			Refusal string  `json:"refusal"`
+		} `json:"message"`
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage map[string]any `json:"usage"`
+}
+
+type openAITransport struct {
+	*httpClient
+	cfg *OpenAI
+	url string
+}
+
+func newOpenAITransport(cfg *OpenAI, h *httpClient) *openAITransport {
+	return &openAITransport{
+		httpClient: h,
+		cfg:        cfg,
+		url:        strings.TrimSuffix(cfg.BaseURL, "/") + "/chat/completions",
+	}
+}
+
+func (t *openAITransport) call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+	body := openAIRequest{Model: t.cfg.Model, Temperature: t.cfg.Temperature, MaxTokens: t.cfg.MaxTokens}
+	if t.cfg.System != "" {
+		body.Messages = append(body.Messages, chatMessage{Role: "system", Content: t.cfg.System})
+	}
+	body.Messages = append(body.Messages, chatMessage{Role: "user", Content: c.Brief})
+	req, err := jsonRequest(ctx, t.url, body, c)
+	if err != nil {
+		return nil, err
+	}
+	if t.cfg.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+t.cfg.apiKey)
+	}
+	a, err := t.do(req)
+	if err != nil {
+		return nil, err
+	}
+	var ans openAIAnswer
+	if err := json.Unmarshal(a.body, &ans); err != nil {
+		return nil, unreadable("not a Chat Completions answer: %v", err)
+	}
+	if len(ans.Choices) == 0 {
+		return nil, unreadable("a Chat Completions answer with no choices")
+	}
+	ch := ans.Choices[0]
+	text := ""
+	switch {
+	case ch.Message.Content != nil:
+		text = *ch.Message.Content
+	case ch.Message.Refusal != "":
+		return nil, &controls.CallError{Code: codes.FailedPrecondition, Message: "the model refused: " + firstBytes(ch.Message.Refusal, maxErrorExcerpt)}
+	}
+	return modelResult(text, map[string]any{"model": ans.Model, "finish_reason": ch.FinishReason, "usage": ans.Usage})
+}
+
+// anthropicRequest is a Messages API request.
+type anthropicRequest struct {
+	Model       string        `json:"model"`
+	MaxTokens   int           `json:"max_tokens"`
+	System      string        `json:"system,omitempty"`
+	Messages    []chatMessage `json:"messages"`
+	Temperature *float64      `json:"temperature,omitempty"`
+}
+
+// anthropicAnswer is what is read of a Messages API answer.
+type anthropicAnswer struct {
+	Type    string `json:"type"`
+	Model   string `json:"model"`
+	Content []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	} `json:"content"`
+	StopReason string         `json:"stop_reason"`
+	Usage      map[string]any `json:"usage"`
+}
+
+// anthropicVersion is the Messages API version the requests ask for.
+const anthropicVersion = "2023-06-01"
+
+// defaultAnthropicMaxTokens is max_tokens when the entry sets none.
+const defaultAnthropicMaxTokens = 1024
+
+type anthropicTransport struct {
+	*httpClient
+	cfg *Anthropic
+	url string
+}
+
+func newAnthropicTransport(cfg *Anthropic, h *httpClient) *anthropicTransport {
+	return &anthropicTransport{
+		httpClient: h,
+		cfg:        cfg,
+		url:        strings.TrimSuffix(cfg.BaseURL, "/") + "/v1/messages",
+	}
+}
+
+func (t *anthropicTransport) call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+	body := anthropicRequest{
+		Model: t.cfg.Model, MaxTokens: t.cfg.MaxTokens, System: t.cfg.System, Temperature: t.cfg.Temperature,
+		Messages: []chatMessage{{Role: "user", Content: c.Brief}},
+	}
+	if body.MaxTokens == 0 {
+		body.MaxTokens = defaultAnthropicMaxTokens
+	}
+	req, err := jsonRequest(ctx, t.url, body, c)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Anthropic-Version", anthropicVersion)
+	if t.cfg.apiKey != "" {
+		req.Header.Set("X-Api-Key", t.cfg.apiKey)
+	}
+	a, err := t.do(req)
+	if err != nil {
+		return nil, err
+	}
+	var ans anthropicAnswer
+	if err := json.Unmarshal(a.body, &ans); err != nil {
+		return nil, unreadable("not a Messages API answer: %v", err)
+	}
+	if ans.Type != "message" {
+		return nil, unreadable("a Messages API answer of type %q, not \"message\"", firstBytes(ans.Type, 100))
+	}
+	var text strings.Builder
+	for _, b := range ans.Content {
+		if b.Type == "text" {
+			text.WriteString(b.Text)
+		}
+	}
+	return modelResult(text.String(), map[string]any{"model": ans.Model, "stop_reason": ans.StopReason, "usage": ans.Usage})
+}
+
+// jsonRequest is a POST of body as JSON to url, with the call's headers.
+func jsonRequest(ctx context.Context, url string, body any, c controls.Call) (*http.Request, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, &controls.CallError{Code: codes.Internal, Refused: true, Message: err.Error()}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
+	if err != nil {
+		return nil, &controls.CallError{Code: codes.FailedPrecondition, Refused: true, Message: err.Error()}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	setCallHeaders(req, c)
+	return req, nil
+}
+
+// modelResult is a model's answer: its text, and what else it said
+// (model, finish reason, token usage) as data.
+func modelResult(text string, data map[string]any) (*stubbornv1.Result, error) {
+	for k, v := range data {
+		if m, isMap := v.(map[string]any); v == nil || v == "" || (isMap && m == nil) {
+			delete(data, k)
+		}
+	}
+	d, err := structpb.NewValue(data)
+	if err != nil {
+		return nil, unreadable("%v", err)
+	}
+	return &stubbornv1.Result{Text: strings.ToValidUTF8(text, "\uFFFD"), Data: d}, nil
+}
