@@ -268,6 +268,44 @@ class HelpersTest(unittest.TestCase):
         self.assertRegex(stubborn.__version__, r"^\d+\.\d+\.\d+$")
 
 
+PREFERS = """
+import sys
+import stubborn.delegate as d
+print(d.status_pb2.__name__, d.error_details_pb2.__name__, d.health_pb2.__name__)
+print(sorted(m for m in sys.modules if m.startswith("stubborn._vendor.") and m.endswith("_pb2")))
+print([a.type_url for a in d.Upstream(429, "x", retry_after=1).status().details])
+"""
+
+
+class ModulePathTest(unittest.TestCase):
+    """google.rpc and grpc_health.v1 come from googleapis-common-protos and
+    grpcio-health-checking when installed: stand-ins made of the vendored
+    modules, on the path of a child process, are taken, and the vendored
+    copies are not loaded at all."""
+
+    def test_prefers_installed_google_rpc_and_grpc_health(self):
+        import importlib.util
+        import shutil
+        import tempfile
+
+        site = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, site)
+        for module, to in (
+            ("stubborn._vendor.google.rpc.status_pb2", "google/rpc"),
+            ("stubborn._vendor.google.rpc.error_details_pb2", "google/rpc"),
+            ("stubborn._vendor.grpc.health.v1.health_pb2", "grpc_health/v1"),
+        ):
+            os.makedirs(os.path.join(site, to), exist_ok=True)
+            shutil.copy(importlib.util.find_spec(module).origin, os.path.join(site, to))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([site] + sys.path))
+        out = subprocess.run(
+            [sys.executable, "-c", PREFERS], env=env, capture_output=True, text=True, timeout=30, check=True
+        ).stdout.splitlines()
+        self.assertEqual(out[0], "google.rpc.status_pb2 google.rpc.error_details_pb2 grpc_health.v1.health_pb2")
+        self.assertEqual(out[1], "[]")
+        self.assertEqual(out[2], str([RETRY_INFO_URL, UPSTREAM_URL]))
+
+
 CHILD = """
 import sys, time
 from stubborn.delegate import serve
