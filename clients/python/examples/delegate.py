@@ -1,9 +1,5 @@
-"""A Stubborn delegate in Python: its first call fails as if the service
-behind it had answered 429 Too Many Requests with Retry-After: 0.3; every
-later call answers. Stubborn's retry control waits the 0.3 s, then retries.
-
-    python3 examples/delegate.py 127.0.0.1:7500
-"""
+"""A Stubborn delegate: its first call fails as a rate-limited upstream would
+(HTTP 429, retry after 0.3 s), every later call answers. Args: HOST:PORT"""
 
 import itertools
 import sys
