@@ -125,36 +125,55 @@ build:
 # the protoc-gen-es pinned in clients/typescript/package-lock.json, through
 # buf.gen.clients.yaml. They need more than Go: clients/install-deps.sh
 # installs it, and .ci/run calls it, then `make testclients`.
+#
+# Python's generated code lives in PY_GENERATED, under clients/python:
+# stubborn/v1 from proto/, and stubborn/_vendor from the google.rpc and
+# grpc.health.v1 protos vendored in clients/python/third_party (the delegate
+# kit's error details and health; see its README). `make clients` deletes and
+# rewrites only those: the rest of clients/python (stubborn/__init__.py, the
+# kit stubborn/delegate.py, pyproject.toml, tests, examples) is hand-written.
 PROTOC_VERSION     := 3.21
 GRPC_PYTHON_PLUGIN ?= /usr/bin/grpc_python_plugin
 PROTOC_GEN_ES      := clients/typescript/node_modules/.bin/protoc-gen-es
+PY_GENERATED       := stubborn/v1 stubborn/_vendor
+PY_THIRD_PARTY     := clients/python/third_party
 # protoc_python DIR: generate the Python client from proto/ into DIR.
 protoc_python = protoc -I proto --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) \
 	--plugin=protoc-gen-grpc_python=$(GRPC_PYTHON_PLUGIN) proto/stubborn/v1/*.proto
+# protoc_python_vendor DIR: generate the vendored protos' messages into DIR/stubborn/_vendor.
+protoc_python_vendor = mkdir -p $(1)/stubborn/_vendor && \
+	protoc -I $(PY_THIRD_PARTY)/googleapis -I $(PY_THIRD_PARTY)/grpc-proto \
+	--python_out=$(1)/stubborn/_vendor --pyi_out=$(1)/stubborn/_vendor \
+	$(PY_THIRD_PARTY)/googleapis/google/rpc/status.proto \
+	$(PY_THIRD_PARTY)/googleapis/google/rpc/error_details.proto \
+	$(PY_THIRD_PARTY)/grpc-proto/grpc/health/v1/health.proto
 check_protoc = protoc --version | grep -q '^libprotoc $(PROTOC_VERSION)\.' || \
 	{ echo "clients/python is generated with protoc $(PROTOC_VERSION) (Debian 12's protobuf-compiler), not $$(protoc --version 2>&1): run clients/install-deps.sh" >&2; exit 1; }
 
 .PHONY: clients
-clients: $(BUF) $(PROTOC_GEN_ES) ## Regenerate clients/python and clients/typescript/src/gen from proto/.
+clients: $(BUF) $(PROTOC_GEN_ES) ## Regenerate clients/python's generated code and clients/typescript/src/gen from the protos.
 	@$(check_protoc)
-	rm -rf clients/python/stubborn
+	rm -rf $(addprefix clients/python/,$(PY_GENERATED))
 	$(call protoc_python,clients/python)
+	$(call protoc_python_vendor,clients/python)
 	buf generate --template buf.gen.clients.yaml
 
 .PHONY: checkclients
-checkclients: $(BUF) $(PROTOC_GEN_ES) ## Fail if protoc warns on proto/ or the generated clients are stale.
+checkclients: $(BUF) $(PROTOC_GEN_ES) ## Fail if protoc warns on the protos or the generated clients are stale.
 	@$(check_protoc)
 	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	mkdir -p "$$tmp/clients/python"; \
-	if ! out=$$($(call protoc_python,"$$tmp/clients/python") 2>&1) || [ -n "$$out" ]; then \
-		printf 'protoc must compile proto/ without a word; it printed:\n%s\n' "$$out" >&2; exit 1; fi; \
+	if ! out=$$({ $(call protoc_python,"$$tmp/clients/python") && $(call protoc_python_vendor,"$$tmp/clients/python"); } 2>&1) || [ -n "$$out" ]; then \
+		printf 'protoc must compile the protos without a word; it printed:\n%s\n' "$$out" >&2; exit 1; fi; \
 	buf generate --template buf.gen.clients.yaml -o "$$tmp"; \
-	if ! diff -r -x __pycache__ clients/python/stubborn "$$tmp/clients/python/stubborn" || \
-	   ! diff -r clients/typescript/src/gen "$$tmp/clients/typescript/src/gen"; then \
-		echo 'clients/ is stale: run make clients' >&2; exit 1; fi
+	stale=0; \
+	for d in $(PY_GENERATED); do \
+		diff -r -x __pycache__ "clients/python/$$d" "$$tmp/clients/python/$$d" || stale=1; done; \
+	diff -r clients/typescript/src/gen "$$tmp/clients/typescript/src/gen" || stale=1; \
+	if ((stale)); then echo 'clients/ is stale: run make clients' >&2; exit 1; fi
 
 .PHONY: testclients
-testclients: checkclients ## checkclients, tsc, then both client examples against a live server.
+testclients: checkclients ## checkclients, tsc, then the packages, the kit's tests and the examples against live servers.
 	cd clients/typescript && node_modules/.bin/tsc --noEmit
 	bash clients/run-examples.sh
 

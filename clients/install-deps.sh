@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Installs what `make clients` and `make clients-test` need besides Go:
+# Installs what `make clients` and `make testclients` need besides Go:
 # Debian's protoc 3.21 with the well-known .proto files, the gRPC Python plugin
-# and the Python runtime (python3-grpcio, python3-protobuf), and the npm
+# and the Python runtime (python3-grpcio, python3-protobuf), what installs
+# clients/python as a package into a venv without PyPI (python3-venv,
+# python3-setuptools and python3-wheel, the build backend), and the npm
 # packages pinned in clients/typescript/package-lock.json. Node.js 20 and npm
 # come with the machine. apt-get runs only when a package is missing, and
 # needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(protobuf-compiler libprotobuf-dev protobuf-compiler-grpc python3-grpcio python3-protobuf)
+pkgs=(protobuf-compiler libprotobuf-dev protobuf-compiler-grpc python3-grpcio python3-protobuf
+  python3-venv python3-setuptools python3-wheel)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
