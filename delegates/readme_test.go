@@ -43,3 +43,24 @@ func TestReadmeDelegatesConfigLoads(t *testing.T) {
 	p := newPool(t, cfg)
 	assert.True(t, p.Info("search-api").Idempotent)
 }
+
+// The README shows each example delegate verbatim: the code block after
+// the heading is the file.
+func TestReadmeShowsTheExampleDelegates(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	require.NoError(t, err)
+	for heading, file := range map[string]string{
+		"### A delegate in Python": "../clients/python/examples/delegate.py",
+	} {
+		_, rest, ok := strings.Cut(string(b), heading+"\n")
+		require.True(t, ok, heading)
+		_, rest, ok = strings.Cut(rest, "```")
+		require.True(t, ok, heading)
+		_, rest, _ = strings.Cut(rest, "\n") // the fence's language
+		shown, _, ok := strings.Cut(rest, "```")
+		require.True(t, ok, heading)
+		want, err := os.ReadFile(file)
+		require.NoError(t, err)
+		assert.Equal(t, string(want), shown, "%s shows %s as it is", heading, file)
+	}
+}
