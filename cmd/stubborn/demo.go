@@ -8,13 +8,14 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/stubbornhq/stubborn/delegatekit"
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -54,17 +55,23 @@ func demoDelegates(latency time.Duration) []demoDelegate {
 	}
 }
 
-// serveDemoDelegates serves each demo delegate on its own listener and
-// returns the registry entries that reach them, and a stop function.
-func serveDemoDelegates(host string, firstPort int, latency time.Duration) ([]delegates.Delegate, func(), error) {
+// demoGrace bounds how long the demo delegates' shutdown waits for the calls
+// in flight (the slow one takes 30s).
+const demoGrace = 2 * time.Second
+
+// serveDemoDelegates serves each demo delegate on its own listener, with
+// delegatekit, until ctx ends or stop is called, and returns the registry
+// entries that reach them. stop shuts them down gracefully and returns once
+// they have stopped.
+func serveDemoDelegates(ctx context.Context, host string, firstPort int, latency time.Duration) ([]delegates.Delegate, func(), error) {
+	ctx, cancel := context.WithCancel(ctx)
 	var (
 		entries []delegates.Delegate
-		servers []*grpc.Server
+		wg      sync.WaitGroup
 	)
 	stop := func() {
-		for _, s := range servers {
-			s.Stop()
-		}
+		cancel()
+		wg.Wait()
 	}
 	for i, d := range demoDelegates(latency) {
 		port := 0
@@ -76,7 +83,8 @@ func serveDemoDelegates(host string, firstPort int, latency time.Duration) ([]de
 			stop()
 			return nil, nil, err
 		}
-		servers = append(servers, demo.Serve(lis, d.svc))
+		s := demo.NewServer(d.svc, delegatekit.WithGrace(demoGrace))
+		wg.Go(func() { _ = s.Serve(ctx, lis) })
 		entries = append(entries, delegates.Delegate{
 			Name: d.name, Target: lis.Addr().String(), Idempotent: d.idempotent,
 			Timeout: delegates.Duration(time.Minute),
@@ -100,7 +108,7 @@ func cmdDelegates(ctx context.Context, args []string, stdout io.Writer) (int, er
 	if err != nil {
 		return 2, fmt.Errorf("-listen: bad port %q", portText)
 	}
-	entries, stop, err := serveDemoDelegates(host, port, *latency)
+	entries, stop, err := serveDemoDelegates(ctx, host, port, *latency)
 	if err != nil {
 		return 1, err
 	}
@@ -129,7 +137,7 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}
-	entries, stopDelegates, err := serveDemoDelegates("127.0.0.1", 0, *latency)
+	entries, stopDelegates, err := serveDemoDelegates(ctx, "127.0.0.1", 0, *latency)
 	if err != nil {
 		return 1, err
 	}

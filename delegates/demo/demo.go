@@ -1,5 +1,6 @@
 // Package demo provides small DelegateService implementations for the README
-// demo and for tests, and Serve to run one on a listener with gRPC health.
+// demo and for tests, and Serve to run one on a listener with delegatekit
+// (gRPC health, reflection, panics recovered).
 //
 // The demo of "connection refused" needs no code: register a delegate whose
 // target has no listener (for example 127.0.0.1:1). Its calls fail with
@@ -15,36 +16,52 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/stubbornhq/stubborn/delegatekit"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
 // HealthReporter is implemented by a delegate that wants Serve to report a
 // health status other than SERVING.
 type HealthReporter interface {
-	// HealthStatus is the status Serve registers for service "".
+	// HealthStatus is the status Serve reports: SERVING, or anything else
+	// for NOT_SERVING.
 	HealthStatus() healthpb.HealthCheckResponse_ServingStatus
 }
 
-// Serve registers svc and a grpc.health.v1 service (SERVING, or what svc's
-// HealthStatus says) on a new server and serves lis in a goroutine. Stop the
-// returned server to end it.
+// Serve serves svc with delegatekit on lis, in a goroutine, on a new server
+// with opts: health SERVING (or what svc's HealthStatus says), reflection.
+// Stop the returned server to end it.
 func Serve(lis net.Listener, svc stubbornv1.DelegateServiceServer, opts ...grpc.ServerOption) *grpc.Server {
-	s := grpc.NewServer(opts...)
-	stubbornv1.RegisterDelegateServiceServer(s, svc)
-	hs := health.NewServer()
-	st := healthpb.HealthCheckResponse_SERVING
+	s := NewServer(svc, delegatekit.WithServerOptions(opts...))
+	go func() { _ = s.Serve(context.Background(), lis) }()
+	return s.GRPC()
+}
+
+// NewServer returns a delegatekit server for svc, its health SERVING or what
+// svc's HealthStatus says. Serve it with its Serve method, which shuts down
+// gracefully when its context ends.
+func NewServer(svc stubbornv1.DelegateServiceServer, opts ...delegatekit.Option) *delegatekit.Server {
+	s := delegatekit.NewServer(KitFunc(svc), opts...)
 	if r, ok := svc.(HealthReporter); ok {
-		st = r.HealthStatus()
+		s.SetServing(r.HealthStatus() == healthpb.HealthCheckResponse_SERVING)
 	}
-	hs.SetServingStatus("", st)
-	healthpb.RegisterHealthServer(s, hs)
-	go func() { _ = s.Serve(lis) }()
 	return s
+}
+
+// KitFunc is svc as a delegatekit.Func: its Execute, the response's result
+// unwrapped.
+func KitFunc(svc stubbornv1.DelegateServiceServer) delegatekit.Func {
+	return func(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.Result, error) {
+		resp, err := svc.Execute(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		return resp.GetResult(), nil
+	}
 }
 
 func text(s string) *stubbornv1.ExecuteResponse {
@@ -98,7 +115,7 @@ type Down struct {
 
 // Execute always fails with UNAVAILABLE.
 func (Down) Execute(context.Context, *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
-	return nil, status.Error(codes.Unavailable, "down: not serving")
+	return nil, delegatekit.Transient("down: not serving")
 }
 
 // HealthStatus reports NOT_SERVING.

@@ -140,3 +140,46 @@ func TestServeHealth(t *testing.T) {
 		})
 	}
 }
+
+// TestServeOnDelegatekit: Serve is built on delegatekit, so a panic in a
+// delegate is INTERNAL, not a dead server, and reflection is served.
+func TestServeOnDelegatekit(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	s := demo.Serve(lis, demo.NewScripted(func(_ context.Context, r *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+		if r.GetBrief() == "panic" {
+			panic("demo panic")
+		}
+		return nil, nil
+	}))
+	defer s.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	client := stubbornv1.NewDelegateServiceClient(conn)
+	ctx := testCtx(t)
+
+	_, err = client.Execute(ctx, req("panic"))
+	assert.Equal(t, codes.Internal, status.Code(err))
+	resp, err := client.Execute(ctx, req("nil"))
+	require.NoError(t, err)
+	assert.NotNil(t, resp.GetResult(), "a nil response is an empty result")
+	assert.Contains(t, s.GetServiceInfo(), "grpc.reflection.v1.ServerReflection")
+}
+
+// TestNewServerShutsDown: a NewServer's Serve ends when its context does.
+func TestNewServerShutsDown(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	served := make(chan error, 1)
+	go func() { served <- demo.NewServer(demo.Echo{}).Serve(ctx, lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	resp, err := stubbornv1.NewDelegateServiceClient(conn).Execute(testCtx(t), req("b"))
+	require.NoError(t, err)
+	assert.Equal(t, "echo: b", resp.GetResult().GetText())
+	cancel()
+	require.NoError(t, <-served)
+}

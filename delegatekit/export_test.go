@@ -1,0 +1,4 @@
+package delegatekit
+
+// DefaultListenFrom is defaultListen, for the tests.
+var DefaultListenFrom = defaultListen
