@@ -2,8 +2,10 @@ package delegatekit
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
@@ -74,11 +76,22 @@ func (s *service) call(ctx context.Context, req any) (any, error) {
 }
 
 // statusError is the status a Func's error reaches the caller as: a status
-// error (or one wrapping a status) as it is; a context error as
+// error as it is; an error wrapping one as that status with the whole text
+// as its message, where the status error's own text ("rpc error: code = …
+// desc = busy") reads as its message only ("busy"); a context error as
 // DEADLINE_EXCEEDED or CANCELLED; anything else as UNKNOWN with its text.
 func statusError(err error) error {
-	if st, ok := status.FromError(err); ok {
-		return st.Err()
+	var se interface {
+		error
+		GRPCStatus() *status.Status
 	}
-	return status.FromContextError(err).Err()
+	if !errors.As(err, &se) || se.GRPCStatus().Code() == codes.OK {
+		return status.FromContextError(err).Err()
+	}
+	if se == err {
+		return err
+	}
+	st := se.GRPCStatus().Proto()
+	st.Message = strings.Replace(err.Error(), se.Error(), st.GetMessage(), 1)
+	return status.ErrorProto(st)
 }

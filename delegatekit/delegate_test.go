@@ -27,8 +27,11 @@ func TestFuncResults(t *testing.T) {
 		"deadline": func() (*stubbornv1.Result, error) { return nil, fmt.Errorf("search: %w", context.DeadlineExceeded) },
 		"canceled": func() (*stubbornv1.Result, error) { return nil, context.Canceled },
 		"status":   func() (*stubbornv1.Result, error) { return nil, status.Error(codes.NotFound, "no such doc") },
-		"panic":    func() (*stubbornv1.Result, error) { panic("index out of range") },
-		"both":     func() (*stubbornv1.Result, error) { return &stubbornv1.Result{Text: "ignored"}, errors.New("failed") },
+		"wrapped": func() (*stubbornv1.Result, error) {
+			return nil, fmt.Errorf("search: %w", status.Error(codes.NotFound, "no doc"))
+		},
+		"panic": func() (*stubbornv1.Result, error) { panic("index out of range") },
+		"both":  func() (*stubbornv1.Result, error) { return &stubbornv1.Result{Text: "ignored"}, errors.New("failed") },
 	}
 	logs := &syncBuffer{}
 	s := serve(t, func(_ context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.Result, error) {
@@ -46,6 +49,7 @@ func TestFuncResults(t *testing.T) {
 		{brief: "deadline", code: codes.DeadlineExceeded, msg: "search: context deadline exceeded"},
 		{brief: "canceled", code: codes.Canceled, msg: "context canceled"},
 		{brief: "status", code: codes.NotFound, msg: "no such doc"},
+		{brief: "wrapped", code: codes.NotFound, msg: "search: no doc"},
 		{brief: "panic", code: codes.Internal, msg: "delegate panicked"},
 		{brief: "both", code: codes.Unknown, msg: "failed"},
 	} {

@@ -38,11 +38,12 @@
 //     no other 4xx, whatever the code. [ParseRetryAfter] reads an HTTP
 //     Retry-After header for UpstreamRetryAfter.
 //
-// Any status error (status.Error, or an error wrapping one) reaches Stubborn
-// as it is. Any other error becomes UNKNOWN with its text, which Stubborn does
-// not retry, except context errors: context.DeadlineExceeded becomes
-// DEADLINE_EXCEEDED (retried) and context.Canceled CANCELLED (not retried).
-// A panic in a Func becomes INTERNAL "delegate panicked"; the panic and its
-// stack go to the log ([WithLogger]), not to the caller. A nil Result is an
-// empty answer, which is still a success.
+// Any status error (status.Error…) reaches Stubborn as it is, and an error
+// wrapping one as that status with the wrapping text as its message. Any
+// other error becomes UNKNOWN with its text, which Stubborn does not retry,
+// except context errors: context.DeadlineExceeded becomes DEADLINE_EXCEEDED
+// (retried) and context.Canceled CANCELLED (not retried). A panic in a Func
+// becomes INTERNAL "delegate panicked"; the panic and its stack go to the log
+// ([WithLogger]), not to the caller. A nil Result is an empty answer, which
+// is still a success.
 package delegatekit

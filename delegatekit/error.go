@@ -13,9 +13,9 @@ import (
 )
 
 // The errors below are gRPC status errors: return them from a Func as they
-// are (or wrapped, though the status message then becomes the wrapping
-// error's whole text). Each doc comment says what Stubborn's retry control
-// makes of it. A retry also needs the delegate to be declared idempotent or
+// are, or wrapped: fmt.Errorf("search: %w", Transient("busy")) reaches
+// Stubborn as Transient("search: busy"). Each doc comment says what
+// Stubborn's retry control makes of it. A retry also needs the delegate to be declared idempotent or
 // read_only in Stubborn's registry, unless the call never reached it.
 
 // Transient is a failure that a later attempt may not have: UNAVAILABLE with

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 	"net"
+	"net/http"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -82,15 +83,37 @@ func ExampleCodeForHTTP() {
 	// 503 Unavailable
 }
 
-// An HTTP upstream's Retry-After header becomes the retry hint.
+// A delegate that calls an HTTP service passes its status and Retry-After
+// header on to Stubborn.
+func ExampleUpstreamRetryAfter() {
+	// The service answered 503 Service Unavailable, Retry-After: 120.
+	code, header := 503, http.Header{"Retry-After": []string{"120"}}
+
+	err := delegatekit.Upstream(code, "search is down")
+	if d, ok := delegatekit.ParseRetryAfter(header.Get("Retry-After"), time.Now()); ok {
+		err = delegatekit.UpstreamRetryAfter(code, d, "search is down")
+	}
+
+	st := status.Convert(err)
+	fmt.Println(st.Code(), st.Message())
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *stubbornv1.UpstreamStatus:
+			fmt.Println("upstream HTTP status:", d.GetHttpStatus())
+		case *errdetails.RetryInfo:
+			fmt.Println("retry after:", d.GetRetryDelay().AsDuration())
+		}
+	}
+	// Output:
+	// Unavailable search is down
+	// upstream HTTP status: 503
+	// retry after: 2m0s
+}
+
 func ExampleParseRetryAfter() {
 	now := time.Date(2026, 10, 21, 7, 28, 0, 0, time.UTC)
 	for _, header := range []string{"120", "Wed, 21 Oct 2026 07:28:30 GMT", "soon"} {
-		d, ok := delegatekit.ParseRetryAfter(header, now)
-		fmt.Println(d, ok)
-		if ok {
-			_ = delegatekit.UpstreamRetryAfter(503, d, "upstream unavailable")
-		}
+		fmt.Println(delegatekit.ParseRetryAfter(header, now))
 	}
 	// Output:
 	// 2m0s true
