@@ -81,17 +81,22 @@ func (s *service) call(ctx context.Context, req any) (any, error) {
 // desc = busy") reads as its message only ("busy"); a context error as
 // DEADLINE_EXCEEDED or CANCELLED; anything else as UNKNOWN with its text.
 func statusError(err error) error {
+	if _, ok := err.(grpcStatuser); ok {
+		return err // grpc-go reads its status
+	}
 	var se interface {
 		error
-		GRPCStatus() *status.Status
+		grpcStatuser
 	}
 	if !errors.As(err, &se) || se.GRPCStatus().Code() == codes.OK {
 		return status.FromContextError(err).Err()
 	}
-	if se == err {
-		return err
-	}
 	st := se.GRPCStatus().Proto()
 	st.Message = strings.Replace(err.Error(), se.Error(), st.GetMessage(), 1)
 	return status.ErrorProto(st)
+}
+
+// grpcStatuser is an error that is a gRPC status, as grpc-go tells them.
+type grpcStatuser interface {
+	GRPCStatus() *status.Status
 }

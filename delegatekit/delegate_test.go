@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -20,39 +21,48 @@ import (
 
 // TestFuncResults covers what a Func's plain returns reach the caller as.
 func TestFuncResults(t *testing.T) {
-	answers := map[string]func() (*stubbornv1.Result, error){
-		"text":     func() (*stubbornv1.Result, error) { return &stubbornv1.Result{Text: "hello"}, nil },
-		"nil":      func() (*stubbornv1.Result, error) { return nil, nil },
-		"plain":    func() (*stubbornv1.Result, error) { return nil, errors.New("disk full") },
-		"deadline": func() (*stubbornv1.Result, error) { return nil, fmt.Errorf("search: %w", context.DeadlineExceeded) },
-		"canceled": func() (*stubbornv1.Result, error) { return nil, context.Canceled },
-		"status":   func() (*stubbornv1.Result, error) { return nil, status.Error(codes.NotFound, "no such doc") },
-		"wrapped": func() (*stubbornv1.Result, error) {
-			return nil, fmt.Errorf("search: %w", status.Error(codes.NotFound, "no doc"))
+	type answer func() (*stubbornv1.Result, error)
+	fails := func(err error) answer { return func() (*stubbornv1.Result, error) { return nil, err } }
+	tests := []struct {
+		brief  string
+		answer answer
+		code   codes.Code
+		msg    string
+		text   string
+	}{
+		{brief: "text", answer: func() (*stubbornv1.Result, error) { return &stubbornv1.Result{Text: "hello"}, nil }, text: "hello"},
+		{brief: "nil", answer: func() (*stubbornv1.Result, error) { return nil, nil }, text: ""},
+		{brief: "plain", answer: fails(errors.New("disk full")), code: codes.Unknown, msg: "disk full"},
+		{
+			brief: "deadline", answer: fails(fmt.Errorf("search: %w", context.DeadlineExceeded)),
+			code: codes.DeadlineExceeded, msg: "search: context deadline exceeded",
 		},
-		"panic": func() (*stubbornv1.Result, error) { panic("index out of range") },
-		"both":  func() (*stubbornv1.Result, error) { return &stubbornv1.Result{Text: "ignored"}, errors.New("failed") },
+		{brief: "canceled", answer: fails(context.Canceled), code: codes.Canceled, msg: "context canceled"},
+		{brief: "status", answer: fails(status.Error(codes.NotFound, "no such doc")), code: codes.NotFound, msg: "no such doc"},
+		{
+			brief: "wrapped status", answer: fails(fmt.Errorf("search: %w", status.Error(codes.NotFound, "no doc"))),
+			code: codes.NotFound, msg: "search: no doc",
+		},
+		{brief: "status type of the user's", answer: fails(statusSlice{"a", "b"}), code: codes.Aborted, msg: "conflict on a, b"},
+		{
+			brief: "wrapped status type of the user's", answer: fails(fmt.Errorf("step 2: %w", statusSlice{"a"})),
+			code: codes.Aborted, msg: "step 2: conflict on a",
+		},
+		{brief: "panic", answer: func() (*stubbornv1.Result, error) { panic("index out of range") }, code: codes.Internal, msg: "delegate panicked"},
+		{
+			brief: "result and error", answer: func() (*stubbornv1.Result, error) { return &stubbornv1.Result{Text: "ignored"}, errors.New("failed") },
+			code: codes.Unknown, msg: "failed",
+		},
+	}
+	answers := make(map[string]answer, len(tests))
+	for _, tt := range tests {
+		answers[tt.brief] = tt.answer
 	}
 	logs := &syncBuffer{}
 	s := serve(t, func(_ context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.Result, error) {
 		return answers[req.GetBrief()]()
 	}, delegatekit.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
-	for _, tt := range []struct {
-		brief string
-		code  codes.Code
-		msg   string
-		text  string
-	}{
-		{brief: "text", text: "hello"},
-		{brief: "nil", text: ""},
-		{brief: "plain", code: codes.Unknown, msg: "disk full"},
-		{brief: "deadline", code: codes.DeadlineExceeded, msg: "search: context deadline exceeded"},
-		{brief: "canceled", code: codes.Canceled, msg: "context canceled"},
-		{brief: "status", code: codes.NotFound, msg: "no such doc"},
-		{brief: "wrapped", code: codes.NotFound, msg: "search: no doc"},
-		{brief: "panic", code: codes.Internal, msg: "delegate panicked"},
-		{brief: "both", code: codes.Unknown, msg: "failed"},
-	} {
+	for _, tt := range tests {
 		t.Run(tt.brief, func(t *testing.T) {
 			resp, err := s.delegate.Execute(testCtx(t), req(tt.brief))
 			if tt.code != codes.OK {
@@ -108,4 +118,14 @@ func TestRegister(t *testing.T) {
 func TestNilFunc(t *testing.T) {
 	assert.PanicsWithValue(t, "delegatekit: nil Func", func() { delegatekit.NewServer(nil) })
 	assert.PanicsWithValue(t, "delegatekit: nil Func", func() { delegatekit.Register(grpc.NewServer(), nil) })
+}
+
+// statusSlice is an error type of a user's that is a gRPC status; it cannot
+// be compared with ==.
+type statusSlice []string
+
+func (e statusSlice) Error() string { return "statusSlice: " + strings.Join(e, ", ") }
+
+func (e statusSlice) GRPCStatus() *status.Status {
+	return status.New(codes.Aborted, "conflict on "+strings.Join(e, ", "))
 }
