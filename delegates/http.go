@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/delegatekit"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
@@ -148,7 +149,7 @@ func requestError(ctx context.Context, err error) *controls.CallError {
 // hint, and the answer's error message (or the start of its body).
 func statusError(resp *http.Response, body []byte) *controls.CallError {
 	ce := &controls.CallError{
-		Code:       codeForHTTP(resp.StatusCode),
+		Code:       delegatekit.CodeForHTTP(resp.StatusCode),
 		HTTPStatus: resp.StatusCode,
 		Message:    fmt.Sprintf("HTTP %s", resp.Status),
 	}
@@ -196,64 +197,13 @@ func errorMessage(body []byte) string {
 func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
 	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
 		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && !math.IsInf(ms, 0) {
-			return clampDuration(ms * float64(time.Millisecond)), true
+			if ns := ms * float64(time.Millisecond); ns < math.MaxInt64 {
+				return time.Duration(ns), true
+			}
+			return time.Duration(math.MaxInt64), true
 		}
 	}
-	v := strings.TrimSpace(h.Get("Retry-After"))
-	if v == "" {
-		return 0, false
-	}
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if secs < 0 {
-			return 0, false
-		}
-		return clampDuration(float64(secs) * float64(time.Second)), true
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now), 0), true
-	}
-	return 0, false
-}
-
-func clampDuration(ns float64) time.Duration {
-	if ns >= math.MaxInt64 {
-		return time.Duration(math.MaxInt64)
-	}
-	return time.Duration(ns)
-}
-
-// codeForHTTP is the gRPC code of an HTTP status, as google/rpc/code.proto
-// maps them.
-func codeForHTTP(status int) codes.Code {
-	switch status {
-	case http.StatusBadRequest:
-		return codes.InvalidArgument
-	case http.StatusUnauthorized:
-		return codes.Unauthenticated
-	case http.StatusForbidden:
-		return codes.PermissionDenied
-	case http.StatusNotFound:
-		return codes.NotFound
-	case http.StatusConflict:
-		return codes.Aborted
-	case http.StatusTooManyRequests:
-		return codes.ResourceExhausted
-	case 499:
-		return codes.Canceled
-	case http.StatusNotImplemented:
-		return codes.Unimplemented
-	case http.StatusServiceUnavailable:
-		return codes.Unavailable
-	case http.StatusGatewayTimeout:
-		return codes.DeadlineExceeded
-	}
-	switch {
-	case status >= 400 && status < 500:
-		return codes.FailedPrecondition
-	case status >= 500 && status < 600:
-		return codes.Internal
-	}
-	return codes.Unknown
+	return delegatekit.ParseRetryAfter(h.Get("Retry-After"), now)
 }
 
 // unreadable is the error of a 2xx answer that is not what the delegate's

@@ -51,6 +51,7 @@ func TestReadmeShowsTheExampleDelegates(t *testing.T) {
 	require.NoError(t, err)
 	for heading, file := range map[string]string{
 		"### A delegate in Python": "../clients/python/examples/delegate.py",
+		"### A delegate in Go":     "../examples/go-delegate/main.go",
 	} {
 		_, rest, ok := strings.Cut(string(b), heading+"\n")
 		require.True(t, ok, heading)
