@@ -65,6 +65,7 @@ type env struct {
 	addr   string
 	slow   *demo.Slow
 	gate   *gate
+	st     *server.Stubborn
 }
 
 // setup varies what start builds.
@@ -156,7 +157,7 @@ func startWith(t *testing.T, su setup) *env {
 	if dial == nil {
 		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
-	e.addr = lis.Addr().String()
+	e.addr, e.st = lis.Addr().String(), st
 	conn, err := grpc.NewClient(e.addr, dial...)
 	require.NoError(t, err)
 	e.conn = conn

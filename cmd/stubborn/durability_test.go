@@ -37,6 +37,7 @@ const childEnv = "STUBBORN_TEST_CHILD"
 type child struct {
 	cmd  *exec.Cmd
 	addr string
+	mu   *sync.Mutex // guards logs
 	logs *strings.Builder
 }
 
@@ -49,9 +50,9 @@ func startServer(t *testing.T, args ...string) *child {
 	out, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	s := &child{cmd: cmd, logs: &strings.Builder{}}
+	mu := &sync.Mutex{}
+	s := &child{cmd: cmd, logs: &strings.Builder{}, mu: mu}
 	addrc := make(chan string, 1)
-	var mu sync.Mutex
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {

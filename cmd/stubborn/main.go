@@ -27,7 +27,7 @@ import (
 const usage = `stubborn runs resilience controls over delegate gRPC services.
 
 Usage:
-  stubborn serve  [-config FILE] [-listen ADDR] [-tls-cert FILE -tls-key FILE [-tls-client-ca FILE]] [-insecure] [-reflection=false]
+  stubborn serve  [-config FILE] [-listen ADDR] [-http-listen ADDR] [-tls-cert FILE -tls-key FILE [-tls-client-ca FILE]] [-insecure] [-reflection=false]
                   [-data-dir DIR | -nats-url URL | -memory] ... [-log-level L] [-metrics-listen ADDR]
   stubborn run    [-addr ADDR] [-json] -control C -brief TEXT ...   (stubborn run -h)
   stubborn watch  RUN_ID [-after SEQ] [-json]
@@ -103,6 +103,7 @@ func newLogger(format string, level slog.Level) (*slog.Logger, error) {
 // serveConfig is what serve's flags and config file say.
 type serveConfig struct {
 	listen, metricsListen string
+	httpListen            string
 	logger                *slog.Logger
 	registry              *delegates.Config
 	sec                   securityFlags
@@ -120,13 +121,14 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 	logFormat := fs.String("log-format", "text", "text or json")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error (debug adds error messages and failure reasons, which may quote briefs and results)")
 	metricsListen := fs.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (none when empty)")
+	httpListen := fs.String("http-listen", "", "address to serve the API over HTTP on, for browsers and curl: Connect, gRPC-Web and JSON (none when empty); TLS and loopback rules as -listen")
 	c := &serveConfig{}
 	c.sec.register(fs)
 	c.store.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	c.listen, c.metricsListen = *listen, *metricsListen
+	c.listen, c.metricsListen, c.httpListen = *listen, *metricsListen, *httpListen
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return nil, fmt.Errorf("-log-level must be debug, info, warn or error, got %q", *logLevel)
@@ -147,41 +149,107 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 		if err := server.CheckPlaintextListen(cctx, c.listen, c.sec.insecure); err != nil {
 			return nil, err
 		}
+		if c.httpListen != "" {
+			if err := server.CheckPlaintextListen(cctx, c.httpListen, c.sec.insecure); err != nil {
+				return nil, fmt.Errorf("-http-listen: %w", err)
+			}
+		}
 	}
 	return c, nil
 }
 
-// listenServe binds the gRPC listener and, with -metrics-listen, serves
-// the metrics; stopMetrics shuts that down.
-func listenServe(c *serveConfig, sdk *telemetry.SDK) (lis net.Listener, stopMetrics func(), err error) {
-	if lis, err = net.Listen("tcp", c.listen); err != nil {
-		return nil, nil, err
-	}
-	if !c.sec.tls() {
-		// Again on the address bound, should the name now resolve to
-		// another.
-		if err := server.CheckPlaintext(lis.Addr(), c.sec.insecure); err != nil {
+// listeners are what serve binds: gRPC, and the HTTP API when asked for.
+type listeners struct {
+	grpc, http net.Listener
+}
+
+func (l listeners) close() {
+	for _, lis := range []net.Listener{l.grpc, l.http} {
+		if lis != nil {
 			_ = lis.Close()
-			return nil, nil, usageError{err}
 		}
 	}
+}
+
+// listenServe binds the gRPC listener (and -http-listen's) and, with
+// -metrics-listen, serves the metrics; stopMetrics shuts that down.
+func listenServe(c *serveConfig, sdk *telemetry.SDK) (l listeners, stopMetrics func(), err error) {
+	if l, err = bind(c); err != nil {
+		return listeners{}, nil, err
+	}
 	if c.metricsListen == "" {
-		return lis, func() {}, nil
+		return l, func() {}, nil
 	}
 	mlis, err := net.Listen("tcp", c.metricsListen)
 	if err != nil {
-		_ = lis.Close()
-		return nil, nil, fmt.Errorf("-metrics-listen: %w", err)
+		l.close()
+		return listeners{}, nil, fmt.Errorf("-metrics-listen: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", sdk.MetricsHandler)
 	metrics := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = metrics.Serve(mlis) }()
 	c.logger.Info("metrics serving", "url", "http://"+mlis.Addr().String()+"/metrics")
-	return lis, func() {
+	return l, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = metrics.Shutdown(sctx)
 		cancel()
+	}, nil
+}
+
+// bind binds -listen and -http-listen, checking plaintext again on the
+// addresses bound, should a name now resolve to another.
+func bind(c *serveConfig) (listeners, error) {
+	var l listeners
+	for _, b := range []struct {
+		flag, addr string
+		lis        *net.Listener
+	}{{"-listen", c.listen, &l.grpc}, {"-http-listen", c.httpListen, &l.http}} {
+		if b.addr == "" {
+			continue
+		}
+		lis, err := net.Listen("tcp", b.addr)
+		if err != nil {
+			l.close()
+			return listeners{}, fmt.Errorf("%s: %w", b.flag, err)
+		}
+		*b.lis = lis
+		if c.sec.tls() {
+			continue
+		}
+		if err := server.CheckPlaintext(lis.Addr(), c.sec.insecure); err != nil {
+			l.close()
+			return listeners{}, usageError{fmt.Errorf("%s: %w", b.flag, err)}
+		}
+	}
+	return l, nil
+}
+
+// serveHTTP serves s's HTTP API on lis (over TLS when serve has it) until
+// the returned function shuts it down.
+func serveHTTP(s *server.Stubborn, lis net.Listener, c *serveConfig) (stop func(), err error) {
+	h, err := s.HTTPHandler()
+	if err != nil {
+		return nil, err
+	}
+	hs := server.NewHTTPServer(h)
+	hs.ErrorLog = slog.NewLogLogger(c.logger.Handler(), slog.LevelWarn)
+	scheme := "http"
+	if c.sec.tc != nil {
+		hs.TLSConfig = c.sec.tc.Clone()
+		hs.TLSConfig.NextProtos = nil // h2 and http/1.1, as the server offers
+		scheme = "https"
+		go func() { _ = hs.ServeTLS(lis, "", "") }()
+	} else {
+		go func() { _ = hs.Serve(lis) }()
+	}
+	c.logger.Info("http api serving", "url", scheme+"://"+lis.Addr().String())
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if hs.Shutdown(sctx) != nil {
+			_ = hs.Close()
+		}
 	}, nil
 }
 
@@ -210,7 +278,7 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 			logger.Warn("flushing telemetry", "err", err)
 		}
 	}()
-	lis, stopMetrics, err := listenServe(c, sdk)
+	l, stopMetrics, err := listenServe(c, sdk)
 	if err != nil {
 		if errors.As(err, new(usageError)) {
 			return 2, err
@@ -220,7 +288,7 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 	defer stopMetrics()
 	runsCfg, storeConn, closeStore, err := c.store.open(ctx, logger)
 	if err != nil {
-		_ = lis.Close()
+		l.close()
 		return 1, err
 	}
 	defer closeStore()
@@ -229,14 +297,24 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 		ServerOptions: c.serverOpts, NoReflection: !c.sec.reflection,
 	})
 	if err != nil {
-		_ = lis.Close()
+		l.close()
 		return 1, err
 	}
 	storeConn.attach(s.SetServing)
+	if l.http != nil {
+		stopHTTP, err := serveHTTP(s, l.http, c)
+		if err != nil {
+			l.close()
+			return 1, err
+		}
+		// After serveUntil: its Stop ends the runs and the streams, HTTP's
+		// included.
+		defer stopHTTP()
+	}
 	traces, metricsTo := sdk.Describe()
-	logger.Info("stubborn serving", "addr", lis.Addr().String(), "delegates", len(c.registry.Delegates),
+	logger.Info("stubborn serving", "addr", l.grpc.Addr().String(), "delegates", len(c.registry.Delegates),
 		"tls", c.sec.describe(), "tenants", len(c.registry.Tenants), "traces", traces, "metrics", metricsTo)
-	return serveUntil(ctx, s, lis, storeConn.fatal, logger)
+	return serveUntil(ctx, s, l.grpc, storeConn.fatal, logger)
 }
 
 // serveUntil serves s on lis until it fails, ctx ends (a graceful stop)

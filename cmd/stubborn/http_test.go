@@ -1,0 +1,72 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stubbornhq/stubborn/delegates/demo"
+)
+
+// serve -http-listen answers the README's curl: a JSON POST to StartRun.
+func TestServeHTTPListenAnswersCurl(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	echo := demo.Serve(lis, demo.Echo{})
+	t.Cleanup(echo.Stop)
+	cfg := filepath.Join(t.TempDir(), "stubborn.yaml")
+	require.NoError(t, os.WriteFile(cfg, fmt.Appendf(nil, "delegates:\n  - {name: echo, target: %q}\n", lis.Addr()), 0o600))
+	s := startServer(t, "-memory", "-config", cfg, "-listen", "127.0.0.1:0", "-http-listen", "127.0.0.1:0")
+
+	urlRE := regexp.MustCompile(`"msg":"http api serving","url":"(http://[^"]+)"`)
+	var base string
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		m := urlRE.FindStringSubmatch(s.logs.String())
+		if m != nil {
+			base = m[1]
+		}
+		return m != nil
+	}, 10*time.Second, 10*time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/stubborn.v1.ControlService/StartRun",
+		strings.NewReader(`{"taskBrief": "hi", "fallbackChain": {"chain": ["echo"]}}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+	var out struct {
+		RunID string `json:"runId"`
+	}
+	require.NoError(t, json.Unmarshal(body, &out))
+	assert.NotEmpty(t, out.RunID)
+}
+
+func TestServeRefusesPlaintextHTTPOffLoopback(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty.yaml")
+	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	code, err := run(context.Background(), []string{"serve", "-memory", "-config", empty, "-listen", "127.0.0.1:0", "-http-listen", "0.0.0.0:0"}, &bytes.Buffer{})
+	assert.Equal(t, 2, code)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "-http-listen: refusing to serve plaintext on 0.0.0.0:0")
+}
