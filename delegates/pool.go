@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -44,6 +45,8 @@ type Pool struct {
 	order   []string
 	byKey   map[string]*entry
 	presets map[string]*stubbornv1.ControlSpec
+	// presetOrder is the presets' names in config order.
+	presetOrder []string
 	// maxResult is limits.max_result_bytes.
 	maxResult int
 	// wrapHTTP wraps the HTTP kinds' transports, or is nil.
@@ -107,6 +110,7 @@ func NewPoolWith(cfg *Config, o PoolOptions) (*Pool, error) {
 	}
 	for _, pr := range cfg.Presets {
 		p.presets[pr.Name] = pr.Spec
+		p.presetOrder = append(p.presetOrder, pr.Name)
 	}
 	for i, d := range cfg.Delegates {
 		if _, dup := p.byKey[d.Name]; dup || d.Name == "" {
@@ -290,4 +294,36 @@ func (p *Pool) Serving(ctx context.Context, name string) bool {
 	p.health[name] = healthAnswer{serving: serving, at: p.now()}
 	p.mu.Unlock()
 	return serving
+}
+
+// HealthSeenFor is how long ListDelegates reports a health answer as seen.
+const HealthSeenFor = 5 * time.Minute
+
+// Describe returns the registry for ListDelegates, in config order: each
+// delegate with its kind, declarations, timeout and health as last seen
+// (within HealthSeenFor), and each preset with its spec.
+func (p *Pool) Describe() ([]*stubbornv1.DelegateDescription, []*stubbornv1.PresetDescription) {
+	ds := make([]*stubbornv1.DelegateDescription, 0, len(p.order))
+	now := p.now()
+	p.mu.Lock()
+	for _, name := range p.order {
+		d := p.byKey[name].cfg
+		h := stubbornv1.DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED
+		if a, ok := p.health[name]; ok && now.Sub(a.at) < HealthSeenFor {
+			h = stubbornv1.DelegateHealth_DELEGATE_HEALTH_NOT_SERVING
+			if a.serving {
+				h = stubbornv1.DelegateHealth_DELEGATE_HEALTH_SERVING
+			}
+		}
+		ds = append(ds, &stubbornv1.DelegateDescription{
+			Name: name, Kind: d.Kind(), Idempotent: d.Idempotent, ReadOnly: d.ReadOnly,
+			Timeout: durationpb.New(d.Timeout.Std()), Health: h,
+		})
+	}
+	p.mu.Unlock()
+	ps := make([]*stubbornv1.PresetDescription, 0, len(p.presetOrder))
+	for _, name := range p.presetOrder {
+		ps = append(ps, &stubbornv1.PresetDescription{Name: name, Spec: p.presets[name]})
+	}
+	return ds, ps
 }

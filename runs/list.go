@@ -27,6 +27,11 @@ func isTerminal(s stubbornv1.RunStatus) bool {
 // is not UNSPECIFIED, pageSize at most, and the token of the next page (""
 // when this is the last).
 func (m *Manager) List(ctx context.Context, status stubbornv1.RunStatus, pageSize int, pageToken string) ([]*stubbornv1.ControlState, string, error) {
+	return m.ListWhere(ctx, Filter{Status: status}, pageSize, pageToken)
+}
+
+// ListWhere is List with every filter.
+func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageToken string) ([]*stubbornv1.ControlState, string, error) {
 	var after *listKey
 	if pageToken != "" {
 		k, err := parseListKey(pageToken)
@@ -46,7 +51,7 @@ func (m *Manager) List(ctx context.Context, status stubbornv1.RunStatus, pageSiz
 				st = cur // fresher than the stored one
 			}
 		}
-		if status != stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED && st.GetStatus() != status {
+		if !f.matches(st) {
 			return true
 		}
 		if after != nil && !after.before(keyOf(st)) {

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
+	"strings"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
@@ -21,6 +23,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
 	"github.com/stubbornhq/stubborn/telemetry"
@@ -55,6 +58,12 @@ type Options struct {
 	Authenticate auth.AuthFunc
 	// NoReflection leaves the reflection service out.
 	NoReflection bool
+	// Describe returns the registry for ListDelegates (delegates.Pool's
+	// Describe). Nil means an empty registry.
+	Describe func() ([]*stubbornv1.DelegateDescription, []*stubbornv1.PresetDescription)
+
+	// feed tells WatchRuns about runs (New sets it, and its Observer).
+	feed *runFeed
 }
 
 // Service implements stubborn.v1.ControlService.
@@ -70,6 +79,8 @@ type Service struct {
 	starts   *rate.Limiter
 	active   *ActiveRuns
 	watching watchers
+	describe func() ([]*stubbornv1.DelegateDescription, []*stubbornv1.PresetDescription)
+	feed     *runFeed
 	// malformed holds the requests the server's codec could not decode,
 	// until the interceptors answer them (malformed.go).
 	malformed malformedRequests
@@ -82,8 +93,9 @@ var _ stubbornv1.ControlServiceServer = (*Service)(nil)
 // recorded, which that server's codec passes through (codec.go).
 func NewService(m *runs.Manager, o Options) *Service {
 	s := &Service{
-		runs: m, limits: o.Limits, starts: newStartLimiter(o.Limits), active: o.ActiveRuns,
-		def: newPolicy("", Limits{}, nil, o.Limits, o), tenants: make(map[string]*policy, len(o.Tenants)),
+		runs: m, limits: o.Limits, starts: newStartLimiter(o.Limits), active: o.ActiveRuns, describe: o.Describe,
+		feed: o.feed,
+		def:  newPolicy("", Limits{}, nil, o.Limits, o), tenants: make(map[string]*policy, len(o.Tenants)),
 	}
 	for name, t := range o.Tenants {
 		s.tenants[name] = newPolicy(name, t.Limits, t.Delegates, o.Limits, o)
@@ -331,8 +343,9 @@ func (s *Service) ListRuns(ctx context.Context, req *stubbornv1.ListRunsRequest)
 	if req.GetPageSize() < 0 {
 		v.add("page_size", "must not be negative, got %d", req.GetPageSize())
 	}
-	if _, ok := stubbornv1.RunStatus_name[int32(req.GetStatus())]; !ok {
-		v.add("status", "unknown value %d", req.GetStatus())
+	f := checkFilter(&v, req.GetStatus(), req.GetControl(), req.GetDelegate())
+	if _, ok := stubbornv1.RunView_name[int32(req.GetView())]; !ok {
+		v.add("view", "unknown value %d", req.GetView())
 	}
 	checkPageToken(&v, req.GetPageToken())
 	if err := v.err(); err != nil {
@@ -345,11 +358,38 @@ func (s *Service) ListRuns(ctx context.Context, req *stubbornv1.ListRunsRequest)
 	case size > 1000:
 		size = 1000
 	}
-	list, next, err := s.runs.List(ctx, req.GetStatus(), size, req.GetPageToken())
+	list, next, err := s.runs.ListWhere(ctx, f, size, req.GetPageToken())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &stubbornv1.ListRunsResponse{Runs: list, NextPageToken: next}, nil
+	if req.GetView() != stubbornv1.RunView_RUN_VIEW_SUMMARY {
+		return &stubbornv1.ListRunsResponse{Runs: list, NextPageToken: next}, nil
+	}
+	resp := &stubbornv1.ListRunsResponse{NextPageToken: next, Summaries: make([]*stubbornv1.RunSummary, len(list))}
+	for i, st := range list {
+		resp.Summaries[i] = runs.Summary(st)
+	}
+	return resp, nil
+}
+
+// controlNames are the values of a control filter.
+var controlNames = []string{"retry", "retry_with_learning", "fallback_chain", "race"}
+
+// checkFilter adds what is wrong with a ListRuns or WatchRuns filter to v
+// and returns it.
+func checkFilter(v *violations, status stubbornv1.RunStatus, control, delegate string) runs.Filter {
+	if _, ok := stubbornv1.RunStatus_name[int32(status)]; !ok {
+		v.add("status", "unknown value %d", status)
+	}
+	if control != "" && !slices.Contains(controlNames, control) {
+		v.add("control", "must be one of %s, or empty for all", strings.Join(controlNames, ", "))
+	}
+	if delegate != "" {
+		if err := delegates.CheckName(delegate); err != nil {
+			v.add("delegate", "%v", err)
+		}
+	}
+	return runs.Filter{Status: status, Control: control, Delegate: delegate}
 }
 
 // CancelRun cancels a run and returns its state once it has ended.
@@ -407,4 +447,25 @@ func toStatus(err error) error {
 		return err
 	}
 	return status.Error(codes.Internal, err.Error())
+}
+
+// ListDelegates lists the delegates and presets ctx's tenant may name.
+func (s *Service) ListDelegates(ctx context.Context, _ *stubbornv1.ListDelegatesRequest) (*stubbornv1.ListDelegatesResponse, error) {
+	resp := &stubbornv1.ListDelegatesResponse{}
+	if s.describe == nil {
+		return resp, nil
+	}
+	known := s.policy(ctx).val.known
+	ds, ps := s.describe()
+	for _, d := range ds {
+		if known(d.GetName()) {
+			resp.Delegates = append(resp.Delegates, d)
+		}
+	}
+	for _, p := range ps {
+		if known(p.GetName()) {
+			resp.Presets = append(resp.Presets, p)
+		}
+	}
+	return resp, nil
 }

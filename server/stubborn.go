@@ -104,7 +104,8 @@ func New(cfg Config) (*Stubborn, error) {
 	rc.Budgets = budgets
 	rc.Delegates = calls
 	rc.Presets = pool
-	rc.Observer = active.Observer(tel)
+	feed := newRunFeed()
+	rc.Observer = feed.Observer(active.Observer(tel))
 	rc.Criteria = criteriaFor(calls, cfg.Registry.Judge)
 	if cfg.Clock != nil {
 		rc.Clock = cfg.Clock
@@ -129,6 +130,8 @@ func New(cfg Config) (*Stubborn, error) {
 		},
 		HasJudge: cfg.Registry.Judge != "",
 		Logger:   cfg.Logger,
+		Describe: pool.Describe,
+		feed:     feed,
 	}
 	if len(cfg.Registry.Tenants) > 0 {
 		opts.Authenticate = NewAuthenticator(cfg.Registry.Tenants).Authenticate

@@ -8,6 +8,7 @@ import (
 	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/grpc/codes"
 
+	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
@@ -145,20 +146,9 @@ func decisionReason(code stubbornv1.StatusReason, reason string) string {
 	return ReasonOther
 }
 
-// ControlName is the name of a spec's control as attributes carry it.
-func ControlName(spec *stubbornv1.ControlSpec) string {
-	switch spec.GetKind().(type) {
-	case *stubbornv1.ControlSpec_Retry:
-		return "retry"
-	case *stubbornv1.ControlSpec_RetryWithLearning:
-		return "retry_with_learning"
-	case *stubbornv1.ControlSpec_FallbackChain:
-		return "fallback_chain"
-	case *stubbornv1.ControlSpec_Race:
-		return "race"
-	}
-	return "unknown"
-}
+// ControlName is the name of a spec's control as attributes carry it
+// (controls.ControlName).
+func ControlName(spec *stubbornv1.ControlSpec) string { return controls.ControlName(spec) }
 
 // enumNames maps each value of a proto enum to its name without prefix, in
 // lower case (RUN_STATUS_SUCCEEDED → succeeded), computed once.

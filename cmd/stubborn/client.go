@@ -282,12 +282,12 @@ func cmdList(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 		return 1, err
 	}
 	defer closeConn()
-	res, err := client.ListRuns(ctx, &stubbornv1.ListRunsRequest{Status: filter})
+	res, err := client.ListRuns(ctx, &stubbornv1.ListRunsRequest{Status: filter, View: stubbornv1.RunView_RUN_VIEW_SUMMARY})
 	if err != nil {
 		return 1, err
 	}
-	for _, st := range res.GetRuns() {
-		fmt.Fprintf(stdout, "%s  %-18s %-40s attempts=%d\n", st.GetRunId(), statusName(st.GetStatus()), controlName(st.GetControl()), st.GetAttempts())
+	for _, r := range res.GetSummaries() {
+		fmt.Fprintf(stdout, "%s  %-18s %-40s attempts=%d\n", r.GetRunId(), statusName(r.GetStatus()), summaryName(r), r.GetAttempts())
 	}
 	return 0, nil
 }

@@ -114,6 +114,24 @@ func describe(ev *stubbornv1.RunEvent) string {
 	return "unknown event"
 }
 
+// summaryName is controlName for a run's summary.
+func summaryName(r *stubbornv1.RunSummary) string {
+	d := r.GetDelegates()
+	switch r.GetControl() {
+	case "retry":
+		return "retry of " + strings.Join(d, ", ")
+	case "retry_with_learning":
+		if len(d) > 0 {
+			return "retry-with-learning of " + d[0]
+		}
+	case "fallback_chain":
+		return "fallback-chain " + strings.Join(d, " → ")
+	case "race":
+		return "race of " + strings.Join(d, ", ")
+	}
+	return r.GetControl()
+}
+
 func controlName(c *stubbornv1.ControlSpec) string {
 	switch k := c.GetKind().(type) {
 	case *stubbornv1.ControlSpec_Retry:

@@ -575,6 +575,113 @@ func (StatusReason) EnumDescriptor() ([]byte, []int) {
 	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{6}
 }
 
+// RunView is how much of each run ListRuns returns.
+type RunView int32
+
+const (
+	// RUN_VIEW_FULL, so that clients written before views get what they got.
+	RunView_RUN_VIEW_UNSPECIFIED RunView = 0
+	// RunSummary: no brief, result or attempt log.
+	RunView_RUN_VIEW_SUMMARY RunView = 1
+	// The whole ControlState.
+	RunView_RUN_VIEW_FULL RunView = 2
+)
+
+// Enum value maps for RunView.
+var (
+	RunView_name = map[int32]string{
+		0: "RUN_VIEW_UNSPECIFIED",
+		1: "RUN_VIEW_SUMMARY",
+		2: "RUN_VIEW_FULL",
+	}
+	RunView_value = map[string]int32{
+		"RUN_VIEW_UNSPECIFIED": 0,
+		"RUN_VIEW_SUMMARY":     1,
+		"RUN_VIEW_FULL":        2,
+	}
+)
+
+func (x RunView) Enum() *RunView {
+	p := new(RunView)
+	*p = x
+	return p
+}
+
+func (x RunView) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RunView) Descriptor() protoreflect.EnumDescriptor {
+	return file_stubborn_v1_control_proto_enumTypes[7].Descriptor()
+}
+
+func (RunView) Type() protoreflect.EnumType {
+	return &file_stubborn_v1_control_proto_enumTypes[7]
+}
+
+func (x RunView) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RunView.Descriptor instead.
+func (RunView) EnumDescriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{7}
+}
+
+// DelegateHealth is a delegate's health as last seen.
+type DelegateHealth int32
+
+const (
+	// Not asked yet (health is asked before a fallback chain or a race
+	// calls the delegate), or too long ago.
+	DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED DelegateHealth = 0
+	// It said it serves, or could not be asked (which counts as serving).
+	DelegateHealth_DELEGATE_HEALTH_SERVING DelegateHealth = 1
+	// It said it does not serve.
+	DelegateHealth_DELEGATE_HEALTH_NOT_SERVING DelegateHealth = 2
+)
+
+// Enum value maps for DelegateHealth.
+var (
+	DelegateHealth_name = map[int32]string{
+		0: "DELEGATE_HEALTH_UNSPECIFIED",
+		1: "DELEGATE_HEALTH_SERVING",
+		2: "DELEGATE_HEALTH_NOT_SERVING",
+	}
+	DelegateHealth_value = map[string]int32{
+		"DELEGATE_HEALTH_UNSPECIFIED": 0,
+		"DELEGATE_HEALTH_SERVING":     1,
+		"DELEGATE_HEALTH_NOT_SERVING": 2,
+	}
+)
+
+func (x DelegateHealth) Enum() *DelegateHealth {
+	p := new(DelegateHealth)
+	*p = x
+	return p
+}
+
+func (x DelegateHealth) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DelegateHealth) Descriptor() protoreflect.EnumDescriptor {
+	return file_stubborn_v1_control_proto_enumTypes[8].Descriptor()
+}
+
+func (DelegateHealth) Type() protoreflect.EnumType {
+	return &file_stubborn_v1_control_proto_enumTypes[8]
+}
+
+func (x DelegateHealth) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DelegateHealth.Descriptor instead.
+func (DelegateHealth) EnumDescriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
+}
+
 // RetrySpec configures the retry control: the same delegate again, after a
 // full-jitter exponential backoff, for transient failures only.
 //
@@ -1585,7 +1692,17 @@ type ListRunsRequest struct {
 	// negative is INVALID_ARGUMENT.
 	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// next_page_token of the previous page. Empty means the first page.
-	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// What each run is given as: RUN_VIEW_SUMMARY fills summaries,
+	// RUN_VIEW_FULL (and RUN_VIEW_UNSPECIFIED, as before views existed) fills
+	// runs.
+	View RunView `protobuf:"varint,4,opt,name=view,proto3,enum=stubborn.v1.RunView" json:"view,omitempty"`
+	// Only runs of this control: "retry", "retry_with_learning",
+	// "fallback_chain" or "race". Empty means all.
+	Control string `protobuf:"bytes,5,opt,name=control,proto3" json:"control,omitempty"`
+	// Only runs whose control names this delegate or preset (RunSummary's
+	// delegates). Empty means all.
+	Delegate      string `protobuf:"bytes,6,opt,name=delegate,proto3" json:"delegate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1641,20 +1758,154 @@ func (x *ListRunsRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListRunsRequest) GetView() RunView {
+	if x != nil {
+		return x.View
+	}
+	return RunView_RUN_VIEW_UNSPECIFIED
+}
+
+func (x *ListRunsRequest) GetControl() string {
+	if x != nil {
+		return x.Control
+	}
+	return ""
+}
+
+func (x *ListRunsRequest) GetDelegate() string {
+	if x != nil {
+		return x.Delegate
+	}
+	return ""
+}
+
+// RunSummary is what a list of runs shows of each.
+type RunSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run's id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The control: "retry", "retry_with_learning", "fallback_chain" or "race".
+	Control string `protobuf:"bytes,2,opt,name=control,proto3" json:"control,omitempty"`
+	// The delegates and presets the control names, in its order: the target
+	// (and the analyst), the chain, or the candidates.
+	Delegates []string `protobuf:"bytes,3,rep,name=delegates,proto3" json:"delegates,omitempty"`
+	// Where the run is.
+	Status RunStatus `protobuf:"varint,4,opt,name=status,proto3,enum=stubborn.v1.RunStatus" json:"status,omitempty"`
+	// Attempts made so far.
+	Attempts int32 `protobuf:"varint,5,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// When the run was accepted.
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// When the run's state last changed.
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// The delegate whose result the run returned, once it has.
+	Winner        string `protobuf:"bytes,8,opt,name=winner,proto3" json:"winner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunSummary) Reset() {
+	*x = RunSummary{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunSummary) ProtoMessage() {}
+
+func (x *RunSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunSummary.ProtoReflect.Descriptor instead.
+func (*RunSummary) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RunSummary) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *RunSummary) GetControl() string {
+	if x != nil {
+		return x.Control
+	}
+	return ""
+}
+
+func (x *RunSummary) GetDelegates() []string {
+	if x != nil {
+		return x.Delegates
+	}
+	return nil
+}
+
+func (x *RunSummary) GetStatus() RunStatus {
+	if x != nil {
+		return x.Status
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
+}
+
+func (x *RunSummary) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *RunSummary) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *RunSummary) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+func (x *RunSummary) GetWinner() string {
+	if x != nil {
+		return x.Winner
+	}
+	return ""
+}
+
 // ListRunsResponse is one page of runs.
 type ListRunsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The runs on this page, newest first.
+	// The runs on this page, newest first, with view RUN_VIEW_FULL (the
+	// default).
 	Runs []*ControlState `protobuf:"bytes,1,rep,name=runs,proto3" json:"runs,omitempty"`
 	// Pass as page_token for the next page. Empty means this is the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// The runs on this page, newest first, with view RUN_VIEW_SUMMARY.
+	Summaries     []*RunSummary `protobuf:"bytes,3,rep,name=summaries,proto3" json:"summaries,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[14]
+	mi := &file_stubborn_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1917,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[14]
+	mi := &file_stubborn_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1930,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListRunsResponse) GetRuns() []*ControlState {
@@ -1696,6 +1947,361 @@ func (x *ListRunsResponse) GetNextPageToken() string {
 	return ""
 }
 
+func (x *ListRunsResponse) GetSummaries() []*RunSummary {
+	if x != nil {
+		return x.Summaries
+	}
+	return nil
+}
+
+// WatchRunsRequest filters the runs WatchRuns follows, as ListRuns does.
+type WatchRunsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only runs that reach this status. RUN_STATUS_UNSPECIFIED means all.
+	Status RunStatus `protobuf:"varint,1,opt,name=status,proto3,enum=stubborn.v1.RunStatus" json:"status,omitempty"`
+	// Only runs of this control. Empty means all.
+	Control string `protobuf:"bytes,2,opt,name=control,proto3" json:"control,omitempty"`
+	// Only runs that name this delegate or preset. Empty means all.
+	Delegate      string `protobuf:"bytes,3,opt,name=delegate,proto3" json:"delegate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRunsRequest) Reset() {
+	*x = WatchRunsRequest{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRunsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRunsRequest) ProtoMessage() {}
+
+func (x *WatchRunsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRunsRequest.ProtoReflect.Descriptor instead.
+func (*WatchRunsRequest) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *WatchRunsRequest) GetStatus() RunStatus {
+	if x != nil {
+		return x.Status
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
+}
+
+func (x *WatchRunsRequest) GetControl() string {
+	if x != nil {
+		return x.Control
+	}
+	return ""
+}
+
+func (x *WatchRunsRequest) GetDelegate() string {
+	if x != nil {
+		return x.Delegate
+	}
+	return ""
+}
+
+// WatchRunsResponse is one run that started or changed status.
+type WatchRunsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, as it is now.
+	Run           *RunSummary `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRunsResponse) Reset() {
+	*x = WatchRunsResponse{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRunsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRunsResponse) ProtoMessage() {}
+
+func (x *WatchRunsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRunsResponse.ProtoReflect.Descriptor instead.
+func (*WatchRunsResponse) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *WatchRunsResponse) GetRun() *RunSummary {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+// ListDelegatesRequest has no fields yet.
+type ListDelegatesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDelegatesRequest) Reset() {
+	*x = ListDelegatesRequest{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDelegatesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDelegatesRequest) ProtoMessage() {}
+
+func (x *ListDelegatesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDelegatesRequest.ProtoReflect.Descriptor instead.
+func (*ListDelegatesRequest) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{18}
+}
+
+// ListDelegatesResponse is the registry as the caller may use it.
+type ListDelegatesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The delegates, in the config's order.
+	Delegates []*DelegateDescription `protobuf:"bytes,1,rep,name=delegates,proto3" json:"delegates,omitempty"`
+	// The presets, in the config's order.
+	Presets       []*PresetDescription `protobuf:"bytes,2,rep,name=presets,proto3" json:"presets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDelegatesResponse) Reset() {
+	*x = ListDelegatesResponse{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDelegatesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDelegatesResponse) ProtoMessage() {}
+
+func (x *ListDelegatesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDelegatesResponse.ProtoReflect.Descriptor instead.
+func (*ListDelegatesResponse) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ListDelegatesResponse) GetDelegates() []*DelegateDescription {
+	if x != nil {
+		return x.Delegates
+	}
+	return nil
+}
+
+func (x *ListDelegatesResponse) GetPresets() []*PresetDescription {
+	if x != nil {
+		return x.Presets
+	}
+	return nil
+}
+
+// DelegateDescription is one delegate of the registry.
+type DelegateDescription struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How runs name it.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// "grpc", "http", "openai" or "anthropic".
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// A repeated call has no further side effect.
+	Idempotent bool `protobuf:"varint,3,opt,name=idempotent,proto3" json:"idempotent,omitempty"`
+	// A call has no side effect at all.
+	ReadOnly bool `protobuf:"varint,4,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	// Each attempt's timeout (a run's attempt_timeout overrides it).
+	Timeout *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// Its health as this server last saw it.
+	Health        DelegateHealth `protobuf:"varint,6,opt,name=health,proto3,enum=stubborn.v1.DelegateHealth" json:"health,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DelegateDescription) Reset() {
+	*x = DelegateDescription{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DelegateDescription) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DelegateDescription) ProtoMessage() {}
+
+func (x *DelegateDescription) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DelegateDescription.ProtoReflect.Descriptor instead.
+func (*DelegateDescription) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *DelegateDescription) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DelegateDescription) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *DelegateDescription) GetIdempotent() bool {
+	if x != nil {
+		return x.Idempotent
+	}
+	return false
+}
+
+func (x *DelegateDescription) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+func (x *DelegateDescription) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *DelegateDescription) GetHealth() DelegateHealth {
+	if x != nil {
+		return x.Health
+	}
+	return DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED
+}
+
+// PresetDescription is one preset of the registry.
+type PresetDescription struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How runs name it.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The control it stands for.
+	Spec          *ControlSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PresetDescription) Reset() {
+	*x = PresetDescription{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PresetDescription) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PresetDescription) ProtoMessage() {}
+
+func (x *PresetDescription) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PresetDescription.ProtoReflect.Descriptor instead.
+func (*PresetDescription) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *PresetDescription) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PresetDescription) GetSpec() *ControlSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
 // CancelRunRequest names a run to cancel.
 type CancelRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1707,7 +2313,7 @@ type CancelRunRequest struct {
 
 func (x *CancelRunRequest) Reset() {
 	*x = CancelRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[15]
+	mi := &file_stubborn_v1_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +2325,7 @@ func (x *CancelRunRequest) String() string {
 func (*CancelRunRequest) ProtoMessage() {}
 
 func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[15]
+	mi := &file_stubborn_v1_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +2338,7 @@ func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
 func (*CancelRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CancelRunRequest) GetRunId() string {
@@ -1754,7 +2360,7 @@ type CancelRunResponse struct {
 
 func (x *CancelRunResponse) Reset() {
 	*x = CancelRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[16]
+	mi := &file_stubborn_v1_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +2372,7 @@ func (x *CancelRunResponse) String() string {
 func (*CancelRunResponse) ProtoMessage() {}
 
 func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[16]
+	mi := &file_stubborn_v1_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +2385,7 @@ func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
 func (*CancelRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CancelRunResponse) GetState() *ControlState {
@@ -1802,7 +2408,7 @@ type DecideRunRequest struct {
 
 func (x *DecideRunRequest) Reset() {
 	*x = DecideRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[17]
+	mi := &file_stubborn_v1_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1814,7 +2420,7 @@ func (x *DecideRunRequest) String() string {
 func (*DecideRunRequest) ProtoMessage() {}
 
 func (x *DecideRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[17]
+	mi := &file_stubborn_v1_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1827,7 +2433,7 @@ func (x *DecideRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRunRequest.ProtoReflect.Descriptor instead.
 func (*DecideRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DecideRunRequest) GetRunId() string {
@@ -1855,7 +2461,7 @@ type DecideRunResponse struct {
 
 func (x *DecideRunResponse) Reset() {
 	*x = DecideRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[18]
+	mi := &file_stubborn_v1_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1867,7 +2473,7 @@ func (x *DecideRunResponse) String() string {
 func (*DecideRunResponse) ProtoMessage() {}
 
 func (x *DecideRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[18]
+	mi := &file_stubborn_v1_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1880,7 +2486,7 @@ func (x *DecideRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRunResponse.ProtoReflect.Descriptor instead.
 func (*DecideRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DecideRunResponse) GetState() *ControlState {
@@ -1908,7 +2514,7 @@ type ControlSpec struct {
 
 func (x *ControlSpec) Reset() {
 	*x = ControlSpec{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[19]
+	mi := &file_stubborn_v1_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +2526,7 @@ func (x *ControlSpec) String() string {
 func (*ControlSpec) ProtoMessage() {}
 
 func (x *ControlSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[19]
+	mi := &file_stubborn_v1_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2539,7 @@ func (x *ControlSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlSpec.ProtoReflect.Descriptor instead.
 func (*ControlSpec) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{19}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ControlSpec) GetKind() isControlSpec_Kind {
@@ -2069,7 +2675,7 @@ type ControlState struct {
 
 func (x *ControlState) Reset() {
 	*x = ControlState{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[20]
+	mi := &file_stubborn_v1_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2081,7 +2687,7 @@ func (x *ControlState) String() string {
 func (*ControlState) ProtoMessage() {}
 
 func (x *ControlState) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[20]
+	mi := &file_stubborn_v1_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2094,7 +2700,7 @@ func (x *ControlState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlState.ProtoReflect.Descriptor instead.
 func (*ControlState) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{20}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ControlState) GetRunId() string {
@@ -2241,7 +2847,7 @@ type AttemptError struct {
 
 func (x *AttemptError) Reset() {
 	*x = AttemptError{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[21]
+	mi := &file_stubborn_v1_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2253,7 +2859,7 @@ func (x *AttemptError) String() string {
 func (*AttemptError) ProtoMessage() {}
 
 func (x *AttemptError) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[21]
+	mi := &file_stubborn_v1_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2266,7 +2872,7 @@ func (x *AttemptError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptError.ProtoReflect.Descriptor instead.
 func (*AttemptError) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{21}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AttemptError) GetCode() int32 {
@@ -2343,7 +2949,7 @@ type Attempt struct {
 
 func (x *Attempt) Reset() {
 	*x = Attempt{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[22]
+	mi := &file_stubborn_v1_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2355,7 +2961,7 @@ func (x *Attempt) String() string {
 func (*Attempt) ProtoMessage() {}
 
 func (x *Attempt) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[22]
+	mi := &file_stubborn_v1_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2368,7 +2974,7 @@ func (x *Attempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attempt.ProtoReflect.Descriptor instead.
 func (*Attempt) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{22}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Attempt) GetNumber() int32 {
@@ -2486,7 +3092,7 @@ type FailureRecord struct {
 
 func (x *FailureRecord) Reset() {
 	*x = FailureRecord{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[23]
+	mi := &file_stubborn_v1_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +3104,7 @@ func (x *FailureRecord) String() string {
 func (*FailureRecord) ProtoMessage() {}
 
 func (x *FailureRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[23]
+	mi := &file_stubborn_v1_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +3117,7 @@ func (x *FailureRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureRecord.ProtoReflect.Descriptor instead.
 func (*FailureRecord) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{23}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *FailureRecord) GetAttempt() int32 {
@@ -2623,7 +3229,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	mi := &file_stubborn_v1_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +3241,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	mi := &file_stubborn_v1_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +3254,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{24}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -2845,7 +3451,7 @@ type RunStarted struct {
 
 func (x *RunStarted) Reset() {
 	*x = RunStarted{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2857,7 +3463,7 @@ func (x *RunStarted) String() string {
 func (*RunStarted) ProtoMessage() {}
 
 func (x *RunStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2870,7 +3476,7 @@ func (x *RunStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStarted.ProtoReflect.Descriptor instead.
 func (*RunStarted) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{25}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RunStarted) GetState() *ControlState {
@@ -2891,7 +3497,7 @@ type AttemptStarted struct {
 
 func (x *AttemptStarted) Reset() {
 	*x = AttemptStarted{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[26]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2903,7 +3509,7 @@ func (x *AttemptStarted) String() string {
 func (*AttemptStarted) ProtoMessage() {}
 
 func (x *AttemptStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[26]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2916,7 +3522,7 @@ func (x *AttemptStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptStarted.ProtoReflect.Descriptor instead.
 func (*AttemptStarted) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{26}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *AttemptStarted) GetAttempt() *Attempt {
@@ -2940,7 +3546,7 @@ type AttemptFinished struct {
 
 func (x *AttemptFinished) Reset() {
 	*x = AttemptFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[27]
+	mi := &file_stubborn_v1_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2952,7 +3558,7 @@ func (x *AttemptFinished) String() string {
 func (*AttemptFinished) ProtoMessage() {}
 
 func (x *AttemptFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[27]
+	mi := &file_stubborn_v1_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2965,7 +3571,7 @@ func (x *AttemptFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptFinished.ProtoReflect.Descriptor instead.
 func (*AttemptFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{27}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *AttemptFinished) GetAttempt() *Attempt {
@@ -2999,7 +3605,7 @@ type FailureAnalyzed struct {
 
 func (x *FailureAnalyzed) Reset() {
 	*x = FailureAnalyzed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[28]
+	mi := &file_stubborn_v1_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3011,7 +3617,7 @@ func (x *FailureAnalyzed) String() string {
 func (*FailureAnalyzed) ProtoMessage() {}
 
 func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[28]
+	mi := &file_stubborn_v1_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3024,7 +3630,7 @@ func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureAnalyzed.ProtoReflect.Descriptor instead.
 func (*FailureAnalyzed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{28}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *FailureAnalyzed) GetFailure() *FailureRecord {
@@ -3067,7 +3673,7 @@ type BackoffScheduled struct {
 
 func (x *BackoffScheduled) Reset() {
 	*x = BackoffScheduled{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[29]
+	mi := &file_stubborn_v1_control_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3079,7 +3685,7 @@ func (x *BackoffScheduled) String() string {
 func (*BackoffScheduled) ProtoMessage() {}
 
 func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[29]
+	mi := &file_stubborn_v1_control_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3092,7 +3698,7 @@ func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackoffScheduled.ProtoReflect.Descriptor instead.
 func (*BackoffScheduled) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{29}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *BackoffScheduled) GetNextAttempt() int32 {
@@ -3150,7 +3756,7 @@ type DecisionRequested struct {
 
 func (x *DecisionRequested) Reset() {
 	*x = DecisionRequested{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[30]
+	mi := &file_stubborn_v1_control_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3162,7 +3768,7 @@ func (x *DecisionRequested) String() string {
 func (*DecisionRequested) ProtoMessage() {}
 
 func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[30]
+	mi := &file_stubborn_v1_control_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3175,7 +3781,7 @@ func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionRequested.ProtoReflect.Descriptor instead.
 func (*DecisionRequested) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{30}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DecisionRequested) GetReason() string {
@@ -3217,7 +3823,7 @@ type DecisionReceived struct {
 
 func (x *DecisionReceived) Reset() {
 	*x = DecisionReceived{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[31]
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3835,7 @@ func (x *DecisionReceived) String() string {
 func (*DecisionReceived) ProtoMessage() {}
 
 func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[31]
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3848,7 @@ func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionReceived.ProtoReflect.Descriptor instead.
 func (*DecisionReceived) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{31}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DecisionReceived) GetDecision() Decision {
@@ -3266,7 +3872,7 @@ type RunResumed struct {
 
 func (x *RunResumed) Reset() {
 	*x = RunResumed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3278,7 +3884,7 @@ func (x *RunResumed) String() string {
 func (*RunResumed) ProtoMessage() {}
 
 func (x *RunResumed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3291,7 +3897,7 @@ func (x *RunResumed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResumed.ProtoReflect.Descriptor instead.
 func (*RunResumed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RunResumed) GetOwner() string {
@@ -3319,7 +3925,7 @@ type RunFinished struct {
 
 func (x *RunFinished) Reset() {
 	*x = RunFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[33]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3331,7 +3937,7 @@ func (x *RunFinished) String() string {
 func (*RunFinished) ProtoMessage() {}
 
 func (x *RunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[33]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3344,7 +3950,7 @@ func (x *RunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFinished.ProtoReflect.Descriptor instead.
 func (*RunFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{33}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RunFinished) GetState() *ControlState {
@@ -3429,15 +4035,53 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\rGetRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"A\n" +
 	"\x0eGetRunResponse\x12/\n" +
-	"\x05state\x18\x01 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"}\n" +
+	"\x05state\x18\x01 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"\xdd\x01\n" +
 	"\x0fListRunsRequest\x12.\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"i\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x12(\n" +
+	"\x04view\x18\x04 \x01(\x0e2\x14.stubborn.v1.RunViewR\x04view\x12\x18\n" +
+	"\acontrol\x18\x05 \x01(\tR\acontrol\x12\x1a\n" +
+	"\bdelegate\x18\x06 \x01(\tR\bdelegate\"\xb9\x02\n" +
+	"\n" +
+	"RunSummary\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
+	"\acontrol\x18\x02 \x01(\tR\acontrol\x12\x1c\n" +
+	"\tdelegates\x18\x03 \x03(\tR\tdelegates\x12.\n" +
+	"\x06status\x18\x04 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12\x1a\n" +
+	"\battempts\x18\x05 \x01(\x05R\battempts\x12;\n" +
+	"\vcreate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12;\n" +
+	"\vupdate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"updateTime\x12\x16\n" +
+	"\x06winner\x18\b \x01(\tR\x06winner\"\xa0\x01\n" +
 	"\x10ListRunsResponse\x12-\n" +
 	"\x04runs\x18\x01 \x03(\v2\x19.stubborn.v1.ControlStateR\x04runs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\")\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x125\n" +
+	"\tsummaries\x18\x03 \x03(\v2\x17.stubborn.v1.RunSummaryR\tsummaries\"x\n" +
+	"\x10WatchRunsRequest\x12.\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12\x18\n" +
+	"\acontrol\x18\x02 \x01(\tR\acontrol\x12\x1a\n" +
+	"\bdelegate\x18\x03 \x01(\tR\bdelegate\">\n" +
+	"\x11WatchRunsResponse\x12)\n" +
+	"\x03run\x18\x01 \x01(\v2\x17.stubborn.v1.RunSummaryR\x03run\"\x16\n" +
+	"\x14ListDelegatesRequest\"\x91\x01\n" +
+	"\x15ListDelegatesResponse\x12>\n" +
+	"\tdelegates\x18\x01 \x03(\v2 .stubborn.v1.DelegateDescriptionR\tdelegates\x128\n" +
+	"\apresets\x18\x02 \x03(\v2\x1e.stubborn.v1.PresetDescriptionR\apresets\"\xe4\x01\n" +
+	"\x13DelegateDescription\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1e\n" +
+	"\n" +
+	"idempotent\x18\x03 \x01(\bR\n" +
+	"idempotent\x12\x1b\n" +
+	"\tread_only\x18\x04 \x01(\bR\breadOnly\x123\n" +
+	"\atimeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x123\n" +
+	"\x06health\x18\x06 \x01(\x0e2\x1b.stubborn.v1.DelegateHealthR\x06health\"U\n" +
+	"\x11PresetDescription\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12,\n" +
+	"\x04spec\x18\x02 \x01(\v2\x18.stubborn.v1.ControlSpecR\x04spec\")\n" +
 	"\x10CancelRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"D\n" +
 	"\x11CancelRunResponse\x12/\n" +
@@ -3628,13 +4272,23 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x1bSTATUS_REASON_STORE_REFUSED\x10\v\x12\x1f\n" +
 	"\x1bSTATUS_REASON_UNRECOVERABLE\x10\f\x12 \n" +
 	"\x1cSTATUS_REASON_INTERNAL_ERROR\x10\r\x12\x17\n" +
-	"\x13STATUS_REASON_OTHER\x10\x0e2\x84\x04\n" +
+	"\x13STATUS_REASON_OTHER\x10\x0e*L\n" +
+	"\aRunView\x12\x18\n" +
+	"\x14RUN_VIEW_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10RUN_VIEW_SUMMARY\x10\x01\x12\x11\n" +
+	"\rRUN_VIEW_FULL\x10\x02*o\n" +
+	"\x0eDelegateHealth\x12\x1f\n" +
+	"\x1bDELEGATE_HEALTH_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17DELEGATE_HEALTH_SERVING\x10\x01\x12\x1f\n" +
+	"\x1bDELEGATE_HEALTH_NOT_SERVING\x10\x022\xaa\x05\n" +
 	"\x0eControlService\x12:\n" +
 	"\x03Run\x12\x17.stubborn.v1.RunRequest\x1a\x18.stubborn.v1.RunResponse0\x01\x12G\n" +
 	"\bStartRun\x12\x1c.stubborn.v1.StartRunRequest\x1a\x1d.stubborn.v1.StartRunResponse\x12I\n" +
 	"\bWatchRun\x12\x1c.stubborn.v1.WatchRunRequest\x1a\x1d.stubborn.v1.WatchRunResponse0\x01\x12A\n" +
 	"\x06GetRun\x12\x1a.stubborn.v1.GetRunRequest\x1a\x1b.stubborn.v1.GetRunResponse\x12G\n" +
-	"\bListRuns\x12\x1c.stubborn.v1.ListRunsRequest\x1a\x1d.stubborn.v1.ListRunsResponse\x12J\n" +
+	"\bListRuns\x12\x1c.stubborn.v1.ListRunsRequest\x1a\x1d.stubborn.v1.ListRunsResponse\x12L\n" +
+	"\tWatchRuns\x12\x1d.stubborn.v1.WatchRunsRequest\x1a\x1e.stubborn.v1.WatchRunsResponse0\x01\x12V\n" +
+	"\rListDelegates\x12!.stubborn.v1.ListDelegatesRequest\x1a\".stubborn.v1.ListDelegatesResponse\x12J\n" +
 	"\tCancelRun\x12\x1d.stubborn.v1.CancelRunRequest\x1a\x1e.stubborn.v1.CancelRunResponse\x12J\n" +
 	"\tDecideRun\x12\x1d.stubborn.v1.DecideRunRequest\x1a\x1e.stubborn.v1.DecideRunResponseB\xa7\x01\n" +
 	"\x0fcom.stubborn.v1B\fControlProtoP\x01Z9github.com/stubbornhq/stubborn/gen/stubborn/v1;stubbornv1\xa2\x02\x03SXX\xaa\x02\vStubborn.V1\xca\x02\vStubborn\\V1\xe2\x02\x17Stubborn\\V1\\GPBMetadata\xea\x02\fStubborn::V1b\x06proto3"
@@ -3651,8 +4305,8 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 	return file_stubborn_v1_control_proto_rawDescData
 }
 
-var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
 	(OnExhausted)(0),              // 1: stubborn.v1.OnExhausted
@@ -3661,137 +4315,162 @@ var file_stubborn_v1_control_proto_goTypes = []any{
 	(FailureSource)(0),            // 4: stubborn.v1.FailureSource
 	(NotRetried)(0),               // 5: stubborn.v1.NotRetried
 	(StatusReason)(0),             // 6: stubborn.v1.StatusReason
-	(*RetrySpec)(nil),             // 7: stubborn.v1.RetrySpec
-	(*RetryWithLearningSpec)(nil), // 8: stubborn.v1.RetryWithLearningSpec
-	(*FallbackChainSpec)(nil),     // 9: stubborn.v1.FallbackChainSpec
-	(*RaceSpec)(nil),              // 10: stubborn.v1.RaceSpec
-	(*RunOptions)(nil),            // 11: stubborn.v1.RunOptions
-	(*RunRequest)(nil),            // 12: stubborn.v1.RunRequest
-	(*RunResponse)(nil),           // 13: stubborn.v1.RunResponse
-	(*StartRunRequest)(nil),       // 14: stubborn.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 15: stubborn.v1.StartRunResponse
-	(*WatchRunRequest)(nil),       // 16: stubborn.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 17: stubborn.v1.WatchRunResponse
-	(*GetRunRequest)(nil),         // 18: stubborn.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 19: stubborn.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 20: stubborn.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 21: stubborn.v1.ListRunsResponse
-	(*CancelRunRequest)(nil),      // 22: stubborn.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 23: stubborn.v1.CancelRunResponse
-	(*DecideRunRequest)(nil),      // 24: stubborn.v1.DecideRunRequest
-	(*DecideRunResponse)(nil),     // 25: stubborn.v1.DecideRunResponse
-	(*ControlSpec)(nil),           // 26: stubborn.v1.ControlSpec
-	(*ControlState)(nil),          // 27: stubborn.v1.ControlState
-	(*AttemptError)(nil),          // 28: stubborn.v1.AttemptError
-	(*Attempt)(nil),               // 29: stubborn.v1.Attempt
-	(*FailureRecord)(nil),         // 30: stubborn.v1.FailureRecord
-	(*RunEvent)(nil),              // 31: stubborn.v1.RunEvent
-	(*RunStarted)(nil),            // 32: stubborn.v1.RunStarted
-	(*AttemptStarted)(nil),        // 33: stubborn.v1.AttemptStarted
-	(*AttemptFinished)(nil),       // 34: stubborn.v1.AttemptFinished
-	(*FailureAnalyzed)(nil),       // 35: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 36: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 37: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 38: stubborn.v1.DecisionReceived
-	(*RunResumed)(nil),            // 39: stubborn.v1.RunResumed
-	(*RunFinished)(nil),           // 40: stubborn.v1.RunFinished
-	nil,                           // 41: stubborn.v1.RunOptions.MetadataEntry
-	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
-	(*Result)(nil),                // 43: stubborn.v1.Result
-	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
+	(RunView)(0),                  // 7: stubborn.v1.RunView
+	(DelegateHealth)(0),           // 8: stubborn.v1.DelegateHealth
+	(*RetrySpec)(nil),             // 9: stubborn.v1.RetrySpec
+	(*RetryWithLearningSpec)(nil), // 10: stubborn.v1.RetryWithLearningSpec
+	(*FallbackChainSpec)(nil),     // 11: stubborn.v1.FallbackChainSpec
+	(*RaceSpec)(nil),              // 12: stubborn.v1.RaceSpec
+	(*RunOptions)(nil),            // 13: stubborn.v1.RunOptions
+	(*RunRequest)(nil),            // 14: stubborn.v1.RunRequest
+	(*RunResponse)(nil),           // 15: stubborn.v1.RunResponse
+	(*StartRunRequest)(nil),       // 16: stubborn.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 17: stubborn.v1.StartRunResponse
+	(*WatchRunRequest)(nil),       // 18: stubborn.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 19: stubborn.v1.WatchRunResponse
+	(*GetRunRequest)(nil),         // 20: stubborn.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 21: stubborn.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 22: stubborn.v1.ListRunsRequest
+	(*RunSummary)(nil),            // 23: stubborn.v1.RunSummary
+	(*ListRunsResponse)(nil),      // 24: stubborn.v1.ListRunsResponse
+	(*WatchRunsRequest)(nil),      // 25: stubborn.v1.WatchRunsRequest
+	(*WatchRunsResponse)(nil),     // 26: stubborn.v1.WatchRunsResponse
+	(*ListDelegatesRequest)(nil),  // 27: stubborn.v1.ListDelegatesRequest
+	(*ListDelegatesResponse)(nil), // 28: stubborn.v1.ListDelegatesResponse
+	(*DelegateDescription)(nil),   // 29: stubborn.v1.DelegateDescription
+	(*PresetDescription)(nil),     // 30: stubborn.v1.PresetDescription
+	(*CancelRunRequest)(nil),      // 31: stubborn.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 32: stubborn.v1.CancelRunResponse
+	(*DecideRunRequest)(nil),      // 33: stubborn.v1.DecideRunRequest
+	(*DecideRunResponse)(nil),     // 34: stubborn.v1.DecideRunResponse
+	(*ControlSpec)(nil),           // 35: stubborn.v1.ControlSpec
+	(*ControlState)(nil),          // 36: stubborn.v1.ControlState
+	(*AttemptError)(nil),          // 37: stubborn.v1.AttemptError
+	(*Attempt)(nil),               // 38: stubborn.v1.Attempt
+	(*FailureRecord)(nil),         // 39: stubborn.v1.FailureRecord
+	(*RunEvent)(nil),              // 40: stubborn.v1.RunEvent
+	(*RunStarted)(nil),            // 41: stubborn.v1.RunStarted
+	(*AttemptStarted)(nil),        // 42: stubborn.v1.AttemptStarted
+	(*AttemptFinished)(nil),       // 43: stubborn.v1.AttemptFinished
+	(*FailureAnalyzed)(nil),       // 44: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 45: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 46: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 47: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 48: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 49: stubborn.v1.RunFinished
+	nil,                           // 50: stubborn.v1.RunOptions.MetadataEntry
+	(*durationpb.Duration)(nil),   // 51: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 52: google.protobuf.Timestamp
+	(*Result)(nil),                // 53: stubborn.v1.Result
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	42, // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	51, // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,  // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	42, // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	42, // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
-	42, // 4: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	42, // 5: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	41, // 6: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
-	7,  // 7: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	8,  // 8: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	9,  // 9: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	10, // 10: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
-	11, // 11: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	31, // 12: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
-	7,  // 13: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	8,  // 14: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	9,  // 15: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	10, // 16: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
-	11, // 17: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	27, // 18: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	31, // 19: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	31, // 20: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	27, // 21: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	51, // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	51, // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	51, // 4: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	51, // 5: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	50, // 6: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	9,  // 7: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	10, // 8: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	11, // 9: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	12, // 10: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
+	13, // 11: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
+	40, // 12: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	9,  // 13: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	10, // 14: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	11, // 15: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	12, // 16: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
+	13, // 17: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
+	36, // 18: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	40, // 19: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	40, // 20: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	36, // 21: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
 	0,  // 22: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	27, // 23: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	27, // 24: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,  // 25: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	27, // 26: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	7,  // 27: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	8,  // 28: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	9,  // 29: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	10, // 30: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	0,  // 31: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	43, // 32: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	30, // 33: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	29, // 34: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	26, // 35: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	11, // 36: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	6,  // 37: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	44, // 38: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	44, // 39: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	44, // 40: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	42, // 41: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	44, // 42: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	44, // 43: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,  // 44: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	43, // 45: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	28, // 46: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	42, // 47: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	5,  // 48: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	4,  // 49: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	44, // 50: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	32, // 51: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	33, // 52: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	34, // 53: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	35, // 54: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	36, // 55: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	37, // 56: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	38, // 57: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	40, // 58: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	39, // 59: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	27, // 60: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	29, // 61: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	29, // 62: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	30, // 63: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	42, // 64: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	44, // 65: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	42, // 66: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	30, // 67: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	44, // 68: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	6,  // 69: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,  // 70: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	27, // 71: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	12, // 72: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	14, // 73: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	16, // 74: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	18, // 75: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	20, // 76: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	22, // 77: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	24, // 78: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	13, // 79: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	15, // 80: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	17, // 81: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	19, // 82: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	21, // 83: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	23, // 84: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	25, // 85: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	79, // [79:86] is the sub-list for method output_type
-	72, // [72:79] is the sub-list for method input_type
-	72, // [72:72] is the sub-list for extension type_name
-	72, // [72:72] is the sub-list for extension extendee
-	0,  // [0:72] is the sub-list for field type_name
+	7,  // 23: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
+	0,  // 24: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
+	52, // 25: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	52, // 26: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	36, // 27: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	23, // 28: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
+	0,  // 29: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	23, // 30: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
+	29, // 31: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
+	30, // 32: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
+	51, // 33: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	8,  // 34: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
+	35, // 35: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	36, // 36: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,  // 37: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	36, // 38: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	9,  // 39: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	10, // 40: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	11, // 41: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	12, // 42: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	0,  // 43: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	53, // 44: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	39, // 45: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	38, // 46: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	35, // 47: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	13, // 48: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	6,  // 49: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	52, // 50: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	52, // 51: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	52, // 52: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	51, // 53: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	52, // 54: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	52, // 55: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,  // 56: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	53, // 57: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	37, // 58: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	51, // 59: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	5,  // 60: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	4,  // 61: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	52, // 62: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	41, // 63: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	42, // 64: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	43, // 65: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	44, // 66: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	45, // 67: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	46, // 68: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	47, // 69: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	49, // 70: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	48, // 71: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	36, // 72: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	38, // 73: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	38, // 74: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	39, // 75: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	51, // 76: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	52, // 77: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	51, // 78: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	39, // 79: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	52, // 80: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	6,  // 81: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,  // 82: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	36, // 83: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	14, // 84: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	16, // 85: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	18, // 86: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	20, // 87: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	22, // 88: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	25, // 89: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	27, // 90: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	31, // 91: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	33, // 92: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	15, // 93: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	17, // 94: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	19, // 95: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	21, // 96: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	24, // 97: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	26, // 98: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	28, // 99: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	32, // 100: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	34, // 101: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	93, // [93:102] is the sub-list for method output_type
+	84, // [84:93] is the sub-list for method input_type
+	84, // [84:84] is the sub-list for extension type_name
+	84, // [84:84] is the sub-list for extension extendee
+	0,  // [0:84] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -3802,13 +4481,13 @@ func file_stubborn_v1_control_proto_init() {
 	file_stubborn_v1_delegate_proto_init()
 	file_stubborn_v1_control_proto_msgTypes[0].OneofWrappers = []any{}
 	file_stubborn_v1_control_proto_msgTypes[1].OneofWrappers = []any{}
-	file_stubborn_v1_control_proto_msgTypes[19].OneofWrappers = []any{
+	file_stubborn_v1_control_proto_msgTypes[26].OneofWrappers = []any{
 		(*ControlSpec_Retry)(nil),
 		(*ControlSpec_RetryWithLearning)(nil),
 		(*ControlSpec_FallbackChain)(nil),
 		(*ControlSpec_Race)(nil),
 	}
-	file_stubborn_v1_control_proto_msgTypes[24].OneofWrappers = []any{
+	file_stubborn_v1_control_proto_msgTypes[31].OneofWrappers = []any{
 		(*RunEvent_RunStarted)(nil),
 		(*RunEvent_AttemptStarted)(nil),
 		(*RunEvent_AttemptFinished)(nil),
@@ -3824,8 +4503,8 @@ func file_stubborn_v1_control_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
-			NumEnums:      7,
-			NumMessages:   35,
+			NumEnums:      9,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,13 +19,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ControlService_Run_FullMethodName       = "/stubborn.v1.ControlService/Run"
-	ControlService_StartRun_FullMethodName  = "/stubborn.v1.ControlService/StartRun"
-	ControlService_WatchRun_FullMethodName  = "/stubborn.v1.ControlService/WatchRun"
-	ControlService_GetRun_FullMethodName    = "/stubborn.v1.ControlService/GetRun"
-	ControlService_ListRuns_FullMethodName  = "/stubborn.v1.ControlService/ListRuns"
-	ControlService_CancelRun_FullMethodName = "/stubborn.v1.ControlService/CancelRun"
-	ControlService_DecideRun_FullMethodName = "/stubborn.v1.ControlService/DecideRun"
+	ControlService_Run_FullMethodName           = "/stubborn.v1.ControlService/Run"
+	ControlService_StartRun_FullMethodName      = "/stubborn.v1.ControlService/StartRun"
+	ControlService_WatchRun_FullMethodName      = "/stubborn.v1.ControlService/WatchRun"
+	ControlService_GetRun_FullMethodName        = "/stubborn.v1.ControlService/GetRun"
+	ControlService_ListRuns_FullMethodName      = "/stubborn.v1.ControlService/ListRuns"
+	ControlService_WatchRuns_FullMethodName     = "/stubborn.v1.ControlService/WatchRuns"
+	ControlService_ListDelegates_FullMethodName = "/stubborn.v1.ControlService/ListDelegates"
+	ControlService_CancelRun_FullMethodName     = "/stubborn.v1.ControlService/CancelRun"
+	ControlService_DecideRun_FullMethodName     = "/stubborn.v1.ControlService/DecideRun"
 )
 
 // ControlServiceClient is the client API for ControlService service.
@@ -52,8 +54,18 @@ type ControlServiceClient interface {
 	WatchRun(ctx context.Context, in *WatchRunRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchRunResponse], error)
 	// GetRun returns the run's current state.
 	GetRun(ctx context.Context, in *GetRunRequest, opts ...grpc.CallOption) (*GetRunResponse, error)
-	// ListRuns lists runs, newest first, optionally filtered by status.
+	// ListRuns lists runs, newest first, optionally filtered by status,
+	// control and delegate: whole states, or with view RUN_VIEW_SUMMARY only
+	// their summaries (RunSummary), which a list should ask for.
 	ListRuns(ctx context.Context, in *ListRunsRequest, opts ...grpc.CallOption) (*ListRunsResponse, error)
+	// WatchRuns follows the caller's runs live: the summary of each run as it
+	// starts and each time its status changes, filtered as ListRuns. It sends
+	// nothing about runs before it (ListRuns pages through those) and never
+	// ends by itself.
+	WatchRuns(ctx context.Context, in *WatchRunsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchRunsResponse], error)
+	// ListDelegates lists the delegates and presets the caller may name in a
+	// run.
+	ListDelegates(ctx context.Context, in *ListDelegatesRequest, opts ...grpc.CallOption) (*ListDelegatesResponse, error)
 	// CancelRun cancels a run: the delegate call in flight sees a cancelled
 	// context and the run ends RUN_STATUS_CANCELLED. Cancelling a finished run
 	// is a no-op that returns its final state.
@@ -139,6 +151,35 @@ func (c *controlServiceClient) ListRuns(ctx context.Context, in *ListRunsRequest
 	return out, nil
 }
 
+func (c *controlServiceClient) WatchRuns(ctx context.Context, in *WatchRunsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchRunsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ControlService_ServiceDesc.Streams[2], ControlService_WatchRuns_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRunsRequest, WatchRunsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ControlService_WatchRunsClient = grpc.ServerStreamingClient[WatchRunsResponse]
+
+func (c *controlServiceClient) ListDelegates(ctx context.Context, in *ListDelegatesRequest, opts ...grpc.CallOption) (*ListDelegatesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListDelegatesResponse)
+	err := c.cc.Invoke(ctx, ControlService_ListDelegates_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *controlServiceClient) CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CancelRunResponse)
@@ -183,8 +224,18 @@ type ControlServiceServer interface {
 	WatchRun(*WatchRunRequest, grpc.ServerStreamingServer[WatchRunResponse]) error
 	// GetRun returns the run's current state.
 	GetRun(context.Context, *GetRunRequest) (*GetRunResponse, error)
-	// ListRuns lists runs, newest first, optionally filtered by status.
+	// ListRuns lists runs, newest first, optionally filtered by status,
+	// control and delegate: whole states, or with view RUN_VIEW_SUMMARY only
+	// their summaries (RunSummary), which a list should ask for.
 	ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error)
+	// WatchRuns follows the caller's runs live: the summary of each run as it
+	// starts and each time its status changes, filtered as ListRuns. It sends
+	// nothing about runs before it (ListRuns pages through those) and never
+	// ends by itself.
+	WatchRuns(*WatchRunsRequest, grpc.ServerStreamingServer[WatchRunsResponse]) error
+	// ListDelegates lists the delegates and presets the caller may name in a
+	// run.
+	ListDelegates(context.Context, *ListDelegatesRequest) (*ListDelegatesResponse, error)
 	// CancelRun cancels a run: the delegate call in flight sees a cancelled
 	// context and the run ends RUN_STATUS_CANCELLED. Cancelling a finished run
 	// is a no-op that returns its final state.
@@ -216,6 +267,12 @@ func (UnimplementedControlServiceServer) GetRun(context.Context, *GetRunRequest)
 }
 func (UnimplementedControlServiceServer) ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRuns not implemented")
+}
+func (UnimplementedControlServiceServer) WatchRuns(*WatchRunsRequest, grpc.ServerStreamingServer[WatchRunsResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchRuns not implemented")
+}
+func (UnimplementedControlServiceServer) ListDelegates(context.Context, *ListDelegatesRequest) (*ListDelegatesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListDelegates not implemented")
 }
 func (UnimplementedControlServiceServer) CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelRun not implemented")
@@ -320,6 +377,35 @@ func _ControlService_ListRuns_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ControlService_WatchRuns_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRunsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControlServiceServer).WatchRuns(m, &grpc.GenericServerStream[WatchRunsRequest, WatchRunsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ControlService_WatchRunsServer = grpc.ServerStreamingServer[WatchRunsResponse]
+
+func _ControlService_ListDelegates_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListDelegatesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControlServiceServer).ListDelegates(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ControlService_ListDelegates_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControlServiceServer).ListDelegates(ctx, req.(*ListDelegatesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _ControlService_CancelRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CancelRunRequest)
 	if err := dec(in); err != nil {
@@ -376,6 +462,10 @@ var ControlService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _ControlService_ListRuns_Handler,
 		},
 		{
+			MethodName: "ListDelegates",
+			Handler:    _ControlService_ListDelegates_Handler,
+		},
+		{
 			MethodName: "CancelRun",
 			Handler:    _ControlService_CancelRun_Handler,
 		},
@@ -393,6 +483,11 @@ var ControlService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchRun",
 			Handler:       _ControlService_WatchRun_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchRuns",
+			Handler:       _ControlService_WatchRuns_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -17,6 +17,9 @@ ATTEMPT_OUTCOME_UNSPECIFIED: AttemptOutcome
 DECISION_FAIL: Decision
 DECISION_RETRY: Decision
 DECISION_UNSPECIFIED: Decision
+DELEGATE_HEALTH_NOT_SERVING: DelegateHealth
+DELEGATE_HEALTH_SERVING: DelegateHealth
+DELEGATE_HEALTH_UNSPECIFIED: DelegateHealth
 DESCRIPTOR: _descriptor.FileDescriptor
 FAILURE_SOURCE_CANCELLED: FailureSource
 FAILURE_SOURCE_CEL: FailureSource
@@ -48,6 +51,9 @@ RUN_STATUS_PENDING: RunStatus
 RUN_STATUS_RUNNING: RunStatus
 RUN_STATUS_SUCCEEDED: RunStatus
 RUN_STATUS_UNSPECIFIED: RunStatus
+RUN_VIEW_FULL: RunView
+RUN_VIEW_SUMMARY: RunView
+RUN_VIEW_UNSPECIFIED: RunView
 STATUS_REASON_ALL_FAILED: StatusReason
 STATUS_REASON_CANCELLED: StatusReason
 STATUS_REASON_DECISION_FAIL: StatusReason
@@ -226,6 +232,22 @@ class DecisionRequested(_message.Message):
     reason_code: StatusReason
     def __init__(self, reason: _Optional[str] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., deadline: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., reason_code: _Optional[_Union[StatusReason, str]] = ...) -> None: ...
 
+class DelegateDescription(_message.Message):
+    __slots__ = ["health", "idempotent", "kind", "name", "read_only", "timeout"]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    health: DelegateHealth
+    idempotent: bool
+    kind: str
+    name: str
+    read_only: bool
+    timeout: _duration_pb2.Duration
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ...) -> None: ...
+
 class FailureAnalyzed(_message.Message):
     __slots__ = ["failure", "next_brief", "will_retry"]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
@@ -284,23 +306,51 @@ class GetRunResponse(_message.Message):
     state: ControlState
     def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
 
+class ListDelegatesRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class ListDelegatesResponse(_message.Message):
+    __slots__ = ["delegates", "presets"]
+    DELEGATES_FIELD_NUMBER: _ClassVar[int]
+    PRESETS_FIELD_NUMBER: _ClassVar[int]
+    delegates: _containers.RepeatedCompositeFieldContainer[DelegateDescription]
+    presets: _containers.RepeatedCompositeFieldContainer[PresetDescription]
+    def __init__(self, delegates: _Optional[_Iterable[_Union[DelegateDescription, _Mapping]]] = ..., presets: _Optional[_Iterable[_Union[PresetDescription, _Mapping]]] = ...) -> None: ...
+
 class ListRunsRequest(_message.Message):
-    __slots__ = ["page_size", "page_token", "status"]
+    __slots__ = ["control", "delegate", "page_size", "page_token", "status", "view"]
+    CONTROL_FIELD_NUMBER: _ClassVar[int]
+    DELEGATE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    control: str
+    delegate: str
     page_size: int
     page_token: str
     status: RunStatus
-    def __init__(self, status: _Optional[_Union[RunStatus, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    view: RunView
+    def __init__(self, status: _Optional[_Union[RunStatus, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., view: _Optional[_Union[RunView, str]] = ..., control: _Optional[str] = ..., delegate: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
-    __slots__ = ["next_page_token", "runs"]
+    __slots__ = ["next_page_token", "runs", "summaries"]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIES_FIELD_NUMBER: _ClassVar[int]
     next_page_token: str
     runs: _containers.RepeatedCompositeFieldContainer[ControlState]
-    def __init__(self, runs: _Optional[_Iterable[_Union[ControlState, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    summaries: _containers.RepeatedCompositeFieldContainer[RunSummary]
+    def __init__(self, runs: _Optional[_Iterable[_Union[ControlState, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., summaries: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ...) -> None: ...
+
+class PresetDescription(_message.Message):
+    __slots__ = ["name", "spec"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec: ControlSpec
+    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Union[ControlSpec, _Mapping]] = ...) -> None: ...
 
 class RaceSpec(_message.Message):
     __slots__ = ["accept_when", "acceptance_criteria", "candidates"]
@@ -435,6 +485,26 @@ class RunStarted(_message.Message):
     state: ControlState
     def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
 
+class RunSummary(_message.Message):
+    __slots__ = ["attempts", "control", "create_time", "delegates", "run_id", "status", "update_time", "winner"]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    DELEGATES_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    WINNER_FIELD_NUMBER: _ClassVar[int]
+    attempts: int
+    control: str
+    create_time: _timestamp_pb2.Timestamp
+    delegates: _containers.RepeatedScalarFieldContainer[str]
+    run_id: str
+    status: RunStatus
+    update_time: _timestamp_pb2.Timestamp
+    winner: str
+    def __init__(self, run_id: _Optional[str] = ..., control: _Optional[str] = ..., delegates: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[RunStatus, str]] = ..., attempts: _Optional[int] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., winner: _Optional[str] = ...) -> None: ...
+
 class StartRunRequest(_message.Message):
     __slots__ = ["fallback_chain", "options", "race", "retry", "retry_with_learning", "task_brief"]
     FALLBACK_CHAIN_FIELD_NUMBER: _ClassVar[int]
@@ -477,6 +547,22 @@ class WatchRunResponse(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[RunEvent]
     def __init__(self, event: _Optional[_Union[RunEvent, _Mapping]] = ..., events: _Optional[_Iterable[_Union[RunEvent, _Mapping]]] = ...) -> None: ...
 
+class WatchRunsRequest(_message.Message):
+    __slots__ = ["control", "delegate", "status"]
+    CONTROL_FIELD_NUMBER: _ClassVar[int]
+    DELEGATE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    control: str
+    delegate: str
+    status: RunStatus
+    def __init__(self, status: _Optional[_Union[RunStatus, str]] = ..., control: _Optional[str] = ..., delegate: _Optional[str] = ...) -> None: ...
+
+class WatchRunsResponse(_message.Message):
+    __slots__ = ["run"]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: RunSummary
+    def __init__(self, run: _Optional[_Union[RunSummary, _Mapping]] = ...) -> None: ...
+
 class RunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
@@ -496,4 +582,10 @@ class NotRetried(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class StatusReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class RunView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class DelegateHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

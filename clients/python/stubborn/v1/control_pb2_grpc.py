@@ -47,6 +47,16 @@ class ControlServiceStub(object):
                 request_serializer=stubborn_dot_v1_dot_control__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=stubborn_dot_v1_dot_control__pb2.ListRunsResponse.FromString,
                 )
+        self.WatchRuns = channel.unary_stream(
+                '/stubborn.v1.ControlService/WatchRuns',
+                request_serializer=stubborn_dot_v1_dot_control__pb2.WatchRunsRequest.SerializeToString,
+                response_deserializer=stubborn_dot_v1_dot_control__pb2.WatchRunsResponse.FromString,
+                )
+        self.ListDelegates = channel.unary_unary(
+                '/stubborn.v1.ControlService/ListDelegates',
+                request_serializer=stubborn_dot_v1_dot_control__pb2.ListDelegatesRequest.SerializeToString,
+                response_deserializer=stubborn_dot_v1_dot_control__pb2.ListDelegatesResponse.FromString,
+                )
         self.CancelRun = channel.unary_unary(
                 '/stubborn.v1.ControlService/CancelRun',
                 request_serializer=stubborn_dot_v1_dot_control__pb2.CancelRunRequest.SerializeToString,
@@ -102,7 +112,27 @@ class ControlServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ListRuns(self, request, context):
-        """ListRuns lists runs, newest first, optionally filtered by status.
+        """ListRuns lists runs, newest first, optionally filtered by status,
+        control and delegate: whole states, or with view RUN_VIEW_SUMMARY only
+        their summaries (RunSummary), which a list should ask for.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchRuns(self, request, context):
+        """WatchRuns follows the caller's runs live: the summary of each run as it
+        starts and each time its status changes, filtered as ListRuns. It sends
+        nothing about runs before it (ListRuns pages through those) and never
+        ends by itself.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDelegates(self, request, context):
+        """ListDelegates lists the delegates and presets the caller may name in a
+        run.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -152,6 +182,16 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=stubborn_dot_v1_dot_control__pb2.ListRunsRequest.FromString,
                     response_serializer=stubborn_dot_v1_dot_control__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'WatchRuns': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRuns,
+                    request_deserializer=stubborn_dot_v1_dot_control__pb2.WatchRunsRequest.FromString,
+                    response_serializer=stubborn_dot_v1_dot_control__pb2.WatchRunsResponse.SerializeToString,
+            ),
+            'ListDelegates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDelegates,
+                    request_deserializer=stubborn_dot_v1_dot_control__pb2.ListDelegatesRequest.FromString,
+                    response_serializer=stubborn_dot_v1_dot_control__pb2.ListDelegatesResponse.SerializeToString,
             ),
             'CancelRun': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelRun,
@@ -263,6 +303,40 @@ class ControlService(object):
         return grpc.experimental.unary_unary(request, target, '/stubborn.v1.ControlService/ListRuns',
             stubborn_dot_v1_dot_control__pb2.ListRunsRequest.SerializeToString,
             stubborn_dot_v1_dot_control__pb2.ListRunsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def WatchRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/stubborn.v1.ControlService/WatchRuns',
+            stubborn_dot_v1_dot_control__pb2.WatchRunsRequest.SerializeToString,
+            stubborn_dot_v1_dot_control__pb2.WatchRunsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListDelegates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/stubborn.v1.ControlService/ListDelegates',
+            stubborn_dot_v1_dot_control__pb2.ListDelegatesRequest.SerializeToString,
+            stubborn_dot_v1_dot_control__pb2.ListDelegatesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

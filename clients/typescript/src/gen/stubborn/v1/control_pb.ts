@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file stubborn/v1/control.proto.
  */
 export const file_stubborn_v1_control: GenFile = /*@__PURE__*/
-  fileDesc("ChlzdHViYm9ybi92MS9jb250cm9sLnByb3RvEgtzdHViYm9ybi52MSL/AQoJUmV0cnlTcGVjEg4KBnRhcmdldBgBIAEoCRIVCghhdHRlbXB0cxgCIAEoBUgAiAEBEisKCG1heF93YWl0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KDG9uX2V4aGF1c3RlZBgEIAEoDjIYLnN0dWJib3JuLnYxLk9uRXhoYXVzdGVkEiwKCWJhc2Vfd2FpdBgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIzChBkZWNpc2lvbl90aW1lb3V0GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQgsKCV9hdHRlbXB0cyKSAQoVUmV0cnlXaXRoTGVhcm5pbmdTcGVjEg4KBnRhcmdldBgBIAEoCRIYCgttYXhfcmV0cmllcxgCIAEoBUgAiAEBEhgKEGZhaWx1cmVfY3JpdGVyaWEYAyABKAkSFAoMZmFpbHVyZV93aGVuGAQgASgJEg8KB2FuYWx5c3QYBSABKAlCDgoMX21heF9yZXRyaWVzIlIKEUZhbGxiYWNrQ2hhaW5TcGVjEg0KBWNoYWluGAEgAygJEhgKEGZhaWx1cmVfY3JpdGVyaWEYAiABKAkSFAoMZmFpbHVyZV93aGVuGAMgASgJIlAKCFJhY2VTcGVjEhIKCmNhbmRpZGF0ZXMYASADKAkSGwoTYWNjZXB0YW5jZV9jcml0ZXJpYRgCIAEoCRITCgthY2NlcHRfd2hlbhgDIAEoCSKCAgoKUnVuT3B0aW9ucxIXCg9pZGVtcG90ZW5jeV9rZXkYASABKAkSLgoLcnVuX3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SMgoPYXR0ZW1wdF90aW1lb3V0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjcKCG1ldGFkYXRhGAQgAygLMiUuc3R1YmJvcm4udjEuUnVuT3B0aW9ucy5NZXRhZGF0YUVudHJ5Eg0KBWp1ZGdlGAUgASgJGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKPAgoKUnVuUmVxdWVzdBISCgp0YXNrX2JyaWVmGAEgASgJEiUKBXJldHJ5GAIgASgLMhYuc3R1YmJvcm4udjEuUmV0cnlTcGVjEj8KE3JldHJ5X3dpdGhfbGVhcm5pbmcYAyABKAsyIi5zdHViYm9ybi52MS5SZXRyeVdpdGhMZWFybmluZ1NwZWMSNgoOZmFsbGJhY2tfY2hhaW4YBCABKAsyHi5zdHViYm9ybi52MS5GYWxsYmFja0NoYWluU3BlYxIjCgRyYWNlGAUgASgLMhUuc3R1YmJvcm4udjEuUmFjZVNwZWMSKAoHb3B0aW9ucxgGIAEoCzIXLnN0dWJib3JuLnYxLlJ1bk9wdGlvbnMiMwoLUnVuUmVzcG9uc2USJAoFZXZlbnQYASABKAsyFS5zdHViYm9ybi52MS5SdW5FdmVudCKUAgoPU3RhcnRSdW5SZXF1ZXN0EhIKCnRhc2tfYnJpZWYYASABKAkSJQoFcmV0cnkYAiABKAsyFi5zdHViYm9ybi52MS5SZXRyeVNwZWMSPwoTcmV0cnlfd2l0aF9sZWFybmluZxgDIAEoCzIiLnN0dWJib3JuLnYxLlJldHJ5V2l0aExlYXJuaW5nU3BlYxI2Cg5mYWxsYmFja19jaGFpbhgEIAEoCzIeLnN0dWJib3JuLnYxLkZhbGxiYWNrQ2hhaW5TcGVjEiMKBHJhY2UYBSABKAsyFS5zdHViYm9ybi52MS5SYWNlU3BlYxIoCgdvcHRpb25zGAYgASgLMhcuc3R1YmJvcm4udjEuUnVuT3B0aW9ucyJMChBTdGFydFJ1blJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRIoCgVzdGF0ZRgCIAEoCzIZLnN0dWJib3JuLnYxLkNvbnRyb2xTdGF0ZSJHCg9XYXRjaFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAxIRCgltYXhfYmF0Y2gYAyABKAUiXwoQV2F0Y2hSdW5SZXNwb25zZRIkCgVldmVudBgBIAEoCzIVLnN0dWJib3JuLnYxLlJ1bkV2ZW50EiUKBmV2ZW50cxgCIAMoCzIVLnN0dWJib3JuLnYxLlJ1bkV2ZW50Ih8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIjoKDkdldFJ1blJlc3BvbnNlEigKBXN0YXRlGAEgASgLMhkuc3R1YmJvcm4udjEuQ29udHJvbFN0YXRlImAKD0xpc3RSdW5zUmVxdWVzdBImCgZzdGF0dXMYASABKA4yFi5zdHViYm9ybi52MS5SdW5TdGF0dXMSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiVAoQTGlzdFJ1bnNSZXNwb25zZRInCgRydW5zGAEgAygLMhkuc3R1YmJvcm4udjEuQ29udHJvbFN0YXRlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIiChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSI9ChFDYW5jZWxSdW5SZXNwb25zZRIoCgVzdGF0ZRgBIAEoCzIZLnN0dWJib3JuLnYxLkNvbnRyb2xTdGF0ZSJLChBEZWNpZGVSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRInCghkZWNpc2lvbhgCIAEoDjIVLnN0dWJib3JuLnYxLkRlY2lzaW9uIj0KEURlY2lkZVJ1blJlc3BvbnNlEigKBXN0YXRlGAEgASgLMhkuc3R1YmJvcm4udjEuQ29udHJvbFN0YXRlIuIBCgtDb250cm9sU3BlYxInCgVyZXRyeRgBIAEoCzIWLnN0dWJib3JuLnYxLlJldHJ5U3BlY0gAEkEKE3JldHJ5X3dpdGhfbGVhcm5pbmcYAiABKAsyIi5zdHViYm9ybi52MS5SZXRyeVdpdGhMZWFybmluZ1NwZWNIABI4Cg5mYWxsYmFja19jaGFpbhgDIAEoCzIeLnN0dWJib3JuLnYxLkZhbGxiYWNrQ2hhaW5TcGVjSAASJQoEcmFjZRgEIAEoCzIVLnN0dWJib3JuLnYxLlJhY2VTcGVjSABCBgoEa2luZCLZBAoMQ29udHJvbFN0YXRlEg4KBnJ1bl9pZBgBIAEoCRImCgZzdGF0dXMYAiABKA4yFi5zdHViYm9ybi52MS5SdW5TdGF0dXMSIwoGcmVzdWx0GAMgASgLMhMuc3R1YmJvcm4udjEuUmVzdWx0Eg4KBndpbm5lchgEIAEoCRIQCghhdHRlbXB0cxgFIAEoBRIzCg9mYWlsdXJlX2hpc3RvcnkYBiADKAsyGi5zdHViYm9ybi52MS5GYWlsdXJlUmVjb3JkEikKC2F0dGVtcHRfbG9nGAcgAygLMhQuc3R1YmJvcm4udjEuQXR0ZW1wdBISCgp0YXNrX2JyaWVmGAggASgJEikKB2NvbnRyb2wYCSABKAsyGC5zdHViYm9ybi52MS5Db250cm9sU3BlYxIoCgdvcHRpb25zGAogASgLMhcuc3R1YmJvcm4udjEuUnVuT3B0aW9ucxIVCg1zdGF0dXNfcmVhc29uGAsgASgJEjUKEnN0YXR1c19yZWFzb25fY29kZRgRIAEoDjIZLnN0dWJib3JuLnYxLlN0YXR1c1JlYXNvbhIvCgtjcmVhdGVfdGltZRgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLdXBkYXRlX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGA4gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgt0cmFjZXBhcmVudBgPIAEoCRIOCgZ0ZW5hbnQYECABKAkilAEKDEF0dGVtcHRFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSEwoLaHR0cF9zdGF0dXMYAyABKAUSLQoKcmV0cnlfaGludBgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIQCghub3Rfc2VudBgFIAEoCBIPCgdyZWZ1c2VkGAYgASgIItMCCgdBdHRlbXB0Eg4KBm51bWJlchgBIAEoBRIQCghkZWxlZ2F0ZRgCIAEoCRINCgVicmllZhgDIAEoCRIuCgpzdGFydF90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoHb3V0Y29tZRgGIAEoDjIbLnN0dWJib3JuLnYxLkF0dGVtcHRPdXRjb21lEiMKBnJlc3VsdBgHIAEoCzITLnN0dWJib3JuLnYxLlJlc3VsdBIoCgVlcnJvchgIIAEoCzIZLnN0dWJib3JuLnYxLkF0dGVtcHRFcnJvchIuCgt3YWl0X2JlZm9yZRgJIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIMCgRwYXRoGAogASgJIpkCCg1GYWlsdXJlUmVjb3JkEg8KB2F0dGVtcHQYASABKAUSEAoIZGVsZWdhdGUYAiABKAkSDwoHc3VtbWFyeRgDIAEoCRIOCgZyZWFzb24YBCABKAkSEQoJdHJhbnNpZW50GAUgASgIEhoKEm5vdF9yZXRyaWVkX3JlYXNvbhgGIAEoCRIxChBub3RfcmV0cmllZF9jb2RlGAsgASgOMhcuc3R1YmJvcm4udjEuTm90UmV0cmllZBIQCghhbmFseXNpcxgHIAEoCRIMCgRwYXRoGAggASgJEioKBnNvdXJjZRgJIAEoDjIaLnN0dWJib3JuLnYxLkZhaWx1cmVTb3VyY2USFgoOYW5hbHlzaXNfZXJyb3IYCiABKAki2wQKCFJ1bkV2ZW50Eg4KBnJ1bl9pZBgBIAEoCRILCgNzZXEYAiABKAMSKAoEdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDAoEcGF0aBgEIAEoCRIuCgtydW5fc3RhcnRlZBgKIAEoCzIXLnN0dWJib3JuLnYxLlJ1blN0YXJ0ZWRIABI2Cg9hdHRlbXB0X3N0YXJ0ZWQYCyABKAsyGy5zdHViYm9ybi52MS5BdHRlbXB0U3RhcnRlZEgAEjgKEGF0dGVtcHRfZmluaXNoZWQYDCABKAsyHC5zdHViYm9ybi52MS5BdHRlbXB0RmluaXNoZWRIABI4ChBmYWlsdXJlX2FuYWx5emVkGA0gASgLMhwuc3R1YmJvcm4udjEuRmFpbHVyZUFuYWx5emVkSAASOgoRYmFja29mZl9zY2hlZHVsZWQYDiABKAsyHS5zdHViYm9ybi52MS5CYWNrb2ZmU2NoZWR1bGVkSAASPAoSZGVjaXNpb25fcmVxdWVzdGVkGA8gASgLMh4uc3R1YmJvcm4udjEuRGVjaXNpb25SZXF1ZXN0ZWRIABI6ChFkZWNpc2lvbl9yZWNlaXZlZBgQIAEoCzIdLnN0dWJib3JuLnYxLkRlY2lzaW9uUmVjZWl2ZWRIABIwCgxydW5fZmluaXNoZWQYESABKAsyGC5zdHViYm9ybi52MS5SdW5GaW5pc2hlZEgAEi4KC3J1bl9yZXN1bWVkGBIgASgLMhcuc3R1YmJvcm4udjEuUnVuUmVzdW1lZEgAQgYKBGtpbmQiNgoKUnVuU3RhcnRlZBIoCgVzdGF0ZRgBIAEoCzIZLnN0dWJib3JuLnYxLkNvbnRyb2xTdGF0ZSI3Cg5BdHRlbXB0U3RhcnRlZBIlCgdhdHRlbXB0GAEgASgLMhQuc3R1YmJvcm4udjEuQXR0ZW1wdCJGCg9BdHRlbXB0RmluaXNoZWQSJQoHYXR0ZW1wdBgBIAEoCzIULnN0dWJib3JuLnYxLkF0dGVtcHQSDAoEbm90ZRgCIAEoCSJmCg9GYWlsdXJlQW5hbHl6ZWQSKwoHZmFpbHVyZRgBIAEoCzIaLnN0dWJib3JuLnYxLkZhaWx1cmVSZWNvcmQSEgoKd2lsbF9yZXRyeRgCIAEoCBISCgpuZXh0X2JyaWVmGAMgASgJIrkBChBCYWNrb2ZmU2NoZWR1bGVkEhQKDG5leHRfYXR0ZW1wdBgBIAEoBRInCgR3YWl0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEikKBXVudGlsGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIoCgVib3VuZBgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIRCglmcm9tX2hpbnQYBSABKAgitgEKEURlY2lzaW9uUmVxdWVzdGVkEg4KBnJlYXNvbhgBIAEoCRIzCg9mYWlsdXJlX2hpc3RvcnkYAiADKAsyGi5zdHViYm9ybi52MS5GYWlsdXJlUmVjb3JkEiwKCGRlYWRsaW5lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgtyZWFzb25fY29kZRgEIAEoDjIZLnN0dWJib3JuLnYxLlN0YXR1c1JlYXNvbiI7ChBEZWNpc2lvblJlY2VpdmVkEicKCGRlY2lzaW9uGAEgASgOMhUuc3R1YmJvcm4udjEuRGVjaXNpb24iKwoKUnVuUmVzdW1lZBINCgVvd25lchgBIAEoCRIOCgZyZWFzb24YAiABKAkiNwoLUnVuRmluaXNoZWQSKAoFc3RhdGUYASABKAsyGS5zdHViYm9ybi52MS5Db250cm9sU3RhdGUq+gEKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFgoSUlVOX1NUQVRVU19QRU5ESU5HEAESFgoSUlVOX1NUQVRVU19SVU5OSU5HEAISGgoWUlVOX1NUQVRVU19CQUNLSU5HX09GRhADEiAKHFJVTl9TVEFUVVNfQVdBSVRJTkdfREVDSVNJT04QBBIYChRSVU5fU1RBVFVTX1NVQ0NFRURFRBAFEhgKFFJVTl9TVEFUVVNfRVhIQVVTVEVEEAYSFQoRUlVOX1NUQVRVU19GQUlMRUQQBxIYChRSVU5fU1RBVFVTX0NBTkNFTExFRBAIKlgKC09uRXhoYXVzdGVkEhwKGE9OX0VYSEFVU1RFRF9VTlNQRUNJRklFRBAAEhQKEE9OX0VYSEFVU1RFRF9BU0sQARIVChFPTl9FWEhBVVNURURfRkFJTBACKksKCERlY2lzaW9uEhgKFERFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASEgoOREVDSVNJT05fUkVUUlkQARIRCg1ERUNJU0lPTl9GQUlMEAIq5gEKDkF0dGVtcHRPdXRjb21lEh8KG0FUVEVNUFRfT1VUQ09NRV9VTlNQRUNJRklFRBAAEh0KGUFUVEVNUFRfT1VUQ09NRV9TVUNDRUVERUQQARIZChVBVFRFTVBUX09VVENPTUVfRVJST1IQAhIcChhBVFRFTVBUX09VVENPTUVfUkVKRUNURUQQAxIdChlBVFRFTVBUX09VVENPTUVfQ0FOQ0VMTEVEEAQSGwoXQVRURU1QVF9PVVRDT01FX1NLSVBQRUQQBRIfChtBVFRFTVBUX09VVENPTUVfSU5URVJSVVBURUQQBiq0AQoNRmFpbHVyZVNvdXJjZRIeChpGQUlMVVJFX1NPVVJDRV9VTlNQRUNJRklFRBAAEhgKFEZBSUxVUkVfU09VUkNFX0VSUk9SEAESGAoURkFJTFVSRV9TT1VSQ0VfSlVER0UQAhIWChJGQUlMVVJFX1NPVVJDRV9DRUwQAxIZChVGQUlMVVJFX1NPVVJDRV9IRUFMVEgQBBIcChhGQUlMVVJFX1NPVVJDRV9DQU5DRUxMRUQQBSrpAgoKTm90UmV0cmllZBIbChdOT1RfUkVUUklFRF9VTlNQRUNJRklFRBAAEh0KGU5PVF9SRVRSSUVEX05PVF9UUkFOU0lFTlQQARIXChNOT1RfUkVUUklFRF9SRUZVU0VEEAISGAoUTk9UX1JFVFJJRURfUkVKRUNURUQQAxIeChpOT1RfUkVUUklFRF9OT1RfSURFTVBPVEVOVBAEEh0KGU5PVF9SRVRSSUVEX0hJTlRfTk9fUkVUUlkQBRIdChlOT1RfUkVUUklFRF9ISU5UX09WRVJfQ0FQEAYSGQoVTk9UX1JFVFJJRURfRVhIQVVTVEVEEAcSGAoUTk9UX1JFVFJJRURfREVBRExJTkUQCBIWChJOT1RfUkVUUklFRF9CVURHRVQQCRIqCiZOT1RfUkVUUklFRF9JTlRFUlJVUFRFRF9OT1RfSURFTVBPVEVOVBAKEhUKEU5PVF9SRVRSSUVEX09USEVSEAsq8gMKDFN0YXR1c1JlYXNvbhIdChlTVEFUVVNfUkVBU09OX1VOU1BFQ0lGSUVEEAASIwofU1RBVFVTX1JFQVNPTl9SRVRSSUVTX0VYSEFVU1RFRBABEh0KGVNUQVRVU19SRUFTT05fTk9UX1JFVFJJRUQQAhIlCiFTVEFUVVNfUkVBU09OX1JFVFJZX1BBU1RfREVBRExJTkUQAxIfChtTVEFUVVNfUkVBU09OX0RFQ0lTSU9OX0ZBSUwQBBIiCh5TVEFUVVNfUkVBU09OX0RFQ0lTSU9OX1RJTUVPVVQQBRIcChhTVEFUVVNfUkVBU09OX0FMTF9GQUlMRUQQBhIdChlTVEFUVVNfUkVBU09OX1JVTl9USU1FT1VUEAcSGwoXU1RBVFVTX1JFQVNPTl9DQU5DRUxMRUQQCBIcChhTVEFUVVNfUkVBU09OX05PX0NPTlRST0wQCRIeChpTVEFUVVNfUkVBU09OX05PVF9SRUNPUkRFRBAKEh8KG1NUQVRVU19SRUFTT05fU1RPUkVfUkVGVVNFRBALEh8KG1NUQVRVU19SRUFTT05fVU5SRUNPVkVSQUJMRRAMEiAKHFNUQVRVU19SRUFTT05fSU5URVJOQUxfRVJST1IQDRIXChNTVEFUVVNfUkVBU09OX09USEVSEA4yhAQKDkNvbnRyb2xTZXJ2aWNlEjoKA1J1bhIXLnN0dWJib3JuLnYxLlJ1blJlcXVlc3QaGC5zdHViYm9ybi52MS5SdW5SZXNwb25zZTABEkcKCFN0YXJ0UnVuEhwuc3R1YmJvcm4udjEuU3RhcnRSdW5SZXF1ZXN0Gh0uc3R1YmJvcm4udjEuU3RhcnRSdW5SZXNwb25zZRJJCghXYXRjaFJ1bhIcLnN0dWJib3JuLnYxLldhdGNoUnVuUmVxdWVzdBodLnN0dWJib3JuLnYxLldhdGNoUnVuUmVzcG9uc2UwARJBCgZHZXRSdW4SGi5zdHViYm9ybi52MS5HZXRSdW5SZXF1ZXN0Ghsuc3R1YmJvcm4udjEuR2V0UnVuUmVzcG9uc2USRwoITGlzdFJ1bnMSHC5zdHViYm9ybi52MS5MaXN0UnVuc1JlcXVlc3QaHS5zdHViYm9ybi52MS5MaXN0UnVuc1Jlc3BvbnNlEkoKCUNhbmNlbFJ1bhIdLnN0dWJib3JuLnYxLkNhbmNlbFJ1blJlcXVlc3QaHi5zdHViYm9ybi52MS5DYW5jZWxSdW5SZXNwb25zZRJKCglEZWNpZGVSdW4SHS5zdHViYm9ybi52MS5EZWNpZGVSdW5SZXF1ZXN0Gh4uc3R1YmJvcm4udjEuRGVjaWRlUnVuUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_stubborn_v1_delegate]);
+  fileDesc("ChlzdHViYm9ybi92MS9jb250cm9sLnByb3RvEgtzdHViYm9ybi52MSL/AQoJUmV0cnlTcGVjEg4KBnRhcmdldBgBIAEoCRIVCghhdHRlbXB0cxgCIAEoBUgAiAEBEisKCG1heF93YWl0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KDG9uX2V4aGF1c3RlZBgEIAEoDjIYLnN0dWJib3JuLnYxLk9uRXhoYXVzdGVkEiwKCWJhc2Vfd2FpdBgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIzChBkZWNpc2lvbl90aW1lb3V0GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQgsKCV9hdHRlbXB0cyKSAQoVUmV0cnlXaXRoTGVhcm5pbmdTcGVjEg4KBnRhcmdldBgBIAEoCRIYCgttYXhfcmV0cmllcxgCIAEoBUgAiAEBEhgKEGZhaWx1cmVfY3JpdGVyaWEYAyABKAkSFAoMZmFpbHVyZV93aGVuGAQgASgJEg8KB2FuYWx5c3QYBSABKAlCDgoMX21heF9yZXRyaWVzIlIKEUZhbGxiYWNrQ2hhaW5TcGVjEg0KBWNoYWluGAEgAygJEhgKEGZhaWx1cmVfY3JpdGVyaWEYAiABKAkSFAoMZmFpbHVyZV93aGVuGAMgASgJIlAKCFJhY2VTcGVjEhIKCmNhbmRpZGF0ZXMYASADKAkSGwoTYWNjZXB0YW5jZV9jcml0ZXJpYRgCIAEoCRITCgthY2NlcHRfd2hlbhgDIAEoCSKCAgoKUnVuT3B0aW9ucxIXCg9pZGVtcG90ZW5jeV9rZXkYASABKAkSLgoLcnVuX3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SMgoPYXR0ZW1wdF90aW1lb3V0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjcKCG1ldGFkYXRhGAQgAygLMiUuc3R1YmJvcm4udjEuUnVuT3B0aW9ucy5NZXRhZGF0YUVudHJ5Eg0KBWp1ZGdlGAUgASgJGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKPAgoKUnVuUmVxdWVzdBISCgp0YXNrX2JyaWVmGAEgASgJEiUKBXJldHJ5GAIgASgLMhYuc3R1YmJvcm4udjEuUmV0cnlTcGVjEj8KE3JldHJ5X3dpdGhfbGVhcm5pbmcYAyABKAsyIi5zdHViYm9ybi52MS5SZXRyeVdpdGhMZWFybmluZ1NwZWMSNgoOZmFsbGJhY2tfY2hhaW4YBCABKAsyHi5zdHViYm9ybi52MS5GYWxsYmFja0NoYWluU3BlYxIjCgRyYWNlGAUgASgLMhUuc3R1YmJvcm4udjEuUmFjZVNwZWMSKAoHb3B0aW9ucxgGIAEoCzIXLnN0dWJib3JuLnYxLlJ1bk9wdGlvbnMiMwoLUnVuUmVzcG9uc2USJAoFZXZlbnQYASABKAsyFS5zdHViYm9ybi52MS5SdW5FdmVudCKUAgoPU3RhcnRSdW5SZXF1ZXN0EhIKCnRhc2tfYnJpZWYYASABKAkSJQoFcmV0cnkYAiABKAsyFi5zdHViYm9ybi52MS5SZXRyeVNwZWMSPwoTcmV0cnlfd2l0aF9sZWFybmluZxgDIAEoCzIiLnN0dWJib3JuLnYxLlJldHJ5V2l0aExlYXJuaW5nU3BlYxI2Cg5mYWxsYmFja19jaGFpbhgEIAEoCzIeLnN0dWJib3JuLnYxLkZhbGxiYWNrQ2hhaW5TcGVjEiMKBHJhY2UYBSABKAsyFS5zdHViYm9ybi52MS5SYWNlU3BlYxIoCgdvcHRpb25zGAYgASgLMhcuc3R1YmJvcm4udjEuUnVuT3B0aW9ucyJMChBTdGFydFJ1blJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRIoCgVzdGF0ZRgCIAEoCzIZLnN0dWJib3JuLnYxLkNvbnRyb2xTdGF0ZSJHCg9XYXRjaFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAxIRCgltYXhfYmF0Y2gYAyABKAUiXwoQV2F0Y2hSdW5SZXNwb25zZRIkCgVldmVudBgBIAEoCzIVLnN0dWJib3JuLnYxLlJ1bkV2ZW50EiUKBmV2ZW50cxgCIAMoCzIVLnN0dWJib3JuLnYxLlJ1bkV2ZW50Ih8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIjoKDkdldFJ1blJlc3BvbnNlEigKBXN0YXRlGAEgASgLMhkuc3R1YmJvcm4udjEuQ29udHJvbFN0YXRlIqcBCg9MaXN0UnVuc1JlcXVlc3QSJgoGc3RhdHVzGAEgASgOMhYuc3R1YmJvcm4udjEuUnVuU3RhdHVzEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJEiIKBHZpZXcYBCABKA4yFC5zdHViYm9ybi52MS5SdW5WaWV3Eg8KB2NvbnRyb2wYBSABKAkSEAoIZGVsZWdhdGUYBiABKAki7AEKClJ1blN1bW1hcnkSDgoGcnVuX2lkGAEgASgJEg8KB2NvbnRyb2wYAiABKAkSEQoJZGVsZWdhdGVzGAMgAygJEiYKBnN0YXR1cxgEIAEoDjIWLnN0dWJib3JuLnYxLlJ1blN0YXR1cxIQCghhdHRlbXB0cxgFIAEoBRIvCgtjcmVhdGVfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLdXBkYXRlX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBndpbm5lchgIIAEoCSKAAQoQTGlzdFJ1bnNSZXNwb25zZRInCgRydW5zGAEgAygLMhkuc3R1YmJvcm4udjEuQ29udHJvbFN0YXRlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRIqCglzdW1tYXJpZXMYAyADKAsyFy5zdHViYm9ybi52MS5SdW5TdW1tYXJ5Il0KEFdhdGNoUnVuc1JlcXVlc3QSJgoGc3RhdHVzGAEgASgOMhYuc3R1YmJvcm4udjEuUnVuU3RhdHVzEg8KB2NvbnRyb2wYAiABKAkSEAoIZGVsZWdhdGUYAyABKAkiOQoRV2F0Y2hSdW5zUmVzcG9uc2USJAoDcnVuGAEgASgLMhcuc3R1YmJvcm4udjEuUnVuU3VtbWFyeSIWChRMaXN0RGVsZWdhdGVzUmVxdWVzdCJ9ChVMaXN0RGVsZWdhdGVzUmVzcG9uc2USMwoJZGVsZWdhdGVzGAEgAygLMiAuc3R1YmJvcm4udjEuRGVsZWdhdGVEZXNjcmlwdGlvbhIvCgdwcmVzZXRzGAIgAygLMh4uc3R1YmJvcm4udjEuUHJlc2V0RGVzY3JpcHRpb24isQEKE0RlbGVnYXRlRGVzY3JpcHRpb24SDAoEbmFtZRgBIAEoCRIMCgRraW5kGAIgASgJEhIKCmlkZW1wb3RlbnQYAyABKAgSEQoJcmVhZF9vbmx5GAQgASgIEioKB3RpbWVvdXQYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKwoGaGVhbHRoGAYgASgOMhsuc3R1YmJvcm4udjEuRGVsZWdhdGVIZWFsdGgiSQoRUHJlc2V0RGVzY3JpcHRpb24SDAoEbmFtZRgBIAEoCRImCgRzcGVjGAIgASgLMhguc3R1YmJvcm4udjEuQ29udHJvbFNwZWMiIgoQQ2FuY2VsUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiPQoRQ2FuY2VsUnVuUmVzcG9uc2USKAoFc3RhdGUYASABKAsyGS5zdHViYm9ybi52MS5Db250cm9sU3RhdGUiSwoQRGVjaWRlUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSJwoIZGVjaXNpb24YAiABKA4yFS5zdHViYm9ybi52MS5EZWNpc2lvbiI9ChFEZWNpZGVSdW5SZXNwb25zZRIoCgVzdGF0ZRgBIAEoCzIZLnN0dWJib3JuLnYxLkNvbnRyb2xTdGF0ZSLiAQoLQ29udHJvbFNwZWMSJwoFcmV0cnkYASABKAsyFi5zdHViYm9ybi52MS5SZXRyeVNwZWNIABJBChNyZXRyeV93aXRoX2xlYXJuaW5nGAIgASgLMiIuc3R1YmJvcm4udjEuUmV0cnlXaXRoTGVhcm5pbmdTcGVjSAASOAoOZmFsbGJhY2tfY2hhaW4YAyABKAsyHi5zdHViYm9ybi52MS5GYWxsYmFja0NoYWluU3BlY0gAEiUKBHJhY2UYBCABKAsyFS5zdHViYm9ybi52MS5SYWNlU3BlY0gAQgYKBGtpbmQi2QQKDENvbnRyb2xTdGF0ZRIOCgZydW5faWQYASABKAkSJgoGc3RhdHVzGAIgASgOMhYuc3R1YmJvcm4udjEuUnVuU3RhdHVzEiMKBnJlc3VsdBgDIAEoCzITLnN0dWJib3JuLnYxLlJlc3VsdBIOCgZ3aW5uZXIYBCABKAkSEAoIYXR0ZW1wdHMYBSABKAUSMwoPZmFpbHVyZV9oaXN0b3J5GAYgAygLMhouc3R1YmJvcm4udjEuRmFpbHVyZVJlY29yZBIpCgthdHRlbXB0X2xvZxgHIAMoCzIULnN0dWJib3JuLnYxLkF0dGVtcHQSEgoKdGFza19icmllZhgIIAEoCRIpCgdjb250cm9sGAkgASgLMhguc3R1YmJvcm4udjEuQ29udHJvbFNwZWMSKAoHb3B0aW9ucxgKIAEoCzIXLnN0dWJib3JuLnYxLlJ1bk9wdGlvbnMSFQoNc3RhdHVzX3JlYXNvbhgLIAEoCRI1ChJzdGF0dXNfcmVhc29uX2NvZGUYESABKA4yGS5zdHViYm9ybi52MS5TdGF0dXNSZWFzb24SLwoLY3JlYXRlX3RpbWUYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgOIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLdHJhY2VwYXJlbnQYDyABKAkSDgoGdGVuYW50GBAgASgJIpQBCgxBdHRlbXB0RXJyb3ISDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJEhMKC2h0dHBfc3RhdHVzGAMgASgFEi0KCnJldHJ5X2hpbnQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEAoIbm90X3NlbnQYBSABKAgSDwoHcmVmdXNlZBgGIAEoCCLTAgoHQXR0ZW1wdBIOCgZudW1iZXIYASABKAUSEAoIZGVsZWdhdGUYAiABKAkSDQoFYnJpZWYYAyABKAkSLgoKc3RhcnRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKB291dGNvbWUYBiABKA4yGy5zdHViYm9ybi52MS5BdHRlbXB0T3V0Y29tZRIjCgZyZXN1bHQYByABKAsyEy5zdHViYm9ybi52MS5SZXN1bHQSKAoFZXJyb3IYCCABKAsyGS5zdHViYm9ybi52MS5BdHRlbXB0RXJyb3ISLgoLd2FpdF9iZWZvcmUYCSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDAoEcGF0aBgKIAEoCSKZAgoNRmFpbHVyZVJlY29yZBIPCgdhdHRlbXB0GAEgASgFEhAKCGRlbGVnYXRlGAIgASgJEg8KB3N1bW1hcnkYAyABKAkSDgoGcmVhc29uGAQgASgJEhEKCXRyYW5zaWVudBgFIAEoCBIaChJub3RfcmV0cmllZF9yZWFzb24YBiABKAkSMQoQbm90X3JldHJpZWRfY29kZRgLIAEoDjIXLnN0dWJib3JuLnYxLk5vdFJldHJpZWQSEAoIYW5hbHlzaXMYByABKAkSDAoEcGF0aBgIIAEoCRIqCgZzb3VyY2UYCSABKA4yGi5zdHViYm9ybi52MS5GYWlsdXJlU291cmNlEhYKDmFuYWx5c2lzX2Vycm9yGAogASgJItsECghSdW5FdmVudBIOCgZydW5faWQYASABKAkSCwoDc2VxGAIgASgDEigKBHRpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgwKBHBhdGgYBCABKAkSLgoLcnVuX3N0YXJ0ZWQYCiABKAsyFy5zdHViYm9ybi52MS5SdW5TdGFydGVkSAASNgoPYXR0ZW1wdF9zdGFydGVkGAsgASgLMhsuc3R1YmJvcm4udjEuQXR0ZW1wdFN0YXJ0ZWRIABI4ChBhdHRlbXB0X2ZpbmlzaGVkGAwgASgLMhwuc3R1YmJvcm4udjEuQXR0ZW1wdEZpbmlzaGVkSAASOAoQZmFpbHVyZV9hbmFseXplZBgNIAEoCzIcLnN0dWJib3JuLnYxLkZhaWx1cmVBbmFseXplZEgAEjoKEWJhY2tvZmZfc2NoZWR1bGVkGA4gASgLMh0uc3R1YmJvcm4udjEuQmFja29mZlNjaGVkdWxlZEgAEjwKEmRlY2lzaW9uX3JlcXVlc3RlZBgPIAEoCzIeLnN0dWJib3JuLnYxLkRlY2lzaW9uUmVxdWVzdGVkSAASOgoRZGVjaXNpb25fcmVjZWl2ZWQYECABKAsyHS5zdHViYm9ybi52MS5EZWNpc2lvblJlY2VpdmVkSAASMAoMcnVuX2ZpbmlzaGVkGBEgASgLMhguc3R1YmJvcm4udjEuUnVuRmluaXNoZWRIABIuCgtydW5fcmVzdW1lZBgSIAEoCzIXLnN0dWJib3JuLnYxLlJ1blJlc3VtZWRIAEIGCgRraW5kIjYKClJ1blN0YXJ0ZWQSKAoFc3RhdGUYASABKAsyGS5zdHViYm9ybi52MS5Db250cm9sU3RhdGUiNwoOQXR0ZW1wdFN0YXJ0ZWQSJQoHYXR0ZW1wdBgBIAEoCzIULnN0dWJib3JuLnYxLkF0dGVtcHQiRgoPQXR0ZW1wdEZpbmlzaGVkEiUKB2F0dGVtcHQYASABKAsyFC5zdHViYm9ybi52MS5BdHRlbXB0EgwKBG5vdGUYAiABKAkiZgoPRmFpbHVyZUFuYWx5emVkEisKB2ZhaWx1cmUYASABKAsyGi5zdHViYm9ybi52MS5GYWlsdXJlUmVjb3JkEhIKCndpbGxfcmV0cnkYAiABKAgSEgoKbmV4dF9icmllZhgDIAEoCSK5AQoQQmFja29mZlNjaGVkdWxlZBIUCgxuZXh0X2F0dGVtcHQYASABKAUSJwoEd2FpdBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIpCgV1bnRpbBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKAoFYm91bmQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEQoJZnJvbV9oaW50GAUgASgIIrYBChFEZWNpc2lvblJlcXVlc3RlZBIOCgZyZWFzb24YASABKAkSMwoPZmFpbHVyZV9oaXN0b3J5GAIgAygLMhouc3R1YmJvcm4udjEuRmFpbHVyZVJlY29yZBIsCghkZWFkbGluZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoLcmVhc29uX2NvZGUYBCABKA4yGS5zdHViYm9ybi52MS5TdGF0dXNSZWFzb24iOwoQRGVjaXNpb25SZWNlaXZlZBInCghkZWNpc2lvbhgBIAEoDjIVLnN0dWJib3JuLnYxLkRlY2lzaW9uIisKClJ1blJlc3VtZWQSDQoFb3duZXIYASABKAkSDgoGcmVhc29uGAIgASgJIjcKC1J1bkZpbmlzaGVkEigKBXN0YXRlGAEgASgLMhkuc3R1YmJvcm4udjEuQ29udHJvbFN0YXRlKvoBCglSdW5TdGF0dXMSGgoWUlVOX1NUQVRVU19VTlNQRUNJRklFRBAAEhYKElJVTl9TVEFUVVNfUEVORElORxABEhYKElJVTl9TVEFUVVNfUlVOTklORxACEhoKFlJVTl9TVEFUVVNfQkFDS0lOR19PRkYQAxIgChxSVU5fU1RBVFVTX0FXQUlUSU5HX0RFQ0lTSU9OEAQSGAoUUlVOX1NUQVRVU19TVUNDRUVERUQQBRIYChRSVU5fU1RBVFVTX0VYSEFVU1RFRBAGEhUKEVJVTl9TVEFUVVNfRkFJTEVEEAcSGAoUUlVOX1NUQVRVU19DQU5DRUxMRUQQCCpYCgtPbkV4aGF1c3RlZBIcChhPTl9FWEhBVVNURURfVU5TUEVDSUZJRUQQABIUChBPTl9FWEhBVVNURURfQVNLEAESFQoRT05fRVhIQVVTVEVEX0ZBSUwQAipLCghEZWNpc2lvbhIYChRERUNJU0lPTl9VTlNQRUNJRklFRBAAEhIKDkRFQ0lTSU9OX1JFVFJZEAESEQoNREVDSVNJT05fRkFJTBACKuYBCg5BdHRlbXB0T3V0Y29tZRIfChtBVFRFTVBUX09VVENPTUVfVU5TUEVDSUZJRUQQABIdChlBVFRFTVBUX09VVENPTUVfU1VDQ0VFREVEEAESGQoVQVRURU1QVF9PVVRDT01FX0VSUk9SEAISHAoYQVRURU1QVF9PVVRDT01FX1JFSkVDVEVEEAMSHQoZQVRURU1QVF9PVVRDT01FX0NBTkNFTExFRBAEEhsKF0FUVEVNUFRfT1VUQ09NRV9TS0lQUEVEEAUSHwobQVRURU1QVF9PVVRDT01FX0lOVEVSUlVQVEVEEAYqtAEKDUZhaWx1cmVTb3VyY2USHgoaRkFJTFVSRV9TT1VSQ0VfVU5TUEVDSUZJRUQQABIYChRGQUlMVVJFX1NPVVJDRV9FUlJPUhABEhgKFEZBSUxVUkVfU09VUkNFX0pVREdFEAISFgoSRkFJTFVSRV9TT1VSQ0VfQ0VMEAMSGQoVRkFJTFVSRV9TT1VSQ0VfSEVBTFRIEAQSHAoYRkFJTFVSRV9TT1VSQ0VfQ0FOQ0VMTEVEEAUq6QIKCk5vdFJldHJpZWQSGwoXTk9UX1JFVFJJRURfVU5TUEVDSUZJRUQQABIdChlOT1RfUkVUUklFRF9OT1RfVFJBTlNJRU5UEAESFwoTTk9UX1JFVFJJRURfUkVGVVNFRBACEhgKFE5PVF9SRVRSSUVEX1JFSkVDVEVEEAMSHgoaTk9UX1JFVFJJRURfTk9UX0lERU1QT1RFTlQQBBIdChlOT1RfUkVUUklFRF9ISU5UX05PX1JFVFJZEAUSHQoZTk9UX1JFVFJJRURfSElOVF9PVkVSX0NBUBAGEhkKFU5PVF9SRVRSSUVEX0VYSEFVU1RFRBAHEhgKFE5PVF9SRVRSSUVEX0RFQURMSU5FEAgSFgoSTk9UX1JFVFJJRURfQlVER0VUEAkSKgomTk9UX1JFVFJJRURfSU5URVJSVVBURURfTk9UX0lERU1QT1RFTlQQChIVChFOT1RfUkVUUklFRF9PVEhFUhALKvIDCgxTdGF0dXNSZWFzb24SHQoZU1RBVFVTX1JFQVNPTl9VTlNQRUNJRklFRBAAEiMKH1NUQVRVU19SRUFTT05fUkVUUklFU19FWEhBVVNURUQQARIdChlTVEFUVVNfUkVBU09OX05PVF9SRVRSSUVEEAISJQohU1RBVFVTX1JFQVNPTl9SRVRSWV9QQVNUX0RFQURMSU5FEAMSHwobU1RBVFVTX1JFQVNPTl9ERUNJU0lPTl9GQUlMEAQSIgoeU1RBVFVTX1JFQVNPTl9ERUNJU0lPTl9USU1FT1VUEAUSHAoYU1RBVFVTX1JFQVNPTl9BTExfRkFJTEVEEAYSHQoZU1RBVFVTX1JFQVNPTl9SVU5fVElNRU9VVBAHEhsKF1NUQVRVU19SRUFTT05fQ0FOQ0VMTEVEEAgSHAoYU1RBVFVTX1JFQVNPTl9OT19DT05UUk9MEAkSHgoaU1RBVFVTX1JFQVNPTl9OT1RfUkVDT1JERUQQChIfChtTVEFUVVNfUkVBU09OX1NUT1JFX1JFRlVTRUQQCxIfChtTVEFUVVNfUkVBU09OX1VOUkVDT1ZFUkFCTEUQDBIgChxTVEFUVVNfUkVBU09OX0lOVEVSTkFMX0VSUk9SEA0SFwoTU1RBVFVTX1JFQVNPTl9PVEhFUhAOKkwKB1J1blZpZXcSGAoUUlVOX1ZJRVdfVU5TUEVDSUZJRUQQABIUChBSVU5fVklFV19TVU1NQVJZEAESEQoNUlVOX1ZJRVdfRlVMTBACKm8KDkRlbGVnYXRlSGVhbHRoEh8KG0RFTEVHQVRFX0hFQUxUSF9VTlNQRUNJRklFRBAAEhsKF0RFTEVHQVRFX0hFQUxUSF9TRVJWSU5HEAESHwobREVMRUdBVEVfSEVBTFRIX05PVF9TRVJWSU5HEAIyqgUKDkNvbnRyb2xTZXJ2aWNlEjoKA1J1bhIXLnN0dWJib3JuLnYxLlJ1blJlcXVlc3QaGC5zdHViYm9ybi52MS5SdW5SZXNwb25zZTABEkcKCFN0YXJ0UnVuEhwuc3R1YmJvcm4udjEuU3RhcnRSdW5SZXF1ZXN0Gh0uc3R1YmJvcm4udjEuU3RhcnRSdW5SZXNwb25zZRJJCghXYXRjaFJ1bhIcLnN0dWJib3JuLnYxLldhdGNoUnVuUmVxdWVzdBodLnN0dWJib3JuLnYxLldhdGNoUnVuUmVzcG9uc2UwARJBCgZHZXRSdW4SGi5zdHViYm9ybi52MS5HZXRSdW5SZXF1ZXN0Ghsuc3R1YmJvcm4udjEuR2V0UnVuUmVzcG9uc2USRwoITGlzdFJ1bnMSHC5zdHViYm9ybi52MS5MaXN0UnVuc1JlcXVlc3QaHS5zdHViYm9ybi52MS5MaXN0UnVuc1Jlc3BvbnNlEkwKCVdhdGNoUnVucxIdLnN0dWJib3JuLnYxLldhdGNoUnVuc1JlcXVlc3QaHi5zdHViYm9ybi52MS5XYXRjaFJ1bnNSZXNwb25zZTABElYKDUxpc3REZWxlZ2F0ZXMSIS5zdHViYm9ybi52MS5MaXN0RGVsZWdhdGVzUmVxdWVzdBoiLnN0dWJib3JuLnYxLkxpc3REZWxlZ2F0ZXNSZXNwb25zZRJKCglDYW5jZWxSdW4SHS5zdHViYm9ybi52MS5DYW5jZWxSdW5SZXF1ZXN0Gh4uc3R1YmJvcm4udjEuQ2FuY2VsUnVuUmVzcG9uc2USSgoJRGVjaWRlUnVuEh0uc3R1YmJvcm4udjEuRGVjaWRlUnVuUmVxdWVzdBoeLnN0dWJib3JuLnYxLkRlY2lkZVJ1blJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_stubborn_v1_delegate]);
 
 /**
  * RetrySpec configures the retry control: the same delegate again, after a
@@ -657,6 +657,31 @@ export type ListRunsRequest = Message<"stubborn.v1.ListRunsRequest"> & {
    * @generated from field: string page_token = 3;
    */
   pageToken: string;
+
+  /**
+   * What each run is given as: RUN_VIEW_SUMMARY fills summaries,
+   * RUN_VIEW_FULL (and RUN_VIEW_UNSPECIFIED, as before views existed) fills
+   * runs.
+   *
+   * @generated from field: stubborn.v1.RunView view = 4;
+   */
+  view: RunView;
+
+  /**
+   * Only runs of this control: "retry", "retry_with_learning",
+   * "fallback_chain" or "race". Empty means all.
+   *
+   * @generated from field: string control = 5;
+   */
+  control: string;
+
+  /**
+   * Only runs whose control names this delegate or preset (RunSummary's
+   * delegates). Empty means all.
+   *
+   * @generated from field: string delegate = 6;
+   */
+  delegate: string;
 };
 
 /**
@@ -667,13 +692,85 @@ export const ListRunsRequestSchema: GenMessage<ListRunsRequest> = /*@__PURE__*/
   messageDesc(file_stubborn_v1_control, 13);
 
 /**
+ * RunSummary is what a list of runs shows of each.
+ *
+ * @generated from message stubborn.v1.RunSummary
+ */
+export type RunSummary = Message<"stubborn.v1.RunSummary"> & {
+  /**
+   * The run's id.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The control: "retry", "retry_with_learning", "fallback_chain" or "race".
+   *
+   * @generated from field: string control = 2;
+   */
+  control: string;
+
+  /**
+   * The delegates and presets the control names, in its order: the target
+   * (and the analyst), the chain, or the candidates.
+   *
+   * @generated from field: repeated string delegates = 3;
+   */
+  delegates: string[];
+
+  /**
+   * Where the run is.
+   *
+   * @generated from field: stubborn.v1.RunStatus status = 4;
+   */
+  status: RunStatus;
+
+  /**
+   * Attempts made so far.
+   *
+   * @generated from field: int32 attempts = 5;
+   */
+  attempts: number;
+
+  /**
+   * When the run was accepted.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 6;
+   */
+  createTime?: Timestamp | undefined;
+
+  /**
+   * When the run's state last changed.
+   *
+   * @generated from field: google.protobuf.Timestamp update_time = 7;
+   */
+  updateTime?: Timestamp | undefined;
+
+  /**
+   * The delegate whose result the run returned, once it has.
+   *
+   * @generated from field: string winner = 8;
+   */
+  winner: string;
+};
+
+/**
+ * Describes the message stubborn.v1.RunSummary.
+ * Use `create(RunSummarySchema)` to create a new message.
+ */
+export const RunSummarySchema: GenMessage<RunSummary> = /*@__PURE__*/
+  messageDesc(file_stubborn_v1_control, 14);
+
+/**
  * ListRunsResponse is one page of runs.
  *
  * @generated from message stubborn.v1.ListRunsResponse
  */
 export type ListRunsResponse = Message<"stubborn.v1.ListRunsResponse"> & {
   /**
-   * The runs on this page, newest first.
+   * The runs on this page, newest first, with view RUN_VIEW_FULL (the
+   * default).
    *
    * @generated from field: repeated stubborn.v1.ControlState runs = 1;
    */
@@ -685,6 +782,13 @@ export type ListRunsResponse = Message<"stubborn.v1.ListRunsResponse"> & {
    * @generated from field: string next_page_token = 2;
    */
   nextPageToken: string;
+
+  /**
+   * The runs on this page, newest first, with view RUN_VIEW_SUMMARY.
+   *
+   * @generated from field: repeated stubborn.v1.RunSummary summaries = 3;
+   */
+  summaries: RunSummary[];
 };
 
 /**
@@ -692,7 +796,190 @@ export type ListRunsResponse = Message<"stubborn.v1.ListRunsResponse"> & {
  * Use `create(ListRunsResponseSchema)` to create a new message.
  */
 export const ListRunsResponseSchema: GenMessage<ListRunsResponse> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 14);
+  messageDesc(file_stubborn_v1_control, 15);
+
+/**
+ * WatchRunsRequest filters the runs WatchRuns follows, as ListRuns does.
+ *
+ * @generated from message stubborn.v1.WatchRunsRequest
+ */
+export type WatchRunsRequest = Message<"stubborn.v1.WatchRunsRequest"> & {
+  /**
+   * Only runs that reach this status. RUN_STATUS_UNSPECIFIED means all.
+   *
+   * @generated from field: stubborn.v1.RunStatus status = 1;
+   */
+  status: RunStatus;
+
+  /**
+   * Only runs of this control. Empty means all.
+   *
+   * @generated from field: string control = 2;
+   */
+  control: string;
+
+  /**
+   * Only runs that name this delegate or preset. Empty means all.
+   *
+   * @generated from field: string delegate = 3;
+   */
+  delegate: string;
+};
+
+/**
+ * Describes the message stubborn.v1.WatchRunsRequest.
+ * Use `create(WatchRunsRequestSchema)` to create a new message.
+ */
+export const WatchRunsRequestSchema: GenMessage<WatchRunsRequest> = /*@__PURE__*/
+  messageDesc(file_stubborn_v1_control, 16);
+
+/**
+ * WatchRunsResponse is one run that started or changed status.
+ *
+ * @generated from message stubborn.v1.WatchRunsResponse
+ */
+export type WatchRunsResponse = Message<"stubborn.v1.WatchRunsResponse"> & {
+  /**
+   * The run, as it is now.
+   *
+   * @generated from field: stubborn.v1.RunSummary run = 1;
+   */
+  run?: RunSummary | undefined;
+};
+
+/**
+ * Describes the message stubborn.v1.WatchRunsResponse.
+ * Use `create(WatchRunsResponseSchema)` to create a new message.
+ */
+export const WatchRunsResponseSchema: GenMessage<WatchRunsResponse> = /*@__PURE__*/
+  messageDesc(file_stubborn_v1_control, 17);
+
+/**
+ * ListDelegatesRequest has no fields yet.
+ *
+ * @generated from message stubborn.v1.ListDelegatesRequest
+ */
+export type ListDelegatesRequest = Message<"stubborn.v1.ListDelegatesRequest"> & {
+};
+
+/**
+ * Describes the message stubborn.v1.ListDelegatesRequest.
+ * Use `create(ListDelegatesRequestSchema)` to create a new message.
+ */
+export const ListDelegatesRequestSchema: GenMessage<ListDelegatesRequest> = /*@__PURE__*/
+  messageDesc(file_stubborn_v1_control, 18);
+
+/**
+ * ListDelegatesResponse is the registry as the caller may use it.
+ *
+ * @generated from message stubborn.v1.ListDelegatesResponse
+ */
+export type ListDelegatesResponse = Message<"stubborn.v1.ListDelegatesResponse"> & {
+  /**
+   * The delegates, in the config's order.
+   *
+   * @generated from field: repeated stubborn.v1.DelegateDescription delegates = 1;
+   */
+  delegates: DelegateDescription[];
+
+  /**
+   * The presets, in the config's order.
+   *
+   * @generated from field: repeated stubborn.v1.PresetDescription presets = 2;
+   */
+  presets: PresetDescription[];
+};
+
+/**
+ * Describes the message stubborn.v1.ListDelegatesResponse.
+ * Use `create(ListDelegatesResponseSchema)` to create a new message.
+ */
+export const ListDelegatesResponseSchema: GenMessage<ListDelegatesResponse> = /*@__PURE__*/
+  messageDesc(file_stubborn_v1_control, 19);
+
+/**
+ * DelegateDescription is one delegate of the registry.
+ *
+ * @generated from message stubborn.v1.DelegateDescription
+ */
+export type DelegateDescription = Message<"stubborn.v1.DelegateDescription"> & {
+  /**
+   * How runs name it.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * "grpc", "http", "openai" or "anthropic".
+   *
+   * @generated from field: string kind = 2;
+   */
+  kind: string;
+
+  /**
+   * A repeated call has no further side effect.
+   *
+   * @generated from field: bool idempotent = 3;
+   */
+  idempotent: boolean;
+
+  /**
+   * A call has no side effect at all.
+   *
+   * @generated from field: bool read_only = 4;
+   */
+  readOnly: boolean;
+
+  /**
+   * Each attempt's timeout (a run's attempt_timeout overrides it).
+   *
+   * @generated from field: google.protobuf.Duration timeout = 5;
+   */
+  timeout?: Duration | undefined;
+
+  /**
+   * Its health as this server last saw it.
+   *
+   * @generated from field: stubborn.v1.DelegateHealth health = 6;
+   */
+  health: DelegateHealth;
+};
+
+/**
+ * Describes the message stubborn.v1.DelegateDescription.
+ * Use `create(DelegateDescriptionSchema)` to create a new message.
+ */
+export const DelegateDescriptionSchema: GenMessage<DelegateDescription> = /*@__PURE__*/
+  messageDesc(file_stubborn_v1_control, 20);
+
+/**
+ * PresetDescription is one preset of the registry.
+ *
+ * @generated from message stubborn.v1.PresetDescription
+ */
+export type PresetDescription = Message<"stubborn.v1.PresetDescription"> & {
+  /**
+   * How runs name it.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The control it stands for.
+   *
+   * @generated from field: stubborn.v1.ControlSpec spec = 2;
+   */
+  spec?: ControlSpec | undefined;
+};
+
+/**
+ * Describes the message stubborn.v1.PresetDescription.
+ * Use `create(PresetDescriptionSchema)` to create a new message.
+ */
+export const PresetDescriptionSchema: GenMessage<PresetDescription> = /*@__PURE__*/
+  messageDesc(file_stubborn_v1_control, 21);
 
 /**
  * CancelRunRequest names a run to cancel.
@@ -713,7 +1000,7 @@ export type CancelRunRequest = Message<"stubborn.v1.CancelRunRequest"> & {
  * Use `create(CancelRunRequestSchema)` to create a new message.
  */
 export const CancelRunRequestSchema: GenMessage<CancelRunRequest> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 15);
+  messageDesc(file_stubborn_v1_control, 22);
 
 /**
  * CancelRunResponse is the run's state after the cancel request.
@@ -735,7 +1022,7 @@ export type CancelRunResponse = Message<"stubborn.v1.CancelRunResponse"> & {
  * Use `create(CancelRunResponseSchema)` to create a new message.
  */
 export const CancelRunResponseSchema: GenMessage<CancelRunResponse> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 16);
+  messageDesc(file_stubborn_v1_control, 23);
 
 /**
  * DecideRunRequest answers a run awaiting a decision.
@@ -763,7 +1050,7 @@ export type DecideRunRequest = Message<"stubborn.v1.DecideRunRequest"> & {
  * Use `create(DecideRunRequestSchema)` to create a new message.
  */
 export const DecideRunRequestSchema: GenMessage<DecideRunRequest> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 17);
+  messageDesc(file_stubborn_v1_control, 24);
 
 /**
  * DecideRunResponse is the run's state right after the decision.
@@ -784,7 +1071,7 @@ export type DecideRunResponse = Message<"stubborn.v1.DecideRunResponse"> & {
  * Use `create(DecideRunResponseSchema)` to create a new message.
  */
 export const DecideRunResponseSchema: GenMessage<DecideRunResponse> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 18);
+  messageDesc(file_stubborn_v1_control, 25);
 
 /**
  * ControlSpec is the control a run executes: exactly one is set.
@@ -837,7 +1124,7 @@ export type ControlSpec = Message<"stubborn.v1.ControlSpec"> & {
  * Use `create(ControlSpecSchema)` to create a new message.
  */
 export const ControlSpecSchema: GenMessage<ControlSpec> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 19);
+  messageDesc(file_stubborn_v1_control, 26);
 
 /**
  * ControlState is a run: its inputs, where it is, and what it produced.
@@ -985,7 +1272,7 @@ export type ControlState = Message<"stubborn.v1.ControlState"> & {
  * Use `create(ControlStateSchema)` to create a new message.
  */
 export const ControlStateSchema: GenMessage<ControlState> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 20);
+  messageDesc(file_stubborn_v1_control, 27);
 
 /**
  * AttemptError is the error a delegate call ended with.
@@ -1045,7 +1332,7 @@ export type AttemptError = Message<"stubborn.v1.AttemptError"> & {
  * Use `create(AttemptErrorSchema)` to create a new message.
  */
 export const AttemptErrorSchema: GenMessage<AttemptError> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 21);
+  messageDesc(file_stubborn_v1_control, 28);
 
 /**
  * Attempt is one delegate call of a run.
@@ -1132,7 +1419,7 @@ export type Attempt = Message<"stubborn.v1.Attempt"> & {
  * Use `create(AttemptSchema)` to create a new message.
  */
 export const AttemptSchema: GenMessage<Attempt> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 22);
+  messageDesc(file_stubborn_v1_control, 29);
 
 /**
  * FailureRecord is the analysis of one failed attempt.
@@ -1237,7 +1524,7 @@ export type FailureRecord = Message<"stubborn.v1.FailureRecord"> & {
  * Use `create(FailureRecordSchema)` to create a new message.
  */
 export const FailureRecordSchema: GenMessage<FailureRecord> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 23);
+  messageDesc(file_stubborn_v1_control, 30);
 
 /**
  * RunEvent is one thing that happened in a run. Events are numbered per run.
@@ -1359,7 +1646,7 @@ export type RunEvent = Message<"stubborn.v1.RunEvent"> & {
  * Use `create(RunEventSchema)` to create a new message.
  */
 export const RunEventSchema: GenMessage<RunEvent> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 24);
+  messageDesc(file_stubborn_v1_control, 31);
 
 /**
  * RunStarted is the first event of every run.
@@ -1380,7 +1667,7 @@ export type RunStarted = Message<"stubborn.v1.RunStarted"> & {
  * Use `create(RunStartedSchema)` to create a new message.
  */
 export const RunStartedSchema: GenMessage<RunStarted> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 25);
+  messageDesc(file_stubborn_v1_control, 32);
 
 /**
  * AttemptStarted says a delegate call starts.
@@ -1401,7 +1688,7 @@ export type AttemptStarted = Message<"stubborn.v1.AttemptStarted"> & {
  * Use `create(AttemptStartedSchema)` to create a new message.
  */
 export const AttemptStartedSchema: GenMessage<AttemptStarted> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 26);
+  messageDesc(file_stubborn_v1_control, 33);
 
 /**
  * AttemptFinished says a delegate call ended.
@@ -1430,7 +1717,7 @@ export type AttemptFinished = Message<"stubborn.v1.AttemptFinished"> & {
  * Use `create(AttemptFinishedSchema)` to create a new message.
  */
 export const AttemptFinishedSchema: GenMessage<AttemptFinished> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 27);
+  messageDesc(file_stubborn_v1_control, 34);
 
 /**
  * FailureAnalyzed records a failed attempt and what happens next.
@@ -1467,7 +1754,7 @@ export type FailureAnalyzed = Message<"stubborn.v1.FailureAnalyzed"> & {
  * Use `create(FailureAnalyzedSchema)` to create a new message.
  */
 export const FailureAnalyzedSchema: GenMessage<FailureAnalyzed> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 28);
+  messageDesc(file_stubborn_v1_control, 35);
 
 /**
  * BackoffScheduled announces a wait before the next attempt.
@@ -1516,7 +1803,7 @@ export type BackoffScheduled = Message<"stubborn.v1.BackoffScheduled"> & {
  * Use `create(BackoffScheduledSchema)` to create a new message.
  */
 export const BackoffScheduledSchema: GenMessage<BackoffScheduled> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 29);
+  messageDesc(file_stubborn_v1_control, 36);
 
 /**
  * DecisionRequested says the run waits for DecideRun.
@@ -1561,7 +1848,7 @@ export type DecisionRequested = Message<"stubborn.v1.DecisionRequested"> & {
  * Use `create(DecisionRequestedSchema)` to create a new message.
  */
 export const DecisionRequestedSchema: GenMessage<DecisionRequested> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 30);
+  messageDesc(file_stubborn_v1_control, 37);
 
 /**
  * DecisionReceived records the answer.
@@ -1582,7 +1869,7 @@ export type DecisionReceived = Message<"stubborn.v1.DecisionReceived"> & {
  * Use `create(DecisionReceivedSchema)` to create a new message.
  */
 export const DecisionReceivedSchema: GenMessage<DecisionReceived> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 31);
+  messageDesc(file_stubborn_v1_control, 38);
 
 /**
  * RunResumed says a server took over a run whose owner stopped (a crash or
@@ -1611,7 +1898,7 @@ export type RunResumed = Message<"stubborn.v1.RunResumed"> & {
  * Use `create(RunResumedSchema)` to create a new message.
  */
 export const RunResumedSchema: GenMessage<RunResumed> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 32);
+  messageDesc(file_stubborn_v1_control, 39);
 
 /**
  * RunFinished is the last event of every run.
@@ -1632,7 +1919,7 @@ export type RunFinished = Message<"stubborn.v1.RunFinished"> & {
  * Use `create(RunFinishedSchema)` to create a new message.
  */
 export const RunFinishedSchema: GenMessage<RunFinished> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_control, 33);
+  messageDesc(file_stubborn_v1_control, 40);
 
 /**
  * RunStatus is where a run is in its life.
@@ -2156,6 +2443,75 @@ export const StatusReasonSchema: GenEnum<StatusReason> = /*@__PURE__*/
   enumDesc(file_stubborn_v1_control, 6);
 
 /**
+ * RunView is how much of each run ListRuns returns.
+ *
+ * @generated from enum stubborn.v1.RunView
+ */
+export enum RunView {
+  /**
+   * RUN_VIEW_FULL, so that clients written before views get what they got.
+   *
+   * @generated from enum value: RUN_VIEW_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * RunSummary: no brief, result or attempt log.
+   *
+   * @generated from enum value: RUN_VIEW_SUMMARY = 1;
+   */
+  SUMMARY = 1,
+
+  /**
+   * The whole ControlState.
+   *
+   * @generated from enum value: RUN_VIEW_FULL = 2;
+   */
+  FULL = 2,
+}
+
+/**
+ * Describes the enum stubborn.v1.RunView.
+ */
+export const RunViewSchema: GenEnum<RunView> = /*@__PURE__*/
+  enumDesc(file_stubborn_v1_control, 7);
+
+/**
+ * DelegateHealth is a delegate's health as last seen.
+ *
+ * @generated from enum stubborn.v1.DelegateHealth
+ */
+export enum DelegateHealth {
+  /**
+   * Not asked yet (health is asked before a fallback chain or a race
+   * calls the delegate), or too long ago.
+   *
+   * @generated from enum value: DELEGATE_HEALTH_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * It said it serves, or could not be asked (which counts as serving).
+   *
+   * @generated from enum value: DELEGATE_HEALTH_SERVING = 1;
+   */
+  SERVING = 1,
+
+  /**
+   * It said it does not serve.
+   *
+   * @generated from enum value: DELEGATE_HEALTH_NOT_SERVING = 2;
+   */
+  NOT_SERVING = 2,
+}
+
+/**
+ * Describes the enum stubborn.v1.DelegateHealth.
+ */
+export const DelegateHealthSchema: GenEnum<DelegateHealth> = /*@__PURE__*/
+  enumDesc(file_stubborn_v1_control, 8);
+
+/**
  * ControlService runs resilience controls (retry, retry-with-learning,
  * fallback-chain, race) over delegates named in the server's registry, and
  * streams every attempt, backoff wait and failure analysis as it happens.
@@ -2212,7 +2568,9 @@ export const ControlService: GenService<{
     output: typeof GetRunResponseSchema;
   },
   /**
-   * ListRuns lists runs, newest first, optionally filtered by status.
+   * ListRuns lists runs, newest first, optionally filtered by status,
+   * control and delegate: whole states, or with view RUN_VIEW_SUMMARY only
+   * their summaries (RunSummary), which a list should ask for.
    *
    * @generated from rpc stubborn.v1.ControlService.ListRuns
    */
@@ -2220,6 +2578,30 @@ export const ControlService: GenService<{
     methodKind: "unary";
     input: typeof ListRunsRequestSchema;
     output: typeof ListRunsResponseSchema;
+  },
+  /**
+   * WatchRuns follows the caller's runs live: the summary of each run as it
+   * starts and each time its status changes, filtered as ListRuns. It sends
+   * nothing about runs before it (ListRuns pages through those) and never
+   * ends by itself.
+   *
+   * @generated from rpc stubborn.v1.ControlService.WatchRuns
+   */
+  watchRuns: {
+    methodKind: "server_streaming";
+    input: typeof WatchRunsRequestSchema;
+    output: typeof WatchRunsResponseSchema;
+  },
+  /**
+   * ListDelegates lists the delegates and presets the caller may name in a
+   * run.
+   *
+   * @generated from rpc stubborn.v1.ControlService.ListDelegates
+   */
+  listDelegates: {
+    methodKind: "unary";
+    input: typeof ListDelegatesRequestSchema;
+    output: typeof ListDelegatesResponseSchema;
   },
   /**
    * CancelRun cancels a run: the delegate call in flight sees a cancelled

@@ -1,0 +1,160 @@
+package server
+
+import (
+	"context"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// feedBuffer is how many summaries a WatchRuns stream may fall behind
+// before it is ended (RESOURCE_EXHAUSTED): a slow reader never holds a run
+// back.
+const feedBuffer = 1024
+
+// runFeed tells WatchRuns streams about the runs this server drives: a
+// summary when a run starts (or is resumed here) and each time its status
+// changes. It learns of them as a runs.Observer.
+type runFeed struct {
+	mu   sync.Mutex
+	subs map[*feedSub]struct{}
+}
+
+type feedSub struct {
+	tenant string
+	filter runs.Filter
+	c      chan *stubbornv1.RunSummary
+	// overflow is closed when c was full: the stream ends.
+	overflow chan struct{}
+	once     sync.Once
+}
+
+func newRunFeed() *runFeed { return &runFeed{subs: map[*feedSub]struct{}{}} }
+
+// subscribe starts following tenant's runs that pass f; cancel stops.
+func (f *runFeed) subscribe(tenant string, filter runs.Filter) (*feedSub, func()) {
+	s := &feedSub{tenant: tenant, filter: filter, c: make(chan *stubbornv1.RunSummary, feedBuffer), overflow: make(chan struct{})}
+	f.mu.Lock()
+	f.subs[s] = struct{}{}
+	f.mu.Unlock()
+	return s, func() {
+		f.mu.Lock()
+		delete(f.subs, s)
+		f.mu.Unlock()
+	}
+}
+
+// publish sends sum, a run of tenant, to every stream it passes. It never
+// blocks.
+func (f *runFeed) publish(tenant string, sum *stubbornv1.RunSummary) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for s := range f.subs {
+		if s.tenant != tenant || !s.filter.MatchesSummary(sum) {
+			continue
+		}
+		select {
+		case s.c <- sum:
+		default:
+			s.once.Do(func() { close(s.overflow) })
+		}
+	}
+}
+
+// Observer returns a runs.Observer that publishes the runs it sees, then
+// passes them on to inner (which may be nil).
+func (f *runFeed) Observer(inner runs.Observer) runs.Observer {
+	return feedObserver{f: f, inner: inner}
+}
+
+type feedObserver struct {
+	f     *runFeed
+	inner runs.Observer
+}
+
+func (o feedObserver) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool) (context.Context, func(*stubbornv1.RunEvent)) {
+	ctx, see := runCtx, func(*stubbornv1.RunEvent) {}
+	if o.inner != nil {
+		ctx, see = o.inner.ObserveRun(runCtx, reqCtx, st, resumed)
+	}
+	tenant := st.GetTenant()
+	sum := runs.Summary(st)
+	o.f.publish(tenant, proto.CloneOf(sum))
+	return ctx, func(ev *stubbornv1.RunEvent) {
+		if see != nil {
+			see(ev)
+		}
+		if ev == nil {
+			return
+		}
+		if next, changed := advance(sum, ev); changed {
+			sum = next
+			o.f.publish(tenant, proto.CloneOf(sum))
+		}
+	}
+}
+
+// advance returns sum after ev, and whether its status changed.
+func advance(sum *stubbornv1.RunSummary, ev *stubbornv1.RunEvent) (*stubbornv1.RunSummary, bool) {
+	next := sum.GetStatus()
+	switch k := ev.GetKind().(type) {
+	case *stubbornv1.RunEvent_AttemptStarted:
+		if ev.GetPath() == "" {
+			sum.Attempts++
+		}
+		next = stubbornv1.RunStatus_RUN_STATUS_RUNNING
+	case *stubbornv1.RunEvent_BackoffScheduled:
+		next = stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF
+	case *stubbornv1.RunEvent_DecisionRequested:
+		next = stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
+	case *stubbornv1.RunEvent_DecisionReceived:
+		next = stubbornv1.RunStatus_RUN_STATUS_RUNNING
+	case *stubbornv1.RunEvent_RunFinished:
+		return runs.Summary(k.RunFinished.GetState()), true
+	}
+	if ev.GetTime() != nil {
+		sum.UpdateTime = ev.GetTime()
+	}
+	if next == sum.GetStatus() {
+		return sum, false
+	}
+	sum.Status = next
+	return sum, true
+}
+
+// WatchRuns streams the summaries of ctx's tenant's runs as they start and
+// change status on this server.
+func (s *Service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.ServerStreamingServer[stubbornv1.WatchRunsResponse]) error {
+	var v violations
+	f := checkFilter(&v, req.GetStatus(), req.GetControl(), req.GetDelegate())
+	if err := v.err(); err != nil {
+		return err
+	}
+	if s.feed == nil {
+		return status.Error(codes.Unimplemented, "this server does not follow its runs")
+	}
+	ctx := stream.Context()
+	sub, cancel := s.feed.subscribe(runs.TenantFrom(ctx), f)
+	defer cancel()
+	if err := stream.SendHeader(nil); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-sub.overflow:
+			return status.Errorf(codes.ResourceExhausted, "this stream fell %d run changes behind; follow again, and ListRuns for what was missed", feedBuffer)
+		case sum := <-sub.c:
+			if err := stream.Send(&stubbornv1.WatchRunsResponse{Run: sum}); err != nil {
+				return err
+			}
+		}
+	}
+}
