@@ -3,12 +3,14 @@ package server
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
 )
@@ -24,6 +26,8 @@ const feedBuffer = 1024
 type runFeed struct {
 	mu   sync.Mutex
 	subs map[*feedSub]struct{}
+	// n counts subs: with none, a run's change costs no summary.
+	n atomic.Int32
 }
 
 type feedSub struct {
@@ -42,10 +46,12 @@ func (f *runFeed) subscribe(tenant string, filter runs.Filter) (*feedSub, func()
 	s := &feedSub{tenant: tenant, filter: filter, c: make(chan *stubbornv1.RunSummary, feedBuffer), overflow: make(chan struct{})}
 	f.mu.Lock()
 	f.subs[s] = struct{}{}
+	f.n.Add(1)
 	f.mu.Unlock()
 	return s, func() {
 		f.mu.Lock()
 		delete(f.subs, s)
+		f.n.Add(-1)
 		f.mu.Unlock()
 	}
 }
@@ -83,30 +89,53 @@ func (o feedObserver) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.
 	if o.inner != nil {
 		ctx, see = o.inner.ObserveRun(runCtx, reqCtx, st, resumed)
 	}
-	tenant := st.GetTenant()
-	sum := runs.Summary(st)
-	o.f.publish(tenant, proto.CloneOf(sum))
+	r := &feedRun{
+		tenant: st.GetTenant(), id: st.GetRunId(), spec: st.GetControl(), created: st.GetCreateTime(),
+		status: st.GetStatus(), attempts: st.GetAttempts(), updated: st.GetUpdateTime(), winner: st.GetWinner(),
+	}
+	o.f.publishRun(r)
 	return ctx, func(ev *stubbornv1.RunEvent) {
 		if see != nil {
 			see(ev)
 		}
-		if ev == nil {
-			return
-		}
-		if next, changed := advance(sum, ev); changed {
-			sum = next
-			o.f.publish(tenant, proto.CloneOf(sum))
+		if ev != nil && r.advance(ev) {
+			o.f.publishRun(r)
 		}
 	}
 }
 
-// advance returns sum after ev, and whether its status changed.
-func advance(sum *stubbornv1.RunSummary, ev *stubbornv1.RunEvent) (*stubbornv1.RunSummary, bool) {
-	next := sum.GetStatus()
+// publishRun publishes r's summary, made only when a stream follows.
+func (f *runFeed) publishRun(r *feedRun) {
+	if f.n.Load() == 0 {
+		return
+	}
+	f.publish(r.tenant, r.summary())
+}
+
+// feedRun is what the feed keeps of a run between its events.
+type feedRun struct {
+	tenant, id       string
+	spec             *stubbornv1.ControlSpec
+	created, updated *timestamppb.Timestamp
+	status           stubbornv1.RunStatus
+	attempts         int32
+	winner           string
+}
+
+func (r *feedRun) summary() *stubbornv1.RunSummary {
+	return &stubbornv1.RunSummary{
+		RunId: r.id, Control: controls.ControlName(r.spec), Delegates: controls.Named(r.spec),
+		Status: r.status, Attempts: r.attempts, CreateTime: r.created, UpdateTime: r.updated, Winner: r.winner,
+	}
+}
+
+// advance updates r with ev and reports whether its status changed.
+func (r *feedRun) advance(ev *stubbornv1.RunEvent) bool {
+	next := r.status
 	switch k := ev.GetKind().(type) {
 	case *stubbornv1.RunEvent_AttemptStarted:
 		if ev.GetPath() == "" {
-			sum.Attempts++
+			r.attempts++
 		}
 		next = stubbornv1.RunStatus_RUN_STATUS_RUNNING
 	case *stubbornv1.RunEvent_BackoffScheduled:
@@ -116,16 +145,17 @@ func advance(sum *stubbornv1.RunSummary, ev *stubbornv1.RunEvent) (*stubbornv1.R
 	case *stubbornv1.RunEvent_DecisionReceived:
 		next = stubbornv1.RunStatus_RUN_STATUS_RUNNING
 	case *stubbornv1.RunEvent_RunFinished:
-		return runs.Summary(k.RunFinished.GetState()), true
+		end := k.RunFinished.GetState()
+		next, r.attempts, r.winner = end.GetStatus(), end.GetAttempts(), end.GetWinner()
 	}
 	if ev.GetTime() != nil {
-		sum.UpdateTime = ev.GetTime()
+		r.updated = ev.GetTime()
 	}
-	if next == sum.GetStatus() {
-		return sum, false
+	if next == r.status {
+		return false
 	}
-	sum.Status = next
-	return sum, true
+	r.status = next
+	return true
 }
 
 // WatchRuns streams the summaries of ctx's tenant's runs as they start and
