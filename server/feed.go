@@ -50,8 +50,10 @@ func (f *runFeed) subscribe(tenant string, filter runs.Filter) (*feedSub, func()
 	f.mu.Unlock()
 	return s, func() {
 		f.mu.Lock()
-		delete(f.subs, s)
-		f.n.Add(-1)
+		if _, ok := f.subs[s]; ok {
+			delete(f.subs, s)
+			f.n.Add(-1)
+		}
 		f.mu.Unlock()
 	}
 }

@@ -30,5 +30,6 @@ func TestRunFeedNeverBlocks(t *testing.T) {
 	f.publish("a", retry)
 	<-sub.overflow
 	cancel()
-	assert.Zero(t, f.n.Load())
+	cancel()
+	assert.Zero(t, f.n.Load(), "cancel is idempotent")
 }
