@@ -71,26 +71,28 @@ type HTTP struct {
 	body    *template.Template
 }
 
-// OpenAI is a delegate that speaks the OpenAI Chat Completions API (OpenAI,
-// vLLM, Ollama, llama.cpp's server, LiteLLM, …): the brief is the user
-// message, the answer's text the result's text; the model, finish reason
-// and token usage are the result's data.
-type OpenAI struct {
-	// BaseURL is the API's base, such as https://api.openai.com/v1 or
-	// http://127.0.0.1:11434/v1; the call goes to BaseURL + /chat/completions.
+// ModelAPI is what the model kinds (openai, anthropic) are configured
+// with.
+type ModelAPI struct {
+	// BaseURL is the API's base: for openai such as
+	// https://api.openai.com/v1 or http://127.0.0.1:11434/v1 (the call goes
+	// to BaseURL + /chat/completions), for anthropic such as
+	// https://api.anthropic.com (the call goes to BaseURL + /v1/messages).
 	// Required.
 	BaseURL string `yaml:"base_url"`
 	// Model is the model name. Required.
 	Model string `yaml:"model"`
 	// APIKeyEnv names the environment variable holding the API key, read
-	// when the config is loaded and sent as a bearer token. Empty means no
-	// key (a local server); no other variable is ever read.
+	// when the config is loaded (openai: a bearer token; anthropic:
+	// x-api-key). Empty means no key (a local server); no other variable is
+	// ever read.
 	APIKeyEnv string `yaml:"api_key_env,omitempty"`
 	// System is the system prompt; empty means none.
 	System string `yaml:"system,omitempty"`
 	// Temperature, when set, is sent as is.
 	Temperature *float64 `yaml:"temperature,omitempty"`
-	// MaxTokens, when positive, caps the answer's tokens.
+	// MaxTokens, when positive, caps the answer's tokens. anthropic
+	// requires a cap: zero means 1024 there.
 	MaxTokens int `yaml:"max_tokens,omitempty"`
 	// HealthURL is as for http; empty means serving.
 	HealthURL string `yaml:"health_url,omitempty"`
@@ -98,29 +100,19 @@ type OpenAI struct {
 	apiKey string
 }
 
+// OpenAI is a delegate that speaks the OpenAI Chat Completions API (OpenAI,
+// vLLM, Ollama, llama.cpp's server, LiteLLM, …): the brief is the user
+// message, the answer's text the result's text; the model, finish reason
+// and token usage are the result's data.
+type OpenAI struct {
+	ModelAPI `yaml:",inline"`
+}
+
 // Anthropic is a delegate that speaks Anthropic's Messages API: the brief
 // is the user message, the answer's text blocks the result's text; the
 // model, stop reason and token usage are the result's data.
 type Anthropic struct {
-	// BaseURL is the API's base, such as https://api.anthropic.com; the
-	// call goes to BaseURL + /v1/messages. Required.
-	BaseURL string `yaml:"base_url"`
-	// Model is the model name. Required.
-	Model string `yaml:"model"`
-	// APIKeyEnv names the environment variable holding the API key, sent
-	// as x-api-key. Empty means no key.
-	APIKeyEnv string `yaml:"api_key_env,omitempty"`
-	// System is the system prompt; empty means none.
-	System string `yaml:"system,omitempty"`
-	// Temperature, when set, is sent as is.
-	Temperature *float64 `yaml:"temperature,omitempty"`
-	// MaxTokens caps the answer's tokens (the API requires it); zero
-	// means 1024.
-	MaxTokens int `yaml:"max_tokens,omitempty"`
-	// HealthURL is as for http; empty means serving.
-	HealthURL string `yaml:"health_url,omitempty"`
-
-	apiKey string
+	ModelAPI `yaml:",inline"`
 }
 
 // http2Headers are configured headers, expanded, in a stable order.
@@ -167,9 +159,9 @@ func (d *Delegate) checkKind(lookupEnv func(string) (string, bool)) []string {
 	case d.HTTP != nil:
 		return d.HTTP.check(lookupEnv)
 	case d.OpenAI != nil:
-		return d.OpenAI.check(lookupEnv)
+		return d.OpenAI.check(KindOpenAI, lookupEnv)
 	case d.Anthropic != nil:
-		return d.Anthropic.check(lookupEnv)
+		return d.Anthropic.check(KindAnthropic, lookupEnv)
 	}
 	return nil
 }
@@ -220,23 +212,15 @@ func (h *HTTP) check(lookupEnv func(string) (string, bool)) []string {
 	return bad
 }
 
-func (o *OpenAI) check(lookupEnv func(string) (string, bool)) []string {
-	bad := checkModelAPI("openai", o.BaseURL, o.Model, o.HealthURL, o.MaxTokens)
-	key, msg := readKey("openai", o.APIKeyEnv, lookupEnv)
+// check reports what is wrong with m (its fields under kind) and reads its
+// key.
+func (m *ModelAPI) check(kind string, lookupEnv func(string) (string, bool)) []string {
+	bad := checkModelAPI(kind, m.BaseURL, m.Model, m.HealthURL, m.MaxTokens)
+	key, msg := readKey(kind, m.APIKeyEnv, lookupEnv)
 	if msg != "" {
 		bad = append(bad, msg)
 	}
-	o.apiKey = key
-	return bad
-}
-
-func (a *Anthropic) check(lookupEnv func(string) (string, bool)) []string {
-	bad := checkModelAPI("anthropic", a.BaseURL, a.Model, a.HealthURL, a.MaxTokens)
-	key, msg := readKey("anthropic", a.APIKeyEnv, lookupEnv)
-	if msg != "" {
-		bad = append(bad, msg)
-	}
-	a.apiKey = key
+	m.apiKey = key
 	return bad
 }
 

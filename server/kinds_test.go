@@ -57,7 +57,7 @@ func TestFallbackChainOverOpenAIHTTPAndGRPC(t *testing.T) {
 	}))
 	t.Cleanup(api.Close)
 	e := startWith(t, setup{entries: []delegates.Delegate{
-		{Name: "model", OpenAI: &delegates.OpenAI{BaseURL: model.URL + "/v1", Model: "m"}},
+		{Name: "model", OpenAI: &delegates.OpenAI{ModelAPI: delegates.ModelAPI{BaseURL: model.URL + "/v1", Model: "m"}}},
 		{Name: "api", HTTP: &delegates.HTTP{URL: api.URL}},
 	}})
 	stream, err := e.client.Run(testCtx(t), &stubbornv1.RunRequest{
@@ -90,7 +90,7 @@ func TestModelJudgesAFallbackChain(t *testing.T) {
 	}))
 	t.Cleanup(api.Close)
 	e := startWith(t, setup{judge: "judge", entries: []delegates.Delegate{
-		{Name: "judge", OpenAI: &delegates.OpenAI{BaseURL: judge.URL + "/v1", Model: "m"}},
+		{Name: "judge", OpenAI: &delegates.OpenAI{ModelAPI: delegates.ModelAPI{BaseURL: judge.URL + "/v1", Model: "m"}}},
 		{Name: "api", HTTP: &delegates.HTTP{URL: api.URL, TextPointer: "/answer"}},
 	}})
 	stream, err := e.client.Run(testCtx(t), &stubbornv1.RunRequest{
