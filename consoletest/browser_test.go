@@ -85,23 +85,52 @@ func (l *pageLog) Exceptions() []string {
 
 // watchScript runs first in every document the tabs load. It counts the
 // tab's document loads in sessionStorage (so a test can tell a live update
-// from a reload), and keeps in window.__seen what appeared in the DOM at any
-// moment, even briefly: whether a backoff (with its countdown) was shown,
-// each attempt's outcomes, and the run's statuses in order.
+// from a reload), and keeps in window.__seen what the DOM showed at any
+// moment, even briefly (an element added and removed before the observer
+// ran is still in the mutation records): whether a backoff, with its
+// countdown, was shown; each attempt's outcomes in order; the run's
+// statuses in order; and, for the performance figures, when (ms since the
+// navigation started, performance.now()) the first run rows were in the
+// DOM and when the attempts reached their latest count, each with the time
+// of the next animation frame, when they were painted.
 const watchScript = `(() => {
+  if (location.protocol !== 'http:' && location.protocol !== 'https:') return; // about:blank
   const loads = Number(sessionStorage.getItem('__stubbornLoads') || 0) + 1;
   sessionStorage.setItem('__stubbornLoads', String(loads));
-  const seen = window.__seen = {loads, backoff: false, countdown: false, attempts: {}, statuses: []};
-  const scan = () => {
-    for (const b of document.querySelectorAll('[data-testid=backoff]')) {
-      seen.backoff = true;
-      if (b.querySelector('[data-testid=countdown]')) seen.countdown = true;
+  const seen = window.__seen = {loads, backoff: false, countdown: false, attempts: {}, statuses: [],
+    firstRowsMs: null, firstRowsFrameMs: null, firstRows: 0, attemptsMax: 0, attemptsMaxMs: null, attemptsMaxFrameMs: null};
+  const backoff = (el) => {
+    seen.backoff = true;
+    if (el.querySelector('[data-testid=countdown]')) seen.countdown = true;
+  };
+  const scan = (records) => {
+    for (const r of records || []) {
+      for (const n of r.addedNodes) {
+        if (n.nodeType !== 1) continue;
+        if (n.matches('[data-testid=backoff]')) backoff(n);
+        n.querySelectorAll('[data-testid=backoff]').forEach(backoff);
+      }
     }
-    for (const a of document.querySelectorAll('[data-testid=attempt]')) {
+    document.querySelectorAll('[data-testid=backoff]').forEach(backoff);
+    const attempts = document.querySelectorAll('[data-testid=attempt]');
+    for (const a of attempts) {
       const k = a.getAttribute('data-attempt');
       const o = a.getAttribute('data-outcome');
       const list = seen.attempts[k] || (seen.attempts[k] = []);
       if (list[list.length - 1] !== o) list.push(o);
+    }
+    if (attempts.length > seen.attemptsMax) {
+      const n = seen.attemptsMax = attempts.length;
+      seen.attemptsMaxMs = performance.now();
+      requestAnimationFrame(() => { if (seen.attemptsMax === n) seen.attemptsMaxFrameMs = performance.now(); });
+    }
+    if (seen.firstRowsMs === null) {
+      const rows = document.querySelectorAll('[data-testid=run-row]').length;
+      if (rows > 0) {
+        seen.firstRowsMs = performance.now();
+        seen.firstRows = rows;
+        requestAnimationFrame(() => { seen.firstRowsFrameMs = performance.now(); });
+      }
     }
     const run = document.querySelector('[data-testid=run]');
     const s = run && run.getAttribute('data-status');
@@ -109,6 +138,27 @@ const watchScript = `(() => {
   };
   new MutationObserver(scan).observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
 })();`
+
+// seen is window.__seen.
+type seen struct {
+	Loads              int                 `json:"loads"`
+	Backoff            bool                `json:"backoff"`
+	Countdown          bool                `json:"countdown"`
+	Attempts           map[string][]string `json:"attempts"`
+	Statuses           []string            `json:"statuses"`
+	FirstRowsMs        *float64            `json:"firstRowsMs"`
+	FirstRowsFrameMs   *float64            `json:"firstRowsFrameMs"`
+	FirstRows          int                 `json:"firstRows"`
+	AttemptsMax        int                 `json:"attemptsMax"`
+	AttemptsMaxMs      *float64            `json:"attemptsMaxMs"`
+	AttemptsMaxFrameMs *float64            `json:"attemptsMaxFrameMs"`
+}
+
+// seen returns what the watch script saw in the tab's current document.
+func (tb *tab) seen() seen {
+	tb.t.Helper()
+	return eval[seen](tb, `window.__seen`)
+}
 
 // allocatorOptions are chromium's flags: headless, no sandbox (the tests
 // run as root in CI, where chromium's sandbox refuses to start; the browser
@@ -242,15 +292,26 @@ func (tb *tab) screenshot(name string) []byte {
 }
 
 // waitJS waits until the JavaScript expression is truthy, failing the test
-// after d. It polls every 20ms and on every DOM change.
+// after d. It polls every 20ms.
 func (tb *tab) waitJS(what, expr string, d time.Duration) {
 	tb.t.Helper()
-	ctx, cancel := context.WithTimeout(tb.ctx, d+5*time.Second)
-	defer cancel()
-	_, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](expr,
-		chromedp.WithPollingInterval(20*time.Millisecond), chromedp.WithPollingTimeout(d)))
-	if err != nil {
-		tb.fail("waiting for "+what+" ("+expr+")", err)
+	deadline := time.Now().Add(d)
+	for {
+		ctx, cancel := context.WithDeadline(tb.ctx, deadline.Add(5*time.Second))
+		_, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](expr,
+			chromedp.WithPollingInterval(20*time.Millisecond), chromedp.WithPollingTimeout(time.Until(deadline))))
+		cancel()
+		// Right after a navigation, chromedp may still poll in the previous
+		// document's execution context, which the browser no longer knows:
+		// poll again in the new one.
+		if err != nil && strings.Contains(err.Error(), "Cannot find context with specified id") && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			tb.fail("waiting for "+what+" ("+expr+")", err)
+		}
+		return
 	}
 }
 
@@ -317,13 +378,6 @@ func (tb *tab) typeInto(sel, value string) {
 	}
 }
 
-// loads is how many documents the tab has loaded since it opened (the
-// watch script's count).
-func (tb *tab) loads() int {
-	tb.t.Helper()
-	return eval[int](tb, `window.__seen ? window.__seen.loads : 0`)
-}
-
 // artifactsDir is where screenshots go: STUBBORN_ARTIFACTS, else the
 // package's testdata/artifacts (ignored by git).
 func artifactsDir(t *testing.T) string {
@@ -348,11 +402,13 @@ func writeArtifact(t *testing.T, name string, b []byte) {
 	t.Logf("artifact: %s (%d bytes)", abs, len(b))
 }
 
-// perf logs a figure as "PERF name=value" and appends the line to the file
+// perf logs a figure as "PERF name=value race=BOOL" (race: whether the
+// race detector was on, which slows the server: figures to publish come
+// from a run without it) and appends the line to the file
 // STUBBORN_PERF_OUT names, if any.
 func perf(t *testing.T, name string, value any) {
 	t.Helper()
-	line := fmt.Sprintf("PERF %s=%v", name, value)
+	line := fmt.Sprintf("PERF %s=%v race=%v", name, value, raceEnabled)
 	t.Log(line)
 	out := os.Getenv("STUBBORN_PERF_OUT")
 	if out == "" {

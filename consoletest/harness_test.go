@@ -83,14 +83,7 @@ func TestBrowserHarness(t *testing.T) {
 		"race echo, flaky: 1 run RUN_STATUS_SUCCEEDED"; got != want {
 		t.Errorf("result %q, want %q", got, want)
 	}
-	type seen struct {
-		Loads     int                 `json:"loads"`
-		Backoff   bool                `json:"backoff"`
-		Countdown bool                `json:"countdown"`
-		Attempts  map[string][]string `json:"attempts"`
-		Statuses  []string            `json:"statuses"`
-	}
-	got := eval[seen](b, `window.__seen`)
+	got := b.seen()
 	if got.Loads != 1 || !got.Backoff || !got.Countdown ||
 		len(got.Attempts["1"]) != 2 || got.Attempts["1"][1] != "ATTEMPT_OUTCOME_SUCCEEDED" ||
 		len(got.Statuses) != 2 || got.Statuses[1] != "RUN_STATUS_SUCCEEDED" {

@@ -40,6 +40,8 @@ type setup struct {
 	delegates map[string]stubbornv1.DelegateServiceServer
 	// tenants go into the registry as they are.
 	tenants []delegates.Tenant
+	// seed makes the backoffs' jitter deterministic (server.Config.Seed).
+	seed uint64
 	// pages are served next to the server's HTTP handler, by path.
 	pages map[string]http.Handler
 }
@@ -61,7 +63,7 @@ func startServer(t *testing.T, su setup) *stack {
 			Timeout: delegates.Duration(time.Minute),
 		})
 	}
-	st, err := server.New(server.Config{Registry: cfg, Logger: slog.New(slog.DiscardHandler)})
+	st, err := server.New(server.Config{Registry: cfg, Logger: slog.New(slog.DiscardHandler), Seed: su.seed})
 	if err != nil {
 		t.Fatal(err)
 	}
