@@ -119,7 +119,9 @@ func TestConsoleRetryRun(t *testing.T) {
 	b.do("the decision buttons", 5*time.Second,
 		chromedp.WaitVisible(chromedp.CSS(`[data-testid=decide-retry]`)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-testid=decide-fail]`)),
-		chromedp.WaitVisible(chromedp.CSS(`[data-testid=status]`)))
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid=cancel]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid=status]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid=timeline]`)))
 	s.waitStatus(t, ctx, id, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, 5*time.Second)
 	w := b.seen()
 	if !w.Backoff || !w.Countdown {
@@ -190,6 +192,47 @@ func TestConsoleRetryRun(t *testing.T) {
 		if ex := tb.log.Exceptions(); len(ex) > 0 {
 			t.Errorf("%s: uncaught exceptions: %q", tb.name, ex)
 		}
+	}
+}
+
+// Runs started elsewhere (gRPC), opened by their address: Fail ends one
+// awaiting a decision FAILED, Cancel ends another CANCELLED, and the page
+// shows it live.
+func TestConsoleFailAndCancel(t *testing.T) {
+	s := startServer(t, setup{delegates: map[string]stubbornv1.DelegateServiceServer{"down": demo.Down{}}})
+	ctx := testCtx(t)
+	awaiting := func() string {
+		zero := int32(0)
+		res, err := s.client.StartRun(ctx, &stubbornv1.StartRunRequest{TaskBrief: "wait for me", Retry: &stubbornv1.RetrySpec{
+			Target: "down", Attempts: &zero, OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_ASK,
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.waitStatus(t, ctx, res.GetRunId(), stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, 10*time.Second)
+		return res.GetRunId()
+	}
+	failed, cancelled := awaiting(), awaiting()
+
+	b := newBrowser(t)
+	for _, c := range []struct {
+		id, button string
+		want       stubbornv1.RunStatus
+	}{
+		{failed, "decide-fail", stubbornv1.RunStatus_RUN_STATUS_FAILED},
+		{cancelled, "cancel", stubbornv1.RunStatus_RUN_STATUS_CANCELLED},
+	} {
+		page := runPage + `[data-run-id="` + c.id + `"]`
+		b.do("opening run "+c.id, 30*time.Second,
+			chromedp.Navigate(s.url+"/#/runs/"+c.id),
+			chromedp.WaitVisible(chromedp.CSS(page+`[data-status=RUN_STATUS_AWAITING_DECISION]`)))
+		b.do("clicking "+c.button, 10*time.Second, chromedp.Click(chromedp.CSS(`[data-testid=`+c.button+`]`)))
+		b.waitJS(c.want.String(), q(page+`[data-status=`+c.want.String()+`]`), 10*time.Second)
+		b.waitJS("the action's result", q(`[data-testid=action-result]`)+`?.textContent.trim()`, 10*time.Second)
+		s.waitStatus(t, ctx, c.id, c.want, 5*time.Second)
+	}
+	if ex := b.log.Exceptions(); len(ex) > 0 {
+		t.Errorf("uncaught exceptions: %q", ex)
 	}
 }
 
