@@ -4,7 +4,9 @@
 // app.css (minified) and index.html, which names both with their content
 // hash (app.js?v=…) so the Go handler can let browsers keep them.
 //
-// The output depends only on the sources and the locked packages, not on
+// The output depends only on files of the repository (src, this package's
+// locked packages, clients/typescript/src/gen and, for what may be left out
+// of the bundle, clients/typescript/package.json's "sideEffects"), not on
 // the machine or the directory, so `make checkconsole` can rebuild into a
 // temporary directory and compare with the committed console/dist.
 
@@ -26,6 +28,9 @@ const common = {
   legalComments: "none",
   logLevel: "warning",
   target: ["chrome109", "firefox115", "safari16"],
+  // This tsconfig for every file, the generated ones included (esbuild
+  // would take clients/typescript's for those).
+  tsconfig: "tsconfig.json",
   // The generated code in clients/typescript imports @bufbuild/protobuf:
   // resolved here (from console/web/node_modules, so this package-lock
   // pins it), not from clients/typescript's node_modules, whether that is

@@ -30,6 +30,10 @@ export function runPage(id: string): Page {
   let state: ControlState | undefined;
   let snapshotAt = 0;
   let lastSeq = 0n;
+  // The run's own control's attempts seen (a nested preset's are not
+  // counted, as in ControlState.attempts), and where the page shows them.
+  let topAttempts = 0;
+  let attemptsEl: HTMLElement | undefined;
   let finished = false;
   const events: RunEvent[] = [];
   // What the page says meanwhile: a backoff's end, a decision's deadline.
@@ -92,7 +96,8 @@ export function runPage(id: string): Page {
     rows.push(["Started", created ? fmtTime(created) : "–"]);
     const end = tsMs(st.endTime);
     if (end && created) rows.push(["Took", fmtMs(end - created)]);
-    rows.push(["Attempts", String(st.attempts)]);
+    attemptsEl = h("span", null, String(Math.max(st.attempts, topAttempts)));
+    rows.push(["Attempts", attemptsEl]);
     if (st.statusReason) rows.push(["Why", st.statusReason]);
     const opts = describeOptions(st.options);
     if (opts) rows.push(["Options", opts]);
@@ -161,6 +166,10 @@ export function runPage(id: string): Page {
         break;
       case "attemptStarted":
         if (k.value.attempt) tl.attemptStarted(k.value.attempt, t);
+        if (!ev.path) {
+          topAttempts++;
+          if (attemptsEl && state) text(attemptsEl, String(Math.max(state.attempts, topAttempts)));
+        }
         next = RunStatus.RUNNING;
         if (current) waitUntil = undefined;
         break;
@@ -323,11 +332,11 @@ export function runPage(id: string): Page {
 }
 
 function legend(): HTMLElement {
-  const item = (cls: string, label: string) => h("li", null, h("span", { class: "swatch " + cls }), label);
+  const item = (cls: string, label: string) => h("li", null, h("span", { class: "swatch sw-" + cls }), label);
   return h("ul", { class: "legend", "aria-label": "Legend" },
-    item("running", "running"), item("o-SUCCEEDED", "succeeded"), item("o-ERROR", "error"),
-    item("o-REJECTED", "rejected"), item("o-CANCELLED", "cancelled"), item("o-SKIPPED", "skipped"),
-    item("o-INTERRUPTED", "interrupted"), item("backoff", "backoff"), item("await", "awaiting decision"));
+    item("running", "running"), item("SUCCEEDED", "succeeded"), item("ERROR", "error"),
+    item("REJECTED", "rejected"), item("CANCELLED", "cancelled"), item("SKIPPED", "skipped"),
+    item("INTERRUPTED", "interrupted"), item("backoff", "backoff"), item("await", "awaiting decision"));
 }
 
 function dur(d: { seconds: bigint; nanos: number } | undefined, unset: string): string {

@@ -159,7 +159,7 @@ export class Timeline {
     let added = "";
     if (prev && prev.a.brief !== a.brief) added = a.brief.slice(commonPrefix(prev.a.brief, a.brief));
     const why = h("div", { class: "why" });
-    const item = h("li", { class: "attempt-detail running", id: "attempt-" + a.number, "data-testid": "attempt-detail", "data-attempt": a.number });
+    const item = h("li", { class: "attempt-detail", id: "attempt-" + a.number, "data-testid": "attempt-detail", "data-attempt": a.number, "data-outcome": "running" });
     const v: AttemptView = { n: a.number, a, lane, start, bar, item, why, note: "", added, prevN: prev?.n };
     lane.last = v;
     this.atPath.set(a.path, lane);
@@ -184,8 +184,7 @@ export class Timeline {
     attr(v.bar, "data-outcome", o);
     v.bar.classList.remove("running");
     v.bar.classList.add("o-" + shortName(AttemptOutcomeSchema, a.outcome));
-    v.item.classList.remove("running");
-    v.item.classList.add("o-" + shortName(AttemptOutcomeSchema, a.outcome));
+    attr(v.item, "data-outcome", o);
     this.place(v.bar, v.start, v.end);
     this.renderItem(v);
     this.describeBar(v);
@@ -252,7 +251,7 @@ export class Timeline {
     }
     this.waiting.clear();
     for (const l of this.lanes.values()) {
-      if (winner && l.delegate === winner && !l.path) l.el.classList.add("winner");
+      if (winner && l.delegate === winner && !l.path) l.el.classList.add("won");
     }
     this.tick(end);
   }
@@ -340,7 +339,7 @@ export class Timeline {
       lines.push(h("div", { class: "why" },
         h("span", { class: "src src-" + src }, src), " ", f.reason,
         f.transient ? h("span", { class: "tag" }, "transient") : null,
-        v.willRetry ? h("span", { class: "tag" }, "retried") : null,
+        v.willRetry ? h("span", { class: "tag" }, "another attempt follows") : null,
         f.notRetriedReason ? h("span", { class: "not-retried" }, " · not retried: " + f.notRetriedReason) :
           f.notRetriedCode !== NotRetried.UNSPECIFIED ? h("span", { class: "not-retried" }, " · not retried") : null));
       if (f.analysis) lines.push(h("div", { class: "advice" }, h("strong", null, "Analyst: "), f.analysis));
@@ -348,7 +347,7 @@ export class Timeline {
     } else if (a.error) {
       lines.push(h("div", { class: "why" }, (codes[a.error.code] ?? a.error.code) + ": " + a.error.message));
     }
-    if (v.note) lines.push(h("div", { class: "note" }, v.note));
+    if (v.note && v.note !== f?.reason) lines.push(h("div", { class: "note" }, v.note));
     if (v.added) {
       lines.push(h("div", { class: "added" }, h("span", { class: "added-label" }, "Added to the brief since #" + v.prevN + ":"),
         h("pre", null, h("mark", null, v.added.replace(/^\n+/, "")))));
