@@ -25,7 +25,7 @@ GO_TEST_FLAGS ?= -race -count=1 -timeout=15m
 all: generate lint test
 
 .PHONY: demo
-demo: ## Run the demo: a server, demo delegates and two live runs in one process.
+demo: ## Run the demo: a server, demo delegates, three live runs and the web console in one process, until Ctrl-C.
 	go run ./cmd/stubborn demo
 
 .PHONY: test
