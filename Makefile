@@ -25,7 +25,7 @@ GO_TEST_FLAGS ?= -race -count=1 -timeout=15m
 all: generate lint test
 
 .PHONY: demo
-demo: ## Run the demo: a server, demo delegates and two live runs in one process.
+demo: ## Run the demo: a server, demo delegates, three live runs and the web console in one process, until Ctrl-C.
 	go run ./cmd/stubborn demo
 
 .PHONY: test
@@ -188,12 +188,39 @@ checkclients: $(BUF) $(PROTOC_GEN_ES) ## Fail if protoc warns on the protos or t
 	if ((stale)); then echo 'clients/ is stale: run make clients' >&2; exit 1; fi
 
 .PHONY: testclients
-testclients: checkclients ## checkclients, tsc, then the packages, the kit's tests and the examples against live servers.
+testclients: checkclients checkconsole ## checkclients, checkconsole, tsc, then the packages, the kit's tests and the examples against live servers.
 	cd clients/typescript && node_modules/.bin/tsc --noEmit
 	bash clients/run-examples.sh
 
 $(PROTOC_GEN_ES): clients/typescript/package-lock.json
 	cd clients/typescript && npm ci --no-audit --no-fund
+	touch $@
+
+# The web console: TypeScript in console/web (with the generated code of
+# clients/typescript/src/gen), bundled by the esbuild pinned in
+# console/web/package-lock.json into console/dist, which is committed and
+# embedded in the binary (package console): building and testing Stubborn
+# need only Go. After editing console/web, `make console` rebuilds
+# console/dist; `make checkconsole` fails when console/web does not
+# typecheck or console/dist is not what it builds (the build is
+# deterministic). Both need Node.js and npm, so `make testclients` runs
+# checkconsole, not `make test`.
+CONSOLE_ESBUILD := console/web/node_modules/.bin/esbuild
+
+.PHONY: console
+console: $(CONSOLE_ESBUILD) ## Rebuild console/dist from console/web (needs Node.js and npm).
+	cd console/web && node_modules/.bin/tsc --noEmit
+	cd console/web && node build.mjs
+
+.PHONY: checkconsole
+checkconsole: $(CONSOLE_ESBUILD) ## Fail if console/web does not typecheck or console/dist is not what it builds.
+	cd console/web && node_modules/.bin/tsc --noEmit
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	(cd console/web && node build.mjs "$$tmp/dist" >/dev/null); \
+	if ! diff -rq console/dist "$$tmp/dist"; then echo 'console/dist is stale: run make console' >&2; exit 1; fi
+
+$(CONSOLE_ESBUILD): console/web/package-lock.json
+	cd console/web && npm ci --no-audit --no-fund
 	touch $@
 
 $(BUF):

@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/vanguard/vanguardgrpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/stubbornhq/stubborn/console"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
@@ -38,6 +39,9 @@ const (
 //
 // Serve it on a listener of its own (see NewHTTPServer): on the gRPC
 // port, native gRPC would go through grpc-go's slower ServeHTTP as well.
+//
+// Every other path is the web console (package console): its page at "/"
+// calls this API from the browser, on the same origin.
 func (s *Stubborn) HTTPHandler() (http.Handler, error) {
 	t, err := vanguardgrpc.NewTranscoder(s.GRPC,
 		vanguard.WithDefaultServiceOptions(vanguard.WithMaxMessageBufferBytes(MaxHTTPBodyBytes)),
@@ -49,6 +53,9 @@ func (s *Stubborn) HTTPHandler() (http.Handler, error) {
 	api := http.MaxBytesHandler(connectByDefault(t), MaxHTTPBodyBytes)
 	mux.Handle("/"+stubbornv1.ControlService_ServiceDesc.ServiceName+"/", api)
 	mux.Handle("/"+healthpb.Health_ServiceDesc.ServiceName+"/", api)
+	// Everything else is the web console (index.html at "/", its assets;
+	// 404 for the rest), which calls the API above on the same origin.
+	mux.Handle("/", console.Handler())
 	return mux, nil
 }
 

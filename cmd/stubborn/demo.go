@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -130,20 +131,42 @@ type demoRun struct {
 	want  stubbornv1.RunStatus
 }
 
+// demoHTTPListen is where the demo serves the console and the HTTP API
+// unless -http-listen says otherwise; when it is taken, any free port.
+const demoHTTPListen = "127.0.0.1:7301"
+
+// demoPresets are presets for the console's runs: a fallback chain whose
+// first step is itself a retry, so the timeline shows nesting.
+func demoPresets() []delegates.Preset {
+	return []delegates.Preset{
+		{Name: "api-with-retry", Spec: &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
+			Target: "flaky-api", Attempts: ptr(int32(3)), BaseWait: durationpb.New(200 * time.Millisecond),
+			MaxWait: durationpb.New(2 * time.Second), OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL,
+		}}}},
+		{Name: "careful-search", Spec: &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{
+			Chain: []string{"api-with-retry", "echo"},
+		}}}},
+	}
+}
+
 func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	fs := newFlagSet("demo")
 	latency := fs.Duration("latency", 300*time.Millisecond, "how long each demo delegate answer takes")
 	asJSON := fs.Bool("json", false, "print events as protojson lines")
+	exit := fs.Bool("exit", false, "exit once the demo runs have ended, instead of serving the console until interrupted")
+	httpListen := fs.String("http-listen", demoHTTPListen, "loopback address to serve the web console and the HTTP API on (when the default is taken, any free port)")
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}
+	httpSet := false
+	fs.Visit(func(f *flag.Flag) { httpSet = httpSet || f.Name == "http-listen" })
 	entries, stopDelegates, err := serveDemoDelegates(ctx, "127.0.0.1", 0, *latency)
 	if err != nil {
 		return 1, err
 	}
 	defer stopDelegates()
 	entries = append(entries, delegates.Delegate{Name: "unreachable", Target: "127.0.0.1:1", Timeout: delegates.Duration(5 * time.Second)})
-	cfg := &delegates.Config{Delegates: entries}
+	cfg := &delegates.Config{Delegates: entries, Presets: demoPresets()}
 	// The embedded default: runs kept in an in-process JetStream, here in a
 	// directory of its own that goes away with the demo.
 	dataDir, err := os.MkdirTemp("", "stubborn-demo-")
@@ -167,7 +190,32 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 		return 1, err
 	}
 	go func() { _ = s.Serve(lis) }()
-	defer s.Stop(5 * time.Second)
+	stopServer := sync.OnceFunc(func() { s.Stop(5 * time.Second) })
+	defer stopServer()
+
+	// The web console and the HTTP API, on loopback only: the demo has no
+	// TLS and no tenants.
+	hlis, err := net.Listen("tcp", *httpListen)
+	if err != nil && !httpSet {
+		hlis, err = net.Listen("tcp", "127.0.0.1:0")
+	}
+	if err != nil {
+		return 1, fmt.Errorf("-http-listen: %w", err)
+	}
+	if err := server.CheckPlaintext(hlis.Addr(), false); err != nil {
+		_ = hlis.Close()
+		return 2, fmt.Errorf("-http-listen: %w", err)
+	}
+	stopHTTP, err := serveHTTP(s, hlis, &serveConfig{logger: quiet})
+	if err != nil {
+		_ = hlis.Close()
+		return 1, err
+	}
+	defer stopHTTP()
+	// Before stopHTTP: its Stop ends the runs and the streams, HTTP's
+	// included.
+	defer stopServer()
+	consoleURL := "http://" + hlis.Addr().String() + "/"
 
 	client, closeConn, err := dial(lis.Addr().String())
 	if err != nil {
@@ -175,6 +223,7 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	}
 	defer closeConn()
 
+	fmt.Fprintf(stdout, "Console: %s (open it to follow the runs below live)\n", consoleURL)
 	fmt.Fprintf(stdout, "Stubborn demo: server on %s, demo delegates echo, flaky and flaky-api (each fails its first 2 calls), down (health NOT_SERVING), search-backup (always fails), unreachable (nothing listens).\n", lis.Addr())
 	demoRuns := []demoRun{
 		{
@@ -204,6 +253,7 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 			want: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED,
 		},
 	}
+	var failed error
 	for i, r := range demoRuns {
 		fmt.Fprintf(stdout, "\n== run %d: %s\n", i+1, r.title)
 		stream, err := client.Run(ctx, r.req)
@@ -212,12 +262,45 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 		}
 		st, err := follow(stream, printer{w: stdout, json: *asJSON})
 		if err != nil {
+			if ctx.Err() != nil {
+				return 0, nil // interrupted
+			}
 			return 1, err
 		}
-		if st.GetStatus() != r.want {
-			return 1, fmt.Errorf("run %d ended %s, want %s", i+1, statusName(st.GetStatus()), statusName(r.want))
+		if st.GetStatus() != r.want && failed == nil {
+			failed = fmt.Errorf("run %d ended %s, want %s", i+1, statusName(st.GetStatus()), statusName(r.want))
 		}
 	}
-	fmt.Fprintln(stdout, "\nDemo finished: every run ended as expected.")
+	if failed == nil {
+		fmt.Fprintln(stdout, "\nDemo finished: every run ended as expected.")
+	}
+	if *exit {
+		if failed != nil {
+			return 1, failed
+		}
+		return 0, nil
+	}
+
+	// One more run, left for a person: a retry of unreachable whose retries
+	// run out, so it awaits a decision that the console's Retry and Fail
+	// buttons give.
+	res, err := client.StartRun(ctx, &stubbornv1.StartRunRequest{
+		TaskBrief: "reach the unreachable",
+		Retry: &stubbornv1.RetrySpec{
+			Target: "unreachable", Attempts: ptr(int32(2)), BaseWait: durationpb.New(200 * time.Millisecond),
+			OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_ASK,
+		},
+	})
+	if err == nil {
+		fmt.Fprintf(stdout, "\nA fourth run awaits your decision (a retry of unreachable whose retries ran out): %s#/runs/%s\n", consoleURL, res.GetRunId())
+	} else if ctx.Err() == nil {
+		fmt.Fprintf(stdout, "\nThe run that awaits a decision could not start: %v\n", err)
+	}
+	fmt.Fprintf(stdout, "\nServing the console on %s and the API on %s (gRPC) until interrupted: press Ctrl-C to stop.\n", consoleURL, lis.Addr())
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "\nStopping.")
+	if failed != nil {
+		return 1, failed
+	}
 	return 0, nil
 }

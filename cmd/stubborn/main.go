@@ -36,7 +36,7 @@ Usage:
   stubborn cancel RUN_ID
   stubborn decide RUN_ID retry|fail
   stubborn delegates [-listen HOST:FIRST_PORT]   serve the demo delegates
-  stubborn demo   a server, demo delegates and live runs in one process
+  stubborn demo   [-exit] [-http-listen ADDR]   a server, demo delegates, live runs and the web console in one process, until Ctrl-C (-exit: once the runs end)
   stubborn token  [-hash]   a new bearer token and its SHA-256 for a tenant's token_sha256 (-hash: hash stdin's)
 
 Clients (run, watch, get, list, cancel, decide) read STUBBORN_TOKEN (a bearer token) and, for TLS,

@@ -36,10 +36,11 @@ func TestDemoRunsEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var out bytes.Buffer
-	code, err := run(ctx, []string{"demo", "-latency", "1ms"}, &out)
+	code, err := run(ctx, []string{"demo", "-latency", "1ms", "-exit", "-http-listen", "127.0.0.1:0"}, &out)
 	require.NoError(t, err, out.String())
 	assert.Equal(t, 0, code)
 	text := out.String()
+	assert.Regexp(t, `^Console: http://127\.0\.0\.1:\d+/ `, text, "the console's URL comes first")
 	for _, want := range []string{
 		"attempt 1 ← down: SKIPPED",
 		"attempt 3 ← search-backup: ERROR",

@@ -1,0 +1,423 @@
+// A run's page: GetRun for what it is, then WatchRun from seq 1, reattached
+// after the last seq seen when the stream drops, into the timeline; and the
+// actions a person takes on it (DecideRun, CancelRun).
+
+import { Code } from "@connectrpc/connect";
+import {
+  AttemptOutcomeSchema,
+  Decision,
+  DecisionSchema,
+  OnExhausted,
+  RunStatus,
+  RunStatusSchema,
+  type ControlSpec,
+  type ControlState,
+  type RunEvent,
+  type RunOptions,
+} from "../../../clients/typescript/src/gen/stubborn/v1/control_pb.js";
+import { api, describe, errorCode, isAbort } from "./api";
+import { attr, h, text } from "./dom";
+import { durMs, enumName, fmtMs, fmtTime, shortName, tsMs } from "./format";
+import type { Page } from "./main";
+import { sleep, statusBadge, terminal } from "./shared";
+import { resultText, Timeline } from "./timeline";
+
+export function runPage(id: string): Page {
+  const ac = new AbortController();
+  const signal = ac.signal;
+
+  let status = RunStatus.UNSPECIFIED;
+  let state: ControlState | undefined;
+  let snapshotAt = 0;
+  let lastSeq = 0n;
+  // The run's own control's attempts seen (a nested preset's are not
+  // counted, as in ControlState.attempts), and where the page shows them.
+  let topAttempts = 0;
+  let attemptsEl: HTMLElement | undefined;
+  let finished = false;
+  const events: RunEvent[] = [];
+  // What the page says meanwhile: a backoff's end, a decision's deadline.
+  let waitUntil: { kind: "backoff" | "decision"; at?: number; next?: number; reason?: string } | undefined;
+
+  const statusEl = h("span", { class: "badge", "data-testid": "status" });
+  const live = h("span", { class: "live", "aria-live": "polite" });
+  const facts = h("dl", { class: "facts" });
+  const notice = h("div", { class: "notice", role: "status", hidden: true });
+  const actions = h("div", { class: "actions" });
+  const actionResult = h("p", { class: "action-result", "data-testid": "action-result", role: "status", "aria-live": "polite" });
+  const error = h("p", { class: "error", role: "alert" });
+  const tl = new Timeline(Date.now());
+  const resultSection = h("section", { class: "result", hidden: true, "aria-labelledby": "result-title" });
+  const eventList = h("ol", { class: "events" });
+  const eventsBox = h("details", { class: "events-box" }, h("summary", null, "Events"), eventList);
+  eventsBox.addEventListener("toggle", () => {
+    if (eventsBox.open && eventList.childElementCount === 0) eventList.append(...events.map(eventLine));
+  });
+
+  const el = h("section", { class: "run-page", "data-testid": "run", "data-run-id": id, "data-status": "" },
+    h("div", { class: "title" }, h("h1", null, "Run ", h("code", null, id)), statusEl, live),
+    error,
+    facts,
+    notice,
+    h("div", { class: "action-bar" }, actions, actionResult),
+    h("section", { class: "timeline-section", "aria-labelledby": "timeline-title" },
+      h("h2", { id: "timeline-title" }, "Timeline"),
+      legend(),
+      tl.el),
+    resultSection,
+    h("section", { "aria-labelledby": "attempts-title" }, h("h2", { id: "attempts-title" }, "Attempts"), tl.list),
+    eventsBox);
+
+  function setStatus(s: RunStatus): void {
+    if (s === RunStatus.UNSPECIFIED) return;
+    const changed = s !== status;
+    status = s;
+    attr(el, "data-status", enumName(RunStatusSchema, s));
+    text(statusEl, shortName(RunStatusSchema, s));
+    statusEl.className = "badge s-" + shortName(RunStatusSchema, s);
+    statusEl.title = enumName(RunStatusSchema, s);
+    if (changed) renderActions();
+  }
+
+  function showState(st: ControlState): void {
+    state = st;
+    const created = tsMs(st.createTime);
+    if (created) tl.setStart(created);
+    renderFacts();
+  }
+
+  function renderFacts(): void {
+    const st = state;
+    if (!st) return;
+    const rows: [string, Node | string][] = [];
+    rows.push(["Control", describeControl(st.control)]);
+    rows.push(["Brief", h("pre", { class: "brief" }, st.taskBrief)]);
+    const created = tsMs(st.createTime);
+    rows.push(["Started", created ? fmtTime(created) : "–"]);
+    const end = tsMs(st.endTime);
+    if (end && created) rows.push(["Took", fmtMs(end - created)]);
+    attemptsEl = h("span", null, String(Math.max(st.attempts, topAttempts)));
+    rows.push(["Attempts", attemptsEl]);
+    if (st.statusReason) rows.push(["Why", st.statusReason]);
+    const opts = describeOptions(st.options);
+    if (opts) rows.push(["Options", opts]);
+    if (st.tenant) rows.push(["Tenant", st.tenant]);
+    facts.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", null, k), h("dd", null, v)]));
+  }
+
+  function renderActions(): void {
+    const buttons: HTMLElement[] = [];
+    if (status === RunStatus.AWAITING_DECISION) {
+      buttons.push(
+        h("button", { type: "button", "data-testid": "decide-retry", onclick: () => act("Retry", () => api.decideRun({ runId: id, decision: Decision.RETRY }, { signal })) }, "Retry"),
+        h("button", { type: "button", class: "danger", "data-testid": "decide-fail", onclick: () => act("Fail", () => api.decideRun({ runId: id, decision: Decision.FAIL }, { signal })) }, "Fail"));
+    }
+    if (status !== RunStatus.UNSPECIFIED && !terminal(status)) {
+      buttons.push(h("button", { type: "button", class: "secondary", "data-testid": "cancel", onclick: () => act("Cancel", () => api.cancelRun({ runId: id }, { signal })) }, "Cancel run"));
+    }
+    buttons.push(h("a", { class: "button secondary", href: "#/start?from=" + encodeURIComponent(id) }, "Start a similar run"));
+    actions.replaceChildren(...buttons);
+  }
+
+  async function act(what: string, call: () => Promise<{ state?: ControlState }>): Promise<void> {
+    for (const b of actions.querySelectorAll("button")) b.disabled = true;
+    text(actionResult, what + "…");
+    actionResult.className = "action-result";
+    try {
+      const res = await call();
+      const st = res.state;
+      text(actionResult, what + ": done. The run is " + (st ? shortName(RunStatusSchema, st.status) : "answered") +
+        (st?.statusReason ? " (" + st.statusReason + ")" : "") + ".");
+      actionResult.classList.add("ok");
+      if (st && (tsMs(st.updateTime) ?? 0) >= snapshotAt) {
+        snapshotAt = tsMs(st.updateTime) ?? snapshotAt;
+        showState(st);
+        setStatus(st.status);
+      }
+    } catch (err) {
+      if (isAbort(err)) return;
+      text(actionResult, what + " failed: " + describe(err));
+      actionResult.classList.add("error");
+    }
+    for (const b of actions.querySelectorAll("button")) b.disabled = false;
+    renderActions();
+  }
+
+  // apply takes one event in: to the timeline, the status (as the server's
+  // run feed derives it), the log.
+  function apply(ev: RunEvent): void {
+    if (ev.seq <= lastSeq) return;
+    lastSeq = ev.seq;
+    events.push(ev);
+    if (eventsBox.open) eventList.append(eventLine(ev));
+    const t = tsMs(ev.time) ?? Date.now();
+    // Events older than the snapshot GetRun gave replay history: the
+    // status they imply is past.
+    const current = t >= snapshotAt;
+    let next = RunStatus.UNSPECIFIED;
+    const k = ev.kind;
+    switch (k.case) {
+      case "runStarted":
+        if (k.value.state) {
+          tl.setStart(tsMs(k.value.state.createTime) ?? t);
+          if (!state) showState(k.value.state);
+        }
+        next = RunStatus.RUNNING;
+        break;
+      case "attemptStarted":
+        if (k.value.attempt) tl.attemptStarted(k.value.attempt, t);
+        if (!ev.path) {
+          topAttempts++;
+          if (attemptsEl && state) text(attemptsEl, String(Math.max(state.attempts, topAttempts)));
+        }
+        next = RunStatus.RUNNING;
+        if (current) waitUntil = undefined;
+        break;
+      case "attemptFinished":
+        if (k.value.attempt) tl.attemptFinished(k.value.attempt, k.value.note, t);
+        break;
+      case "failureAnalyzed":
+        if (k.value.failure) tl.failure(k.value.failure, k.value.willRetry);
+        break;
+      case "backoffScheduled":
+        tl.backoff(ev.path, k.value, t);
+        next = RunStatus.BACKING_OFF;
+        if (current) waitUntil = { kind: "backoff", at: tsMs(k.value.until), next: k.value.nextAttempt };
+        break;
+      case "decisionRequested":
+        tl.decisionRequested(ev.path, t);
+        next = RunStatus.AWAITING_DECISION;
+        if (current) waitUntil = { kind: "decision", at: tsMs(k.value.deadline), reason: k.value.reason };
+        break;
+      case "decisionReceived":
+        tl.decisionReceived(ev.path, t, "decided " + shortName(DecisionSchema, k.value.decision));
+        next = RunStatus.RUNNING;
+        if (current) waitUntil = undefined;
+        break;
+      case "runFinished": {
+        const st = k.value.state;
+        finished = true;
+        waitUntil = undefined;
+        if (st) {
+          snapshotAt = Math.max(snapshotAt, tsMs(st.updateTime) ?? 0);
+          showState(st);
+          setStatus(st.status);
+          showResult(st);
+          tl.finish(tsMs(st.endTime) ?? t, st.winner);
+        } else {
+          tl.finish(t, "");
+        }
+        return;
+      }
+      case "runResumed":
+        break;
+    }
+    if (current && next !== RunStatus.UNSPECIFIED && !terminal(status)) setStatus(next);
+  }
+
+  function showResult(st: ControlState): void {
+    const r = resultText(st.result);
+    const parts: HTMLElement[] = [h("h2", { id: "result-title" }, "Result")];
+    if (st.winner) parts.push(h("p", { class: "winner" }, "★ Winner: ", h("strong", null, st.winner)));
+    if (st.statusReason) parts.push(h("p", null, "Ended ", statusBadge(st.status), " — ", st.statusReason));
+    parts.push(h("pre", { class: "result-text" + (st.result ? "" : " none"), "data-testid": "result" },
+      st.result ? (r || "(an empty answer)") : "No result (" + shortName(RunStatusSchema, st.status) + ")"));
+    resultSection.replaceChildren(...parts);
+    resultSection.hidden = false;
+  }
+
+  function renderNotice(now: number): void {
+    const w = waitUntil;
+    if (!w || finished) {
+      notice.hidden = true;
+      return;
+    }
+    notice.hidden = false;
+    if (w.kind === "backoff") {
+      const left = (w.at ?? now) - now;
+      text(notice, left > 0 ? "Backing off: attempt " + w.next + " in " + fmtMs(left) + "." : "Attempt " + w.next + " is starting…");
+    } else {
+      const left = w.at !== undefined ? w.at - now : undefined;
+      text(notice, "Awaiting a decision" + (w.reason ? " (" + w.reason + ")" : "") +
+        ": Retry grants another round of retries, Fail ends the run." +
+        (left !== undefined ? " Without one it ends FAILED in " + fmtMs(left) + "." : ""));
+    }
+    notice.dataset.kind = w.kind;
+  }
+
+  async function load(): Promise<void> {
+    try {
+      const res = await api.getRun({ runId: id }, { signal });
+      if (res.state) {
+        snapshotAt = tsMs(res.state.updateTime) ?? 0;
+        showState(res.state);
+        setStatus(res.state.status);
+      }
+    } catch (err) {
+      if (isAbort(err)) return;
+      text(error, describe(err));
+      const c = errorCode(err);
+      if (c === Code.NotFound || c === Code.InvalidArgument || c === Code.Unauthenticated || c === Code.PermissionDenied) {
+        if (c === Code.NotFound) text(error, "No run " + id + " here (" + describe(err) + ").");
+        return;
+      }
+    }
+    await watch();
+  }
+
+  // watch follows the run's events until it ends, reattaching after a
+  // dropped stream with after_seq = the last seq seen (0.5s doubling to
+  // 15s between tries).
+  async function watch(): Promise<void> {
+    let delay = 500;
+    while (!signal.aborted && !finished) {
+      text(live, "following live");
+      live.dataset.state = "live";
+      try {
+        const stream = api.watchRun({ runId: id, afterSeq: lastSeq, maxBatch: 200 }, { signal });
+        for await (const res of stream) {
+          delay = 500;
+          if (error.textContent) text(error, "");
+          if (res.event) apply(res.event);
+          for (const ev of res.events) apply(ev);
+        }
+        if (finished) break;
+      } catch (err) {
+        if (isAbort(err) || signal.aborted) return;
+        const c = errorCode(err);
+        text(error, "Following the run: " + describe(err));
+        if (c === Code.NotFound || c === Code.InvalidArgument || c === Code.Unauthenticated || c === Code.PermissionDenied) {
+          text(live, "not following");
+          live.dataset.state = "down";
+          return;
+        }
+      }
+      const until = Date.now() + delay * (0.5 + Math.random() / 2);
+      delay = Math.min(delay * 2, 15000);
+      live.dataset.state = "down";
+      while (!signal.aborted && Date.now() < until) {
+        text(live, "reconnecting in " + Math.ceil((until - Date.now()) / 1000) + "s (after event " + lastSeq + ")");
+        await sleep(Math.min(1000, until - Date.now()), signal);
+      }
+    }
+    if (finished) {
+      text(live, "finished");
+      live.dataset.state = "done";
+      tick();
+    }
+  }
+
+  function tick(): void {
+    const now = Date.now();
+    if (!finished) tl.tick(now);
+    renderNotice(now);
+  }
+
+  renderActions();
+  tick();
+  const timer = setInterval(() => {
+    tick();
+    if (finished) clearInterval(timer);
+  }, 100);
+  void load();
+
+  return {
+    el,
+    title: "Run " + id,
+    dispose() {
+      ac.abort();
+      clearInterval(timer);
+    },
+  };
+}
+
+function legend(): HTMLElement {
+  const item = (cls: string, label: string) => h("li", null, h("span", { class: "swatch sw-" + cls }), label);
+  return h("ul", { class: "legend", "aria-label": "Legend" },
+    item("running", "running"), item("SUCCEEDED", "succeeded"), item("ERROR", "error"),
+    item("REJECTED", "rejected"), item("CANCELLED", "cancelled"), item("SKIPPED", "skipped"),
+    item("INTERRUPTED", "interrupted"), item("backoff", "backoff"), item("await", "awaiting decision"));
+}
+
+function dur(d: { seconds: bigint; nanos: number } | undefined, unset: string): string {
+  return d ? fmtMs(durMs(d)) : unset;
+}
+
+export function describeControl(c: ControlSpec | undefined): string {
+  const k = c?.kind;
+  switch (k?.case) {
+    case "retry": {
+      const r = k.value;
+      return "retry of " + r.target + ": " + (r.attempts ?? 6) + " retries, base wait " + dur(r.baseWait, "1s") +
+        ", max wait " + dur(r.maxWait, "60s") + ", when exhausted " + (r.onExhausted === OnExhausted.FAIL ? "fail" : "ask") +
+        (r.decisionTimeout && durMs(r.decisionTimeout) > 0 ? " (decide within " + dur(r.decisionTimeout, "") + ")" : "");
+    }
+    case "retryWithLearning": {
+      const r = k.value;
+      return "retry with learning of " + r.target + ": " + (r.maxRetries ?? 3) + " attempts" +
+        (r.failureCriteria ? ", failure criteria “" + r.failureCriteria + "”" : "") +
+        (r.failureWhen ? ", failure_when " + r.failureWhen : "") + (r.analyst ? ", analyst " + r.analyst : "");
+    }
+    case "fallbackChain": {
+      const r = k.value;
+      return "fallback chain " + r.chain.join(" → ") + (r.failureCriteria ? ", failure criteria “" + r.failureCriteria + "”" : "") +
+        (r.failureWhen ? ", failure_when " + r.failureWhen : "");
+    }
+    case "race": {
+      const r = k.value;
+      return "race of " + r.candidates.join(", ") + (r.acceptanceCriteria ? ", acceptance criteria “" + r.acceptanceCriteria + "”" : "") +
+        (r.acceptWhen ? ", accept_when " + r.acceptWhen : "");
+    }
+  }
+  return "–";
+}
+
+function describeOptions(o: RunOptions | undefined): string {
+  if (!o) return "";
+  const bits: string[] = [];
+  if (o.runTimeout && durMs(o.runTimeout) > 0) bits.push("run timeout " + dur(o.runTimeout, ""));
+  if (o.attemptTimeout && durMs(o.attemptTimeout) > 0) bits.push("attempt timeout " + dur(o.attemptTimeout, ""));
+  if (o.judge) bits.push("judge " + o.judge);
+  const md = Object.entries(o.metadata);
+  if (md.length) bits.push("metadata " + md.map(([k, v]) => k + "=" + v).join(", "));
+  return bits.join("; ");
+}
+
+function eventLine(ev: RunEvent): HTMLElement {
+  const k = ev.kind;
+  let what = k.case ?? "?";
+  switch (k.case) {
+    case "attemptStarted":
+      what = "attempt " + k.value.attempt?.number + " started: " + k.value.attempt?.delegate;
+      break;
+    case "attemptFinished":
+      what = "attempt " + k.value.attempt?.number + " finished: " + k.value.attempt?.delegate + " " +
+        shortName(AttemptOutcomeSchema, k.value.attempt?.outcome ?? 0) + (k.value.note ? " — " + k.value.note : "");
+      break;
+    case "failureAnalyzed":
+      what = "failure of attempt " + k.value.failure?.attempt + ": " + k.value.failure?.reason + (k.value.willRetry ? " (will retry)" : "");
+      break;
+    case "backoffScheduled":
+      what = "backoff " + fmtMs(durMs(k.value.wait)) + " before attempt " + k.value.nextAttempt;
+      break;
+    case "decisionRequested":
+      what = "decision requested: " + k.value.reason;
+      break;
+    case "decisionReceived":
+      what = "decision: " + shortName(DecisionSchema, k.value.decision);
+      break;
+    case "runFinished":
+      what = "run finished: " + (k.value.state ? shortName(RunStatusSchema, k.value.state.status) : "");
+      break;
+    case "runResumed":
+      what = "run resumed by " + k.value.owner + ": " + k.value.reason;
+      break;
+    case "runStarted":
+      what = "run started";
+      break;
+  }
+  const t = tsMs(ev.time);
+  return h("li", null, h("span", { class: "seq" }, String(ev.seq)), " ",
+    h("time", { datetime: t ? new Date(t).toISOString() : "" }, t ? new Date(t).toISOString().slice(11, 23) : ""), " ",
+    ev.path ? h("span", { class: "path" }, ev.path) : null, " ", what);
+}

@@ -1,0 +1,378 @@
+// A run's timeline: one lane per delegate (and per nesting path), in the
+// order the delegates were first called, so a fallback chain reads top to
+// bottom and race candidates run side by side; each attempt a bar coloured
+// by its outcome, each backoff a gap with a live countdown, each wait for a
+// decision a span. Bars are placed by CSS from custom properties (--s
+// start, --d duration, both in ms, over the timeline's --span), so a tick
+// writes one property per moving element, and a new event adds an element
+// without laying out the others again.
+//
+// Beside it, the attempts as a list: outcome, who judged a failure (error,
+// judge, CEL, health), why, the analyst's advice, and what each brief
+// added to the one before (retry-with-learning's failure history).
+
+import {
+  AttemptOutcome,
+  AttemptOutcomeSchema,
+  FailureSource,
+  NotRetried,
+  type Attempt,
+  type BackoffScheduled,
+  type FailureRecord,
+} from "../../../clients/typescript/src/gen/stubborn/v1/control_pb.js";
+import type { Result } from "../../../clients/typescript/src/gen/stubborn/v1/delegate_pb.js";
+import { toJsonString } from "@bufbuild/protobuf";
+import { ValueSchema } from "@bufbuild/protobuf/wkt";
+import { attr, h, text } from "./dom";
+import { durMs, enumName, fmtMs, shortName, tsMs } from "./format";
+
+interface Lane {
+  key: string;
+  delegate: string;
+  path: string;
+  el: HTMLElement;
+  track: HTMLElement;
+  last?: AttemptView;
+}
+
+interface AttemptView {
+  n: number;
+  a: Attempt;
+  lane: Lane;
+  start: number;
+  end?: number;
+  bar: HTMLElement;
+  item: HTMLLIElement;
+  why: HTMLElement;
+  failure?: FailureRecord;
+  willRetry?: boolean;
+  note: string;
+  added: string;
+  prevN?: number;
+}
+
+interface Span {
+  el: HTMLElement;
+  start: number;
+  end?: number;
+  until?: number;
+  label?: HTMLElement;
+  wait?: number;
+}
+
+// gRPC codes by number, for AttemptError.code.
+const codes = [
+  "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+  "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+];
+
+const sourceLabels: Record<number, string> = {
+  [FailureSource.ERROR]: "error",
+  [FailureSource.JUDGE]: "judge",
+  [FailureSource.CEL]: "CEL",
+  [FailureSource.HEALTH]: "health",
+  [FailureSource.CANCELLED]: "cancelled",
+};
+
+export function resultText(r: Result | undefined): string {
+  if (!r) return "";
+  if (r.text) return r.text;
+  if (r.data) return toJsonString(ValueSchema, r.data, { prettySpaces: 2 });
+  return "";
+}
+
+function outcomeName(o: AttemptOutcome): string {
+  return o === AttemptOutcome.UNSPECIFIED ? "running" : enumName(AttemptOutcomeSchema, o);
+}
+
+function commonPrefix(a: string, b: string): number {
+  const n = Math.min(a.length, b.length);
+  let i = 0;
+  while (i < n && a.charCodeAt(i) === b.charCodeAt(i)) i++;
+  return i;
+}
+
+export class Timeline {
+  readonly el: HTMLElement;
+  readonly list: HTMLOListElement;
+  private readonly axis: HTMLElement;
+  private readonly lanesEl: HTMLElement;
+  private readonly lanes = new Map<string, Lane>();
+  private readonly attempts = new Map<number, AttemptView>();
+  private readonly atPath = new Map<string, Lane>();
+  private readonly spans: Span[] = [];
+  private readonly waiting = new Map<string, Span>();
+  private ticksKey = "";
+  private t0: number;
+  private endMs?: number;
+  private span = 1;
+
+  constructor(t0: number) {
+    this.t0 = t0;
+    this.axis = h("div", { class: "axis", "aria-hidden": "true" });
+    this.lanesEl = h("div", { class: "lanes" });
+    this.el = h("div", { class: "timeline", "data-testid": "timeline", role: "group", "aria-label": "Timeline of the attempts" },
+      h("div", { class: "axis-row" }, h("span", { class: "lane-label" }), this.axis),
+      this.lanesEl,
+      h("p", { class: "empty tl-empty" }, "No attempt yet."));
+    this.list = h("ol", { class: "attempts", "aria-label": "Attempts" });
+  }
+
+  // setStart moves the axis' origin (the run's create time, once known).
+  setStart(t0: number): void {
+    if (this.attempts.size === 0 && t0) this.t0 = t0;
+  }
+
+  private lane(delegate: string, path: string): Lane {
+    const key = path + "\u0000" + delegate;
+    let l = this.lanes.get(key);
+    if (l) return l;
+    const depth = path ? path.split("/").length : 0;
+    const track = h("div", { class: "track" });
+    const label = h("div", { class: "lane-label", title: path ? delegate + " at " + path : delegate },
+      h("span", { class: "lane-name" }, delegate), path ? h("span", { class: "lane-path" }, path) : null);
+    label.style.setProperty("--depth", String(depth));
+    const el = h("div", { class: "lane", "data-delegate": delegate, "data-path": path }, label, track);
+    l = { key, delegate, path, el, track };
+    this.lanes.set(key, l);
+    this.lanesEl.append(el);
+    this.el.classList.add("has-lanes");
+    return l;
+  }
+
+  private place(el: HTMLElement, start: number, end: number): void {
+    el.style.setProperty("--s", String(Math.max(0, start - this.t0)));
+    el.style.setProperty("--d", String(Math.max(0, end - start)));
+  }
+
+  attemptStarted(a: Attempt, evTime: number): void {
+    if (this.attempts.has(a.number)) return;
+    const lane = this.lane(a.delegate, a.path);
+    const start = tsMs(a.startTime) ?? evTime;
+    const bar = h("button", {
+      type: "button", class: "bar running", "data-testid": "attempt",
+      "data-attempt": a.number, "data-delegate": a.delegate, "data-outcome": "running",
+    }, h("span", { class: "bar-label" }, "#" + a.number));
+    bar.addEventListener("click", () => this.select(a.number));
+    const prev = lane.last;
+    let added = "";
+    if (prev && prev.a.brief !== a.brief) added = a.brief.slice(commonPrefix(prev.a.brief, a.brief));
+    const why = h("div", { class: "why" });
+    const item = h("li", { class: "attempt-detail", id: "attempt-" + a.number, "data-testid": "attempt-detail", "data-attempt": a.number, "data-outcome": "running" });
+    const v: AttemptView = { n: a.number, a, lane, start, bar, item, why, note: "", added, prevN: prev?.n };
+    lane.last = v;
+    this.atPath.set(a.path, lane);
+    this.attempts.set(a.number, v);
+    lane.track.append(bar);
+    this.place(bar, start, start);
+    this.renderItem(v);
+    this.list.append(item);
+    this.describeBar(v);
+  }
+
+  attemptFinished(a: Attempt, note: string, evTime: number): void {
+    let v = this.attempts.get(a.number);
+    if (!v) {
+      this.attemptStarted(a, evTime);
+      v = this.attempts.get(a.number)!;
+    }
+    v.a = a;
+    v.note = note;
+    v.end = tsMs(a.endTime) ?? evTime;
+    const o = outcomeName(a.outcome);
+    attr(v.bar, "data-outcome", o);
+    v.bar.classList.remove("running");
+    v.bar.classList.add("o-" + shortName(AttemptOutcomeSchema, a.outcome));
+    attr(v.item, "data-outcome", o);
+    this.place(v.bar, v.start, v.end);
+    this.renderItem(v);
+    this.describeBar(v);
+  }
+
+  failure(f: FailureRecord, willRetry: boolean): void {
+    const v = this.attempts.get(f.attempt);
+    if (!v) return;
+    v.failure = f;
+    v.willRetry = willRetry;
+    const src = sourceLabels[f.source];
+    if (src) {
+      v.bar.dataset.source = src;
+      text(v.bar.firstElementChild!, "#" + v.n + " " + src);
+    }
+    this.renderItem(v);
+    this.describeBar(v);
+  }
+
+  backoff(path: string, b: BackoffScheduled, evTime: number): void {
+    const lane = this.atPath.get(path);
+    if (!lane) return;
+    const start = evTime;
+    const until = tsMs(b.until) ?? start + durMs(b.wait);
+    const label = h("span", { class: "countdown", "data-testid": "countdown" });
+    const wait = durMs(b.wait);
+    const el = h("div", {
+      class: "backoff", "data-testid": "backoff", "data-next-attempt": b.nextAttempt,
+      title: "backoff before attempt " + b.nextAttempt + ": " + fmtMs(wait) +
+        (b.fromHint ? " (the delegate's hint)" : b.bound ? " (drawn from [0, " + fmtMs(durMs(b.bound)) + "])" : ""),
+    }, label);
+    lane.track.append(el);
+    this.place(el, start, until);
+    this.spans.push({ el, start, end: until, until, label, wait });
+  }
+
+  decisionRequested(path: string, evTime: number): void {
+    const lane = this.atPath.get(path) ?? this.lanes.values().next().value;
+    if (!lane) return;
+    const el = h("div", { class: "await", title: "awaiting a decision" }, h("span", null, "awaiting decision"));
+    lane.track.append(el);
+    const s: Span = { el, start: evTime };
+    this.place(el, evTime, evTime);
+    this.spans.push(s);
+    this.waiting.set(path, s);
+  }
+
+  decisionReceived(path: string, evTime: number, label: string): void {
+    const s = this.waiting.get(path);
+    if (!s) return;
+    s.end = evTime;
+    this.waiting.delete(path);
+    this.place(s.el, s.start, evTime);
+    s.el.title = "awaited a decision: " + label;
+    s.el.firstElementChild!.textContent = label;
+  }
+
+  // finish fixes the axis' end and marks the winner's lane.
+  finish(end: number, winner: string): void {
+    this.endMs = end;
+    for (const s of this.waiting.values()) {
+      s.end = end;
+      this.place(s.el, s.start, end);
+    }
+    this.waiting.clear();
+    for (const l of this.lanes.values()) {
+      if (winner && l.delegate === winner && !l.path) l.el.classList.add("won");
+    }
+    this.tick(end);
+  }
+
+  get size(): number {
+    return this.attempts.size;
+  }
+
+  // tick moves what depends on the time: the axis, the bars in flight, the
+  // countdowns.
+  tick(now: number): void {
+    let end = this.endMs ?? now;
+    if (this.endMs === undefined) {
+      for (const s of this.spans) if (s.until && s.until > end) end = s.until;
+    }
+    for (const v of this.attempts.values()) {
+      if (v.end === undefined) {
+        const e = this.endMs ?? Math.max(now, v.start);
+        v.bar.style.setProperty("--d", String(Math.max(0, e - v.start)));
+        if (this.endMs === undefined && e > end) end = e;
+      }
+    }
+    for (const s of this.spans) {
+      if (s.end === undefined) s.el.style.setProperty("--d", String(Math.max(0, now - s.start)));
+      if (s.label && s.until !== undefined) {
+        const left = s.until - now;
+        text(s.label, left > 0 && this.endMs === undefined ? fmtMs(left) : fmtMs(s.wait ?? 0));
+        s.el.classList.toggle("active", left > 0 && this.endMs === undefined);
+      }
+    }
+    this.span = Math.max(1, end - this.t0);
+    this.el.style.setProperty("--span", String(this.span));
+    this.ticks();
+  }
+
+  private ticks(): void {
+    const steps = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 15e3, 3e4, 6e4, 12e4, 3e5, 6e5, 9e5, 18e5, 36e5, 72e5, 144e5, 288e5, 864e5];
+    const step = steps.find((s) => this.span / s <= 8) ?? this.span / 8;
+    const n = Math.floor(this.span / step);
+    const key = step + "/" + n;
+    if (key === this.ticksKey) return;
+    this.ticksKey = key;
+    const ticks: HTMLElement[] = [];
+    for (let i = 0; i <= n; i++) {
+      const t = h("span", { class: "tick" }, i === 0 ? "0" : fmtMs(i * step));
+      t.style.setProperty("--s", String(i * step));
+      ticks.push(t);
+    }
+    this.axis.replaceChildren(...ticks);
+  }
+
+  select(n: number): void {
+    const v = this.attempts.get(n);
+    if (!v) return;
+    for (const x of this.list.querySelectorAll(".selected")) x.classList.remove("selected");
+    for (const x of this.lanesEl.querySelectorAll(".bar.selected")) x.classList.remove("selected");
+    v.item.classList.add("selected");
+    v.bar.classList.add("selected");
+    v.item.scrollIntoView({ block: "nearest", behavior: "smooth" });
+  }
+
+  private describeBar(v: AttemptView): void {
+    const parts = ["attempt " + v.n, v.a.delegate + (v.a.path ? " at " + v.a.path : ""), outcomeName(v.a.outcome)];
+    if (v.end !== undefined) parts.push(fmtMs(v.end - v.start));
+    if (v.failure) parts.push((sourceLabels[v.failure.source] ?? "failed") + ": " + v.failure.reason);
+    const s = parts.join(" · ");
+    v.bar.title = s;
+    v.bar.setAttribute("aria-label", s);
+  }
+
+  private renderItem(v: AttemptView): void {
+    const a = v.a;
+    const f = v.failure;
+    const outcome = a.outcome === AttemptOutcome.UNSPECIFIED ? "RUNNING" : shortName(AttemptOutcomeSchema, a.outcome);
+    const head = h("div", { class: "head" },
+      h("button", { type: "button", class: "link n", onclick: () => this.select(v.n) }, "#" + v.n),
+      h("span", { class: "who" }, a.delegate),
+      a.path ? h("span", { class: "path" }, a.path) : null,
+      h("span", { class: "badge o-" + outcome }, outcome),
+      v.end !== undefined ? h("span", { class: "dur" }, fmtMs(v.end - v.start)) : null,
+      durMs(a.waitBefore) > 0 ? h("span", { class: "wait" }, "after a " + fmtMs(durMs(a.waitBefore)) + " backoff") : null);
+    const lines: (HTMLElement | null)[] = [];
+    if (f) {
+      const src = sourceLabels[f.source] ?? "failed";
+      lines.push(h("div", { class: "why" },
+        h("span", { class: "src src-" + src }, src), " ", f.reason,
+        f.transient ? h("span", { class: "tag" }, "transient") : null,
+        v.willRetry ? h("span", { class: "tag" }, "another attempt follows") : null,
+        f.notRetriedReason ? h("span", { class: "not-retried" }, " · not retried: " + f.notRetriedReason) :
+          f.notRetriedCode !== NotRetried.UNSPECIFIED ? h("span", { class: "not-retried" }, " · not retried") : null));
+      if (f.analysis) lines.push(h("div", { class: "advice" }, h("strong", null, "Analyst: "), f.analysis));
+      if (f.analysisError) lines.push(h("div", { class: "advice error" }, h("strong", null, "Analyst gave no advice: "), f.analysisError));
+    } else if (a.error) {
+      lines.push(h("div", { class: "why" }, (codes[a.error.code] ?? a.error.code) + ": " + a.error.message));
+    }
+    if (v.note && v.note !== f?.reason) lines.push(h("div", { class: "note" }, v.note));
+    if (v.added) {
+      lines.push(h("div", { class: "added" }, h("span", { class: "added-label" }, "Added to the brief since #" + v.prevN + ":"),
+        h("pre", null, h("mark", null, v.added.replace(/^\n+/, "")))));
+    }
+    // The brief, the answer and the error in full, built when opened: a
+    // learning run's late briefs carry every failure before them.
+    const more = h("details", { class: "more" }, h("summary", null, "Brief and answer"));
+    more.addEventListener("toggle", () => {
+      if (!more.open || more.childElementCount > 1) return;
+      const keep = v.a.brief.length - v.added.length;
+      more.append(
+        h("h4", null, "Brief as sent"),
+        h("pre", { class: "brief" }, v.a.brief.slice(0, keep), v.added ? h("mark", null, v.a.brief.slice(keep)) : null));
+      const r = resultText(v.a.result);
+      if (v.a.result) more.append(h("h4", null, "Answer"), h("pre", null, r || "(empty)"));
+      const e = v.a.error;
+      if (e) {
+        const bits = [(codes[e.code] ?? String(e.code)) + ": " + e.message];
+        if (e.httpStatus) bits.push("upstream HTTP " + e.httpStatus);
+        if (e.retryHint) bits.push("retry hint " + fmtMs(durMs(e.retryHint)));
+        if (e.notSent) bits.push("never sent");
+        if (e.refused) bits.push("refused by Stubborn");
+        more.append(h("h4", null, "Error"), h("pre", null, bits.join("\n")));
+      }
+    });
+    v.item.replaceChildren(head, ...lines.filter((x): x is HTMLElement => x !== null), more);
+  }
+}
