@@ -333,6 +333,7 @@ export class Timeline {
     const parts = ["attempt " + v.n, v.a.delegate + (v.a.path ? " at " + v.a.path : ""), outcomeName(v.a.outcome)];
     if (v.end !== undefined) parts.push(fmtMs(v.end - v.start));
     if (v.failure) parts.push((sourceLabels[v.failure.source] ?? "failed") + ": " + v.failure.reason);
+    if (v.failure?.analysis) parts.push("analyst: " + v.failure.analysis);
     const s = parts.join(" · ");
     v.bar.title = s;
     v.bar.setAttribute("aria-label", s);
