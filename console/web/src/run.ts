@@ -73,9 +73,10 @@ export function runPage(id: string): Page {
     const changed = s !== status;
     status = s;
     attr(el, "data-status", enumName(RunStatusSchema, s));
-    text(statusEl, shortName(RunStatusSchema, s));
+    // The enum's name, as data-status has it: what a script reading the
+    // page compares, and what the API's JSON says.
+    text(statusEl, enumName(RunStatusSchema, s));
     statusEl.className = "badge s-" + shortName(RunStatusSchema, s);
-    statusEl.title = enumName(RunStatusSchema, s);
     if (changed) renderActions();
   }
 

@@ -137,7 +137,8 @@ export function runsPage(q: URLSearchParams): Page {
       return updateEmpty();
     }
     if (r) {
-      if (!fromList || (tsMs(s.updateTime) ?? 0) >= (tsMs(r.sum.updateTime) ?? 0)) {
+      // Whichever arrives last, a page or the stream, the newer state wins.
+      if ((tsMs(s.updateTime) ?? 0) >= (tsMs(r.sum.updateTime) ?? 0)) {
         r.sum = s;
         render(r);
       }

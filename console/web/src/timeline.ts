@@ -117,6 +117,7 @@ export class Timeline {
       this.lanesEl,
       h("p", { class: "empty tl-empty" }, "No attempt yet."));
     this.list = h("ol", { class: "attempts", "aria-label": "Attempts" });
+    new ResizeObserver(() => this.fit()).observe(this.el);
   }
 
   // setStart moves the axis' origin (the run's create time, once known).
@@ -285,6 +286,21 @@ export class Timeline {
     this.span = Math.max(1, end - this.t0);
     this.el.style.setProperty("--span", String(this.span));
     this.ticks();
+    this.fit();
+  }
+
+  // fit makes the countdown of a past backoff too narrow for it
+  // transparent (shown on hover), so a hundred short waits do not write
+  // over each other; the countdown of a wait going on always shows.
+  private fit(): void {
+    const w = this.axis.clientWidth;
+    if (!w) return;
+    const pxPerMs = w / this.span;
+    for (const s of this.spans) {
+      if (!s.label || s.until === undefined) continue;
+      const active = s.el.classList.contains("active");
+      s.el.classList.toggle("tight", !active && (s.until - s.start) * pxPerMs < 44);
+    }
   }
 
   private ticks(): void {
@@ -317,6 +333,7 @@ export class Timeline {
     const parts = ["attempt " + v.n, v.a.delegate + (v.a.path ? " at " + v.a.path : ""), outcomeName(v.a.outcome)];
     if (v.end !== undefined) parts.push(fmtMs(v.end - v.start));
     if (v.failure) parts.push((sourceLabels[v.failure.source] ?? "failed") + ": " + v.failure.reason);
+    if (v.failure?.analysis) parts.push("analyst: " + v.failure.analysis);
     const s = parts.join(" · ");
     v.bar.title = s;
     v.bar.setAttribute("aria-label", s);
