@@ -174,7 +174,10 @@ func (s *Service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.Server
 	ctx := stream.Context()
 	sub, cancel := s.feed.subscribe(runs.TenantFrom(ctx), f)
 	defer cancel()
-	if err := stream.SendHeader(nil); err != nil {
+	// Following from now on: the caller may list what came before. (A
+	// message rather than headers, which an HTTP transcoder may hold back
+	// until the first message.)
+	if err := stream.Send(&stubbornv1.WatchRunsResponse{}); err != nil {
 		return err
 	}
 	for {

@@ -105,8 +105,9 @@ func TestWatchRunsFollowsStartsAndStatusChanges(t *testing.T) {
 	defer stop()
 	feed, err := e.client.WatchRuns(wctx, &stubbornv1.WatchRunsRequest{Control: "retry"})
 	require.NoError(t, err)
-	_, err = feed.Header() // the stream is open: runs from now on are seen
+	first, err := feed.Recv() // the stream follows: runs from now on are seen
 	require.NoError(t, err)
+	assert.Nil(t, first.GetRun(), "the first message says the stream follows")
 
 	// b's run and a's chain are not a's retries: not seen.
 	_, err = e.client.StartRun(as(ctx, tokenB), &stubbornv1.StartRunRequest{TaskBrief: "b", Retry: &stubbornv1.RetrySpec{Target: "echo"}})

@@ -192,9 +192,9 @@ export function runsPage(q: URLSearchParams): Page {
 
   // follow keeps WatchRuns open, and lists the first page again each time
   // it opens one, so nothing that happened while the stream was down is
-  // missed. The list waits for the stream's headers (the server follows
-  // the runs by then), or 300ms where they come only with the first run
-  // (the HTTP transcoder may hold them back). A dropped stream is reopened
+  // missed. The list waits for the stream's first message, which has no
+  // run and says the server follows the runs (or for its headers, or 300ms,
+  // from a server that sends no such message). A dropped stream is reopened
   // after a backoff (1s doubling to 30s, jittered).
   async function follow(): Promise<void> {
     let delay = 1000;

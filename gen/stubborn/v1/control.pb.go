@@ -2021,7 +2021,8 @@ func (x *WatchRunsRequest) GetDelegate() string {
 // WatchRunsResponse is one run that started or changed status.
 type WatchRunsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The run, as it is now.
+	// The run, as it is now. Unset in the first message, which says the
+	// stream is following.
 	Run           *RunSummary `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

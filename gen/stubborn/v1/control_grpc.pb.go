@@ -59,9 +59,10 @@ type ControlServiceClient interface {
 	// their summaries (RunSummary), which a list should ask for.
 	ListRuns(ctx context.Context, in *ListRunsRequest, opts ...grpc.CallOption) (*ListRunsResponse, error)
 	// WatchRuns follows the caller's runs live: the summary of each run as it
-	// starts and each time its status changes, filtered as ListRuns. It sends
-	// nothing about runs before it (ListRuns pages through those) and never
-	// ends by itself.
+	// starts and each time its status changes, filtered as ListRuns. Its first
+	// message has no run: from then on nothing is missed, so a list made with
+	// ListRuns after it and updated with what follows is complete. It sends
+	// nothing about runs before it and never ends by itself.
 	WatchRuns(ctx context.Context, in *WatchRunsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchRunsResponse], error)
 	// ListDelegates lists the delegates and presets the caller may name in a
 	// run.
@@ -229,9 +230,10 @@ type ControlServiceServer interface {
 	// their summaries (RunSummary), which a list should ask for.
 	ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error)
 	// WatchRuns follows the caller's runs live: the summary of each run as it
-	// starts and each time its status changes, filtered as ListRuns. It sends
-	// nothing about runs before it (ListRuns pages through those) and never
-	// ends by itself.
+	// starts and each time its status changes, filtered as ListRuns. Its first
+	// message has no run: from then on nothing is missed, so a list made with
+	// ListRuns after it and updated with what follows is complete. It sends
+	// nothing about runs before it and never ends by itself.
 	WatchRuns(*WatchRunsRequest, grpc.ServerStreamingServer[WatchRunsResponse]) error
 	// ListDelegates lists the delegates and presets the caller may name in a
 	// run.

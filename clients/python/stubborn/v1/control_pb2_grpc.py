@@ -122,9 +122,10 @@ class ControlServiceServicer(object):
 
     def WatchRuns(self, request, context):
         """WatchRuns follows the caller's runs live: the summary of each run as it
-        starts and each time its status changes, filtered as ListRuns. It sends
-        nothing about runs before it (ListRuns pages through those) and never
-        ends by itself.
+        starts and each time its status changes, filtered as ListRuns. Its first
+        message has no run: from then on nothing is missed, so a list made with
+        ListRuns after it and updated with what follows is complete. It sends
+        nothing about runs before it and never ends by itself.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

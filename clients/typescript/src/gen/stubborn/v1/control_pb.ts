@@ -840,7 +840,8 @@ export const WatchRunsRequestSchema: GenMessage<WatchRunsRequest> = /*@__PURE__*
  */
 export type WatchRunsResponse = Message<"stubborn.v1.WatchRunsResponse"> & {
   /**
-   * The run, as it is now.
+   * The run, as it is now. Unset in the first message, which says the
+   * stream is following.
    *
    * @generated from field: stubborn.v1.RunSummary run = 1;
    */
@@ -2581,9 +2582,10 @@ export const ControlService: GenService<{
   },
   /**
    * WatchRuns follows the caller's runs live: the summary of each run as it
-   * starts and each time its status changes, filtered as ListRuns. It sends
-   * nothing about runs before it (ListRuns pages through those) and never
-   * ends by itself.
+   * starts and each time its status changes, filtered as ListRuns. Its first
+   * message has no run: from then on nothing is missed, so a list made with
+   * ListRuns after it and updated with what follows is complete. It sends
+   * nothing about runs before it and never ends by itself.
    *
    * @generated from rpc stubborn.v1.ControlService.WatchRuns
    */
