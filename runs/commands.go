@@ -71,7 +71,7 @@ func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.Control
 		return nil, fmt.Errorf("%w (status %s)", ErrNotAwaitingDecision, st.GetStatus())
 	}
 	if cmd.Cancel {
-		r.cancel(errCancelled)
+		r.stop(errCancelled)
 		select {
 		case <-r.ended:
 		case <-ctx.Done():

@@ -96,10 +96,16 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 
 // endDrive ends run r's drive here: finished, abandoned or lost.
 func (m *Manager) endDrive(r *run) {
-	if r.stopTimer != nil {
-		r.stopTimer()
+	r.mu.Lock()
+	cancel, stopTimer := r.cancel, r.stopTimer
+	r.cancel, r.stopTimer = nil, nil
+	r.mu.Unlock()
+	if stopTimer != nil {
+		stopTimer()
 	}
-	r.cancel(nil)
+	if cancel != nil {
+		cancel(nil)
+	}
 	m.wg.Done()
 }
 

@@ -320,7 +320,7 @@ func (r *run) endRefused(evs []Event, refused *RefusedError) bool {
 	if observe != nil {
 		observe(ev)
 	}
-	r.cancel(errRefused)
+	r.stop(errRefused)
 	return true
 }
 

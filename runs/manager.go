@@ -260,7 +260,7 @@ func (m *Manager) stopRuns(abandon bool) {
 		if abandon {
 			r.abandon()
 		}
-		r.cancel(errShutdown)
+		r.stop(errShutdown)
 	}
 	m.wg.Wait()
 }

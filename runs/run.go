@@ -20,6 +20,10 @@ type run struct {
 	store     Store
 	log       *slog.Logger
 	ready     chan struct{} // closed once tracker is set
+	// cancel ends the run's context (stop), stopTimer its timeout; both
+	// are dropped once the run has ended here (endDrive), so that the
+	// finished runs this server keeps do not keep their contexts. Guarded
+	// by mu after the run has started.
 	cancel    context.CancelCauseFunc
 	stopTimer context.CancelFunc
 	observe   func(*stubbornv1.RunEvent) // the Observer's, or nil
@@ -139,7 +143,18 @@ func (r *run) lose(err, cause error) {
 	r.lostErr = err
 	r.loseLocked()
 	r.mu.Unlock()
-	r.cancel(cause)
+	r.stop(cause)
+}
+
+// stop cancels the run's context with cause; once the run has ended here,
+// it does nothing.
+func (r *run) stop(cause error) {
+	r.mu.Lock()
+	c := r.cancel
+	r.mu.Unlock()
+	if c != nil {
+		c(cause)
+	}
 }
 
 // live returns the run's tracker while it goes on here, nil once it ended.
