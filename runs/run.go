@@ -14,12 +14,12 @@ import (
 // run is a run this server drives: its tracker and, in memory, the journal
 // of its events for fast watching.
 type run struct {
-	id        string
-	tenant    string // ControlState.tenant: who may see the run
-	order     uint64
-	store     Store
-	log       *slog.Logger
-	ready     chan struct{} // closed once tracker is set
+	id     string
+	tenant string // ControlState.tenant: who may see the run
+	order  uint64
+	store  Store
+	log    *slog.Logger
+	ready  chan struct{} // closed once tracker is set
 	// cancel ends the run's context (stop), stopTimer its timeout; both
 	// are dropped once the run has ended here (endDrive), so that the
 	// finished runs this server keeps do not keep their contexts. Guarded
