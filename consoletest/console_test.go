@@ -80,6 +80,43 @@ func TestConsoleRetryRun(t *testing.T) {
 	b := newBrowser(t)
 
 	// The form, filled in as a person would.
+	id, loads := startFromForm(t, ctx, b, s)
+	// Two attempts and a backoff, live; then the run waits for a decision.
+	awaitsDecision(t, ctx, b, s, id)
+	// Another tab on the runs page lists the run as awaiting a decision.
+	runs := b.newTab("runs", false)
+	row := runRow + `[data-run-id="` + id + `"]`
+	runs.do("opening the runs page", 30*time.Second,
+		chromedp.Navigate(s.url+"/#/"),
+		chromedp.WaitVisible(chromedp.CSS(runsTable)))
+	runs.waitJS("the run's row", q(runsTable+` `+row+`[data-status=RUN_STATUS_AWAITING_DECISION]`), 10*time.Second)
+	runsLoads := runs.seen().Loads
+
+	// Retry: a new round, whose attempt succeeds.
+	retrySucceeds(t, ctx, b, s, id, flaky, loads)
+
+	// The runs page followed it, without a reload; its row opens the run.
+	runs.waitJS("the row to show the run succeeded", q(row+`[data-status=RUN_STATUS_SUCCEEDED]`), 10*time.Second)
+	if w := runs.seen(); w.Loads != runsLoads {
+		t.Errorf("the runs page was loaded %d times, want %d (live updates, no reload)", w.Loads, runsLoads)
+	}
+	runs.screenshot("console-runs.png")
+	runs.do("opening the run from its row", 10*time.Second, chromedp.Click(chromedp.CSS(row)))
+	runs.waitJS("the run's page from its row", `location.hash === '#/runs/`+id+`' && `+q(runPage+`[data-run-id="`+id+`"][data-status=RUN_STATUS_SUCCEEDED]`), 10*time.Second)
+	runs.waitJS("its three attempts", qa(attemptSel)+`.length === 3`, 10*time.Second)
+
+	for _, tb := range []*tab{b, runs} {
+		if ex := tb.log.Exceptions(); len(ex) > 0 {
+			t.Errorf("%s: uncaught exceptions: %q", tb.name, ex)
+		}
+	}
+}
+
+// startFromForm fills in and submits the start form as a person would, and
+// returns the run's id once the console shows its page, and how many times
+// the page had loaded then.
+func startFromForm(t *testing.T, ctx context.Context, b *tab, s *stack) (string, int) {
+	t.Helper()
 	b.do("opening the start form", 30*time.Second,
 		chromedp.Navigate(s.url+"/#/start"),
 		chromedp.WaitVisible(chromedp.CSS(startForm)))
@@ -108,7 +145,13 @@ func TestConsoleRetryRun(t *testing.T) {
 	}
 	loads := b.seen().Loads
 
-	// Two attempts and a backoff, live; then the run waits for a decision.
+	return id, loads
+}
+
+// awaitsDecision checks that run id's two failed attempts and the backoff
+// between them appear live, and that the run then awaits a decision.
+func awaitsDecision(t *testing.T, ctx context.Context, b *tab, s *stack, id string) {
+	t.Helper()
 	b.waitJS("the run to await a decision", q(runPage+`[data-status=RUN_STATUS_AWAITING_DECISION]`), 20*time.Second)
 	b.waitJS("two failed attempts", qa(attemptSel)+`.filter(a => a.getAttribute('data-outcome') === 'ATTEMPT_OUTCOME_ERROR').length === 2`, 5*time.Second)
 	if got, want := b.attempts(), []attemptView{
@@ -134,16 +177,12 @@ func TestConsoleRetryRun(t *testing.T) {
 		t.Errorf("the run's statuses were shown as %q, want a status before RUN_STATUS_AWAITING_DECISION", w.Statuses)
 	}
 
-	// Another tab on the runs page lists the run as awaiting a decision.
-	runs := b.newTab("runs", false)
-	row := runRow + `[data-run-id="` + id + `"]`
-	runs.do("opening the runs page", 30*time.Second,
-		chromedp.Navigate(s.url+"/#/"),
-		chromedp.WaitVisible(chromedp.CSS(runsTable)))
-	runs.waitJS("the run's row", q(runsTable+` `+row+`[data-status=RUN_STATUS_AWAITING_DECISION]`), 10*time.Second)
-	runsLoads := runs.seen().Loads
+}
 
-	// Retry: a new round, whose attempt succeeds.
+// retrySucceeds clicks Retry on run id and checks the new round's attempt
+// succeeds, live, on a page loaded loads times.
+func retrySucceeds(t *testing.T, ctx context.Context, b *tab, s *stack, id string, flaky *demo.Flaky, loads int) {
+	t.Helper()
 	b.do("deciding retry", 10*time.Second, chromedp.Click(chromedp.CSS(`[data-testid=decide-retry]`)))
 	b.waitJS("the action's result", q(`[data-testid=action-result]`)+`?.textContent.trim()`, 10*time.Second)
 	b.waitJS("the new round's attempt", q(attemptSel+`[data-attempt="3"]`), 10*time.Second)
@@ -178,21 +217,6 @@ func TestConsoleRetryRun(t *testing.T) {
 		t.Logf("wrote %s", path)
 	}
 
-	// The runs page followed it, without a reload; its row opens the run.
-	runs.waitJS("the row to show the run succeeded", q(row+`[data-status=RUN_STATUS_SUCCEEDED]`), 10*time.Second)
-	if w := runs.seen(); w.Loads != runsLoads {
-		t.Errorf("the runs page was loaded %d times, want %d (live updates, no reload)", w.Loads, runsLoads)
-	}
-	runs.screenshot("console-runs.png")
-	runs.do("opening the run from its row", 10*time.Second, chromedp.Click(chromedp.CSS(row)))
-	runs.waitJS("the run's page from its row", `location.hash === '#/runs/`+id+`' && `+q(runPage+`[data-run-id="`+id+`"][data-status=RUN_STATUS_SUCCEEDED]`), 10*time.Second)
-	runs.waitJS("its three attempts", qa(attemptSel)+`.length === 3`, 10*time.Second)
-
-	for _, tb := range []*tab{b, runs} {
-		if ex := tb.log.Exceptions(); len(ex) > 0 {
-			t.Errorf("%s: uncaught exceptions: %q", tb.name, ex)
-		}
-	}
 }
 
 // Runs started elsewhere (gRPC), opened by their address: Fail ends one

@@ -193,29 +193,14 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	stopServer := sync.OnceFunc(func() { s.Stop(5 * time.Second) })
 	defer stopServer()
 
-	// The web console and the HTTP API, on loopback only: the demo has no
-	// TLS and no tenants.
-	hlis, err := net.Listen("tcp", *httpListen)
-	if err != nil && !httpSet {
-		hlis, err = net.Listen("tcp", "127.0.0.1:0")
-	}
+	consoleURL, stopHTTP, code, err := demoHTTP(s, *httpListen, httpSet, quiet)
 	if err != nil {
-		return 1, fmt.Errorf("-http-listen: %w", err)
-	}
-	if err := server.CheckPlaintext(hlis.Addr(), false); err != nil {
-		_ = hlis.Close()
-		return 2, fmt.Errorf("-http-listen: %w", err)
-	}
-	stopHTTP, err := serveHTTP(s, hlis, &serveConfig{logger: quiet})
-	if err != nil {
-		_ = hlis.Close()
-		return 1, err
+		return code, err
 	}
 	defer stopHTTP()
 	// Before stopHTTP: its Stop ends the runs and the streams, HTTP's
 	// included.
 	defer stopServer()
-	consoleURL := "http://" + hlis.Addr().String() + "/"
 
 	client, closeConn, err := dial(lis.Addr().String())
 	if err != nil {
@@ -225,6 +210,60 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 
 	fmt.Fprintf(stdout, "Console: %s (open it to follow the runs below live)\n", consoleURL)
 	fmt.Fprintf(stdout, "Stubborn demo: server on %s, demo delegates echo, flaky and flaky-api (each fails its first 2 calls), down (health NOT_SERVING), search-backup (always fails), unreachable (nothing listens).\n", lis.Addr())
+	failed, interrupted, err := playDemoRuns(ctx, client, stdout, *asJSON)
+	if err != nil {
+		return 1, err
+	}
+	if interrupted {
+		return 0, nil
+	}
+	if failed == nil {
+		fmt.Fprintln(stdout, "\nDemo finished: every run ended as expected.")
+	}
+	if *exit {
+		if failed != nil {
+			return 1, failed
+		}
+		return 0, nil
+	}
+
+	leaveRunForPerson(ctx, client, stdout, consoleURL)
+	fmt.Fprintf(stdout, "\nServing the console on %s and the API on %s (gRPC) until interrupted: press Ctrl-C to stop.\n", consoleURL, lis.Addr())
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "\nStopping.")
+	if failed != nil {
+		return 1, failed
+	}
+	return 0, nil
+}
+
+// demoHTTP serves s's web console and HTTP API on listen, loopback only
+// (the demo has no TLS and no tenants), or on any free loopback port when
+// listen is the default and taken. code is the exit code of an error.
+func demoHTTP(s *server.Stubborn, listen string, set bool, logger *slog.Logger) (url string, stop func(), code int, err error) {
+	hlis, err := net.Listen("tcp", listen)
+	if err != nil && !set {
+		hlis, err = net.Listen("tcp", "127.0.0.1:0")
+	}
+	if err != nil {
+		return "", nil, 1, fmt.Errorf("-http-listen: %w", err)
+	}
+	if err := server.CheckPlaintext(hlis.Addr(), false); err != nil {
+		_ = hlis.Close()
+		return "", nil, 2, fmt.Errorf("-http-listen: %w", err)
+	}
+	stop, err = serveHTTP(s, hlis, &serveConfig{logger: logger})
+	if err != nil {
+		_ = hlis.Close()
+		return "", nil, 1, err
+	}
+	return "http://" + hlis.Addr().String() + "/", stop, 0, nil
+}
+
+// playDemoRuns runs the demo's runs one after the other, printing their
+// events. failed says which run did not end as it should; interrupted that
+// ctx ended meanwhile.
+func playDemoRuns(ctx context.Context, client stubbornv1.ControlServiceClient, stdout io.Writer, asJSON bool) (failed error, interrupted bool, err error) {
 	demoRuns := []demoRun{
 		{
 			title: "fallback-chain [down, unreachable, search-backup, echo]: down is skipped on its health check, unreachable refuses the connection, search-backup fails, echo wins",
@@ -253,37 +292,30 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 			want: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED,
 		},
 	}
-	var failed error
 	for i, r := range demoRuns {
 		fmt.Fprintf(stdout, "\n== run %d: %s\n", i+1, r.title)
 		stream, err := client.Run(ctx, r.req)
 		if err != nil {
-			return 1, err
+			return nil, false, err
 		}
-		st, err := follow(stream, printer{w: stdout, json: *asJSON})
+		st, err := follow(stream, printer{w: stdout, json: asJSON})
 		if err != nil {
 			if ctx.Err() != nil {
-				return 0, nil // interrupted
+				return nil, true, nil
 			}
-			return 1, err
+			return nil, false, err
 		}
 		if st.GetStatus() != r.want && failed == nil {
 			failed = fmt.Errorf("run %d ended %s, want %s", i+1, statusName(st.GetStatus()), statusName(r.want))
 		}
 	}
-	if failed == nil {
-		fmt.Fprintln(stdout, "\nDemo finished: every run ended as expected.")
-	}
-	if *exit {
-		if failed != nil {
-			return 1, failed
-		}
-		return 0, nil
-	}
+	return failed, false, nil
+}
 
-	// One more run, left for a person: a retry of unreachable whose retries
-	// run out, so it awaits a decision that the console's Retry and Fail
-	// buttons give.
+// leaveRunForPerson starts one more run, left for a person: a retry of
+// unreachable whose retries run out, so it awaits a decision that the
+// console's Retry and Fail buttons give.
+func leaveRunForPerson(ctx context.Context, client stubbornv1.ControlServiceClient, stdout io.Writer, consoleURL string) {
 	res, err := client.StartRun(ctx, &stubbornv1.StartRunRequest{
 		TaskBrief: "reach the unreachable",
 		Retry: &stubbornv1.RetrySpec{
@@ -296,11 +328,4 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	} else if ctx.Err() == nil {
 		fmt.Fprintf(stdout, "\nThe run that awaits a decision could not start: %v\n", err)
 	}
-	fmt.Fprintf(stdout, "\nServing the console on %s and the API on %s (gRPC) until interrupted: press Ctrl-C to stop.\n", consoleURL, lis.Addr())
-	<-ctx.Done()
-	fmt.Fprintln(stdout, "\nStopping.")
-	if failed != nil {
-		return 1, failed
-	}
-	return 0, nil
 }
