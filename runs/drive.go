@@ -98,7 +98,10 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 func (m *Manager) endDrive(r *run) {
 	r.mu.Lock()
 	cancel, stopTimer := r.cancel, r.stopTimer
-	r.cancel, r.stopTimer = nil, nil
+	// What a finished run no longer needs: kept, its context and its
+	// request's decoded control (in base) would be scanned by the garbage
+	// collector for as long as the run is kept (MaxFinished).
+	r.cancel, r.stopTimer, r.base = nil, nil, nil
 	r.mu.Unlock()
 	if stopTimer != nil {
 		stopTimer()

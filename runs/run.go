@@ -73,7 +73,8 @@ type run struct {
 	endUnsaved    bool         // the final state could not be saved
 	// base is the part of the run's state that never changes
 	// (constantPart), for the run_finished of a run whose events the
-	// store refused (endRefused). maxEvent bounds an event's encoding
+	// store refused (endRefused); nil once the run has ended here. Guarded
+	// by mu. maxEvent bounds an event's encoding
 	// (eventLimit).
 	base     *stubbornv1.ControlState
 	maxEvent int
