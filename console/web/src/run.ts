@@ -127,7 +127,10 @@ export function runPage(id: string): Page {
     try {
       const res = await call();
       const st = res.state;
-      text(actionResult, what + ": done. The run is " + (st ? shortName(RunStatusSchema, st.status) : "answered") +
+      // Worded as of the answer, which the run's own status (above, live)
+      // soon overtakes.
+      text(actionResult, what + ": done at " + new Date().toLocaleTimeString() +
+        (st ? "; the run was " + shortName(RunStatusSchema, st.status) + " then" : "") +
         (st?.statusReason ? " (" + st.statusReason + ")" : "") + ".");
       actionResult.classList.add("ok");
       if (st && (tsMs(st.updateTime) ?? 0) >= snapshotAt) {
