@@ -189,7 +189,7 @@ func errorMessage(body []byte) string {
 		msg = string(body)
 	}
 	msg = strings.Join(strings.Fields(strings.ToValidUTF8(msg, "\uFFFD")), " ")
-	return firstBytes(msg, maxErrorExcerpt)
+	return controls.Cut(msg, maxErrorExcerpt)
 }
 
 // retryAfter reads how long an answer asks to wait: retry-after-ms
@@ -282,7 +282,7 @@ func orUnknown(contentType string) string {
 	if contentType == "" {
 		return "no content type"
 	}
-	return firstBytes(contentType, 100)
+	return controls.Cut(contentType, 100)
 }
 
 // textOf is a JSON value as text: a string as it is, anything else encoded.

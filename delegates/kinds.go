@@ -11,6 +11,8 @@ import (
 	"text/template"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/stubbornhq/stubborn/controls"
 )
 
 // The kinds of delegate a registry entry may be: exactly one of target
@@ -377,20 +379,7 @@ func parseBody(body string) (*template.Template, string) {
 		return nil, err.Error()
 	}
 	if !json.Valid(buf.Bytes()) {
-		return nil, fmt.Sprintf("does not make JSON (for a sample call it makes %q); the fields are JSON values already: write {{.Brief}}, not \"{{.Brief}}\"", firstBytes(buf.String(), 200))
+		return nil, fmt.Sprintf("does not make JSON (for a sample call it makes %q); the fields are JSON values already: write {{.Brief}}, not \"{{.Brief}}\"", controls.Cut(buf.String(), 200))
 	}
 	return t, ""
 }
-
-// firstBytes returns at most n bytes of s, cut at a rune boundary.
-func firstBytes(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
-}
-
-func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }

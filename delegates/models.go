@@ -95,7 +95,7 @@ func (t *openAITransport) call(ctx context.Context, c controls.Call) (*stubbornv
 	case ch.Message.Content != nil:
 		text = *ch.Message.Content
 	case ch.Message.Refusal != "":
-		return nil, &controls.CallError{Code: codes.FailedPrecondition, Message: "the model refused: " + firstBytes(ch.Message.Refusal, maxErrorExcerpt)}
+		return nil, &controls.CallError{Code: codes.FailedPrecondition, Message: "the model refused: " + controls.Cut(ch.Message.Refusal, maxErrorExcerpt)}
 	}
 	return modelResult(text, map[string]any{"model": ans.Model, "finish_reason": ch.FinishReason, "usage": ans.Usage})
 }
@@ -166,7 +166,7 @@ func (t *anthropicTransport) call(ctx context.Context, c controls.Call) (*stubbo
 		return nil, unreadable("not a Messages API answer: %v", err)
 	}
 	if ans.Type != "message" {
-		return nil, unreadable("a Messages API answer of type %q, not \"message\"", firstBytes(ans.Type, 100))
+		return nil, unreadable("a Messages API answer of type %q, not \"message\"", controls.Cut(ans.Type, 100))
 	}
 	var text strings.Builder
 	for _, b := range ans.Content {
