@@ -18,7 +18,7 @@ type stuckKV struct {
 	entries []jetstream.KeyValueEntry
 }
 
-func (k stuckKV) WatchAll(context.Context, ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+func (k stuckKV) Watch(context.Context, string, ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
 	ch := make(chan jetstream.KeyValueEntry, len(k.entries))
 	for _, e := range k.entries {
 		ch <- e
@@ -57,7 +57,7 @@ func TestAScanNeverWaitsForGood(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var keys []string
 			start := time.Now()
-			err := eachEntry(context.Background(), stuckKV{entries: c.entries}, func(e jetstream.KeyValueEntry) (bool, error) {
+			err := eachEntry(context.Background(), stuckKV{entries: c.entries}, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
 				keys = append(keys, e.Key())
 				return true, nil
 			})

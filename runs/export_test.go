@@ -62,3 +62,6 @@ func ReadsFinalFromJournal(s Store) bool {
 func (s *JetStream) PurgeForTest(ctx context.Context, now time.Time) (int, error) {
 	return s.purge(ctx, now)
 }
+
+// IndexReady reports whether the store has reconciled its listing index.
+func (s *JetStream) IndexReady() bool { return s.index.ready.Load() }

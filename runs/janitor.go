@@ -93,6 +93,7 @@ type janitor struct {
 	// there leaves no marker behind.
 	statesStream jetstream.Stream
 	ownersStream jetstream.Stream
+	indexStream  jetstream.Stream
 
 	cancel   context.CancelFunc // ends the loop; nil when there is none
 	done     chan struct{}      // closed when the loop has returned
@@ -123,6 +124,9 @@ func (s *JetStream) startJanitor(ctx context.Context, cfg JetStreamConfig) error
 	}
 	if j.ownersStream, err = s.js.Stream(ctx, kvStream(ownersBucket)); err != nil {
 		return fmt.Errorf("bucket %s: %w", ownersBucket, err)
+	}
+	if j.indexStream, err = s.js.Stream(ctx, kvStream(indexBucket)); err != nil {
+		return fmt.Errorf("bucket %s: %w", indexBucket, err)
 	}
 	j.kick = make(chan struct{}, 1)
 	j.done = make(chan struct{})
@@ -300,6 +304,11 @@ func (s *JetStream) purgeRun(ctx context.Context, runID string, seq uint64) (boo
 	if validKey(runID) {
 		if held, err := s.held(ctx, runID); err != nil || held {
 			return false, err
+		}
+		// Its summary first: a run the index lists can be read until
+		// the end of the purge.
+		if err := s.janitor.indexStream.Purge(ctx, jetstream.WithPurgeSubject(kvSubject(indexBucket, "*."+runID))); err != nil {
+			return false, fmt.Errorf("run %s: purging its summary: %w", runID, err)
 		}
 		if err := s.janitor.statesStream.Purge(ctx, jetstream.WithPurgeSubject(kvSubject(statesBucket, runID))); err != nil {
 			return false, fmt.Errorf("run %s: purging its state: %w", runID, err)

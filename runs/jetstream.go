@@ -62,11 +62,12 @@ type JetStreamConfig struct {
 
 // Names of the JetStream assets.
 const (
-	eventsStream   = "STUBBORN_EVENTS"
-	eventsSubject  = "stubborn.events."
-	statesBucket   = "stubborn_runs"
-	ownersBucket   = "stubborn_owners"
-	beatsBucket    = "stubborn_heartbeats"
+	eventsStream  = "STUBBORN_EVENTS"
+	eventsSubject = "stubborn.events."
+	statesBucket  = "stubborn_runs"
+	ownersBucket  = "stubborn_owners"
+	beatsBucket   = "stubborn_heartbeats"
+	// indexBucket is in index.go.
 	commandSubject = "stubborn.commands."
 )
 
@@ -105,6 +106,8 @@ type JetStream struct {
 	janitor janitor
 	// damaged says the store's files were found damaged (MarkDamaged).
 	damaged atomic.Bool
+	// index is the listing index's writer (index.go).
+	index *indexer
 }
 
 var _ Store = (*JetStream)(nil)
@@ -168,7 +171,8 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	// every entry of the owners bucket, markers included, and should cost
 	// as many reads as there are live runs, not as many as ran this week.
 	s.markerTTL = max(cfg.Lease, time.Second) // JetStream's shortest message TTL is 1 s
-	// The states and owners entries have no TTL: a run in flight keeps
+	var indexKV jetstream.KeyValue
+	// The states, owners and index entries have no TTL: a run in flight keeps
 	// them however long it waits (a decision may take weeks); a finished
 	// run's go with its journal (janitor.go).
 	for _, b := range []struct {
@@ -180,6 +184,7 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		{&s.states, statesBucket, 0, 0},
 		{&s.owners, ownersBucket, 0, s.markerTTL},
 		{&s.beats, beatsBucket, cfg.Lease, 0},
+		{&indexKV, indexBucket, 0, 0},
 	} {
 		kvCfg := jetstream.KeyValueConfig{
 			Bucket: b.name, TTL: b.ttl, Storage: storage, Replicas: cfg.Replicas, History: 1,
@@ -207,12 +212,18 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	if err := s.startJanitor(ctx, cfg); err != nil {
 		return nil, err
 	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s.startIndexer(indexKV, log)
 	return s, nil
 }
 
 // Close stops the janitor and closes the NATS connection.
 func (s *JetStream) Close() error {
 	s.stopJanitor()
+	s.index.stop()
 	s.nc.Close()
 	return nil
 }
@@ -239,6 +250,7 @@ func (s *JetStream) Append(ctx context.Context, evs ...Event) error {
 			}
 			return err
 		}
+		s.index.noteEvents(evs[:n])
 		written += n
 		evs = evs[n:]
 	}

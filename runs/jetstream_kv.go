@@ -19,10 +19,14 @@ import (
 
 // PutState saves a snapshot.
 func (s *JetStream) PutState(ctx context.Context, runID string, state []byte) error {
-	return s.write(ctx, func(ctx context.Context) error {
+	err := s.write(ctx, func(ctx context.Context) error {
 		_, err := s.states.Put(ctx, runID, state)
 		return err
 	}, nil)
+	if err == nil {
+		s.index.note(runID, state)
+	}
+	return err
 }
 
 // State returns a run's state: the one its journal's run_finished
@@ -100,7 +104,7 @@ func (s *JetStream) finalInJournal() bool { return !s.saveFinal }
 // meanwhile is still listed (with one of its states), not missed.
 func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState) bool) error {
 	all := map[string][]byte{}
-	if err := eachEntry(ctx, s.owners, func(e jetstream.KeyValueEntry) (bool, error) {
+	if err := eachEntry(ctx, s.owners, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
 		if _, state := parseOwnerEntry(e.Value()); len(state) > 0 {
 			all[e.Key()] = state
 		}
@@ -108,7 +112,7 @@ func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState
 	}); err != nil {
 		return err
 	}
-	if err := eachEntry(ctx, s.states, func(e jetstream.KeyValueEntry) (bool, error) {
+	if err := eachEntry(ctx, s.states, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
 		all[e.Key()] = e.Value()
 		return true, nil
 	}); err != nil {
@@ -189,9 +193,10 @@ func parseOwnerEntry(v []byte) (owner string, state []byte) {
 	return string(rest[:n]), rest[n:]
 }
 
-// eachEntry calls fn with every current entry of kv until fn returns false.
-func eachEntry(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry) (bool, error)) error {
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+// eachEntry calls fn with every current entry of kv whose key matches keys
+// (jetstream.AllKeys: every one) until fn returns false.
+func eachEntry(ctx context.Context, kv jetstream.KeyValue, keys string, fn func(jetstream.KeyValueEntry) (bool, error)) error {
+	w, err := kv.Watch(ctx, keys, jetstream.IgnoreDeletes())
 	if err != nil {
 		return err
 	}
@@ -257,7 +262,7 @@ func (s *JetStream) Alive(ctx context.Context, owner string) (bool, error) {
 
 // Live calls fn with every owner whose heartbeat has not expired.
 func (s *JetStream) Live(ctx context.Context, fn func(owner string, left bool)) error {
-	return eachEntry(ctx, s.beats, func(e jetstream.KeyValueEntry) (bool, error) {
+	return eachEntry(ctx, s.beats, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
 		fn(e.Key(), bytes.Equal(e.Value(), leftBeat))
 		return true, nil
 	})
@@ -286,6 +291,9 @@ func (s *JetStream) Claim(ctx context.Context, runID, owner string, state []byte
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return fmt.Errorf("%w: run %s already has a driver", ErrConflict, runID)
 	}
+	if err == nil {
+		s.index.note(runID, state)
+	}
 	return err
 }
 
@@ -307,7 +315,7 @@ func (s *JetStream) Driver(ctx context.Context, runID string) (string, error) {
 
 // Owners calls fn with every run that has a driver.
 func (s *JetStream) Owners(ctx context.Context, fn func(runID, owner string) bool) error {
-	return eachEntry(ctx, s.owners, func(e jetstream.KeyValueEntry) (bool, error) {
+	return eachEntry(ctx, s.owners, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
 		owner, _ := parseOwnerEntry(e.Value())
 		return fn(e.Key(), owner), nil
 	})

@@ -52,7 +52,7 @@ func openJetStream(t *testing.T, e *runs.Embedded, cfg runs.JetStreamConfig) (*r
 // finished run's events, state and owner entry, and the run is not found
 // anywhere.
 func TestExpiredRunsAreGoneWhole(t *testing.T) {
-	store, _ := embeddedJetStream(t, runs.JetStreamConfig{Retention: time.Second, Lease: time.Second})
+	store, nc := embeddedJetStream(t, runs.JetStreamConfig{Retention: time.Second, Lease: time.Second})
 
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	m := newManager(t, d, runs.Config{Store: store, Lease: time.Second, MaxFinished: 1})
@@ -79,6 +79,16 @@ func TestExpiredRunsAreGoneWhole(t *testing.T) {
 	require.NoError(t, err)
 	for _, r := range list {
 		assert.NotEqual(t, st.GetRunId(), r.GetRunId())
+	}
+	// Its summary went with it from the listing index.
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	index, err := js.KeyValue(ctxFor(t), "stubborn_index")
+	require.NoError(t, err)
+	keys, err := index.ListKeys(ctxFor(t))
+	require.NoError(t, err)
+	for k := range keys.Keys() {
+		assert.False(t, strings.HasSuffix(k, "."+st.GetRunId()), "its summary %s", k)
 	}
 }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 
@@ -41,14 +42,28 @@ type feedSub struct {
 
 func newRunFeed() *runFeed { return &runFeed{subs: map[*feedSub]struct{}{}} }
 
-// subscribe starts following tenant's runs that pass f; cancel stops.
-func (f *runFeed) subscribe(tenant string, filter runs.Filter) (*feedSub, func()) {
-	s := &feedSub{tenant: tenant, filter: filter, c: make(chan *stubbornv1.RunSummary, feedBuffer), overflow: make(chan struct{})}
+func newFeedSub(tenant string, filter runs.Filter) *feedSub {
+	return &feedSub{tenant: tenant, filter: filter, c: make(chan *stubbornv1.RunSummary, feedBuffer), overflow: make(chan struct{})}
+}
+
+// offer queues sum for the stream, or ends the stream when it is too far
+// behind. It never blocks.
+func (s *feedSub) offer(sum *stubbornv1.RunSummary) {
+	select {
+	case s.c <- sum:
+	default:
+		s.once.Do(func() { close(s.overflow) })
+	}
+}
+
+// subscribe starts following s's tenant's runs that pass its filter;
+// cancel stops.
+func (f *runFeed) subscribe(s *feedSub) func() {
 	f.mu.Lock()
 	f.subs[s] = struct{}{}
 	f.n.Add(1)
 	f.mu.Unlock()
-	return s, func() {
+	return func() {
 		f.mu.Lock()
 		if _, ok := f.subs[s]; ok {
 			delete(f.subs, s)
@@ -64,13 +79,8 @@ func (f *runFeed) publish(tenant string, sum *stubbornv1.RunSummary) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for s := range f.subs {
-		if s.tenant != tenant || !s.filter.MatchesSummary(sum) {
-			continue
-		}
-		select {
-		case s.c <- sum:
-		default:
-			s.once.Do(func() { close(s.overflow) })
+		if s.tenant == tenant && s.filter.MatchesSummary(sum) {
+			s.offer(sum)
 		}
 	}
 }
@@ -168,12 +178,38 @@ func (s *Service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.Server
 	if err := v.err(); err != nil {
 		return err
 	}
-	if s.feed == nil {
-		return status.Error(codes.Unimplemented, "this server does not follow its runs")
-	}
-	ctx := stream.Context()
-	sub, cancel := s.feed.subscribe(runs.TenantFrom(ctx), f)
+	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
+	tenant := runs.TenantFrom(ctx)
+	sub := newFeedSub(tenant, f)
+	// The store's index follows every replica's runs; without one (the
+	// memory store) the runs driven here are followed.
+	followed := make(chan error, 1)
+	started := make(chan struct{})
+	go func() {
+		followed <- s.runs.FollowSummaries(ctx, func(sum *stubbornv1.RunSummary) error {
+			if sum == nil {
+				close(started)
+			} else if f.MatchesSummary(sum) {
+				sub.offer(sum)
+			}
+			return nil
+		})
+	}()
+	select {
+	case <-started:
+		defer func() { cancel(); <-followed }()
+	case err := <-followed:
+		if !errors.Is(err, runs.ErrNoIndex) {
+			return status.Errorf(codes.Unavailable, "following the runs: %v", err)
+		}
+		if s.feed == nil {
+			return status.Error(codes.Unimplemented, "this server does not follow its runs")
+		}
+		stop := s.feed.subscribe(sub)
+		defer stop()
+		followed = nil
+	}
 	// Following from now on: the caller may list what came before. (A
 	// message rather than headers, which an HTTP transcoder may hold back
 	// until the first message.)
@@ -184,6 +220,9 @@ func (s *Service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.Server
 		select {
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
+		case err := <-followed:
+			followed <- err // for the deferred wait
+			return status.Errorf(codes.Unavailable, "following the runs ended: %v", err)
 		case <-sub.overflow:
 			return status.Errorf(codes.ResourceExhausted, "this stream fell %d run changes behind; follow again, and ListRuns for what was missed", feedBuffer)
 		case sum := <-sub.c:

@@ -13,7 +13,8 @@ import (
 // for; another tenant's runs and filtered-out runs never reach it.
 func TestRunFeedNeverBlocks(t *testing.T) {
 	f := newRunFeed()
-	sub, cancel := f.subscribe("a", runs.Filter{Control: "retry"})
+	sub := newFeedSub("a", runs.Filter{Control: "retry"})
+	cancel := f.subscribe(sub)
 	defer cancel()
 	retry := &stubbornv1.RunSummary{RunId: "r", Control: "retry"}
 	f.publish("b", retry)

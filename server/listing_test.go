@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -15,7 +16,13 @@ import (
 )
 
 func TestListRunsSummariesAndFilters(t *testing.T) {
-	e := start(t, delegates.Limits{})
+	for _, js := range []bool{false, true} {
+		t.Run(fmt.Sprintf("jetstream=%t", js), func(t *testing.T) { listRunsSummaries(t, js) })
+	}
+}
+
+func listRunsSummaries(t *testing.T, js bool) {
+	e := startWith(t, setup{jetstream: js})
 	ctx := testCtx(t)
 	chain, err := e.client.StartRun(ctx, &stubbornv1.StartRunRequest{TaskBrief: "a long brief", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"down", "echo"}}})
 	require.NoError(t, err)
@@ -98,8 +105,16 @@ func TestListDelegatesShowsWhatATenantMayUse(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond)
 }
 
+// TestWatchRunsFollowsStartsAndStatusChanges, on the memory store (the
+// runs this server drives) and on JetStream (its listing index).
 func TestWatchRunsFollowsStartsAndStatusChanges(t *testing.T) {
-	e := startWith(t, setup{tenants: twoTenants(delegates.Limits{}, delegates.Limits{})})
+	for _, js := range []bool{false, true} {
+		t.Run(fmt.Sprintf("jetstream=%t", js), func(t *testing.T) { watchRunsFollows(t, js) })
+	}
+}
+
+func watchRunsFollows(t *testing.T, js bool) {
+	e := startWith(t, setup{tenants: twoTenants(delegates.Limits{}, delegates.Limits{}), jetstream: js})
 	ctx := testCtx(t)
 	wctx, stop := context.WithCancel(as(ctx, tokenA))
 	defer stop()

@@ -358,18 +358,18 @@ func (s *Service) ListRuns(ctx context.Context, req *stubbornv1.ListRunsRequest)
 	case size > 1000:
 		size = 1000
 	}
+	if req.GetView() == stubbornv1.RunView_RUN_VIEW_SUMMARY {
+		sums, next, err := s.runs.ListSummaries(ctx, f, size, req.GetPageToken())
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return &stubbornv1.ListRunsResponse{Summaries: sums, NextPageToken: next}, nil
+	}
 	list, next, err := s.runs.ListWhere(ctx, f, size, req.GetPageToken())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if req.GetView() != stubbornv1.RunView_RUN_VIEW_SUMMARY {
-		return &stubbornv1.ListRunsResponse{Runs: list, NextPageToken: next}, nil
-	}
-	resp := &stubbornv1.ListRunsResponse{NextPageToken: next, Summaries: make([]*stubbornv1.RunSummary, len(list))}
-	for i, st := range list {
-		resp.Summaries[i] = runs.Summary(st)
-	}
-	return resp, nil
+	return &stubbornv1.ListRunsResponse{Runs: list, NextPageToken: next}, nil
 }
 
 // controlNames are the values of a control filter.

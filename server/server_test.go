@@ -29,6 +29,7 @@ import (
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
 	"github.com/stubbornhq/stubborn/server"
 )
 
@@ -96,6 +97,9 @@ type setup struct {
 	logger *slog.Logger
 	// registry entries added as they are (HTTP kinds).
 	entries []delegates.Delegate
+	// jetstream runs the server on a JetStream store of its own (an
+	// embedded NATS server) instead of the memory store.
+	jetstream bool
 }
 
 // delegateTLS serves delegates over TLS and tells the registry how to reach
@@ -148,7 +152,11 @@ func startWith(t *testing.T, su setup) *env {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	st, err := server.New(server.Config{Registry: cfg, Logger: logger, Clock: su.clock, ServerOptions: su.serverOptions})
+	var store runs.Store
+	if su.jetstream {
+		store = jetStreamStore(t)
+	}
+	st, err := server.New(server.Config{Registry: cfg, Logger: logger, Clock: su.clock, ServerOptions: su.serverOptions, Runs: runs.Config{Store: store}})
 	require.NoError(t, err)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -630,4 +638,17 @@ func TestPanicInHandlerIsInternal(t *testing.T) {
 	// The server is still up.
 	_, err = client.GetRun(ctx, &stubbornv1.GetRunRequest{})
 	assert.Equal(t, codes.InvalidArgument, status.Code(err))
+}
+
+// jetStreamStore returns a JetStream store on an embedded NATS server of
+// its own, its listing index reconciled.
+func jetStreamStore(t *testing.T) *runs.JetStream {
+	t.Helper()
+	ns, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(ns.Close)
+	store, err := runs.NewJetStream(testCtx(t), ns.Conn, runs.JetStreamConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	return store
 }

@@ -136,6 +136,13 @@ func TestClusterReplicaTakesOverARun(t *testing.T) {
 	a, clientA := replica(urls[0])
 	_, clientB := replica(urls[1])
 
+	// B follows the list of runs, whichever replica drives them.
+	feedB, err := clientB.WatchRuns(ctx, &stubbornv1.WatchRunsRequest{})
+	require.NoError(t, err)
+	following, err := feedB.Recv()
+	require.NoError(t, err)
+	require.Nil(t, following.GetRun())
+
 	res, err := clientA.StartRun(ctx, &stubbornv1.StartRunRequest{
 		TaskBrief: "survive", Retry: &stubbornv1.RetrySpec{Target: "slow"},
 	})
@@ -179,6 +186,21 @@ func TestClusterReplicaTakesOverARun(t *testing.T) {
 	}
 	require.NotNil(t, resumed, "the journal says who took the run over")
 	assert.LessOrEqual(t, took, 3*lease, "taken over within the lease (plus a scan)")
+
+	// B's list followed the run that A started and B finished, and B
+	// lists it from the index.
+	var statuses []stubbornv1.RunStatus
+	for len(statuses) == 0 || statuses[len(statuses)-1] != stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		m, err := feedB.Recv()
+		require.NoError(t, err)
+		require.Equal(t, id, m.GetRun().GetRunId())
+		statuses = append(statuses, m.GetRun().GetStatus())
+	}
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, statuses[0], "seen as it started on A")
+	list, err := clientB.ListRuns(ctx, &stubbornv1.ListRunsRequest{View: stubbornv1.RunView_RUN_VIEW_SUMMARY})
+	require.NoError(t, err)
+	require.Len(t, list.GetSummaries(), 1)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, list.GetSummaries()[0].GetStatus())
 
 	// A fresh watch on B replays the same events.
 	w2, err := clientB.WatchRun(ctx, &stubbornv1.WatchRunRequest{RunId: id})

@@ -62,7 +62,9 @@ type ControlServiceClient interface {
 	// starts and each time its status changes, filtered as ListRuns. Its first
 	// message has no run: from then on nothing is missed, so a list made with
 	// ListRuns after it and updated with what follows is complete. It sends
-	// nothing about runs before it and never ends by itself.
+	// nothing about runs before it and never ends by itself. On a JetStream
+	// store it follows the runs of every server that shares the store; on the
+	// memory store, those of the server it asks.
 	WatchRuns(ctx context.Context, in *WatchRunsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchRunsResponse], error)
 	// ListDelegates lists the delegates and presets the caller may name in a
 	// run.
@@ -233,7 +235,9 @@ type ControlServiceServer interface {
 	// starts and each time its status changes, filtered as ListRuns. Its first
 	// message has no run: from then on nothing is missed, so a list made with
 	// ListRuns after it and updated with what follows is complete. It sends
-	// nothing about runs before it and never ends by itself.
+	// nothing about runs before it and never ends by itself. On a JetStream
+	// store it follows the runs of every server that shares the store; on the
+	// memory store, those of the server it asks.
 	WatchRuns(*WatchRunsRequest, grpc.ServerStreamingServer[WatchRunsResponse]) error
 	// ListDelegates lists the delegates and presets the caller may name in a
 	// run.

@@ -2585,7 +2585,9 @@ export const ControlService: GenService<{
    * starts and each time its status changes, filtered as ListRuns. Its first
    * message has no run: from then on nothing is missed, so a list made with
    * ListRuns after it and updated with what follows is complete. It sends
-   * nothing about runs before it and never ends by itself.
+   * nothing about runs before it and never ends by itself. On a JetStream
+   * store it follows the runs of every server that shares the store; on the
+   * memory store, those of the server it asks.
    *
    * @generated from rpc stubborn.v1.ControlService.WatchRuns
    */

@@ -1,0 +1,337 @@
+package runs
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// The listing index (issue 20): on JetStream, a KV bucket of every run's
+// summary (Summary), keyed by its tenant and its id, "<tenant key>.<run
+// id>", so that listing a tenant's runs reads that tenant's summaries and
+// nothing else: a subject-filtered read, not a scan of every run's state.
+// A watch of the same keys follows the tenant's runs as they change, on
+// every replica that shares the store.
+//
+// What writes it: every state the store writes (a claim, a saved state,
+// the state in run_started and run_finished: a run's status changes are
+// all among them) is handed to one indexer goroutine per store, which
+// writes its summary after the write that carried it, off the run's path,
+// one per status a run went through (consecutive states of one status are
+// one write; maxPendingStates bounds what waits). A summary may lag its
+// run by a write.
+//
+// What keeps it whole: on every start the store reconciles the index with
+// the runs' states in the background (reconcile): a summary missing or
+// behind is written, with compare-and-set, so that it never overwrites a
+// newer one that a driver wrote meanwhile. Until this process has
+// reconciled once, listing reads the states instead (indexReady). The
+// janitor purges a run's summary with the rest of it.
+//
+// Caveat: during a rolling upgrade from a version without the index, the
+// runs that older servers drive update their summaries only when a newer
+// server starts (its reconcile).
+const indexBucket = "stubborn_index"
+
+// indexEntry is the index's entry of a run of tenant: the tenant's name
+// (a key is a hash of it) and the summary, encoded as an owners entry is.
+func indexEntry(tenant string, sum *stubbornv1.RunSummary) ([]byte, error) {
+	b, err := proto.Marshal(sum)
+	if err != nil {
+		return nil, err
+	}
+	return ownerEntry(tenant, b), nil
+}
+
+// indexKey is run runID's key in the index: its tenant's key (a hash: a
+// tenant's name may hold anything), a dot, its id.
+func indexKey(tenant, runID string) string { return indexTenant(tenant) + "." + runID }
+
+// indexTenant is the first token of tenant's keys in the index.
+func indexTenant(tenant string) string {
+	h := sha256.Sum256([]byte(tenant))
+	return "t" + hex.EncodeToString(h[:16])
+}
+
+// indexer writes the summaries of the states the store writes, the
+// latest of each run, one write at a time, off the runs' path.
+type indexer struct {
+	kv  jetstream.KeyValue
+	log *slog.Logger
+
+	mu sync.Mutex
+	// pending holds the states of each run not yet indexed, encoded, in
+	// the order they were written: at most maxPendingStates a run (then
+	// the last is replaced), so that a follower sees every status a run
+	// goes through unless the index lags that far behind.
+	pending map[string][][]byte
+	wake    chan struct{}
+
+	// ready is set once this process has reconciled the index.
+	ready atomic.Bool
+	// failing is set while writes to the index fail (logged once a
+	// spell).
+	failing atomic.Bool
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// maxPendingStates bounds the states of one run waiting to be indexed.
+const maxPendingStates = 8
+
+// indexRetry is how long the indexer waits after a failed write before
+// it tries again.
+const indexRetry = time.Second
+
+// startIndexer starts the indexer of s's index, and its reconcile.
+func (s *JetStream) startIndexer(kv jetstream.KeyValue, log *slog.Logger) {
+	ctx, cancel := context.WithCancel(context.Background())
+	x := &indexer{kv: kv, log: log, pending: map[string][][]byte{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	s.index = x
+	go func() {
+		defer close(x.done)
+		if err := s.reconcile(ctx); err != nil {
+			if ctx.Err() == nil {
+				x.log.Warn("run index: reconciling it with the runs' states failed; listing reads the states instead until the next start", "err", err)
+			}
+		} else {
+			x.ready.Store(true)
+		}
+		x.loop(ctx)
+	}()
+}
+
+// stop ends the indexer; what it had yet to write is left to the next
+// start's reconcile.
+func (x *indexer) stop() {
+	x.cancel()
+	<-x.done
+}
+
+// note hands the indexer a state the store wrote (encoded).
+func (x *indexer) note(runID string, state []byte) {
+	if len(state) == 0 {
+		return
+	}
+	x.mu.Lock()
+	if q := x.pending[runID]; len(q) == maxPendingStates {
+		q[len(q)-1] = state
+	} else {
+		x.pending[runID] = append(q, state)
+	}
+	x.mu.Unlock()
+	x.poke()
+}
+
+func (x *indexer) poke() {
+	select {
+	case x.wake <- struct{}{}:
+	default:
+	}
+}
+
+// noteEvents hands the indexer the last state among evs (run_started's
+// or run_finished's), if any.
+func (x *indexer) noteEvents(evs []Event) {
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].Finished || evs[i].Seq == 1 {
+			x.note(evs[i].RunID, evs[i].state())
+			return
+		}
+	}
+}
+
+func (x *indexer) loop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-x.wake:
+		}
+		x.mu.Lock()
+		batch := x.pending
+		x.pending = make(map[string][][]byte, len(batch))
+		x.mu.Unlock()
+		for runID, states := range batch {
+			sums := make([]*stubbornv1.RunSummary, len(states))
+			tenants := make([]string, len(states))
+			for i, state := range states {
+				sums[i], tenants[i], _ = summaryOf(state)
+			}
+			for i, sum := range sums {
+				if sum == nil || i+1 < len(sums) && sums[i+1] != nil && sums[i+1].GetStatus() == sum.GetStatus() {
+					continue // nothing to index, or the next state has its status too
+				}
+				if err := x.write(ctx, tenants[i], sum); err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					x.retryLater(runID, states[i:], err)
+					break
+				}
+			}
+		}
+		if x.failing.Load() {
+			if !sleep(ctx, indexRetry) {
+				return
+			}
+		}
+	}
+}
+
+// summaryOf decodes a state into its summary and tenant; ok is false for
+// a state the store could not read either.
+func summaryOf(state []byte) (sum *stubbornv1.RunSummary, tenant string, ok bool) {
+	st, err := decodeState(state)
+	if err != nil {
+		return nil, "", false
+	}
+	return Summary(st), st.GetTenant(), true
+}
+
+// write indexes one summary of tenant.
+func (x *indexer) write(ctx context.Context, tenant string, sum *stubbornv1.RunSummary) error {
+	v, err := indexEntry(tenant, sum)
+	if err != nil {
+		return nil // nothing to index
+	}
+	if _, err := x.kv.Put(ctx, indexKey(tenant, sum.GetRunId()), v); err != nil {
+		return err
+	}
+	if x.failing.CompareAndSwap(true, false) {
+		x.log.Info("run index: writing it works again")
+	}
+	return nil
+}
+
+// retryLater puts the states of a run whose write failed back, before
+// any that came meanwhile (the last of them kept if they are too many).
+func (x *indexer) retryLater(runID string, states [][]byte, err error) {
+	if x.failing.CompareAndSwap(false, true) {
+		x.log.Warn("run index: writing a run's summary failed; the index lags until it works again (listing may show a run's older status)", "run_id", runID, "err", err)
+	}
+	x.mu.Lock()
+	q := append(states, x.pending[runID]...)
+	if len(q) > maxPendingStates {
+		q = append(q[:maxPendingStates-1], q[len(q)-1])
+	}
+	x.pending[runID] = q
+	x.mu.Unlock()
+	x.poke()
+}
+
+// reconcile writes every run's summary that the index lacks or has
+// wrong: the index is read first, then the states (a run that changes
+// between the two reads is written by its driver too, and the
+// compare-and-set below leaves that newer write alone).
+func (s *JetStream) reconcile(ctx context.Context) error {
+	type have struct {
+		rev uint64
+		val []byte
+	}
+	index := map[string]have{}
+	if err := eachEntry(ctx, s.index.kv, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
+		index[e.Key()] = have{e.Revision(), e.Value()}
+		return true, nil
+	}); err != nil {
+		return err
+	}
+	var werr error
+	if err := s.States(ctx, func(st *stubbornv1.ControlState) bool {
+		key := indexKey(st.GetTenant(), st.GetRunId())
+		v, err := indexEntry(st.GetTenant(), Summary(st))
+		if err != nil {
+			return true
+		}
+		h, ok := index[key]
+		switch {
+		case ok && string(h.val) == string(v):
+			return true
+		case ok:
+			_, err = s.index.kv.Update(ctx, key, v, h.rev)
+		default:
+			_, err = s.index.kv.Create(ctx, key, v)
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+			werr = err // a conflict is a newer write: left alone
+			return false
+		}
+		return true
+	}); err != nil {
+		return err
+	}
+	return werr
+}
+
+// Summaries calls fn with the summary of every run of tenant in the
+// index, until fn returns false. ok is false when the index cannot be
+// trusted yet (this process has not reconciled it): read the states.
+func (s *JetStream) Summaries(ctx context.Context, tenant string, fn func(*stubbornv1.RunSummary) bool) (ok bool, err error) {
+	if !s.index.ready.Load() {
+		return false, nil
+	}
+	return true, eachEntry(ctx, s.index.kv, indexTenant(tenant)+".*", func(e jetstream.KeyValueEntry) (bool, error) {
+		sum, ok := parseIndexEntry(e.Value(), tenant)
+		if !ok {
+			return true, nil
+		}
+		return fn(sum), nil
+	})
+}
+
+// parseIndexEntry decodes an index entry of tenant; ok is false for one
+// of another tenant (a key's hash matched) or one that does not decode.
+func parseIndexEntry(v []byte, tenant string) (*stubbornv1.RunSummary, bool) {
+	name, b := parseOwnerEntry(v)
+	if name != tenant {
+		return nil, false
+	}
+	sum := &stubbornv1.RunSummary{}
+	if err := proto.Unmarshal(b, sum); err != nil {
+		return nil, false
+	}
+	return sum, true
+}
+
+// FollowSummaries calls fn with nil once it follows, then with the
+// summary of each run of tenant as the index is written, until ctx ends
+// or fn fails, whichever replica drives the run.
+func (s *JetStream) FollowSummaries(ctx context.Context, tenant string, fn func(*stubbornv1.RunSummary) error) error {
+	w, err := s.index.kv.Watch(ctx, indexTenant(tenant)+".*", jetstream.UpdatesOnly(), jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	if err := fn(nil); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, open := <-w.Updates():
+			if !open {
+				return errors.New("run index: the watch ended")
+			}
+			if e == nil {
+				continue
+			}
+			if sum, ok := parseIndexEntry(e.Value(), tenant); ok {
+				if err := fn(sum); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
