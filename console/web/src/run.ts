@@ -106,7 +106,16 @@ export function runPage(id: string): Page {
     facts.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", null, k), h("dd", null, v)]));
   }
 
+  // The actions shown, as a key: they are rebuilt only when it changes, so
+  // that a status change that keeps them (RUNNING to BACKING_OFF) does not
+  // replace a button under the pointer and lose a click.
+  let actionsKey = "";
+
   function renderActions(): void {
+    const key = (status === RunStatus.AWAITING_DECISION ? "decide," : "") +
+      (status !== RunStatus.UNSPECIFIED && !terminal(status) ? "cancel" : "");
+    if (key === actionsKey && actions.firstChild) return;
+    actionsKey = key;
     const buttons: HTMLElement[] = [];
     if (status === RunStatus.AWAITING_DECISION) {
       buttons.push(

@@ -184,15 +184,33 @@ export function runsPage(q: URLSearchParams): Page {
     }
   }
 
+  // relistLoaded lists again, after the first page, the later pages
+  // loaded with "Load more", down to the oldest row shown: after a
+  // reconnect no change to any row shown is missed. ("Load more" goes on
+  // from where it was.)
+  async function relistLoaded(): Promise<void> {
+    if (!pagedBeyond) return;
+    let oldest = Infinity;
+    for (const r of rows.values()) oldest = Math.min(oldest, tsMs(r.sum.createTime) ?? 0);
+    let token = "";
+    for (let pages = 0; pages < 200; pages++) {
+      const res = await api.listRuns({ view: RunView.SUMMARY, pageSize, pageToken: token, status, control, delegate }, { signal });
+      for (const s of res.summaries) upsert(s, true);
+      const last = res.summaries[res.summaries.length - 1];
+      token = res.nextPageToken;
+      if (!token || !last || (tsMs(last.createTime) ?? 0) <= oldest) return;
+    }
+  }
+
   more.addEventListener("click", async () => {
     more.disabled = true;
     await list(nextToken);
     more.disabled = false;
   });
 
-  // follow keeps WatchRuns open, and lists the first page again each time
-  // it opens one, so nothing that happened while the stream was down is
-  // missed. The list waits for the stream's first message, which has no
+  // follow keeps WatchRuns open, and lists the pages loaded again each
+  // time it opens one, so nothing that happened while the stream was down
+  // is missed. The list waits for the stream's first message, which has no
   // run and says the server follows the runs (or for its headers, or 300ms,
   // from a server that sends no such message). A dropped stream is reopened
   // after a backoff (1s doubling to 30s, jittered).
@@ -205,7 +223,9 @@ export function runsPage(q: URLSearchParams): Page {
       const relist = () => {
         if (relisted || signal.aborted) return;
         relisted = true;
-        void list("").then(() => {
+        void list("").then(relistLoaded).catch((err) => {
+          if (!isAbort(err)) text(error, "Listing runs: " + describe(err));
+        }).then(() => {
           if (!failed) {
             text(live, "live");
             attr(live, "data-state", "live");
