@@ -115,19 +115,24 @@ type options struct {
 	procWarmup, retryWait time.Duration
 }
 
-func main() {
+func main() { os.Exit(exitCode(run)) }
+
+// exitCode runs the role the arguments ask for, or else orElse, until
+// SIGINT or SIGTERM, and returns the exit code.
+func exitCode(orElse func(context.Context) error) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	var err error
 	if roleArgs(os.Args[1:]) {
 		err = runRole(ctx, os.Args[1:], os.Stdin, os.Stdout)
 	} else {
-		err = run(ctx)
+		err = orElse(ctx)
 	}
-	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 func run(ctx context.Context) error {
