@@ -150,11 +150,15 @@ func runShipped(ctx context.Context, o options) ([]LoadResult, error) {
 			return nil, err
 		}
 		for _, store := range o.stores {
+			storeFlags, ok := serveStores[store]
+			if !ok {
+				return nil, fmt.Errorf("-store %s: no `stubborn serve` flags for it in serveStores", store)
+			}
 			args := []string{"serve", "-config", cfg, "-listen", "127.0.0.1:0"}
 			if store != "memory" {
 				args = append(args, "-data-dir", filepath.Join(tmp, "data-"+store))
 			}
-			args = append(append(args, serveStores[store]...), o.serveFlags...)
+			args = append(append(args, storeFlags...), o.serveFlags...)
 			progress("shipped: stubborn %s", strings.Join(args, " "))
 			s, err := startChild(ctx, childSpec{name: "stubborn serve (" + store + ")", path: bin, args: args, watch: servingLog})
 			if err != nil {

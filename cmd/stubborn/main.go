@@ -151,7 +151,7 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 		if err := server.CheckPlaintextListen(cctx, c.listen, c.sec.insecure); err != nil {
 			return nil, err
 		}
-		for _, l := range c.httpListeners() {
+		for _, l := range []struct{ flag, addr string }{{"-http-listen", c.httpListen}, {"-pprof-listen", c.pprofListen}} {
 			if l.addr == "" {
 				continue
 			}
@@ -161,12 +161,6 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 		}
 	}
 	return c, nil
-}
-
-// httpListeners are serve's flags for HTTP listeners that follow
-// -listen's TLS and loopback rules, with the addresses they say.
-func (c *serveConfig) httpListeners() []struct{ flag, addr string } {
-	return []struct{ flag, addr string }{{"-http-listen", c.httpListen}, {"-pprof-listen", c.pprofListen}}
 }
 
 // listeners are what serve binds: gRPC, and the HTTP API and the profiles
