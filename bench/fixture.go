@@ -209,6 +209,29 @@ type world struct {
 
 func listen() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
 
+// serveDelegate serves svc as demo.Serve does, on a loopback port, and
+// returns its address.
+func serveDelegate(svc stubbornv1.DelegateServiceServer) (*grpc.Server, string, error) {
+	lis, err := listen()
+	if err != nil {
+		return nil, "", err
+	}
+	return demo.Serve(lis, svc), lis.Addr().String(), nil
+}
+
+// serveProxy serves a proxy to next on a loopback port and returns its
+// address.
+func serveProxy(next stubbornv1.DelegateServiceClient) (*grpc.Server, string, error) {
+	lis, err := listen()
+	if err != nil {
+		return nil, "", err
+	}
+	gs := grpc.NewServer()
+	stubbornv1.RegisterDelegateServiceServer(gs, proxy{next: next})
+	go func() { _ = gs.Serve(lis) }()
+	return gs, lis.Addr().String(), nil
+}
+
 func dial(addr string) (*grpc.ClientConn, error) {
 	return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
@@ -235,18 +258,18 @@ func newWorld(watchAttempts int) (*world, error) {
 		{watchedName, w.watched},
 	}
 	for _, s := range svcs {
-		lis, err := listen()
+		gs, addr, err := serveDelegate(s.svc)
 		if err != nil {
 			w.close()
 			return nil, err
 		}
-		w.servers = append(w.servers, demo.Serve(lis, s.svc))
+		w.servers = append(w.servers, gs)
 		w.reg.Delegates = append(w.reg.Delegates, delegates.Delegate{
-			Name: s.name, Target: lis.Addr().String(), Idempotent: true,
+			Name: s.name, Target: addr, Idempotent: true,
 			Timeout: delegates.Duration(time.Minute),
 		})
 		if s.name == echoName {
-			w.echoAddr = lis.Addr().String()
+			w.echoAddr = addr
 		}
 	}
 
@@ -262,16 +285,13 @@ func newWorld(watchAttempts int) (*world, error) {
 		w.close()
 		return nil, err
 	}
-	lis, err := listen()
+	ps, paddr, err := serveProxy(stubbornv1.NewDelegateServiceClient(next))
 	if err != nil {
 		w.close()
 		return nil, err
 	}
-	ps := grpc.NewServer()
-	stubbornv1.RegisterDelegateServiceServer(ps, proxy{next: stubbornv1.NewDelegateServiceClient(next)})
-	go func() { _ = ps.Serve(lis) }()
 	w.servers = append(w.servers, ps)
-	proxied, err := w.dial(lis.Addr().String())
+	proxied, err := w.dial(paddr)
 	if err != nil {
 		w.close()
 		return nil, err

@@ -37,6 +37,24 @@ type LoadResult struct {
 	AllocsPerOp float64 `json:"allocs_per_op"`
 	BytesPerOp  float64 `json:"bytes_per_op"`
 	FirstError  string  `json:"first_error,omitempty"`
+
+	// The shipped scenarios (shipped.go), each process on its own, from
+	// /proc: there, CPUusPerOp is the sum of these and the client's, and
+	// AllocsPerOp and BytesPerOp are 0 (not measured across processes).
+	//
+	// ServerCPUusPerOp is the CPU time per counted call of the process
+	// between the client and the delegate: the proxy, `stubborn serve`, or
+	// a peer's server; ServerRSSBytes its peak resident set (VmHWM).
+	ServerCPUusPerOp float64 `json:"server_cpu_us_per_op,omitempty"`
+	ServerRSSBytes   int64   `json:"server_rss_bytes,omitempty"`
+	// WorkerCPUusPerOp and WorkerRSSBytes are a peer's worker process's
+	// (Temporal's calls the delegate).
+	WorkerCPUusPerOp float64 `json:"worker_cpu_us_per_op,omitempty"`
+	WorkerRSSBytes   int64   `json:"worker_rss_bytes,omitempty"`
+	// DelegateCPUusPerOp is the delegate process's; ClientCPUusPerOp the
+	// client process's, as it measured itself.
+	DelegateCPUusPerOp float64 `json:"delegate_cpu_us_per_op,omitempty"`
+	ClientCPUusPerOp   float64 `json:"client_cpu_us_per_op,omitempty"`
 }
 
 func (r LoadResult) key() string { return fmt.Sprintf("%s|%s|%d", r.Scenario, r.Store, r.Concurrency) }

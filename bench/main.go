@@ -20,12 +20,28 @@
 //
 // 1–4 run closed-loop at each -concurrency, interleaved in slices so that
 // other load on the machine weighs on them alike; 5 and 6 get a fresh
-// Stubborn server each. Stubborn's scenarios run once per -store (only
-// "memory" today; the durable modes are added to stores in fixture.go).
-// Everything listens on 127.0.0.1 and every loop is bounded by -duration.
+// Stubborn server each. Stubborn's scenarios run once per -store (memory,
+// embedded-interval, embedded-always: see stores in fixture.go).
+//
+// The shipped scenarios (issue #21; shipped.go) are 1–4 as users run them,
+// each piece in its own process: proc-direct, proc-proxy, proc-run and
+// proc-retry ("-scenarios shipped" for all four; not in the default set).
+// The bench builds the real binary (go build ./cmd/stubborn in -root) and
+// runs `stubborn serve` once per -store (memory: -memory; embedded-interval:
+// its default flags; embedded-always: -durability always), the delegate and
+// the plain proxy as this binary in a hidden role (bench -role delegate,
+// bench -role proxy: roles.go), and the callers as one client process per
+// slice (bench -role client). It reports each process's CPU time per call
+// from /proc and the server's peak RSS. With -temporal DIR it measures the
+// Temporal peer in DIR (its own module; temporal.go) in the same rotation.
+//
+// Everything listens on 127.0.0.1, every loop is bounded, and every child
+// process is stopped (on an error and on Ctrl-C too) and every temporary
+// file removed before the bench exits.
 //
 //	go run ./bench -duration 5s -concurrency 1,32
 //	go run ./bench -json run1.json ...; go run ./bench -median run1.json,run2.json,run3.json
+//	go run ./bench -scenarios shipped -store memory,embedded-interval -json s1.json
 package main
 
 import (
@@ -35,12 +51,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -90,24 +108,47 @@ type options struct {
 	watchFloor                          bool
 
 	jsonOut, median, cpuProfile, memProfile, heapProfile, idleProfile, execTrace string
+
+	// The shipped scenarios.
+	root, temporalDir     string
+	serveFlags            []string
+	procWarmup, retryWait time.Duration
 }
 
-func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+func main() { os.Exit(exitCode(run)) }
+
+// exitCode runs the role the arguments ask for, or else orElse, until
+// SIGINT or SIGTERM, and returns the exit code.
+func exitCode(orElse func(context.Context) error) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	if roleArgs(os.Args[1:]) {
+		err = runRole(ctx, os.Args[1:], os.Stdin, os.Stdout)
+	} else {
+		err = orElse(ctx)
 	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	return 0
 }
 
-func run() error {
+func run(ctx context.Context) error {
 	var o options
-	var conc, storeList, scen, batches string
+	var conc, storeList, scen, batches, serveFlags string
 	flag.DurationVar(&o.duration, "duration", 5*time.Second, "measured time of each load measurement, and of each watch mode")
 	flag.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up of each load measurement")
 	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "load measurements take turns in slices of this length")
 	flag.StringVar(&conc, "concurrency", "1,32", "comma-separated numbers of concurrent callers for scenarios 1–4")
 	flag.StringVar(&storeList, "store", "memory", "comma-separated run stores for Stubborn's scenarios (have: "+storeNames()+")")
-	flag.StringVar(&scen, "scenarios", strings.Join(scenarioNames, ","), "comma-separated scenarios to run")
+	flag.StringVar(&scen, "scenarios", strings.Join(scenarioNames, ","), "comma-separated scenarios to run; the shipped ones, each process on its own, are "+strings.Join(shippedNames, ",")+" (shipped: all four)")
+	flag.StringVar(&o.root, "root", ".", "shipped scenarios: Stubborn's module root, where cmd/stubborn is built from")
+	flag.DurationVar(&o.procWarmup, "proc-warmup", 250*time.Millisecond, "shipped scenarios: unmeasured warm-up of each slice's client process (a new process and connection)")
+	flag.DurationVar(&o.retryWait, "retry-wait", 0, "shipped scenarios: proc-retry's base_wait and max_wait (full jitter: each wait is drawn from [0, this]); 1ms to match the Temporal peer's retry3")
+	flag.StringVar(&serveFlags, "serve-flags", "", "shipped scenarios: more flags for every `stubborn serve`, split at spaces (e.g. \"-log-level warn\")")
+	flag.StringVar(&o.temporalDir, "temporal", "", "shipped scenarios: also measure the Temporal peer, the Go program in this directory (bench/temporal), in the same rotation; none when empty. Its calls take tens of ms: give a -slice of seconds")
 	flag.IntVar(&o.waitingRuns, "waiting", 10_000, "runs waiting in backoff at once (scenario 5)")
 	flag.DurationVar(&o.idle, "idle", 5*time.Second, "CPU measurement window, without runs and while they all wait (scenario 5)")
 	flag.StringVar(&batches, "watch-batch", "1,100", "comma-separated WatchRunRequest.max_batch values the watchers use, each measured in turn (scenario 6); 1 is one event per message")
@@ -148,13 +189,20 @@ func run() error {
 	}
 	o.scenarios = map[string]bool{}
 	for _, s := range strings.Split(scen, ",") {
-		if !slices.Contains(scenarioNames, s) {
-			return fmt.Errorf("-scenarios: unknown scenario %q (have %s)", s, strings.Join(scenarioNames, ","))
+		switch {
+		case s == "shipped":
+			for _, n := range shippedNames {
+				o.scenarios[n] = true
+			}
+		case slices.Contains(scenarioNames, s) || slices.Contains(shippedNames, s):
+			o.scenarios[s] = true
+		default:
+			return fmt.Errorf("-scenarios: unknown scenario %q (have %s, %s, shipped)", s, strings.Join(scenarioNames, ","), strings.Join(shippedNames, ","))
 		}
-		o.scenarios[s] = true
 	}
-	if o.duration <= 0 || o.slice <= 0 || o.warmup < 0 {
-		return errors.New("-duration and -slice must be positive, -warmup not negative")
+	o.serveFlags = strings.Fields(serveFlags)
+	if o.duration <= 0 || o.slice <= 0 || o.warmup < 0 || o.procWarmup < 0 {
+		return errors.New("-duration and -slice must be positive, -warmup and -proc-warmup not negative")
 	}
 	if o.watchAttempts < 1 || o.watchers < 1 || o.watchConns < 1 || o.waitingRuns < 1 {
 		return errors.New("-watchers, -watch-conns, -watch-attempts and -waiting must be at least 1")
@@ -186,7 +234,7 @@ func run() error {
 		defer trace.Stop()
 	}
 
-	rep, err := measure(o)
+	rep, err := measure(ctx, o)
 	if err != nil {
 		return err
 	}
@@ -212,32 +260,48 @@ func run() error {
 	return nil
 }
 
-func measure(o options) (*Report, error) {
-	rep := &Report{Machine: machine(), Command: strings.Join(append([]string{"go run ./bench"}, os.Args[1:]...), " ")}
+func measure(ctx context.Context, o options) (*Report, error) {
+	rep := &Report{Machine: machine(), Command: strings.Join(append([]string{"go run ./bench"}, os.Args[1:]...), " "), Runs: 1}
 	// Bounds the whole invocation, in case a server stops answering.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
 
+	if slices.ContainsFunc(scenarioNames, func(s string) bool { return o.scenarios[s] }) {
+		if err := measureInProcess(ctx, o, rep); err != nil {
+			return nil, err
+		}
+	}
+	if o.temporalDir != "" || slices.ContainsFunc(shippedNames, func(s string) bool { return o.scenarios[s] }) {
+		load, err := runShipped(ctx, o)
+		if err != nil {
+			return nil, fmt.Errorf("shipped: %w", err)
+		}
+		rep.Load = append(rep.Load, load...)
+	}
+	rep.Ratios = ratios(rep.Load)
+	return rep, nil
+}
+
+// measureInProcess measures the in-process scenarios into rep.
+func measureInProcess(ctx context.Context, o options, rep *Report) error {
 	w, err := newWorld(o.watchAttempts)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer w.close()
 
 	load, err := runLoads(ctx, w, o)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	rep.Load = load
-	rep.Ratios = ratios(load)
-	rep.Runs = 1
 	if o.scenarios["waiting"] {
 		for _, store := range o.stores {
 			progress("waiting runs=%d store=%s", o.waitingRuns, store)
 			runtime.GC()
 			r, err := runWaiting(ctx, w, store, o.waitingRuns, o.idle, 32, o.heapProfile, o.idleProfile)
 			if err != nil {
-				return nil, fmt.Errorf("waiting: %w", err)
+				return fmt.Errorf("waiting: %w", err)
 			}
 			rep.Waiting = append(rep.Waiting, r)
 		}
@@ -257,7 +321,7 @@ func measure(o options) (*Report, error) {
 				for _, batch := range o.watchBatches {
 					r, events, err := runWatch(ctx, w, store, m.name, o.watchers, o.watchConns, o.watchAttempts, batch, m.pace, o.duration)
 					if err != nil {
-						return nil, fmt.Errorf("watch %s: %w", m.name, err)
+						return fmt.Errorf("watch %s: %w", m.name, err)
 					}
 					rep.Watch = append(rep.Watch, r)
 					if !o.watchFloor {
@@ -269,14 +333,14 @@ func measure(o options) (*Report, error) {
 					runtime.GC()
 					f, err := runFloor(ctx, w, m.name, o.watchers, o.watchConns, batch, events, gap, o.duration)
 					if err != nil {
-						return nil, fmt.Errorf("watch %s floor: %w", m.name, err)
+						return fmt.Errorf("watch %s floor: %w", m.name, err)
 					}
 					rep.Watch = append(rep.Watch, f)
 				}
 			}
 		}
 	}
-	return rep, nil
+	return nil
 }
 
 // runLoads measures scenarios 1–4 at every concurrency. The measurements
@@ -359,8 +423,7 @@ func runLoads(ctx context.Context, w *world, o options) ([]LoadResult, error) {
 			return nil, fmt.Errorf("%s c=%d: %w", lc.scenario, lc.conc, m.firstErr)
 		}
 	}
-	rounds := max(1, int((o.duration+o.slice/2)/o.slice))
-	slice := o.duration / time.Duration(rounds)
+	rounds, slice := slicing(o.duration, o.slice)
 	for i := range rounds {
 		progress("round %d of %d: %d measurements × %v", i+1, rounds, len(cases), slice)
 		for _, lc := range cases {

@@ -9,13 +9,11 @@ import (
 	"strings"
 )
 
-// Targets from issue #8.
+// Targets from issue #8 (the ratios' are in ratios.go).
 const (
-	targetRunThroughput = 0.8    // run/proxy throughput at the highest concurrency, at least
-	targetRunP50        = 1.3    // run/proxy p50 at concurrency 1, at most
-	targetHeapPerRun    = 10_000 // bytes of heap per waiting run, at most
-	targetWaitingCPU    = 1.0    // % of one core while every run waits, below
-	targetWatchP99      = 5.0    // ms, p99 delivery latency to 1,000 watchers, at most
+	targetHeapPerRun = 10_000 // bytes of heap per waiting run, at most
+	targetWaitingCPU = 1.0    // % of one core while every run waits, below
+	targetWatchP99   = 5.0    // ms, p99 delivery latency to 1,000 watchers, at most
 )
 
 func printReport(w io.Writer, rep *Report, what string) {
@@ -25,13 +23,15 @@ func printReport(w io.Writer, rep *Report, what string) {
 		m.CPUs, m.GOMAXPROCS, m.CPU, m.Go, m.OS, m.LoadAvgBefore, m.LoadAvgAfter)
 	fmt.Fprintf(w, "Command: `%s`\n\n", rep.Command)
 
-	if len(rep.Load) > 0 {
+	inProcess := slices.DeleteFunc(slices.Clone(rep.Load), func(r LoadResult) bool { return isShipped(r.Scenario) })
+	shipped := slices.DeleteFunc(slices.Clone(rep.Load), func(r LoadResult) bool { return !isShipped(r.Scenario) })
+	if len(inProcess) > 0 {
 		fmt.Fprintln(w, "### Calls (closed loop)")
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "| # | scenario | store | concurrency | ops/s | p50 | p99 | CPU/op | allocs/op | bytes/op | errors |")
 		fmt.Fprintln(w, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
 		num := map[string]string{"direct": "1", "proxy": "2", "stream": "2b", "stream-live": "2c", "run": "3", "retry": "4"}
-		for _, r := range rep.Load {
+		for _, r := range inProcess {
 			store := r.Store
 			if store == "" {
 				store = "–"
@@ -41,17 +41,14 @@ func printReport(w io.Writer, rep *Report, what string) {
 				r.AllocsPerOp, bytesStr(r.BytesPerOp), r.Errors)
 		}
 		fmt.Fprintln(w)
-		for _, r := range rep.Load {
-			if r.FirstError != "" {
-				fmt.Fprintf(w, "- %s c=%d first error: %s\n", r.Scenario, r.Concurrency, r.FirstError)
-			}
-		}
-		what := "within the run"
-		if rep.Runs > 1 {
-			what = fmt.Sprintf("median of the %d runs' own ratios", rep.Runs)
-		}
-		printRatios(w, rep.Ratios, what)
+		printErrors(w, inProcess)
 	}
+	printShipped(w, shipped)
+	within := "within the run"
+	if rep.Runs > 1 {
+		within = fmt.Sprintf("median of the %d runs' own ratios", rep.Runs)
+	}
+	printRatios(w, rep.Ratios, within)
 
 	if len(rep.Waiting) > 0 {
 		fmt.Fprintln(w, "### Runs waiting in backoff")
@@ -81,106 +78,6 @@ func printReport(w io.Writer, rep *Report, what string) {
 	}
 }
 
-// Ratio compares two scenarios at one concurrency: A's figure over B's.
-type Ratio struct {
-	Label       string  `json:"label"`
-	Store       string  `json:"store"`
-	Concurrency int     `json:"concurrency"`
-	Throughput  float64 `json:"throughput"`
-	P50         float64 `json:"p50"`
-	P99         float64 `json:"p99"`
-	CPU         float64 `json:"cpu_per_op"`
-	// The issue's targets this row is judged by.
-	ThroughputTarget bool `json:"throughput_target,omitempty"`
-	P50Target        bool `json:"p50_target,omitempty"`
-}
-
-func (r Ratio) key() string { return fmt.Sprintf("%s|%s|%d", r.Label, r.Store, r.Concurrency) }
-
-// ratios computes 3/2 (run/proxy), 4/1 (retry/direct), 3/2b and 2b/2 at
-// every concurrency of one run.
-func ratios(load []LoadResult) []Ratio {
-	find := func(sc, store string, c int) (LoadResult, bool) {
-		for _, r := range load {
-			if r.Scenario == sc && r.Store == store && r.Concurrency == c {
-				return r, true
-			}
-		}
-		return LoadResult{}, false
-	}
-	var concs []int
-	var stores []string
-	for _, r := range load {
-		if !slices.Contains(concs, r.Concurrency) {
-			concs = append(concs, r.Concurrency)
-		}
-		if r.Store != "" && !slices.Contains(stores, r.Store) {
-			stores = append(stores, r.Store)
-		}
-	}
-	slices.Sort(concs)
-	if len(concs) == 0 {
-		return nil
-	}
-	lo, hi := concs[0], concs[len(concs)-1]
-	var out []Ratio
-	for _, store := range stores {
-		for _, pair := range [][2]string{{"run", "proxy"}, {"retry", "direct"}, {"run", "stream"}, {"stream", "proxy"}, {"run", "stream-live"}, {"stream-live", "proxy"}} {
-			label := map[string]string{
-				"run/proxy": "3/2 run ÷ proxy", "retry/direct": "4/1 retry ÷ direct",
-				"run/stream": "3/2b run ÷ stream", "stream/proxy": "2b/2 stream ÷ proxy",
-				"run/stream-live": "3/2c run ÷ stream-live", "stream-live/proxy": "2c/2 stream-live ÷ proxy",
-			}[pair[0]+"/"+pair[1]]
-			storeOf := func(sc string) string {
-				if sc == "run" || sc == "retry" {
-					return store
-				}
-				return ""
-			}
-			for _, c := range concs {
-				a, okA := find(pair[0], storeOf(pair[0]), c)
-				b, okB := find(pair[1], storeOf(pair[1]), c)
-				if !okA || !okB || b.OpsPerSec == 0 || b.P50us == 0 || b.P99us == 0 || b.CPUusPerOp == 0 {
-					continue
-				}
-				main := pair == [2]string{"run", "proxy"}
-				out = append(out, Ratio{
-					Label: label, Store: store, Concurrency: c,
-					Throughput: a.OpsPerSec / b.OpsPerSec, P50: a.P50us / b.P50us, P99: a.P99us / b.P99us,
-					CPU:              a.CPUusPerOp / b.CPUusPerOp,
-					ThroughputTarget: main && c == hi, P50Target: main && c == lo,
-				})
-			}
-		}
-	}
-	return out
-}
-
-// printRatios prints the ratios and the verdicts on the issue's targets.
-func printRatios(w io.Writer, rs []Ratio, what string) {
-	if len(rs) == 0 {
-		return
-	}
-	fmt.Fprintf(w, "### Ratios (%s)\n\n", what)
-	fmt.Fprintln(w, "| ratio | store | concurrency | throughput | p50 | p99 | CPU/op | target |")
-	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|---|")
-	for _, r := range rs {
-		var targets []string
-		if r.ThroughputTarget {
-			targets = append(targets, fmt.Sprintf("throughput ≥ %.1f: %s", targetRunThroughput, verdict(r.Throughput >= targetRunThroughput)))
-		}
-		if r.P50Target {
-			targets = append(targets, fmt.Sprintf("p50 ≤ %.1f: %s", targetRunP50, verdict(r.P50 <= targetRunP50)))
-		}
-		target := "–"
-		if len(targets) > 0 {
-			target = strings.Join(targets, "; ")
-		}
-		fmt.Fprintf(w, "| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %s |\n", r.Label, r.Store, r.Concurrency, r.Throughput, r.P50, r.P99, r.CPU, target)
-	}
-	fmt.Fprintln(w)
-}
-
 func verdict(ok bool) string {
 	if ok {
 		return "met"
@@ -203,6 +100,104 @@ func bytesStr(b float64) string {
 		return fmt.Sprintf("%.2f KB", b/1000)
 	}
 	return fmt.Sprintf("%.0f B", b)
+}
+
+func printErrors(w io.Writer, load []LoadResult) {
+	for _, r := range load {
+		if r.FirstError != "" {
+			fmt.Fprintf(w, "- %s %s c=%d first error: %s\n", r.Scenario, r.Store, r.Concurrency, r.FirstError)
+		}
+	}
+}
+
+// shippedRows name the shipped scenarios' targets as issue #21 does.
+var shippedRows = []struct{ scenario, store, label string }{
+	{"proc-direct", "", "direct: unary Execute to the delegate (its own process)"},
+	{"proc-proxy", "", "plain gRPC proxy (its own process) in front of it"},
+	{"proc-run", "memory", "`stubborn serve -memory`, `fallback_chain [echo]`"},
+	{"proc-run", "embedded-interval", "`stubborn serve` (default: embedded JetStream, interval fsync), `fallback_chain [echo]`"},
+	{"proc-run", "embedded-always", "`stubborn serve -durability always`, `fallback_chain [echo]`"},
+	{"temporal-one", "", "Temporal peer, one attempt"},
+	{"proc-retry", "memory", "`stubborn serve -memory`, retry: 3 attempts"},
+	{"proc-retry", "embedded-interval", "`stubborn serve` (default), retry: 3 attempts"},
+	{"proc-retry", "embedded-always", "`stubborn serve -durability always`, retry: 3 attempts"},
+	{"temporal-retry3", "", "Temporal peer, 3 attempts"},
+}
+
+// printShipped prints the shipped scenarios' results: issue #21's table
+// (p50 at the lowest concurrency, throughput at the highest), then every
+// measurement with each process's CPU per call.
+func printShipped(w io.Writer, load []LoadResult) {
+	if len(load) == 0 {
+		return
+	}
+	var concs []int
+	for _, r := range load {
+		if !slices.Contains(concs, r.Concurrency) {
+			concs = append(concs, r.Concurrency)
+		}
+	}
+	slices.Sort(concs)
+	lo, hi := concs[0], concs[len(concs)-1]
+	find := func(sc, store string, c int) (LoadResult, bool) {
+		i := slices.IndexFunc(load, func(r LoadResult) bool { return r.Scenario == sc && r.Store == store && r.Concurrency == c })
+		if i < 0 {
+			return LoadResult{}, false
+		}
+		return load[i], true
+	}
+	proxyLo, _ := find("proc-proxy", "", lo)
+	proxyHi, _ := find("proc-proxy", "", hi)
+	fmt.Fprintln(w, "### Shipped binary, each piece in its own process (issue 21)")
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "| same run, loopback | p50 at concurrency %d | throughput at concurrency %d | server CPU/op at %d | server max RSS |\n", lo, hi, hi)
+	fmt.Fprintln(w, "|---|--:|--:|--:|--:|")
+	for _, row := range shippedRows {
+		l, okL := find(row.scenario, row.store, lo)
+		h, okH := find(row.scenario, row.store, hi)
+		if !okL && !okH {
+			continue
+		}
+		p50, tput := "–", "–"
+		if okL {
+			p50 = usStr(l.P50us)
+			if proxyLo.P50us > 0 && row.scenario != "proc-direct" && row.scenario != "proc-proxy" {
+				p50 += fmt.Sprintf(" (%s × proxy)", ratioStr(l.P50us/proxyLo.P50us))
+			}
+		}
+		if okH {
+			tput = fmt.Sprintf("%.0f/s", h.OpsPerSec)
+			if proxyHi.OpsPerSec > 0 && row.scenario != "proc-direct" && row.scenario != "proc-proxy" {
+				tput += fmt.Sprintf(" (%s × proxy)", ratioStr(h.OpsPerSec/proxyHi.OpsPerSec))
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", row.label, p50, tput, orDash(h.ServerCPUusPerOp, usStr), orDash(float64(max(l.ServerRSSBytes, h.ServerRSSBytes)), bytesStr))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "CPU/op: each process's CPU time (/proc) over the calls counted in its windows; all = client + server + worker + delegate.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| scenario | store | concurrency | ops/s | p50 | p99 | CPU/op all | server | worker | delegate | client | server max RSS | errors |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, r := range load {
+		store := r.Store
+		if store == "" {
+			store = "–"
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n",
+			r.Scenario, store, r.Concurrency, r.OpsPerSec, usStr(r.P50us), usStr(r.P99us), orDash(r.CPUusPerOp, usStr),
+			orDash(r.ServerCPUusPerOp, usStr), orDash(r.WorkerCPUusPerOp, usStr), orDash(r.DelegateCPUusPerOp, usStr), orDash(r.ClientCPUusPerOp, usStr),
+			orDash(float64(r.ServerRSSBytes), bytesStr), r.Errors)
+	}
+	fmt.Fprintln(w)
+	printErrors(w, load)
+}
+
+// orDash is f(v), or "–" for 0: not measured, or no such process.
+func orDash(v float64, f func(float64) string) string {
+	if v == 0 {
+		return "–"
+	}
+	return f(v)
 }
 
 // medianOf reads reports written with -json and returns one whose every
@@ -235,9 +230,9 @@ func medianOf(files []string) (*Report, error) {
 		out.Load = append(out.Load, medianLoad(base, collect(reps, func(r *Report) []LoadResult { return r.Load }, base.key(), LoadResult.key)))
 	}
 	for _, r := range reps {
-		if len(r.Ratios) == 0 { // written before ratios were saved
-			r.Ratios = ratios(r.Load)
-		}
+		// Each run's own ratios, with today's targets (a file's are those
+		// of the bench that wrote it, if any).
+		r.Ratios = ratios(r.Load)
 	}
 	for _, base := range reps[0].Ratios {
 		vs := collect(reps, func(r *Report) []Ratio { return r.Ratios }, base.key(), Ratio.key)
@@ -299,6 +294,12 @@ func medianLoad(r LoadResult, vs []LoadResult) LoadResult {
 	r.CPUusPerOp = median(vs, func(v LoadResult) float64 { return v.CPUusPerOp })
 	r.AllocsPerOp = median(vs, func(v LoadResult) float64 { return v.AllocsPerOp })
 	r.BytesPerOp = median(vs, func(v LoadResult) float64 { return v.BytesPerOp })
+	r.ServerCPUusPerOp = median(vs, func(v LoadResult) float64 { return v.ServerCPUusPerOp })
+	r.ServerRSSBytes = int64(median(vs, func(v LoadResult) float64 { return float64(v.ServerRSSBytes) }))
+	r.WorkerCPUusPerOp = median(vs, func(v LoadResult) float64 { return v.WorkerCPUusPerOp })
+	r.WorkerRSSBytes = int64(median(vs, func(v LoadResult) float64 { return float64(v.WorkerRSSBytes) }))
+	r.DelegateCPUusPerOp = median(vs, func(v LoadResult) float64 { return v.DelegateCPUusPerOp })
+	r.ClientCPUusPerOp = median(vs, func(v LoadResult) float64 { return v.ClientCPUusPerOp })
 	r.FirstError = ""
 	return r
 }

@@ -30,18 +30,7 @@ func TestServeHTTPListenAnswersCurl(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "stubborn.yaml")
 	require.NoError(t, os.WriteFile(cfg, fmt.Appendf(nil, "delegates:\n  - {name: echo, target: %q}\n", lis.Addr()), 0o600))
 	s := startServer(t, "-memory", "-config", cfg, "-listen", "127.0.0.1:0", "-http-listen", "127.0.0.1:0")
-
-	urlRE := regexp.MustCompile(`"msg":"http api serving","url":"(http://[^"]+)"`)
-	var base string
-	require.Eventually(t, func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		m := urlRE.FindStringSubmatch(s.logs.String())
-		if m != nil {
-			base = m[1]
-		}
-		return m != nil
-	}, 10*time.Second, 10*time.Millisecond)
+	base := s.loggedURL(t, "http api serving")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -62,11 +51,63 @@ func TestServeHTTPListenAnswersCurl(t *testing.T) {
 	assert.NotEmpty(t, out.RunID)
 }
 
+// loggedURL waits for the log line msg and returns the URL it gives.
+func (s *child) loggedURL(t *testing.T, msg string) string {
+	t.Helper()
+	urlRE := regexp.MustCompile(`"msg":"` + regexp.QuoteMeta(msg) + `","url":"(https?://[^"]+)"`)
+	var url string
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		m := urlRE.FindStringSubmatch(s.logs.String())
+		if m != nil {
+			url = m[1]
+		}
+		return m != nil
+	}, 10*time.Second, 10*time.Millisecond)
+	return url
+}
+
+// serve -pprof-listen serves net/http/pprof's index and profiles, but not
+// the command line, which may hold a password in -nats-url.
+func TestServePprofListen(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty.yaml")
+	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	s := startServer(t, "-memory", "-config", empty, "-listen", "127.0.0.1:0", "-pprof-listen", "127.0.0.1:0")
+	base := s.loggedURL(t, "pprof serving")
+	require.True(t, strings.HasSuffix(base, "/debug/pprof/"), base)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	get := func(url string) (int, string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(body)
+	}
+	code, body := get(base)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "goroutine")
+	code, body = get(base + "goroutine?debug=1")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "goroutine profile:")
+	code, _ = get(base + "cmdline")
+	assert.Equal(t, http.StatusNotFound, code)
+}
+
 func TestServeRefusesPlaintextHTTPOffLoopback(t *testing.T) {
 	empty := filepath.Join(t.TempDir(), "empty.yaml")
 	require.NoError(t, os.WriteFile(empty, nil, 0o600))
-	code, err := run(context.Background(), []string{"serve", "-memory", "-config", empty, "-listen", "127.0.0.1:0", "-http-listen", "0.0.0.0:0"}, &bytes.Buffer{})
-	assert.Equal(t, 2, code)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "-http-listen: refusing to serve plaintext on 0.0.0.0:0")
+	for _, flag := range []string{"-http-listen", "-pprof-listen"} {
+		t.Run(flag, func(t *testing.T) {
+			code, err := run(context.Background(), []string{"serve", "-memory", "-config", empty, "-listen", "127.0.0.1:0", flag, "0.0.0.0:0"}, &bytes.Buffer{})
+			assert.Equal(t, 2, code)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), flag+": refusing to serve plaintext on 0.0.0.0:0")
+		})
+	}
 }

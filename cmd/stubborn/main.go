@@ -28,7 +28,7 @@ const usage = `stubborn runs resilience controls over delegate gRPC services.
 
 Usage:
   stubborn serve  [-config FILE] [-listen ADDR] [-http-listen ADDR] [-tls-cert FILE -tls-key FILE [-tls-client-ca FILE]] [-insecure] [-reflection=false]
-                  [-data-dir DIR | -nats-url URL | -memory] ... [-log-level L] [-metrics-listen ADDR]
+                  [-data-dir DIR | -nats-url URL | -memory] ... [-log-level L] [-metrics-listen ADDR] [-pprof-listen ADDR]
   stubborn run    [-addr ADDR] [-json] -control C -brief TEXT ...   (stubborn run -h)
   stubborn watch  RUN_ID [-after SEQ] [-json]
   stubborn get    RUN_ID
@@ -104,6 +104,7 @@ func newLogger(format string, level slog.Level) (*slog.Logger, error) {
 type serveConfig struct {
 	listen, metricsListen string
 	httpListen            string
+	pprofListen           string
 	logger                *slog.Logger
 	registry              *delegates.Config
 	sec                   securityFlags
@@ -122,13 +123,14 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error (debug adds error messages and failure reasons, which may quote briefs and results)")
 	metricsListen := fs.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (none when empty)")
 	httpListen := fs.String("http-listen", "", "address to serve the API over HTTP on, for browsers and curl: Connect, gRPC-Web and JSON (none when empty); TLS and loopback rules as -listen")
+	pprofListen := fs.String("pprof-listen", "", "address to serve Go's profiles on, at /debug/pprof/ (net/http/pprof; none when empty); no authentication; TLS and loopback rules as -listen")
 	c := &serveConfig{}
 	c.sec.register(fs)
 	c.store.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	c.listen, c.metricsListen, c.httpListen = *listen, *metricsListen, *httpListen
+	c.listen, c.metricsListen, c.httpListen, c.pprofListen = *listen, *metricsListen, *httpListen, *pprofListen
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return nil, fmt.Errorf("-log-level must be debug, info, warn or error, got %q", *logLevel)
@@ -149,39 +151,50 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 		if err := server.CheckPlaintextListen(cctx, c.listen, c.sec.insecure); err != nil {
 			return nil, err
 		}
-		if c.httpListen != "" {
-			if err := server.CheckPlaintextListen(cctx, c.httpListen, c.sec.insecure); err != nil {
-				return nil, fmt.Errorf("-http-listen: %w", err)
+		for _, l := range []struct{ flag, addr string }{{"-http-listen", c.httpListen}, {"-pprof-listen", c.pprofListen}} {
+			if l.addr == "" {
+				continue
+			}
+			if err := server.CheckPlaintextListen(cctx, l.addr, c.sec.insecure); err != nil {
+				return nil, fmt.Errorf("%s: %w", l.flag, err)
 			}
 		}
 	}
 	return c, nil
 }
 
-// listeners are what serve binds: gRPC, and the HTTP API when asked for.
+// listeners are what serve binds: gRPC, and the HTTP API and the profiles
+// when asked for.
 type listeners struct {
-	grpc, http net.Listener
+	grpc, http, pprof net.Listener
 }
 
 func (l listeners) close() {
-	for _, lis := range []net.Listener{l.grpc, l.http} {
+	for _, lis := range []net.Listener{l.grpc, l.http, l.pprof} {
 		if lis != nil {
 			_ = lis.Close()
 		}
 	}
 }
 
-// listenServe binds the gRPC listener (and -http-listen's) and, with
-// -metrics-listen, serves the metrics; stopMetrics shuts that down.
-func listenServe(c *serveConfig, sdk *telemetry.SDK) (l listeners, stopMetrics func(), err error) {
+// listenServe binds the gRPC listener (and -http-listen's and
+// -pprof-listen's), serves the profiles with -pprof-listen (from here on,
+// so that a slow start can be profiled too) and the metrics with
+// -metrics-listen; stop shuts those two down.
+func listenServe(c *serveConfig, sdk *telemetry.SDK) (l listeners, stop func(), err error) {
 	if l, err = bind(c); err != nil {
 		return listeners{}, nil, err
 	}
+	stopPprof := func() {}
+	if l.pprof != nil {
+		stopPprof = serveHandler(pprofHandler(), l.pprof, c, "pprof serving", pprofPath)
+	}
 	if c.metricsListen == "" {
-		return l, func() {}, nil
+		return l, stopPprof, nil
 	}
 	mlis, err := net.Listen("tcp", c.metricsListen)
 	if err != nil {
+		stopPprof()
 		l.close()
 		return listeners{}, nil, fmt.Errorf("-metrics-listen: %w", err)
 	}
@@ -194,17 +207,18 @@ func listenServe(c *serveConfig, sdk *telemetry.SDK) (l listeners, stopMetrics f
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = metrics.Shutdown(sctx)
 		cancel()
+		stopPprof()
 	}, nil
 }
 
-// bind binds -listen and -http-listen, checking plaintext again on the
-// addresses bound, should a name now resolve to another.
+// bind binds -listen, -http-listen and -pprof-listen, checking plaintext
+// again on the addresses bound, should a name now resolve to another.
 func bind(c *serveConfig) (listeners, error) {
 	var l listeners
 	for _, b := range []struct {
 		flag, addr string
 		lis        *net.Listener
-	}{{"-listen", c.listen, &l.grpc}, {"-http-listen", c.httpListen, &l.http}} {
+	}{{"-listen", c.listen, &l.grpc}, {"-http-listen", c.httpListen, &l.http}, {"-pprof-listen", c.pprofListen, &l.pprof}} {
 		if b.addr == "" {
 			continue
 		}
@@ -232,6 +246,12 @@ func serveHTTP(s *server.Stubborn, lis net.Listener, c *serveConfig) (stop func(
 	if err != nil {
 		return nil, err
 	}
+	return serveHandler(h, lis, c, "http api serving", ""), nil
+}
+
+// serveHandler serves h on lis (over TLS when serve has it) until the
+// returned function shuts it down, and logs msg with the URL of path on it.
+func serveHandler(h http.Handler, lis net.Listener, c *serveConfig, msg, path string) (stop func()) {
 	hs := server.NewHTTPServer(h)
 	hs.ErrorLog = slog.NewLogLogger(c.logger.Handler(), slog.LevelWarn)
 	scheme := "http"
@@ -243,14 +263,14 @@ func serveHTTP(s *server.Stubborn, lis net.Listener, c *serveConfig) (stop func(
 	} else {
 		go func() { _ = hs.Serve(lis) }()
 	}
-	c.logger.Info("http api serving", "url", scheme+"://"+lis.Addr().String())
+	c.logger.Info(msg, "url", scheme+"://"+lis.Addr().String()+path)
 	return func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if hs.Shutdown(sctx) != nil {
 			_ = hs.Close()
 		}
-	}, nil
+	}
 }
 
 // usageError is an error of serve's flags found late (exit 2).
@@ -278,14 +298,14 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 			logger.Warn("flushing telemetry", "err", err)
 		}
 	}()
-	l, stopMetrics, err := listenServe(c, sdk)
+	l, stopSide, err := listenServe(c, sdk)
 	if err != nil {
 		if errors.As(err, new(usageError)) {
 			return 2, err
 		}
 		return 1, err
 	}
-	defer stopMetrics()
+	defer stopSide()
 	runsCfg, storeConn, closeStore, err := c.store.open(ctx, logger)
 	if err != nil {
 		l.close()

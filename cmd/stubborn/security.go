@@ -31,7 +31,7 @@ func (f *securityFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.cert, "tls-cert", "", "serve TLS with this PEM certificate (chain); needs -tls-key")
 	fs.StringVar(&f.key, "tls-key", "", "PEM private key of -tls-cert")
 	fs.StringVar(&f.clientCA, "tls-client-ca", "", "mutual TLS: require client certificates that chain to these PEM roots")
-	fs.BoolVar(&f.insecure, "insecure", false, "serve plaintext even on an address that is not loopback (without -tls-cert, -listen and -http-listen must be loopback otherwise)")
+	fs.BoolVar(&f.insecure, "insecure", false, "serve plaintext even on an address that is not loopback (without -tls-cert, -listen, -http-listen and -pprof-listen must be loopback otherwise)")
 	fs.BoolVar(&f.reflection, "reflection", true, "serve gRPC reflection (it asks for credentials as the API does when the config has tenants)")
 }
 

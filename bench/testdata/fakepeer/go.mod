@@ -1,0 +1,3 @@
+module fakepeer
+
+go 1.26
