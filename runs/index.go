@@ -28,8 +28,9 @@ import (
 // all among them) is handed to one indexer goroutine per store, which
 // writes its summary after the write that carried it, off the run's path,
 // one per status a run went through (consecutive states of one status are
-// one write; maxPendingStates bounds what waits). A summary may lag its
-// run by a write.
+// one write; maxPendingStates bounds what waits), after letting them
+// gather for indexDelay: a run that ended meanwhile is one write, its end.
+// A summary may lag its run by indexDelay and a write.
 //
 // What keeps it whole: on every start the store reconciles the index with
 // the runs' states in the background (reconcile): a summary missing or
@@ -86,6 +87,12 @@ type indexer struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 }
+
+// indexDelay is how long the indexer lets states gather before it writes
+// them: a run that ends within it is indexed once, by its end, instead of
+// once a status (issue 21: each index write is a JetStream write, and a
+// one-attempt run made two).
+const indexDelay = 20 * time.Millisecond
 
 // maxPendingStates bounds the states of one run waiting to be indexed.
 const maxPendingStates = 8
@@ -159,6 +166,11 @@ func (x *indexer) loop(ctx context.Context) {
 			return
 		case <-x.wake:
 		}
+		// A moment for the runs that just changed to change again: a
+		// short run ends within it, and is one write (its end).
+		if !sleep(ctx, indexDelay) {
+			return
+		}
 		x.mu.Lock()
 		batch := x.pending
 		x.pending = make(map[string][][]byte, len(batch))
@@ -169,9 +181,18 @@ func (x *indexer) loop(ctx context.Context) {
 			for i, state := range states {
 				sums[i], tenants[i], _ = summaryOf(state)
 			}
+			end := -1 // the last state that says the run ended
+			for i, sum := range sums {
+				if sum != nil && isTerminal(sum.GetStatus()) {
+					end = i
+				}
+			}
 			for i, sum := range sums {
 				if sum == nil || i+1 < len(sums) && sums[i+1] != nil && sums[i+1].GetStatus() == sum.GetStatus() {
 					continue // nothing to index, or the next state has its status too
+				}
+				if end >= 0 && i != end {
+					continue // the run has ended: its end is all there is to say
 				}
 				if err := x.write(ctx, tenants[i], sum); err != nil {
 					if ctx.Err() != nil {

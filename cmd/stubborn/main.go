@@ -28,7 +28,7 @@ const usage = `stubborn runs resilience controls over delegate gRPC services.
 
 Usage:
   stubborn serve  [-config FILE] [-listen ADDR] [-http-listen ADDR] [-tls-cert FILE -tls-key FILE [-tls-client-ca FILE]] [-insecure] [-reflection=false]
-                  [-data-dir DIR | -nats-url URL | -memory] ... [-log-level L] [-metrics-listen ADDR] [-pprof-listen ADDR]
+                  [-data-dir DIR | -nats-url URL | -memory] ... [-log-level L] [-log-flush D] [-metrics-listen ADDR] [-pprof-listen ADDR]
   stubborn run    [-addr ADDR] [-json] -control C -brief TEXT ...   (stubborn run -h)
   stubborn watch  RUN_ID [-after SEQ] [-json]
   stubborn get    RUN_ID
@@ -89,15 +89,34 @@ func newFlagSet(name string) *flag.FlagSet {
 	return flag.NewFlagSet(name, flag.ContinueOnError)
 }
 
-func newLogger(format string, level slog.Level) (*slog.Logger, error) {
+// newLogger returns serve's logger on stderr; with flushEvery > 0 through
+// a logBuffer (returned, to Close), else writing each record at once.
+func newLogger(format string, level slog.Level, flushEvery time.Duration) (*slog.Logger, *logBuffer, error) {
 	opts := &slog.HandlerOptions{Level: level}
+	var (
+		w   io.Writer = os.Stderr
+		buf *logBuffer
+	)
+	if flushEvery > 0 {
+		buf = newLogBuffer(os.Stderr, flushEvery)
+		w = buf
+	}
+	var h slog.Handler
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		h = slog.NewTextHandler(w, opts)
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		h = slog.NewJSONHandler(w, opts)
+	default:
+		if buf != nil {
+			_ = buf.Close()
+		}
+		return nil, nil, fmt.Errorf("-log-format must be text or json, got %q", format)
 	}
-	return nil, fmt.Errorf("-log-format must be text or json, got %q", format)
+	if buf != nil {
+		h = bufferedHandler{h, buf}
+	}
+	return slog.New(h), buf, nil
 }
 
 // serveConfig is what serve's flags and config file say.
@@ -106,10 +125,12 @@ type serveConfig struct {
 	httpListen            string
 	pprofListen           string
 	logger                *slog.Logger
-	registry              *delegates.Config
-	sec                   securityFlags
-	store                 storeFlags
-	serverOpts            []grpc.ServerOption
+	// logs is the logger's buffer (nil: none), to Close when serve ends.
+	logs       *logBuffer
+	registry   *delegates.Config
+	sec        securityFlags
+	store      storeFlags
+	serverOpts []grpc.ServerOption
 }
 
 // parseServe reads serve's flags and config file, and refuses plaintext
@@ -120,6 +141,7 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 	configPath := fs.String("config", "stubborn.yaml", "delegates config (YAML)")
 	listen := fs.String("listen", defaultAddr, "address to serve gRPC on")
 	logFormat := fs.String("log-format", "text", "text or json")
+	logFlush := fs.Duration("log-flush", 100*time.Millisecond, "how long info and debug log lines may wait to be written out together (warnings and errors are written at once); 0 writes each line at once")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error (debug adds error messages and failure reasons, which may quote briefs and results)")
 	metricsListen := fs.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (none when empty)")
 	httpListen := fs.String("http-listen", "", "address to serve the API over HTTP on, for browsers and curl: Connect, gRPC-Web and JSON (none when empty); TLS and loopback rules as -listen")
@@ -136,9 +158,18 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 		return nil, fmt.Errorf("-log-level must be debug, info, warn or error, got %q", *logLevel)
 	}
 	var err error
-	if c.logger, err = newLogger(*logFormat, level); err != nil {
+	if *logFlush < 0 {
+		return nil, fmt.Errorf("-log-flush must not be negative, got %v", *logFlush)
+	}
+	if c.logger, c.logs, err = newLogger(*logFormat, level, *logFlush); err != nil {
 		return nil, err
 	}
+	ok := false
+	defer func() {
+		if !ok && c.logs != nil {
+			_ = c.logs.Close()
+		}
+	}()
 	if c.registry, err = delegates.Load(*configPath); err != nil {
 		return nil, err
 	}
@@ -160,6 +191,7 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 			}
 		}
 	}
+	ok = true
 	return c, nil
 }
 
@@ -283,6 +315,9 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 	if err != nil {
 		return 2, err
 	}
+	if c.logs != nil {
+		defer func() { _ = c.logs.Close() }()
+	}
 	logger := c.logger
 	// Traces and metrics go where the OTEL_* environment says (nowhere when
 	// it says nothing), metrics also to -metrics-listen.
@@ -334,6 +369,9 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 	traces, metricsTo := sdk.Describe()
 	logger.Info("stubborn serving", "addr", l.grpc.Addr().String(), "delegates", len(c.registry.Delegates),
 		"tls", c.sec.describe(), "tenants", len(c.registry.Tenants), "traces", traces, "metrics", metricsTo)
+	if c.logs != nil {
+		_ = c.logs.Flush() // a supervisor waiting for this line sees it now
+	}
 	return serveUntil(ctx, s, l.grpc, storeConn.fatal, logger)
 }
 
