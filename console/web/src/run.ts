@@ -29,6 +29,11 @@ export function runPage(id: string): Page {
   let status = RunStatus.UNSPECIFIED;
   let state: ControlState | undefined;
   let snapshotAt = 0;
+  // lead is how far the browser's clock is ahead of the server's, as the
+  // live events tell (Infinity until one came): countdowns to a time the
+  // server set (a backoff's end) are counted on the server's clock.
+  let lead = Infinity;
+  const serverNow = () => Date.now() - (Number.isFinite(lead) ? lead : 0);
   let lastSeq = 0n;
   // The run's own control's attempts seen (a nested preset's are not
   // counted, as in ControlState.attempts), and where the page shows them.
@@ -167,6 +172,12 @@ export function runPage(id: string): Page {
     // Events older than the snapshot GetRun gave replay history: the
     // status they imply is past.
     const current = t >= snapshotAt;
+    if (current && ev.time) {
+      // The server's clock: an event received as it happens says how far
+      // the browser's is ahead (plus the trip, which the smallest
+      // difference seen holds least of).
+      lead = Math.min(lead, Date.now() - t);
+    }
     let next = RunStatus.UNSPECIFIED;
     const k = ev.kind;
     switch (k.case) {
@@ -321,7 +332,7 @@ export function runPage(id: string): Page {
   }
 
   function tick(): void {
-    const now = Date.now();
+    const now = serverNow();
     if (!finished) tl.tick(now);
     renderNotice(now);
   }
