@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
@@ -51,6 +52,14 @@ func tunedDynamicConfig() dynamicconfig.StaticClient {
 		// far ahead of now (default 1 s): with the default, a 1 ms backoff
 		// takes up to a second.
 		dynamicconfig.TimerProcessorMaxTimeShift.Key(): time.Millisecond,
+		// History's task queues load new tasks from the store at most 20
+		// times a second per shard by default, and the dev server has one
+		// shard: back to back, a workflow's transfer tasks (dispatch its
+		// workflow and activity tasks) and timers (the retry backoffs) wait
+		// for that limiter. 10,000 leaves loading bound by the store only.
+		dynamicconfig.TransferProcessorMaxPollRPS.Key():   10000,
+		dynamicconfig.TimerProcessorMaxPollRPS.Key():      10000,
+		dynamicconfig.VisibilityProcessorMaxPollRPS.Key(): 10000,
 	}
 }
 
@@ -60,7 +69,17 @@ func tunedDynamicConfig() dynamicconfig.StaticClient {
 // `temporal server start-dev` runs, without the UI.
 func serverCmd(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
 	port := fs.Int("port", 7233, "frontend gRPC port on 127.0.0.1 (0: any free port)")
+	pprofPort := fs.Int("pprof-port", 0, "serve net/http/pprof on 127.0.0.1 at this port (0: off)")
 	untuned := fs.Bool("untuned", false, "the dev server's dynamic config only, none of this harness's tuning")
+	extra := dynamicconfig.StaticClient{}
+	fs.Func("dc", "one more dynamic config `KEY=VALUE` (repeatable; VALUE a bool, integer, float, duration or string), set last", func(kv string) error {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("want KEY=VALUE, got %q", kv)
+		}
+		extra[dynamicconfig.MakeKey(k)] = parseDynamicValue(v)
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -78,6 +97,8 @@ func serverCmd(ctx context.Context, fs *flag.FlagSet, args []string, stdout, std
 	if err != nil {
 		return err
 	}
+	conf.Global.PProf.Port = *pprofPort
+	conf.Global.PProf.Host = loopback
 	sqlConf := conf.Persistence.DataStores[sqliteplugin.PluginName].SQL
 	nsConf, err := sqliteschema.NewNamespaceConfig(conf.ClusterMetadata.CurrentClusterName, namespace, false, nil)
 	if err != nil {
@@ -94,6 +115,9 @@ func serverCmd(ctx context.Context, fs *flag.FlagSet, args []string, stdout, std
 		for k, v := range tunedDynamicConfig() {
 			dc[k] = v
 		}
+	}
+	for k, v := range extra {
+		dc[k] = v
 	}
 	authorizer, err := authorization.GetAuthorizerFromConfig(&conf.Global.Authorization)
 	if err != nil {
@@ -140,7 +164,7 @@ func devServerConfig(frontendPort int) (*config.Config, error) {
 	var conf config.Config
 	conf.Global.Membership.MaxJoinDuration = 30 * time.Second
 	conf.Global.Membership.BroadcastAddress = loopback
-	// No metrics listener and no pprof: Global.Metrics nil, PProf.Port 0.
+	// No metrics listener: Global.Metrics nil.
 
 	sqlConf := &config.SQL{
 		PluginName: sqliteplugin.PluginName,
@@ -176,6 +200,14 @@ func devServerConfig(frontendPort int) (*config.Config, error) {
 		var svc config.Service
 		svc.RPC.GRPCPort = p
 		svc.RPC.BindOnIP = loopback
+		if name == "frontend" {
+			// The HTTP API (and Nexus), as start-dev has it; unused here.
+			hp, err := freePort()
+			if err != nil {
+				return nil, err
+			}
+			svc.RPC.HTTPPort = hp
+		}
 		conf.Services[name] = svc
 	}
 	conf.Archival.History.State = "disabled"
@@ -185,6 +217,27 @@ func devServerConfig(frontendPort int) (*config.Config, error) {
 	// The server's own worker service (system workflows) dials this.
 	conf.PublicClient.HostPort = frontend
 	return &conf, nil
+}
+
+// parseDynamicValue reads a -dc value as true or false, else the first of
+// integer, float, duration that it parses as, else as a string.
+func parseDynamicValue(v string) any {
+	switch v {
+	case "true":
+		return true
+	case "false":
+		return false
+	}
+	if i, err := strconv.Atoi(v); err == nil {
+		return i
+	}
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		return f
+	}
+	if d, err := time.ParseDuration(v); err == nil {
+		return d
+	}
+	return v
 }
 
 // freePort returns a TCP port that was free on loopback a moment ago.
