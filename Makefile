@@ -131,6 +131,15 @@ bench: ## Load harness: Stubborn beside a direct call and a plain gRPC proxy.
 	go run ./bench $(BENCH_FLAGS)
 	go test -run '^$$' -bench . -benchmem ./controls/... ./runs/...
 
+# Temporal as a peer (issue 21, item 4): bench/temporal is a Go module of its
+# own, so the main module, `make test` and CI never build Temporal (its first
+# build takes about 10 minutes on two busy cores). This vets it and runs its
+# smoke test: delegates, the embedded dev server and a worker as child
+# processes, then a 2 s load of each scenario. bench/temporal/README.md.
+.PHONY: benchtemporal
+benchtemporal: ## Temporal as a peer (bench/temporal, its own module; first build ~10 min): vet and smoke test.
+	cd bench/temporal && go vet ./... && go test -count=1 -v ./...
+
 .PHONY: build
 build:
 	go build -o bin/stubborn ./cmd/stubborn
