@@ -65,3 +65,6 @@ func (s *JetStream) PurgeForTest(ctx context.Context, now time.Time) (int, error
 
 // IndexReady reports whether the store has reconciled its listing index.
 func (s *JetStream) IndexReady() bool { return s.index.ready.Load() }
+
+// KeyHash is keyHash, for tests that write a key's entry themselves.
+func KeyHash(tenant, key string) string { return keyHash(tenant, key) }

@@ -58,6 +58,9 @@ type JetStreamConfig struct {
 	// write that took effect although its answer was lost counts as made.
 	// 0 means the lease; negative means no second try.
 	WriteRetry time.Duration
+	// KeyWindow is how long an idempotency key names its run (keys.go):
+	// the keys bucket's TTL. 0 means DefaultKeyWindow.
+	KeyWindow time.Duration
 }
 
 // Names of the JetStream assets.
@@ -68,6 +71,7 @@ const (
 	ownersBucket  = "stubborn_owners"
 	beatsBucket   = "stubborn_heartbeats"
 	// indexBucket is in index.go.
+	keysBucket     = "stubborn_keys"
 	commandSubject = "stubborn.commands."
 )
 
@@ -108,6 +112,8 @@ type JetStream struct {
 	damaged atomic.Bool
 	// index is the listing index's writer (index.go).
 	index *indexer
+	// keys holds the idempotency keys (keys.go).
+	keys jetstream.KeyValue
 }
 
 var _ Store = (*JetStream)(nil)
@@ -133,6 +139,9 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	}
 	if cfg.Lease <= 0 {
 		cfg.Lease = DefaultLease
+	}
+	if cfg.KeyWindow <= 0 {
+		cfg.KeyWindow = DefaultKeyWindow
 	}
 	storage := jetstream.FileStorage
 	if cfg.Memory {
@@ -185,6 +194,7 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		{&s.owners, ownersBucket, 0, s.markerTTL},
 		{&s.beats, beatsBucket, cfg.Lease, 0},
 		{&indexKV, indexBucket, 0, 0},
+		{&s.keys, keysBucket, cfg.KeyWindow, 0},
 	} {
 		kvCfg := jetstream.KeyValueConfig{
 			Bucket: b.name, TTL: b.ttl, Storage: storage, Replicas: cfg.Replicas, History: 1,

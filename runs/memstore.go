@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -39,6 +40,9 @@ type Memory struct {
 	changed     chan struct{}        // closed and cleared by the next append; made by a follower that waits
 	servers     map[string]func(context.Context, *Command) (*stubbornv1.ControlState, error)
 	maxStale    time.Duration
+	// keys are the idempotency keys (keys.go), each for keyWin.
+	keys   memoryKeys
+	keyWin atomic.Int64
 }
 
 var _ Store = (*Memory)(nil)
@@ -99,6 +103,17 @@ func (s *Memory) Append(_ context.Context, add ...Event) error {
 // SetLimits sets how many finished runs the store keeps (at least 1) and
 // for how long after they finished (0: no age limit). Runs beyond either
 // limit go, oldest first, as runs finish.
+// SetKeyWindow sets how long an idempotency key names its run; 0 means
+// DefaultKeyWindow.
+func (s *Memory) SetKeyWindow(d time.Duration) { s.keyWin.Store(int64(d)) }
+
+func (s *Memory) keyWindow() time.Duration {
+	if d := time.Duration(s.keyWin.Load()); d > 0 {
+		return d
+	}
+	return DefaultKeyWindow
+}
+
 func (s *Memory) SetLimits(maxFinished int, retention time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

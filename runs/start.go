@@ -25,6 +25,16 @@ import (
 // ctx is the request's context: it is used for tracing, and for the tenant
 // the run belongs to (TenantFrom), since the run outlives the request.
 func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (*stubbornv1.ControlState, error) {
+	st, _, err := m.StartOnce(ctx, brief, spec, opts)
+	return st, err
+}
+
+// StartOnce is Start, with the caller's idempotency key honoured
+// (keys.go): when opts has one that names a run of ctx's tenant within the
+// key's window, it returns that run's current state and existing true
+// instead of starting another, or KeyConflictError when that run was
+// started with a different request.
+func (m *Manager) StartOnce(ctx context.Context, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (st *stubbornv1.ControlState, existing bool, err error) {
 	id := newID()
 	if opts == nil {
 		opts = &stubbornv1.RunOptions{}
@@ -32,7 +42,25 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 	if opts.GetIdempotencyKey() == "" {
 		opts = proto.CloneOf(opts) // the request's own stays as it came
 		opts.IdempotencyKey = id
+		st, err = m.start(ctx, id, brief, spec, opts)
+		return st, false, err
 	}
+	tenant := TenantFrom(ctx)
+	reserved, cur, err := m.existingRun(ctx, tenant, id, brief, spec, opts)
+	if err != nil || cur != nil {
+		return cur, cur != nil, err
+	}
+	st, err = m.start(ctx, id, brief, spec, opts)
+	if err != nil && reserved != nil {
+		// Not started: the key is free again (else the next start with
+		// it would wait keyClaimGrace).
+		reserved()
+	}
+	return st, false, err
+}
+
+// start starts run id.
+func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (*stubbornv1.ControlState, error) {
 	now := m.cfg.Clock.Now()
 	// Saved as RUNNING (an attempt is about to start) from the first: the
 	// state run_started saves a moment later would differ only in its

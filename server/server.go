@@ -242,12 +242,16 @@ func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 		}
 		ctx = withReservation(ctx, slot) // the run's observer takes it over
 	}
-	st, err := s.runs.Start(ctx, req.GetTaskBrief(), spec, req.GetOptions())
-	if err != nil {
+	st, existing, err := s.runs.StartOnce(ctx, req.GetTaskBrief(), spec, req.GetOptions())
+	if err != nil || existing {
+		// No new run: its concurrency slot and its start are given back
+		// (the run an idempotency key named counts where it started).
 		if slot != nil {
 			slot.release()
 		}
 		undo()
+	}
+	if err != nil {
 		return nil, toStatus(err)
 	}
 	logging.AddFields(ctx, logging.Fields{"run_id", st.GetRunId()}) // for the call's log line
@@ -434,6 +438,8 @@ func toStatus(err error) error {
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, runs.ErrBadPageToken):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, runs.ErrKeyConflict):
+		return status.Error(codes.AlreadyExists, "options.idempotency_key: "+err.Error())
 	case errors.Is(err, runs.ErrClosed), errors.Is(err, runs.ErrUnavailable):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, runs.ErrStoreFull):

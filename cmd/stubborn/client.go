@@ -39,7 +39,7 @@ type runFlags struct {
 	attempts, maxRetries                  int
 	maxWait, baseWait, runTimeout         time.Duration
 	attemptTimeout                        time.Duration
-	onExhausted                           string
+	onExhausted, idempotencyKey           string
 }
 
 func (f *runFlags) register(fs *flag.FlagSet) {
@@ -54,6 +54,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.onExhausted, "on-exhausted", "ask", "retry: ask | fail")
 	fs.DurationVar(&f.runTimeout, "run-timeout", 0, "deadline of the whole run (default none)")
 	fs.DurationVar(&f.attemptTimeout, "attempt-timeout", 0, "timeout of each delegate call (default: the delegate's)")
+	fs.StringVar(&f.idempotencyKey, "idempotency-key", "", "options.idempotency_key: the same key again (within the server's -idempotency-window) gets the run it started instead of a new one")
 	fs.StringVar(&f.request, "request", "", "read the whole RunRequest as protojson from this file (- for stdin)")
 }
 
@@ -76,7 +77,7 @@ func (f *runFlags) build(stdin io.Reader) (*stubbornv1.RunRequest, error) {
 		}
 		return req, nil
 	}
-	req := &stubbornv1.RunRequest{TaskBrief: f.brief, Options: &stubbornv1.RunOptions{}}
+	req := &stubbornv1.RunRequest{TaskBrief: f.brief, Options: &stubbornv1.RunOptions{IdempotencyKey: f.idempotencyKey}}
 	if f.runTimeout > 0 {
 		req.Options.RunTimeout = durationpb.New(f.runTimeout)
 	}

@@ -23,6 +23,7 @@ type storeFlags struct {
 	replicas   int
 	lease      time.Duration
 	retention  time.Duration
+	keyWindow  time.Duration
 	maxBytes   int64
 	maxRuns    int
 	saveFinal  bool
@@ -38,6 +39,7 @@ func (f *storeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.replicas, "replicas", 0, "copies of every stream and bucket (default 1 embedded, 3 with -nats-url)")
 	fs.DurationVar(&f.lease, "lease", runs.DefaultLease, "how long a replica may go silent before others take its runs over")
 	fs.DurationVar(&f.retention, "retention", 7*24*time.Hour, "how long a finished run is kept after it finished; a run not finished is never removed, however old")
+	fs.DurationVar(&f.keyWindow, "idempotency-window", runs.DefaultKeyWindow, "how long a run request's options.idempotency_key names the run it started: a request with the key within it gets that run instead of a new one")
 	fs.Int64Var(&f.maxBytes, "max-bytes", 0, "bound on the events stream's size in bytes: from 80% full the oldest finished runs are purged (down to 60%), and new runs are refused RESOURCE_EXHAUSTED when the runs in flight may need the rest; a run not finished is never removed (0: none)")
 	fs.IntVar(&f.maxRuns, "max-runs", runs.DefaultMemoryRuns, "with -memory: how many finished runs are kept; the oldest go first (runs in flight are never removed)")
 	fs.DurationVar(&f.writeRetry, "write-retry", 0, "how long a run's store write that failed for a reason that may pass (a timeout, a NATS leader election or restart) is made again before the run is given up on this replica; 0 means the lease, negative no retry")
@@ -50,16 +52,20 @@ func (f *storeFlags) register(fs *flag.FlagSet) {
 func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config, *storeWatch, func(), error) {
 	rc := runs.Config{Lease: f.lease, Logger: logger}
 	w := newStoreWatch()
+	if f.keyWindow < 0 {
+		return rc, nil, nil, fmt.Errorf("-idempotency-window must not be negative, got %v", f.keyWindow)
+	}
 	if f.memory {
 		if f.maxRuns < 1 {
 			return rc, nil, nil, fmt.Errorf("-max-runs must be at least 1, got %d", f.maxRuns)
 		}
 		m := runs.NewMemory(f.lease)
 		m.SetLimits(f.maxRuns, f.retention)
+		m.SetKeyWindow(f.keyWindow)
 		rc.Store, rc.CancelOnClose = m, true
 		return rc, w, func() {}, nil
 	}
-	js := runs.JetStreamConfig{Replicas: f.replicas, Retention: f.retention, MaxBytes: f.maxBytes, Lease: f.lease, SaveFinalStates: f.saveFinal, WriteRetry: f.writeRetry, Logger: logger}
+	js := runs.JetStreamConfig{Replicas: f.replicas, Retention: f.retention, MaxBytes: f.maxBytes, Lease: f.lease, SaveFinalStates: f.saveFinal, WriteRetry: f.writeRetry, KeyWindow: f.keyWindow, Logger: logger}
 	var (
 		nc      *nats.Conn
 		closeNS = func() {}

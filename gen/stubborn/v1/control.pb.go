@@ -1093,7 +1093,12 @@ func (x *RaceSpec) GetAcceptWhen() string {
 type RunOptions struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sent unchanged to the delegate on every attempt. Empty means the server
-	// generates one (it is the run_id).
+	// generates one (it is the run_id). A key of the caller's own also names
+	// the run it starts: a request of the same tenant with the same key within
+	// the server's idempotency window (default 24 h) starts nothing and gets
+	// that run (StartRun its id and current state, Run its events from seq 1);
+	// the same key with another request (brief, control or options other than
+	// metadata) is ALREADY_EXISTS naming that run. Use a new key for a new run.
 	IdempotencyKey string `protobuf:"bytes,1,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// Deadline for the whole run, from its start. Unset or zero means none
 	// (a gRPC deadline on Run does not bound the run, which outlives its

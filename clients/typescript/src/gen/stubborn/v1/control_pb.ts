@@ -305,7 +305,12 @@ export const RaceSpecSchema: GenMessage<RaceSpec> = /*@__PURE__*/
 export type RunOptions = Message<"stubborn.v1.RunOptions"> & {
   /**
    * Sent unchanged to the delegate on every attempt. Empty means the server
-   * generates one (it is the run_id).
+   * generates one (it is the run_id). A key of the caller's own also names
+   * the run it starts: a request of the same tenant with the same key within
+   * the server's idempotency window (default 24 h) starts nothing and gets
+   * that run (StartRun its id and current state, Run its events from seq 1);
+   * the same key with another request (brief, control or options other than
+   * metadata) is ALREADY_EXISTS naming that run. Use a new key for a new run.
    *
    * @generated from field: string idempotency_key = 1;
    */

@@ -1,0 +1,62 @@
+package server_test
+
+import (
+	"errors"
+	"io"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// A caller that starts a run again with its idempotency key (it timed out,
+// say) gets the run it started: StartRun its id and state, Run its events
+// from seq 1; the same key with another request is ALREADY_EXISTS naming
+// that run. On the memory store and on JetStream.
+func TestAnIdempotencyKeyNamesOneRun(t *testing.T) {
+	for _, js := range []bool{false, true} {
+		e := startWith(t, setup{jetstream: js})
+		ctx := testCtx(t)
+		req := &stubbornv1.StartRunRequest{
+			TaskBrief: "charge order 42", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}},
+			Options: &stubbornv1.RunOptions{IdempotencyKey: "order-42", Metadata: map[string]string{"attempt": "1"}},
+		}
+		first, err := e.client.StartRun(ctx, req)
+		require.NoError(t, err)
+		runToEnd(t, ctx, e.client, first.GetRunId())
+		req.Options.Metadata["attempt"] = "2" // metadata is not the request
+		again, err := e.client.StartRun(ctx, req)
+		require.NoError(t, err)
+		assert.Equal(t, first.GetRunId(), again.GetRunId())
+		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, again.GetState().GetStatus(), "its current state")
+
+		stream, err := e.client.Run(ctx, &stubbornv1.RunRequest{TaskBrief: req.TaskBrief, FallbackChain: req.FallbackChain, Options: req.Options})
+		require.NoError(t, err)
+		var seqs []int64
+		for {
+			m, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			require.NoError(t, err)
+			assert.Equal(t, first.GetRunId(), m.GetEvent().GetRunId())
+			seqs = append(seqs, m.GetEvent().GetSeq())
+		}
+		require.NotEmpty(t, seqs)
+		assert.EqualValues(t, 1, seqs[0], "Run streams the existing run from seq 1")
+
+		req.TaskBrief = "charge order 43"
+		_, err = e.client.StartRun(ctx, req)
+		assert.Equal(t, codes.AlreadyExists, status.Code(err))
+		assert.Contains(t, status.Convert(err).Message(), first.GetRunId())
+		assert.Contains(t, status.Convert(err).Message(), "options.idempotency_key")
+
+		list, err := e.client.ListRuns(ctx, &stubbornv1.ListRunsRequest{})
+		require.NoError(t, err)
+		assert.Len(t, list.GetRuns(), 1, "one run for the key")
+	}
+}
