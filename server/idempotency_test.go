@@ -3,6 +3,7 @@ package server_test
 import (
 	"errors"
 	"io"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -58,5 +59,48 @@ func TestAnIdempotencyKeyNamesOneRun(t *testing.T) {
 		list, err := e.client.ListRuns(ctx, &stubbornv1.ListRunsRequest{})
 		require.NoError(t, err)
 		assert.Len(t, list.GetRuns(), 1, "one run for the key")
+	}
+}
+
+// TestConcurrentStartRunsWithAKeyMakeOneRun: 50 identical StartRuns at
+// once against two replicas sharing a JetStream store make exactly one
+// run, and each gets its id.
+func TestConcurrentStartRunsWithAKeyMakeOneRun(t *testing.T) {
+	stores := jetStreamStores(t, 2)
+	replicas := []*env{startWith(t, setup{store: stores[0]}), startWith(t, setup{store: stores[1]})}
+	ctx := testCtx(t)
+	req := &stubbornv1.StartRunRequest{
+		TaskBrief: "charge order 42", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}},
+		Options: &stubbornv1.RunOptions{IdempotencyKey: "order-42"},
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		ids  = map[string]int{}
+		errs []error
+	)
+	for i := range 50 {
+		wg.Go(func() {
+			res, err := replicas[i%2].client.StartRun(ctx, req)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			ids[res.GetRunId()]++
+		})
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	require.Len(t, ids, 1, "one run")
+	for id, n := range ids {
+		assert.Equal(t, 50, n)
+		runToEnd(t, ctx, replicas[0].client, id)
+	}
+	for _, r := range replicas {
+		list, err := r.client.ListRuns(ctx, &stubbornv1.ListRunsRequest{})
+		require.NoError(t, err)
+		assert.Len(t, list.GetRuns(), 1, "one run in the shared store")
 	}
 }

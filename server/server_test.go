@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -100,6 +101,8 @@ type setup struct {
 	// jetstream runs the server on a JetStream store of its own (an
 	// embedded NATS server) instead of the memory store.
 	jetstream bool
+	// store, when set, is the server's store (replicas sharing one).
+	store runs.Store
 }
 
 // delegateTLS serves delegates over TLS and tells the registry how to reach
@@ -152,7 +155,7 @@ func startWith(t *testing.T, su setup) *env {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	var store runs.Store
+	store := su.store
 	if su.jetstream {
 		store = jetStreamStore(t)
 	}
@@ -641,14 +644,27 @@ func TestPanicInHandlerIsInternal(t *testing.T) {
 }
 
 // jetStreamStore returns a JetStream store on an embedded NATS server of
-// its own, its listing index reconciled.
+// its own.
 func jetStreamStore(t *testing.T) *runs.JetStream {
+	t.Helper()
+	return jetStreamStores(t, 1)[0]
+}
+
+// jetStreamStores returns n JetStream stores on one embedded NATS server,
+// each on a connection of its own: the stores of n replicas.
+func jetStreamStores(t *testing.T, n int) []*runs.JetStream {
 	t.Helper()
 	ns, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(ns.Close)
-	store, err := runs.NewJetStream(testCtx(t), ns.Conn, runs.JetStreamConfig{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = store.Close() })
-	return store
+	var stores []*runs.JetStream
+	for range n {
+		nc, err := nats.Connect("", nats.InProcessServer(ns.Server))
+		require.NoError(t, err)
+		store, err := runs.NewJetStream(testCtx(t), nc, runs.JetStreamConfig{})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = store.Close() })
+		stores = append(stores, store)
+	}
+	return stores
 }
