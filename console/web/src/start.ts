@@ -173,6 +173,9 @@ export function startPage(q: URLSearchParams): Page {
     relevance();
   }
 
+  const formKey = "console-" + (globalThis.crypto?.randomUUID?.() ??
+    Array.from({ length: 4 }, () => Math.random().toString(36).slice(2, 10)).join(""));
+
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
     text(error, "");
@@ -249,6 +252,9 @@ export function startPage(q: URLSearchParams): Page {
         break;
     }
     req.options = {
+      // One key a form: a second click on Start (or a retry after a lost
+      // answer) gets the run the first one started.
+      idempotencyKey: formKey,
       judge: uses.judge.includes(control.value) ? v("judge") : "",
       runTimeout: duration("run_timeout", "Run timeout"),
       attemptTimeout: duration("attempt_timeout", "Attempt timeout"),
