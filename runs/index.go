@@ -86,6 +86,8 @@ type indexer struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
+	// reconciled is closed when the start's reconcile has ended.
+	reconciled chan struct{}
 }
 
 // indexDelay is how long the indexer lets states gather before it writes
@@ -104,18 +106,25 @@ const indexRetry = time.Second
 // startIndexer starts the indexer of s's index, and its reconcile.
 func (s *JetStream) startIndexer(kv jetstream.KeyValue, log *slog.Logger) {
 	ctx, cancel := context.WithCancel(context.Background())
-	x := &indexer{kv: kv, log: log, pending: map[string][][]byte{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	x := &indexer{kv: kv, log: log, pending: map[string][][]byte{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), reconciled: make(chan struct{})}
 	s.index = x
-	go func() {
-		defer close(x.done)
+	var wg sync.WaitGroup
+	// The summaries of the runs that change are written from the first,
+	// while the reconcile goes on: its compare-and-set leaves them alone.
+	wg.Go(func() { x.loop(ctx) })
+	wg.Go(func() {
+		defer close(x.reconciled)
 		if err := s.reconcile(ctx); err != nil {
 			if ctx.Err() == nil {
 				x.log.Warn("run index: reconciling it with the runs' states failed; listing reads the states instead until the next start", "err", err)
 			}
-		} else {
-			x.ready.Store(true)
+			return
 		}
-		x.loop(ctx)
+		x.ready.Store(true)
+	})
+	go func() {
+		wg.Wait()
+		close(x.done)
 	}()
 }
 

@@ -132,6 +132,7 @@ func openFaulty(t *testing.T, retry time.Duration) (s *JetStream, pubs, creates 
 	s, err = NewJetStream(context.Background(), nc, JetStreamConfig{Memory: true, WriteRetry: retry, Lease: time.Hour})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
+	<-s.index.reconciled // it reads the fields swapped below
 	pubs, creates = &faults{}, &faults{}
 	s.js = faultyJS{s.js, pubs}
 	s.owners = faultyKV{s.owners, creates}

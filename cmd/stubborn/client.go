@@ -19,6 +19,16 @@ import (
 
 const defaultAddr = "127.0.0.1:7300"
 
+// addrFlag registers a client command's -addr: STUBBORN_ADDR, else
+// defaultAddr, unless given.
+func addrFlag(fs *flag.FlagSet) *string {
+	def := defaultAddr
+	if env := os.Getenv("STUBBORN_ADDR"); env != "" {
+		def = env
+	}
+	return fs.String("addr", def, "Stubborn server address (STUBBORN_ADDR sets the default)")
+}
+
 // dial connects to a Stubborn server, with the credentials the environment
 // gives (clientOptions).
 func dial(addr string) (stubbornv1.ControlServiceClient, func(), error) {
@@ -40,6 +50,24 @@ type runFlags struct {
 	maxWait, baseWait, runTimeout         time.Duration
 	attemptTimeout                        time.Duration
 	onExhausted, idempotencyKey           string
+	metadata                              metadataFlag
+}
+
+// metadataFlag collects -metadata KEY=VALUE flags.
+type metadataFlag map[string]string
+
+func (m *metadataFlag) String() string { return "" }
+
+func (m *metadataFlag) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want KEY=VALUE, got %q", v)
+	}
+	if *m == nil {
+		*m = metadataFlag{}
+	}
+	(*m)[k] = val
+	return nil
 }
 
 func (f *runFlags) register(fs *flag.FlagSet) {
@@ -47,8 +75,9 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.brief, "brief", "", "the task brief (required unless -request)")
 	fs.StringVar(&f.target, "target", "", "delegate for retry and retry-with-learning")
 	fs.StringVar(&f.list, "delegates", "", "comma-separated delegates for fallback-chain and race")
-	fs.IntVar(&f.attempts, "attempts", -1, "retry: retries after the first try (default 6)")
-	fs.IntVar(&f.maxRetries, "max-retries", 0, "retry-with-learning: total attempts (default 3)")
+	fs.IntVar(&f.attempts, "attempts", -1, "retry: RetrySpec.attempts, the retries after the first try; -1: the server's default, 6")
+	fs.IntVar(&f.maxRetries, "max-retries", 0, "retry-with-learning: max_retries, which counts every attempt, the first included; 0: the server's default, 3")
+	fs.Var(&f.metadata, "metadata", "KEY=VALUE for options.metadata, sent to the delegates on every attempt (repeat for more)")
 	fs.DurationVar(&f.maxWait, "max-wait", 0, "retry: longest wait (default 60s)")
 	fs.DurationVar(&f.baseWait, "base-wait", 0, "retry: base of the backoff (default 1s)")
 	fs.StringVar(&f.onExhausted, "on-exhausted", "ask", "retry: ask | fail")
@@ -77,7 +106,7 @@ func (f *runFlags) build(stdin io.Reader) (*stubbornv1.RunRequest, error) {
 		}
 		return req, nil
 	}
-	req := &stubbornv1.RunRequest{TaskBrief: f.brief, Options: &stubbornv1.RunOptions{IdempotencyKey: f.idempotencyKey}}
+	req := &stubbornv1.RunRequest{TaskBrief: f.brief, Options: &stubbornv1.RunOptions{IdempotencyKey: f.idempotencyKey, Metadata: f.metadata}}
 	if f.runTimeout > 0 {
 		req.Options.RunTimeout = durationpb.New(f.runTimeout)
 	}
@@ -131,7 +160,7 @@ func ptr[T any](v T) *T { return &v }
 func follow[T any, PT interface {
 	*T
 	GetEvent() *stubbornv1.RunEvent
-}](stream grpc.ServerStreamingClient[T], p printer) (*stubbornv1.ControlState, error) {
+}](stream grpc.ServerStreamingClient[T], p *printer) (*stubbornv1.ControlState, error) {
 	var final *stubbornv1.ControlState
 	for {
 		msg, err := stream.Recv()
@@ -159,7 +188,7 @@ func exitCode(st *stubbornv1.ControlState) int {
 
 func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	fs := newFlagSet("run")
-	addr := fs.String("addr", defaultAddr, "Stubborn server address")
+	addr := addrFlag(fs)
 	asJSON := fs.Bool("json", false, "print events as protojson lines")
 	var f runFlags
 	f.register(fs)
@@ -179,7 +208,14 @@ func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	st, err := follow(stream, printer{w: stdout, json: *asJSON})
+	p := printer{w: stdout, json: *asJSON, addr: *addr}
+	st, err := follow(stream, &p)
+	if err != nil && ctx.Err() != nil && p.runID != "" {
+		// Interrupted: the run is the server's, and goes on.
+		fmt.Fprintf(os.Stderr, "stopped following run %s, which goes on on the server; follow it again with `stubborn watch%s %s -after %d`, or cancel it with `stubborn cancel%s %s`\n",
+			p.runID, p.addrFlag(), p.runID, p.lastSeq, p.addrFlag(), p.runID)
+		return 130, nil
+	}
 	if err != nil {
 		return 1, err
 	}
@@ -188,7 +224,7 @@ func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 
 func cmdWatch(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	fs := newFlagSet("watch")
-	addr := fs.String("addr", defaultAddr, "Stubborn server address")
+	addr := addrFlag(fs)
 	after := fs.Int64("after", 0, "only events after this seq")
 	asJSON := fs.Bool("json", false, "print events as protojson lines")
 	id, _, err := parseWithID(fs, args)
@@ -204,7 +240,7 @@ func cmdWatch(ctx context.Context, args []string, stdout io.Writer) (int, error)
 	if err != nil {
 		return 1, err
 	}
-	st, err := follow(stream, printer{w: stdout, json: *asJSON})
+	st, err := follow(stream, &printer{w: stdout, json: *asJSON, addr: *addr})
 	if err != nil {
 		return 1, err
 	}
@@ -214,7 +250,7 @@ func cmdWatch(ctx context.Context, args []string, stdout io.Writer) (int, error)
 // cmdUnary runs get, cancel and decide, which print the run's state.
 func cmdUnary(ctx context.Context, name string, args []string, stdout io.Writer) (int, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	addr := fs.String("addr", defaultAddr, "Stubborn server address")
+	addr := addrFlag(fs)
 	id, rest, err := parseWithID(fs, args)
 	if err != nil {
 		return 2, err
@@ -265,16 +301,20 @@ func cmdUnary(ctx context.Context, name string, args []string, stdout io.Writer)
 
 func cmdList(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	fs := newFlagSet("list")
-	addr := fs.String("addr", defaultAddr, "Stubborn server address")
-	statusFlag := fs.String("status", "", "only runs with this status (for example succeeded, awaiting_decision)")
+	addr := addrFlag(fs)
+	statusFlag := fs.String("status", "", "only runs with this status: "+strings.Join(statusNames(), ", "))
+	limit := fs.Int("limit", 50, "how many runs to list, newest first (at most 1000 a page; pages are followed)")
 	if err := fs.Parse(args); err != nil {
 		return 2, err
+	}
+	if *limit < 1 {
+		return 2, fmt.Errorf("-limit must be at least 1, got %d", *limit)
 	}
 	filter := stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
 	if *statusFlag != "" {
 		v, ok := stubbornv1.RunStatus_value["RUN_STATUS_"+strings.ToUpper(*statusFlag)]
-		if !ok {
-			return 2, fmt.Errorf("unknown -status %q", *statusFlag)
+		if !ok || v == 0 {
+			return 2, fmt.Errorf("unknown -status %q: want one of %s", *statusFlag, strings.Join(statusNames(), ", "))
 		}
 		filter = stubbornv1.RunStatus(v)
 	}
@@ -283,14 +323,42 @@ func cmdList(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 		return 1, err
 	}
 	defer closeConn()
-	res, err := client.ListRuns(ctx, &stubbornv1.ListRunsRequest{Status: filter, View: stubbornv1.RunView_RUN_VIEW_SUMMARY})
-	if err != nil {
-		return 1, err
+	listed, token := 0, ""
+	for {
+		res, err := client.ListRuns(ctx, &stubbornv1.ListRunsRequest{Status: filter, View: stubbornv1.RunView_RUN_VIEW_SUMMARY, PageSize: int32(min(*limit-listed, 1000)), PageToken: token})
+		if err != nil {
+			return 1, err
+		}
+		for _, r := range res.GetSummaries() {
+			fmt.Fprintf(stdout, "%s  %-18s %-40s attempts=%d\n", r.GetRunId(), statusName(r.GetStatus()), summaryName(r), r.GetAttempts())
+			listed++
+		}
+		token = res.GetNextPageToken()
+		if token == "" || listed >= *limit {
+			break
+		}
 	}
-	for _, r := range res.GetSummaries() {
-		fmt.Fprintf(stdout, "%s  %-18s %-40s attempts=%d\n", r.GetRunId(), statusName(r.GetStatus()), summaryName(r), r.GetAttempts())
+	switch {
+	case listed == 0 && *statusFlag != "":
+		fmt.Fprintf(stdout, "no %s runs\n", strings.ToLower(*statusFlag))
+	case listed == 0:
+		fmt.Fprintln(stdout, "no runs")
+	case token != "":
+		fmt.Fprintf(stdout, "(%d shown, newest first; there are more: -limit N)\n", listed)
 	}
 	return 0, nil
+}
+
+// statusNames are the values of list's -status.
+func statusNames() []string {
+	var names []string
+	for v := int32(1); ; v++ {
+		n, ok := stubbornv1.RunStatus_name[v]
+		if !ok {
+			return names
+		}
+		names = append(names, strings.ToLower(strings.TrimPrefix(n, "RUN_STATUS_")))
+	}
 }
 
 // parseWithID parses flags, which may come before or after the positional

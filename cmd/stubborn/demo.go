@@ -298,7 +298,7 @@ func playDemoRuns(ctx context.Context, client stubbornv1.ControlServiceClient, s
 		if err != nil {
 			return nil, false, err
 		}
-		st, err := follow(stream, printer{w: stdout, json: asJSON})
+		st, err := follow(stream, &printer{w: stdout, json: asJSON})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, true, nil

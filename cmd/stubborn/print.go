@@ -16,11 +16,18 @@ import (
 type printer struct {
 	w    io.Writer
 	json bool
+	// addr is the server's address when it is not the default: the
+	// hints it prints name it.
+	addr string
+	// runID and lastSeq are those of the last event printed.
+	runID   string
+	lastSeq int64
 }
 
 var jsonLine = protojson.MarshalOptions{UseProtoNames: true}
 
-func (p printer) event(ev *stubbornv1.RunEvent) {
+func (p *printer) event(ev *stubbornv1.RunEvent) {
+	p.runID, p.lastSeq = ev.GetRunId(), ev.GetSeq()
 	if p.json {
 		b, err := jsonLine.Marshal(ev)
 		if err != nil {
@@ -34,11 +41,24 @@ func (p printer) event(ev *stubbornv1.RunEvent) {
 	if ev.GetPath() != "" {
 		where = "[" + ev.GetPath() + "] "
 	}
-	fmt.Fprintf(p.w, "%3d %s %s%s\n", ev.GetSeq(), ev.GetTime().AsTime().Local().Format("15:04:05.000"), where, describe(ev))
+	line := describe(ev)
+	if ev.GetDecisionRequested() != nil {
+		line += fmt.Sprintf(" — answer with `stubborn decide%s %s retry|fail`", p.addrFlag(), ev.GetRunId())
+	}
+	fmt.Fprintf(p.w, "%3d %s %s%s\n", ev.GetSeq(), ev.GetTime().AsTime().Local().Format("15:04:05.000"), where, line)
 }
 
 // describe renders an event as one line: attempt n → delegate, outcome,
 // wait, reason.
+// addrFlag is " -addr ADDR" for a server not at the default address, as
+// a command to copy needs it.
+func (p printer) addrFlag() string {
+	if p.addr == "" || p.addr == defaultAddr {
+		return ""
+	}
+	return " -addr " + p.addr
+}
+
 func describe(ev *stubbornv1.RunEvent) string {
 	switch k := ev.GetKind().(type) {
 	case *stubbornv1.RunEvent_RunStarted:
@@ -60,7 +80,7 @@ func describe(ev *stubbornv1.RunEvent) string {
 		a := k.AttemptFinished.GetAttempt()
 		s := fmt.Sprintf("attempt %d ← %s: %s", a.GetNumber(), a.GetDelegate(), outcomeName(a.GetOutcome()))
 		if e := a.GetError(); e != nil {
-			s += fmt.Sprintf(" %s %s", codes.Code(e.GetCode()), quote(e.GetMessage(), 80))
+			s += fmt.Sprintf(" %s %s", codes.Code(e.GetCode()), quote(e.GetMessage(), errorQuote))
 		} else if a.GetResult() != nil {
 			s += " " + quote(a.GetResult().GetText(), 80)
 		}
@@ -70,7 +90,7 @@ func describe(ev *stubbornv1.RunEvent) string {
 		return s + fmt.Sprintf(" in %s", round(a.GetEndTime().AsTime().Sub(a.GetStartTime().AsTime())))
 	case *stubbornv1.RunEvent_FailureAnalyzed:
 		f := k.FailureAnalyzed.GetFailure()
-		s := fmt.Sprintf("failure of attempt %d (%s): %s", f.GetAttempt(), f.GetDelegate(), quote(f.GetReason(), 80))
+		s := fmt.Sprintf("failure of attempt %d (%s): %s", f.GetAttempt(), f.GetDelegate(), quote(f.GetReason(), errorQuote))
 		if src := f.GetSource(); src != stubbornv1.FailureSource_FAILURE_SOURCE_UNSPECIFIED {
 			s += " [" + strings.ToLower(strings.TrimPrefix(src.String(), "FAILURE_SOURCE_")) + "]"
 		}
@@ -92,7 +112,7 @@ func describe(ev *stubbornv1.RunEvent) string {
 		}
 		return fmt.Sprintf("backing off %s before attempt %d (%s), until %s", round(b.GetWait().AsDuration()), b.GetNextAttempt(), src, b.GetUntil().AsTime().Local().Format("15:04:05.000"))
 	case *stubbornv1.RunEvent_DecisionRequested:
-		return fmt.Sprintf("AWAITING DECISION: %s — answer with `stubborn decide %s retry|fail`", k.DecisionRequested.GetReason(), ev.GetRunId())
+		return "AWAITING DECISION: " + k.DecisionRequested.GetReason()
 	case *stubbornv1.RunEvent_DecisionReceived:
 		return "decision received: " + strings.TrimPrefix(k.DecisionReceived.GetDecision().String(), "DECISION_")
 	case *stubbornv1.RunEvent_RunResumed:
@@ -165,6 +185,11 @@ func round(d time.Duration) time.Duration {
 }
 
 // quote shows s in quotes on one line, cut to n characters.
+// errorQuote is how much of an error message or failure reason a line
+// shows: enough for a dial error's address and cause (`get -json` shows
+// them whole).
+const errorQuote = 240
+
 func quote(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
 	if r := []rune(s); len(r) > n {
