@@ -32,14 +32,14 @@ Usage:
   stubborn run    [-addr ADDR] [-json] -control C -brief TEXT ...   (stubborn run -h)
   stubborn watch  RUN_ID [-after SEQ] [-json]
   stubborn get    RUN_ID
-  stubborn list   [-status STATUS]
+  stubborn list   [-status STATUS] [-limit N]
   stubborn cancel RUN_ID
   stubborn decide RUN_ID retry|fail
   stubborn delegates [-listen HOST:FIRST_PORT]   serve the demo delegates
   stubborn demo   [-exit] [-http-listen ADDR]   a server, demo delegates, live runs and the web console in one process, until Ctrl-C (-exit: once the runs end)
   stubborn token  [-hash]   a new bearer token and its SHA-256 for a tenant's token_sha256 (-hash: hash stdin's)
 
-Clients (run, watch, get, list, cancel, decide) read STUBBORN_TOKEN (a bearer token) and, for TLS,
+Clients (run, watch, get, list, cancel, decide) read STUBBORN_ADDR (the default of -addr), STUBBORN_TOKEN (a bearer token) and, for TLS,
 STUBBORN_TLS_CA, STUBBORN_TLS_SERVER_NAME, STUBBORN_TLS_CERT and STUBBORN_TLS_KEY from the environment.
 `
 
