@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
@@ -103,4 +104,17 @@ func TestConcurrentStartRunsWithAKeyMakeOneRun(t *testing.T) {
 		require.NoError(t, err)
 		assert.Len(t, list.GetRuns(), 1, "one run in the shared store")
 	}
+}
+
+// A misspelt delegate is NOT_FOUND with the closest name the caller may
+// use; a name close to none gets no guess.
+func TestAnUnknownDelegateSuggestsTheClosest(t *testing.T) {
+	e := start(t, delegates.Limits{})
+	ctx := testCtx(t)
+	_, err := e.client.StartRun(ctx, &stubbornv1.StartRunRequest{TaskBrief: "b", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo", "ecoh"}}})
+	assert.Equal(t, codes.NotFound, status.Code(err))
+	assert.Contains(t, status.Convert(err).Message(), `fallback_chain.chain[1]: delegate "ecoh" is not in the registry (did you mean "echo"?)`)
+	_, err = e.client.StartRun(ctx, &stubbornv1.StartRunRequest{TaskBrief: "b", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"zzzzzz"}}})
+	assert.Equal(t, codes.NotFound, status.Code(err))
+	assert.NotContains(t, status.Convert(err).Message(), "did you mean")
 }

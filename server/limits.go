@@ -117,7 +117,7 @@ func newPolicy(tenant string, own Limits, allowed []string, server Limits, o Opt
 	}
 	return &policy{
 		who: fmt.Sprintf("tenant %q", tenant), subject: "tenant:" + tenant, tenant: tenant,
-		val:           validator{limits: merged, known: known, isDelegate: o.IsDelegate, hasJudge: o.HasJudge},
+		val:           validator{limits: merged, known: known, isDelegate: o.IsDelegate, hasJudge: o.HasJudge, names: registryNames(o.Describe)},
 		limits:        merged,
 		maxConcurrent: own.MaxConcurrentRuns,
 		starts:        newStartLimiter(own),
@@ -361,4 +361,23 @@ func (w *watchers) acquire(id string, max int, force bool) (release func(), ok b
 			}
 		})
 	}, true
+}
+
+// registryNames returns the names describe lists (delegates and presets),
+// for "did you mean"; nil without describe.
+func registryNames(describe func() ([]*stubbornv1.DelegateDescription, []*stubbornv1.PresetDescription)) func() []string {
+	if describe == nil {
+		return nil
+	}
+	return func() []string {
+		ds, ps := describe()
+		names := make([]string, 0, len(ds)+len(ps))
+		for _, d := range ds {
+			names = append(names, d.GetName())
+		}
+		for _, p := range ps {
+			names = append(names, p.GetName())
+		}
+		return names
+	}
 }

@@ -251,6 +251,7 @@ func cmdWatch(ctx context.Context, args []string, stdout io.Writer) (int, error)
 func cmdUnary(ctx context.Context, name string, args []string, stdout io.Writer) (int, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	addr := addrFlag(fs)
+	asJSON := fs.Bool("json", false, "print the run's whole state as protojson")
 	id, rest, err := parseWithID(fs, args)
 	if err != nil {
 		return 2, err
@@ -290,6 +291,10 @@ func cmdUnary(ctx context.Context, name string, args []string, stdout io.Writer)
 	}
 	if err != nil {
 		return 1, err
+	}
+	if !*asJSON {
+		printState(stdout, st, name == "get")
+		return 0, nil
 	}
 	b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true}.Marshal(st)
 	if err != nil {

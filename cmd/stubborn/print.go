@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
@@ -196,4 +197,31 @@ func quote(s string, n int) string {
 		s = string(r[:n]) + "…"
 	}
 	return fmt.Sprintf("%q", s)
+}
+
+// printState prints a run's state in a few lines (get), or its status in
+// one (cancel, decide); -json prints it whole.
+func printState(w io.Writer, st *stubbornv1.ControlState, whole bool) {
+	line := fmt.Sprintf("run %s: %s", st.GetRunId(), statusName(st.GetStatus()))
+	if r := st.GetStatusReason(); r != "" {
+		line += " (" + quote(r, errorQuote) + ")"
+	}
+	fmt.Fprintln(w, line)
+	if !whole {
+		return
+	}
+	sum := &stubbornv1.RunSummary{Control: controls.ControlName(st.GetControl()), Delegates: controls.Named(st.GetControl())}
+	fmt.Fprintf(w, "  control   %s\n", summaryName(sum))
+	fmt.Fprintf(w, "  attempts  %d\n", st.GetAttempts())
+	fmt.Fprintf(w, "  started   %s\n", st.GetCreateTime().AsTime().Local().Format("2006-01-02 15:04:05.000"))
+	if st.GetEndTime() != nil {
+		fmt.Fprintf(w, "  ended     %s (took %s)\n", st.GetEndTime().AsTime().Local().Format("2006-01-02 15:04:05.000"), round(st.GetEndTime().AsTime().Sub(st.GetCreateTime().AsTime())))
+	}
+	if st.GetWinner() != "" {
+		fmt.Fprintf(w, "  winner    %s\n", st.GetWinner())
+	}
+	if st.GetResult() != nil {
+		fmt.Fprintf(w, "  result    %s\n", quote(st.GetResult().GetText(), errorQuote))
+	}
+	fmt.Fprintln(w, "  (-json for the whole state: brief, options, every attempt)")
 }
