@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
@@ -384,4 +385,49 @@ func parseWithID(fs *flag.FlagSet, args []string) (string, []string, error) {
 		return "", nil, fmt.Errorf("usage: stubborn %s RUN_ID", fs.Name())
 	}
 	return pos[0], pos[1:], nil
+}
+
+// cmdRegistry lists the delegates and presets the caller may name, over
+// ListDelegates.
+func cmdRegistry(ctx context.Context, args []string, stdout io.Writer) (int, error) {
+	fs := newFlagSet("registry")
+	addr := addrFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return 2, err
+	}
+	client, closeConn, err := dial(*addr)
+	if err != nil {
+		return 1, err
+	}
+	defer closeConn()
+	res, err := client.ListDelegates(ctx, &stubbornv1.ListDelegatesRequest{})
+	if err != nil {
+		return 1, err
+	}
+	if len(res.GetDelegates()) == 0 && len(res.GetPresets()) == 0 {
+		fmt.Fprintln(stdout, "no delegates or presets")
+		return 0, nil
+	}
+	for _, d := range res.GetDelegates() {
+		var traits []string
+		if d.GetIdempotent() {
+			traits = append(traits, "idempotent")
+		}
+		if d.GetReadOnly() {
+			traits = append(traits, "read-only")
+		}
+		if d.GetTimeout() != nil {
+			traits = append(traits, "timeout "+round(d.GetTimeout().AsDuration()).String())
+		}
+		health := "unknown" // not seen within the last 5 minutes
+		if d.GetHealth() != stubbornv1.DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED {
+			health = strings.ToLower(strings.TrimPrefix(d.GetHealth().String(), "DELEGATE_HEALTH_"))
+		}
+		fmt.Fprintf(stdout, "delegate  %-24s %-9s %-12s %s\n", d.GetName(), d.GetKind(), health, strings.Join(traits, ", "))
+	}
+	for _, p := range res.GetPresets() {
+		sum := &stubbornv1.RunSummary{Control: controls.ControlName(p.GetSpec()), Delegates: controls.Named(p.GetSpec())}
+		fmt.Fprintf(stdout, "preset    %-24s %s\n", p.GetName(), summaryName(sum))
+	}
+	return 0, nil
 }

@@ -35,11 +35,12 @@ Usage:
   stubborn list   [-status STATUS] [-limit N]
   stubborn cancel RUN_ID
   stubborn decide RUN_ID retry|fail
+  stubborn registry   the delegates and presets the server lets you name (kind, health, idempotent, presets' specs)
   stubborn delegates [-listen HOST:FIRST_PORT]   serve the demo delegates
   stubborn demo   [-exit] [-http-listen ADDR]   a server, demo delegates, live runs and the web console in one process, until Ctrl-C (-exit: once the runs end)
   stubborn token  [-hash]   a new bearer token and its SHA-256 for a tenant's token_sha256 (-hash: hash stdin's)
 
-Clients (run, watch, get, list, cancel, decide) read STUBBORN_ADDR (the default of -addr), STUBBORN_TOKEN (a bearer token) and, for TLS,
+Clients (run, watch, get, list, cancel, decide, registry) read STUBBORN_ADDR (the default of -addr), STUBBORN_TOKEN (a bearer token) and, for TLS,
 STUBBORN_TLS_CA, STUBBORN_TLS_SERVER_NAME, STUBBORN_TLS_CERT and STUBBORN_TLS_KEY from the environment.
 `
 
@@ -72,6 +73,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 		return cmdList(ctx, rest, stdout)
 	case "delegates":
 		return cmdDelegates(ctx, rest, stdout)
+	case "registry":
+		return cmdRegistry(ctx, rest, stdout)
 	case "demo":
 		return cmdDemo(ctx, rest, stdout)
 	case "token":
