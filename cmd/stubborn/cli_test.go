@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,8 +26,12 @@ func TestClientCommandsAsTyped(t *testing.T) {
 	require.NoError(t, err)
 	echo := demo.Serve(lis, demo.Echo{})
 	t.Cleanup(echo.Stop)
+	downLis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	down := demo.Serve(downLis, demo.Down{})
+	t.Cleanup(down.Stop)
 	config := filepath.Join(t.TempDir(), "stubborn.yaml")
-	require.NoError(t, os.WriteFile(config, fmt.Appendf(nil, "delegates:\n  - {name: echo, target: %q, idempotent: true}\npresets:\n  - {name: twice, retry: {target: echo, attempts: 1}}\n", lis.Addr()), 0o600))
+	require.NoError(t, os.WriteFile(config, fmt.Appendf(nil, "delegates:\n  - {name: echo, target: %q, idempotent: true}\n  - {name: down, target: %q, idempotent: true}\npresets:\n  - {name: twice, retry: {target: echo, attempts: 1}}\n", lis.Addr(), downLis.Addr()), 0o600))
 	s := startServer(t, "-memory", "-config", config, "-listen", "127.0.0.1:0")
 	t.Setenv("STUBBORN_ADDR", s.addr)
 	cli := func(args ...string) (string, int, error) {
@@ -70,4 +75,24 @@ func TestClientCommandsAsTyped(t *testing.T) {
 	_, code, err = cli("list", "-status", "awaiting")
 	assert.Equal(t, 2, code)
 	assert.ErrorContains(t, err, "awaiting_decision")
+
+	// Interrupted (its context ends, as Ctrl-C ends run's), -cancel-on-
+	// interrupt cancels the run; enum values in the .proto's spelling.
+	ctx, interrupt := context.WithCancel(context.Background())
+	defer interrupt()
+	done := make(chan int, 1)
+	go func() {
+		code, _ := run(ctx, []string{"run", "-control", "RETRY", "-target", "down", "-brief", "x", "-on-exhausted", "ON_EXHAUSTED_FAIL",
+			"-base-wait", "1h", "-max-wait", "1h", "-cancel-on-interrupt"}, &bytes.Buffer{})
+		done <- code
+	}()
+	require.Eventually(t, func() bool {
+		out, _, err := cli("list", "-status", "BACKING_OFF")
+		return err == nil && strings.Contains(out, "retry of down")
+	}, 10*time.Second, 20*time.Millisecond)
+	interrupt()
+	assert.Equal(t, 130, <-done)
+	out, _, err = cli("list", "-status", "cancelled")
+	require.NoError(t, err)
+	assert.Contains(t, out, "retry of down")
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -118,7 +119,10 @@ func (f *runFlags) build(stdin io.Reader) (*stubbornv1.RunRequest, error) {
 	if f.list != "" {
 		names = strings.Split(f.list, ",")
 	}
-	switch f.control {
+	// Enum values in short form or the .proto's, any case: retry_with_learning,
+	// RETRY-WITH-LEARNING; fail, ON_EXHAUSTED_FAIL.
+	control := strings.ReplaceAll(strings.ToLower(f.control), "_", "-")
+	switch control {
 	case "retry":
 		r := &stubbornv1.RetrySpec{Target: f.target}
 		if f.attempts >= 0 {
@@ -130,13 +134,13 @@ func (f *runFlags) build(stdin io.Reader) (*stubbornv1.RunRequest, error) {
 		if f.baseWait > 0 {
 			r.BaseWait = durationpb.New(f.baseWait)
 		}
-		switch f.onExhausted {
+		switch strings.TrimPrefix(strings.ToLower(f.onExhausted), "on_exhausted_") {
 		case "ask":
 			r.OnExhausted = stubbornv1.OnExhausted_ON_EXHAUSTED_ASK
 		case "fail":
 			r.OnExhausted = stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL
 		default:
-			return nil, fmt.Errorf("-on-exhausted must be ask or fail, got %q", f.onExhausted)
+			return nil, fmt.Errorf("-on-exhausted must be ask or fail (or ON_EXHAUSTED_ASK, ON_EXHAUSTED_FAIL), got %q", f.onExhausted)
 		}
 		req.Retry = r
 	case "retry-with-learning":
@@ -191,6 +195,7 @@ func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	fs := newFlagSet("run")
 	addr := addrFlag(fs)
 	asJSON := fs.Bool("json", false, "print events as protojson lines")
+	cancelOnInterrupt := fs.Bool("cancel-on-interrupt", false, "on Ctrl-C, cancel the run too (without it the run goes on on the server)")
 	var f runFlags
 	f.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -211,6 +216,16 @@ func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	}
 	p := printer{w: stdout, json: *asJSON, addr: *addr}
 	st, err := follow(stream, &p)
+	if err != nil && ctx.Err() != nil && p.runID != "" && *cancelOnInterrupt {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		res, cerr := client.CancelRun(cctx, &stubbornv1.CancelRunRequest{RunId: p.runID})
+		if cerr != nil {
+			return 1, fmt.Errorf("cancelling run %s: %w", p.runID, cerr)
+		}
+		printState(os.Stderr, res.GetState(), false)
+		return 130, nil
+	}
 	if err != nil && ctx.Err() != nil && p.runID != "" {
 		// Interrupted: the run is the server's, and goes on.
 		fmt.Fprintf(os.Stderr, "stopped following run %s, which goes on on the server; follow it again with `stubborn watch%s %s -after %d`, or cancel it with `stubborn cancel%s %s`\n",
@@ -310,15 +325,19 @@ func cmdList(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	addr := addrFlag(fs)
 	statusFlag := fs.String("status", "", "only runs with this status: "+strings.Join(statusNames(), ", "))
 	limit := fs.Int("limit", 50, "how many runs to list, newest first (at most 1000 a page; pages are followed)")
+	all := fs.Bool("all", false, "list every run (no -limit)")
 	if err := fs.Parse(args); err != nil {
 		return 2, err
+	}
+	if *all {
+		*limit = math.MaxInt
 	}
 	if *limit < 1 {
 		return 2, fmt.Errorf("-limit must be at least 1, got %d", *limit)
 	}
 	filter := stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
 	if *statusFlag != "" {
-		v, ok := stubbornv1.RunStatus_value["RUN_STATUS_"+strings.ToUpper(*statusFlag)]
+		v, ok := stubbornv1.RunStatus_value["RUN_STATUS_"+strings.TrimPrefix(strings.ToUpper(strings.ReplaceAll(*statusFlag, "-", "_")), "RUN_STATUS_")]
 		if !ok || v == 0 {
 			return 2, fmt.Errorf("unknown -status %q: want one of %s", *statusFlag, strings.Join(statusNames(), ", "))
 		}
@@ -350,7 +369,7 @@ func cmdList(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	case listed == 0:
 		fmt.Fprintln(stdout, "no runs")
 	case token != "":
-		fmt.Fprintf(stdout, "(%d shown, newest first; there are more: -limit N)\n", listed)
+		fmt.Fprintf(stdout, "(%d shown, newest first; there are more: -limit N or -all)\n", listed)
 	}
 	return 0, nil
 }

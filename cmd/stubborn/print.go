@@ -213,6 +213,23 @@ func printState(w io.Writer, st *stubbornv1.ControlState, whole bool) {
 	sum := &stubbornv1.RunSummary{Control: controls.ControlName(st.GetControl()), Delegates: controls.Named(st.GetControl())}
 	fmt.Fprintf(w, "  control   %s\n", summaryName(sum))
 	fmt.Fprintf(w, "  attempts  %d\n", st.GetAttempts())
+	for _, a := range st.GetAttemptLog() {
+		line := fmt.Sprintf("    #%d %s%s: %s", a.GetNumber(), pathPrefix(a.GetPath()), a.GetDelegate(), strings.TrimPrefix(a.GetOutcome().String(), "ATTEMPT_OUTCOME_"))
+		if e := a.GetError(); e != nil {
+			line += fmt.Sprintf(" %s %s", codes.Code(e.GetCode()), quote(e.GetMessage(), errorQuote))
+		}
+		if a.GetStartTime() != nil && a.GetEndTime() != nil {
+			line += " in " + round(a.GetEndTime().AsTime().Sub(a.GetStartTime().AsTime())).String()
+		}
+		fmt.Fprintln(w, line)
+	}
+	for _, f := range st.GetFailureHistory() {
+		line := fmt.Sprintf("    failure of #%d %s%s: %s", f.GetAttempt(), pathPrefix(f.GetPath()), f.GetDelegate(), quote(f.GetReason(), errorQuote))
+		if f.GetNotRetriedReason() != "" {
+			line += "; not retried: " + f.GetNotRetriedReason()
+		}
+		fmt.Fprintln(w, line)
+	}
 	fmt.Fprintf(w, "  started   %s\n", st.GetCreateTime().AsTime().Local().Format("2006-01-02 15:04:05.000"))
 	if st.GetEndTime() != nil {
 		fmt.Fprintf(w, "  ended     %s (took %s)\n", st.GetEndTime().AsTime().Local().Format("2006-01-02 15:04:05.000"), round(st.GetEndTime().AsTime().Sub(st.GetCreateTime().AsTime())))
@@ -223,5 +240,13 @@ func printState(w io.Writer, st *stubbornv1.ControlState, whole bool) {
 	if st.GetResult() != nil {
 		fmt.Fprintf(w, "  result    %s\n", quote(st.GetResult().GetText(), errorQuote))
 	}
-	fmt.Fprintln(w, "  (-json for the whole state: brief, options, every attempt)")
+	fmt.Fprintln(w, "  (-json for the whole state: brief, options, each attempt's brief and result)")
+}
+
+// pathPrefix is a nested preset's path before a delegate's name.
+func pathPrefix(path string) string {
+	if path == "" {
+		return ""
+	}
+	return path + " › "
 }
