@@ -33,13 +33,9 @@ func (m *Manager) List(ctx context.Context, status stubbornv1.RunStatus, pageSiz
 
 // ListWhere is List with every filter.
 func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageToken string) ([]*stubbornv1.ControlState, string, error) {
-	var after *listKey
-	if pageToken != "" {
-		k, err := parseListKey(pageToken)
-		if err != nil {
-			return nil, "", ErrBadPageToken
-		}
-		after = &k
+	after, err := pageAfter(pageToken)
+	if err != nil {
+		return nil, "", err
 	}
 	tenant := TenantFrom(ctx)
 	var all []*stubbornv1.ControlState
@@ -113,17 +109,13 @@ func (m *Manager) ListSummaries(ctx context.Context, f Filter, pageSize int, pag
 	if !ok {
 		return m.summariesOfStates(ctx, f, pageSize, pageToken)
 	}
-	var after *listKey
-	if pageToken != "" {
-		k, err := parseListKey(pageToken)
-		if err != nil {
-			return nil, "", ErrBadPageToken
-		}
-		after = &k
+	after, err := pageAfter(pageToken)
+	if err != nil {
+		return nil, "", err
 	}
 	tenant := TenantFrom(ctx)
 	byID := map[string]*stubbornv1.RunSummary{}
-	ok, err := idx.Summaries(ctx, tenant, func(sum *stubbornv1.RunSummary) bool {
+	ok, err = idx.Summaries(ctx, tenant, func(sum *stubbornv1.RunSummary) bool {
 		byID[sum.GetRunId()] = sum
 		return true
 	})
@@ -228,6 +220,19 @@ func (k listKey) before(o listKey) bool { return o.compare(k) < 0 }
 
 func (k listKey) String() string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(k.nanos, 10) + "/" + k.id))
+}
+
+// pageAfter is the run a page token says the page starts after (nil for
+// the first page), or ErrBadPageToken.
+func pageAfter(token string) (*listKey, error) {
+	if token == "" {
+		return nil, nil
+	}
+	k, err := parseListKey(token)
+	if err != nil {
+		return nil, ErrBadPageToken
+	}
+	return &k, nil
 }
 
 func parseListKey(s string) (listKey, error) {
