@@ -44,6 +44,10 @@ import (
 // server starts (its reconcile).
 const indexBucket = "stubborn_index"
 
+// indexHistory is how many summaries of a run the index keeps: listing
+// reads the last, a watch each one written (see NewJetStream).
+const indexHistory = 8
+
 // indexEntry is the index's entry of a run of tenant: the tenant's name
 // (a key is a hash of it) and the summary, encoded as an owners entry is.
 func indexEntry(tenant string, sum *stubbornv1.RunSummary) ([]byte, error) {

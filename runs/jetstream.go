@@ -189,15 +189,20 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		name    string
 		ttl     time.Duration
 		markers time.Duration
+		history uint8
 	}{
-		{&s.states, statesBucket, 0, 0},
-		{&s.owners, ownersBucket, 0, s.markerTTL},
-		{&s.beats, beatsBucket, cfg.Lease, 0},
-		{&indexKV, indexBucket, 0, 0},
-		{&s.keys, keysBucket, cfg.KeyWindow, 0},
+		{&s.states, statesBucket, 0, 0, 1},
+		{&s.owners, ownersBucket, 0, s.markerTTL, 1},
+		{&s.beats, beatsBucket, cfg.Lease, 0, 1},
+		// A run's summaries in quick succession (RUNNING, then
+		// AWAITING_DECISION a few ms later) must each reach the watches
+		// (WatchRuns): with one a key, a summary is gone as soon as the
+		// next is written, before a watch is sent it.
+		{&indexKV, indexBucket, 0, 0, indexHistory},
+		{&s.keys, keysBucket, cfg.KeyWindow, 0, 1},
 	} {
 		kvCfg := jetstream.KeyValueConfig{
-			Bucket: b.name, TTL: b.ttl, Storage: storage, Replicas: cfg.Replicas, History: 1,
+			Bucket: b.name, TTL: b.ttl, Storage: storage, Replicas: cfg.Replicas, History: b.history,
 			LimitMarkerTTL: b.markers,
 		}
 		*b.kv, err = js.CreateOrUpdateKeyValue(ctx, kvCfg)

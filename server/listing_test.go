@@ -141,7 +141,7 @@ func watchRunsFollows(t *testing.T, js bool) {
 			break
 		}
 	}
-	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, seen[0], "a run is seen as it starts")
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, seen[0], "a run is seen as it starts: %v", seen)
 	_, err = e.client.DecideRun(as(ctx, tokenA), &stubbornv1.DecideRunRequest{RunId: id, Decision: stubbornv1.Decision_DECISION_FAIL})
 	require.NoError(t, err)
 	for {
