@@ -132,6 +132,11 @@ func (s *JetStream) startIndexer(kv jetstream.KeyValue, log *slog.Logger) {
 	}()
 }
 
+// IndexReconciled returns a channel closed once this store's start has
+// reconciled the listing index with the runs' states (or given up on it):
+// from then on the store makes no request of its own until runs change.
+func (s *JetStream) IndexReconciled() <-chan struct{} { return s.index.reconciled }
+
 // stop ends the indexer; what it had yet to write is left to the next
 // start's reconcile.
 func (x *indexer) stop() {

@@ -183,6 +183,10 @@ func TestEmbeddedStoreClosedIsFatal(t *testing.T) {
 		return res.GetStatus()
 	}
 	assert.Equal(t, healthpb.HealthCheckResponse_SERVING, check())
+	// The store's own requests at start (the index's reconcile) done: the
+	// connection's first error is the publish below, not one of theirs
+	// meeting the closed connection.
+	<-rc.Store.(*runs.JetStream).IndexReconciled()
 
 	require.NoError(t, w.conn.Publish("stubborn.events."+strings.Repeat("x", 5000), nil))
 	select {
