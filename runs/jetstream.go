@@ -114,6 +114,8 @@ type JetStream struct {
 	index *indexer
 	// keys holds the idempotency keys (keys.go).
 	keys jetstream.KeyValue
+	// forgetSubs follow the runs deleted (delete.go); guarded by mu.
+	forgetSubs []*nats.Subscription
 }
 
 var _ Store = (*JetStream)(nil)

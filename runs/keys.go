@@ -78,6 +78,9 @@ type keyStore interface {
 	ReplaceKey(ctx context.Context, key string, old, e KeyEntry) (rev uint64, err error)
 	// DropKey deletes key's entry if it is still e.
 	DropKey(ctx context.Context, key string, e KeyEntry) error
+	// ForgetKey deletes key's entry if it names run runID (a run
+	// deleted).
+	ForgetKey(ctx context.Context, key, runID string) error
 }
 
 // keyHash is the store's key of an idempotency key of tenant.
@@ -246,13 +249,22 @@ func (s *JetStream) ReserveKey(ctx context.Context, key string, e KeyEntry) (Key
 		if err != nil {
 			return KeyEntry{}, false, fmt.Errorf("reading the idempotency key: %w", err)
 		}
-		var got KeyEntry
-		if err := json.Unmarshal(cur.Value(), &got); err != nil {
-			return KeyEntry{}, false, fmt.Errorf("reading the idempotency key: %w", err)
+		got, ok := parseKeyEntry(cur)
+		if !ok {
+			return KeyEntry{}, false, errors.New("reading the idempotency key: an entry that does not decode")
 		}
-		got.rev = cur.Revision()
 		return got, false, nil
 	}
+}
+
+// parseKeyEntry decodes a keys bucket entry.
+func parseKeyEntry(e jetstream.KeyValueEntry) (KeyEntry, bool) {
+	var got KeyEntry
+	if err := json.Unmarshal(e.Value(), &got); err != nil {
+		return KeyEntry{}, false
+	}
+	got.rev = e.Revision()
+	return got, true
 }
 
 // ReplaceKey implements keyStore: an update at old's revision.

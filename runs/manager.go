@@ -200,6 +200,9 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("runs store: serving commands: %w", err)
 	}
 	m.stopServing = stop
+	if d, ok := m.store.(runDeleter); ok {
+		d.OnForget(m.forgetFinished) // a run another server deleted
+	}
 	beatCtx, stopBeats := context.WithCancel(ctx)
 	m.stopBeats = stopBeats
 	m.beating.Add(1)

@@ -43,6 +43,8 @@ type Memory struct {
 	// keys are the idempotency keys (keys.go), each for keyWin.
 	keys   memoryKeys
 	keyWin atomic.Int64
+	// forget are told of each run deleted (delete.go).
+	forget []func(string)
 }
 
 var _ Store = (*Memory)(nil)

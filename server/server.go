@@ -408,6 +408,18 @@ func (s *Service) CancelRun(ctx context.Context, req *stubbornv1.CancelRunReques
 	return &stubbornv1.CancelRunResponse{State: st}, nil
 }
 
+// DeleteRun forgets a finished run (or cancels and forgets one in flight).
+func (s *Service) DeleteRun(ctx context.Context, req *stubbornv1.DeleteRunRequest) (*stubbornv1.DeleteRunResponse, error) {
+	if err := runID(req.GetRunId()); err != nil {
+		return nil, err
+	}
+	logging.AddFields(ctx, logging.Fields{"run_id", req.GetRunId()}) // for the call's log line
+	if err := s.runs.Delete(ctx, req.GetRunId(), req.GetCancel()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &stubbornv1.DeleteRunResponse{}, nil
+}
+
 // DecideRun answers a run awaiting a decision.
 func (s *Service) DecideRun(ctx context.Context, req *stubbornv1.DecideRunRequest) (*stubbornv1.DecideRunResponse, error) {
 	var v violations
@@ -434,6 +446,8 @@ func toStatus(err error) error {
 		return nil
 	case errors.Is(err, runs.ErrNotFound):
 		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, runs.ErrNotFinished):
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, runs.ErrNotAwaitingDecision):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, runs.ErrBadPageToken):

@@ -95,4 +95,13 @@ func TestClientCommandsAsTyped(t *testing.T) {
 	out, _, err = cli("list", "-status", "cancelled")
 	require.NoError(t, err)
 	assert.Contains(t, out, "retry of down")
+
+	// Forgotten on request.
+	out, code, err = cli("delete", id)
+	require.NoError(t, err)
+	assert.Equal(t, 0, code)
+	assert.Equal(t, "run "+id+": deleted\n", out)
+	_, code, err = cli("get", id)
+	assert.Equal(t, 1, code)
+	assert.ErrorContains(t, err, "NotFound")
 }

@@ -287,6 +287,16 @@ func cmdUnary(ctx context.Context, name string, args []string, stdout io.Writer)
 		var res *stubbornv1.CancelRunResponse
 		res, err = client.CancelRun(ctx, &stubbornv1.CancelRunRequest{RunId: id})
 		st = res.GetState()
+	case "delete":
+		cancel := len(rest) > 0 && rest[0] == "cancel"
+		if len(rest) > 0 && !cancel {
+			return 2, fmt.Errorf("usage: stubborn delete RUN_ID [cancel]")
+		}
+		if _, err = client.DeleteRun(ctx, &stubbornv1.DeleteRunRequest{RunId: id, Cancel: cancel}); err != nil {
+			return 1, err
+		}
+		fmt.Fprintf(stdout, "run %s: deleted\n", id)
+		return 0, nil
 	case "decide":
 		d := stubbornv1.Decision_DECISION_UNSPECIFIED
 		answer := ""

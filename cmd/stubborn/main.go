@@ -35,12 +35,13 @@ Usage:
   stubborn list   [-status STATUS] [-limit N]
   stubborn cancel RUN_ID
   stubborn decide RUN_ID retry|fail
+  stubborn delete RUN_ID [cancel]   forget a finished run now (cancel: cancel it first if it runs)
   stubborn registry   the delegates and presets the server lets you name (kind, health, idempotent, presets' specs)
   stubborn delegates [-listen HOST:FIRST_PORT]   serve the demo delegates
   stubborn demo   [-exit] [-http-listen ADDR]   a server, demo delegates, live runs and the web console in one process, until Ctrl-C (-exit: once the runs end)
   stubborn token  [-hash]   a new bearer token and its SHA-256 for a tenant's token_sha256 (-hash: hash stdin's)
 
-Clients (run, watch, get, list, cancel, decide, registry) read STUBBORN_ADDR (the default of -addr), STUBBORN_TOKEN (a bearer token) and, for TLS,
+Clients (run, watch, get, list, cancel, decide, delete, registry) read STUBBORN_ADDR (the default of -addr), STUBBORN_TOKEN (a bearer token) and, for TLS,
 STUBBORN_TLS_CA, STUBBORN_TLS_SERVER_NAME, STUBBORN_TLS_CERT and STUBBORN_TLS_KEY from the environment.
 `
 
@@ -67,7 +68,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 		return cmdRun(ctx, rest, stdout)
 	case "watch":
 		return cmdWatch(ctx, rest, stdout)
-	case "get", "cancel", "decide":
+	case "get", "cancel", "decide", "delete":
 		return cmdUnary(ctx, cmd, rest, stdout)
 	case "list":
 		return cmdList(ctx, rest, stdout)

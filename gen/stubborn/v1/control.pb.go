@@ -2401,6 +2401,99 @@ func (x *CancelRunResponse) GetState() *ControlState {
 	return nil
 }
 
+// DeleteRunRequest names the run to forget.
+type DeleteRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run. Required.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Cancel the run first if it has not finished (else such a run is
+	// FAILED_PRECONDITION).
+	Cancel        bool `protobuf:"varint,2,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRunRequest) Reset() {
+	*x = DeleteRunRequest{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRunRequest) ProtoMessage() {}
+
+func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
+func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *DeleteRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *DeleteRunRequest) GetCancel() bool {
+	if x != nil {
+		return x.Cancel
+	}
+	return false
+}
+
+// DeleteRunResponse says the run is gone.
+type DeleteRunResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRunResponse) Reset() {
+	*x = DeleteRunResponse{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRunResponse) ProtoMessage() {}
+
+func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
+func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{25}
+}
+
 // DecideRunRequest answers a run awaiting a decision.
 type DecideRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2414,7 +2507,7 @@ type DecideRunRequest struct {
 
 func (x *DecideRunRequest) Reset() {
 	*x = DecideRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	mi := &file_stubborn_v1_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2426,7 +2519,7 @@ func (x *DecideRunRequest) String() string {
 func (*DecideRunRequest) ProtoMessage() {}
 
 func (x *DecideRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	mi := &file_stubborn_v1_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2439,7 +2532,7 @@ func (x *DecideRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRunRequest.ProtoReflect.Descriptor instead.
 func (*DecideRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{24}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DecideRunRequest) GetRunId() string {
@@ -2467,7 +2560,7 @@ type DecideRunResponse struct {
 
 func (x *DecideRunResponse) Reset() {
 	*x = DecideRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	mi := &file_stubborn_v1_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2479,7 +2572,7 @@ func (x *DecideRunResponse) String() string {
 func (*DecideRunResponse) ProtoMessage() {}
 
 func (x *DecideRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	mi := &file_stubborn_v1_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2492,7 +2585,7 @@ func (x *DecideRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRunResponse.ProtoReflect.Descriptor instead.
 func (*DecideRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{25}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DecideRunResponse) GetState() *ControlState {
@@ -2520,7 +2613,7 @@ type ControlSpec struct {
 
 func (x *ControlSpec) Reset() {
 	*x = ControlSpec{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[26]
+	mi := &file_stubborn_v1_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2532,7 +2625,7 @@ func (x *ControlSpec) String() string {
 func (*ControlSpec) ProtoMessage() {}
 
 func (x *ControlSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[26]
+	mi := &file_stubborn_v1_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2545,7 +2638,7 @@ func (x *ControlSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlSpec.ProtoReflect.Descriptor instead.
 func (*ControlSpec) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{26}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ControlSpec) GetKind() isControlSpec_Kind {
@@ -2681,7 +2774,7 @@ type ControlState struct {
 
 func (x *ControlState) Reset() {
 	*x = ControlState{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[27]
+	mi := &file_stubborn_v1_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2693,7 +2786,7 @@ func (x *ControlState) String() string {
 func (*ControlState) ProtoMessage() {}
 
 func (x *ControlState) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[27]
+	mi := &file_stubborn_v1_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2706,7 +2799,7 @@ func (x *ControlState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlState.ProtoReflect.Descriptor instead.
 func (*ControlState) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{27}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ControlState) GetRunId() string {
@@ -2853,7 +2946,7 @@ type AttemptError struct {
 
 func (x *AttemptError) Reset() {
 	*x = AttemptError{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[28]
+	mi := &file_stubborn_v1_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2865,7 +2958,7 @@ func (x *AttemptError) String() string {
 func (*AttemptError) ProtoMessage() {}
 
 func (x *AttemptError) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[28]
+	mi := &file_stubborn_v1_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2878,7 +2971,7 @@ func (x *AttemptError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptError.ProtoReflect.Descriptor instead.
 func (*AttemptError) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{28}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *AttemptError) GetCode() int32 {
@@ -2955,7 +3048,7 @@ type Attempt struct {
 
 func (x *Attempt) Reset() {
 	*x = Attempt{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[29]
+	mi := &file_stubborn_v1_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2967,7 +3060,7 @@ func (x *Attempt) String() string {
 func (*Attempt) ProtoMessage() {}
 
 func (x *Attempt) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[29]
+	mi := &file_stubborn_v1_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2980,7 +3073,7 @@ func (x *Attempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attempt.ProtoReflect.Descriptor instead.
 func (*Attempt) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{29}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Attempt) GetNumber() int32 {
@@ -3098,7 +3191,7 @@ type FailureRecord struct {
 
 func (x *FailureRecord) Reset() {
 	*x = FailureRecord{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[30]
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3110,7 +3203,7 @@ func (x *FailureRecord) String() string {
 func (*FailureRecord) ProtoMessage() {}
 
 func (x *FailureRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[30]
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3123,7 +3216,7 @@ func (x *FailureRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureRecord.ProtoReflect.Descriptor instead.
 func (*FailureRecord) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{30}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *FailureRecord) GetAttempt() int32 {
@@ -3235,7 +3328,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[31]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3247,7 +3340,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[31]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3260,7 +3353,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{31}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -3457,7 +3550,7 @@ type RunStarted struct {
 
 func (x *RunStarted) Reset() {
 	*x = RunStarted{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3469,7 +3562,7 @@ func (x *RunStarted) String() string {
 func (*RunStarted) ProtoMessage() {}
 
 func (x *RunStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3482,7 +3575,7 @@ func (x *RunStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStarted.ProtoReflect.Descriptor instead.
 func (*RunStarted) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RunStarted) GetState() *ControlState {
@@ -3503,7 +3596,7 @@ type AttemptStarted struct {
 
 func (x *AttemptStarted) Reset() {
 	*x = AttemptStarted{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[33]
+	mi := &file_stubborn_v1_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3515,7 +3608,7 @@ func (x *AttemptStarted) String() string {
 func (*AttemptStarted) ProtoMessage() {}
 
 func (x *AttemptStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[33]
+	mi := &file_stubborn_v1_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3528,7 +3621,7 @@ func (x *AttemptStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptStarted.ProtoReflect.Descriptor instead.
 func (*AttemptStarted) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{33}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *AttemptStarted) GetAttempt() *Attempt {
@@ -3552,7 +3645,7 @@ type AttemptFinished struct {
 
 func (x *AttemptFinished) Reset() {
 	*x = AttemptFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[34]
+	mi := &file_stubborn_v1_control_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3564,7 +3657,7 @@ func (x *AttemptFinished) String() string {
 func (*AttemptFinished) ProtoMessage() {}
 
 func (x *AttemptFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[34]
+	mi := &file_stubborn_v1_control_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3577,7 +3670,7 @@ func (x *AttemptFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptFinished.ProtoReflect.Descriptor instead.
 func (*AttemptFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{34}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *AttemptFinished) GetAttempt() *Attempt {
@@ -3611,7 +3704,7 @@ type FailureAnalyzed struct {
 
 func (x *FailureAnalyzed) Reset() {
 	*x = FailureAnalyzed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[35]
+	mi := &file_stubborn_v1_control_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3623,7 +3716,7 @@ func (x *FailureAnalyzed) String() string {
 func (*FailureAnalyzed) ProtoMessage() {}
 
 func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[35]
+	mi := &file_stubborn_v1_control_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3636,7 +3729,7 @@ func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureAnalyzed.ProtoReflect.Descriptor instead.
 func (*FailureAnalyzed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{35}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *FailureAnalyzed) GetFailure() *FailureRecord {
@@ -3679,7 +3772,7 @@ type BackoffScheduled struct {
 
 func (x *BackoffScheduled) Reset() {
 	*x = BackoffScheduled{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[36]
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3691,7 +3784,7 @@ func (x *BackoffScheduled) String() string {
 func (*BackoffScheduled) ProtoMessage() {}
 
 func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[36]
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3704,7 +3797,7 @@ func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackoffScheduled.ProtoReflect.Descriptor instead.
 func (*BackoffScheduled) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{36}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *BackoffScheduled) GetNextAttempt() int32 {
@@ -3762,7 +3855,7 @@ type DecisionRequested struct {
 
 func (x *DecisionRequested) Reset() {
 	*x = DecisionRequested{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[37]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3774,7 +3867,7 @@ func (x *DecisionRequested) String() string {
 func (*DecisionRequested) ProtoMessage() {}
 
 func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[37]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3787,7 +3880,7 @@ func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionRequested.ProtoReflect.Descriptor instead.
 func (*DecisionRequested) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{37}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DecisionRequested) GetReason() string {
@@ -3829,7 +3922,7 @@ type DecisionReceived struct {
 
 func (x *DecisionReceived) Reset() {
 	*x = DecisionReceived{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3841,7 +3934,7 @@ func (x *DecisionReceived) String() string {
 func (*DecisionReceived) ProtoMessage() {}
 
 func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3854,7 +3947,7 @@ func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionReceived.ProtoReflect.Descriptor instead.
 func (*DecisionReceived) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{38}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DecisionReceived) GetDecision() Decision {
@@ -3878,7 +3971,7 @@ type RunResumed struct {
 
 func (x *RunResumed) Reset() {
 	*x = RunResumed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[39]
+	mi := &file_stubborn_v1_control_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3890,7 +3983,7 @@ func (x *RunResumed) String() string {
 func (*RunResumed) ProtoMessage() {}
 
 func (x *RunResumed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[39]
+	mi := &file_stubborn_v1_control_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3903,7 +3996,7 @@ func (x *RunResumed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResumed.ProtoReflect.Descriptor instead.
 func (*RunResumed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{39}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RunResumed) GetOwner() string {
@@ -3931,7 +4024,7 @@ type RunFinished struct {
 
 func (x *RunFinished) Reset() {
 	*x = RunFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[40]
+	mi := &file_stubborn_v1_control_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3943,7 +4036,7 @@ func (x *RunFinished) String() string {
 func (*RunFinished) ProtoMessage() {}
 
 func (x *RunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[40]
+	mi := &file_stubborn_v1_control_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3956,7 +4049,7 @@ func (x *RunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFinished.ProtoReflect.Descriptor instead.
 func (*RunFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{40}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RunFinished) GetState() *ControlState {
@@ -4091,7 +4184,11 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x10CancelRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"D\n" +
 	"\x11CancelRunResponse\x12/\n" +
-	"\x05state\x18\x01 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"\\\n" +
+	"\x05state\x18\x01 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"A\n" +
+	"\x10DeleteRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06cancel\x18\x02 \x01(\bR\x06cancel\"\x13\n" +
+	"\x11DeleteRunResponse\"\\\n" +
 	"\x10DecideRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x121\n" +
 	"\bdecision\x18\x02 \x01(\x0e2\x15.stubborn.v1.DecisionR\bdecision\"D\n" +
@@ -4286,7 +4383,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x0eDelegateHealth\x12\x1f\n" +
 	"\x1bDELEGATE_HEALTH_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17DELEGATE_HEALTH_SERVING\x10\x01\x12\x1f\n" +
-	"\x1bDELEGATE_HEALTH_NOT_SERVING\x10\x022\xaa\x05\n" +
+	"\x1bDELEGATE_HEALTH_NOT_SERVING\x10\x022\xf6\x05\n" +
 	"\x0eControlService\x12:\n" +
 	"\x03Run\x12\x17.stubborn.v1.RunRequest\x1a\x18.stubborn.v1.RunResponse0\x01\x12G\n" +
 	"\bStartRun\x12\x1c.stubborn.v1.StartRunRequest\x1a\x1d.stubborn.v1.StartRunResponse\x12I\n" +
@@ -4296,7 +4393,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\tWatchRuns\x12\x1d.stubborn.v1.WatchRunsRequest\x1a\x1e.stubborn.v1.WatchRunsResponse0\x01\x12V\n" +
 	"\rListDelegates\x12!.stubborn.v1.ListDelegatesRequest\x1a\".stubborn.v1.ListDelegatesResponse\x12J\n" +
 	"\tCancelRun\x12\x1d.stubborn.v1.CancelRunRequest\x1a\x1e.stubborn.v1.CancelRunResponse\x12J\n" +
-	"\tDecideRun\x12\x1d.stubborn.v1.DecideRunRequest\x1a\x1e.stubborn.v1.DecideRunResponseB\xa7\x01\n" +
+	"\tDecideRun\x12\x1d.stubborn.v1.DecideRunRequest\x1a\x1e.stubborn.v1.DecideRunResponse\x12J\n" +
+	"\tDeleteRun\x12\x1d.stubborn.v1.DeleteRunRequest\x1a\x1e.stubborn.v1.DeleteRunResponseB\xa7\x01\n" +
 	"\x0fcom.stubborn.v1B\fControlProtoP\x01Z9github.com/stubbornhq/stubborn/gen/stubborn/v1;stubbornv1\xa2\x02\x03SXX\xaa\x02\vStubborn.V1\xca\x02\vStubborn\\V1\xe2\x02\x17Stubborn\\V1\\GPBMetadata\xea\x02\fStubborn::V1b\x06proto3"
 
 var (
@@ -4312,7 +4410,7 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
 	(OnExhausted)(0),              // 1: stubborn.v1.OnExhausted
@@ -4347,113 +4445,115 @@ var file_stubborn_v1_control_proto_goTypes = []any{
 	(*PresetDescription)(nil),     // 30: stubborn.v1.PresetDescription
 	(*CancelRunRequest)(nil),      // 31: stubborn.v1.CancelRunRequest
 	(*CancelRunResponse)(nil),     // 32: stubborn.v1.CancelRunResponse
-	(*DecideRunRequest)(nil),      // 33: stubborn.v1.DecideRunRequest
-	(*DecideRunResponse)(nil),     // 34: stubborn.v1.DecideRunResponse
-	(*ControlSpec)(nil),           // 35: stubborn.v1.ControlSpec
-	(*ControlState)(nil),          // 36: stubborn.v1.ControlState
-	(*AttemptError)(nil),          // 37: stubborn.v1.AttemptError
-	(*Attempt)(nil),               // 38: stubborn.v1.Attempt
-	(*FailureRecord)(nil),         // 39: stubborn.v1.FailureRecord
-	(*RunEvent)(nil),              // 40: stubborn.v1.RunEvent
-	(*RunStarted)(nil),            // 41: stubborn.v1.RunStarted
-	(*AttemptStarted)(nil),        // 42: stubborn.v1.AttemptStarted
-	(*AttemptFinished)(nil),       // 43: stubborn.v1.AttemptFinished
-	(*FailureAnalyzed)(nil),       // 44: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 45: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 46: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 47: stubborn.v1.DecisionReceived
-	(*RunResumed)(nil),            // 48: stubborn.v1.RunResumed
-	(*RunFinished)(nil),           // 49: stubborn.v1.RunFinished
-	nil,                           // 50: stubborn.v1.RunOptions.MetadataEntry
-	(*durationpb.Duration)(nil),   // 51: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 52: google.protobuf.Timestamp
-	(*Result)(nil),                // 53: stubborn.v1.Result
+	(*DeleteRunRequest)(nil),      // 33: stubborn.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 34: stubborn.v1.DeleteRunResponse
+	(*DecideRunRequest)(nil),      // 35: stubborn.v1.DecideRunRequest
+	(*DecideRunResponse)(nil),     // 36: stubborn.v1.DecideRunResponse
+	(*ControlSpec)(nil),           // 37: stubborn.v1.ControlSpec
+	(*ControlState)(nil),          // 38: stubborn.v1.ControlState
+	(*AttemptError)(nil),          // 39: stubborn.v1.AttemptError
+	(*Attempt)(nil),               // 40: stubborn.v1.Attempt
+	(*FailureRecord)(nil),         // 41: stubborn.v1.FailureRecord
+	(*RunEvent)(nil),              // 42: stubborn.v1.RunEvent
+	(*RunStarted)(nil),            // 43: stubborn.v1.RunStarted
+	(*AttemptStarted)(nil),        // 44: stubborn.v1.AttemptStarted
+	(*AttemptFinished)(nil),       // 45: stubborn.v1.AttemptFinished
+	(*FailureAnalyzed)(nil),       // 46: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 47: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 48: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 49: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 50: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 51: stubborn.v1.RunFinished
+	nil,                           // 52: stubborn.v1.RunOptions.MetadataEntry
+	(*durationpb.Duration)(nil),   // 53: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 54: google.protobuf.Timestamp
+	(*Result)(nil),                // 55: stubborn.v1.Result
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	51, // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	53, // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,  // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	51, // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	51, // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
-	51, // 4: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	51, // 5: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	50, // 6: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	53, // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	53, // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	53, // 4: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	53, // 5: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	52, // 6: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
 	9,  // 7: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
 	10, // 8: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
 	11, // 9: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
 	12, // 10: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
 	13, // 11: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	40, // 12: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	42, // 12: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
 	9,  // 13: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
 	10, // 14: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
 	11, // 15: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
 	12, // 16: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
 	13, // 17: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	36, // 18: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	40, // 19: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	40, // 20: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	36, // 21: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	38, // 18: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	42, // 19: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	42, // 20: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	38, // 21: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
 	0,  // 22: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
 	7,  // 23: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
 	0,  // 24: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	52, // 25: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	52, // 26: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
-	36, // 27: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	54, // 25: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	54, // 26: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	38, // 27: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
 	23, // 28: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
 	0,  // 29: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
 	23, // 30: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
 	29, // 31: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
 	30, // 32: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	51, // 33: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	53, // 33: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
 	8,  // 34: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
-	35, // 35: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	36, // 36: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	37, // 35: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	38, // 36: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
 	2,  // 37: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	36, // 38: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	38, // 38: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
 	9,  // 39: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
 	10, // 40: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
 	11, // 41: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
 	12, // 42: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
 	0,  // 43: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	53, // 44: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	39, // 45: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	38, // 46: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	35, // 47: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	55, // 44: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	41, // 45: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	40, // 46: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	37, // 47: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
 	13, // 48: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
 	6,  // 49: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	52, // 50: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	52, // 51: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	52, // 52: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	51, // 53: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	52, // 54: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	52, // 55: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	54, // 50: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	54, // 51: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	54, // 52: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	53, // 53: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	54, // 54: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	54, // 55: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
 	3,  // 56: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	53, // 57: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	37, // 58: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	51, // 59: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	55, // 57: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	39, // 58: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	53, // 59: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
 	5,  // 60: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
 	4,  // 61: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	52, // 62: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	41, // 63: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	42, // 64: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	43, // 65: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	44, // 66: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	45, // 67: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	46, // 68: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	47, // 69: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	49, // 70: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	48, // 71: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	36, // 72: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	38, // 73: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	38, // 74: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	39, // 75: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	51, // 76: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	52, // 77: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	51, // 78: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	39, // 79: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	52, // 80: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	54, // 62: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	43, // 63: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	44, // 64: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	45, // 65: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	46, // 66: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	47, // 67: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	48, // 68: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	49, // 69: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	51, // 70: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	50, // 71: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	38, // 72: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	40, // 73: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	40, // 74: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	41, // 75: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	53, // 76: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	54, // 77: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	53, // 78: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	41, // 79: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	54, // 80: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
 	6,  // 81: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
 	2,  // 82: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	36, // 83: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	38, // 83: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
 	14, // 84: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
 	16, // 85: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
 	18, // 86: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
@@ -4462,18 +4562,20 @@ var file_stubborn_v1_control_proto_depIdxs = []int32{
 	25, // 89: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
 	27, // 90: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
 	31, // 91: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	33, // 92: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	15, // 93: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	17, // 94: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	19, // 95: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	21, // 96: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	24, // 97: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	26, // 98: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	28, // 99: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	32, // 100: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	34, // 101: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	93, // [93:102] is the sub-list for method output_type
-	84, // [84:93] is the sub-list for method input_type
+	35, // 92: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	33, // 93: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	15, // 94: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	17, // 95: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	19, // 96: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	21, // 97: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	24, // 98: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	26, // 99: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	28, // 100: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	32, // 101: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	36, // 102: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	34, // 103: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	94, // [94:104] is the sub-list for method output_type
+	84, // [84:94] is the sub-list for method input_type
 	84, // [84:84] is the sub-list for extension type_name
 	84, // [84:84] is the sub-list for extension extendee
 	0,  // [0:84] is the sub-list for field type_name
@@ -4487,13 +4589,13 @@ func file_stubborn_v1_control_proto_init() {
 	file_stubborn_v1_delegate_proto_init()
 	file_stubborn_v1_control_proto_msgTypes[0].OneofWrappers = []any{}
 	file_stubborn_v1_control_proto_msgTypes[1].OneofWrappers = []any{}
-	file_stubborn_v1_control_proto_msgTypes[26].OneofWrappers = []any{
+	file_stubborn_v1_control_proto_msgTypes[28].OneofWrappers = []any{
 		(*ControlSpec_Retry)(nil),
 		(*ControlSpec_RetryWithLearning)(nil),
 		(*ControlSpec_FallbackChain)(nil),
 		(*ControlSpec_Race)(nil),
 	}
-	file_stubborn_v1_control_proto_msgTypes[31].OneofWrappers = []any{
+	file_stubborn_v1_control_proto_msgTypes[33].OneofWrappers = []any{
 		(*RunEvent_RunStarted)(nil),
 		(*RunEvent_AttemptStarted)(nil),
 		(*RunEvent_AttemptFinished)(nil),
@@ -4510,7 +4612,7 @@ func file_stubborn_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   42,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

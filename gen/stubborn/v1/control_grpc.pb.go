@@ -28,6 +28,7 @@ const (
 	ControlService_ListDelegates_FullMethodName = "/stubborn.v1.ControlService/ListDelegates"
 	ControlService_CancelRun_FullMethodName     = "/stubborn.v1.ControlService/CancelRun"
 	ControlService_DecideRun_FullMethodName     = "/stubborn.v1.ControlService/DecideRun"
+	ControlService_DeleteRun_FullMethodName     = "/stubborn.v1.ControlService/DeleteRun"
 )
 
 // ControlServiceClient is the client API for ControlService service.
@@ -76,6 +77,14 @@ type ControlServiceClient interface {
 	// DecideRun answers a run in RUN_STATUS_AWAITING_DECISION. Any other status
 	// is FAILED_PRECONDITION.
 	DecideRun(ctx context.Context, in *DecideRunRequest, opts ...grpc.CallOption) (*DecideRunResponse, error)
+	// DeleteRun forgets a finished run now rather than at the end of the
+	// retention (its brief and result may hold personal data): its events,
+	// state, listing summary and idempotency key are removed from the store
+	// and from every server that shares it; GetRun, WatchRun and ListRuns no
+	// longer know it. A run not finished is FAILED_PRECONDITION unless cancel
+	// is set: then it is cancelled first. Another tenant's or an unknown run
+	// is NOT_FOUND.
+	DeleteRun(ctx context.Context, in *DeleteRunRequest, opts ...grpc.CallOption) (*DeleteRunResponse, error)
 }
 
 type controlServiceClient struct {
@@ -203,6 +212,16 @@ func (c *controlServiceClient) DecideRun(ctx context.Context, in *DecideRunReque
 	return out, nil
 }
 
+func (c *controlServiceClient) DeleteRun(ctx context.Context, in *DeleteRunRequest, opts ...grpc.CallOption) (*DeleteRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteRunResponse)
+	err := c.cc.Invoke(ctx, ControlService_DeleteRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControlServiceServer is the server API for ControlService service.
 // All implementations must embed UnimplementedControlServiceServer
 // for forward compatibility.
@@ -249,6 +268,14 @@ type ControlServiceServer interface {
 	// DecideRun answers a run in RUN_STATUS_AWAITING_DECISION. Any other status
 	// is FAILED_PRECONDITION.
 	DecideRun(context.Context, *DecideRunRequest) (*DecideRunResponse, error)
+	// DeleteRun forgets a finished run now rather than at the end of the
+	// retention (its brief and result may hold personal data): its events,
+	// state, listing summary and idempotency key are removed from the store
+	// and from every server that shares it; GetRun, WatchRun and ListRuns no
+	// longer know it. A run not finished is FAILED_PRECONDITION unless cancel
+	// is set: then it is cancelled first. Another tenant's or an unknown run
+	// is NOT_FOUND.
+	DeleteRun(context.Context, *DeleteRunRequest) (*DeleteRunResponse, error)
 	mustEmbedUnimplementedControlServiceServer()
 }
 
@@ -285,6 +312,9 @@ func (UnimplementedControlServiceServer) CancelRun(context.Context, *CancelRunRe
 }
 func (UnimplementedControlServiceServer) DecideRun(context.Context, *DecideRunRequest) (*DecideRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DecideRun not implemented")
+}
+func (UnimplementedControlServiceServer) DeleteRun(context.Context, *DeleteRunRequest) (*DeleteRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteRun not implemented")
 }
 func (UnimplementedControlServiceServer) mustEmbedUnimplementedControlServiceServer() {}
 func (UnimplementedControlServiceServer) testEmbeddedByValue()                        {}
@@ -448,6 +478,24 @@ func _ControlService_DecideRun_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ControlService_DeleteRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControlServiceServer).DeleteRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ControlService_DeleteRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControlServiceServer).DeleteRun(ctx, req.(*DeleteRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ControlService_ServiceDesc is the grpc.ServiceDesc for ControlService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -478,6 +526,10 @@ var ControlService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DecideRun",
 			Handler:    _ControlService_DecideRun_Handler,
+		},
+		{
+			MethodName: "DeleteRun",
+			Handler:    _ControlService_DeleteRun_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -248,6 +248,18 @@ class DelegateDescription(_message.Message):
     timeout: _duration_pb2.Duration
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ...) -> None: ...
 
+class DeleteRunRequest(_message.Message):
+    __slots__ = ["cancel", "run_id"]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    cancel: bool
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ..., cancel: bool = ...) -> None: ...
+
+class DeleteRunResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
 class FailureAnalyzed(_message.Message):
     __slots__ = ["failure", "next_brief", "will_retry"]
     FAILURE_FIELD_NUMBER: _ClassVar[int]

@@ -67,6 +67,11 @@ class ControlServiceStub(object):
                 request_serializer=stubborn_dot_v1_dot_control__pb2.DecideRunRequest.SerializeToString,
                 response_deserializer=stubborn_dot_v1_dot_control__pb2.DecideRunResponse.FromString,
                 )
+        self.DeleteRun = channel.unary_unary(
+                '/stubborn.v1.ControlService/DeleteRun',
+                request_serializer=stubborn_dot_v1_dot_control__pb2.DeleteRunRequest.SerializeToString,
+                response_deserializer=stubborn_dot_v1_dot_control__pb2.DeleteRunResponse.FromString,
+                )
 
 
 class ControlServiceServicer(object):
@@ -158,6 +163,19 @@ class ControlServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteRun(self, request, context):
+        """DeleteRun forgets a finished run now rather than at the end of the
+        retention (its brief and result may hold personal data): its events,
+        state, listing summary and idempotency key are removed from the store
+        and from every server that shares it; GetRun, WatchRun and ListRuns no
+        longer know it. A run not finished is FAILED_PRECONDITION unless cancel
+        is set: then it is cancelled first. Another tenant's or an unknown run
+        is NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +223,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.DecideRun,
                     request_deserializer=stubborn_dot_v1_dot_control__pb2.DecideRunRequest.FromString,
                     response_serializer=stubborn_dot_v1_dot_control__pb2.DecideRunResponse.SerializeToString,
+            ),
+            'DeleteRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRun,
+                    request_deserializer=stubborn_dot_v1_dot_control__pb2.DeleteRunRequest.FromString,
+                    response_serializer=stubborn_dot_v1_dot_control__pb2.DeleteRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -374,5 +397,22 @@ class ControlService(object):
         return grpc.experimental.unary_unary(request, target, '/stubborn.v1.ControlService/DecideRun',
             stubborn_dot_v1_dot_control__pb2.DecideRunRequest.SerializeToString,
             stubborn_dot_v1_dot_control__pb2.DecideRunResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DeleteRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/stubborn.v1.ControlService/DeleteRun',
+            stubborn_dot_v1_dot_control__pb2.DeleteRunRequest.SerializeToString,
+            stubborn_dot_v1_dot_control__pb2.DeleteRunResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
