@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,4 +105,26 @@ func TestClientCommandsAsTyped(t *testing.T) {
 	_, code, err = cli("get", id)
 	assert.Equal(t, 1, code)
 	assert.ErrorContains(t, err, "NotFound")
+}
+
+// SIGHUP does not end the server (by default it would, silently): it says
+// that this version does not reload its config, and serves on.
+func TestServeSurvivesSIGHUP(t *testing.T) {
+	config := filepath.Join(t.TempDir(), "stubborn.yaml")
+	require.NoError(t, os.WriteFile(config, []byte("delegates: []\n"), 0o600))
+	s := startServer(t, "-memory", "-config", config, "-listen", "127.0.0.1:0")
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGHUP))
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return strings.Contains(s.logs.String(), "does not reload its config")
+	}, 10*time.Second, 10*time.Millisecond)
+	out, code, err := func() (string, int, error) {
+		var out bytes.Buffer
+		code, err := run(context.Background(), []string{"list", "-addr", s.addr}, &out)
+		return out.String(), code, err
+	}()
+	require.NoError(t, err)
+	assert.Equal(t, 0, code)
+	assert.Equal(t, "no runs\n", out, "still serving")
 }

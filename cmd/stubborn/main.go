@@ -323,6 +323,23 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 		defer func() { _ = c.logs.Close() }()
 	}
 	logger := c.logger
+	// SIGHUP, which would end the process by default, asks for a reload of
+	// the config, which this version cannot do yet: it says so and serves on.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	hupDone := make(chan struct{})
+	defer close(hupDone)
+	go func() {
+		for {
+			select {
+			case <-hup:
+				logger.Warn("SIGHUP: this version does not reload its config; restart the server to apply a new one")
+			case <-hupDone:
+				return
+			}
+		}
+	}()
 	// Traces and metrics go where the OTEL_* environment says (nowhere when
 	// it says nothing), metrics also to -metrics-listen.
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("opentelemetry", "err", err) }))
