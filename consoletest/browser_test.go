@@ -291,6 +291,28 @@ func (tb *tab) screenshot(name string) []byte {
 	return png
 }
 
+// clickUntil clicks sel until the JavaScript expression done is truthy:
+// at most 3 clicks, each given 2 s. A click lands at the element's place
+// when it was measured, and a page still laying out what it just received
+// (a timeline, a notice) may move the element meanwhile: the click then
+// lands beside it, which is the browser doing as told, not the console
+// losing a click.
+func (tb *tab) clickUntil(what, sel, done string) {
+	tb.t.Helper()
+	var err error
+	for range 3 {
+		tb.do(what, 10*time.Second, chromedp.Click(chromedp.CSS(sel)))
+		ctx, cancel := context.WithTimeout(tb.ctx, 7*time.Second)
+		_, err = chromedp.Run(ctx, chromedp.Poll[chromedp.Void](done,
+			chromedp.WithPollingInterval(20*time.Millisecond), chromedp.WithPollingTimeout(2*time.Second)))
+		cancel()
+		if err == nil {
+			return
+		}
+	}
+	tb.fail(what, err)
+}
+
 // waitJS waits until the JavaScript expression is truthy, failing the test
 // after d. It polls every 20ms.
 func (tb *tab) waitJS(what, expr string, d time.Duration) {

@@ -183,7 +183,7 @@ func awaitsDecision(t *testing.T, ctx context.Context, b *tab, s *stack, id stri
 // succeeds, live, on a page loaded loads times.
 func retrySucceeds(t *testing.T, ctx context.Context, b *tab, s *stack, id string, flaky *demo.Flaky, loads int) {
 	t.Helper()
-	b.do("deciding retry", 10*time.Second, chromedp.Click(chromedp.CSS(`[data-testid=decide-retry]`)))
+	b.clickUntil("deciding retry", `[data-testid=decide-retry]`, q(`[data-testid=action-result]`)+`?.textContent.trim()`)
 	b.waitJS("the action's result", q(`[data-testid=action-result]`)+`?.textContent.trim()`, 10*time.Second)
 	b.waitJS("the new round's attempt", q(attemptSel+`[data-attempt="3"]`), 10*time.Second)
 	b.waitJS("the run to succeed", q(runPage+`[data-status=RUN_STATUS_SUCCEEDED]`), 20*time.Second)
@@ -250,7 +250,7 @@ func TestConsoleFailAndCancel(t *testing.T) {
 		b.do("opening run "+c.id, 30*time.Second,
 			chromedp.Navigate(s.url+"/#/runs/"+c.id),
 			chromedp.WaitVisible(chromedp.CSS(page+`[data-status=RUN_STATUS_AWAITING_DECISION]`)))
-		b.do("clicking "+c.button, 10*time.Second, chromedp.Click(chromedp.CSS(`[data-testid=`+c.button+`]`)))
+		b.clickUntil("clicking "+c.button, `[data-testid=`+c.button+`]`, q(`[data-testid=action-result]`)+`?.textContent.trim()`)
 		b.waitJS(c.want.String(), q(page+`[data-status=`+c.want.String()+`]`), 10*time.Second)
 		b.waitJS("the action's result", q(`[data-testid=action-result]`)+`?.textContent.trim()`, 10*time.Second)
 		s.waitStatus(t, ctx, c.id, c.want, 5*time.Second)
