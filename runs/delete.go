@@ -110,28 +110,15 @@ func (s *Memory) ForgetKey(_ context.Context, key, runID string) error {
 // forgetSubject carries the ids of deleted runs to every server.
 const forgetSubject = "stubborn.forget"
 
-// DeleteRun implements runDeleter: the run's summary, state, owner
-// marker and whole journal are purged, then every server is told.
+// DeleteRun implements runDeleter: the run's summary, state, owner entry
+// and whole journal are purged, then every server is told.
 func (s *JetStream) DeleteRun(ctx context.Context, runID string) error {
 	if !validKey(runID) {
 		return fmt.Errorf("%w: %.64q", ErrNotFound, runID)
 	}
-	for _, p := range []struct {
-		stream  jetstream.Stream
-		subject string
-	}{
-		{s.janitor.indexStream, kvSubject(indexBucket, "*."+runID)},
-		{s.janitor.statesStream, kvSubject(statesBucket, runID)},
-		{s.janitor.ownersStream, kvSubject(ownersBucket, runID)},
-		{s.events, eventsSubject + runID},
-	} {
-		if err := p.stream.Purge(ctx, jetstream.WithPurgeSubject(p.subject)); err != nil {
-			return err
-		}
+	if err := s.purgeRecords(ctx, runID, 0, true); err != nil {
+		return err
 	}
-	s.mu.Lock()
-	delete(s.last, runID)
-	s.mu.Unlock()
 	return s.nc.Publish(forgetSubject, []byte(runID))
 }
 

@@ -305,30 +305,50 @@ func (s *JetStream) purgeRun(ctx context.Context, runID string, seq uint64) (boo
 		if held, err := s.held(ctx, runID); err != nil || held {
 			return false, err
 		}
-		// Its summary first: a run the index lists can be read until
-		// the end of the purge.
-		if err := s.janitor.indexStream.Purge(ctx, jetstream.WithPurgeSubject(kvSubject(indexBucket, "*."+runID))); err != nil {
-			return false, fmt.Errorf("run %s: purging its summary: %w", runID, err)
-		}
-		if err := s.janitor.statesStream.Purge(ctx, jetstream.WithPurgeSubject(kvSubject(statesBucket, runID))); err != nil {
-			return false, fmt.Errorf("run %s: purging its state: %w", runID, err)
-		}
-		if s.markerTTL == 0 {
-			// A NATS server older than 2.11: the purge marker Release
-			// left does not expire.
-			if err := s.janitor.ownersStream.Purge(ctx, jetstream.WithPurgeSubject(kvSubject(ownersBucket, runID))); err != nil {
-				return false, fmt.Errorf("run %s: purging its owner's marker: %w", runID, err)
+	}
+	// A NATS server older than 2.11: the purge marker Release left does
+	// not expire.
+	if err := s.purgeRecords(ctx, runID, seq, s.markerTTL == 0); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// purgeRecords purges what the store keeps of run runID: its summary
+// first (a run the index lists can be read until the end of the purge),
+// its state, its owner entry or marker if owner, and its journal up to
+// stream sequence seq (0: all of it; else up to the run_finished that was
+// read, and nothing written after).
+func (s *JetStream) purgeRecords(ctx context.Context, runID string, seq uint64, owner bool) error {
+	if validKey(runID) {
+		for _, p := range []struct {
+			stream        jetstream.Stream
+			subject, what string
+			skip          bool
+		}{
+			{s.janitor.indexStream, kvSubject(indexBucket, "*."+runID), "summary", false},
+			{s.janitor.statesStream, kvSubject(statesBucket, runID), "state", false},
+			{s.janitor.ownersStream, kvSubject(ownersBucket, runID), "owner's entry", !owner},
+		} {
+			if p.skip {
+				continue
+			}
+			if err := p.stream.Purge(ctx, jetstream.WithPurgeSubject(p.subject)); err != nil {
+				return fmt.Errorf("run %s: purging its %s: %w", runID, p.what, err)
 			}
 		}
 	}
-	// Up to the run_finished that was read, and nothing written after.
-	if err := s.events.Purge(ctx, jetstream.WithPurgeSubject(eventsSubject+runID), jetstream.WithPurgeSequence(seq+1)); err != nil {
-		return false, fmt.Errorf("run %s: purging its journal: %w", runID, err)
+	opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject(eventsSubject + runID)}
+	if seq > 0 {
+		opts = append(opts, jetstream.WithPurgeSequence(seq+1))
+	}
+	if err := s.events.Purge(ctx, opts...); err != nil {
+		return fmt.Errorf("run %s: purging its journal: %w", runID, err)
 	}
 	s.mu.Lock()
 	delete(s.last, runID)
 	s.mu.Unlock()
-	return true, nil
+	return nil
 }
 
 // held reports whether run runID has an owner entry.
