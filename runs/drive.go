@@ -71,16 +71,19 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 	// What the criteria, the call context and the control read of the run
 	// never changes once it is accepted: no need for a copy of the state.
 	snapshot := constantPart(state)
+	r.mu.Lock()
+	deps := r.deps
+	r.mu.Unlock()
 	env := &controls.Env{
-		Delegates: flushing{m.cfg.Delegates, r, controls.RunCall(snapshot)},
-		Presets:   m.cfg.Presets,
-		Budgets:   m.cfg.Budgets,
+		Delegates: flushing{deps.Delegates, r, controls.RunCall(snapshot)},
+		Presets:   deps.Presets,
+		Budgets:   deps.Budgets,
 		Tracker:   tr,
 		Clock:     flushingClock{m.cfg.Clock, r},
 		Rand:      m.rand(r),
 	}
-	if m.cfg.Criteria != nil {
-		env.Criteria = m.cfg.Criteria(snapshot)
+	if deps.Criteria != nil {
+		env.Criteria = deps.Criteria(snapshot)
 	}
 	out := controls.Execute(ctx, env, snapshot.GetTaskBrief(), snapshot.GetControl())
 	if _, ok := tr.Parked(); ok {
@@ -94,15 +97,32 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 	m.retire(r)
 }
 
+// bind gives run r what its control reaches while this server drives it
+// (Config.Bind), before its first drive here.
+func (m *Manager) bind(ctx context.Context, r *run) {
+	deps := Deps{Delegates: m.cfg.Delegates, Presets: m.cfg.Presets, Budgets: m.cfg.Budgets, Criteria: m.cfg.Criteria}
+	var release func()
+	if m.cfg.Bind != nil {
+		deps, release = m.cfg.Bind(ctx)
+	}
+	r.mu.Lock()
+	r.deps, r.unbind = deps, release
+	r.mu.Unlock()
+}
+
 // endDrive ends run r's drive here: finished, abandoned or lost.
 func (m *Manager) endDrive(r *run) {
 	r.mu.Lock()
-	cancel, stopTimer := r.cancel, r.stopTimer
+	cancel, stopTimer, unbind := r.cancel, r.stopTimer, r.unbind
 	// What a finished run no longer needs: kept, its context and its
 	// request's decoded control (in base) would be scanned by the garbage
 	// collector for as long as the run is kept (MaxFinished).
 	r.cancel, r.stopTimer, r.base = nil, nil, nil
+	r.deps, r.unbind = Deps{}, nil
 	r.mu.Unlock()
+	if unbind != nil {
+		unbind()
+	}
 	if stopTimer != nil {
 		stopTimer()
 	}

@@ -48,7 +48,7 @@ const DefaultLease = 10 * time.Second
 
 // Config configures a Manager.
 type Config struct {
-	// Delegates reaches delegates by name. Required.
+	// Delegates reaches delegates by name. Required unless Bind is set.
 	Delegates controls.Delegates
 	// Presets resolves preset names (controls named in the config). Nil
 	// means none.
@@ -61,6 +61,15 @@ type Config struct {
 	// Criteria builds the failure criteria of a run. Nil means only errors
 	// are failures.
 	Criteria func(run *stubbornv1.ControlState) controls.Criteria
+	// Bind, when set, gives each run what its control reaches in place of
+	// Delegates, Presets, Budgets and Criteria: it is called once when
+	// this server starts driving a run (ctx is Start's for a new run,
+	// context.Background() for a resumed one), and the run keeps what it
+	// returned for as long as this server drives it, parked waits
+	// included; release is called once when that ends (the run finished,
+	// was let go or was lost). So a registry that changes while runs are
+	// in flight (a config reload) changes only the runs that start after.
+	Bind func(ctx context.Context) (deps Deps, release func())
 	// Clock defaults to controls.RealClock.
 	Clock controls.Clock
 	// ParkAfter: a run whose own retry waits at least this long in backoff,
@@ -96,6 +105,14 @@ type Config struct {
 	CancelOnClose bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+}
+
+// Deps are what a run's control reaches (Config.Bind).
+type Deps struct {
+	Delegates controls.Delegates
+	Presets   controls.Presets
+	Budgets   controls.Budgets
+	Criteria  func(run *stubbornv1.ControlState) controls.Criteria
 }
 
 // Observer sees every run this server drives, for tracing, metrics and

@@ -270,6 +270,7 @@ func (m *Manager) resume(id, from string) error {
 	because := fmt.Sprintf("its owner %s stopped", from)
 	r.replaying()
 	tr := m.track(r, state, journal)
+	m.bind(context.Background(), r)
 	m.workers.run(func() { m.drive(runCtx, r, tr, state, true, because) })
 	return nil
 }

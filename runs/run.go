@@ -27,7 +27,12 @@ type run struct {
 	cancel    context.CancelCauseFunc
 	stopTimer context.CancelFunc
 	observe   func(*stubbornv1.RunEvent) // the Observer's, or nil
-	writers   *sync.WaitGroup            // the manager's, of the runs' writers (kick)
+	// deps are what the run's control reaches while this server drives
+	// it (bind); unbind, once, lets go of them (endDrive). Set before the
+	// run's first drive, guarded by mu after.
+	deps    Deps
+	unbind  func()
+	writers *sync.WaitGroup // the manager's, of the runs' writers (kick)
 
 	mu     sync.Mutex
 	writer bool // the run's writer runs (kick)

@@ -120,6 +120,7 @@ func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.
 	accepted := constantPart(state)
 	accepted.Status = state.GetStatus()
 	accepted.UpdateTime = state.GetUpdateTime()
+	m.bind(ctx, r)
 	m.workers.run(func() { m.drive(runCtx, r, tr, state, false, "") })
 	return accepted, nil
 }

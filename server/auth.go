@@ -64,23 +64,33 @@ func NewAuthenticator(tenants []delegates.Tenant) *Authenticator {
 // verified against the client CA: its URI SANs and its subject CN must name
 // exactly one tenant. Error messages never quote a token.
 func (a *Authenticator) Authenticate(ctx context.Context) (context.Context, error) {
+	tenant, err := a.tenantOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return withTenant(ctx, tenant), nil
+}
+
+// tenantOf returns the tenant ctx's credentials authenticate as
+// (Authenticate), or the UNAUTHENTICATED error.
+func (a *Authenticator) tenantOf(ctx context.Context) (string, error) {
 	if vals := metadata.ValueFromIncomingContext(ctx, "authorization"); len(vals) > 0 {
 		if len(vals) > 1 {
-			return nil, status.Error(codes.Unauthenticated, "authorization: send one header, not several")
+			return "", status.Error(codes.Unauthenticated, "authorization: send one header, not several")
 		}
 		token, err := auth.AuthFromMD(ctx, "bearer")
 		if err != nil || token == "" {
-			return nil, status.Error(codes.Unauthenticated, `authorization: want "Bearer <token>"`)
+			return "", status.Error(codes.Unauthenticated, `authorization: want "Bearer <token>"`)
 		}
 		tenant, ok := a.tokens[delegates.HashToken(token)]
 		if !ok {
-			return nil, status.Error(codes.Unauthenticated, "the bearer token is not valid")
+			return "", status.Error(codes.Unauthenticated, "the bearer token is not valid")
 		}
-		return withTenant(ctx, tenant), nil
+		return tenant, nil
 	}
 	cert, ok := verifiedClientCert(ctx)
 	if !ok {
-		return nil, status.Error(codes.Unauthenticated, "no credentials: send authorization: Bearer <token>, or a client certificate of a tenant")
+		return "", status.Error(codes.Unauthenticated, "no credentials: send authorization: Bearer <token>, or a client certificate of a tenant")
 	}
 	found := map[string]bool{}
 	for _, u := range cert.uris {
@@ -93,10 +103,10 @@ func (a *Authenticator) Authenticate(ctx context.Context) (context.Context, erro
 	}
 	switch len(found) {
 	case 0:
-		return nil, status.Errorf(codes.Unauthenticated, "the client certificate (CN %q, URIs %q) is no tenant's: send authorization: Bearer <token>", cert.cn, cert.uris)
+		return "", status.Errorf(codes.Unauthenticated, "the client certificate (CN %q, URIs %q) is no tenant's: send authorization: Bearer <token>", cert.cn, cert.uris)
 	case 1:
 		for t := range found {
-			return withTenant(ctx, t), nil
+			return t, nil
 		}
 	}
 	names := make([]string, 0, len(found))
@@ -104,7 +114,7 @@ func (a *Authenticator) Authenticate(ctx context.Context) (context.Context, erro
 		names = append(names, t)
 	}
 	sort.Strings(names)
-	return nil, status.Errorf(codes.Unauthenticated, "the client certificate names several tenants (%s): send authorization: Bearer <token>", strings.Join(names, ", "))
+	return "", status.Errorf(codes.Unauthenticated, "the client certificate names several tenants (%s): send authorization: Bearer <token>", strings.Join(names, ", "))
 }
 
 // clientCert is the identity in a verified client certificate.

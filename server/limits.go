@@ -101,12 +101,14 @@ type policy struct {
 	maxConcurrent int
 	starts        *rate.Limiter
 	startsLimits  Limits
+	// server is the server's limits, which apply besides.
+	server *serverLevel
 }
 
 // newPolicy builds the policy of tenant with its own limits own (zero for
 // the default tenant) over the server's.
-func newPolicy(tenant string, own Limits, allowed []string, server Limits, o Options) *policy {
-	merged := tighter(server, own).withDefaults()
+func newPolicy(tenant string, own Limits, allowed []string, server *serverLevel, o Options) *policy {
+	merged := tighter(server.limits, own).withDefaults()
 	known := o.Known
 	if len(allowed) > 0 {
 		set := make(map[string]bool, len(allowed))
@@ -122,6 +124,7 @@ func newPolicy(tenant string, own Limits, allowed []string, server Limits, o Opt
 		maxConcurrent: own.MaxConcurrentRuns,
 		starts:        newStartLimiter(own),
 		startsLimits:  own,
+		server:        server,
 	}
 }
 
@@ -177,7 +180,7 @@ func (s *Service) takeStart(p *policy) (undo func(), err error) {
 		who, subject string
 	}{
 		{p.starts, p.startsLimits, p.who, p.subject},
-		{s.starts, s.limits, "the server", "server"},
+		{p.server.starts, p.server.limits, "the server", "server"},
 	} {
 		if lv.lim == nil {
 			continue

@@ -15,7 +15,6 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
-	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -64,23 +63,29 @@ type Options struct {
 
 	// feed tells WatchRuns about runs (New sets it, and its Observer).
 	feed *runFeed
+	// regs, when set, holds the registries (New's, which Reload
+	// replaces); nil means one built from these Options.
+	regs *registries
+	// reloadable says the registry may change (New): callers are
+	// authenticated by the current registry's tenants, whatever
+	// Authenticate says, and a reload ends the streams whose credentials
+	// it took away.
+	reloadable bool
 }
 
 // Service implements stubborn.v1.ControlService.
 type Service struct {
 	stubbornv1.UnimplementedControlServiceServer
 	runs *runs.Manager
-	// def is the policy of the default tenant, and of any tenant without
-	// options; tenants those of the others.
-	def     *policy
-	tenants map[string]*policy
-	// limits are the server's; starts its start rate (nil: none).
-	limits   Limits
-	starts   *rate.Limiter
+	// regs holds the registry requests are judged by: the tenants'
+	// policies and the server's limits (registry.go).
+	regs     *registries
 	active   *ActiveRuns
 	watching watchers
-	describe func() ([]*stubbornv1.DelegateDescription, []*stubbornv1.PresetDescription)
 	feed     *runFeed
+	// streams are the authenticated streams in flight, which a reload
+	// that takes their credentials away ends (revoke.go).
+	streams liveStreams
 	// malformed holds the requests the server's codec could not decode,
 	// until the interceptors answer them (malformed.go).
 	malformed malformedRequests
@@ -92,23 +97,17 @@ var _ stubbornv1.ControlServiceServer = (*Service)(nil)
 // NewGRPCServer: Run and WatchRun send each event as it was encoded when
 // recorded, which that server's codec passes through (codec.go).
 func NewService(m *runs.Manager, o Options) *Service {
-	s := &Service{
-		runs: m, limits: o.Limits, starts: newStartLimiter(o.Limits), active: o.ActiveRuns, describe: o.Describe,
-		feed: o.feed,
-		def:  newPolicy("", Limits{}, nil, o.Limits, o), tenants: make(map[string]*policy, len(o.Tenants)),
-	}
-	for name, t := range o.Tenants {
-		s.tenants[name] = newPolicy(name, t.Limits, t.Delegates, o.Limits, o)
+	s := &Service{runs: m, active: o.ActiveRuns, feed: o.feed, regs: o.regs}
+	if s.regs == nil {
+		s.regs = &registries{}
+		s.regs.swap(newRegistry(o, nil))
 	}
 	return s
 }
 
-// policy returns what applies to ctx's tenant.
+// policy returns what applies to ctx's tenant under the current registry.
 func (s *Service) policy(ctx context.Context) *policy {
-	if p, ok := s.tenants[runs.TenantFrom(ctx)]; ok {
-		return p
-	}
-	return s.def
+	return s.regs.current().policy(ctx)
 }
 
 // NewGRPCServer returns a gRPC server with logging, recovery and (when
@@ -152,7 +151,12 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 	}
 	unary = append(unary, recovery.UnaryServerInterceptor(onPanic))
 	stream = append(stream, recovery.StreamServerInterceptor(onPanic))
-	if o.Authenticate != nil {
+	switch {
+	case o.reloadable:
+		authUnary, authStream := authInterceptors(svc.authenticate)
+		unary = append(unary, authUnary)
+		stream = append(stream, authStream, svc.revocable)
+	case o.Authenticate != nil:
 		authUnary, authStream := authInterceptors(o.Authenticate)
 		unary = append(unary, authUnary)
 		stream = append(stream, authStream)
@@ -225,7 +229,11 @@ func (s *Service) StartRun(ctx context.Context, req *stubbornv1.StartRunRequest)
 // concurrent runs. A request refused for a limit leaves no trace: no run,
 // and its start is given back to the rate.
 func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.ControlState, error) {
-	p := s.policy(ctx)
+	// The request is judged by one registry, which its run keeps.
+	reg := s.regs.acquire()
+	defer s.regs.release(reg)
+	ctx = context.WithValue(ctx, registryKey{}, reg)
+	p := reg.policy(ctx)
 	undo, err := s.takeStart(p)
 	if err != nil {
 		return nil, err
@@ -236,7 +244,7 @@ func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 	}
 	var slot *runSlot
 	if s.active != nil {
-		if slot, err = s.active.reserve(p, s.limits.MaxConcurrentRuns); err != nil {
+		if slot, err = s.active.reserve(p, p.server.limits.MaxConcurrentRuns); err != nil {
 			undo()
 			return nil, err
 		}
@@ -472,11 +480,12 @@ func toStatus(err error) error {
 // ListDelegates lists the delegates and presets ctx's tenant may name.
 func (s *Service) ListDelegates(ctx context.Context, _ *stubbornv1.ListDelegatesRequest) (*stubbornv1.ListDelegatesResponse, error) {
 	resp := &stubbornv1.ListDelegatesResponse{}
-	if s.describe == nil {
+	reg := s.regs.current()
+	if reg.describe == nil {
 		return resp, nil
 	}
-	known := s.policy(ctx).val.known
-	ds, ps := s.describe()
+	known := reg.policy(ctx).val.known
+	ds, ps := reg.describe()
 	for _, d := range ds {
 		if known(d.GetName()) {
 			resp.Delegates = append(resp.Delegates, d)

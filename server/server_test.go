@@ -68,6 +68,8 @@ type env struct {
 	slow   *demo.Slow
 	gate   *gate
 	st     *server.Stubborn
+	// cfg is the registry the server started with.
+	cfg *delegates.Config
 }
 
 // setup varies what start builds.
@@ -168,7 +170,7 @@ func startWith(t *testing.T, su setup) *env {
 	if dial == nil {
 		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
-	e.addr, e.st = lis.Addr().String(), st
+	e.addr, e.st, e.cfg = lis.Addr().String(), st, cfg
 	conn, err := grpc.NewClient(e.addr, dial...)
 	require.NoError(t, err)
 	e.conn = conn

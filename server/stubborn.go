@@ -3,6 +3,8 @@ package server
 import (
 	"log/slog"
 	"net"
+	"reflect"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -55,8 +57,12 @@ type Stubborn struct {
 	GRPC   *grpc.Server
 	Health *health.Server
 	Runs   *runs.Manager
-	Pool   *delegates.Pool
 	svc    *Service
+	tel    *telemetry.Telemetry
+	dial   []grpc.DialOption
+	logger *slog.Logger
+	// reloadMu makes reloads one at a time.
+	reloadMu sync.Mutex
 }
 
 // New builds a Stubborn server from cfg. Serve it, then Stop it.
@@ -64,7 +70,8 @@ type Stubborn struct {
 // When the Registry names tenants, every call but health checks must
 // authenticate as one (NewAuthenticator), each tenant sees its own runs
 // only, and the tenants' limits apply besides the Registry's. TLS is the
-// caller's: pass grpc.Creds in ServerOptions (ServerTLSConfig).
+// caller's: pass grpc.Creds in ServerOptions (ServerTLSConfig). Reload
+// replaces the Registry while the server serves.
 func New(cfg Config) (*Stubborn, error) {
 	tc := cfg.Telemetry
 	if tc.Logger == nil {
@@ -74,22 +81,24 @@ func New(cfg Config) (*Stubborn, error) {
 	if err != nil {
 		return nil, err
 	}
-	dial := append([]grpc.DialOption{grpc.WithStatsHandler(tel.ClientHandler())}, cfg.DialOptions...)
-	pool, err := delegates.NewPoolWith(cfg.Registry, delegates.PoolOptions{Dial: dial, HTTPTransport: tel.HTTPTransport})
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	s := &Stubborn{
+		tel: tel, logger: logger,
+		dial: append([]grpc.DialOption{grpc.WithStatsHandler(tel.ClientHandler())}, cfg.DialOptions...),
+	}
+	reg, opts, err := s.build(cfg.Registry, nil)
 	if err != nil {
 		return nil, err
 	}
-	// Each attempt's call runs inside the attempt's span.
-	calls := tel.Delegates(pool)
-	var budgets controls.Budgets
-	if b := cfg.Registry.RetryBudget; b != nil {
-		set, err := controls.NewBudgetSet(b.MaxTokens, b.TokenRatio)
-		if err != nil {
-			_ = pool.Close()
-			return nil, err
+	regs := &registries{idle: func(r *registry) {
+		if err := r.pool.Close(); err != nil {
+			logger.Warn("closing the connections of a replaced registry", "err", err)
 		}
-		budgets = set
-	}
+	}}
+	regs.swap(reg)
 	active := NewActiveRuns()
 	rc := cfg.Runs
 	if rc.Store == nil {
@@ -99,14 +108,11 @@ func New(cfg Config) (*Stubborn, error) {
 		rc.Logger = cfg.Logger
 	}
 	// The run engine's configuration is cfg.Runs, whole; the server sets
-	// what it builds (the delegates, presets, budgets, observer and
-	// criteria), and the clock and seed when it has them.
-	rc.Budgets = budgets
-	rc.Delegates = calls
-	rc.Presets = pool
+	// what it builds (what each run reaches, from the registry it started
+	// under, and the observer), and the clock and seed when it has them.
+	rc.Bind = regs.bind
 	feed := newRunFeed()
 	rc.Observer = feed.Observer(active.Observer(tel))
-	rc.Criteria = criteriaFor(calls, cfg.Registry.Judge)
 	if cfg.Clock != nil {
 		rc.Clock = cfg.Clock
 	}
@@ -115,31 +121,92 @@ func New(cfg Config) (*Stubborn, error) {
 	}
 	m, err := runs.New(rc)
 	if err != nil {
-		_ = pool.Close()
+		regs.release(reg)
 		return nil, err
 	}
+	opts.ActiveRuns = active
+	opts.NoReflection = cfg.NoReflection
+	opts.Logger = cfg.Logger
+	opts.feed = feed
+	opts.regs = regs
+	serverOpts := append([]grpc.ServerOption{grpc.StatsHandler(tel.ServerHandler())}, cfg.ServerOptions...)
+	s.svc = NewService(m, opts)
+	s.GRPC, s.Health = NewGRPCServer(s.svc, opts, serverOpts...)
+	s.Runs = m
+	return s, nil
+}
+
+// build makes the registry of cfg: its delegates' connections, what runs
+// reach through them, the tenants' policies and authenticator. prev is
+// the registry it replaces, if any.
+func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, Options, error) {
+	pool, err := delegates.NewPoolWith(cfg, delegates.PoolOptions{Dial: s.dial, HTTPTransport: s.tel.HTTPTransport})
+	if err != nil {
+		return nil, Options{}, err
+	}
+	// Each attempt's call runs inside the attempt's span.
+	calls := s.tel.Delegates(pool)
+	var budgets controls.Budgets
+	if b := cfg.RetryBudget; b != nil {
+		if prev != nil && reflect.DeepEqual(prev.cfg.RetryBudget, b) {
+			budgets = prev.deps.Budgets // the same buckets, with their tokens
+		} else if budgets, err = controls.NewBudgetSet(b.MaxTokens, b.TokenRatio); err != nil {
+			_ = pool.Close()
+			return nil, Options{}, err
+		}
+	}
 	opts := Options{
-		Limits:       LimitsFrom(cfg.Registry.Limits),
-		Tenants:      TenantsFrom(cfg.Registry.Tenants),
-		ActiveRuns:   active,
-		NoReflection: cfg.NoReflection,
-		Known:        pool.Known,
+		Limits:  LimitsFrom(cfg.Limits),
+		Tenants: TenantsFrom(cfg.Tenants),
+		Known:   pool.Known,
 		IsDelegate: func(name string) bool {
 			_, ok := pool.Lookup(name)
 			return ok
 		},
-		HasJudge: cfg.Registry.Judge != "",
-		Logger:   cfg.Logger,
+		HasJudge: cfg.Judge != "",
 		Describe: pool.Describe,
-		feed:     feed,
+		// The authenticator is the current registry's: a reload may add
+		// tenants to a server that had none, or take them all away.
+		reloadable: true,
 	}
-	if len(cfg.Registry.Tenants) > 0 {
-		opts.Authenticate = NewAuthenticator(cfg.Registry.Tenants).Authenticate
+	reg := newRegistry(opts, prev)
+	reg.cfg, reg.pool = cfg, pool
+	reg.deps = runs.Deps{Delegates: calls, Presets: pool, Budgets: budgets, Criteria: criteriaFor(calls, cfg.Judge)}
+	if len(cfg.Tenants) > 0 {
+		reg.authn = NewAuthenticator(cfg.Tenants)
 	}
-	serverOpts := append([]grpc.ServerOption{grpc.StatsHandler(tel.ServerHandler())}, cfg.ServerOptions...)
-	svc := NewService(m, opts)
-	g, hs := NewGRPCServer(svc, opts, serverOpts...)
-	return &Stubborn{GRPC: g, Health: hs, Runs: m, Pool: pool, svc: svc}, nil
+	return reg, opts, nil
+}
+
+// Reload replaces the registry (delegates, presets, judge, retry budget,
+// limits and tenants) with cfg's, which must be valid (delegates.Load
+// and Parse validate it whole). If cfg cannot be put to use (a delegate's
+// TLS files cannot be read, say), nothing changes and the error says why.
+// Otherwise, from the moment Reload returns:
+//   - new requests are judged by cfg alone: a delegate or preset no longer
+//     there is NOT_FOUND, the new limits apply, a tenant or token no longer
+//     there is UNAUTHENTICATED;
+//   - the streams (Run, WatchRun, WatchRuns) of a caller whose
+//     credentials no longer authenticate as the same tenant end with
+//     UNAUTHENTICATED;
+//   - the runs in flight here, parked ones included, keep the registry
+//     they started under, and its connections, until they end here; a
+//     run resumed later (after a restart, or taken over) takes the
+//     registry of the server resuming it.
+//
+// Every delegate gets a new connection (lazily, at its first call), so
+// that a reload also reads the delegates' TLS files again.
+func (s *Stubborn) Reload(cfg *delegates.Config) error {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	regs := s.svc.regs
+	reg, _, err := s.build(cfg, regs.current())
+	if err != nil {
+		return err
+	}
+	regs.swap(reg)
+	s.svc.streams.revoke(reg.authn)
+	return nil
 }
 
 // criteriaFor builds each run's failure criteria from its control spec,
@@ -186,5 +253,6 @@ func (s *Stubborn) Stop(grace time.Duration) {
 		s.GRPC.Stop()
 		<-done
 	}
-	_ = s.Pool.Close()
+	// The runs have ended here: the current registry is the last held.
+	s.svc.regs.retire()
 }

@@ -47,7 +47,7 @@ func FuzzValidateRunRequest(f *testing.F) {
 		IsDelegate: func(n string) bool { return known[n] && n != "p" },
 		HasJudge:   true,
 	}
-	server := Limits{MaxBriefBytes: 256, MaxAttempts: 10, MaxChain: 4, MaxWait: time.Minute, MaxMetadata: 4}
+	server := &serverLevel{limits: Limits{MaxBriefBytes: 256, MaxAttempts: 10, MaxChain: 4, MaxWait: time.Minute, MaxMetadata: 4}}
 	policies := map[string]*policy{
 		"all":    newPolicy("all", Limits{}, nil, server, o),
 		"only-a": newPolicy("only-a", Limits{MaxChain: 2}, []string{"a"}, server, o),

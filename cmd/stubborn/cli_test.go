@@ -97,6 +97,28 @@ func TestClientCommandsAsTyped(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, out, "retry of down")
 
+	// Without it, a second Ctrl-C (at a terminal) cancels the run.
+	again := make(chan os.Signal, 1)
+	moreInterrupts = func() (<-chan os.Signal, func()) { return again, func() {} }
+	t.Cleanup(func() { moreInterrupts = defaultMoreInterrupts })
+	ctx, interrupt = context.WithCancel(context.Background())
+	defer interrupt()
+	go func() {
+		code, _ := run(ctx, []string{"run", "-control", "retry", "-target", "down", "-brief", "twice", "-on-exhausted", "fail",
+			"-base-wait", "1h", "-max-wait", "1h"}, &bytes.Buffer{})
+		done <- code
+	}()
+	require.Eventually(t, func() bool {
+		out, _, err := cli("list", "-status", "backing_off")
+		return err == nil && strings.Contains(out, "retry of down")
+	}, 10*time.Second, 20*time.Millisecond)
+	interrupt()
+	again <- os.Interrupt
+	assert.Equal(t, 130, <-done)
+	out, _, err = cli("list", "-status", "cancelled")
+	require.NoError(t, err)
+	assert.Equal(t, 2, strings.Count(out, "retry of down"), out)
+
 	// Forgotten on request.
 	out, code, err = cli("delete", id)
 	require.NoError(t, err)
@@ -107,24 +129,75 @@ func TestClientCommandsAsTyped(t *testing.T) {
 	assert.ErrorContains(t, err, "NotFound")
 }
 
-// SIGHUP does not end the server (by default it would, silently): it says
-// that this version does not reload its config, and serves on.
-func TestServeSurvivesSIGHUP(t *testing.T) {
-	config := filepath.Join(t.TempDir(), "stubborn.yaml")
-	require.NoError(t, os.WriteFile(config, []byte("delegates: []\n"), 0o600))
+// The config reloads when its file changes (written in place or renamed
+// over, as editors do) and on SIGHUP; a bad file is logged and the config
+// in use kept, and SIGHUP never ends the server.
+func TestServeReloadsConfig(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	echo := demo.Serve(lis, demo.Echo{})
+	t.Cleanup(echo.Stop)
+	dir := t.TempDir()
+	config := filepath.Join(dir, "stubborn.yaml")
+	one := fmt.Sprintf("delegates:\n  - {name: echo, target: %q, idempotent: true}\n", lis.Addr())
+	two := one + fmt.Sprintf("  - {name: again, target: %q, idempotent: true}\n", lis.Addr())
+	require.NoError(t, os.WriteFile(config, []byte(one), 0o600))
 	s := startServer(t, "-memory", "-config", config, "-listen", "127.0.0.1:0")
-	require.NoError(t, s.cmd.Process.Signal(syscall.SIGHUP))
-	require.Eventually(t, func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return strings.Contains(s.logs.String(), "does not reload its config")
-	}, 10*time.Second, 10*time.Millisecond)
-	out, code, err := func() (string, int, error) {
+	t.Setenv("STUBBORN_ADDR", s.addr)
+	cli := func(args ...string) (string, int, error) {
 		var out bytes.Buffer
-		code, err := run(context.Background(), []string{"list", "-addr", s.addr}, &out)
+		code, err := run(context.Background(), args, &out)
 		return out.String(), code, err
-	}()
+	}
+	logged := func(msg, why string, n int) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			count := 0
+			for _, line := range strings.Split(s.logs.String(), "\n") {
+				if strings.Contains(line, `"msg":"`+msg+`"`) && strings.Contains(line, `"why":"`+why+`"`) {
+					count++
+				}
+			}
+			return count >= n
+		}, 10*time.Second, 10*time.Millisecond, "%d × %s (%s)", n, msg, why)
+	}
+
+	// Renamed over, as an editor saves.
+	tmp := filepath.Join(dir, ".stubborn.yaml.swp")
+	require.NoError(t, os.WriteFile(tmp, []byte(two), 0o600))
+	require.NoError(t, os.Rename(tmp, config))
+	logged("config reloaded", "the file changed", 1)
+	out, code, err := cli("run", "-brief", "hi", "-delegates", "again")
 	require.NoError(t, err)
 	assert.Equal(t, 0, code)
-	assert.Equal(t, "no runs\n", out, "still serving")
+	assert.Contains(t, out, "echo: hi")
+
+	// A bad file, written in place: logged, the config in use kept.
+	require.NoError(t, os.WriteFile(config, []byte(two+"  - {name: bad, target: x, idempotnt: true}\n"), 0o600))
+	logged("config not reloaded: keeping the one in use", "the file changed", 1)
+	s.mu.Lock()
+	assert.Contains(t, s.logs.String(), "idempotnt")
+	s.mu.Unlock()
+	out, _, err = cli("registry")
+	require.NoError(t, err)
+	assert.Contains(t, out, "delegate  again ")
+
+	// SIGHUP reads it again: still bad, still served.
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGHUP))
+	logged("config not reloaded: keeping the one in use", "SIGHUP", 1)
+
+	// Fixed, without "again": new runs naming it are NOT_FOUND.
+	require.NoError(t, os.WriteFile(config, []byte(one), 0o600))
+	logged("config reloaded", "the file changed", 2)
+	_, code, err = cli("run", "-brief", "hi", "-delegates", "again")
+	assert.Equal(t, 1, code)
+	assert.ErrorContains(t, err, "NotFound")
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGHUP))
+	logged("config reloaded", "SIGHUP", 1)
+	out, _, err = cli("registry")
+	require.NoError(t, err)
+	assert.Contains(t, out, "delegate  echo ")
+	assert.NotContains(t, out, "again")
 }

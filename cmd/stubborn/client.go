@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"os/signal"
 	"strings"
 	"time"
 
@@ -216,7 +217,8 @@ func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	}
 	p := printer{w: stdout, json: *asJSON, addr: *addr}
 	st, err := follow(stream, &p)
-	if err != nil && ctx.Err() != nil && p.runID != "" && *cancelOnInterrupt {
+	interrupted := err != nil && ctx.Err() != nil && p.runID != ""
+	cancelRun := func() (int, error) {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		res, cerr := client.CancelRun(cctx, &stubbornv1.CancelRunRequest{RunId: p.runID})
@@ -226,16 +228,47 @@ func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 		printState(os.Stderr, res.GetState(), false)
 		return 130, nil
 	}
-	if err != nil && ctx.Err() != nil && p.runID != "" {
-		// Interrupted: the run is the server's, and goes on.
+	if interrupted && *cancelOnInterrupt {
+		return cancelRun()
+	}
+	if interrupted {
+		// The run is the server's, and goes on.
 		fmt.Fprintf(os.Stderr, "stopped following run %s, which goes on on the server; follow it again with `stubborn watch%s %s -after %d`, or cancel it with `stubborn cancel%s %s`\n",
 			p.runID, p.addrFlag(), p.runID, p.lastSeq, p.addrFlag(), p.runID)
+		if more, stop := moreInterrupts(); more != nil {
+			defer stop()
+			fmt.Fprintf(os.Stderr, "press Ctrl-C again within %s to cancel it\n", secondInterruptWait)
+			select {
+			case <-more:
+				return cancelRun()
+			case <-time.After(secondInterruptWait):
+			}
+		}
 		return 130, nil
 	}
 	if err != nil {
 		return 1, err
 	}
 	return exitCode(st), nil
+}
+
+// secondInterruptWait is how long run waits, after a Ctrl-C, for a second
+// one that cancels the run.
+const secondInterruptWait = 2 * time.Second
+
+// moreInterrupts delivers the Ctrl-Cs after the first (which ended run's
+// context), or nil when no one is there to press one: stderr is not a
+// terminal (a script, a pipe), and run exits at once. stop stops the
+// delivery. Tests replace it.
+var moreInterrupts = defaultMoreInterrupts
+
+func defaultMoreInterrupts() (more <-chan os.Signal, stop func()) {
+	if fi, err := os.Stderr.Stat(); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return nil, func() {}
+	}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt)
+	return ch, func() { signal.Stop(ch) }
 }
 
 func cmdWatch(ctx context.Context, args []string, stdout io.Writer) (int, error) {
@@ -322,7 +355,7 @@ func cmdUnary(ctx context.Context, name string, args []string, stdout io.Writer)
 		printState(stdout, st, name == "get")
 		return 0, nil
 	}
-	b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true}.Marshal(st)
+	b, err := protojson.MarshalOptions{Multiline: true}.Marshal(st)
 	if err != nil {
 		return 1, err
 	}

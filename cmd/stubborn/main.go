@@ -130,11 +130,15 @@ type serveConfig struct {
 	pprofListen           string
 	logger                *slog.Logger
 	// logs is the logger's buffer (nil: none), to Close when serve ends.
-	logs       *logBuffer
-	registry   *delegates.Config
-	sec        securityFlags
-	store      storeFlags
-	serverOpts []grpc.ServerOption
+	logs     *logBuffer
+	registry *delegates.Config
+	// configPath is -config, which reloads read again; watchConfig is
+	// -watch-config.
+	configPath  string
+	watchConfig bool
+	sec         securityFlags
+	store       storeFlags
+	serverOpts  []grpc.ServerOption
 }
 
 // parseServe reads serve's flags and config file, and refuses plaintext
@@ -142,7 +146,8 @@ type serveConfig struct {
 // errors are usage errors (exit 2).
 func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 	fs := newFlagSet("serve")
-	configPath := fs.String("config", "stubborn.yaml", "delegates config (YAML)")
+	configPath := fs.String("config", "stubborn.yaml", "delegates config (YAML); SIGHUP reloads it")
+	watchConfig := fs.Bool("watch-config", true, "reload the config when its file changes (it is validated whole; a bad one is logged and the one in use kept)")
 	listen := fs.String("listen", defaultAddr, "address to serve gRPC on")
 	logFormat := fs.String("log-format", "text", "text or json")
 	logFlush := fs.Duration("log-flush", 100*time.Millisecond, "how long info and debug log lines may wait to be written out together (warnings and errors are written at once); 0 writes each line at once")
@@ -157,6 +162,7 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 		return nil, err
 	}
 	c.listen, c.metricsListen, c.httpListen, c.pprofListen = *listen, *metricsListen, *httpListen, *pprofListen
+	c.configPath, c.watchConfig = *configPath, *watchConfig
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return nil, fmt.Errorf("-log-level must be debug, info, warn or error, got %q", *logLevel)
@@ -323,23 +329,10 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 		defer func() { _ = c.logs.Close() }()
 	}
 	logger := c.logger
-	// SIGHUP, which would end the process by default, asks for a reload of
-	// the config, which this version cannot do yet: it says so and serves on.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	hupDone := make(chan struct{})
-	defer close(hupDone)
-	go func() {
-		for {
-			select {
-			case <-hup:
-				logger.Warn("SIGHUP: this version does not reload its config; restart the server to apply a new one")
-			case <-hupDone:
-				return
-			}
-		}
-	}()
+	// SIGHUP asks for a reload of the config (reload.go), once the server
+	// is up; until then it waits.
+	hup, stopHUP := notifyHUP()
+	defer stopHUP()
 	// Traces and metrics go where the OTEL_* environment says (nowhere when
 	// it says nothing), metrics also to -metrics-listen.
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("opentelemetry", "err", err) }))
@@ -377,6 +370,14 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 		return 1, err
 	}
 	storeConn.attach(s.SetServing)
+	rl := &reloader{path: c.configPath, sec: &c.sec, logger: logger, apply: s.Reload}
+	stopReload, err := rl.start(hup, c.registry, c.watchConfig)
+	if err != nil {
+		l.close()
+		s.Stop(0)
+		return 1, fmt.Errorf("-watch-config: %w", err)
+	}
+	defer stopReload()
 	if l.http != nil {
 		stopHTTP, err := serveHTTP(s, l.http, c)
 		if err != nil {

@@ -25,7 +25,9 @@ type printer struct {
 	lastSeq int64
 }
 
-var jsonLine = protojson.MarshalOptions{UseProtoNames: true}
+// jsonLine writes protojson with its standard JSON names (runId,
+// taskBrief), as grpcurl, the HTTP API and the clients do.
+var jsonLine = protojson.MarshalOptions{}
 
 func (p *printer) event(ev *stubbornv1.RunEvent) {
 	p.runID, p.lastSeq = ev.GetRunId(), ev.GetSeq()

@@ -55,12 +55,8 @@ func (f *securityFlags) serverOptions(cfg *delegates.Config) ([]grpc.ServerOptio
 			return nil, errors.New("-tls-client-ca needs -tls-cert and -tls-key")
 		}
 	}
-	if f.clientCA == "" {
-		for i, t := range cfg.Tenants {
-			if len(t.CertCommonNames)+len(t.CertURIs) > 0 {
-				return nil, fmt.Errorf("tenants[%d] (%q) authenticates by client certificate, which needs -tls-client-ca", i, t.Name)
-			}
-		}
+	if err := f.checkTenants(cfg); err != nil {
+		return nil, err
 	}
 	if !f.tls() {
 		return nil, nil
@@ -71,6 +67,20 @@ func (f *securityFlags) serverOptions(cfg *delegates.Config) ([]grpc.ServerOptio
 	}
 	f.tc = tc
 	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(tc))}, nil
+}
+
+// checkTenants checks that the config's tenants can authenticate with
+// these flags: one that names client certificates needs -tls-client-ca.
+func (f *securityFlags) checkTenants(cfg *delegates.Config) error {
+	if f.clientCA != "" {
+		return nil
+	}
+	for i, t := range cfg.Tenants {
+		if len(t.CertCommonNames)+len(t.CertURIs) > 0 {
+			return fmt.Errorf("tenants[%d] (%q) authenticates by client certificate, which needs -tls-client-ca", i, t.Name)
+		}
+	}
+	return nil
 }
 
 // clientOptions are the dial options of the CLI's clients, from the

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/stubbornhq/stubborn/delegates"
+)
+
+// reloadSettle is how long the config's directory must be quiet after a
+// change before the file is read again: an editor or a deployment tool
+// writes, renames and links in several steps.
+const reloadSettle = 200 * time.Millisecond
+
+// reloader applies the config file to a running server again, on SIGHUP
+// and (with -watch-config) when the file changes.
+type reloader struct {
+	path   string
+	sec    *securityFlags
+	logger *slog.Logger
+	apply  func(*delegates.Config) error
+
+	mu sync.Mutex
+	// sum is the SHA-256 of the file as last applied (or refused): a
+	// change event that leaves the content as it was reloads nothing.
+	sum     [sha256.Size]byte
+	current *delegates.Config
+}
+
+// reload reads the file and applies it whole, or keeps the config in use
+// and logs why. force reloads even if the file is as last read (SIGHUP:
+// the operator asked, and a reload also reads delegates' TLS files again).
+func (r *reloader) reload(why string, force bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, err := os.ReadFile(r.path)
+	if err != nil {
+		r.logger.Error("config not reloaded: keeping the one in use", "config", r.path, "why", why, "err", err)
+		return
+	}
+	sum := sha256.Sum256(b)
+	if !force && bytes.Equal(sum[:], r.sum[:]) {
+		return
+	}
+	r.sum = sum
+	cfg, err := delegates.Parse(b)
+	if err == nil {
+		err = r.sec.checkTenants(cfg)
+	}
+	if err == nil {
+		err = r.apply(cfg)
+	}
+	if err != nil {
+		r.logger.Error("config not reloaded: keeping the one in use", "config", r.path, "why", why, "err", err)
+		return
+	}
+	added, removed := diffNames(delegateNames(r.current), delegateNames(cfg))
+	tAdded, tRemoved := diffNames(tenantNames(r.current), tenantNames(cfg))
+	r.current = cfg
+	r.logger.Info("config reloaded", "config", r.path, "why", why,
+		"delegates", len(cfg.Delegates), "delegates_added", added, "delegates_removed", removed,
+		"presets", len(cfg.Presets), "tenants", len(cfg.Tenants), "tenants_added", tAdded, "tenants_removed", tRemoved)
+}
+
+// notifyHUP catches SIGHUP, which would end the process by default, from
+// the start of serve: the signals wait in the channel until the server is
+// up and start reads them. stop ends the catching.
+func notifyHUP() (hup chan os.Signal, stop func()) {
+	hup = make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	return hup, func() { signal.Stop(hup) }
+}
+
+// start reloads on hup's signals and, when watch is set, on changes to the
+// file's directory (the directory, not the file: editors and Kubernetes
+// replace a file by a rename or a symlink swap, which a watch on the file
+// loses). initial is the config in use, read from the file. stop ends
+// both.
+func (r *reloader) start(hup <-chan os.Signal, initial *delegates.Config, watch bool) (stop func(), err error) {
+	r.current = initial
+	if b, err := os.ReadFile(r.path); err == nil {
+		r.sum = sha256.Sum256(b)
+	}
+	var events chan fsnotify.Event
+	var errs chan error
+	var w *fsnotify.Watcher
+	if watch {
+		if w, err = fsnotify.NewWatcher(); err != nil {
+			return nil, err
+		}
+		if err = w.Add(filepath.Dir(r.path)); err != nil {
+			_ = w.Close()
+			return nil, err
+		}
+		events, errs = w.Events, w.Errors
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var settle <-chan time.Time
+		for {
+			select {
+			case <-hup:
+				r.reload("SIGHUP", true)
+			case <-events:
+				settle = time.After(reloadSettle)
+			case err := <-errs:
+				r.logger.Warn("watching the config file", "config", r.path, "err", err)
+			case <-settle:
+				settle = nil
+				r.reload("the file changed", false)
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+		if w != nil {
+			_ = w.Close()
+		}
+	}, nil
+}
+
+func delegateNames(c *delegates.Config) []string {
+	if c == nil {
+		return nil
+	}
+	out := make([]string, 0, len(c.Delegates))
+	for _, d := range c.Delegates {
+		out = append(out, d.Name)
+	}
+	return out
+}
+
+func tenantNames(c *delegates.Config) []string {
+	if c == nil {
+		return nil
+	}
+	out := make([]string, 0, len(c.Tenants))
+	for _, t := range c.Tenants {
+		out = append(out, t.Name)
+	}
+	return out
+}
+
+// diffNames returns the names in b not in a, and those in a not in b.
+func diffNames(a, b []string) (added, removed []string) {
+	for _, n := range b {
+		if !slices.Contains(a, n) {
+			added = append(added, n)
+		}
+	}
+	for _, n := range a {
+		if !slices.Contains(b, n) {
+			removed = append(removed, n)
+		}
+	}
+	return added, removed
+}
