@@ -42,8 +42,11 @@ func (p *Preset) UnmarshalYAML(n *yaml.Node) error {
 	if err := n.Decode(&raw); err != nil {
 		return err
 	}
+	// An error is reported at the line of the control's key when there is
+	// one, so that it names presets[i].retry, say, rather than the name.
+	line := n.Line
 	fail := func(format string, args ...any) error {
-		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: preset %q: %s", n.Line, p.Name, fmt.Sprintf(format, args...))}}
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: preset %q: %s", line, p.Name, fmt.Sprintf(format, args...))}}
 	}
 	name, _ := raw["name"].(string)
 	p.Name = name
@@ -61,6 +64,11 @@ func (p *Preset) UnmarshalYAML(n *yaml.Node) error {
 		return fail("needs exactly one of %s, got %d", strings.Join(controlKeys, ", "), len(found))
 	}
 	key := found[0]
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			line = n.Content[i].Line
+		}
+	}
 	body, ok := raw[key].(map[string]any)
 	if !ok {
 		return fail("%s: must be a mapping", key)
@@ -135,9 +143,16 @@ func normalize(body map[string]any) error {
 			}
 			body[k] = strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s"
 		case k == "on_exhausted":
-			if s, ok := v.(string); ok && !strings.HasPrefix(s, "ON_EXHAUSTED_") {
-				body[k] = "ON_EXHAUSTED_" + strings.ToUpper(s)
+			// ask, fail, or the .proto's ON_EXHAUSTED_FAIL, in any case.
+			s, _ := v.(string)
+			u := strings.ToUpper(s)
+			if !strings.HasPrefix(u, "ON_EXHAUSTED_") {
+				u = "ON_EXHAUSTED_" + u
 			}
+			if _, ok := stubbornv1.OnExhausted_value[u]; !ok || u == "ON_EXHAUSTED_UNSPECIFIED" {
+				return fmt.Errorf("%s: must be ask or fail (or ON_EXHAUSTED_ASK, ON_EXHAUSTED_FAIL), got %v", k, v)
+			}
+			body[k] = u
 		}
 	}
 	return nil

@@ -80,3 +80,22 @@ func TestPresetsRejected(t *testing.T) {
 		})
 	}
 }
+
+// on_exhausted takes the short form or the .proto's, in any case, as the
+// CLI does; anything else is an error naming the preset's control.
+func TestPresetOnExhaustedSpellings(t *testing.T) {
+	parse := func(v string) (*delegates.Config, error) {
+		return delegates.Parse([]byte("delegates:\n  - {name: a, target: \"127.0.0.1:1\"}\npresets:\n  - name: p\n    retry: {target: a, on_exhausted: " + v + "}\n"))
+	}
+	for v, want := range map[string]stubbornv1.OnExhausted{
+		"fail": stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL, "Ask": stubbornv1.OnExhausted_ON_EXHAUSTED_ASK,
+		"ON_EXHAUSTED_FAIL": stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL, "on_exhausted_ask": stubbornv1.OnExhausted_ON_EXHAUSTED_ASK,
+	} {
+		cfg, err := parse(v)
+		require.NoError(t, err, v)
+		assert.Equal(t, want, cfg.Presets[0].Spec.GetRetry().GetOnExhausted(), v)
+	}
+	_, err := parse("never")
+	require.Error(t, err)
+	assert.ErrorContains(t, err, `presets[0] ("p").retry: preset "p": retry.on_exhausted: must be ask or fail (or ON_EXHAUSTED_ASK, ON_EXHAUSTED_FAIL), got never (line 5)`)
+}

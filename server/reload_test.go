@@ -176,6 +176,12 @@ func TestReloadTenants(t *testing.T) {
 // none twice: every start answered OK is one run, which ends SUCCEEDED
 // after exactly one call to its delegate.
 func TestReloadUnderLoad(t *testing.T) {
+	for _, js := range []bool{false, true} {
+		t.Run(fmt.Sprintf("jetstream=%v", js), func(t *testing.T) { reloadUnderLoad(t, js) })
+	}
+}
+
+func reloadUnderLoad(t *testing.T, js bool) {
 	var mu sync.Mutex
 	calls := map[string]int{}
 	counted := demo.NewScripted(func(_ context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
@@ -184,7 +190,7 @@ func TestReloadUnderLoad(t *testing.T) {
 		mu.Unlock()
 		return &stubbornv1.ExecuteResponse{Result: &stubbornv1.Result{Text: "ok"}}, nil
 	})
-	e := startWith(t, setup{extra: map[string]stubbornv1.DelegateServiceServer{"counted": counted}})
+	e := startWith(t, setup{jetstream: js, extra: map[string]stubbornv1.DelegateServiceServer{"counted": counted}})
 	ctx := testCtx(t)
 	configs := []*delegates.Config{
 		e.cfg,
