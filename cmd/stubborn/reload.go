@@ -139,20 +139,20 @@ func delegateNames(c *delegates.Config) []string {
 	if c == nil {
 		return nil
 	}
-	out := make([]string, 0, len(c.Delegates))
-	for _, d := range c.Delegates {
-		out = append(out, d.Name)
-	}
-	return out
+	return namesOf(c.Delegates, func(d delegates.Delegate) string { return d.Name })
 }
 
 func tenantNames(c *delegates.Config) []string {
 	if c == nil {
 		return nil
 	}
-	out := make([]string, 0, len(c.Tenants))
-	for _, t := range c.Tenants {
-		out = append(out, t.Name)
+	return namesOf(c.Tenants, func(t delegates.Tenant) string { return t.Name })
+}
+
+func namesOf[T any](items []T, name func(T) string) []string {
+	out := make([]string, 0, len(items))
+	for _, it := range items {
+		out = append(out, name(it))
 	}
 	return out
 }
