@@ -87,6 +87,10 @@ type DelegateInfo struct {
 	Idempotent bool
 	// ReadOnly says a call has no side effect at all.
 	ReadOnly bool
+	// RetryOn, when set, is what counts as transient for retries of the
+	// delegate (the registry's retry_on), in place of Transient's rules;
+	// a run's RetrySpec.retry_on overrides it.
+	RetryOn *stubbornv1.RetryOn
 }
 
 // CallError is a failed delegate call, already classified by the delegates
@@ -109,6 +113,10 @@ type CallError struct {
 	// Refused says Stubborn's own middleware refused the call; it is never
 	// retried.
 	Refused bool
+	// RefusedBy names the delegate's guard that refused it (a circuit
+	// breaker, a bulkhead, a rate limit): the call was not sent, and the
+	// attempt is recorded as SKIPPED. Refused is set too.
+	RefusedBy stubbornv1.RefusedBy
 	// Interrupted says the call was in flight when the server driving the
 	// run stopped: the delegate may or may not have done it, so it is
 	// called again only if it is idempotent or read_only.
@@ -130,6 +138,19 @@ func Message(err error) string {
 		return ce.Message
 	}
 	return err.Error()
+}
+
+// Guards admit calls to delegates: the delegates' circuit breakers,
+// bulkheads and rate limits, shared by every run of a server.
+type Guards interface {
+	// Admit asks to send one call to delegate, waiting within the
+	// delegate's bound if it must (a bulkhead's slot, a rate limit). It
+	// returns a *CallError with RefusedBy set when the call may not go, or
+	// ctx's error when ctx ended first. When the call may go, done must be
+	// called once with its answer; it returns words for the attempt's note
+	// when the answer changed the guard's state (it opened a circuit
+	// breaker, say), else "".
+	Admit(ctx context.Context, delegate string) (done func(res *stubbornv1.Result, err error) string, err error)
 }
 
 // Presets resolves names that stand for a whole control rather than a
@@ -206,6 +227,9 @@ type Env struct {
 	// Budgets throttles the retry control's retries per delegate. Nil (the
 	// default) means no retry budget.
 	Budgets Budgets
+	// Guards admit each live call to a delegate (circuit breakers,
+	// bulkheads, rate limits). Nil means every call goes.
+	Guards Guards
 
 	// racing says a race runs this step beside others (a candidate, or
 	// anything nested in one): set by Race for its candidates.

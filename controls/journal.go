@@ -117,7 +117,7 @@ func (t *Tracker) recordedAnswer(n int32) (attemptResult, bool) {
 	if e := a.GetError(); e != nil {
 		ce := &CallError{
 			Code: codes.Code(e.GetCode()), Message: e.GetMessage(), HTTPStatus: int(e.GetHttpStatus()),
-			NotSent: e.GetNotSent(), Refused: e.GetRefused(),
+			NotSent: e.GetNotSent(), Refused: e.GetRefused(), RefusedBy: e.GetRefusedBy(),
 		}
 		if h := e.GetRetryHint(); h != nil {
 			ce.HasHint, ce.RetryHint = true, h.AsDuration()

@@ -2,6 +2,7 @@ package controls
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -50,6 +51,15 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 			Source: failureSource(env, n, a),
 		}
 		willRetry := i+1 < maxRetries
+		if ce, ok := errors.AsType[*CallError](a.err); ok && ce.RefusedBy != stubbornv1.RefusedBy_REFUSED_BY_UNSPECIFIED {
+			// A guard of the delegate refused the call (its circuit
+			// breaker is open, say): no failure of the delegate to learn
+			// from, and asking again at once would be refused again.
+			rec.NotRetriedReason = "not retried: " + a.reason
+			rec.NotRetriedCode = stubbornv1.NotRetried_NOT_RETRIED_REFUSED
+			env.Tracker.Failure(rec, false, "")
+			return failedWith(stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, rec.NotRetriedReason)
+		}
 		if a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED && willRetry {
 			// The delegate may have done the interrupted attempt: only an
 			// idempotent or read-only one may be asked again. The outcome

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -111,6 +112,9 @@ type retry struct {
 	retries                        int // per round: attempts, at least 1 after a RETRY
 	base, maxWait, decisionTimeout time.Duration
 	ask                            bool // on_exhausted ASK
+	// retryOn is what counts as transient (the run's retry_on, else the
+	// delegate's); nil means Transient's rules.
+	retryOn *stubbornv1.RetryOn
 }
 
 func newRetry(env *Env, taskBrief string, spec *stubbornv1.RetrySpec) retry {
@@ -121,6 +125,10 @@ func newRetry(env *Env, taskBrief string, spec *stubbornv1.RetrySpec) retry {
 		maxWait:         durationOr(spec.GetMaxWait().AsDuration(), spec.GetMaxWait() != nil, DefaultRetryMaxWait),
 		decisionTimeout: spec.GetDecisionTimeout().AsDuration(), // unset: 0, wait for ever
 		ask:             spec.GetOnExhausted() != stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL,
+	}
+	r.retryOn = spec.GetRetryOn()
+	if r.retryOn == nil {
+		r.retryOn = r.info.RetryOn
 	}
 	if spec != nil && spec.Attempts != nil {
 		r.retries = max(0, int(spec.GetAttempts()))
@@ -214,7 +222,7 @@ func (r *retry) transient(ctx context.Context, env *Env, n int32, a attemptResul
 	errors.As(a.err, &ce)
 	if a.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED {
 		rec.NotRetriedReason, rec.NotRetriedCode = reasonRejected, stubbornv1.NotRetried_NOT_RETRIED_REJECTED
-	} else if rec.Transient, rec.NotRetriedReason = Transient(ce); rec.NotRetriedReason != "" {
+	} else if rec.Transient, rec.NotRetriedReason = TransientOn(ce, r.retryOn); rec.NotRetriedReason != "" {
 		rec.NotRetriedCode = notTransientCode(ce)
 	}
 	if rec.Transient {
@@ -276,6 +284,30 @@ func Transient(ce *CallError) (bool, string) {
 		return true, ""
 	}
 	return false, "not transient: " + codeName(ce.Code)
+}
+
+// TransientOn is Transient with the failures on lists as transient in
+// place of its rules, when on is set (RetrySpec.retry_on, a delegate's
+// retry_on): a failure with an upstream HTTP status is judged by
+// on.http_statuses alone, any other by on.grpc_codes. A call Stubborn
+// refused never is.
+func TransientOn(ce *CallError, on *stubbornv1.RetryOn) (bool, string) {
+	if on == nil || ce == nil || ce.Refused {
+		return Transient(ce)
+	}
+	if ce.HTTPStatus != 0 {
+		if slices.Contains(on.GetHttpStatuses(), int32(ce.HTTPStatus)) {
+			return true, ""
+		}
+		return false, fmt.Sprintf("not transient: HTTP %d is not in retry_on.http_statuses", ce.HTTPStatus)
+	}
+	name := codeName(ce.Code)
+	for _, c := range on.GetGrpcCodes() {
+		if strings.EqualFold(c, name) {
+			return true, ""
+		}
+	}
+	return false, "not transient: " + name + " is not in retry_on.grpc_codes"
 }
 
 // notTransientCode is the NotRetried value of a failure that [Transient]

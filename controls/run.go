@@ -141,10 +141,27 @@ func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) 
 	)
 	if spec, isPreset := env.preset(delegate); isPreset {
 		res, err = nested(ctx, env, slot, delegate, brief, spec)
-	} else {
-		res, err = env.Delegates.Call(ctx, Call{Delegate: delegate, Brief: brief, Attempt: n})
+		return judge(ctx, env, n, delegate, res, err)
 	}
-	return judge(ctx, env, n, delegate, res, err)
+	if env.Guards == nil {
+		res, err = env.Delegates.Call(ctx, Call{Delegate: delegate, Brief: brief, Attempt: n})
+		return judge(ctx, env, n, delegate, res, err)
+	}
+	// Admitted before the call, after the attempt began: a call waiting
+	// for a bulkhead's slot or a rate limit has its attempt_started
+	// recorded but not yet written (the call writes it), so a server that
+	// stops meanwhile leaves no trace of a call that was never sent.
+	done, err := env.Guards.Admit(ctx, delegate)
+	if err != nil {
+		return judge(ctx, env, n, delegate, nil, err)
+	}
+	res, err = env.Delegates.Call(ctx, Call{Delegate: delegate, Brief: brief, Attempt: n})
+	note := done(res, err)
+	a := judge(ctx, env, n, delegate, res, err)
+	if note != "" {
+		a.note = strings.TrimPrefix(a.note+"; "+note, "; ")
+	}
+	return a
 }
 
 // judge turns attempt n's answer, a result or an error, into how the
@@ -158,6 +175,13 @@ func judge(ctx context.Context, env *Env, n int32, delegate string, res *stubbor
 	}
 	if err != nil {
 		msg := Cut(Message(err), MaxReasonBytes)
+		if ce, ok := errors.AsType[*CallError](err); ok && ce.RefusedBy != stubbornv1.RefusedBy_REFUSED_BY_UNSPECIFIED {
+			// Not sent: a guard of the delegate refused it.
+			return attemptResult{
+				outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SKIPPED,
+				err:     err, failed: true, reason: msg, summary: "Skipped: " + msg,
+			}
+		}
 		return attemptResult{
 			outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_ERROR,
 			err:     err, failed: true, reason: msg, summary: "Error: " + msg,

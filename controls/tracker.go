@@ -529,7 +529,7 @@ func attemptError(err error) *stubbornv1.AttemptError {
 	if errors.As(err, &ce) {
 		ae := &stubbornv1.AttemptError{
 			Code: int32(ce.Code), Message: Cut(ce.Message, MaxReasonBytes), HttpStatus: int32(ce.HTTPStatus),
-			NotSent: ce.NotSent, Refused: ce.Refused,
+			NotSent: ce.NotSent, Refused: ce.Refused, RefusedBy: ce.RefusedBy,
 		}
 		if ce.HasHint {
 			ae.RetryHint = durationpb.New(ce.RetryHint)

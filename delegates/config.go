@@ -153,11 +153,38 @@ type Delegate struct {
 	// plaintext. For the HTTP kinds, https:// URLs always use TLS; its ca,
 	// server_name, cert and key apply to them too.
 	TLS TLS `yaml:"tls,omitempty"`
+
+	// The delegate's guards (guards.go), shared by every run on the
+	// server. CircuitBreaker, when set, refuses calls for a while after
+	// it failed too often.
+	CircuitBreaker *CircuitBreaker `yaml:"circuit_breaker,omitempty"`
+	// MaxConcurrent caps the calls in flight to it from this server (a
+	// bulkhead); 0 means no limit.
+	MaxConcurrent int `yaml:"max_concurrent,omitempty"`
+	// RequestsPerMinute caps the calls sent to it in any minute from this
+	// server; 0 means no limit.
+	RequestsPerMinute int `yaml:"requests_per_minute,omitempty"`
+	// TokensPerMinute caps the model tokens its answers report using
+	// (TokensUsed) in any minute: no call goes while the last minute's
+	// reach it; 0 means no limit.
+	TokensPerMinute int64 `yaml:"tokens_per_minute,omitempty"`
+	// MaxQueueWait bounds how long a call waits for a MaxConcurrent slot
+	// or a rate limit before it is refused (never retried). Unset means
+	// DefaultMaxQueueWait; 0 refuses at once.
+	MaxQueueWait *Duration `yaml:"max_queue_wait,omitempty"`
+	// RetryOn, when set, lists the failures retries of it treat as
+	// transient (and its circuit breaker counts), in place of the retry
+	// control's rules; a run's retry.retry_on overrides it.
+	RetryOn *RetryOn `yaml:"retry_on,omitempty"`
 }
 
 // Info returns what the controls need to know about the delegate.
 func (d Delegate) Info() controls.DelegateInfo {
-	return controls.DelegateInfo{Idempotent: d.Idempotent, ReadOnly: d.ReadOnly}
+	info := controls.DelegateInfo{Idempotent: d.Idempotent, ReadOnly: d.ReadOnly}
+	if d.RetryOn != nil {
+		info.RetryOn = d.RetryOn.Proto()
+	}
+	return info
 }
 
 // Duration is a time.Duration written in YAML as a Go duration string
@@ -286,6 +313,9 @@ func (c *Config) validate(lookupEnv func(string) (string, bool)) error {
 			bad("%s: timeout: must not be negative (got %s)", where, d.Timeout)
 		}
 		for _, msg := range d.TLS.check() {
+			bad("%s: %s", where, msg)
+		}
+		for _, msg := range d.checkGuards() {
 			bad("%s: %s", where, msg)
 		}
 	}

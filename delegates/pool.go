@@ -51,6 +51,8 @@ type Pool struct {
 	maxResult int
 	// wrapHTTP wraps the HTTP kinds' transports, or is nil.
 	wrapHTTP func(http.RoundTripper) http.RoundTripper
+	// guards are the server's, for Describe (nil: none).
+	guards *Guards
 
 	mu     sync.Mutex
 	health map[string]healthAnswer
@@ -92,6 +94,9 @@ type PoolOptions struct {
 	// HTTPTransport, when set, wraps the transport of each HTTP kind's
 	// client (tracing, metrics).
 	HTTPTransport func(http.RoundTripper) http.RoundTripper
+	// Guards, when set, are the delegates' guards, whose state Describe
+	// reports (the caller configures them: Guards.Configure).
+	Guards *Guards
 }
 
 // NewPoolWith is NewPool with every option.
@@ -99,6 +104,7 @@ func NewPoolWith(cfg *Config, o PoolOptions) (*Pool, error) {
 	opts := o.Dial
 	p := &Pool{
 		wrapHTTP: o.HTTPTransport,
+		guards:   o.Guards,
 		byKey:    make(map[string]*entry, len(cfg.Delegates)),
 		presets:  make(map[string]*stubbornv1.ControlSpec, len(cfg.Presets)),
 		health:   make(map[string]healthAnswer),
@@ -315,12 +321,22 @@ func (p *Pool) Describe() ([]*stubbornv1.DelegateDescription, []*stubbornv1.Pres
 				h = stubbornv1.DelegateHealth_DELEGATE_HEALTH_SERVING
 			}
 		}
-		ds = append(ds, &stubbornv1.DelegateDescription{
+		desc := &stubbornv1.DelegateDescription{
 			Name: name, Kind: d.Kind(), Idempotent: d.Idempotent, ReadOnly: d.ReadOnly,
 			Timeout: durationpb.New(d.Timeout.Std()), Health: h,
-		})
+			MaxConcurrent: int32(d.MaxConcurrent), RequestsPerMinute: int32(d.RequestsPerMinute), TokensPerMinute: d.TokensPerMinute,
+		}
+		if d.RetryOn != nil {
+			desc.RetryOn = d.RetryOn.Proto()
+		}
+		ds = append(ds, desc)
 	}
 	p.mu.Unlock()
+	if p.guards != nil {
+		for _, d := range ds {
+			p.guards.describe(d.GetName(), d)
+		}
+	}
 	ps := make([]*stubbornv1.PresetDescription, 0, len(p.presetOrder))
 	for _, name := range p.presetOrder {
 		ps = append(ps, &stubbornv1.PresetDescription{Name: name, Spec: p.presets[name]})

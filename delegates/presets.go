@@ -202,6 +202,11 @@ func (c *Config) validatePresets(delegates map[string]int) []error {
 		if hasCriteria(p.Spec) {
 			bad("%s: failure criteria are not supported in presets", where)
 		}
+		if on := p.Spec.GetRetry().GetRetryOn(); on != nil {
+			for _, msg := range CheckRetryOn("retry.retry_on", on) {
+				bad("%s: %s", where, msg)
+			}
+		}
 	}
 	for i, p := range c.Presets {
 		refs := References(p.Spec)

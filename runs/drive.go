@@ -78,6 +78,7 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		Delegates: flushing{deps.Delegates, r, controls.RunCall(snapshot)},
 		Presets:   deps.Presets,
 		Budgets:   deps.Budgets,
+		Guards:    deps.Guards,
 		Tracker:   tr,
 		Clock:     flushingClock{m.cfg.Clock, r},
 		Rand:      m.rand(r),

@@ -113,6 +113,9 @@ type Deps struct {
 	Presets   controls.Presets
 	Budgets   controls.Budgets
 	Criteria  func(run *stubbornv1.ControlState) controls.Criteria
+	// Guards admit each call (circuit breakers, bulkheads, rate limits);
+	// nil means none.
+	Guards controls.Guards
 }
 
 // Observer sees every run this server drives, for tracing, metrics and

@@ -59,6 +59,7 @@ type Stubborn struct {
 	Runs   *runs.Manager
 	svc    *Service
 	tel    *telemetry.Telemetry
+	guards *delegates.Guards
 	dial   []grpc.DialOption
 	logger *slog.Logger
 	// reloadMu makes reloads one at a time.
@@ -86,8 +87,14 @@ func New(cfg Config) (*Stubborn, error) {
 		logger = slog.Default()
 	}
 	s := &Stubborn{
-		tel: tel, logger: logger,
+		tel: tel, logger: logger, guards: delegates.NewGuards(cfg.Clock),
 		dial: append([]grpc.DialOption{grpc.WithStatsHandler(tel.ClientHandler())}, cfg.DialOptions...),
+	}
+	s.guards.OnTransition = func(delegate string, t delegates.Transition) {
+		tel.BreakerChanged(delegate, t.From.String(), t.To.String(), t.Why)
+	}
+	s.guards.OnRefused = func(delegate string, by stubbornv1.RefusedBy) {
+		tel.Refused(delegate, guardName(by))
 	}
 	reg, opts, err := s.build(cfg.Registry, nil)
 	if err != nil {
@@ -140,7 +147,7 @@ func New(cfg Config) (*Stubborn, error) {
 // reach through them, the tenants' policies and authenticator. prev is
 // the registry it replaces, if any.
 func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, Options, error) {
-	pool, err := delegates.NewPoolWith(cfg, delegates.PoolOptions{Dial: s.dial, HTTPTransport: s.tel.HTTPTransport})
+	pool, err := delegates.NewPoolWith(cfg, delegates.PoolOptions{Dial: s.dial, HTTPTransport: s.tel.HTTPTransport, Guards: s.guards})
 	if err != nil {
 		return nil, Options{}, err
 	}
@@ -171,7 +178,10 @@ func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, Opti
 	}
 	reg := newRegistry(opts, prev)
 	reg.cfg, reg.pool = cfg, pool
-	reg.deps = runs.Deps{Delegates: calls, Presets: pool, Budgets: budgets, Criteria: criteriaFor(calls, cfg.Judge)}
+	// The guards are the server's, kept across reloads; set now that the
+	// config is certain to be used.
+	s.guards.Configure(cfg)
+	reg.deps = runs.Deps{Delegates: calls, Presets: pool, Budgets: budgets, Criteria: criteriaFor(calls, cfg.Judge), Guards: s.guards}
 	if len(cfg.Tenants) > 0 {
 		reg.authn = NewAuthenticator(cfg.Tenants)
 	}
@@ -207,6 +217,19 @@ func (s *Stubborn) Reload(cfg *delegates.Config) error {
 	regs.swap(reg)
 	s.svc.streams.revoke(reg.authn)
 	return nil
+}
+
+// guardName is the metrics' name of a guard.
+func guardName(by stubbornv1.RefusedBy) string {
+	switch by {
+	case stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER:
+		return "circuit_breaker"
+	case stubbornv1.RefusedBy_REFUSED_BY_BULKHEAD:
+		return "bulkhead"
+	case stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT:
+		return "rate_limit"
+	}
+	return "other"
 }
 
 // criteriaFor builds each run's failure criteria from its control spec,

@@ -356,6 +356,12 @@ func (val *validator) retry(v *violations, r *stubbornv1.RetrySpec) []namedRef {
 	if _, ok := stubbornv1.OnExhausted_name[int32(r.GetOnExhausted())]; !ok {
 		v.add("retry.on_exhausted", "unknown value %d", r.GetOnExhausted())
 	}
+	if r.GetRetryOn() != nil {
+		for _, msg := range delegates.CheckRetryOn("retry.retry_on", r.GetRetryOn()) {
+			field, what, _ := strings.Cut(msg, ": ")
+			v.add(field, "%s", what)
+		}
+	}
 	return refs
 }
 

@@ -54,6 +54,12 @@ const (
 	ReasonKey = attribute.Key("stubborn.reason")
 	// BackoffFromHintKey says a backoff wait came from the delegate's hint.
 	BackoffFromHintKey = attribute.Key("stubborn.backoff.from_hint")
+	// BreakerStateKey is a circuit breaker's new state: closed, open,
+	// half-open.
+	BreakerStateKey = attribute.Key("stubborn.breaker.state")
+	// GuardKey names the guard that refused a call: circuit_breaker,
+	// bulkhead, rate_limit.
+	GuardKey = attribute.Key("stubborn.guard")
 )
 
 // Values of ReasonKey: why no retry followed a failure (from

@@ -12,6 +12,7 @@
 package telemetry
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
@@ -159,6 +161,8 @@ type instruments struct {
 	attemptDuration metric.Float64Histogram
 	backoff         metric.Float64Histogram
 	suppressed      metric.Int64Counter
+	breaker         metric.Int64Counter
+	refused         metric.Int64Counter
 }
 
 func newInstruments(m metric.Meter) (instruments, error) {
@@ -192,10 +196,29 @@ func newInstruments(m metric.Meter) (instruments, error) {
 	in.attemptDuration = histogram("stubborn.attempt.duration", "How long attempts took, judging included, by delegate and outcome.", attemptBuckets)
 	in.backoff = histogram("stubborn.backoff.duration", "Backoff waits scheduled before retries, by delegate and whether the delegate's hint set them.", backoffBuckets)
 	in.suppressed = counter("stubborn.retries.suppressed", "{retry}", "Failures the retry control did not retry, by delegate and reason.")
+	in.breaker = counter("stubborn.delegate.breaker.transitions", "{transition}", "Changes of delegates' circuit breakers on this server, by delegate and new state (closed, open, half-open).")
+	in.refused = counter("stubborn.delegate.refused", "{call}", "Calls a delegate's guard refused (not sent), by delegate and guard (circuit_breaker, bulkhead, rate_limit).")
 	for _, err := range errs {
 		if err != nil {
 			return instruments{}, err
 		}
 	}
 	return in, nil
+}
+
+// BreakerChanged records a change of a delegate's circuit breaker to state
+// to (closed, open, half-open), and logs it: from, to and why.
+func (t *Telemetry) BreakerChanged(delegate, from, to, why string) {
+	t.m.breaker.Add(context.Background(), 1, metric.WithAttributeSet(attribute.NewSet(DelegateKey.String(delegate), BreakerStateKey.String(to))))
+	level := slog.LevelInfo
+	if to == "open" {
+		level = slog.LevelWarn
+	}
+	t.logger.Log(context.Background(), level, "circuit breaker changed", "delegate", delegate, "from", from, "to", to, "why", why)
+}
+
+// Refused records a call a delegate's guard (circuit_breaker, bulkhead,
+// rate_limit) refused.
+func (t *Telemetry) Refused(delegate, guard string) {
+	t.m.refused.Add(context.Background(), 1, metric.WithAttributeSet(attribute.NewSet(DelegateKey.String(delegate), GuardKey.String(guard))))
 }

@@ -308,6 +308,16 @@ const (
 	// The call was cancelled: the run was cancelled or another race candidate
 	// won.
 	FailureSource_FAILURE_SOURCE_CANCELLED FailureSource = 5
+	// The delegate's circuit breaker refused the call (open, or half-open
+	// with its probes in flight): it was not sent (attempt outcome SKIPPED).
+	FailureSource_FAILURE_SOURCE_CIRCUIT_BREAKER FailureSource = 6
+	// The delegate's max_concurrent calls were in flight for longer than its
+	// max_queue_wait: the call was not sent (attempt outcome SKIPPED).
+	FailureSource_FAILURE_SOURCE_BULKHEAD FailureSource = 7
+	// The delegate's requests_per_minute or tokens_per_minute would not let
+	// the call through within its max_queue_wait: it was not sent (attempt
+	// outcome SKIPPED).
+	FailureSource_FAILURE_SOURCE_RATE_LIMIT FailureSource = 8
 )
 
 // Enum value maps for FailureSource.
@@ -319,14 +329,20 @@ var (
 		3: "FAILURE_SOURCE_CEL",
 		4: "FAILURE_SOURCE_HEALTH",
 		5: "FAILURE_SOURCE_CANCELLED",
+		6: "FAILURE_SOURCE_CIRCUIT_BREAKER",
+		7: "FAILURE_SOURCE_BULKHEAD",
+		8: "FAILURE_SOURCE_RATE_LIMIT",
 	}
 	FailureSource_value = map[string]int32{
-		"FAILURE_SOURCE_UNSPECIFIED": 0,
-		"FAILURE_SOURCE_ERROR":       1,
-		"FAILURE_SOURCE_JUDGE":       2,
-		"FAILURE_SOURCE_CEL":         3,
-		"FAILURE_SOURCE_HEALTH":      4,
-		"FAILURE_SOURCE_CANCELLED":   5,
+		"FAILURE_SOURCE_UNSPECIFIED":     0,
+		"FAILURE_SOURCE_ERROR":           1,
+		"FAILURE_SOURCE_JUDGE":           2,
+		"FAILURE_SOURCE_CEL":             3,
+		"FAILURE_SOURCE_HEALTH":          4,
+		"FAILURE_SOURCE_CANCELLED":       5,
+		"FAILURE_SOURCE_CIRCUIT_BREAKER": 6,
+		"FAILURE_SOURCE_BULKHEAD":        7,
+		"FAILURE_SOURCE_RATE_LIMIT":      8,
 	}
 )
 
@@ -355,6 +371,68 @@ func (x FailureSource) Number() protoreflect.EnumNumber {
 // Deprecated: Use FailureSource.Descriptor instead.
 func (FailureSource) EnumDescriptor() ([]byte, []int) {
 	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{4}
+}
+
+// RefusedBy names the guard of a delegate that refused a call
+// (AttemptError.refused_by). A refused call was never sent, and is never
+// retried (the retry control fails the run with NOT_RETRIED_REFUSED; a
+// fallback chain goes on to the next delegate; a race leaves the candidate
+// out).
+type RefusedBy int32
+
+const (
+	// Not refused by a guard (or refused by another of Stubborn's checks).
+	RefusedBy_REFUSED_BY_UNSPECIFIED RefusedBy = 0
+	// The delegate's circuit breaker (registry circuit_breaker).
+	RefusedBy_REFUSED_BY_CIRCUIT_BREAKER RefusedBy = 1
+	// The delegate's bulkhead (registry max_concurrent, max_queue_wait).
+	RefusedBy_REFUSED_BY_BULKHEAD RefusedBy = 2
+	// The delegate's rate limits (registry requests_per_minute,
+	// tokens_per_minute, max_queue_wait).
+	RefusedBy_REFUSED_BY_RATE_LIMIT RefusedBy = 3
+)
+
+// Enum value maps for RefusedBy.
+var (
+	RefusedBy_name = map[int32]string{
+		0: "REFUSED_BY_UNSPECIFIED",
+		1: "REFUSED_BY_CIRCUIT_BREAKER",
+		2: "REFUSED_BY_BULKHEAD",
+		3: "REFUSED_BY_RATE_LIMIT",
+	}
+	RefusedBy_value = map[string]int32{
+		"REFUSED_BY_UNSPECIFIED":     0,
+		"REFUSED_BY_CIRCUIT_BREAKER": 1,
+		"REFUSED_BY_BULKHEAD":        2,
+		"REFUSED_BY_RATE_LIMIT":      3,
+	}
+)
+
+func (x RefusedBy) Enum() *RefusedBy {
+	p := new(RefusedBy)
+	*p = x
+	return p
+}
+
+func (x RefusedBy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RefusedBy) Descriptor() protoreflect.EnumDescriptor {
+	return file_stubborn_v1_control_proto_enumTypes[5].Descriptor()
+}
+
+func (RefusedBy) Type() protoreflect.EnumType {
+	return &file_stubborn_v1_control_proto_enumTypes[5]
+}
+
+func (x RefusedBy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RefusedBy.Descriptor instead.
+func (RefusedBy) EnumDescriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{5}
 }
 
 // NotRetried says, as a value to switch on, why no retry followed a failed
@@ -444,11 +522,11 @@ func (x NotRetried) String() string {
 }
 
 func (NotRetried) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[5].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[6].Descriptor()
 }
 
 func (NotRetried) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[5]
+	return &file_stubborn_v1_control_proto_enumTypes[6]
 }
 
 func (x NotRetried) Number() protoreflect.EnumNumber {
@@ -457,7 +535,7 @@ func (x NotRetried) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NotRetried.Descriptor instead.
 func (NotRetried) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{5}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{6}
 }
 
 // StatusReason says, as a value to switch on, why a run ended or waits:
@@ -559,11 +637,11 @@ func (x StatusReason) String() string {
 }
 
 func (StatusReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[6].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[7].Descriptor()
 }
 
 func (StatusReason) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[6]
+	return &file_stubborn_v1_control_proto_enumTypes[7]
 }
 
 func (x StatusReason) Number() protoreflect.EnumNumber {
@@ -572,7 +650,7 @@ func (x StatusReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StatusReason.Descriptor instead.
 func (StatusReason) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{6}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{7}
 }
 
 // RunView is how much of each run ListRuns returns.
@@ -612,11 +690,11 @@ func (x RunView) String() string {
 }
 
 func (RunView) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[7].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[8].Descriptor()
 }
 
 func (RunView) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[7]
+	return &file_stubborn_v1_control_proto_enumTypes[8]
 }
 
 func (x RunView) Number() protoreflect.EnumNumber {
@@ -625,7 +703,65 @@ func (x RunView) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunView.Descriptor instead.
 func (RunView) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{7}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
+}
+
+// BreakerState is a circuit breaker's state.
+type BreakerState int32
+
+const (
+	// No circuit breaker.
+	BreakerState_BREAKER_STATE_UNSPECIFIED BreakerState = 0
+	// Calls go through; failures are counted.
+	BreakerState_BREAKER_STATE_CLOSED BreakerState = 1
+	// Calls are refused until its cooldown is over.
+	BreakerState_BREAKER_STATE_OPEN BreakerState = 2
+	// Its cooldown is over: the next calls are probes, whose answers close
+	// it and whose failure opens it again.
+	BreakerState_BREAKER_STATE_HALF_OPEN BreakerState = 3
+)
+
+// Enum value maps for BreakerState.
+var (
+	BreakerState_name = map[int32]string{
+		0: "BREAKER_STATE_UNSPECIFIED",
+		1: "BREAKER_STATE_CLOSED",
+		2: "BREAKER_STATE_OPEN",
+		3: "BREAKER_STATE_HALF_OPEN",
+	}
+	BreakerState_value = map[string]int32{
+		"BREAKER_STATE_UNSPECIFIED": 0,
+		"BREAKER_STATE_CLOSED":      1,
+		"BREAKER_STATE_OPEN":        2,
+		"BREAKER_STATE_HALF_OPEN":   3,
+	}
+)
+
+func (x BreakerState) Enum() *BreakerState {
+	p := new(BreakerState)
+	*p = x
+	return p
+}
+
+func (x BreakerState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BreakerState) Descriptor() protoreflect.EnumDescriptor {
+	return file_stubborn_v1_control_proto_enumTypes[9].Descriptor()
+}
+
+func (BreakerState) Type() protoreflect.EnumType {
+	return &file_stubborn_v1_control_proto_enumTypes[9]
+}
+
+func (x BreakerState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BreakerState.Descriptor instead.
+func (BreakerState) EnumDescriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{9}
 }
 
 // DelegateHealth is a delegate's health as last seen.
@@ -666,11 +802,11 @@ func (x DelegateHealth) String() string {
 }
 
 func (DelegateHealth) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[8].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[10].Descriptor()
 }
 
 func (DelegateHealth) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[8]
+	return &file_stubborn_v1_control_proto_enumTypes[10]
 }
 
 func (x DelegateHealth) Number() protoreflect.EnumNumber {
@@ -679,7 +815,7 @@ func (x DelegateHealth) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DelegateHealth.Descriptor instead.
 func (DelegateHealth) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 // RetrySpec configures the retry control: the same delegate again, after a
@@ -710,8 +846,12 @@ type RetrySpec struct {
 	// How long a run awaiting a decision waits before it ends FAILED. Unset or
 	// zero means it waits until decided or cancelled.
 	DecisionTimeout *durationpb.Duration `protobuf:"bytes,6,opt,name=decision_timeout,json=decisionTimeout,proto3" json:"decision_timeout,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Which failures count as transient for this run, in place of the
+	// target's registry retry_on and of the rules above. Unset means the
+	// registry's, else the rules above.
+	RetryOn       *RetryOn `protobuf:"bytes,7,opt,name=retry_on,json=retryOn,proto3" json:"retry_on,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RetrySpec) Reset() {
@@ -782,6 +922,74 @@ func (x *RetrySpec) GetBaseWait() *durationpb.Duration {
 func (x *RetrySpec) GetDecisionTimeout() *durationpb.Duration {
 	if x != nil {
 		return x.DecisionTimeout
+	}
+	return nil
+}
+
+func (x *RetrySpec) GetRetryOn() *RetryOn {
+	if x != nil {
+		return x.RetryOn
+	}
+	return nil
+}
+
+// RetryOn lists the failures a retry may fix (as Envoy's retry_on and
+// retriable status codes). A failure with an upstream HTTP status is judged
+// by http_statuses alone, any other by grpc_codes. A call Stubborn refused
+// is never transient, whatever the lists.
+type RetryOn struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// gRPC status codes by their canonical names ("UNAVAILABLE",
+	// "RESOURCE_EXHAUSTED"), any case; at most 16, no "OK", no duplicates.
+	// Empty means no gRPC code is transient.
+	GrpcCodes []string `protobuf:"bytes,1,rep,name=grpc_codes,json=grpcCodes,proto3" json:"grpc_codes,omitempty"`
+	// HTTP statuses, 400 to 599; at most 64, no duplicates. Empty means no
+	// upstream HTTP status is transient.
+	HttpStatuses  []int32 `protobuf:"varint,2,rep,packed,name=http_statuses,json=httpStatuses,proto3" json:"http_statuses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetryOn) Reset() {
+	*x = RetryOn{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetryOn) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetryOn) ProtoMessage() {}
+
+func (x *RetryOn) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetryOn.ProtoReflect.Descriptor instead.
+func (*RetryOn) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RetryOn) GetGrpcCodes() []string {
+	if x != nil {
+		return x.GrpcCodes
+	}
+	return nil
+}
+
+func (x *RetryOn) GetHttpStatuses() []int32 {
+	if x != nil {
+		return x.HttpStatuses
 	}
 	return nil
 }
@@ -871,7 +1079,7 @@ type RetryWithLearningSpec struct {
 
 func (x *RetryWithLearningSpec) Reset() {
 	*x = RetryWithLearningSpec{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[1]
+	mi := &file_stubborn_v1_control_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +1091,7 @@ func (x *RetryWithLearningSpec) String() string {
 func (*RetryWithLearningSpec) ProtoMessage() {}
 
 func (x *RetryWithLearningSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[1]
+	mi := &file_stubborn_v1_control_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +1104,7 @@ func (x *RetryWithLearningSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryWithLearningSpec.ProtoReflect.Descriptor instead.
 func (*RetryWithLearningSpec) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{1}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RetryWithLearningSpec) GetTarget() string {
@@ -957,7 +1165,7 @@ type FallbackChainSpec struct {
 
 func (x *FallbackChainSpec) Reset() {
 	*x = FallbackChainSpec{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[2]
+	mi := &file_stubborn_v1_control_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1177,7 @@ func (x *FallbackChainSpec) String() string {
 func (*FallbackChainSpec) ProtoMessage() {}
 
 func (x *FallbackChainSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[2]
+	mi := &file_stubborn_v1_control_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1190,7 @@ func (x *FallbackChainSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FallbackChainSpec.ProtoReflect.Descriptor instead.
 func (*FallbackChainSpec) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{2}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *FallbackChainSpec) GetChain() []string {
@@ -1040,7 +1248,7 @@ type RaceSpec struct {
 
 func (x *RaceSpec) Reset() {
 	*x = RaceSpec{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[3]
+	mi := &file_stubborn_v1_control_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1260,7 @@ func (x *RaceSpec) String() string {
 func (*RaceSpec) ProtoMessage() {}
 
 func (x *RaceSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[3]
+	mi := &file_stubborn_v1_control_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1273,7 @@ func (x *RaceSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaceSpec.ProtoReflect.Descriptor instead.
 func (*RaceSpec) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{3}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RaceSpec) GetCandidates() []string {
@@ -1119,7 +1327,7 @@ type RunOptions struct {
 
 func (x *RunOptions) Reset() {
 	*x = RunOptions{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[4]
+	mi := &file_stubborn_v1_control_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1131,7 +1339,7 @@ func (x *RunOptions) String() string {
 func (*RunOptions) ProtoMessage() {}
 
 func (x *RunOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[4]
+	mi := &file_stubborn_v1_control_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1144,7 +1352,7 @@ func (x *RunOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunOptions.ProtoReflect.Descriptor instead.
 func (*RunOptions) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{4}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RunOptions) GetIdempotencyKey() string {
@@ -1206,7 +1414,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[5]
+	mi := &file_stubborn_v1_control_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1218,7 +1426,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[5]
+	mi := &file_stubborn_v1_control_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1231,7 +1439,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{5}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RunRequest) GetTaskBrief() string {
@@ -1287,7 +1495,7 @@ type RunResponse struct {
 
 func (x *RunResponse) Reset() {
 	*x = RunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[6]
+	mi := &file_stubborn_v1_control_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1507,7 @@ func (x *RunResponse) String() string {
 func (*RunResponse) ProtoMessage() {}
 
 func (x *RunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[6]
+	mi := &file_stubborn_v1_control_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1520,7 @@ func (x *RunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResponse.ProtoReflect.Descriptor instead.
 func (*RunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{6}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RunResponse) GetEvent() *RunEvent {
@@ -1344,7 +1552,7 @@ type StartRunRequest struct {
 
 func (x *StartRunRequest) Reset() {
 	*x = StartRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[7]
+	mi := &file_stubborn_v1_control_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1356,7 +1564,7 @@ func (x *StartRunRequest) String() string {
 func (*StartRunRequest) ProtoMessage() {}
 
 func (x *StartRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[7]
+	mi := &file_stubborn_v1_control_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1369,7 +1577,7 @@ func (x *StartRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRunRequest.ProtoReflect.Descriptor instead.
 func (*StartRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{7}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StartRunRequest) GetTaskBrief() string {
@@ -1427,7 +1635,7 @@ type StartRunResponse struct {
 
 func (x *StartRunResponse) Reset() {
 	*x = StartRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[8]
+	mi := &file_stubborn_v1_control_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1647,7 @@ func (x *StartRunResponse) String() string {
 func (*StartRunResponse) ProtoMessage() {}
 
 func (x *StartRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[8]
+	mi := &file_stubborn_v1_control_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1660,7 @@ func (x *StartRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRunResponse.ProtoReflect.Descriptor instead.
 func (*StartRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StartRunResponse) GetRunId() string {
@@ -1491,7 +1699,7 @@ type WatchRunRequest struct {
 
 func (x *WatchRunRequest) Reset() {
 	*x = WatchRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[9]
+	mi := &file_stubborn_v1_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1711,7 @@ func (x *WatchRunRequest) String() string {
 func (*WatchRunRequest) ProtoMessage() {}
 
 func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[9]
+	mi := &file_stubborn_v1_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1724,7 @@ func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunRequest.ProtoReflect.Descriptor instead.
 func (*WatchRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchRunRequest) GetRunId() string {
@@ -1554,7 +1762,7 @@ type WatchRunResponse struct {
 
 func (x *WatchRunResponse) Reset() {
 	*x = WatchRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[10]
+	mi := &file_stubborn_v1_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +1774,7 @@ func (x *WatchRunResponse) String() string {
 func (*WatchRunResponse) ProtoMessage() {}
 
 func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[10]
+	mi := &file_stubborn_v1_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +1787,7 @@ func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunResponse.ProtoReflect.Descriptor instead.
 func (*WatchRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WatchRunResponse) GetEvent() *RunEvent {
@@ -1607,7 +1815,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[11]
+	mi := &file_stubborn_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1619,7 +1827,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[11]
+	mi := &file_stubborn_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1632,7 +1840,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -1653,7 +1861,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[12]
+	mi := &file_stubborn_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +1873,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[12]
+	mi := &file_stubborn_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +1886,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetRunResponse) GetState() *ControlState {
@@ -1714,7 +1922,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[13]
+	mi := &file_stubborn_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +1934,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[13]
+	mi := &file_stubborn_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +1947,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListRunsRequest) GetStatus() RunStatus {
@@ -1810,7 +2018,7 @@ type RunSummary struct {
 
 func (x *RunSummary) Reset() {
 	*x = RunSummary{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[14]
+	mi := &file_stubborn_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1822,7 +2030,7 @@ func (x *RunSummary) String() string {
 func (*RunSummary) ProtoMessage() {}
 
 func (x *RunSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[14]
+	mi := &file_stubborn_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1835,7 +2043,7 @@ func (x *RunSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunSummary.ProtoReflect.Descriptor instead.
 func (*RunSummary) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunSummary) GetRunId() string {
@@ -1910,7 +2118,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[15]
+	mi := &file_stubborn_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1922,7 +2130,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[15]
+	mi := &file_stubborn_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1935,7 +2143,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListRunsResponse) GetRuns() []*ControlState {
@@ -1974,7 +2182,7 @@ type WatchRunsRequest struct {
 
 func (x *WatchRunsRequest) Reset() {
 	*x = WatchRunsRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[16]
+	mi := &file_stubborn_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2194,7 @@ func (x *WatchRunsRequest) String() string {
 func (*WatchRunsRequest) ProtoMessage() {}
 
 func (x *WatchRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[16]
+	mi := &file_stubborn_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2207,7 @@ func (x *WatchRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunsRequest.ProtoReflect.Descriptor instead.
 func (*WatchRunsRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchRunsRequest) GetStatus() RunStatus {
@@ -2035,7 +2243,7 @@ type WatchRunsResponse struct {
 
 func (x *WatchRunsResponse) Reset() {
 	*x = WatchRunsResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[17]
+	mi := &file_stubborn_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2047,7 +2255,7 @@ func (x *WatchRunsResponse) String() string {
 func (*WatchRunsResponse) ProtoMessage() {}
 
 func (x *WatchRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[17]
+	mi := &file_stubborn_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2060,7 +2268,7 @@ func (x *WatchRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunsResponse.ProtoReflect.Descriptor instead.
 func (*WatchRunsResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WatchRunsResponse) GetRun() *RunSummary {
@@ -2079,7 +2287,7 @@ type ListDelegatesRequest struct {
 
 func (x *ListDelegatesRequest) Reset() {
 	*x = ListDelegatesRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[18]
+	mi := &file_stubborn_v1_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2091,7 +2299,7 @@ func (x *ListDelegatesRequest) String() string {
 func (*ListDelegatesRequest) ProtoMessage() {}
 
 func (x *ListDelegatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[18]
+	mi := &file_stubborn_v1_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2104,7 +2312,7 @@ func (x *ListDelegatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDelegatesRequest.ProtoReflect.Descriptor instead.
 func (*ListDelegatesRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{19}
 }
 
 // ListDelegatesResponse is the registry as the caller may use it.
@@ -2120,7 +2328,7 @@ type ListDelegatesResponse struct {
 
 func (x *ListDelegatesResponse) Reset() {
 	*x = ListDelegatesResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[19]
+	mi := &file_stubborn_v1_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2132,7 +2340,7 @@ func (x *ListDelegatesResponse) String() string {
 func (*ListDelegatesResponse) ProtoMessage() {}
 
 func (x *ListDelegatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[19]
+	mi := &file_stubborn_v1_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2145,7 +2353,7 @@ func (x *ListDelegatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDelegatesResponse.ProtoReflect.Descriptor instead.
 func (*ListDelegatesResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{19}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListDelegatesResponse) GetDelegates() []*DelegateDescription {
@@ -2176,14 +2384,32 @@ type DelegateDescription struct {
 	// Each attempt's timeout (a run's attempt_timeout overrides it).
 	Timeout *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Its health as this server last saw it.
-	Health        DelegateHealth `protobuf:"varint,6,opt,name=health,proto3,enum=stubborn.v1.DelegateHealth" json:"health,omitempty"`
+	Health DelegateHealth `protobuf:"varint,6,opt,name=health,proto3,enum=stubborn.v1.DelegateHealth" json:"health,omitempty"`
+	// Its circuit breaker's state on this server (each replica has its
+	// own). Unspecified means it has no circuit breaker.
+	CircuitBreaker BreakerState `protobuf:"varint,7,opt,name=circuit_breaker,json=circuitBreaker,proto3,enum=stubborn.v1.BreakerState" json:"circuit_breaker,omitempty"`
+	// Why the circuit breaker last opened ("5 transient failures in a
+	// row"). Empty means it never opened.
+	CircuitBreakerReason string `protobuf:"bytes,8,opt,name=circuit_breaker_reason,json=circuitBreakerReason,proto3" json:"circuit_breaker_reason,omitempty"`
+	// Calls in flight to it from this server, when it has max_concurrent.
+	InFlight int32 `protobuf:"varint,9,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// The most calls in flight at once from this server (registry
+	// max_concurrent). 0 means no limit.
+	MaxConcurrent int32 `protobuf:"varint,10,opt,name=max_concurrent,json=maxConcurrent,proto3" json:"max_concurrent,omitempty"`
+	// Registry requests_per_minute. 0 means no limit.
+	RequestsPerMinute int32 `protobuf:"varint,11,opt,name=requests_per_minute,json=requestsPerMinute,proto3" json:"requests_per_minute,omitempty"`
+	// Registry tokens_per_minute. 0 means no limit.
+	TokensPerMinute int64 `protobuf:"varint,12,opt,name=tokens_per_minute,json=tokensPerMinute,proto3" json:"tokens_per_minute,omitempty"`
+	// What counts as transient for retries of it (registry retry_on). Unset
+	// means the retry control's default rules.
+	RetryOn       *RetryOn `protobuf:"bytes,13,opt,name=retry_on,json=retryOn,proto3" json:"retry_on,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DelegateDescription) Reset() {
 	*x = DelegateDescription{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[20]
+	mi := &file_stubborn_v1_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2195,7 +2421,7 @@ func (x *DelegateDescription) String() string {
 func (*DelegateDescription) ProtoMessage() {}
 
 func (x *DelegateDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[20]
+	mi := &file_stubborn_v1_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2208,7 +2434,7 @@ func (x *DelegateDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateDescription.ProtoReflect.Descriptor instead.
 func (*DelegateDescription) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{20}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DelegateDescription) GetName() string {
@@ -2253,6 +2479,55 @@ func (x *DelegateDescription) GetHealth() DelegateHealth {
 	return DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED
 }
 
+func (x *DelegateDescription) GetCircuitBreaker() BreakerState {
+	if x != nil {
+		return x.CircuitBreaker
+	}
+	return BreakerState_BREAKER_STATE_UNSPECIFIED
+}
+
+func (x *DelegateDescription) GetCircuitBreakerReason() string {
+	if x != nil {
+		return x.CircuitBreakerReason
+	}
+	return ""
+}
+
+func (x *DelegateDescription) GetInFlight() int32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *DelegateDescription) GetMaxConcurrent() int32 {
+	if x != nil {
+		return x.MaxConcurrent
+	}
+	return 0
+}
+
+func (x *DelegateDescription) GetRequestsPerMinute() int32 {
+	if x != nil {
+		return x.RequestsPerMinute
+	}
+	return 0
+}
+
+func (x *DelegateDescription) GetTokensPerMinute() int64 {
+	if x != nil {
+		return x.TokensPerMinute
+	}
+	return 0
+}
+
+func (x *DelegateDescription) GetRetryOn() *RetryOn {
+	if x != nil {
+		return x.RetryOn
+	}
+	return nil
+}
+
 // PresetDescription is one preset of the registry.
 type PresetDescription struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2266,7 +2541,7 @@ type PresetDescription struct {
 
 func (x *PresetDescription) Reset() {
 	*x = PresetDescription{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[21]
+	mi := &file_stubborn_v1_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2553,7 @@ func (x *PresetDescription) String() string {
 func (*PresetDescription) ProtoMessage() {}
 
 func (x *PresetDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[21]
+	mi := &file_stubborn_v1_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2566,7 @@ func (x *PresetDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PresetDescription.ProtoReflect.Descriptor instead.
 func (*PresetDescription) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{21}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PresetDescription) GetName() string {
@@ -2319,7 +2594,7 @@ type CancelRunRequest struct {
 
 func (x *CancelRunRequest) Reset() {
 	*x = CancelRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[22]
+	mi := &file_stubborn_v1_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2331,7 +2606,7 @@ func (x *CancelRunRequest) String() string {
 func (*CancelRunRequest) ProtoMessage() {}
 
 func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[22]
+	mi := &file_stubborn_v1_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2344,7 +2619,7 @@ func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
 func (*CancelRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{22}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CancelRunRequest) GetRunId() string {
@@ -2366,7 +2641,7 @@ type CancelRunResponse struct {
 
 func (x *CancelRunResponse) Reset() {
 	*x = CancelRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[23]
+	mi := &file_stubborn_v1_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2378,7 +2653,7 @@ func (x *CancelRunResponse) String() string {
 func (*CancelRunResponse) ProtoMessage() {}
 
 func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[23]
+	mi := &file_stubborn_v1_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2391,7 +2666,7 @@ func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
 func (*CancelRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{23}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CancelRunResponse) GetState() *ControlState {
@@ -2415,7 +2690,7 @@ type DeleteRunRequest struct {
 
 func (x *DeleteRunRequest) Reset() {
 	*x = DeleteRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	mi := &file_stubborn_v1_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2427,7 +2702,7 @@ func (x *DeleteRunRequest) String() string {
 func (*DeleteRunRequest) ProtoMessage() {}
 
 func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	mi := &file_stubborn_v1_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2440,7 +2715,7 @@ func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{24}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteRunRequest) GetRunId() string {
@@ -2466,7 +2741,7 @@ type DeleteRunResponse struct {
 
 func (x *DeleteRunResponse) Reset() {
 	*x = DeleteRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	mi := &file_stubborn_v1_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2478,7 +2753,7 @@ func (x *DeleteRunResponse) String() string {
 func (*DeleteRunResponse) ProtoMessage() {}
 
 func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	mi := &file_stubborn_v1_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2491,7 +2766,7 @@ func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{25}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{26}
 }
 
 // DecideRunRequest answers a run awaiting a decision.
@@ -2507,7 +2782,7 @@ type DecideRunRequest struct {
 
 func (x *DecideRunRequest) Reset() {
 	*x = DecideRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[26]
+	mi := &file_stubborn_v1_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2519,7 +2794,7 @@ func (x *DecideRunRequest) String() string {
 func (*DecideRunRequest) ProtoMessage() {}
 
 func (x *DecideRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[26]
+	mi := &file_stubborn_v1_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2532,7 +2807,7 @@ func (x *DecideRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRunRequest.ProtoReflect.Descriptor instead.
 func (*DecideRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{26}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DecideRunRequest) GetRunId() string {
@@ -2560,7 +2835,7 @@ type DecideRunResponse struct {
 
 func (x *DecideRunResponse) Reset() {
 	*x = DecideRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[27]
+	mi := &file_stubborn_v1_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2572,7 +2847,7 @@ func (x *DecideRunResponse) String() string {
 func (*DecideRunResponse) ProtoMessage() {}
 
 func (x *DecideRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[27]
+	mi := &file_stubborn_v1_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2585,7 +2860,7 @@ func (x *DecideRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRunResponse.ProtoReflect.Descriptor instead.
 func (*DecideRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{27}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DecideRunResponse) GetState() *ControlState {
@@ -2613,7 +2888,7 @@ type ControlSpec struct {
 
 func (x *ControlSpec) Reset() {
 	*x = ControlSpec{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[28]
+	mi := &file_stubborn_v1_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2625,7 +2900,7 @@ func (x *ControlSpec) String() string {
 func (*ControlSpec) ProtoMessage() {}
 
 func (x *ControlSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[28]
+	mi := &file_stubborn_v1_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2638,7 +2913,7 @@ func (x *ControlSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlSpec.ProtoReflect.Descriptor instead.
 func (*ControlSpec) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{28}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ControlSpec) GetKind() isControlSpec_Kind {
@@ -2774,7 +3049,7 @@ type ControlState struct {
 
 func (x *ControlState) Reset() {
 	*x = ControlState{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[29]
+	mi := &file_stubborn_v1_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2786,7 +3061,7 @@ func (x *ControlState) String() string {
 func (*ControlState) ProtoMessage() {}
 
 func (x *ControlState) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[29]
+	mi := &file_stubborn_v1_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2799,7 +3074,7 @@ func (x *ControlState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlState.ProtoReflect.Descriptor instead.
 func (*ControlState) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{29}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ControlState) GetRunId() string {
@@ -2939,14 +3214,17 @@ type AttemptError struct {
 	NotSent bool `protobuf:"varint,5,opt,name=not_sent,json=notSent,proto3" json:"not_sent,omitempty"`
 	// Stubborn's own middleware refused the call (a limit, say): it is never
 	// retried.
-	Refused       bool `protobuf:"varint,6,opt,name=refused,proto3" json:"refused,omitempty"`
+	Refused bool `protobuf:"varint,6,opt,name=refused,proto3" json:"refused,omitempty"`
+	// Which of the delegate's guards refused it, when refused by one.
+	// Unspecified means none did.
+	RefusedBy     RefusedBy `protobuf:"varint,7,opt,name=refused_by,json=refusedBy,proto3,enum=stubborn.v1.RefusedBy" json:"refused_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AttemptError) Reset() {
 	*x = AttemptError{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[30]
+	mi := &file_stubborn_v1_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2958,7 +3236,7 @@ func (x *AttemptError) String() string {
 func (*AttemptError) ProtoMessage() {}
 
 func (x *AttemptError) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[30]
+	mi := &file_stubborn_v1_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2971,7 +3249,7 @@ func (x *AttemptError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptError.ProtoReflect.Descriptor instead.
 func (*AttemptError) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{30}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *AttemptError) GetCode() int32 {
@@ -3016,6 +3294,13 @@ func (x *AttemptError) GetRefused() bool {
 	return false
 }
 
+func (x *AttemptError) GetRefusedBy() RefusedBy {
+	if x != nil {
+		return x.RefusedBy
+	}
+	return RefusedBy_REFUSED_BY_UNSPECIFIED
+}
+
 // Attempt is one delegate call of a run.
 type Attempt struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3048,7 +3333,7 @@ type Attempt struct {
 
 func (x *Attempt) Reset() {
 	*x = Attempt{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[31]
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3060,7 +3345,7 @@ func (x *Attempt) String() string {
 func (*Attempt) ProtoMessage() {}
 
 func (x *Attempt) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[31]
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3073,7 +3358,7 @@ func (x *Attempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attempt.ProtoReflect.Descriptor instead.
 func (*Attempt) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{31}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Attempt) GetNumber() int32 {
@@ -3191,7 +3476,7 @@ type FailureRecord struct {
 
 func (x *FailureRecord) Reset() {
 	*x = FailureRecord{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3203,7 +3488,7 @@ func (x *FailureRecord) String() string {
 func (*FailureRecord) ProtoMessage() {}
 
 func (x *FailureRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3216,7 +3501,7 @@ func (x *FailureRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureRecord.ProtoReflect.Descriptor instead.
 func (*FailureRecord) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *FailureRecord) GetAttempt() int32 {
@@ -3328,7 +3613,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[33]
+	mi := &file_stubborn_v1_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3340,7 +3625,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[33]
+	mi := &file_stubborn_v1_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3353,7 +3638,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{33}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -3550,7 +3835,7 @@ type RunStarted struct {
 
 func (x *RunStarted) Reset() {
 	*x = RunStarted{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[34]
+	mi := &file_stubborn_v1_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3562,7 +3847,7 @@ func (x *RunStarted) String() string {
 func (*RunStarted) ProtoMessage() {}
 
 func (x *RunStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[34]
+	mi := &file_stubborn_v1_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3575,7 +3860,7 @@ func (x *RunStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStarted.ProtoReflect.Descriptor instead.
 func (*RunStarted) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{34}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RunStarted) GetState() *ControlState {
@@ -3596,7 +3881,7 @@ type AttemptStarted struct {
 
 func (x *AttemptStarted) Reset() {
 	*x = AttemptStarted{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[35]
+	mi := &file_stubborn_v1_control_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3608,7 +3893,7 @@ func (x *AttemptStarted) String() string {
 func (*AttemptStarted) ProtoMessage() {}
 
 func (x *AttemptStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[35]
+	mi := &file_stubborn_v1_control_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3621,7 +3906,7 @@ func (x *AttemptStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptStarted.ProtoReflect.Descriptor instead.
 func (*AttemptStarted) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{35}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *AttemptStarted) GetAttempt() *Attempt {
@@ -3645,7 +3930,7 @@ type AttemptFinished struct {
 
 func (x *AttemptFinished) Reset() {
 	*x = AttemptFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[36]
+	mi := &file_stubborn_v1_control_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3657,7 +3942,7 @@ func (x *AttemptFinished) String() string {
 func (*AttemptFinished) ProtoMessage() {}
 
 func (x *AttemptFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[36]
+	mi := &file_stubborn_v1_control_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3670,7 +3955,7 @@ func (x *AttemptFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptFinished.ProtoReflect.Descriptor instead.
 func (*AttemptFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{36}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AttemptFinished) GetAttempt() *Attempt {
@@ -3704,7 +3989,7 @@ type FailureAnalyzed struct {
 
 func (x *FailureAnalyzed) Reset() {
 	*x = FailureAnalyzed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[37]
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3716,7 +4001,7 @@ func (x *FailureAnalyzed) String() string {
 func (*FailureAnalyzed) ProtoMessage() {}
 
 func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[37]
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3729,7 +4014,7 @@ func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureAnalyzed.ProtoReflect.Descriptor instead.
 func (*FailureAnalyzed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{37}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *FailureAnalyzed) GetFailure() *FailureRecord {
@@ -3772,7 +4057,7 @@ type BackoffScheduled struct {
 
 func (x *BackoffScheduled) Reset() {
 	*x = BackoffScheduled{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3784,7 +4069,7 @@ func (x *BackoffScheduled) String() string {
 func (*BackoffScheduled) ProtoMessage() {}
 
 func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3797,7 +4082,7 @@ func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackoffScheduled.ProtoReflect.Descriptor instead.
 func (*BackoffScheduled) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{38}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *BackoffScheduled) GetNextAttempt() int32 {
@@ -3855,7 +4140,7 @@ type DecisionRequested struct {
 
 func (x *DecisionRequested) Reset() {
 	*x = DecisionRequested{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[39]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3867,7 +4152,7 @@ func (x *DecisionRequested) String() string {
 func (*DecisionRequested) ProtoMessage() {}
 
 func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[39]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3880,7 +4165,7 @@ func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionRequested.ProtoReflect.Descriptor instead.
 func (*DecisionRequested) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{39}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DecisionRequested) GetReason() string {
@@ -3922,7 +4207,7 @@ type DecisionReceived struct {
 
 func (x *DecisionReceived) Reset() {
 	*x = DecisionReceived{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[40]
+	mi := &file_stubborn_v1_control_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3934,7 +4219,7 @@ func (x *DecisionReceived) String() string {
 func (*DecisionReceived) ProtoMessage() {}
 
 func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[40]
+	mi := &file_stubborn_v1_control_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3947,7 +4232,7 @@ func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionReceived.ProtoReflect.Descriptor instead.
 func (*DecisionReceived) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{40}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DecisionReceived) GetDecision() Decision {
@@ -3971,7 +4256,7 @@ type RunResumed struct {
 
 func (x *RunResumed) Reset() {
 	*x = RunResumed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[41]
+	mi := &file_stubborn_v1_control_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3983,7 +4268,7 @@ func (x *RunResumed) String() string {
 func (*RunResumed) ProtoMessage() {}
 
 func (x *RunResumed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[41]
+	mi := &file_stubborn_v1_control_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3996,7 +4281,7 @@ func (x *RunResumed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResumed.ProtoReflect.Descriptor instead.
 func (*RunResumed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{41}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RunResumed) GetOwner() string {
@@ -4024,7 +4309,7 @@ type RunFinished struct {
 
 func (x *RunFinished) Reset() {
 	*x = RunFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[42]
+	mi := &file_stubborn_v1_control_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4036,7 +4321,7 @@ func (x *RunFinished) String() string {
 func (*RunFinished) ProtoMessage() {}
 
 func (x *RunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[42]
+	mi := &file_stubborn_v1_control_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4049,7 +4334,7 @@ func (x *RunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFinished.ProtoReflect.Descriptor instead.
 func (*RunFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{42}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RunFinished) GetState() *ControlState {
@@ -4063,15 +4348,20 @@ var File_stubborn_v1_control_proto protoreflect.FileDescriptor
 
 const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"\x19stubborn/v1/control.proto\x12\vstubborn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1astubborn/v1/delegate.proto\"\xc2\x02\n" +
+	"\x19stubborn/v1/control.proto\x12\vstubborn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1astubborn/v1/delegate.proto\"\xf3\x02\n" +
 	"\tRetrySpec\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\tR\x06target\x12\x1f\n" +
 	"\battempts\x18\x02 \x01(\x05H\x00R\battempts\x88\x01\x01\x124\n" +
 	"\bmax_wait\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\amaxWait\x12;\n" +
 	"\fon_exhausted\x18\x04 \x01(\x0e2\x18.stubborn.v1.OnExhaustedR\vonExhausted\x126\n" +
 	"\tbase_wait\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bbaseWait\x12D\n" +
-	"\x10decision_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0fdecisionTimeoutB\v\n" +
-	"\t_attempts\"\xcd\x01\n" +
+	"\x10decision_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0fdecisionTimeout\x12/\n" +
+	"\bretry_on\x18\a \x01(\v2\x14.stubborn.v1.RetryOnR\aretryOnB\v\n" +
+	"\t_attempts\"M\n" +
+	"\aRetryOn\x12\x1d\n" +
+	"\n" +
+	"grpc_codes\x18\x01 \x03(\tR\tgrpcCodes\x12#\n" +
+	"\rhttp_statuses\x18\x02 \x03(\x05R\fhttpStatuses\"\xcd\x01\n" +
 	"\x15RetryWithLearningSpec\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\tR\x06target\x12$\n" +
 	"\vmax_retries\x18\x02 \x01(\x05H\x00R\n" +
@@ -4168,7 +4458,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x14ListDelegatesRequest\"\x91\x01\n" +
 	"\x15ListDelegatesResponse\x12>\n" +
 	"\tdelegates\x18\x01 \x03(\v2 .stubborn.v1.DelegateDescriptionR\tdelegates\x128\n" +
-	"\apresets\x18\x02 \x03(\v2\x1e.stubborn.v1.PresetDescriptionR\apresets\"\xe4\x01\n" +
+	"\apresets\x18\x02 \x03(\v2\x1e.stubborn.v1.PresetDescriptionR\apresets\"\xaf\x04\n" +
 	"\x13DelegateDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1e\n" +
@@ -4177,7 +4467,15 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"idempotent\x12\x1b\n" +
 	"\tread_only\x18\x04 \x01(\bR\breadOnly\x123\n" +
 	"\atimeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x123\n" +
-	"\x06health\x18\x06 \x01(\x0e2\x1b.stubborn.v1.DelegateHealthR\x06health\"U\n" +
+	"\x06health\x18\x06 \x01(\x0e2\x1b.stubborn.v1.DelegateHealthR\x06health\x12B\n" +
+	"\x0fcircuit_breaker\x18\a \x01(\x0e2\x19.stubborn.v1.BreakerStateR\x0ecircuitBreaker\x124\n" +
+	"\x16circuit_breaker_reason\x18\b \x01(\tR\x14circuitBreakerReason\x12\x1b\n" +
+	"\tin_flight\x18\t \x01(\x05R\binFlight\x12%\n" +
+	"\x0emax_concurrent\x18\n" +
+	" \x01(\x05R\rmaxConcurrent\x12.\n" +
+	"\x13requests_per_minute\x18\v \x01(\x05R\x11requestsPerMinute\x12*\n" +
+	"\x11tokens_per_minute\x18\f \x01(\x03R\x0ftokensPerMinute\x12/\n" +
+	"\bretry_on\x18\r \x01(\v2\x14.stubborn.v1.RetryOnR\aretryOn\"U\n" +
 	"\x11PresetDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12,\n" +
 	"\x04spec\x18\x02 \x01(\v2\x18.stubborn.v1.ControlSpecR\x04spec\")\n" +
@@ -4222,7 +4520,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"updateTime\x125\n" +
 	"\bend_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12 \n" +
 	"\vtraceparent\x18\x0f \x01(\tR\vtraceparent\x12\x16\n" +
-	"\x06tenant\x18\x10 \x01(\tR\x06tenant\"\xcc\x01\n" +
+	"\x06tenant\x18\x10 \x01(\tR\x06tenant\"\x83\x02\n" +
 	"\fAttemptError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1f\n" +
@@ -4231,7 +4529,9 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\n" +
 	"retry_hint\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\tretryHint\x12\x19\n" +
 	"\bnot_sent\x18\x05 \x01(\bR\anotSent\x12\x18\n" +
-	"\arefused\x18\x06 \x01(\bR\arefused\"\xaa\x03\n" +
+	"\arefused\x18\x06 \x01(\bR\arefused\x125\n" +
+	"\n" +
+	"refused_by\x18\a \x01(\x0e2\x16.stubborn.v1.RefusedByR\trefusedBy\"\xaa\x03\n" +
 	"\aAttempt\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x05R\x06number\x12\x1a\n" +
 	"\bdelegate\x18\x02 \x01(\tR\bdelegate\x12\x14\n" +
@@ -4336,14 +4636,22 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x18ATTEMPT_OUTCOME_REJECTED\x10\x03\x12\x1d\n" +
 	"\x19ATTEMPT_OUTCOME_CANCELLED\x10\x04\x12\x1b\n" +
 	"\x17ATTEMPT_OUTCOME_SKIPPED\x10\x05\x12\x1f\n" +
-	"\x1bATTEMPT_OUTCOME_INTERRUPTED\x10\x06*\xb4\x01\n" +
+	"\x1bATTEMPT_OUTCOME_INTERRUPTED\x10\x06*\x94\x02\n" +
 	"\rFailureSource\x12\x1e\n" +
 	"\x1aFAILURE_SOURCE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14FAILURE_SOURCE_ERROR\x10\x01\x12\x18\n" +
 	"\x14FAILURE_SOURCE_JUDGE\x10\x02\x12\x16\n" +
 	"\x12FAILURE_SOURCE_CEL\x10\x03\x12\x19\n" +
 	"\x15FAILURE_SOURCE_HEALTH\x10\x04\x12\x1c\n" +
-	"\x18FAILURE_SOURCE_CANCELLED\x10\x05*\xe9\x02\n" +
+	"\x18FAILURE_SOURCE_CANCELLED\x10\x05\x12\"\n" +
+	"\x1eFAILURE_SOURCE_CIRCUIT_BREAKER\x10\x06\x12\x1b\n" +
+	"\x17FAILURE_SOURCE_BULKHEAD\x10\a\x12\x1d\n" +
+	"\x19FAILURE_SOURCE_RATE_LIMIT\x10\b*{\n" +
+	"\tRefusedBy\x12\x1a\n" +
+	"\x16REFUSED_BY_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aREFUSED_BY_CIRCUIT_BREAKER\x10\x01\x12\x17\n" +
+	"\x13REFUSED_BY_BULKHEAD\x10\x02\x12\x19\n" +
+	"\x15REFUSED_BY_RATE_LIMIT\x10\x03*\xe9\x02\n" +
 	"\n" +
 	"NotRetried\x12\x1b\n" +
 	"\x17NOT_RETRIED_UNSPECIFIED\x10\x00\x12\x1d\n" +
@@ -4379,7 +4687,12 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\aRunView\x12\x18\n" +
 	"\x14RUN_VIEW_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10RUN_VIEW_SUMMARY\x10\x01\x12\x11\n" +
-	"\rRUN_VIEW_FULL\x10\x02*o\n" +
+	"\rRUN_VIEW_FULL\x10\x02*|\n" +
+	"\fBreakerState\x12\x1d\n" +
+	"\x19BREAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14BREAKER_STATE_CLOSED\x10\x01\x12\x16\n" +
+	"\x12BREAKER_STATE_OPEN\x10\x02\x12\x1b\n" +
+	"\x17BREAKER_STATE_HALF_OPEN\x10\x03*o\n" +
 	"\x0eDelegateHealth\x12\x1f\n" +
 	"\x1bDELEGATE_HEALTH_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17DELEGATE_HEALTH_SERVING\x10\x01\x12\x1f\n" +
@@ -4409,176 +4722,183 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 	return file_stubborn_v1_control_proto_rawDescData
 }
 
-var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
+var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
 	(OnExhausted)(0),              // 1: stubborn.v1.OnExhausted
 	(Decision)(0),                 // 2: stubborn.v1.Decision
 	(AttemptOutcome)(0),           // 3: stubborn.v1.AttemptOutcome
 	(FailureSource)(0),            // 4: stubborn.v1.FailureSource
-	(NotRetried)(0),               // 5: stubborn.v1.NotRetried
-	(StatusReason)(0),             // 6: stubborn.v1.StatusReason
-	(RunView)(0),                  // 7: stubborn.v1.RunView
-	(DelegateHealth)(0),           // 8: stubborn.v1.DelegateHealth
-	(*RetrySpec)(nil),             // 9: stubborn.v1.RetrySpec
-	(*RetryWithLearningSpec)(nil), // 10: stubborn.v1.RetryWithLearningSpec
-	(*FallbackChainSpec)(nil),     // 11: stubborn.v1.FallbackChainSpec
-	(*RaceSpec)(nil),              // 12: stubborn.v1.RaceSpec
-	(*RunOptions)(nil),            // 13: stubborn.v1.RunOptions
-	(*RunRequest)(nil),            // 14: stubborn.v1.RunRequest
-	(*RunResponse)(nil),           // 15: stubborn.v1.RunResponse
-	(*StartRunRequest)(nil),       // 16: stubborn.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 17: stubborn.v1.StartRunResponse
-	(*WatchRunRequest)(nil),       // 18: stubborn.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 19: stubborn.v1.WatchRunResponse
-	(*GetRunRequest)(nil),         // 20: stubborn.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 21: stubborn.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 22: stubborn.v1.ListRunsRequest
-	(*RunSummary)(nil),            // 23: stubborn.v1.RunSummary
-	(*ListRunsResponse)(nil),      // 24: stubborn.v1.ListRunsResponse
-	(*WatchRunsRequest)(nil),      // 25: stubborn.v1.WatchRunsRequest
-	(*WatchRunsResponse)(nil),     // 26: stubborn.v1.WatchRunsResponse
-	(*ListDelegatesRequest)(nil),  // 27: stubborn.v1.ListDelegatesRequest
-	(*ListDelegatesResponse)(nil), // 28: stubborn.v1.ListDelegatesResponse
-	(*DelegateDescription)(nil),   // 29: stubborn.v1.DelegateDescription
-	(*PresetDescription)(nil),     // 30: stubborn.v1.PresetDescription
-	(*CancelRunRequest)(nil),      // 31: stubborn.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 32: stubborn.v1.CancelRunResponse
-	(*DeleteRunRequest)(nil),      // 33: stubborn.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 34: stubborn.v1.DeleteRunResponse
-	(*DecideRunRequest)(nil),      // 35: stubborn.v1.DecideRunRequest
-	(*DecideRunResponse)(nil),     // 36: stubborn.v1.DecideRunResponse
-	(*ControlSpec)(nil),           // 37: stubborn.v1.ControlSpec
-	(*ControlState)(nil),          // 38: stubborn.v1.ControlState
-	(*AttemptError)(nil),          // 39: stubborn.v1.AttemptError
-	(*Attempt)(nil),               // 40: stubborn.v1.Attempt
-	(*FailureRecord)(nil),         // 41: stubborn.v1.FailureRecord
-	(*RunEvent)(nil),              // 42: stubborn.v1.RunEvent
-	(*RunStarted)(nil),            // 43: stubborn.v1.RunStarted
-	(*AttemptStarted)(nil),        // 44: stubborn.v1.AttemptStarted
-	(*AttemptFinished)(nil),       // 45: stubborn.v1.AttemptFinished
-	(*FailureAnalyzed)(nil),       // 46: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 47: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 48: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 49: stubborn.v1.DecisionReceived
-	(*RunResumed)(nil),            // 50: stubborn.v1.RunResumed
-	(*RunFinished)(nil),           // 51: stubborn.v1.RunFinished
-	nil,                           // 52: stubborn.v1.RunOptions.MetadataEntry
-	(*durationpb.Duration)(nil),   // 53: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 54: google.protobuf.Timestamp
-	(*Result)(nil),                // 55: stubborn.v1.Result
+	(RefusedBy)(0),                // 5: stubborn.v1.RefusedBy
+	(NotRetried)(0),               // 6: stubborn.v1.NotRetried
+	(StatusReason)(0),             // 7: stubborn.v1.StatusReason
+	(RunView)(0),                  // 8: stubborn.v1.RunView
+	(BreakerState)(0),             // 9: stubborn.v1.BreakerState
+	(DelegateHealth)(0),           // 10: stubborn.v1.DelegateHealth
+	(*RetrySpec)(nil),             // 11: stubborn.v1.RetrySpec
+	(*RetryOn)(nil),               // 12: stubborn.v1.RetryOn
+	(*RetryWithLearningSpec)(nil), // 13: stubborn.v1.RetryWithLearningSpec
+	(*FallbackChainSpec)(nil),     // 14: stubborn.v1.FallbackChainSpec
+	(*RaceSpec)(nil),              // 15: stubborn.v1.RaceSpec
+	(*RunOptions)(nil),            // 16: stubborn.v1.RunOptions
+	(*RunRequest)(nil),            // 17: stubborn.v1.RunRequest
+	(*RunResponse)(nil),           // 18: stubborn.v1.RunResponse
+	(*StartRunRequest)(nil),       // 19: stubborn.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 20: stubborn.v1.StartRunResponse
+	(*WatchRunRequest)(nil),       // 21: stubborn.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 22: stubborn.v1.WatchRunResponse
+	(*GetRunRequest)(nil),         // 23: stubborn.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 24: stubborn.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 25: stubborn.v1.ListRunsRequest
+	(*RunSummary)(nil),            // 26: stubborn.v1.RunSummary
+	(*ListRunsResponse)(nil),      // 27: stubborn.v1.ListRunsResponse
+	(*WatchRunsRequest)(nil),      // 28: stubborn.v1.WatchRunsRequest
+	(*WatchRunsResponse)(nil),     // 29: stubborn.v1.WatchRunsResponse
+	(*ListDelegatesRequest)(nil),  // 30: stubborn.v1.ListDelegatesRequest
+	(*ListDelegatesResponse)(nil), // 31: stubborn.v1.ListDelegatesResponse
+	(*DelegateDescription)(nil),   // 32: stubborn.v1.DelegateDescription
+	(*PresetDescription)(nil),     // 33: stubborn.v1.PresetDescription
+	(*CancelRunRequest)(nil),      // 34: stubborn.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 35: stubborn.v1.CancelRunResponse
+	(*DeleteRunRequest)(nil),      // 36: stubborn.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 37: stubborn.v1.DeleteRunResponse
+	(*DecideRunRequest)(nil),      // 38: stubborn.v1.DecideRunRequest
+	(*DecideRunResponse)(nil),     // 39: stubborn.v1.DecideRunResponse
+	(*ControlSpec)(nil),           // 40: stubborn.v1.ControlSpec
+	(*ControlState)(nil),          // 41: stubborn.v1.ControlState
+	(*AttemptError)(nil),          // 42: stubborn.v1.AttemptError
+	(*Attempt)(nil),               // 43: stubborn.v1.Attempt
+	(*FailureRecord)(nil),         // 44: stubborn.v1.FailureRecord
+	(*RunEvent)(nil),              // 45: stubborn.v1.RunEvent
+	(*RunStarted)(nil),            // 46: stubborn.v1.RunStarted
+	(*AttemptStarted)(nil),        // 47: stubborn.v1.AttemptStarted
+	(*AttemptFinished)(nil),       // 48: stubborn.v1.AttemptFinished
+	(*FailureAnalyzed)(nil),       // 49: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 50: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 51: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 52: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 53: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 54: stubborn.v1.RunFinished
+	nil,                           // 55: stubborn.v1.RunOptions.MetadataEntry
+	(*durationpb.Duration)(nil),   // 56: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 57: google.protobuf.Timestamp
+	(*Result)(nil),                // 58: stubborn.v1.Result
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	53, // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	56, // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,  // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	53, // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	53, // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
-	53, // 4: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	53, // 5: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	52, // 6: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
-	9,  // 7: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	10, // 8: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	11, // 9: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	12, // 10: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
-	13, // 11: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	42, // 12: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
-	9,  // 13: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	10, // 14: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	11, // 15: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	12, // 16: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
-	13, // 17: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	38, // 18: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	42, // 19: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	42, // 20: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	38, // 21: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
-	0,  // 22: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	7,  // 23: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
-	0,  // 24: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	54, // 25: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	54, // 26: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
-	38, // 27: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	23, // 28: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
-	0,  // 29: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	23, // 30: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
-	29, // 31: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
-	30, // 32: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	53, // 33: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
-	8,  // 34: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
-	37, // 35: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	38, // 36: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,  // 37: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	38, // 38: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	9,  // 39: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	10, // 40: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	11, // 41: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	12, // 42: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	0,  // 43: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	55, // 44: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	41, // 45: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	40, // 46: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	37, // 47: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	13, // 48: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	6,  // 49: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	54, // 50: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	54, // 51: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	54, // 52: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	53, // 53: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	54, // 54: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	54, // 55: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,  // 56: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	55, // 57: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	39, // 58: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	53, // 59: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	5,  // 60: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	4,  // 61: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	54, // 62: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	43, // 63: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	44, // 64: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	45, // 65: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	46, // 66: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	47, // 67: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	48, // 68: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	49, // 69: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	51, // 70: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	50, // 71: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	38, // 72: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	40, // 73: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	40, // 74: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	41, // 75: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	53, // 76: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	54, // 77: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	53, // 78: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	41, // 79: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	54, // 80: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	6,  // 81: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,  // 82: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	38, // 83: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	14, // 84: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	16, // 85: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	18, // 86: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	20, // 87: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	22, // 88: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	25, // 89: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	27, // 90: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	31, // 91: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	35, // 92: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	33, // 93: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	15, // 94: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	17, // 95: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	19, // 96: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	21, // 97: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	24, // 98: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	26, // 99: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	28, // 100: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	32, // 101: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	36, // 102: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	34, // 103: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	94, // [94:104] is the sub-list for method output_type
-	84, // [84:94] is the sub-list for method input_type
-	84, // [84:84] is the sub-list for extension type_name
-	84, // [84:84] is the sub-list for extension extendee
-	0,  // [0:84] is the sub-list for field type_name
+	56, // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	56, // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	12, // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
+	56, // 5: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	56, // 6: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	55, // 7: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	11, // 8: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	13, // 9: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	14, // 10: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	15, // 11: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
+	16, // 12: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
+	45, // 13: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	11, // 14: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	13, // 15: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	14, // 16: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	15, // 17: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
+	16, // 18: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
+	41, // 19: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	45, // 20: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	45, // 21: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	41, // 22: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	0,  // 23: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	8,  // 24: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
+	0,  // 25: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
+	57, // 26: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	57, // 27: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	41, // 28: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	26, // 29: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
+	0,  // 30: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	26, // 31: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
+	32, // 32: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
+	33, // 33: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
+	56, // 34: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	10, // 35: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
+	9,  // 36: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
+	12, // 37: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
+	40, // 38: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	41, // 39: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,  // 40: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	41, // 41: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	11, // 42: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	13, // 43: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	14, // 44: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	15, // 45: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	0,  // 46: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	58, // 47: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	44, // 48: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	43, // 49: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	40, // 50: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	16, // 51: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	7,  // 52: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	57, // 53: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	57, // 54: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	57, // 55: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	56, // 56: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	5,  // 57: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
+	57, // 58: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	57, // 59: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,  // 60: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	58, // 61: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	42, // 62: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	56, // 63: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	6,  // 64: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	4,  // 65: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	57, // 66: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	46, // 67: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	47, // 68: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	48, // 69: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	49, // 70: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	50, // 71: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	51, // 72: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	52, // 73: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	54, // 74: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	53, // 75: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	41, // 76: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	43, // 77: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	43, // 78: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	44, // 79: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	56, // 80: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	57, // 81: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	56, // 82: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	44, // 83: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	57, // 84: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	7,  // 85: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,  // 86: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	41, // 87: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	17, // 88: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	19, // 89: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	21, // 90: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	23, // 91: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	25, // 92: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	28, // 93: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	30, // 94: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	34, // 95: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	38, // 96: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	36, // 97: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	18, // 98: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	20, // 99: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	22, // 100: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	24, // 101: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	27, // 102: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	29, // 103: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	31, // 104: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	35, // 105: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	39, // 106: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	37, // 107: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	98, // [98:108] is the sub-list for method output_type
+	88, // [88:98] is the sub-list for method input_type
+	88, // [88:88] is the sub-list for extension type_name
+	88, // [88:88] is the sub-list for extension extendee
+	0,  // [0:88] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -4588,14 +4908,14 @@ func file_stubborn_v1_control_proto_init() {
 	}
 	file_stubborn_v1_delegate_proto_init()
 	file_stubborn_v1_control_proto_msgTypes[0].OneofWrappers = []any{}
-	file_stubborn_v1_control_proto_msgTypes[1].OneofWrappers = []any{}
-	file_stubborn_v1_control_proto_msgTypes[28].OneofWrappers = []any{
+	file_stubborn_v1_control_proto_msgTypes[2].OneofWrappers = []any{}
+	file_stubborn_v1_control_proto_msgTypes[29].OneofWrappers = []any{
 		(*ControlSpec_Retry)(nil),
 		(*ControlSpec_RetryWithLearning)(nil),
 		(*ControlSpec_FallbackChain)(nil),
 		(*ControlSpec_Race)(nil),
 	}
-	file_stubborn_v1_control_proto_msgTypes[33].OneofWrappers = []any{
+	file_stubborn_v1_control_proto_msgTypes[34].OneofWrappers = []any{
 		(*RunEvent_RunStarted)(nil),
 		(*RunEvent_AttemptStarted)(nil),
 		(*RunEvent_AttemptFinished)(nil),
@@ -4611,8 +4931,8 @@ func file_stubborn_v1_control_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
-			NumEnums:      9,
-			NumMessages:   44,
+			NumEnums:      11,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,283 @@
+package delegates
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// CircuitBreaker configures a delegate's circuit breaker (the registry's
+// circuit_breaker). It counts the delegate's transient failures (what the
+// retry rules call transient: timeouts, UNAVAILABLE, 5xx, 429 …; not
+// permanent answers, cancellations or calls Stubborn refused) against its
+// answers, across every run on the server. It opens after
+// ConsecutiveFailures transient failures in a row, or when FailureRatio of
+// at least MinCalls calls within Window failed; open, it refuses every call
+// for Cooldown; then it lets Probes calls through (half-open): as many
+// answers close it, a transient failure opens it again.
+type CircuitBreaker struct {
+	// ConsecutiveFailures opens the breaker after that many transient
+	// failures in a row; 0 means not by count. When both this and
+	// FailureRatio are 0, it is DefaultBreakerFailures.
+	ConsecutiveFailures int `yaml:"consecutive_failures,omitempty"`
+	// FailureRatio (0 to 1] opens it when at least that share of the
+	// calls within Window failed, once there were MinCalls; 0 means not
+	// by ratio.
+	FailureRatio float64 `yaml:"failure_ratio,omitempty"`
+	// MinCalls is how many calls within Window FailureRatio needs to
+	// judge; 0 means DefaultBreakerMinCalls.
+	MinCalls int `yaml:"min_calls,omitempty"`
+	// Window is how far back FailureRatio looks; 0 means
+	// DefaultBreakerWindow.
+	Window Duration `yaml:"window,omitempty"`
+	// Cooldown is how long it stays open; 0 means DefaultBreakerCooldown.
+	Cooldown Duration `yaml:"cooldown,omitempty"`
+	// Probes is how many calls it lets through half-open, at once, and
+	// how many answers close it; 0 means 1.
+	Probes int `yaml:"probes,omitempty"`
+}
+
+// Circuit breaker defaults.
+const (
+	DefaultBreakerFailures = 5
+	DefaultBreakerMinCalls = 10
+	DefaultBreakerWindow   = time.Minute
+	DefaultBreakerCooldown = 30 * time.Second
+)
+
+// withDefaults fills in the zero fields.
+func (c CircuitBreaker) withDefaults() CircuitBreaker {
+	if c.ConsecutiveFailures == 0 && c.FailureRatio == 0 {
+		c.ConsecutiveFailures = DefaultBreakerFailures
+	}
+	if c.MinCalls == 0 {
+		c.MinCalls = DefaultBreakerMinCalls
+	}
+	if c.Window == 0 {
+		c.Window = Duration(DefaultBreakerWindow)
+	}
+	if c.Cooldown == 0 {
+		c.Cooldown = Duration(DefaultBreakerCooldown)
+	}
+	if c.Probes == 0 {
+		c.Probes = 1
+	}
+	return c
+}
+
+// check returns what is wrong with c.
+func (c CircuitBreaker) check() []string {
+	var msgs []string
+	if c.ConsecutiveFailures < 0 {
+		msgs = append(msgs, fmt.Sprintf("circuit_breaker.consecutive_failures: must not be negative, got %d", c.ConsecutiveFailures))
+	}
+	if !(c.FailureRatio >= 0 && c.FailureRatio <= 1) {
+		msgs = append(msgs, fmt.Sprintf("circuit_breaker.failure_ratio: must be between 0 and 1, got %g", c.FailureRatio))
+	}
+	if c.MinCalls < 0 || c.MinCalls > 1_000_000 {
+		msgs = append(msgs, fmt.Sprintf("circuit_breaker.min_calls: must be between 0 and 1000000, got %d", c.MinCalls))
+	}
+	if c.Window < 0 || c.Window.Std() > 24*time.Hour {
+		msgs = append(msgs, fmt.Sprintf("circuit_breaker.window: must be between 0 and 24h, got %s", c.Window))
+	}
+	if c.Cooldown < 0 || c.Cooldown.Std() > 24*time.Hour {
+		msgs = append(msgs, fmt.Sprintf("circuit_breaker.cooldown: must be between 0 and 24h, got %s", c.Cooldown))
+	}
+	if c.Probes < 0 || c.Probes > 1000 {
+		msgs = append(msgs, fmt.Sprintf("circuit_breaker.probes: must be between 0 and 1000, got %d", c.Probes))
+	}
+	return msgs
+}
+
+// BreakerState is a circuit breaker's state.
+type BreakerState int
+
+// The states of a circuit breaker.
+const (
+	BreakerClosed BreakerState = iota
+	BreakerOpen
+	BreakerHalfOpen
+)
+
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerOpen:
+		return "open"
+	case BreakerHalfOpen:
+		return "half-open"
+	}
+	return "closed"
+}
+
+// breakerBuckets is how many slices Window is counted in.
+const breakerBuckets = 10
+
+// breaker is one delegate's circuit breaker, on a clock of its own (now),
+// so that tests drive it with a fake one. Calls admitted in one state
+// count only in that state (a generation, as in sony/gobreaker): a call
+// sent while closed that fails after the breaker opened changes nothing.
+type breaker struct {
+	cfg CircuitBreaker
+	now func() time.Time
+
+	mu          sync.Mutex
+	state       BreakerState
+	generation  uint64
+	consecutive int
+	buckets     [breakerBuckets]bucketCount
+	openedAt    time.Time
+	probes      int // half-open: probes in flight
+	answered    int // half-open: probes answered
+	// lastTrip says why it last opened.
+	lastTrip string
+}
+
+type bucketCount struct {
+	start           time.Time
+	calls, failures int
+}
+
+func newBreaker(cfg CircuitBreaker, now func() time.Time) *breaker {
+	return &breaker{cfg: cfg.withDefaults(), now: now}
+}
+
+// Transition is a change of a breaker's state.
+type Transition struct {
+	From, To BreakerState
+	// Why says what made it change.
+	Why string
+}
+
+// allow asks to send one call. It returns the call's generation, to pass
+// to done, or ok false when the breaker refuses it (why says so), and the
+// transition the asking made (open → half-open), if any.
+func (b *breaker) allow() (gen uint64, ok bool, why string, tr *Transition) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	if b.state == BreakerOpen {
+		until := b.openedAt.Add(b.cfg.Cooldown.Std())
+		if now.Before(until) {
+			return 0, false, fmt.Sprintf("circuit breaker open (%s) until %s", b.lastTrip, until.UTC().Format(time.RFC3339Nano)), nil
+		}
+		tr = b.set(BreakerHalfOpen, "cooldown of "+b.cfg.Cooldown.String()+" over")
+	}
+	if b.state == BreakerHalfOpen {
+		if b.probes >= b.cfg.Probes {
+			return 0, false, fmt.Sprintf("circuit breaker half-open: %d probe call(s) in flight", b.probes), tr
+		}
+		b.probes++
+	}
+	return b.generation, true, "", tr
+}
+
+// done reports how the call of generation gen went: failed says a
+// transient failure, counted says it counts at all (not a permanent
+// answer, a cancellation, a refusal). It returns the transition the
+// outcome made, if any.
+func (b *breaker) done(gen uint64, counted, failed bool) *Transition {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if gen != b.generation {
+		return nil
+	}
+	now := b.now()
+	switch b.state {
+	case BreakerHalfOpen:
+		b.probes--
+		switch {
+		case !counted:
+		case failed:
+			b.lastTrip = "a probe call failed"
+			return b.set(BreakerOpen, b.lastTrip)
+		default:
+			if b.answered++; b.answered >= b.cfg.Probes {
+				return b.set(BreakerClosed, fmt.Sprintf("%d probe call(s) answered", b.answered))
+			}
+		}
+	case BreakerClosed:
+		if !counted {
+			return nil
+		}
+		bk := b.bucket(now)
+		bk.calls++
+		if !failed {
+			b.consecutive = 0
+			return nil
+		}
+		bk.failures++
+		b.consecutive++
+		if c := b.cfg.ConsecutiveFailures; c > 0 && b.consecutive >= c {
+			b.lastTrip = fmt.Sprintf("%d transient failures in a row", b.consecutive)
+			return b.set(BreakerOpen, b.lastTrip)
+		}
+		if r := b.cfg.FailureRatio; r > 0 {
+			calls, failures := b.window(now)
+			if calls >= b.cfg.MinCalls && float64(failures) >= r*float64(calls) {
+				b.lastTrip = fmt.Sprintf("%d of %d calls failed within %s", failures, calls, b.cfg.Window)
+				return b.set(BreakerOpen, b.lastTrip)
+			}
+		}
+	}
+	return nil
+}
+
+// set changes the state, starting a new generation with fresh counts.
+func (b *breaker) set(to BreakerState, why string) *Transition {
+	tr := &Transition{From: b.state, To: to, Why: why}
+	b.state = to
+	b.generation++
+	b.consecutive, b.probes, b.answered = 0, 0, 0
+	b.buckets = [breakerBuckets]bucketCount{}
+	if to == BreakerOpen {
+		b.openedAt = b.now()
+	}
+	return tr
+}
+
+// bucket returns the bucket counting now's calls.
+func (b *breaker) bucket(now time.Time) *bucketCount {
+	width := b.cfg.Window.Std() / breakerBuckets
+	if width <= 0 {
+		width = 1
+	}
+	start := now.Truncate(width)
+	i := int(start.UnixNano()/int64(width)) % breakerBuckets
+	if i < 0 {
+		i += breakerBuckets
+	}
+	if !b.buckets[i].start.Equal(start) {
+		b.buckets[i] = bucketCount{start: start}
+	}
+	return &b.buckets[i]
+}
+
+// window counts the calls and failures within Window of now.
+func (b *breaker) window(now time.Time) (calls, failures int) {
+	from := now.Add(-b.cfg.Window.Std())
+	for _, bk := range b.buckets {
+		if bk.start.After(from) {
+			calls += bk.calls
+			failures += bk.failures
+		}
+	}
+	return calls, failures
+}
+
+// State returns the breaker's state as of now (open past its cooldown
+// reads half-open: the next call is a probe).
+func (b *breaker) State() BreakerState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state == BreakerOpen && !b.now().Before(b.openedAt.Add(b.cfg.Cooldown.Std())) {
+		return BreakerHalfOpen
+	}
+	return b.state
+}
+
+// reason says why it last opened; "" if it never did.
+func (b *breaker) reason() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastTrip
+}

@@ -1,0 +1,302 @@
+package delegates
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+var (
+	transientErr = &controls.CallError{Code: codes.Unavailable, Message: "down"}
+	permanentErr = &controls.CallError{Code: codes.InvalidArgument, Message: "bad"}
+	http404      = &controls.CallError{Code: codes.Unknown, HTTPStatus: 404}
+	cancelled    = &controls.CallError{Code: codes.Canceled}
+)
+
+// Each transition of the circuit breaker, driven by a fake clock.
+func TestBreakerTransitions(t *testing.T) {
+	type step struct {
+		advance time.Duration
+		// call: "ok", "transient", "permanent", "cancelled"; "refused"
+		// expects the breaker to refuse.
+		call  string
+		state BreakerState // after the step
+	}
+	cfg := CircuitBreaker{ConsecutiveFailures: 3, Cooldown: Duration(10 * time.Second), Probes: 1}
+	for _, tc := range []struct {
+		name  string
+		cfg   CircuitBreaker
+		steps []step
+	}{
+		{"opens after consecutive transient failures", cfg, []step{
+			{call: "transient", state: BreakerClosed}, {call: "transient", state: BreakerClosed},
+			{call: "transient", state: BreakerOpen}, {call: "refused", state: BreakerOpen},
+		}},
+		{"an answer resets the count", cfg, []step{
+			{call: "transient"}, {call: "transient"}, {call: "ok"}, {call: "transient"}, {call: "transient", state: BreakerClosed},
+		}},
+		{"permanent answers count as answers", cfg, []step{
+			{call: "transient"}, {call: "transient"}, {call: "permanent"}, {call: "transient"}, {call: "transient", state: BreakerClosed},
+		}},
+		{"cancellations count for nothing", cfg, []step{
+			{call: "transient"}, {call: "transient"}, {call: "cancelled"}, {call: "transient", state: BreakerOpen},
+		}},
+		{"half-open after the cooldown; a probe's answer closes it", cfg, []step{
+			{call: "transient"}, {call: "transient"}, {call: "transient", state: BreakerOpen},
+			{advance: 9 * time.Second, call: "refused", state: BreakerOpen},
+			{advance: time.Second, state: BreakerHalfOpen},
+			{call: "ok", state: BreakerClosed},
+		}},
+		{"a probe's transient failure opens it again", cfg, []step{
+			{call: "transient"}, {call: "transient"}, {call: "transient", state: BreakerOpen},
+			{advance: 10 * time.Second, call: "transient", state: BreakerOpen},
+			{advance: 5 * time.Second, call: "refused", state: BreakerOpen},
+		}},
+		{"by ratio, once min_calls were made within the window",
+			CircuitBreaker{FailureRatio: 0.5, MinCalls: 4, Window: Duration(time.Minute), Cooldown: Duration(time.Second)}, []step{
+				{call: "transient"}, {call: "transient"}, {call: "ok", state: BreakerClosed},
+				{call: "transient", state: BreakerOpen},
+			}},
+		{"the window forgets old calls",
+			CircuitBreaker{FailureRatio: 0.5, MinCalls: 4, Window: Duration(time.Minute), Cooldown: Duration(time.Second)}, []step{
+				{call: "transient"}, {call: "transient"}, {call: "ok"},
+				{advance: 2 * time.Minute, call: "transient", state: BreakerClosed},
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := controlstest.NewClock()
+			b := newBreaker(tc.cfg, clock.Now)
+			for i, s := range tc.steps {
+				require.NoError(t, clock.Sleep(context.Background(), s.advance))
+				if s.call != "" {
+					gen, ok, why, _ := b.allow()
+					if s.call == "refused" {
+						require.False(t, ok, "step %d", i)
+						assert.Contains(t, why, "circuit breaker")
+					} else {
+						require.True(t, ok, "step %d: %s", i, why)
+						var err error
+						switch s.call {
+						case "transient":
+							err = transientErr
+						case "permanent":
+							err = permanentErr
+						case "cancelled":
+							err = cancelled
+						}
+						counted, failed := breakerCounts(err, nil)
+						b.done(gen, counted, failed)
+					}
+				}
+				if s.state != BreakerClosed || i == len(tc.steps)-1 {
+					assert.Equal(t, s.state, b.State(), "after step %d", i)
+				}
+			}
+		})
+	}
+}
+
+// Half-open lets its probes through at once and refuses the others; a call
+// sent before a change of state does not count after it.
+func TestBreakerProbesAndGenerations(t *testing.T) {
+	clock := controlstest.NewClock()
+	b := newBreaker(CircuitBreaker{ConsecutiveFailures: 1, Cooldown: Duration(time.Second), Probes: 2}, clock.Now)
+	early, ok, _, _ := b.allow()
+	require.True(t, ok)
+	g, _, _, _ := b.allow()
+	require.NotNil(t, b.done(g, true, true), "opened")
+	assert.Nil(t, b.done(early, true, false), "an answer from before the opening counts for nothing")
+	require.NoError(t, clock.Sleep(context.Background(), time.Second))
+	p1, ok, _, tr := b.allow()
+	require.True(t, ok)
+	require.NotNil(t, tr)
+	assert.Equal(t, BreakerHalfOpen, tr.To)
+	p2, ok, _, _ := b.allow()
+	require.True(t, ok)
+	_, ok, why, _ := b.allow()
+	require.False(t, ok, "a third call while two probes are in flight")
+	assert.Contains(t, why, "probe")
+	assert.Nil(t, b.done(p1, true, false))
+	tr = b.done(p2, true, false)
+	require.NotNil(t, tr)
+	assert.Equal(t, BreakerClosed, tr.To)
+}
+
+func newGuards(t *testing.T, clock controls.Clock, d Delegate) *Guards {
+	t.Helper()
+	g := NewGuards(clock)
+	g.Configure(&Config{Delegates: []Delegate{d}})
+	return g
+}
+
+// A bulkhead refuses a call once max_queue_wait has passed with every slot
+// taken; a slot freed meanwhile lets the call through.
+func TestBulkhead(t *testing.T) {
+	ctx := context.Background()
+	wait := Duration(50 * time.Millisecond)
+	clock := controlstest.NewClock()
+	g := newGuards(t, clock, Delegate{Name: "d", MaxConcurrent: 1, MaxQueueWait: &wait})
+	var refused []stubbornv1.RefusedBy
+	g.OnRefused = func(_ string, by stubbornv1.RefusedBy) { refused = append(refused, by) }
+	done, err := g.Admit(ctx, "d")
+	require.NoError(t, err)
+	_, err = g.Admit(ctx, "d")
+	var ce *controls.CallError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_BULKHEAD, ce.RefusedBy)
+	assert.True(t, ce.Refused)
+	assert.True(t, ce.NotSent)
+	assert.Contains(t, ce.Message, "1 calls in flight (max_concurrent)")
+	assert.Equal(t, []time.Duration{50 * time.Millisecond}, clock.Sleeps(), "waited max_queue_wait")
+	assert.Equal(t, []stubbornv1.RefusedBy{stubbornv1.RefusedBy_REFUSED_BY_BULKHEAD}, refused)
+	done(nil, nil)
+	done2, err := g.Admit(ctx, "d")
+	require.NoError(t, err, "the slot was given back")
+
+	// On the wall clock, a slot freed during the wait is taken.
+	long := Duration(time.Minute)
+	g = newGuards(t, nil, Delegate{Name: "d", MaxConcurrent: 1, MaxQueueWait: &long})
+	first, err := g.Admit(ctx, "d")
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		_, err := g.Admit(ctx, "d")
+		got <- err
+	}()
+	first(nil, nil)
+	require.NoError(t, <-got)
+	done2(nil, nil)
+
+	// A context that ends first ends the wait with its error.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = g.Admit(cctx, "d")
+	assert.ErrorIs(t, err, context.Canceled)
+
+	// max_queue_wait 0 refuses at once.
+	zero := Duration(0)
+	clock = controlstest.NewClock()
+	g = newGuards(t, clock, Delegate{Name: "d", MaxConcurrent: 1, MaxQueueWait: &zero})
+	_, err = g.Admit(ctx, "d")
+	require.NoError(t, err)
+	_, err = g.Admit(ctx, "d")
+	require.ErrorAs(t, err, &ce)
+	assert.Empty(t, clock.Sleeps())
+}
+
+// requests_per_minute: over the limit a call waits until the minute's
+// oldest call ages out, or is refused when that is past max_queue_wait.
+func TestRequestsPerMinute(t *testing.T) {
+	ctx := context.Background()
+	clock := controlstest.NewClock()
+	wait := Duration(time.Minute)
+	g := newGuards(t, clock, Delegate{Name: "d", RequestsPerMinute: 2, MaxQueueWait: &wait})
+	for range 2 {
+		done, err := g.Admit(ctx, "d")
+		require.NoError(t, err)
+		done(nil, nil)
+	}
+	require.NoError(t, clock.Sleep(ctx, 20*time.Second))
+	done, err := g.Admit(ctx, "d")
+	require.NoError(t, err, "waited for the first minute's calls to age out")
+	done(nil, nil)
+	assert.Equal(t, []time.Duration{20 * time.Second, 40 * time.Second}, clock.Sleeps())
+
+	short := Duration(time.Second)
+	g = newGuards(t, clock, Delegate{Name: "d", RequestsPerMinute: 1, MaxQueueWait: &short})
+	_, err = g.Admit(ctx, "d")
+	require.NoError(t, err)
+	_, err = g.Admit(ctx, "d")
+	var ce *controls.CallError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT, ce.RefusedBy)
+	assert.Contains(t, ce.Message, "requests_per_minute 1")
+}
+
+// tokens_per_minute counts the usage model answers report.
+func TestTokensPerMinute(t *testing.T) {
+	ctx := context.Background()
+	clock := controlstest.NewClock()
+	zero := Duration(0)
+	g := newGuards(t, clock, Delegate{Name: "m", TokensPerMinute: 100, MaxQueueWait: &zero})
+	usage := func(fields map[string]any) *stubbornv1.Result {
+		v, err := structpb.NewValue(map[string]any{"usage": fields})
+		require.NoError(t, err)
+		return &stubbornv1.Result{Data: v}
+	}
+	done, err := g.Admit(ctx, "m")
+	require.NoError(t, err)
+	done(usage(map[string]any{"prompt_tokens": 60, "completion_tokens": 50}), nil)
+	_, err = g.Admit(ctx, "m")
+	var ce *controls.CallError
+	require.ErrorAs(t, err, &ce, "110 tokens used of 100")
+	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT, ce.RefusedBy)
+	require.NoError(t, clock.Sleep(ctx, time.Minute))
+	_, err = g.Admit(ctx, "m")
+	require.NoError(t, err, "a minute later")
+
+	assert.EqualValues(t, 7, TokensUsed(usage(map[string]any{"total_tokens": 7, "input_tokens": 1})))
+	assert.EqualValues(t, 5, TokensUsed(usage(map[string]any{"input_tokens": 2, "output_tokens": 3})))
+	assert.EqualValues(t, 0, TokensUsed(&stubbornv1.Result{Text: "no usage"}))
+}
+
+// The guards admit through the breaker, report its transitions, say so in
+// the note of the call that changed it, and keep their state across a
+// Configure with the same settings.
+func TestGuardsBreaker(t *testing.T) {
+	ctx := context.Background()
+	clock := controlstest.NewClock()
+	d := Delegate{Name: "d", CircuitBreaker: &CircuitBreaker{ConsecutiveFailures: 2, Cooldown: Duration(time.Second)}}
+	g := newGuards(t, clock, d)
+	var trs []Transition
+	g.OnTransition = func(_ string, tr Transition) { trs = append(trs, tr) }
+	for i := range 2 {
+		done, err := g.Admit(ctx, "d")
+		require.NoError(t, err)
+		note := done(nil, transientErr)
+		if i == 1 {
+			assert.Equal(t, "circuit breaker closed → open: 2 transient failures in a row", note)
+		}
+	}
+	g.Configure(&Config{Delegates: []Delegate{d}})
+	_, err := g.Admit(ctx, "d")
+	var ce *controls.CallError
+	require.ErrorAs(t, err, &ce, "still open after a Configure with the same settings")
+	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, ce.RefusedBy)
+	desc := &stubbornv1.DelegateDescription{}
+	g.describe("d", desc)
+	assert.Equal(t, stubbornv1.BreakerState_BREAKER_STATE_OPEN, desc.GetCircuitBreaker())
+	assert.Equal(t, "2 transient failures in a row", desc.GetCircuitBreakerReason())
+
+	require.NoError(t, clock.Sleep(ctx, time.Second))
+	done, err := g.Admit(ctx, "d")
+	require.NoError(t, err)
+	note := done(&stubbornv1.Result{}, nil)
+	assert.Contains(t, note, "this call was a probe")
+	assert.Contains(t, note, "half-open → closed")
+	require.Len(t, trs, 3)
+	assert.Equal(t, []BreakerState{BreakerOpen, BreakerHalfOpen, BreakerClosed}, []BreakerState{trs[0].To, trs[1].To, trs[2].To})
+
+	// A delegate without guards is admitted as is.
+	done, err = g.Admit(ctx, "other")
+	require.NoError(t, err)
+	assert.Empty(t, done(nil, errors.New("x")))
+
+	// retry_on decides what the breaker counts: here 404 is transient.
+	d.RetryOn = &RetryOn{HTTPStatuses: []int32{404}}
+	d.CircuitBreaker = &CircuitBreaker{ConsecutiveFailures: 1}
+	g = newGuards(t, clock, d)
+	done, err = g.Admit(ctx, "d")
+	require.NoError(t, err)
+	assert.Contains(t, done(nil, http404), "→ open")
+}

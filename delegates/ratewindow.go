@@ -1,0 +1,80 @@
+package delegates
+
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+// rateWindow counts a delegate's requests and model tokens over the last
+// minute, in one-second slots, for requests_per_minute and
+// tokens_per_minute (as LiteLLM's rpm and tpm): a request is let through
+// while fewer than rpm requests were let through, and fewer than tpm
+// tokens reported used, within the minute before it.
+type rateWindow struct {
+	rpm, tpm int64 // 0: no limit
+
+	mu    sync.Mutex
+	slots [60]rateSlot
+}
+
+type rateSlot struct {
+	sec    int64 // Unix second it counts
+	reqs   int64
+	tokens int64
+}
+
+// take counts a request at now if the limits let it through; else it
+// returns how long until they would (0 when it never will on its own:
+// tokens alone are over and no slot ages out).
+func (w *rateWindow) take(now time.Time) (ok bool, wait time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	sec := now.Unix()
+	var live []rateSlot
+	var reqs, tokens int64
+	for _, s := range w.slots {
+		if s.sec > sec-60 && s.sec <= sec && (s.reqs > 0 || s.tokens > 0) {
+			live = append(live, s)
+			reqs += s.reqs
+			tokens += s.tokens
+		}
+	}
+	if w.fits(reqs, tokens) {
+		w.slot(sec).reqs++
+		return true, 0
+	}
+	// The oldest slots age out first: the wait is until enough have.
+	slices.SortFunc(live, func(a, b rateSlot) int { return int(a.sec - b.sec) })
+	for _, s := range live {
+		reqs -= s.reqs
+		tokens -= s.tokens
+		if w.fits(reqs, tokens) {
+			return false, time.Unix(s.sec+60, 0).Sub(now)
+		}
+	}
+	return false, 0
+}
+
+func (w *rateWindow) fits(reqs, tokens int64) bool {
+	return (w.rpm == 0 || reqs < w.rpm) && (w.tpm == 0 || tokens < w.tpm)
+}
+
+// used counts tokens a request used, reported at now.
+func (w *rateWindow) used(now time.Time, tokens int64) {
+	if tokens <= 0 {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.slot(now.Unix()).tokens += tokens
+}
+
+// slot returns sec's slot, emptied if it counted an older second.
+func (w *rateWindow) slot(sec int64) *rateSlot {
+	s := &w.slots[((sec%60)+60)%60]
+	if s.sec != sec {
+		*s = rateSlot{sec: sec}
+	}
+	return s
+}
