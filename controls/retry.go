@@ -261,7 +261,8 @@ func (r *retry) transient(ctx context.Context, env *Env, n int32, a attemptResul
 // Transient reports whether a retry may fix a failed call, and when not,
 // why, as a FailureRecord.not_retried_reason. In order:
 //   - nil (the error was not a *CallError) is not transient;
-//   - a call Stubborn's own middleware refused never is;
+//   - a call Stubborn's own middleware refused never is (one a delegate's
+//     guard refused says which guard, and why);
 //   - an upstream HTTP status of 408, 425, 429 or 5xx is, whatever the code;
 //   - any other 4xx is not, whatever the code;
 //   - otherwise the gRPC code decides: UNAVAILABLE, DEADLINE_EXCEEDED (of
@@ -271,6 +272,8 @@ func Transient(ce *CallError) (bool, string) {
 	switch {
 	case ce == nil:
 		return false, "not transient: not a classified delegate error"
+	case ce.Refused && ce.RefusedBy != stubbornv1.RefusedBy_REFUSED_BY_UNSPECIFIED:
+		return false, "refused by the delegate's guard: " + ce.Message
 	case ce.Refused:
 		return false, "not transient: refused by Stubborn's own middleware"
 	case ce.HTTPStatus == 408 || ce.HTTPStatus == 425 || ce.HTTPStatus == 429 ||

@@ -300,3 +300,49 @@ func TestGuardsBreaker(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, done(nil, http404), "→ open")
 }
+
+// The guards' keys in YAML, and their checks naming the key.
+func TestGuardsConfig(t *testing.T) {
+	cfg, err := Parse([]byte(`
+delegates:
+  - name: model
+    target: "127.0.0.1:1"
+    circuit_breaker: {consecutive_failures: 3, cooldown: 10s}
+    max_concurrent: 4
+    max_queue_wait: 0s
+    requests_per_minute: 60
+    tokens_per_minute: 100000
+    retry_on: {grpc_codes: [unavailable, INTERNAL], http_statuses: [429, 503]}
+`))
+	require.NoError(t, err)
+	d := cfg.Delegates[0]
+	assert.Equal(t, 3, d.CircuitBreaker.ConsecutiveFailures)
+	assert.Equal(t, 10*time.Second, d.CircuitBreaker.Cooldown.Std())
+	assert.Equal(t, 4, d.MaxConcurrent)
+	require.NotNil(t, d.MaxQueueWait)
+	assert.Zero(t, *d.MaxQueueWait)
+	assert.Equal(t, 60, d.RequestsPerMinute)
+	assert.EqualValues(t, 100000, d.TokensPerMinute)
+	assert.Equal(t, []string{"unavailable", "INTERNAL"}, d.Info().RetryOn.GetGrpcCodes())
+
+	_, err = Parse([]byte(`
+delegates:
+  - name: bad
+    target: "127.0.0.1:1"
+    circuit_breaker: {failure_ratio: 1.5, probes: -1}
+    max_concurrent: -1
+    retry_on: {grpc_codes: [OK, nope], http_statuses: [302, 503, 503]}
+`))
+	require.Error(t, err)
+	for _, want := range []string{
+		`delegates[0] ("bad"): circuit_breaker.failure_ratio: must be between 0 and 1, got 1.5`,
+		`circuit_breaker.probes: must be between 0 and 1000, got -1`,
+		`max_concurrent: must be between 0 and 1048576, got -1`,
+		`retry_on.grpc_codes[0]: OK is not a failure`,
+		`retry_on.grpc_codes[1]: "nope" is not a gRPC code name`,
+		`retry_on.http_statuses[0]: must be between 400 and 599, got 302`,
+		`retry_on.http_statuses[2]: 503 is listed twice`,
+	} {
+		assert.ErrorContains(t, err, want)
+	}
+}

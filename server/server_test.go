@@ -105,6 +105,8 @@ type setup struct {
 	jetstream bool
 	// store, when set, is the server's store (replicas sharing one).
 	store runs.Store
+	// configure, when set, changes the registry before the server starts.
+	configure func(*delegates.Config)
 }
 
 // delegateTLS serves delegates over TLS and tells the registry how to reach
@@ -153,6 +155,9 @@ func startWith(t *testing.T, su setup) *env {
 		})
 	}
 	cfg.Delegates = append(cfg.Delegates, su.entries...)
+	if su.configure != nil {
+		su.configure(cfg)
+	}
 	logger := su.logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
