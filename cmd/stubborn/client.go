@@ -451,6 +451,37 @@ func parseWithID(fs *flag.FlagSet, args []string) (string, []string, error) {
 
 // cmdRegistry lists the delegates and presets the caller may name, over
 // ListDelegates.
+// guardTraits describes a delegate's guards for registry: its circuit
+// breaker's state (and why it last opened), calls in flight, limits.
+func guardTraits(d *stubbornv1.DelegateDescription) []string {
+	var out []string
+	if st := d.GetCircuitBreaker(); st != stubbornv1.BreakerState_BREAKER_STATE_UNSPECIFIED {
+		b := "breaker " + strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(st.String(), "BREAKER_STATE_")), "_", "-")
+		if why := d.GetCircuitBreakerReason(); why != "" && st != stubbornv1.BreakerState_BREAKER_STATE_CLOSED {
+			b += " (" + why + ")"
+		}
+		out = append(out, b)
+	}
+	if n := d.GetMaxConcurrent(); n > 0 {
+		out = append(out, fmt.Sprintf("%d/%d in flight", d.GetInFlight(), n))
+	}
+	if n := d.GetRequestsPerMinute(); n > 0 {
+		out = append(out, fmt.Sprintf("%d rpm", n))
+	}
+	if n := d.GetTokensPerMinute(); n > 0 {
+		out = append(out, fmt.Sprintf("%d tpm", n))
+	}
+	if on := d.GetRetryOn(); on != nil {
+		var what []string
+		what = append(what, on.GetGrpcCodes()...)
+		for _, h := range on.GetHttpStatuses() {
+			what = append(what, fmt.Sprint(h))
+		}
+		out = append(out, "retry on "+strings.Join(what, " "))
+	}
+	return out
+}
+
 func cmdRegistry(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	fs := newFlagSet("registry")
 	addr := addrFlag(fs)
@@ -481,6 +512,7 @@ func cmdRegistry(ctx context.Context, args []string, stdout io.Writer) (int, err
 		if d.GetTimeout() != nil {
 			traits = append(traits, "timeout "+round(d.GetTimeout().AsDuration()).String())
 		}
+		traits = append(traits, guardTraits(d)...)
 		health := "unknown" // not seen within the last 5 minutes
 		if d.GetHealth() != stubbornv1.DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED {
 			health = strings.ToLower(strings.TrimPrefix(d.GetHealth().String(), "DELEGATE_HEALTH_"))
