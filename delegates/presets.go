@@ -120,11 +120,12 @@ func isControlKey(k string) bool {
 }
 
 // normalize rewrites the YAML conveniences into protojson: Go durations
-// ("100ms") for the *_wait and *_timeout fields, and on_exhausted ask/fail.
+// ("100ms") for the *_wait, *_timeout and *_delay fields, and on_exhausted
+// ask/fail.
 func normalize(body map[string]any) error {
 	for k, v := range body {
 		switch {
-		case strings.HasSuffix(k, "_wait") || strings.HasSuffix(k, "_timeout"):
+		case strings.HasSuffix(k, "_wait") || strings.HasSuffix(k, "_timeout") || strings.HasSuffix(k, "_delay"):
 			s, ok := v.(string)
 			if !ok {
 				return fmt.Errorf("%s: a duration must be a string such as \"500ms\"", k)
@@ -186,6 +187,9 @@ func (c *Config) validatePresets(delegates map[string]int) []error {
 		}
 		if hasCriteria(p.Spec) {
 			bad("%s: failure criteria are not supported in presets", where)
+		}
+		if p.Spec.GetRace().GetHedgeDelay().AsDuration() < 0 {
+			bad("%s: race.hedge_delay must not be negative", where)
 		}
 	}
 	for i, p := range c.Presets {

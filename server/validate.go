@@ -28,7 +28,8 @@ type Limits struct {
 	MaxAttempts int
 	// MaxChain bounds fallback_chain.chain and race.candidates.
 	MaxChain int
-	// MaxWait bounds retry.max_wait, retry.base_wait and decision_timeout.
+	// MaxWait bounds retry.max_wait, retry.base_wait, decision_timeout and
+	// race.hedge_delay.
 	MaxWait time.Duration
 	// MaxMetadata bounds the number of options.metadata entries; each key
 	// and value is at most 1 KiB, all of them together at most
@@ -311,6 +312,7 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 		spec.Kind = &stubbornv1.ControlSpec_Race{Race: r}
 		names = append(names, val.list(&v, "race.candidates", r.GetCandidates())...)
 		val.criteria(&v, "race", r.GetAcceptanceCriteria(), r.GetAcceptWhen(), "acceptance_criteria", "accept_when", judged)
+		val.duration(&v, "race.hedge_delay", r.GetHedgeDelay())
 	}
 	switch len(set) {
 	case 0:

@@ -288,6 +288,71 @@ func (AttemptOutcome) EnumDescriptor() ([]byte, []int) {
 	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{3}
 }
 
+// AttemptStartReason says why an attempt started when it did:
+// Attempt.start_reason. Race candidates have one; see RaceSpec.hedge_delay.
+type AttemptStartReason int32
+
+const (
+	// No reason recorded: the attempt of a control other than race, whose
+	// start follows from the control itself, or one recorded by a server
+	// older than this field.
+	AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED AttemptStartReason = 0
+	// Started when the race started: every candidate of a race without
+	// hedge_delay, and the first candidate of a hedged race.
+	AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE AttemptStartReason = 1
+	// Started because hedge_delay passed since the previous candidate started
+	// without an acceptable answer; the candidates before it were still
+	// running.
+	AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY AttemptStartReason = 2
+	// Started before hedge_delay was over, because every candidate started
+	// before it had finished without an acceptable answer (failed, or
+	// rejected by the acceptance criteria).
+	AttemptStartReason_ATTEMPT_START_REASON_EARLIER_FAILED AttemptStartReason = 3
+)
+
+// Enum value maps for AttemptStartReason.
+var (
+	AttemptStartReason_name = map[int32]string{
+		0: "ATTEMPT_START_REASON_UNSPECIFIED",
+		1: "ATTEMPT_START_REASON_AT_ONCE",
+		2: "ATTEMPT_START_REASON_HEDGE_DELAY",
+		3: "ATTEMPT_START_REASON_EARLIER_FAILED",
+	}
+	AttemptStartReason_value = map[string]int32{
+		"ATTEMPT_START_REASON_UNSPECIFIED":    0,
+		"ATTEMPT_START_REASON_AT_ONCE":        1,
+		"ATTEMPT_START_REASON_HEDGE_DELAY":    2,
+		"ATTEMPT_START_REASON_EARLIER_FAILED": 3,
+	}
+)
+
+func (x AttemptStartReason) Enum() *AttemptStartReason {
+	p := new(AttemptStartReason)
+	*p = x
+	return p
+}
+
+func (x AttemptStartReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AttemptStartReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_stubborn_v1_control_proto_enumTypes[4].Descriptor()
+}
+
+func (AttemptStartReason) Type() protoreflect.EnumType {
+	return &file_stubborn_v1_control_proto_enumTypes[4]
+}
+
+func (x AttemptStartReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AttemptStartReason.Descriptor instead.
+func (AttemptStartReason) EnumDescriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{4}
+}
+
 // FailureSource says who or what decided that an attempt failed.
 type FailureSource int32
 
@@ -341,11 +406,11 @@ func (x FailureSource) String() string {
 }
 
 func (FailureSource) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[4].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[5].Descriptor()
 }
 
 func (FailureSource) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[4]
+	return &file_stubborn_v1_control_proto_enumTypes[5]
 }
 
 func (x FailureSource) Number() protoreflect.EnumNumber {
@@ -354,7 +419,7 @@ func (x FailureSource) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FailureSource.Descriptor instead.
 func (FailureSource) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{4}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{5}
 }
 
 // NotRetried says, as a value to switch on, why no retry followed a failed
@@ -444,11 +509,11 @@ func (x NotRetried) String() string {
 }
 
 func (NotRetried) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[5].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[6].Descriptor()
 }
 
 func (NotRetried) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[5]
+	return &file_stubborn_v1_control_proto_enumTypes[6]
 }
 
 func (x NotRetried) Number() protoreflect.EnumNumber {
@@ -457,7 +522,7 @@ func (x NotRetried) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NotRetried.Descriptor instead.
 func (NotRetried) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{5}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{6}
 }
 
 // StatusReason says, as a value to switch on, why a run ended or waits:
@@ -559,11 +624,11 @@ func (x StatusReason) String() string {
 }
 
 func (StatusReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[6].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[7].Descriptor()
 }
 
 func (StatusReason) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[6]
+	return &file_stubborn_v1_control_proto_enumTypes[7]
 }
 
 func (x StatusReason) Number() protoreflect.EnumNumber {
@@ -572,7 +637,7 @@ func (x StatusReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StatusReason.Descriptor instead.
 func (StatusReason) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{6}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{7}
 }
 
 // RunView is how much of each run ListRuns returns.
@@ -612,11 +677,11 @@ func (x RunView) String() string {
 }
 
 func (RunView) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[7].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[8].Descriptor()
 }
 
 func (RunView) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[7]
+	return &file_stubborn_v1_control_proto_enumTypes[8]
 }
 
 func (x RunView) Number() protoreflect.EnumNumber {
@@ -625,7 +690,7 @@ func (x RunView) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunView.Descriptor instead.
 func (RunView) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{7}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
 }
 
 // DelegateHealth is a delegate's health as last seen.
@@ -666,11 +731,11 @@ func (x DelegateHealth) String() string {
 }
 
 func (DelegateHealth) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[8].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[9].Descriptor()
 }
 
 func (DelegateHealth) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[8]
+	return &file_stubborn_v1_control_proto_enumTypes[9]
 }
 
 func (x DelegateHealth) Number() protoreflect.EnumNumber {
@@ -679,7 +744,7 @@ func (x DelegateHealth) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DelegateHealth.Descriptor instead.
 func (DelegateHealth) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{9}
 }
 
 // RetrySpec configures the retry control: the same delegate again, after a
@@ -1006,7 +1071,8 @@ func (x *FallbackChainSpec) GetFailureWhen() string {
 	return ""
 }
 
-// RaceSpec configures race: all candidates at once with the same brief; the
+// RaceSpec configures race: the candidates are called with the same brief,
+// all at once or, with hedge_delay, one after another (a hedged race); the
 // first acceptable result wins and the other calls are cancelled.
 type RaceSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1033,7 +1099,29 @@ type RaceSpec struct {
 	// "accept_when is false: <expression>". Compiled and limited as
 	// failure_when. With acceptance_criteria too, both must pass, accept_when
 	// first. Empty means none.
-	AcceptWhen    string `protobuf:"bytes,3,opt,name=accept_when,json=acceptWhen,proto3" json:"accept_when,omitempty"`
+	AcceptWhen string `protobuf:"bytes,3,opt,name=accept_when,json=acceptWhen,proto3" json:"accept_when,omitempty"`
+	// Hedging: how long a candidate runs alone before the next one in the list
+	// is started as well. Unset or zero means no hedging: every candidate starts
+	// at once, when the race starts. With a delay, the first candidate starts
+	// alone, and each next one starts when either comes first:
+	//   - hedge_delay has passed since the candidate before it started, and no
+	//     acceptable answer has arrived (Attempt.start_reason
+	//     ATTEMPT_START_REASON_HEDGE_DELAY);
+	//   - every candidate started so far has finished without an acceptable
+	//     answer (failed, or rejected by acceptance_criteria or accept_when):
+	//     the next starts at once, before its delay is over
+	//     (ATTEMPT_START_REASON_EARLIER_FAILED).
+	//
+	// The first acceptable answer wins and the candidates still running are
+	// cancelled, as without hedging; candidates not started yet are never
+	// called. So a first candidate that answers acceptably within the delay is
+	// the only call the race makes. Attempts are numbered in start order,
+	// which is list order. A run resumed by another server does not wait again
+	// for the candidates its journal shows started; one that was in flight
+	// then counts as failed (ATTEMPT_OUTCOME_INTERRUPTED), as in any race.
+	// Negative, or over the server's max_wait limit (default 1h), is
+	// INVALID_ARGUMENT.
+	HedgeDelay    *durationpb.Duration `protobuf:"bytes,4,opt,name=hedge_delay,json=hedgeDelay,proto3" json:"hedge_delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1087,6 +1175,13 @@ func (x *RaceSpec) GetAcceptWhen() string {
 		return x.AcceptWhen
 	}
 	return ""
+}
+
+func (x *RaceSpec) GetHedgeDelay() *durationpb.Duration {
+	if x != nil {
+		return x.HedgeDelay
+	}
+	return nil
 }
 
 // RunOptions are settings that apply to a whole run, whatever its control.
@@ -3041,7 +3136,13 @@ type Attempt struct {
 	// Where the attempt ran when controls are nested through presets, for
 	// example "chain[0]/attempt 2". Empty for an attempt of the run's own
 	// control.
-	Path          string `protobuf:"bytes,10,opt,name=path,proto3" json:"path,omitempty"`
+	Path string `protobuf:"bytes,10,opt,name=path,proto3" json:"path,omitempty"`
+	// Why the attempt started when it did: set for a race's candidates (see
+	// RaceSpec.hedge_delay). ATTEMPT_START_REASON_UNSPECIFIED for an attempt
+	// of another control, whose start follows from the control itself (the
+	// first try, a retry after its backoff, the next delegate of a chain), and
+	// for an attempt recorded by a server older than this field.
+	StartReason   AttemptStartReason `protobuf:"varint,11,opt,name=start_reason,json=startReason,proto3,enum=stubborn.v1.AttemptStartReason" json:"start_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3144,6 +3245,13 @@ func (x *Attempt) GetPath() string {
 		return x.Path
 	}
 	return ""
+}
+
+func (x *Attempt) GetStartReason() AttemptStartReason {
+	if x != nil {
+		return x.StartReason
+	}
+	return AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED
 }
 
 // FailureRecord is the analysis of one failed attempt.
@@ -4083,14 +4191,16 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x11FallbackChainSpec\x12\x14\n" +
 	"\x05chain\x18\x01 \x03(\tR\x05chain\x12)\n" +
 	"\x10failure_criteria\x18\x02 \x01(\tR\x0ffailureCriteria\x12!\n" +
-	"\ffailure_when\x18\x03 \x01(\tR\vfailureWhen\"|\n" +
+	"\ffailure_when\x18\x03 \x01(\tR\vfailureWhen\"\xb8\x01\n" +
 	"\bRaceSpec\x12\x1e\n" +
 	"\n" +
 	"candidates\x18\x01 \x03(\tR\n" +
 	"candidates\x12/\n" +
 	"\x13acceptance_criteria\x18\x02 \x01(\tR\x12acceptanceCriteria\x12\x1f\n" +
 	"\vaccept_when\x18\x03 \x01(\tR\n" +
-	"acceptWhen\"\xcb\x02\n" +
+	"acceptWhen\x12:\n" +
+	"\vhedge_delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"hedgeDelay\"\xcb\x02\n" +
 	"\n" +
 	"RunOptions\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12:\n" +
@@ -4231,7 +4341,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\n" +
 	"retry_hint\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\tretryHint\x12\x19\n" +
 	"\bnot_sent\x18\x05 \x01(\bR\anotSent\x12\x18\n" +
-	"\arefused\x18\x06 \x01(\bR\arefused\"\xaa\x03\n" +
+	"\arefused\x18\x06 \x01(\bR\arefused\"\xee\x03\n" +
 	"\aAttempt\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x05R\x06number\x12\x1a\n" +
 	"\bdelegate\x18\x02 \x01(\tR\bdelegate\x12\x14\n" +
@@ -4245,7 +4355,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\vwait_before\x18\t \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"waitBefore\x12\x12\n" +
 	"\x04path\x18\n" +
-	" \x01(\tR\x04path\"\x91\x03\n" +
+	" \x01(\tR\x04path\x12B\n" +
+	"\fstart_reason\x18\v \x01(\x0e2\x1f.stubborn.v1.AttemptStartReasonR\vstartReason\"\x91\x03\n" +
 	"\rFailureRecord\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x1a\n" +
 	"\bdelegate\x18\x02 \x01(\tR\bdelegate\x12\x18\n" +
@@ -4336,7 +4447,12 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x18ATTEMPT_OUTCOME_REJECTED\x10\x03\x12\x1d\n" +
 	"\x19ATTEMPT_OUTCOME_CANCELLED\x10\x04\x12\x1b\n" +
 	"\x17ATTEMPT_OUTCOME_SKIPPED\x10\x05\x12\x1f\n" +
-	"\x1bATTEMPT_OUTCOME_INTERRUPTED\x10\x06*\xb4\x01\n" +
+	"\x1bATTEMPT_OUTCOME_INTERRUPTED\x10\x06*\xab\x01\n" +
+	"\x12AttemptStartReason\x12$\n" +
+	" ATTEMPT_START_REASON_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cATTEMPT_START_REASON_AT_ONCE\x10\x01\x12$\n" +
+	" ATTEMPT_START_REASON_HEDGE_DELAY\x10\x02\x12'\n" +
+	"#ATTEMPT_START_REASON_EARLIER_FAILED\x10\x03*\xb4\x01\n" +
 	"\rFailureSource\x12\x1e\n" +
 	"\x1aFAILURE_SOURCE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14FAILURE_SOURCE_ERROR\x10\x01\x12\x18\n" +
@@ -4409,176 +4525,179 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 	return file_stubborn_v1_control_proto_rawDescData
 }
 
-var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
 var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
 	(OnExhausted)(0),              // 1: stubborn.v1.OnExhausted
 	(Decision)(0),                 // 2: stubborn.v1.Decision
 	(AttemptOutcome)(0),           // 3: stubborn.v1.AttemptOutcome
-	(FailureSource)(0),            // 4: stubborn.v1.FailureSource
-	(NotRetried)(0),               // 5: stubborn.v1.NotRetried
-	(StatusReason)(0),             // 6: stubborn.v1.StatusReason
-	(RunView)(0),                  // 7: stubborn.v1.RunView
-	(DelegateHealth)(0),           // 8: stubborn.v1.DelegateHealth
-	(*RetrySpec)(nil),             // 9: stubborn.v1.RetrySpec
-	(*RetryWithLearningSpec)(nil), // 10: stubborn.v1.RetryWithLearningSpec
-	(*FallbackChainSpec)(nil),     // 11: stubborn.v1.FallbackChainSpec
-	(*RaceSpec)(nil),              // 12: stubborn.v1.RaceSpec
-	(*RunOptions)(nil),            // 13: stubborn.v1.RunOptions
-	(*RunRequest)(nil),            // 14: stubborn.v1.RunRequest
-	(*RunResponse)(nil),           // 15: stubborn.v1.RunResponse
-	(*StartRunRequest)(nil),       // 16: stubborn.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 17: stubborn.v1.StartRunResponse
-	(*WatchRunRequest)(nil),       // 18: stubborn.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 19: stubborn.v1.WatchRunResponse
-	(*GetRunRequest)(nil),         // 20: stubborn.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 21: stubborn.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 22: stubborn.v1.ListRunsRequest
-	(*RunSummary)(nil),            // 23: stubborn.v1.RunSummary
-	(*ListRunsResponse)(nil),      // 24: stubborn.v1.ListRunsResponse
-	(*WatchRunsRequest)(nil),      // 25: stubborn.v1.WatchRunsRequest
-	(*WatchRunsResponse)(nil),     // 26: stubborn.v1.WatchRunsResponse
-	(*ListDelegatesRequest)(nil),  // 27: stubborn.v1.ListDelegatesRequest
-	(*ListDelegatesResponse)(nil), // 28: stubborn.v1.ListDelegatesResponse
-	(*DelegateDescription)(nil),   // 29: stubborn.v1.DelegateDescription
-	(*PresetDescription)(nil),     // 30: stubborn.v1.PresetDescription
-	(*CancelRunRequest)(nil),      // 31: stubborn.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 32: stubborn.v1.CancelRunResponse
-	(*DeleteRunRequest)(nil),      // 33: stubborn.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 34: stubborn.v1.DeleteRunResponse
-	(*DecideRunRequest)(nil),      // 35: stubborn.v1.DecideRunRequest
-	(*DecideRunResponse)(nil),     // 36: stubborn.v1.DecideRunResponse
-	(*ControlSpec)(nil),           // 37: stubborn.v1.ControlSpec
-	(*ControlState)(nil),          // 38: stubborn.v1.ControlState
-	(*AttemptError)(nil),          // 39: stubborn.v1.AttemptError
-	(*Attempt)(nil),               // 40: stubborn.v1.Attempt
-	(*FailureRecord)(nil),         // 41: stubborn.v1.FailureRecord
-	(*RunEvent)(nil),              // 42: stubborn.v1.RunEvent
-	(*RunStarted)(nil),            // 43: stubborn.v1.RunStarted
-	(*AttemptStarted)(nil),        // 44: stubborn.v1.AttemptStarted
-	(*AttemptFinished)(nil),       // 45: stubborn.v1.AttemptFinished
-	(*FailureAnalyzed)(nil),       // 46: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 47: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 48: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 49: stubborn.v1.DecisionReceived
-	(*RunResumed)(nil),            // 50: stubborn.v1.RunResumed
-	(*RunFinished)(nil),           // 51: stubborn.v1.RunFinished
-	nil,                           // 52: stubborn.v1.RunOptions.MetadataEntry
-	(*durationpb.Duration)(nil),   // 53: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 54: google.protobuf.Timestamp
-	(*Result)(nil),                // 55: stubborn.v1.Result
+	(AttemptStartReason)(0),       // 4: stubborn.v1.AttemptStartReason
+	(FailureSource)(0),            // 5: stubborn.v1.FailureSource
+	(NotRetried)(0),               // 6: stubborn.v1.NotRetried
+	(StatusReason)(0),             // 7: stubborn.v1.StatusReason
+	(RunView)(0),                  // 8: stubborn.v1.RunView
+	(DelegateHealth)(0),           // 9: stubborn.v1.DelegateHealth
+	(*RetrySpec)(nil),             // 10: stubborn.v1.RetrySpec
+	(*RetryWithLearningSpec)(nil), // 11: stubborn.v1.RetryWithLearningSpec
+	(*FallbackChainSpec)(nil),     // 12: stubborn.v1.FallbackChainSpec
+	(*RaceSpec)(nil),              // 13: stubborn.v1.RaceSpec
+	(*RunOptions)(nil),            // 14: stubborn.v1.RunOptions
+	(*RunRequest)(nil),            // 15: stubborn.v1.RunRequest
+	(*RunResponse)(nil),           // 16: stubborn.v1.RunResponse
+	(*StartRunRequest)(nil),       // 17: stubborn.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 18: stubborn.v1.StartRunResponse
+	(*WatchRunRequest)(nil),       // 19: stubborn.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 20: stubborn.v1.WatchRunResponse
+	(*GetRunRequest)(nil),         // 21: stubborn.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 22: stubborn.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 23: stubborn.v1.ListRunsRequest
+	(*RunSummary)(nil),            // 24: stubborn.v1.RunSummary
+	(*ListRunsResponse)(nil),      // 25: stubborn.v1.ListRunsResponse
+	(*WatchRunsRequest)(nil),      // 26: stubborn.v1.WatchRunsRequest
+	(*WatchRunsResponse)(nil),     // 27: stubborn.v1.WatchRunsResponse
+	(*ListDelegatesRequest)(nil),  // 28: stubborn.v1.ListDelegatesRequest
+	(*ListDelegatesResponse)(nil), // 29: stubborn.v1.ListDelegatesResponse
+	(*DelegateDescription)(nil),   // 30: stubborn.v1.DelegateDescription
+	(*PresetDescription)(nil),     // 31: stubborn.v1.PresetDescription
+	(*CancelRunRequest)(nil),      // 32: stubborn.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 33: stubborn.v1.CancelRunResponse
+	(*DeleteRunRequest)(nil),      // 34: stubborn.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 35: stubborn.v1.DeleteRunResponse
+	(*DecideRunRequest)(nil),      // 36: stubborn.v1.DecideRunRequest
+	(*DecideRunResponse)(nil),     // 37: stubborn.v1.DecideRunResponse
+	(*ControlSpec)(nil),           // 38: stubborn.v1.ControlSpec
+	(*ControlState)(nil),          // 39: stubborn.v1.ControlState
+	(*AttemptError)(nil),          // 40: stubborn.v1.AttemptError
+	(*Attempt)(nil),               // 41: stubborn.v1.Attempt
+	(*FailureRecord)(nil),         // 42: stubborn.v1.FailureRecord
+	(*RunEvent)(nil),              // 43: stubborn.v1.RunEvent
+	(*RunStarted)(nil),            // 44: stubborn.v1.RunStarted
+	(*AttemptStarted)(nil),        // 45: stubborn.v1.AttemptStarted
+	(*AttemptFinished)(nil),       // 46: stubborn.v1.AttemptFinished
+	(*FailureAnalyzed)(nil),       // 47: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 48: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 49: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 50: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 51: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 52: stubborn.v1.RunFinished
+	nil,                           // 53: stubborn.v1.RunOptions.MetadataEntry
+	(*durationpb.Duration)(nil),   // 54: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 55: google.protobuf.Timestamp
+	(*Result)(nil),                // 56: stubborn.v1.Result
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	53, // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	54, // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,  // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	53, // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	53, // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
-	53, // 4: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	53, // 5: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	52, // 6: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
-	9,  // 7: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	10, // 8: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	11, // 9: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	12, // 10: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
-	13, // 11: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	42, // 12: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
-	9,  // 13: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	10, // 14: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	11, // 15: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	12, // 16: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
-	13, // 17: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	38, // 18: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	42, // 19: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	42, // 20: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	38, // 21: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
-	0,  // 22: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	7,  // 23: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
-	0,  // 24: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	54, // 25: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	54, // 26: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
-	38, // 27: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	23, // 28: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
-	0,  // 29: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	23, // 30: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
-	29, // 31: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
-	30, // 32: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	53, // 33: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
-	8,  // 34: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
-	37, // 35: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	38, // 36: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,  // 37: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	38, // 38: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	9,  // 39: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	10, // 40: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	11, // 41: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	12, // 42: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	0,  // 43: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	55, // 44: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	41, // 45: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	40, // 46: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	37, // 47: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	13, // 48: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	6,  // 49: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	54, // 50: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	54, // 51: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	54, // 52: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	53, // 53: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	54, // 54: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	54, // 55: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,  // 56: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	55, // 57: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	39, // 58: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	53, // 59: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	5,  // 60: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	4,  // 61: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	54, // 62: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	43, // 63: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	44, // 64: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	45, // 65: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	46, // 66: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	47, // 67: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	48, // 68: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	49, // 69: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	51, // 70: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	50, // 71: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	38, // 72: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	40, // 73: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	40, // 74: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	41, // 75: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	53, // 76: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	54, // 77: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	53, // 78: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	41, // 79: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	54, // 80: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	6,  // 81: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,  // 82: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	38, // 83: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	14, // 84: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	16, // 85: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	18, // 86: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	20, // 87: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	22, // 88: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	25, // 89: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	27, // 90: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	31, // 91: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	35, // 92: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	33, // 93: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	15, // 94: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	17, // 95: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	19, // 96: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	21, // 97: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	24, // 98: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	26, // 99: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	28, // 100: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	32, // 101: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	36, // 102: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	34, // 103: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	94, // [94:104] is the sub-list for method output_type
-	84, // [84:94] is the sub-list for method input_type
-	84, // [84:84] is the sub-list for extension type_name
-	84, // [84:84] is the sub-list for extension extendee
-	0,  // [0:84] is the sub-list for field type_name
+	54, // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	54, // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	54, // 4: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
+	54, // 5: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	54, // 6: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	53, // 7: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	10, // 8: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	11, // 9: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	12, // 10: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	13, // 11: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
+	14, // 12: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
+	43, // 13: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	10, // 14: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	11, // 15: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	12, // 16: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	13, // 17: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
+	14, // 18: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
+	39, // 19: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	43, // 20: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	43, // 21: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	39, // 22: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	0,  // 23: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	8,  // 24: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
+	0,  // 25: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
+	55, // 26: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	55, // 27: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	39, // 28: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	24, // 29: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
+	0,  // 30: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	24, // 31: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
+	30, // 32: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
+	31, // 33: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
+	54, // 34: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	9,  // 35: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
+	38, // 36: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	39, // 37: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,  // 38: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	39, // 39: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	10, // 40: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	11, // 41: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	12, // 42: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	13, // 43: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	0,  // 44: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	56, // 45: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	42, // 46: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	41, // 47: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	38, // 48: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	14, // 49: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	7,  // 50: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	55, // 51: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	55, // 52: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	55, // 53: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	54, // 54: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	55, // 55: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	55, // 56: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,  // 57: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	56, // 58: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	40, // 59: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	54, // 60: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,  // 61: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
+	6,  // 62: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	5,  // 63: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	55, // 64: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	44, // 65: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	45, // 66: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	46, // 67: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	47, // 68: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	48, // 69: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	49, // 70: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	50, // 71: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	52, // 72: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	51, // 73: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	39, // 74: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	41, // 75: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	41, // 76: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	42, // 77: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	54, // 78: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	55, // 79: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	54, // 80: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	42, // 81: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	55, // 82: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	7,  // 83: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,  // 84: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	39, // 85: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	15, // 86: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	17, // 87: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	19, // 88: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	21, // 89: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	23, // 90: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	26, // 91: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	28, // 92: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	32, // 93: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	36, // 94: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	34, // 95: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	16, // 96: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	18, // 97: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	20, // 98: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	22, // 99: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	25, // 100: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	27, // 101: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	29, // 102: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	33, // 103: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	37, // 104: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	35, // 105: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	96, // [96:106] is the sub-list for method output_type
+	86, // [86:96] is the sub-list for method input_type
+	86, // [86:86] is the sub-list for extension type_name
+	86, // [86:86] is the sub-list for extension extendee
+	0,  // [0:86] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -4611,7 +4730,7 @@ func file_stubborn_v1_control_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
-			NumEnums:      9,
+			NumEnums:      10,
 			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
