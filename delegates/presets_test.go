@@ -74,6 +74,9 @@ func TestPresetsRejected(t *testing.T) {
   - {name: p, retry: {target: a, max_wait: soon}}`, `invalid duration "soon"`},
 		{"a negative hedge_delay", `
   - {name: p, race: {candidates: [a], hedge_delay: -1s}}`, "race.hedge_delay must not be negative"},
+		{"a hedged race of a preset", `
+  - {name: p, retry: {target: a}}
+  - {name: q, race: {candidates: [a, p], hedge_delay: 100ms}}`, `race.hedge_delay needs delegates as candidates, and "p" is a preset`},
 		{"criteria in a preset", `
   - {name: p, fallback_chain: {chain: [a], failure_when: "true"}}`, "not supported in presets"},
 	}

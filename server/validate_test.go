@@ -191,6 +191,25 @@ func TestRaceHedgeDelayIsBoundedByMaxWait(t *testing.T) {
 	}
 }
 
+// TestAHedgedRaceNeedsDelegates: a hedged race whose candidates include
+// a preset is refused (its replay could not tell the preset's nested
+// attempts from the candidates started after it); without a delay presets
+// race as before.
+func TestAHedgedRaceNeedsDelegates(t *testing.T) {
+	t.Parallel()
+	val := &validator{limits: DefaultLimits(), known: func(string) bool { return true }, isDelegate: func(n string) bool { return n != "p" }}
+	race := func(d time.Duration, candidates ...string) *stubbornv1.StartRunRequest {
+		return &stubbornv1.StartRunRequest{TaskBrief: "x", Race: &stubbornv1.RaceSpec{Candidates: candidates, HedgeDelay: durationpb.New(d)}}
+	}
+	_, err := val.runSpec(race(time.Second, "a", "p"))
+	assert.Equal(t, []string{"race.hedge_delay"}, violated(t, err))
+	assert.Contains(t, status.Convert(err).Message(), `race.hedge_delay: a hedged race needs delegates as candidates, and race.candidates[1] "p" is a preset`)
+	for _, ok := range []*stubbornv1.StartRunRequest{race(0, "a", "p"), race(time.Second, "a", "b")} {
+		_, err := val.runSpec(ok)
+		assert.NoError(t, err, "%v", ok)
+	}
+}
+
 // TestRunIDAndPageTokenBounds checks run_id and page_token at and over
 // their limits, and their alphabet (a run id becomes part of a NATS
 // subject: no '.', '*', '>' or space).

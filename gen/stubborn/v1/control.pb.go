@@ -1120,7 +1120,9 @@ type RaceSpec struct {
 	// for the candidates its journal shows started; one that was in flight
 	// then counts as failed (ATTEMPT_OUTCOME_INTERRUPTED), as in any race.
 	// Negative, or over the server's max_wait limit (default 1h), is
-	// INVALID_ARGUMENT.
+	// INVALID_ARGUMENT; so is a delay with a preset among the candidates (a
+	// resumed run cannot yet replay a preset candidate's nested attempts in a
+	// hedged race): a hedged race's candidates are delegates.
 	HedgeDelay    *durationpb.Duration `protobuf:"bytes,4,opt,name=hedge_delay,json=hedgeDelay,proto3" json:"hedge_delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
