@@ -260,6 +260,42 @@ func TestConsoleFailAndCancel(t *testing.T) {
 	}
 }
 
+// A hedged race started from the form: its hedge delay reaches the
+// server, and the timeline says why each candidate started when it did:
+// slow with the race, echo once the delay had passed (slow still running).
+func TestConsoleHedgedRace(t *testing.T) {
+	s := startServer(t, setup{delegates: map[string]stubbornv1.DelegateServiceServer{
+		"slow": &demo.Slow{Delay: time.Minute},
+		"echo": demo.Echo{},
+	}})
+	ctx := testCtx(t)
+	b := newBrowser(t)
+	b.do("opening the start form", 30*time.Second,
+		chromedp.Navigate(s.url+"/#/start"),
+		chromedp.WaitVisible(chromedp.CSS(startForm)))
+	b.setSelect(startForm+` select[name=control]`, "race")
+	b.typeInto(startForm+` input[name=delegates]`, "slow, echo")
+	b.typeInto(startForm+` textarea[name=brief]`, "say hello")
+	b.typeInto(startForm+` input[name=hedge_delay]`, "200ms")
+	b.do("starting the run", 10*time.Second, chromedp.Click(chromedp.CSS(`button[data-testid=start]`)))
+	b.waitJS("the run to succeed", q(runPage+`[data-status=RUN_STATUS_SUCCEEDED]`), 20*time.Second)
+	id := eval[string](b, q(runPage)+`.getAttribute('data-run-id')`)
+	st := s.waitStatus(t, ctx, id, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, 5*time.Second)
+	if d := st.GetControl().GetRace().GetHedgeDelay().AsDuration(); d != 200*time.Millisecond || st.GetWinner() != "echo" {
+		t.Errorf("the form started a race with hedge_delay %v, won by %q; want 200ms, echo", d, st.GetWinner())
+	}
+	reason := func(n string) string {
+		return `(` + q(`[data-testid=attempt-detail][data-attempt="`+n+`"] [data-testid=start-reason]`) + `?.textContent ?? '')`
+	}
+	b.waitJS("attempt 2's start reason", reason("2")+`.includes('after the hedge delay')`, 5*time.Second)
+	if got := eval[string](b, reason("1")); got != "started with the race" {
+		t.Errorf("attempt 1's start reason shows %q", got)
+	}
+	if ex := b.log.Exceptions(); len(ex) > 0 {
+		t.Errorf("uncaught exceptions: %q", ex)
+	}
+}
+
 // With tenants, the console asks for a token, then shows that tenant's
 // runs only; another browser (storage of its own) with another tenant's
 // token sees its own, and not the first tenant's run by its address.

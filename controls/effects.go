@@ -49,6 +49,26 @@ func (e *Env) answer(ctx context.Context, n int32, slot, delegate, brief string)
 	return judge(ctx, e, n, delegate, res, err)
 }
 
+// answerInHand returns attempt n's answer at once when the journal holds
+// it, or shows the attempt interrupted: a race candidate's answer, which
+// answer would return as recorded too (a racing preset is not run again).
+// A race takes such answers before it looks at its clock, so that a
+// resumed hedged race decides when to start its next candidate from the
+// journal's answers, not from how fast goroutines ran.
+func (e *Env) answerInHand(n int32) (attemptResult, bool) {
+	return e.Tracker.recordedAnswer(n)
+}
+
+// startedHere reports whether the journal shows that the race candidate
+// that comes next, delegate, started at this point of the race: before the
+// run changed hands, a hedged race started it (its delay passed, or the
+// candidates before it failed), and before any acceptable answer, since
+// none ended the race. It then starts again now, before the race looks at
+// any answer, and without waiting again for a delay.
+func (e *Env) startedHere(delegate string) bool {
+	return e.Tracker.nextStartedAs(e.Path, delegate)
+}
+
 // serving reports whether the delegate that the next attempt goes to
 // serves: false when the journal shows that attempt skipped, true when it
 // shows it made, else what the delegate's health check says now.

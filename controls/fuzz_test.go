@@ -77,6 +77,7 @@ func FuzzJournalReplay(f *testing.F) {
 		{Kind: &stubbornv1.ControlSpec_RetryWithLearning{RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: "d", MaxRetries: ptr(int32(3)), FailureWhen: `result.text == "bad"`}}},
 		{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a", "b", "c"}}}},
 		{Kind: &stubbornv1.ControlSpec_Race{Race: &stubbornv1.RaceSpec{Candidates: []string{"a", "b"}, AcceptWhen: `result.text != "bad"`}}},
+		{Kind: &stubbornv1.ControlSpec_Race{Race: &stubbornv1.RaceSpec{Candidates: []string{"a", "b", "c"}, HedgeDelay: durationpb.New(time.Second)}}},
 	}
 	for _, spec := range specs {
 		for _, answers := range [][]byte{{1, 1, 0}, {2, 0}, {1, 1, 1, 1, 1, 0}} {

@@ -94,6 +94,12 @@ type fixture struct {
 }
 
 func newFixture(script map[string][]controlstest.Reply) *fixture {
+	return newFixtureWith(script, controlstest.NewClock())
+}
+
+// newFixtureWith is newFixture with its clock: a ManualClock for a test
+// that moves time itself.
+func newFixtureWith(script map[string][]controlstest.Reply, clock controls.Clock) *fixture {
 	f := &fixture{
 		fakes:   controlstest.NewDelegates(script),
 		started: map[string][]controls.Call{},
@@ -106,7 +112,6 @@ func newFixture(script map[string][]controlstest.Reply) *fixture {
 		started:   make(chan controls.Call, 1024),
 		returned:  make(chan returned, 1024),
 	}
-	clock := controlstest.NewClock()
 	st := &stubbornv1.ControlState{RunId: "run-test", TaskBrief: taskBrief, Status: stubbornv1.RunStatus_RUN_STATUS_PENDING}
 	f.env = &controls.Env{
 		Delegates: f.obs,

@@ -134,6 +134,20 @@ func (t *Tracker) recordedAnswer(n int32) (attemptResult, bool) {
 	return r, true
 }
 
+// nextStartedAs reports whether the journal holds the start of the attempt
+// that comes next, as an attempt of delegate at path: a hedged race whose
+// next candidate it is started that candidate at this point.
+func (t *Tracker) nextStartedAs(path, delegate string) bool {
+	if t.journal == noJournal {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ev := t.journal.started[int32(len(t.state.AttemptLog))+1]
+	a := ev.GetAttemptStarted().GetAttempt()
+	return ev != nil && !t.journal.used[ev] && a.GetPath() == path && a.GetDelegate() == delegate
+}
+
 // answered reports whether the journal has attempt n's end: the attempt was
 // made, and counted wherever attempts are counted, before the run changed
 // hands.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -11,14 +12,25 @@ import (
 // errLostRace is the cancellation cause seen by the calls that lost a race.
 var errLostRace = errors.New("another candidate won the race")
 
-// Race calls every candidate at once with the same brief. The first
+// Race calls the candidates with the same brief: all at once, or with
+// hedge_delay one after another in list order (a hedged race). The first
 // acceptable result wins; the calls still running are cancelled for real
 // (their context is cancelled) and recorded as cancelled at once, without
-// waiting for them to return. Candidates that finished together with the
-// winner (already done when the race looks) lose to the earliest acceptable
-// one in the list. When every candidate fails the outcome is EXHAUSTED.
+// waiting for them to return, and the candidates not started yet are never
+// called. Candidates that finished together with the winner (already done
+// when the race looks) lose to the earliest acceptable one in the list.
+// When every candidate fails the outcome is EXHAUSTED.
+//
+// A hedged race starts its first candidate alone, and each next one when
+// hedge_delay has passed (on env's clock) since the one before it started,
+// or at once when every candidate started so far has failed; each
+// attempt's start_reason says which. Replayed, it starts the candidates
+// the journal shows started before it looks at any answer, and takes the
+// journal's answers before it looks at the clock, so that it starts the
+// same candidates, for the same reasons, without waiting again.
 func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.RaceSpec) Outcome {
 	candidates := spec.GetCandidates()
+	hedge := spec.GetHedgeDelay().AsDuration() // never negative: the server and the config refuse it
 	if ctx.Err() != nil {
 		return stopped(ctx)
 	}
@@ -31,22 +43,40 @@ func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Race
 	}
 	// Buffered so that a loser returning after the race ended never blocks.
 	done := make(chan finish, len(candidates))
-	numbers := make([]int32, len(candidates))
-	for i, name := range candidates {
-		numbers[i] = env.Tracker.BeginAttempt(env.Path, name, taskBrief, 0)
+	numbers := make([]int32, 0, len(candidates)) // of the candidates started, in list order
+	pending := make(map[int]bool, len(candidates))
+	begin := func(reason stubbornv1.AttemptStartReason) {
+		i := len(numbers)
+		numbers = append(numbers, env.Tracker.beginAttempt(env.Path, candidates[i], taskBrief, 0, reason))
+		pending[i] = true
 	}
 	candidate := *env
 	candidate.racing = true
-	for i, name := range candidates {
+	launch := func(i int) {
+		n := numbers[i]
+		if a, ok := env.answerInHand(n); ok {
+			done <- finish{index: i, a: a}
+			return
+		}
 		go func() {
-			done <- finish{index: i, a: candidate.answer(raceCtx, numbers[i], fmt.Sprintf("candidates[%d]", i), name, taskBrief)}
+			done <- finish{index: i, a: candidate.answer(raceCtx, n, fmt.Sprintf("candidates[%d]", i), candidates[i], taskBrief)}
 		}()
 	}
-
-	pending := make(map[int]bool, len(candidates))
-	for i := range candidates {
-		pending[i] = true
+	if hedge <= 0 {
+		// Every attempt is recorded before any call starts, so that they
+		// are numbered in list order.
+		for range candidates {
+			begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE)
+		}
+		for i := range candidates {
+			launch(i)
+		}
+	} else {
+		begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE)
+		launch(0)
 	}
+	hedged := hedgeTimer(raceCtx, env.clock(), hedge)
+
 	fail := func(i int, a attemptResult) {
 		delete(pending, i)
 		endAttempt(env, numbers[i], a)
@@ -57,7 +87,7 @@ func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Race
 	}
 	cancelPending := func(cause error) {
 		reason := "cancelled: " + cause.Error()
-		for i := range candidates { // in list order, for a stable event order
+		for i := range numbers { // in list order, for a stable event order
 			if pending[i] {
 				fail(i, attemptResult{
 					outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED,
@@ -67,13 +97,45 @@ func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Race
 		}
 	}
 
-	for len(pending) > 0 {
-		var first finish
-		select {
-		case first = <-done:
-		case <-ctx.Done():
+	for {
+		if ctx.Err() != nil {
 			cancelPending(context.Cause(ctx))
 			return stopped(ctx)
+		}
+		if next := len(numbers); next < len(candidates) {
+			switch {
+			case len(pending) == 0:
+				// Every candidate started so far failed: no reason to wait.
+				begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_EARLIER_FAILED)
+				launch(next)
+				continue
+			case env.startedHere(candidates[next]):
+				begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY) // the journal's reason, in fact
+				launch(next)
+				continue
+			}
+		}
+		if len(pending) == 0 {
+			break
+		}
+		var first finish
+		select {
+		case first = <-done: // an answer in hand goes before the clock
+		default:
+			var timer <-chan struct{}
+			if next := len(numbers); next < len(candidates) {
+				timer = hedged(next, env.Tracker.startTime(numbers[next-1]).Add(hedge))
+			}
+			select {
+			case first = <-done:
+			case <-timer:
+				begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY)
+				launch(len(numbers) - 1)
+				continue
+			case <-ctx.Done():
+				cancelPending(context.Cause(ctx))
+				return stopped(ctx)
+			}
 		}
 		if first.a.failed {
 			fail(first.index, first.a)
@@ -121,4 +183,32 @@ func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Race
 		return stopped(ctx)
 	}
 	return exhausted("all %d candidates failed", len(candidates))
+}
+
+// hedgeTimer returns the timer of a hedged race: hedged(i, at) is a channel
+// closed when clock reaches at, the time candidate i may start. The timer
+// runs once per candidate, from the first call for it (an answer that comes
+// meanwhile leaves it running: the delay counts from the previous start);
+// asking for the next candidate stops the previous one, and so does the
+// end of ctx. Without hedging there is no timer.
+func hedgeTimer(ctx context.Context, clock Clock, hedge time.Duration) func(i int, at time.Time) <-chan struct{} {
+	armed, stop := -1, context.CancelFunc(func() {})
+	var fired chan struct{}
+	return func(i int, at time.Time) <-chan struct{} {
+		if hedge <= 0 {
+			return nil
+		}
+		if i != armed {
+			stop()
+			var wait context.Context
+			wait, stop = context.WithCancel(ctx)
+			armed, fired = i, make(chan struct{})
+			go func(fired chan struct{}) {
+				if d := at.Sub(clock.Now()); d <= 0 || clock.Sleep(wait, d) == nil {
+					close(fired)
+				}
+			}(fired)
+		}
+		return fired
+	}
 }

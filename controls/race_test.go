@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -356,4 +357,222 @@ func TestRaceEdges(t *testing.T) {
 			tc.test(t)
 		})
 	}
+}
+
+// hedged is a race of names with hedge_delay d.
+func hedged(d time.Duration, names ...string) *stubbornv1.ControlSpec {
+	spec := race(names...)
+	spec.GetRace().HedgeDelay = durationpb.New(d)
+	return spec
+}
+
+// Start reasons, shorter.
+const (
+	atOnce        = stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE
+	afterDelay    = stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY
+	earlierFailed = stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_EARLIER_FAILED
+)
+
+// started is when and why each attempt of a run started, by delegate, as
+// offsets from the clock's start.
+type started struct {
+	At     time.Duration
+	Reason stubbornv1.AttemptStartReason
+}
+
+func startsOf(log []*stubbornv1.Attempt) map[string]started {
+	t0 := controlstest.NewClock().Now()
+	out := map[string]started{}
+	for _, a := range log {
+		out[a.GetDelegate()] = started{a.GetStartTime().AsTime().Sub(t0), a.GetStartReason()}
+	}
+	return out
+}
+
+// sleeping waits until the race waits for its hedge delay (n sleeps in
+// progress) and returns when each sleep ends, as offsets from the clock's
+// start.
+func sleeping(t *testing.T, clock *controlstest.ManualClock, n int) []time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), patience)
+	defer cancel()
+	ends, err := clock.WaitSleeping(ctx, n)
+	require.NoError(t, err, "waiting for %d sleeps; in progress: %v", n, clock.Sleeping())
+	t0 := controlstest.NewClock().Now()
+	var out []time.Duration
+	for _, e := range ends {
+		out = append(out, e.Sub(t0))
+	}
+	return out
+}
+
+// TestHedgedRace has one row per rule of race.hedge_delay (issue 23, item
+// 2), on a clock that moves only when the test moves it: candidates start
+// one after another, each when the delay has passed since the one before
+// it started, or at once when every candidate started so far has failed;
+// the first acceptable answer wins; the candidates not started yet are
+// never called.
+func TestHedgedRace(t *testing.T) {
+	t.Parallel()
+	const delay = 100 * time.Millisecond
+	type script = map[string][]controlstest.Reply
+	tests := []struct {
+		name   string
+		script script
+		test   func(t *testing.T, f *fixture, clock *controlstest.ManualClock)
+	}{
+		{"a first candidate that answers acceptably within the delay is the only call", script{"a": {ok("from a")}, "b": {ok("from b")}}, func(t *testing.T, f *fixture, clock *controlstest.ManualClock) {
+			open := f.gate("a")
+			done := f.start(testCtx(t), hedged(delay, "a", "b"))
+			f.waitStarted(t, "a")
+			assert.Equal(t, []time.Duration{delay}, sleeping(t, clock, 1), "b waits for the delay")
+			clock.Advance(delay - time.Millisecond)
+			open()
+			r := f.end(t, done)
+
+			assert.Equal(t, succeeded, r.out.Status)
+			assert.Equal(t, "a", r.out.Winner)
+			assert.Empty(t, f.fakes.CallsTo("b"), "b is never called")
+			assert.Equal(t, []string{"a"}, delegatesOf(r.calls))
+			assert.EqualValues(t, 1, r.state.GetAttempts())
+			assert.Equal(t, map[string]started{"a": {0, atOnce}}, startsOf(r.state.GetAttemptLog()))
+			assert.Empty(t, r.state.GetFailureHistory())
+			assert.Empty(t, sleeping(t, clock, 0), "the delay's timer is stopped")
+		}},
+		{"a slow first candidate: the second starts exactly when the delay has passed", script{"a": {hang}, "b": {ok("from b")}}, func(t *testing.T, f *fixture, clock *controlstest.ManualClock) {
+			done := f.start(testCtx(t), hedged(delay, "a", "b"))
+			f.waitStarted(t, "a")
+			assert.Equal(t, []time.Duration{delay}, sleeping(t, clock, 1))
+			clock.Advance(delay - time.Millisecond)
+			assert.Equal(t, []time.Duration{delay}, sleeping(t, clock, 1), "still waiting, 1ms before the delay")
+			assert.Empty(t, f.fakes.CallsTo("b"))
+			clock.Advance(time.Millisecond)
+			r := f.end(t, done)
+
+			assert.Equal(t, succeeded, r.out.Status)
+			assert.Equal(t, "b", r.out.Winner)
+			assert.Equal(t, map[string]started{"a": {0, atOnce}, "b": {delay, afterDelay}}, startsOf(r.state.GetAttemptLog()))
+			var reasons []stubbornv1.AttemptStartReason // as the events say, for the console and the CLI
+			for _, ev := range f.events.All() {
+				if a := ev.GetAttemptStarted().GetAttempt(); a != nil {
+					reasons = append(reasons, a.GetStartReason())
+				}
+			}
+			assert.Equal(t, []stubbornv1.AttemptStartReason{atOnce, afterDelay}, reasons)
+			assert.Equal(t, []rec{{1, "a", "Error: " + lostRaceTo, lostRaceTo}}, recs(r.state.GetFailureHistory()))
+			assert.Equal(t, attemptCancelled, byDelegate(r.state.GetAttemptLog())["a"].GetOutcome())
+			f.waitReturned(t, "a")
+		}},
+		{"a first candidate that fails fast: the second starts at once, before the delay", script{"a": {unavailable("a broke")}, "b": {ok("from b")}}, func(t *testing.T, f *fixture, _ *controlstest.ManualClock) {
+			r := f.run(t, testCtx(t), hedged(delay, "a", "b")) // the clock never moves
+
+			assert.Equal(t, succeeded, r.out.Status)
+			assert.Equal(t, "b", r.out.Winner)
+			assert.Equal(t, map[string]started{"a": {0, atOnce}, "b": {0, earlierFailed}}, startsOf(r.state.GetAttemptLog()))
+			assert.Equal(t, []rec{{1, "a", "Error: a broke", "a broke"}}, recs(r.state.GetFailureHistory()))
+		}},
+		{"an answer the acceptance criteria reject counts as failed: the next starts at once", script{"a": {ok("not acceptable")}, "b": {ok("from b")}}, func(t *testing.T, f *fixture, _ *controlstest.ManualClock) {
+			f.env.Criteria = rejectTexts{"not acceptable": "not what was asked"}
+			r := f.run(t, testCtx(t), hedged(delay, "a", "b"))
+
+			assert.Equal(t, "b", r.out.Winner)
+			assert.Equal(t, map[string]started{"a": {0, atOnce}, "b": {0, earlierFailed}}, startsOf(r.state.GetAttemptLog()))
+			assert.Equal(t, attemptRejected, byDelegate(r.state.GetAttemptLog())["a"].GetOutcome())
+		}},
+		{"the delay counts from the latest start: a at 0, b at the delay, c at twice the delay", script{"a": {hang}, "b": {hang}, "c": {ok("from c")}}, func(t *testing.T, f *fixture, clock *controlstest.ManualClock) {
+			done := f.start(testCtx(t), hedged(delay, "a", "b", "c"))
+			f.waitStarted(t, "a")
+			assert.Equal(t, []time.Duration{delay}, sleeping(t, clock, 1))
+			clock.Advance(delay)
+			f.waitStarted(t, "b")
+			assert.Equal(t, []time.Duration{2 * delay}, sleeping(t, clock, 1))
+			clock.Advance(delay)
+			r := f.end(t, done)
+
+			assert.Equal(t, "c", r.out.Winner)
+			assert.Equal(t, map[string]started{"a": {0, atOnce}, "b": {delay, afterDelay}, "c": {2 * delay, afterDelay}}, startsOf(r.state.GetAttemptLog()))
+			var order []string
+			for i, a := range r.state.GetAttemptLog() {
+				assert.EqualValues(t, i+1, a.GetNumber())
+				order = append(order, a.GetDelegate())
+			}
+			assert.Equal(t, []string{"a", "b", "c"}, order, "numbered in list order")
+			f.waitReturned(t, "a", "b")
+		}},
+		{"a failure while an earlier candidate still runs does not hurry the next one", script{"a": {hang}, "b": {unavailable("b broke")}, "c": {ok("from c")}}, func(t *testing.T, f *fixture, clock *controlstest.ManualClock) {
+			done := f.start(testCtx(t), hedged(delay, "a", "b", "c"))
+			f.waitStarted(t, "a")
+			sleeping(t, clock, 1)
+			clock.Advance(delay)
+			f.waitFailureOf(t, "b")
+			assert.Equal(t, []time.Duration{2 * delay}, sleeping(t, clock, 1), "a still runs: c waits for its delay")
+			assert.Empty(t, f.fakes.CallsTo("c"))
+			clock.Advance(delay)
+			r := f.end(t, done)
+
+			assert.Equal(t, "c", r.out.Winner)
+			assert.Equal(t, map[string]started{"a": {0, atOnce}, "b": {delay, afterDelay}, "c": {2 * delay, afterDelay}}, startsOf(r.state.GetAttemptLog()))
+			f.waitReturned(t, "a")
+		}},
+		{"every candidate fails: EXHAUSTED as without hedging, each started as soon as the ones before failed", script{
+			"a": {unavailable("a broke")}, "b": {fail(codes.Internal, "b broke")}, "c": {unavailable("c broke")},
+		}, func(t *testing.T, f *fixture, clock *controlstest.ManualClock) {
+			r := f.run(t, testCtx(t), hedged(delay, "a", "b", "c"))
+
+			assert.Equal(t, exhausted, r.out.Status)
+			assert.Equal(t, "all 3 candidates failed", r.out.Reason)
+			assert.Nil(t, r.out.Result)
+			assert.Empty(t, r.out.Winner)
+			assert.EqualValues(t, 3, r.state.GetAttempts())
+			assert.Equal(t, []rec{{1, "a", "Error: a broke", "a broke"}, {2, "b", "Error: b broke", "b broke"}, {3, "c", "Error: c broke", "c broke"}},
+				recs(r.state.GetFailureHistory()))
+			assert.Equal(t, map[string]started{"a": {0, atOnce}, "b": {0, earlierFailed}, "c": {0, earlierFailed}}, startsOf(r.state.GetAttemptLog()))
+			assert.Empty(t, sleeping(t, clock, 0))
+		}},
+		{"hedge_delay unset: every candidate starts at once, as before hedging", script{"a": {ok("from a")}, "b": {hang}}, func(t *testing.T, f *fixture, clock *controlstest.ManualClock) {
+			testAllAtOnce(t, f, clock, race("a", "b"))
+		}},
+		{"hedge_delay 0: the same", script{"a": {ok("from a")}, "b": {hang}}, func(t *testing.T, f *fixture, clock *controlstest.ManualClock) {
+			testAllAtOnce(t, f, clock, hedged(0, "a", "b"))
+		}},
+		{"the run is cancelled during the delay: CANCELLED, and the next candidate is never called", script{"a": {hang}, "b": {ok("from b")}}, func(t *testing.T, f *fixture, clock *controlstest.ManualClock) {
+			ctx, cancel := context.WithCancelCause(testCtx(t))
+			defer cancel(nil)
+			done := f.start(ctx, hedged(delay, "a", "b"))
+			f.waitStarted(t, "a")
+			sleeping(t, clock, 1)
+			cancel(errors.New("CancelRun"))
+			r := f.end(t, done)
+
+			assert.Equal(t, cancelled, r.out.Status)
+			assert.Equal(t, "cancelled: CancelRun", r.out.Reason)
+			assert.Empty(t, f.fakes.CallsTo("b"))
+			assert.EqualValues(t, 1, r.state.GetAttempts())
+			assert.Empty(t, sleeping(t, clock, 0))
+			f.waitReturned(t, "a")
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			clock := controlstest.NewManualClock()
+			tc.test(t, newFixtureWith(tc.script, clock), clock)
+		})
+	}
+}
+
+// testAllAtOnce runs a race of a (answers when let) and b (hangs) that
+// does not hedge: both are called before either answers, without the clock
+// moving, and both attempts say they started at once.
+func testAllAtOnce(t *testing.T, f *fixture, clock *controlstest.ManualClock, spec *stubbornv1.ControlSpec) {
+	open := f.gate("a")
+	done := f.start(testCtx(t), spec)
+	f.waitStarted(t, "a", "b")
+	assert.Empty(t, clock.Sleeping(), "nothing waits")
+	open()
+	r := f.end(t, done)
+
+	assert.Equal(t, "a", r.out.Winner)
+	assert.Equal(t, map[string]started{"a": {0, atOnce}, "b": {0, atOnce}}, startsOf(r.state.GetAttemptLog()))
+	f.waitReturned(t, "b")
 }

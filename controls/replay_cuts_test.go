@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -58,6 +59,9 @@ type world struct {
 	deadline time.Duration // from the clock's start; 0: none
 	skew     time.Duration // how much later a resumed run's clock starts
 	d        func() *scriptedBy
+	// block makes the clock's sleeps wait for ctx (controlstest.Clock's
+	// Block): a hedged race's delay never passes by itself.
+	block bool
 }
 
 func (w world) run(journal []*stubbornv1.RunEvent, resumed bool) (controls.Outcome, []*stubbornv1.RunEvent, *scriptedBy) {
@@ -67,6 +71,7 @@ func (w world) run(journal []*stubbornv1.RunEvent, resumed bool) (controls.Outco
 	if resumed && w.skew > 0 {
 		_ = clock.Sleep(context.Background(), w.skew)
 	}
+	clock.Block = w.block
 	ctx := context.Background()
 	if w.deadline > 0 {
 		ctx = deadlineOnly{ctx, start.Add(w.deadline)}
@@ -105,6 +110,9 @@ func what(ev *stubbornv1.RunEvent) string {
 	case ev.GetAttemptStarted() != nil:
 		a := ev.GetAttemptStarted().GetAttempt()
 		s += fmt.Sprint(" #", a.GetNumber(), " ", a.GetDelegate(), " ", a.GetPath())
+		if r := a.GetStartReason(); r != stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED {
+			s += " " + r.String()
+		}
 	case ev.GetAttemptFinished() != nil:
 		a := ev.GetAttemptFinished().GetAttempt()
 		s += fmt.Sprint(" #", a.GetNumber(), " ", a.GetDelegate(), " ", a.GetOutcome())
@@ -315,5 +323,112 @@ func TestReplayTakesHealthFromTheJournal(t *testing.T) {
 		assert.Equal(t, "b", out.Winner, "cut %d", cut)
 		assert.Empty(t, resumed.CallsTo("a"), "cut %d: a is not called", cut)
 		assert.Equal(t, kinds(all[cut:]), kinds(fresh), "cut %d", cut)
+	}
+}
+
+// A hedged race whose candidates fail fast, each next one starting at
+// once: resumed at every cut, it starts the same candidates for the same
+// reasons and calls none again (its delay never passes by itself).
+func TestReplayOfAHedgedRaceWhoseCandidatesFail(t *testing.T) {
+	checkEveryCut(t, world{
+		spec:  hedged(100*time.Millisecond, "a", "b", "c"),
+		block: true,
+		d: func() *scriptedBy {
+			return &scriptedBy{byName: map[string]controlstest.Reply{"a": unavail, "b": unavail, "c": controlstest.OK("c")}}
+		},
+	}, true)
+}
+
+// A hedged race cut mid-race resumes without waiting again: a hangs, b
+// starts when the delay has passed and wins. The resumed runs' clock never
+// moves, so any wait for a delay would hang them.
+func TestAHedgedRaceResumedMidRaceDoesNotWaitAgain(t *testing.T) {
+	const delay = 100 * time.Millisecond
+	spec := hedged(delay, "a", "b")
+	script := func() *controlstest.Delegates {
+		return controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {hang}, "b": {controlstest.OK("from b")}})
+	}
+	// run runs spec, replaying journal; advance moves the clock once the
+	// race waits for its delay.
+	run := func(journal []*stubbornv1.RunEvent, advance bool) (controls.Outcome, []*stubbornv1.RunEvent, *controlstest.Delegates) {
+		st, rec, recorded := resumeFrom(spec, journal)
+		clock := controlstest.NewManualClock()
+		tr := controls.NewReplayTracker(st, clock, rec, journal)
+		tr.Start()
+		d := script()
+		done := make(chan controls.Outcome, 1)
+		go func() {
+			out := controls.Execute(testCtx(t), &controls.Env{Delegates: d, Tracker: tr, Clock: clock}, "task", spec)
+			tr.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
+			done <- out
+		}()
+		if advance {
+			sleeping(t, clock, 1)
+			clock.Advance(delay)
+		}
+		return recv(t, done, "the race to end"), recorded(), d
+	}
+	live, all, _ := run(nil, true)
+	require.Equal(t, "b", live.Winner)
+	cutAfter := func(k string) int {
+		for i, ev := range all {
+			if key(ev) == k {
+				return i + 1
+			}
+		}
+		t.Fatalf("no %s in %v", k, kinds(all))
+		return 0
+	}
+	startOf := func(evs []*stubbornv1.RunEvent, delegate string) *stubbornv1.Attempt {
+		for _, ev := range evs {
+			if a := ev.GetAttemptStarted().GetAttempt(); a.GetDelegate() == delegate {
+				return a
+			}
+		}
+		return nil
+	}
+	require.Equal(t, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY, startOf(all, "b").GetStartReason())
+
+	t.Run("cut after a started, before b: a was in flight and failed, so b starts at once", func(t *testing.T) {
+		out, fresh, d := run(all[:cutAfter("started 1")], false)
+		assert.Equal(t, "b", out.Winner)
+		assert.Empty(t, d.CallsTo("a"), "a is not called again")
+		assert.Len(t, d.CallsTo("b"), 1)
+		assert.Equal(t, []string{"attempt_finished", "failure_analyzed", "attempt_started", "attempt_finished", "run_finished"}, kinds(fresh))
+		assert.Equal(t, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED, fresh[0].GetAttemptFinished().GetAttempt().GetOutcome())
+		assert.Equal(t, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_EARLIER_FAILED, startOf(fresh, "b").GetStartReason())
+	})
+	t.Run("cut after b started: b starts again from the journal, without waiting, and nothing is called", func(t *testing.T) {
+		journal := all[:cutAfter("started 2")]
+		out, fresh, d := run(journal, false)
+		assert.Empty(t, d.Calls())
+		for _, ev := range fresh {
+			assert.Nil(t, ev.GetAttemptStarted(), "no start is recorded twice: %s", what(ev))
+		}
+		// Both calls were in flight when the run stopped: a race does not
+		// call its candidates again.
+		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED, out.Status)
+		st := fresh[len(fresh)-1].GetRunFinished().GetState()
+		require.Len(t, st.GetAttemptLog(), 2)
+		assert.Equal(t, startOf(journal, "b").GetStartTime().AsTime(), st.GetAttemptLog()[1].GetStartTime().AsTime())
+		assert.Equal(t, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY, st.GetAttemptLog()[1].GetStartReason())
+	})
+	for _, k := range []string{"finished 2", "finished 1", "failure 1"} {
+		t.Run("cut after "+k+": b wins again, and nothing is called", func(t *testing.T) {
+			journal := all[:cutAfter(k)]
+			out, fresh, d := run(journal, false)
+			assert.Equal(t, "b", out.Winner)
+			assert.Equal(t, "from b", out.Result.GetText())
+			assert.Empty(t, d.Calls())
+			seen := map[string]bool{}
+			for _, ev := range journal {
+				seen[key(ev)] = true
+			}
+			for _, ev := range fresh {
+				if k := key(ev); k != "" {
+					assert.False(t, seen[k], "%s recorded twice", k)
+				}
+			}
+		})
 	}
 }

@@ -239,6 +239,13 @@ func (t *Tracker) Resumed(owner, reason string) {
 // BeginAttempt records an attempt that starts now and emits
 // attempt_started. It returns the attempt's run-wide number.
 func (t *Tracker) BeginAttempt(path, delegate, brief string, waitBefore time.Duration) int32 {
+	return t.beginAttempt(path, delegate, brief, waitBefore, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED)
+}
+
+// beginAttempt is BeginAttempt with the reason the attempt starts now
+// (Attempt.start_reason), which a race's candidates have. A replayed
+// attempt keeps the journal's.
+func (t *Tracker) beginAttempt(path, delegate, brief string, waitBefore time.Duration, reason stubbornv1.AttemptStartReason) int32 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := int32(len(t.state.AttemptLog)) + 1
@@ -255,11 +262,12 @@ func (t *Tracker) BeginAttempt(path, delegate, brief string, waitBefore time.Dur
 	}
 	t.touch(nil)
 	a := &stubbornv1.Attempt{
-		Number:    n,
-		Delegate:  delegate,
-		Brief:     brief,
-		StartTime: copyTime(t.state.UpdateTime),
-		Path:      path,
+		Number:      n,
+		Delegate:    delegate,
+		Brief:       brief,
+		StartTime:   copyTime(t.state.UpdateTime),
+		Path:        path,
+		StartReason: reason,
 	}
 	if waitBefore > 0 {
 		a.WaitBefore = durationpb.New(waitBefore)
@@ -269,6 +277,14 @@ func (t *Tracker) BeginAttempt(path, delegate, brief string, waitBefore time.Dur
 		AttemptStarted: &stubbornv1.AttemptStarted{Attempt: a},
 	}})
 	return n
+}
+
+// startTime returns when attempt n started: now, or the journal's time for
+// a replayed attempt.
+func (t *Tracker) startTime(n int32) time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.state.GetAttemptLog()[n-1].GetStartTime().AsTime()
 }
 
 // EndAttempt records how attempt n ended and emits attempt_finished. err,

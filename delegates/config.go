@@ -90,7 +90,8 @@ type Limits struct {
 	MaxAttempts int `yaml:"max_attempts,omitempty"`
 	// MaxChain caps the length of a fallback chain or a race's candidates.
 	MaxChain int `yaml:"max_chain,omitempty"`
-	// MaxWait caps retry's max_wait.
+	// MaxWait caps retry's max_wait, base_wait and decision_timeout, and
+	// race's hedge_delay.
 	MaxWait Duration `yaml:"max_wait,omitempty"`
 	// MaxResultBytes caps a delegate's answer (its Result, encoded), a
 	// judge's and an analyst's included: a larger one fails its attempt,

@@ -128,11 +128,12 @@ func isControlKey(k string) bool {
 }
 
 // normalize rewrites the YAML conveniences into protojson: Go durations
-// ("100ms") for the *_wait and *_timeout fields, and on_exhausted ask/fail.
+// ("100ms") for the *_wait, *_timeout and *_delay fields, and on_exhausted
+// ask/fail.
 func normalize(body map[string]any) error {
 	for k, v := range body {
 		switch {
-		case strings.HasSuffix(k, "_wait") || strings.HasSuffix(k, "_timeout"):
+		case strings.HasSuffix(k, "_wait") || strings.HasSuffix(k, "_timeout") || strings.HasSuffix(k, "_delay"):
 			s, ok := v.(string)
 			if !ok {
 				return fmt.Errorf("%s: a duration must be a string such as \"500ms\"", k)
@@ -207,6 +208,9 @@ func (c *Config) validatePresets(delegates map[string]int) []error {
 				bad("%s: %s", where, msg)
 			}
 		}
+		if p.Spec.GetRace().GetHedgeDelay().AsDuration() < 0 {
+			bad("%s: race.hedge_delay must not be negative", where)
+		}
 	}
 	for i, p := range c.Presets {
 		refs := References(p.Spec)
@@ -216,6 +220,11 @@ func (c *Config) validatePresets(delegates map[string]int) []error {
 		for _, r := range refs {
 			if _, ok := delegates[r]; !ok && presets[r] == nil {
 				bad("presets[%d] (%q): %q is neither a delegate nor a preset", i, p.Name, r)
+			}
+			// As at submission (server.validator.hedgedCandidates): a
+			// hedged race's preset candidates could not be replayed.
+			if p.Spec.GetRace().GetHedgeDelay().AsDuration() > 0 && presets[r] != nil {
+				bad("presets[%d] (%q): race.hedge_delay needs delegates as candidates, and %q is a preset", i, p.Name, r)
 			}
 		}
 	}

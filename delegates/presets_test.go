@@ -21,9 +21,12 @@ presets:
     retry: {target: search-primary, attempts: 2, base_wait: 100ms, max_wait: 1s, on_exhausted: fail}
   - name: careful-search
     fallback_chain: {chain: [search-with-retry, search-backup]}
+  - name: hedged-search
+    race: {candidates: [search-primary, search-backup], hedge_delay: 250ms}
 `))
 	require.NoError(t, err)
-	require.Len(t, cfg.Presets, 2)
+	require.Len(t, cfg.Presets, 3)
+	assert.Equal(t, 250*time.Millisecond, cfg.Presets[2].Spec.GetRace().GetHedgeDelay().AsDuration())
 	r := cfg.Presets[0].Spec.GetRetry()
 	require.NotNil(t, r)
 	assert.Equal(t, "search-primary", r.GetTarget())
@@ -69,6 +72,11 @@ func TestPresetsRejected(t *testing.T) {
   - {name: p, retry: {target: a, tries: 3}}`, "tries"},
 		{"a bad duration", `
   - {name: p, retry: {target: a, max_wait: soon}}`, `invalid duration "soon"`},
+		{"a negative hedge_delay", `
+  - {name: p, race: {candidates: [a], hedge_delay: -1s}}`, "race.hedge_delay must not be negative"},
+		{"a hedged race of a preset", `
+  - {name: p, retry: {target: a}}
+  - {name: q, race: {candidates: [a, p], hedge_delay: 100ms}}`, `race.hedge_delay needs delegates as candidates, and "p" is a preset`},
 		{"criteria in a preset", `
   - {name: p, fallback_chain: {chain: [a], failure_when: "true"}}`, "not supported in presets"},
 	}

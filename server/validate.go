@@ -28,7 +28,8 @@ type Limits struct {
 	MaxAttempts int
 	// MaxChain bounds fallback_chain.chain and race.candidates.
 	MaxChain int
-	// MaxWait bounds retry.max_wait, retry.base_wait and decision_timeout.
+	// MaxWait bounds retry.max_wait, retry.base_wait, decision_timeout and
+	// race.hedge_delay.
 	MaxWait time.Duration
 	// MaxMetadata bounds the number of options.metadata entries; each key
 	// and value is at most 1 KiB, all of them together at most
@@ -311,6 +312,7 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 		spec.Kind = &stubbornv1.ControlSpec_Race{Race: r}
 		names = append(names, val.list(&v, "race.candidates", r.GetCandidates())...)
 		val.criteria(&v, "race", r.GetAcceptanceCriteria(), r.GetAcceptWhen(), "acceptance_criteria", "accept_when", judged)
+		val.duration(&v, "race.hedge_delay", r.GetHedgeDelay())
 	}
 	switch len(set) {
 	case 0:
@@ -333,7 +335,30 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 			return nil, status.Errorf(codes.NotFound, "%s: %.128q is a preset, not a delegate in the registry: judges and analysts must be delegates", n.field, n.name)
 		}
 	}
+	if err := val.hedgedCandidates(req.GetRace()); err != nil {
+		return nil, err
+	}
 	return spec, nil
+}
+
+// hedgedCandidates refuses a hedged race (hedge_delay > 0) one of whose
+// candidates is a preset: a race's preset candidates are not run again
+// when a run is resumed (controls/effects.go), so their nested attempts
+// are not replayed, and in a hedged race they are numbered before the
+// candidates that start after them, whose replay would then take the
+// nested attempts' records for their own.
+func (val *validator) hedgedCandidates(r *stubbornv1.RaceSpec) error {
+	if r.GetHedgeDelay().AsDuration() <= 0 || val.isDelegate == nil {
+		return nil
+	}
+	for i, c := range r.GetCandidates() {
+		if !val.isDelegate(c) {
+			var v violations
+			v.add("race.hedge_delay", "a hedged race needs delegates as candidates, and race.candidates[%d] %.128q is a preset", i, c)
+			return v.err()
+		}
+	}
+	return nil
 }
 
 // namedRef is a delegate name and the field it came from. direct says the

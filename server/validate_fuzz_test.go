@@ -29,6 +29,8 @@ func FuzzValidateRunRequest(f *testing.F) {
 		{TaskBrief: "find it", RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: "a", MaxRetries: u32(2), FailureWhen: `result.text == ""`, Analyst: "judge"}},
 		{TaskBrief: "find it", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a", "b", "p"}, FailureCriteria: "empty"}},
 		{TaskBrief: "find it", Race: &stubbornv1.RaceSpec{Candidates: []string{"a", "b"}, AcceptWhen: `size(result.text) > 3`}},
+		{TaskBrief: "find it", Race: &stubbornv1.RaceSpec{Candidates: []string{"a", "b"}, HedgeDelay: durationpb.New(50 * time.Millisecond)}},
+		{TaskBrief: "find it", Race: &stubbornv1.RaceSpec{Candidates: []string{"a", "p"}, HedgeDelay: durationpb.New(50 * time.Millisecond)}},
 		{TaskBrief: "x", Retry: &stubbornv1.RetrySpec{Target: "zzz"}, Options: &stubbornv1.RunOptions{Judge: "p", Metadata: map[string]string{"k": "v"}, RunTimeout: durationpb.New(-time.Second)}},
 		{TaskBrief: "x", Retry: &stubbornv1.RetrySpec{Target: "a"}, Options: &stubbornv1.RunOptions{IdempotencyKey: "k\x01", Metadata: map[string]string{"k\n": "v", "": ""}}},
 		{TaskBrief: " ", Retry: &stubbornv1.RetrySpec{Target: "a"}, Race: &stubbornv1.RaceSpec{}},
@@ -93,6 +95,16 @@ func checkAccepted(req *stubbornv1.StartRunRequest, spec *stubbornv1.ControlSpec
 	}
 	if len(req.GetFallbackChain().GetChain()) > p.limits.MaxChain || len(req.GetRace().GetCandidates()) > p.limits.MaxChain {
 		return fmt.Errorf("accepted a chain longer than %d", p.limits.MaxChain)
+	}
+	if d := req.GetRace().GetHedgeDelay(); d != nil && (d.CheckValid() != nil || d.AsDuration() < 0 || d.AsDuration() > p.limits.MaxWait) {
+		return fmt.Errorf("accepted race.hedge_delay %v", d)
+	}
+	if req.GetRace().GetHedgeDelay().AsDuration() > 0 {
+		for _, c := range req.GetRace().GetCandidates() {
+			if !p.val.isDelegate(c) {
+				return fmt.Errorf("accepted a hedged race of preset %q", c)
+			}
+		}
 	}
 	names := append(append([]string{req.GetRetry().GetTarget(), req.GetRetryWithLearning().GetTarget(),
 		req.GetRetryWithLearning().GetAnalyst(), req.GetOptions().GetJudge()},

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
@@ -11,6 +12,8 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/delegates"
@@ -146,6 +149,64 @@ func TestEveryInputIsBoundedAtSubmission(t *testing.T) {
 			assert.Less(t, len(st.Message()), 512, "the message repeats no long value")
 			assert.NotContains(t, st.Message(), name(129), "the message repeats no long value")
 		})
+	}
+}
+
+// TestRaceHedgeDelayIsBoundedByMaxWait: race.hedge_delay is a valid
+// duration from 0 to the max_wait limit (the server's, or a tenant's
+// tighter one); unset and 0 mean no hedging.
+func TestRaceHedgeDelayIsBoundedByMaxWait(t *testing.T) {
+	t.Parallel()
+	known := func(n string) bool { return n == "a" || n == "b" }
+	tests := []struct {
+		name    string
+		maxWait time.Duration // 0: the default, 1h
+		delay   *durationpb.Duration
+		msg     string // a substring of the message; empty: accepted
+	}{
+		{"unset", 0, nil, ""},
+		{"0: no hedging", 0, durationpb.New(0), ""},
+		{"1ms", 0, durationpb.New(time.Millisecond), ""},
+		{"at the default limit", 0, durationpb.New(time.Hour), ""},
+		{"over the default limit", 0, durationpb.New(time.Hour + time.Nanosecond), "race.hedge_delay: must be at most 1h0m0s, got 1h0m0.000000001s"},
+		{"at a configured limit", time.Minute, durationpb.New(time.Minute), ""},
+		{"over a configured limit", time.Minute, durationpb.New(time.Minute + time.Millisecond), "race.hedge_delay: must be at most 1m0s, got 1m0.001s"},
+		{"negative", 0, durationpb.New(-time.Millisecond), "race.hedge_delay: must not be negative, got -1ms"},
+		{"not a valid duration", 0, &durationpb.Duration{Seconds: 1, Nanos: -1}, "race.hedge_delay: is not a valid duration"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			val := &validator{limits: Limits{MaxWait: tt.maxWait}.withDefaults(), known: known}
+			req := &stubbornv1.StartRunRequest{TaskBrief: "x", Race: &stubbornv1.RaceSpec{Candidates: []string{"a", "b"}, HedgeDelay: tt.delay}}
+			spec, err := val.runSpec(req)
+			if tt.msg == "" {
+				require.NoError(t, err)
+				assert.True(t, proto.Equal(tt.delay, spec.GetRace().GetHedgeDelay()), "the delay reaches the control as sent")
+				return
+			}
+			assert.Equal(t, []string{"race.hedge_delay"}, violated(t, err))
+			assert.Contains(t, status.Convert(err).Message(), tt.msg)
+		})
+	}
+}
+
+// TestAHedgedRaceNeedsDelegates: a hedged race whose candidates include
+// a preset is refused (its replay could not tell the preset's nested
+// attempts from the candidates started after it); without a delay presets
+// race as before.
+func TestAHedgedRaceNeedsDelegates(t *testing.T) {
+	t.Parallel()
+	val := &validator{limits: DefaultLimits(), known: func(string) bool { return true }, isDelegate: func(n string) bool { return n != "p" }}
+	race := func(d time.Duration, candidates ...string) *stubbornv1.StartRunRequest {
+		return &stubbornv1.StartRunRequest{TaskBrief: "x", Race: &stubbornv1.RaceSpec{Candidates: candidates, HedgeDelay: durationpb.New(d)}}
+	}
+	_, err := val.runSpec(race(time.Second, "a", "p"))
+	assert.Equal(t, []string{"race.hedge_delay"}, violated(t, err))
+	assert.Contains(t, status.Convert(err).Message(), `race.hedge_delay: a hedged race needs delegates as candidates, and race.candidates[1] "p" is a preset`)
+	for _, ok := range []*stubbornv1.StartRunRequest{race(0, "a", "p"), race(time.Second, "a", "b")} {
+		_, err := val.runSpec(ok)
+		assert.NoError(t, err, "%v", ok)
 	}
 }
 

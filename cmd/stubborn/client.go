@@ -51,7 +51,7 @@ type runFlags struct {
 	control, brief, target, list, request string
 	attempts, maxRetries                  int
 	maxWait, baseWait, runTimeout         time.Duration
-	attemptTimeout                        time.Duration
+	attemptTimeout, hedgeDelay            time.Duration
 	onExhausted, idempotencyKey           string
 	metadata                              metadataFlag
 }
@@ -84,6 +84,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.maxWait, "max-wait", 0, "retry: longest wait (default 60s)")
 	fs.DurationVar(&f.baseWait, "base-wait", 0, "retry: base of the backoff (default 1s)")
 	fs.StringVar(&f.onExhausted, "on-exhausted", "ask", "retry: ask | fail")
+	fs.DurationVar(&f.hedgeDelay, "hedge-delay", 0, "race: start each next candidate only after this (or once all before it failed); 0: all at once")
 	fs.DurationVar(&f.runTimeout, "run-timeout", 0, "deadline of the whole run (default none)")
 	fs.DurationVar(&f.attemptTimeout, "attempt-timeout", 0, "timeout of each delegate call (default: the delegate's)")
 	fs.StringVar(&f.idempotencyKey, "idempotency-key", "", "options.idempotency_key: the same key again (within the server's -idempotency-window) gets the run it started instead of a new one")
@@ -154,6 +155,9 @@ func (f *runFlags) build(stdin io.Reader) (*stubbornv1.RunRequest, error) {
 		req.FallbackChain = &stubbornv1.FallbackChainSpec{Chain: names}
 	case "race":
 		req.Race = &stubbornv1.RaceSpec{Candidates: names}
+		if f.hedgeDelay != 0 {
+			req.Race.HedgeDelay = durationpb.New(f.hedgeDelay) // a negative one is the server's to refuse
+		}
 	default:
 		return nil, fmt.Errorf("-control must be retry, retry-with-learning, fallback-chain or race, got %q", f.control)
 	}

@@ -77,6 +77,11 @@ func TestRunFlagsBuildRequests(t *testing.T) {
 		{[]string{"-control", "race", "-delegates", "a,b", "-brief", "b"},
 			func(t *testing.T, r *stubbornv1.RunRequest) {
 				assert.Equal(t, []string{"a", "b"}, r.GetRace().GetCandidates())
+				assert.Nil(t, r.GetRace().GetHedgeDelay(), "no hedging unless asked")
+			}, ""},
+		{[]string{"-control", "race", "-delegates", "a,b", "-hedge-delay", "250ms", "-brief", "b"},
+			func(t *testing.T, r *stubbornv1.RunRequest) {
+				assert.Equal(t, 250*time.Millisecond, r.GetRace().GetHedgeDelay().AsDuration())
 			}, ""},
 		{[]string{"-control", "retry-with-learning", "-target", "a", "-max-retries", "4", "-brief", "b"},
 			func(t *testing.T, r *stubbornv1.RunRequest) {
@@ -100,6 +105,29 @@ func TestRunFlagsBuildRequests(t *testing.T) {
 			tt.check(t, req)
 		})
 	}
+}
+
+// TestPrintSaysWhyARaceCandidateStarted: the attempt_started line and
+// `get`'s attempt log say why a race's candidate started when it did.
+func TestPrintSaysWhyARaceCandidateStarted(t *testing.T) {
+	attempt := func(n int32, reason stubbornv1.AttemptStartReason) *stubbornv1.Attempt {
+		return &stubbornv1.Attempt{Number: n, Delegate: "d", Brief: "b", StartReason: reason}
+	}
+	for reason, want := range map[stubbornv1.AttemptStartReason]string{
+		stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE:        "attempt 1 → d (started with the race): brief",
+		stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY:    "attempt 1 → d (started after the hedge delay): brief",
+		stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_EARLIER_FAILED: "attempt 1 → d (started early: the candidates before it failed): brief",
+		stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED:    "attempt 1 → d: brief",
+	} {
+		ev := &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptStarted{AttemptStarted: &stubbornv1.AttemptStarted{Attempt: attempt(1, reason)}}}
+		assert.Contains(t, describe(ev), want)
+	}
+	var out bytes.Buffer
+	printState(&out, &stubbornv1.ControlState{RunId: "r", AttemptLog: []*stubbornv1.Attempt{
+		attempt(1, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE),
+		attempt(2, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY),
+	}}, true)
+	assert.Contains(t, out.String(), "#2 d: UNSPECIFIED (started after the hedge delay)")
 }
 
 func TestRunFlagsReadProtoJSON(t *testing.T) {

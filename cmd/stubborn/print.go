@@ -73,6 +73,9 @@ func describe(ev *stubbornv1.RunEvent) string {
 		if w := a.GetWaitBefore().AsDuration(); w > 0 {
 			s += fmt.Sprintf(" (after waiting %s)", round(w))
 		}
+		if r := startReasons[a.GetStartReason()]; r != "" {
+			s += " (" + r + ")"
+		}
 		first, rest, _ := strings.Cut(a.GetBrief(), "\n")
 		s += ": brief " + quote(first, 60)
 		if rest = strings.TrimSpace(rest); rest != "" {
@@ -223,6 +226,9 @@ func printState(w io.Writer, st *stubbornv1.ControlState, whole bool) {
 		if a.GetStartTime() != nil && a.GetEndTime() != nil {
 			line += " in " + round(a.GetEndTime().AsTime().Sub(a.GetStartTime().AsTime())).String()
 		}
+		if r := startReasons[a.GetStartReason()]; r != "" {
+			line += " (" + r + ")"
+		}
 		fmt.Fprintln(w, line)
 	}
 	for _, f := range st.GetFailureHistory() {
@@ -243,6 +249,14 @@ func printState(w io.Writer, st *stubbornv1.ControlState, whole bool) {
 		fmt.Fprintf(w, "  result    %s\n", quote(st.GetResult().GetText(), errorQuote))
 	}
 	fmt.Fprintln(w, "  (-json for the whole state: brief, options, each attempt's brief and result)")
+}
+
+// startReasons say why a race candidate started when it did
+// (Attempt.start_reason); other attempts have none.
+var startReasons = map[stubbornv1.AttemptStartReason]string{
+	stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE:        "started with the race",
+	stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY:    "started after the hedge delay",
+	stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_EARLIER_FAILED: "started early: the candidates before it failed",
 }
 
 // pathPrefix is a nested preset's path before a delegate's name.

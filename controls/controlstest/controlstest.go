@@ -63,6 +63,124 @@ func (c *Clock) Sleeps() []time.Duration {
 	return append([]time.Duration(nil), c.sleeps...)
 }
 
+// ManualClock is a fake controls.Clock whose time moves only when the test
+// says so: Sleep waits until Advance has moved Now to the sleep's end (or
+// ctx ends). For tests of what happens before and after a wait that runs
+// beside other work, such as a hedged race's delay.
+type ManualClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	sleeps  []*manualSleep
+	changed chan struct{} // closed and replaced when sleeps changes
+}
+
+type manualSleep struct {
+	until time.Time
+	wake  chan struct{}
+}
+
+// NewManualClock returns a manual clock set to the instant NewClock's
+// starts at.
+func NewManualClock() *ManualClock {
+	return &ManualClock{now: NewClock().Now(), changed: make(chan struct{})}
+}
+
+// Now returns the fake time.
+func (c *ManualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Sleep waits until Advance reaches now+d, or returns ctx.Err() as soon as
+// ctx is done. A sleep of d <= 0 returns at once.
+func (c *ManualClock) Sleep(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return nil
+	}
+	c.mu.Lock()
+	s := &manualSleep{until: c.now.Add(d), wake: make(chan struct{})}
+	c.sleeps = append(c.sleeps, s)
+	c.changedLocked()
+	c.mu.Unlock()
+	select {
+	case <-s.wake:
+		return nil
+	case <-ctx.Done():
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for i, x := range c.sleeps {
+			if x == s {
+				c.sleeps = append(c.sleeps[:i], c.sleeps[i+1:]...)
+				c.changedLocked()
+				break
+			}
+		}
+		return ctx.Err()
+	}
+}
+
+// Advance moves the time forward by d and wakes the sleeps that end by
+// then.
+func (c *ManualClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	kept := c.sleeps[:0]
+	for _, s := range c.sleeps {
+		if s.until.After(c.now) {
+			kept = append(kept, s)
+		} else {
+			close(s.wake)
+		}
+	}
+	c.sleeps = kept
+	c.changedLocked()
+}
+
+// Sleeping returns the ends of the sleeps in progress, in the order they
+// started.
+func (c *ManualClock) Sleeping() []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]time.Time, 0, len(c.sleeps))
+	for _, s := range c.sleeps {
+		out = append(out, s.until)
+	}
+	return out
+}
+
+// WaitSleeping waits until n sleeps are in progress and returns their
+// ends, or returns ctx.Err() when ctx ends first.
+func (c *ManualClock) WaitSleeping(ctx context.Context, n int) ([]time.Time, error) {
+	for {
+		c.mu.Lock()
+		changed := c.changed
+		if len(c.sleeps) == n {
+			defer c.mu.Unlock()
+			out := make([]time.Time, 0, n)
+			for _, s := range c.sleeps {
+				out = append(out, s.until)
+			}
+			return out, nil
+		}
+		c.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (c *ManualClock) changedLocked() {
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
 // Reply is one scripted answer of a fake delegate.
 type Reply struct {
 	// Text is the result text when Err is nil.

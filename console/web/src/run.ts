@@ -20,7 +20,7 @@ import { attr, h, text } from "./dom";
 import { durMs, enumName, fmtMs, fmtTime, shortName, tsMs } from "./format";
 import type { Page } from "./main";
 import { sleep, statusBadge, terminal } from "./shared";
-import { resultText, Timeline } from "./timeline";
+import { resultText, startReasons, Timeline } from "./timeline";
 
 export function runPage(id: string): Page {
   const ac = new AbortController();
@@ -389,7 +389,9 @@ export function describeControl(c: ControlSpec | undefined): string {
     }
     case "race": {
       const r = k.value;
-      return "race of " + r.candidates.join(", ") + (r.acceptanceCriteria ? ", acceptance criteria “" + r.acceptanceCriteria + "”" : "") +
+      return "race of " + r.candidates.join(", ") +
+        (r.hedgeDelay && durMs(r.hedgeDelay) > 0 ? ", hedged: each next after " + dur(r.hedgeDelay, "") : "") +
+        (r.acceptanceCriteria ? ", acceptance criteria “" + r.acceptanceCriteria + "”" : "") +
         (r.acceptWhen ? ", accept_when " + r.acceptWhen : "");
     }
   }
@@ -411,9 +413,11 @@ function eventLine(ev: RunEvent): HTMLElement {
   const k = ev.kind;
   let what = k.case ?? "?";
   switch (k.case) {
-    case "attemptStarted":
-      what = "attempt " + k.value.attempt?.number + " started: " + k.value.attempt?.delegate;
+    case "attemptStarted": {
+      const why = startReasons[k.value.attempt?.startReason ?? 0];
+      what = "attempt " + k.value.attempt?.number + " started: " + k.value.attempt?.delegate + (why ? " (" + why + ")" : "");
       break;
+    }
     case "attemptFinished":
       what = "attempt " + k.value.attempt?.number + " finished: " + k.value.attempt?.delegate + " " +
         shortName(AttemptOutcomeSchema, k.value.attempt?.outcome ?? 0) + (k.value.note ? " — " + k.value.note : "");

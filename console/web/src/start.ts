@@ -30,6 +30,7 @@ const uses: Record<string, string[]> = {
   analyst: ["retry_with_learning"],
   acceptance_criteria: ["race"],
   accept_when: ["race"],
+  hedge_delay: ["race"],
   judge: ["retry_with_learning", "fallback_chain", "race"],
 };
 
@@ -72,6 +73,8 @@ export function startPage(q: URLSearchParams): Page {
       field("max_wait", "Max wait", dur("60s"), "retry: no wait exceeds it"),
       field("on_exhausted", "When retries run out", onExhausted),
       field("decision_timeout", "Decision timeout", dur("none"), "retry: how long a decision is awaited")),
+    h("fieldset", null, h("legend", null, "Race"),
+      field("hedge_delay", "Hedge delay", dur("none"), "race: start each next candidate only after this, or once all before it failed; none: all at once")),
     h("fieldset", null, h("legend", null, "Judging"),
       field("failure_criteria", "Failure criteria", text1("e.g. the answer is empty"), "retry with learning, fallback chain: judged by the judge delegate"),
       field("failure_when", "failure_when (CEL)", text1('e.g. result.text == ""')),
@@ -164,6 +167,7 @@ export function startPage(q: URLSearchParams): Page {
         set("delegates", k.value.candidates.join(", "));
         set("acceptance_criteria", k.value.acceptanceCriteria);
         set("accept_when", k.value.acceptWhen);
+        set("hedge_delay", k.value.hedgeDelay && durMs(k.value.hedgeDelay) > 0 ? d(k.value.hedgeDelay) : "");
         break;
     }
     const o = st.options;
@@ -248,7 +252,10 @@ export function startPage(q: URLSearchParams): Page {
         req.fallbackChain = { chain: names, failureCriteria: v("failure_criteria"), failureWhen: v("failure_when") };
         break;
       case "race":
-        req.race = { candidates: names, acceptanceCriteria: v("acceptance_criteria"), acceptWhen: v("accept_when") };
+        req.race = {
+          candidates: names, acceptanceCriteria: v("acceptance_criteria"), acceptWhen: v("accept_when"),
+          hedgeDelay: duration("hedge_delay", "Hedge delay"),
+        };
         break;
     }
     req.options = {

@@ -14,6 +14,7 @@
 import {
   AttemptOutcome,
   AttemptOutcomeSchema,
+  AttemptStartReason,
   FailureSource,
   NotRetried,
   type Attempt,
@@ -66,6 +67,14 @@ const codes = [
   "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
   "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
 ];
+
+// Why a race candidate started when it did (Attempt.start_reason; see
+// RaceSpec.hedge_delay). Other attempts have none.
+export const startReasons: Record<number, string> = {
+  [AttemptStartReason.AT_ONCE]: "started with the race",
+  [AttemptStartReason.HEDGE_DELAY]: "started after the hedge delay",
+  [AttemptStartReason.EARLIER_FAILED]: "started early: the candidates before it failed",
+};
 
 const sourceLabels: Record<number, string> = {
   [FailureSource.ERROR]: "error",
@@ -331,6 +340,7 @@ export class Timeline {
 
   private describeBar(v: AttemptView): void {
     const parts = ["attempt " + v.n, v.a.delegate + (v.a.path ? " at " + v.a.path : ""), outcomeName(v.a.outcome)];
+    if (startReasons[v.a.startReason]) parts.push(startReasons[v.a.startReason]);
     if (v.end !== undefined) parts.push(fmtMs(v.end - v.start));
     if (v.failure) parts.push((sourceLabels[v.failure.source] ?? "failed") + ": " + v.failure.reason);
     if (v.failure?.analysis) parts.push("analyst: " + v.failure.analysis);
@@ -349,7 +359,8 @@ export class Timeline {
       a.path ? h("span", { class: "path" }, a.path) : null,
       h("span", { class: "badge o-" + outcome }, outcome),
       v.end !== undefined ? h("span", { class: "dur" }, fmtMs(v.end - v.start)) : null,
-      durMs(a.waitBefore) > 0 ? h("span", { class: "wait" }, "after a " + fmtMs(durMs(a.waitBefore)) + " backoff") : null);
+      durMs(a.waitBefore) > 0 ? h("span", { class: "wait" }, "after a " + fmtMs(durMs(a.waitBefore)) + " backoff") : null,
+      startReasons[a.startReason] ? h("span", { class: "wait", "data-testid": "start-reason" }, startReasons[a.startReason]) : null);
     const lines: (HTMLElement | null)[] = [];
     if (f) {
       const src = sourceLabels[f.source] ?? "failed";

@@ -288,6 +288,71 @@ func (AttemptOutcome) EnumDescriptor() ([]byte, []int) {
 	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{3}
 }
 
+// AttemptStartReason says why an attempt started when it did:
+// Attempt.start_reason. Race candidates have one; see RaceSpec.hedge_delay.
+type AttemptStartReason int32
+
+const (
+	// No reason recorded: the attempt of a control other than race, whose
+	// start follows from the control itself, or one recorded by a server
+	// older than this field.
+	AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED AttemptStartReason = 0
+	// Started when the race started: every candidate of a race without
+	// hedge_delay, and the first candidate of a hedged race.
+	AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE AttemptStartReason = 1
+	// Started because hedge_delay passed since the previous candidate started
+	// without an acceptable answer; the candidates before it were still
+	// running.
+	AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY AttemptStartReason = 2
+	// Started before hedge_delay was over, because every candidate started
+	// before it had finished without an acceptable answer (failed, or
+	// rejected by the acceptance criteria).
+	AttemptStartReason_ATTEMPT_START_REASON_EARLIER_FAILED AttemptStartReason = 3
+)
+
+// Enum value maps for AttemptStartReason.
+var (
+	AttemptStartReason_name = map[int32]string{
+		0: "ATTEMPT_START_REASON_UNSPECIFIED",
+		1: "ATTEMPT_START_REASON_AT_ONCE",
+		2: "ATTEMPT_START_REASON_HEDGE_DELAY",
+		3: "ATTEMPT_START_REASON_EARLIER_FAILED",
+	}
+	AttemptStartReason_value = map[string]int32{
+		"ATTEMPT_START_REASON_UNSPECIFIED":    0,
+		"ATTEMPT_START_REASON_AT_ONCE":        1,
+		"ATTEMPT_START_REASON_HEDGE_DELAY":    2,
+		"ATTEMPT_START_REASON_EARLIER_FAILED": 3,
+	}
+)
+
+func (x AttemptStartReason) Enum() *AttemptStartReason {
+	p := new(AttemptStartReason)
+	*p = x
+	return p
+}
+
+func (x AttemptStartReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AttemptStartReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_stubborn_v1_control_proto_enumTypes[4].Descriptor()
+}
+
+func (AttemptStartReason) Type() protoreflect.EnumType {
+	return &file_stubborn_v1_control_proto_enumTypes[4]
+}
+
+func (x AttemptStartReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AttemptStartReason.Descriptor instead.
+func (AttemptStartReason) EnumDescriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{4}
+}
+
 // FailureSource says who or what decided that an attempt failed.
 type FailureSource int32
 
@@ -357,11 +422,11 @@ func (x FailureSource) String() string {
 }
 
 func (FailureSource) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[4].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[5].Descriptor()
 }
 
 func (FailureSource) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[4]
+	return &file_stubborn_v1_control_proto_enumTypes[5]
 }
 
 func (x FailureSource) Number() protoreflect.EnumNumber {
@@ -370,7 +435,7 @@ func (x FailureSource) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FailureSource.Descriptor instead.
 func (FailureSource) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{4}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{5}
 }
 
 // RefusedBy names the guard of a delegate that refused a call
@@ -419,11 +484,11 @@ func (x RefusedBy) String() string {
 }
 
 func (RefusedBy) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[5].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[6].Descriptor()
 }
 
 func (RefusedBy) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[5]
+	return &file_stubborn_v1_control_proto_enumTypes[6]
 }
 
 func (x RefusedBy) Number() protoreflect.EnumNumber {
@@ -432,7 +497,7 @@ func (x RefusedBy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RefusedBy.Descriptor instead.
 func (RefusedBy) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{5}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{6}
 }
 
 // NotRetried says, as a value to switch on, why no retry followed a failed
@@ -522,11 +587,11 @@ func (x NotRetried) String() string {
 }
 
 func (NotRetried) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[6].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[7].Descriptor()
 }
 
 func (NotRetried) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[6]
+	return &file_stubborn_v1_control_proto_enumTypes[7]
 }
 
 func (x NotRetried) Number() protoreflect.EnumNumber {
@@ -535,7 +600,7 @@ func (x NotRetried) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NotRetried.Descriptor instead.
 func (NotRetried) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{6}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{7}
 }
 
 // StatusReason says, as a value to switch on, why a run ended or waits:
@@ -637,11 +702,11 @@ func (x StatusReason) String() string {
 }
 
 func (StatusReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[7].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[8].Descriptor()
 }
 
 func (StatusReason) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[7]
+	return &file_stubborn_v1_control_proto_enumTypes[8]
 }
 
 func (x StatusReason) Number() protoreflect.EnumNumber {
@@ -650,7 +715,7 @@ func (x StatusReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StatusReason.Descriptor instead.
 func (StatusReason) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{7}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
 }
 
 // RunView is how much of each run ListRuns returns.
@@ -690,11 +755,11 @@ func (x RunView) String() string {
 }
 
 func (RunView) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[8].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[9].Descriptor()
 }
 
 func (RunView) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[8]
+	return &file_stubborn_v1_control_proto_enumTypes[9]
 }
 
 func (x RunView) Number() protoreflect.EnumNumber {
@@ -703,7 +768,7 @@ func (x RunView) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunView.Descriptor instead.
 func (RunView) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{9}
 }
 
 // BreakerState is a circuit breaker's state.
@@ -748,11 +813,11 @@ func (x BreakerState) String() string {
 }
 
 func (BreakerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[9].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[10].Descriptor()
 }
 
 func (BreakerState) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[9]
+	return &file_stubborn_v1_control_proto_enumTypes[10]
 }
 
 func (x BreakerState) Number() protoreflect.EnumNumber {
@@ -761,7 +826,7 @@ func (x BreakerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BreakerState.Descriptor instead.
 func (BreakerState) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 // DelegateHealth is a delegate's health as last seen.
@@ -802,11 +867,11 @@ func (x DelegateHealth) String() string {
 }
 
 func (DelegateHealth) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[10].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[11].Descriptor()
 }
 
 func (DelegateHealth) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[10]
+	return &file_stubborn_v1_control_proto_enumTypes[11]
 }
 
 func (x DelegateHealth) Number() protoreflect.EnumNumber {
@@ -815,7 +880,7 @@ func (x DelegateHealth) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DelegateHealth.Descriptor instead.
 func (DelegateHealth) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 // RetrySpec configures the retry control: the same delegate again, after a
@@ -1214,7 +1279,8 @@ func (x *FallbackChainSpec) GetFailureWhen() string {
 	return ""
 }
 
-// RaceSpec configures race: all candidates at once with the same brief; the
+// RaceSpec configures race: the candidates are called with the same brief,
+// all at once or, with hedge_delay, one after another (a hedged race); the
 // first acceptable result wins and the other calls are cancelled.
 type RaceSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1241,7 +1307,31 @@ type RaceSpec struct {
 	// "accept_when is false: <expression>". Compiled and limited as
 	// failure_when. With acceptance_criteria too, both must pass, accept_when
 	// first. Empty means none.
-	AcceptWhen    string `protobuf:"bytes,3,opt,name=accept_when,json=acceptWhen,proto3" json:"accept_when,omitempty"`
+	AcceptWhen string `protobuf:"bytes,3,opt,name=accept_when,json=acceptWhen,proto3" json:"accept_when,omitempty"`
+	// Hedging: how long a candidate runs alone before the next one in the list
+	// is started as well. Unset or zero means no hedging: every candidate starts
+	// at once, when the race starts. With a delay, the first candidate starts
+	// alone, and each next one starts when either comes first:
+	//   - hedge_delay has passed since the candidate before it started, and no
+	//     acceptable answer has arrived (Attempt.start_reason
+	//     ATTEMPT_START_REASON_HEDGE_DELAY);
+	//   - every candidate started so far has finished without an acceptable
+	//     answer (failed, or rejected by acceptance_criteria or accept_when):
+	//     the next starts at once, before its delay is over
+	//     (ATTEMPT_START_REASON_EARLIER_FAILED).
+	//
+	// The first acceptable answer wins and the candidates still running are
+	// cancelled, as without hedging; candidates not started yet are never
+	// called. So a first candidate that answers acceptably within the delay is
+	// the only call the race makes. Attempts are numbered in start order,
+	// which is list order. A run resumed by another server does not wait again
+	// for the candidates its journal shows started; one that was in flight
+	// then counts as failed (ATTEMPT_OUTCOME_INTERRUPTED), as in any race.
+	// Negative, or over the server's max_wait limit (default 1h), is
+	// INVALID_ARGUMENT; so is a delay with a preset among the candidates (a
+	// resumed run cannot yet replay a preset candidate's nested attempts in a
+	// hedged race): a hedged race's candidates are delegates.
+	HedgeDelay    *durationpb.Duration `protobuf:"bytes,4,opt,name=hedge_delay,json=hedgeDelay,proto3" json:"hedge_delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1295,6 +1385,13 @@ func (x *RaceSpec) GetAcceptWhen() string {
 		return x.AcceptWhen
 	}
 	return ""
+}
+
+func (x *RaceSpec) GetHedgeDelay() *durationpb.Duration {
+	if x != nil {
+		return x.HedgeDelay
+	}
+	return nil
 }
 
 // RunOptions are settings that apply to a whole run, whatever its control.
@@ -3326,7 +3423,13 @@ type Attempt struct {
 	// Where the attempt ran when controls are nested through presets, for
 	// example "chain[0]/attempt 2". Empty for an attempt of the run's own
 	// control.
-	Path          string `protobuf:"bytes,10,opt,name=path,proto3" json:"path,omitempty"`
+	Path string `protobuf:"bytes,10,opt,name=path,proto3" json:"path,omitempty"`
+	// Why the attempt started when it did: set for a race's candidates (see
+	// RaceSpec.hedge_delay). ATTEMPT_START_REASON_UNSPECIFIED for an attempt
+	// of another control, whose start follows from the control itself (the
+	// first try, a retry after its backoff, the next delegate of a chain), and
+	// for an attempt recorded by a server older than this field.
+	StartReason   AttemptStartReason `protobuf:"varint,11,opt,name=start_reason,json=startReason,proto3,enum=stubborn.v1.AttemptStartReason" json:"start_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3429,6 +3532,13 @@ func (x *Attempt) GetPath() string {
 		return x.Path
 	}
 	return ""
+}
+
+func (x *Attempt) GetStartReason() AttemptStartReason {
+	if x != nil {
+		return x.StartReason
+	}
+	return AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED
 }
 
 // FailureRecord is the analysis of one failed attempt.
@@ -4373,14 +4483,16 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x11FallbackChainSpec\x12\x14\n" +
 	"\x05chain\x18\x01 \x03(\tR\x05chain\x12)\n" +
 	"\x10failure_criteria\x18\x02 \x01(\tR\x0ffailureCriteria\x12!\n" +
-	"\ffailure_when\x18\x03 \x01(\tR\vfailureWhen\"|\n" +
+	"\ffailure_when\x18\x03 \x01(\tR\vfailureWhen\"\xb8\x01\n" +
 	"\bRaceSpec\x12\x1e\n" +
 	"\n" +
 	"candidates\x18\x01 \x03(\tR\n" +
 	"candidates\x12/\n" +
 	"\x13acceptance_criteria\x18\x02 \x01(\tR\x12acceptanceCriteria\x12\x1f\n" +
 	"\vaccept_when\x18\x03 \x01(\tR\n" +
-	"acceptWhen\"\xcb\x02\n" +
+	"acceptWhen\x12:\n" +
+	"\vhedge_delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"hedgeDelay\"\xcb\x02\n" +
 	"\n" +
 	"RunOptions\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12:\n" +
@@ -4531,7 +4643,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\bnot_sent\x18\x05 \x01(\bR\anotSent\x12\x18\n" +
 	"\arefused\x18\x06 \x01(\bR\arefused\x125\n" +
 	"\n" +
-	"refused_by\x18\a \x01(\x0e2\x16.stubborn.v1.RefusedByR\trefusedBy\"\xaa\x03\n" +
+	"refused_by\x18\a \x01(\x0e2\x16.stubborn.v1.RefusedByR\trefusedBy\"\xee\x03\n" +
 	"\aAttempt\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x05R\x06number\x12\x1a\n" +
 	"\bdelegate\x18\x02 \x01(\tR\bdelegate\x12\x14\n" +
@@ -4545,7 +4657,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\vwait_before\x18\t \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"waitBefore\x12\x12\n" +
 	"\x04path\x18\n" +
-	" \x01(\tR\x04path\"\x91\x03\n" +
+	" \x01(\tR\x04path\x12B\n" +
+	"\fstart_reason\x18\v \x01(\x0e2\x1f.stubborn.v1.AttemptStartReasonR\vstartReason\"\x91\x03\n" +
 	"\rFailureRecord\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x1a\n" +
 	"\bdelegate\x18\x02 \x01(\tR\bdelegate\x12\x18\n" +
@@ -4636,7 +4749,12 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x18ATTEMPT_OUTCOME_REJECTED\x10\x03\x12\x1d\n" +
 	"\x19ATTEMPT_OUTCOME_CANCELLED\x10\x04\x12\x1b\n" +
 	"\x17ATTEMPT_OUTCOME_SKIPPED\x10\x05\x12\x1f\n" +
-	"\x1bATTEMPT_OUTCOME_INTERRUPTED\x10\x06*\x94\x02\n" +
+	"\x1bATTEMPT_OUTCOME_INTERRUPTED\x10\x06*\xab\x01\n" +
+	"\x12AttemptStartReason\x12$\n" +
+	" ATTEMPT_START_REASON_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cATTEMPT_START_REASON_AT_ONCE\x10\x01\x12$\n" +
+	" ATTEMPT_START_REASON_HEDGE_DELAY\x10\x02\x12'\n" +
+	"#ATTEMPT_START_REASON_EARLIER_FAILED\x10\x03*\x94\x02\n" +
 	"\rFailureSource\x12\x1e\n" +
 	"\x1aFAILURE_SOURCE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14FAILURE_SOURCE_ERROR\x10\x01\x12\x18\n" +
@@ -4722,183 +4840,186 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 	return file_stubborn_v1_control_proto_rawDescData
 }
 
-var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
+var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
 var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
 	(OnExhausted)(0),              // 1: stubborn.v1.OnExhausted
 	(Decision)(0),                 // 2: stubborn.v1.Decision
 	(AttemptOutcome)(0),           // 3: stubborn.v1.AttemptOutcome
-	(FailureSource)(0),            // 4: stubborn.v1.FailureSource
-	(RefusedBy)(0),                // 5: stubborn.v1.RefusedBy
-	(NotRetried)(0),               // 6: stubborn.v1.NotRetried
-	(StatusReason)(0),             // 7: stubborn.v1.StatusReason
-	(RunView)(0),                  // 8: stubborn.v1.RunView
-	(BreakerState)(0),             // 9: stubborn.v1.BreakerState
-	(DelegateHealth)(0),           // 10: stubborn.v1.DelegateHealth
-	(*RetrySpec)(nil),             // 11: stubborn.v1.RetrySpec
-	(*RetryOn)(nil),               // 12: stubborn.v1.RetryOn
-	(*RetryWithLearningSpec)(nil), // 13: stubborn.v1.RetryWithLearningSpec
-	(*FallbackChainSpec)(nil),     // 14: stubborn.v1.FallbackChainSpec
-	(*RaceSpec)(nil),              // 15: stubborn.v1.RaceSpec
-	(*RunOptions)(nil),            // 16: stubborn.v1.RunOptions
-	(*RunRequest)(nil),            // 17: stubborn.v1.RunRequest
-	(*RunResponse)(nil),           // 18: stubborn.v1.RunResponse
-	(*StartRunRequest)(nil),       // 19: stubborn.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 20: stubborn.v1.StartRunResponse
-	(*WatchRunRequest)(nil),       // 21: stubborn.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 22: stubborn.v1.WatchRunResponse
-	(*GetRunRequest)(nil),         // 23: stubborn.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 24: stubborn.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 25: stubborn.v1.ListRunsRequest
-	(*RunSummary)(nil),            // 26: stubborn.v1.RunSummary
-	(*ListRunsResponse)(nil),      // 27: stubborn.v1.ListRunsResponse
-	(*WatchRunsRequest)(nil),      // 28: stubborn.v1.WatchRunsRequest
-	(*WatchRunsResponse)(nil),     // 29: stubborn.v1.WatchRunsResponse
-	(*ListDelegatesRequest)(nil),  // 30: stubborn.v1.ListDelegatesRequest
-	(*ListDelegatesResponse)(nil), // 31: stubborn.v1.ListDelegatesResponse
-	(*DelegateDescription)(nil),   // 32: stubborn.v1.DelegateDescription
-	(*PresetDescription)(nil),     // 33: stubborn.v1.PresetDescription
-	(*CancelRunRequest)(nil),      // 34: stubborn.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 35: stubborn.v1.CancelRunResponse
-	(*DeleteRunRequest)(nil),      // 36: stubborn.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 37: stubborn.v1.DeleteRunResponse
-	(*DecideRunRequest)(nil),      // 38: stubborn.v1.DecideRunRequest
-	(*DecideRunResponse)(nil),     // 39: stubborn.v1.DecideRunResponse
-	(*ControlSpec)(nil),           // 40: stubborn.v1.ControlSpec
-	(*ControlState)(nil),          // 41: stubborn.v1.ControlState
-	(*AttemptError)(nil),          // 42: stubborn.v1.AttemptError
-	(*Attempt)(nil),               // 43: stubborn.v1.Attempt
-	(*FailureRecord)(nil),         // 44: stubborn.v1.FailureRecord
-	(*RunEvent)(nil),              // 45: stubborn.v1.RunEvent
-	(*RunStarted)(nil),            // 46: stubborn.v1.RunStarted
-	(*AttemptStarted)(nil),        // 47: stubborn.v1.AttemptStarted
-	(*AttemptFinished)(nil),       // 48: stubborn.v1.AttemptFinished
-	(*FailureAnalyzed)(nil),       // 49: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 50: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 51: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 52: stubborn.v1.DecisionReceived
-	(*RunResumed)(nil),            // 53: stubborn.v1.RunResumed
-	(*RunFinished)(nil),           // 54: stubborn.v1.RunFinished
-	nil,                           // 55: stubborn.v1.RunOptions.MetadataEntry
-	(*durationpb.Duration)(nil),   // 56: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 57: google.protobuf.Timestamp
-	(*Result)(nil),                // 58: stubborn.v1.Result
+	(AttemptStartReason)(0),       // 4: stubborn.v1.AttemptStartReason
+	(FailureSource)(0),            // 5: stubborn.v1.FailureSource
+	(RefusedBy)(0),                // 6: stubborn.v1.RefusedBy
+	(NotRetried)(0),               // 7: stubborn.v1.NotRetried
+	(StatusReason)(0),             // 8: stubborn.v1.StatusReason
+	(RunView)(0),                  // 9: stubborn.v1.RunView
+	(BreakerState)(0),             // 10: stubborn.v1.BreakerState
+	(DelegateHealth)(0),           // 11: stubborn.v1.DelegateHealth
+	(*RetrySpec)(nil),             // 12: stubborn.v1.RetrySpec
+	(*RetryOn)(nil),               // 13: stubborn.v1.RetryOn
+	(*RetryWithLearningSpec)(nil), // 14: stubborn.v1.RetryWithLearningSpec
+	(*FallbackChainSpec)(nil),     // 15: stubborn.v1.FallbackChainSpec
+	(*RaceSpec)(nil),              // 16: stubborn.v1.RaceSpec
+	(*RunOptions)(nil),            // 17: stubborn.v1.RunOptions
+	(*RunRequest)(nil),            // 18: stubborn.v1.RunRequest
+	(*RunResponse)(nil),           // 19: stubborn.v1.RunResponse
+	(*StartRunRequest)(nil),       // 20: stubborn.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 21: stubborn.v1.StartRunResponse
+	(*WatchRunRequest)(nil),       // 22: stubborn.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 23: stubborn.v1.WatchRunResponse
+	(*GetRunRequest)(nil),         // 24: stubborn.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 25: stubborn.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 26: stubborn.v1.ListRunsRequest
+	(*RunSummary)(nil),            // 27: stubborn.v1.RunSummary
+	(*ListRunsResponse)(nil),      // 28: stubborn.v1.ListRunsResponse
+	(*WatchRunsRequest)(nil),      // 29: stubborn.v1.WatchRunsRequest
+	(*WatchRunsResponse)(nil),     // 30: stubborn.v1.WatchRunsResponse
+	(*ListDelegatesRequest)(nil),  // 31: stubborn.v1.ListDelegatesRequest
+	(*ListDelegatesResponse)(nil), // 32: stubborn.v1.ListDelegatesResponse
+	(*DelegateDescription)(nil),   // 33: stubborn.v1.DelegateDescription
+	(*PresetDescription)(nil),     // 34: stubborn.v1.PresetDescription
+	(*CancelRunRequest)(nil),      // 35: stubborn.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 36: stubborn.v1.CancelRunResponse
+	(*DeleteRunRequest)(nil),      // 37: stubborn.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 38: stubborn.v1.DeleteRunResponse
+	(*DecideRunRequest)(nil),      // 39: stubborn.v1.DecideRunRequest
+	(*DecideRunResponse)(nil),     // 40: stubborn.v1.DecideRunResponse
+	(*ControlSpec)(nil),           // 41: stubborn.v1.ControlSpec
+	(*ControlState)(nil),          // 42: stubborn.v1.ControlState
+	(*AttemptError)(nil),          // 43: stubborn.v1.AttemptError
+	(*Attempt)(nil),               // 44: stubborn.v1.Attempt
+	(*FailureRecord)(nil),         // 45: stubborn.v1.FailureRecord
+	(*RunEvent)(nil),              // 46: stubborn.v1.RunEvent
+	(*RunStarted)(nil),            // 47: stubborn.v1.RunStarted
+	(*AttemptStarted)(nil),        // 48: stubborn.v1.AttemptStarted
+	(*AttemptFinished)(nil),       // 49: stubborn.v1.AttemptFinished
+	(*FailureAnalyzed)(nil),       // 50: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 51: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 52: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 53: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 54: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 55: stubborn.v1.RunFinished
+	nil,                           // 56: stubborn.v1.RunOptions.MetadataEntry
+	(*durationpb.Duration)(nil),   // 57: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 58: google.protobuf.Timestamp
+	(*Result)(nil),                // 59: stubborn.v1.Result
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	56, // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
-	1,  // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	56, // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	56, // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
-	12, // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
-	56, // 5: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	56, // 6: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	55, // 7: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
-	11, // 8: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	13, // 9: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	14, // 10: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	15, // 11: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
-	16, // 12: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	45, // 13: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
-	11, // 14: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	13, // 15: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	14, // 16: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	15, // 17: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
-	16, // 18: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	41, // 19: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	45, // 20: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	45, // 21: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	41, // 22: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
-	0,  // 23: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	8,  // 24: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
-	0,  // 25: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	57, // 26: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	57, // 27: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
-	41, // 28: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	26, // 29: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
-	0,  // 30: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	26, // 31: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
-	32, // 32: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
-	33, // 33: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	56, // 34: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
-	10, // 35: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
-	9,  // 36: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
-	12, // 37: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
-	40, // 38: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	41, // 39: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,  // 40: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	41, // 41: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	11, // 42: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	13, // 43: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	14, // 44: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	15, // 45: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	0,  // 46: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	58, // 47: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	44, // 48: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	43, // 49: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	40, // 50: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	16, // 51: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	7,  // 52: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	57, // 53: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	57, // 54: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	57, // 55: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	56, // 56: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	5,  // 57: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
-	57, // 58: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	57, // 59: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,  // 60: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	58, // 61: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	42, // 62: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	56, // 63: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	6,  // 64: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	4,  // 65: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	57, // 66: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	46, // 67: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	47, // 68: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	48, // 69: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	49, // 70: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	50, // 71: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	51, // 72: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	52, // 73: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	54, // 74: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	53, // 75: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	41, // 76: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	43, // 77: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	43, // 78: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	44, // 79: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	56, // 80: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	57, // 81: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	56, // 82: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	44, // 83: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	57, // 84: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	7,  // 85: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,  // 86: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	41, // 87: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	17, // 88: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	19, // 89: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	21, // 90: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	23, // 91: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	25, // 92: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	28, // 93: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	30, // 94: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	34, // 95: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	38, // 96: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	36, // 97: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	18, // 98: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	20, // 99: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	22, // 100: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	24, // 101: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	27, // 102: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	29, // 103: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	31, // 104: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	35, // 105: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	39, // 106: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	37, // 107: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	98, // [98:108] is the sub-list for method output_type
-	88, // [88:98] is the sub-list for method input_type
-	88, // [88:88] is the sub-list for extension type_name
-	88, // [88:88] is the sub-list for extension extendee
-	0,  // [0:88] is the sub-list for field type_name
+	57,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	1,   // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
+	57,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	57,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	13,  // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
+	57,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
+	57,  // 6: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	57,  // 7: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	56,  // 8: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	12,  // 9: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	14,  // 10: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	15,  // 11: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	16,  // 12: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
+	17,  // 13: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
+	46,  // 14: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	12,  // 15: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	14,  // 16: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	15,  // 17: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	16,  // 18: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
+	17,  // 19: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
+	42,  // 20: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	46,  // 21: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	46,  // 22: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	42,  // 23: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	0,   // 24: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	9,   // 25: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
+	0,   // 26: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
+	58,  // 27: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	58,  // 28: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	42,  // 29: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	27,  // 30: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
+	0,   // 31: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	27,  // 32: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
+	33,  // 33: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
+	34,  // 34: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
+	57,  // 35: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	11,  // 36: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
+	10,  // 37: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
+	13,  // 38: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
+	41,  // 39: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	42,  // 40: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,   // 41: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	42,  // 42: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	12,  // 43: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	14,  // 44: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	15,  // 45: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	16,  // 46: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	0,   // 47: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	59,  // 48: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	45,  // 49: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	44,  // 50: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	41,  // 51: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	17,  // 52: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	8,   // 53: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	58,  // 54: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	58,  // 55: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	58,  // 56: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	57,  // 57: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	6,   // 58: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
+	58,  // 59: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	58,  // 60: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,   // 61: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	59,  // 62: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	43,  // 63: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	57,  // 64: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,   // 65: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
+	7,   // 66: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	5,   // 67: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	58,  // 68: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	47,  // 69: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	48,  // 70: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	49,  // 71: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	50,  // 72: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	51,  // 73: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	52,  // 74: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	53,  // 75: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	55,  // 76: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	54,  // 77: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	42,  // 78: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	44,  // 79: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	44,  // 80: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	45,  // 81: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	57,  // 82: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	58,  // 83: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	57,  // 84: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	45,  // 85: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	58,  // 86: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 87: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 88: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	42,  // 89: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	18,  // 90: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	20,  // 91: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	22,  // 92: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	24,  // 93: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	26,  // 94: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	29,  // 95: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	31,  // 96: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	35,  // 97: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	39,  // 98: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	37,  // 99: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	19,  // 100: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	21,  // 101: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	23,  // 102: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	25,  // 103: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	28,  // 104: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	30,  // 105: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	32,  // 106: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	36,  // 107: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	40,  // 108: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	38,  // 109: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	100, // [100:110] is the sub-list for method output_type
+	90,  // [90:100] is the sub-list for method input_type
+	90,  // [90:90] is the sub-list for extension type_name
+	90,  // [90:90] is the sub-list for extension extendee
+	0,   // [0:90] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -4931,7 +5052,7 @@ func file_stubborn_v1_control_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
-			NumEnums:      11,
+			NumEnums:      12,
 			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -14,6 +14,10 @@ ATTEMPT_OUTCOME_REJECTED: AttemptOutcome
 ATTEMPT_OUTCOME_SKIPPED: AttemptOutcome
 ATTEMPT_OUTCOME_SUCCEEDED: AttemptOutcome
 ATTEMPT_OUTCOME_UNSPECIFIED: AttemptOutcome
+ATTEMPT_START_REASON_AT_ONCE: AttemptStartReason
+ATTEMPT_START_REASON_EARLIER_FAILED: AttemptStartReason
+ATTEMPT_START_REASON_HEDGE_DELAY: AttemptStartReason
+ATTEMPT_START_REASON_UNSPECIFIED: AttemptStartReason
 DECISION_FAIL: Decision
 DECISION_RETRY: Decision
 DECISION_UNSPECIFIED: Decision
@@ -71,7 +75,7 @@ STATUS_REASON_UNRECOVERABLE: StatusReason
 STATUS_REASON_UNSPECIFIED: StatusReason
 
 class Attempt(_message.Message):
-    __slots__ = ["brief", "delegate", "end_time", "error", "number", "outcome", "path", "result", "start_time", "wait_before"]
+    __slots__ = ["brief", "delegate", "end_time", "error", "number", "outcome", "path", "result", "start_reason", "start_time", "wait_before"]
     BRIEF_FIELD_NUMBER: _ClassVar[int]
     DELEGATE_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +84,7 @@ class Attempt(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    START_REASON_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
     WAIT_BEFORE_FIELD_NUMBER: _ClassVar[int]
     brief: str
@@ -90,9 +95,10 @@ class Attempt(_message.Message):
     outcome: AttemptOutcome
     path: str
     result: _delegate_pb2.Result
+    start_reason: AttemptStartReason
     start_time: _timestamp_pb2.Timestamp
     wait_before: _duration_pb2.Duration
-    def __init__(self, number: _Optional[int] = ..., delegate: _Optional[str] = ..., brief: _Optional[str] = ..., start_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[_Union[AttemptOutcome, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., error: _Optional[_Union[AttemptError, _Mapping]] = ..., wait_before: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
+    def __init__(self, number: _Optional[int] = ..., delegate: _Optional[str] = ..., brief: _Optional[str] = ..., start_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[_Union[AttemptOutcome, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., error: _Optional[_Union[AttemptError, _Mapping]] = ..., wait_before: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., path: _Optional[str] = ..., start_reason: _Optional[_Union[AttemptStartReason, str]] = ...) -> None: ...
 
 class AttemptError(_message.Message):
     __slots__ = ["code", "http_status", "message", "not_sent", "refused", "retry_hint"]
@@ -365,14 +371,16 @@ class PresetDescription(_message.Message):
     def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Union[ControlSpec, _Mapping]] = ...) -> None: ...
 
 class RaceSpec(_message.Message):
-    __slots__ = ["accept_when", "acceptance_criteria", "candidates"]
+    __slots__ = ["accept_when", "acceptance_criteria", "candidates", "hedge_delay"]
     ACCEPTANCE_CRITERIA_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_WHEN_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    HEDGE_DELAY_FIELD_NUMBER: _ClassVar[int]
     accept_when: str
     acceptance_criteria: str
     candidates: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, candidates: _Optional[_Iterable[str]] = ..., acceptance_criteria: _Optional[str] = ..., accept_when: _Optional[str] = ...) -> None: ...
+    hedge_delay: _duration_pb2.Duration
+    def __init__(self, candidates: _Optional[_Iterable[str]] = ..., acceptance_criteria: _Optional[str] = ..., accept_when: _Optional[str] = ..., hedge_delay: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class RetrySpec(_message.Message):
     __slots__ = ["attempts", "base_wait", "decision_timeout", "max_wait", "on_exhausted", "target"]
@@ -585,6 +593,9 @@ class Decision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class AttemptOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class AttemptStartReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class FailureSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
