@@ -82,6 +82,9 @@ const sourceLabels: Record<number, string> = {
   [FailureSource.CEL]: "CEL",
   [FailureSource.HEALTH]: "health",
   [FailureSource.CANCELLED]: "cancelled",
+  [FailureSource.CIRCUIT_BREAKER]: "circuit breaker",
+  [FailureSource.BULKHEAD]: "bulkhead",
+  [FailureSource.RATE_LIMIT]: "rate limit",
 };
 
 export function resultText(r: Result | undefined): string {

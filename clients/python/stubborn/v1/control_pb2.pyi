@@ -18,6 +18,10 @@ ATTEMPT_START_REASON_AT_ONCE: AttemptStartReason
 ATTEMPT_START_REASON_EARLIER_FAILED: AttemptStartReason
 ATTEMPT_START_REASON_HEDGE_DELAY: AttemptStartReason
 ATTEMPT_START_REASON_UNSPECIFIED: AttemptStartReason
+BREAKER_STATE_CLOSED: BreakerState
+BREAKER_STATE_HALF_OPEN: BreakerState
+BREAKER_STATE_OPEN: BreakerState
+BREAKER_STATE_UNSPECIFIED: BreakerState
 DECISION_FAIL: Decision
 DECISION_RETRY: Decision
 DECISION_UNSPECIFIED: Decision
@@ -25,11 +29,14 @@ DELEGATE_HEALTH_NOT_SERVING: DelegateHealth
 DELEGATE_HEALTH_SERVING: DelegateHealth
 DELEGATE_HEALTH_UNSPECIFIED: DelegateHealth
 DESCRIPTOR: _descriptor.FileDescriptor
+FAILURE_SOURCE_BULKHEAD: FailureSource
 FAILURE_SOURCE_CANCELLED: FailureSource
 FAILURE_SOURCE_CEL: FailureSource
+FAILURE_SOURCE_CIRCUIT_BREAKER: FailureSource
 FAILURE_SOURCE_ERROR: FailureSource
 FAILURE_SOURCE_HEALTH: FailureSource
 FAILURE_SOURCE_JUDGE: FailureSource
+FAILURE_SOURCE_RATE_LIMIT: FailureSource
 FAILURE_SOURCE_UNSPECIFIED: FailureSource
 NOT_RETRIED_BUDGET: NotRetried
 NOT_RETRIED_DEADLINE: NotRetried
@@ -46,6 +53,10 @@ NOT_RETRIED_UNSPECIFIED: NotRetried
 ON_EXHAUSTED_ASK: OnExhausted
 ON_EXHAUSTED_FAIL: OnExhausted
 ON_EXHAUSTED_UNSPECIFIED: OnExhausted
+REFUSED_BY_BULKHEAD: RefusedBy
+REFUSED_BY_CIRCUIT_BREAKER: RefusedBy
+REFUSED_BY_RATE_LIMIT: RefusedBy
+REFUSED_BY_UNSPECIFIED: RefusedBy
 RUN_STATUS_AWAITING_DECISION: RunStatus
 RUN_STATUS_BACKING_OFF: RunStatus
 RUN_STATUS_CANCELLED: RunStatus
@@ -101,11 +112,12 @@ class Attempt(_message.Message):
     def __init__(self, number: _Optional[int] = ..., delegate: _Optional[str] = ..., brief: _Optional[str] = ..., start_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[_Union[AttemptOutcome, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., error: _Optional[_Union[AttemptError, _Mapping]] = ..., wait_before: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., path: _Optional[str] = ..., start_reason: _Optional[_Union[AttemptStartReason, str]] = ...) -> None: ...
 
 class AttemptError(_message.Message):
-    __slots__ = ["code", "http_status", "message", "not_sent", "refused", "retry_hint"]
+    __slots__ = ["code", "http_status", "message", "not_sent", "refused", "refused_by", "retry_hint"]
     CODE_FIELD_NUMBER: _ClassVar[int]
     HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     NOT_SENT_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_BY_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     RETRY_HINT_FIELD_NUMBER: _ClassVar[int]
     code: int
@@ -113,8 +125,9 @@ class AttemptError(_message.Message):
     message: str
     not_sent: bool
     refused: bool
+    refused_by: RefusedBy
     retry_hint: _duration_pb2.Duration
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., http_status: _Optional[int] = ..., retry_hint: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., not_sent: bool = ..., refused: bool = ...) -> None: ...
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., http_status: _Optional[int] = ..., retry_hint: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., not_sent: bool = ..., refused: bool = ..., refused_by: _Optional[_Union[RefusedBy, str]] = ...) -> None: ...
 
 class AttemptFinished(_message.Message):
     __slots__ = ["attempt", "note"]
@@ -239,20 +252,34 @@ class DecisionRequested(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., deadline: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., reason_code: _Optional[_Union[StatusReason, str]] = ...) -> None: ...
 
 class DelegateDescription(_message.Message):
-    __slots__ = ["health", "idempotent", "kind", "name", "read_only", "timeout"]
+    __slots__ = ["circuit_breaker", "circuit_breaker_reason", "health", "idempotent", "in_flight", "kind", "max_concurrent", "name", "read_only", "requests_per_minute", "retry_on", "timeout", "tokens_per_minute"]
+    CIRCUIT_BREAKER_FIELD_NUMBER: _ClassVar[int]
+    CIRCUIT_BREAKER_REASON_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_ON_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    circuit_breaker: BreakerState
+    circuit_breaker_reason: str
     health: DelegateHealth
     idempotent: bool
+    in_flight: int
     kind: str
+    max_concurrent: int
     name: str
     read_only: bool
+    requests_per_minute: int
+    retry_on: RetryOn
     timeout: _duration_pb2.Duration
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ...) -> None: ...
+    tokens_per_minute: int
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ..., circuit_breaker: _Optional[_Union[BreakerState, str]] = ..., circuit_breaker_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., retry_on: _Optional[_Union[RetryOn, _Mapping]] = ...) -> None: ...
 
 class DeleteRunRequest(_message.Message):
     __slots__ = ["cancel", "run_id"]
@@ -382,21 +409,31 @@ class RaceSpec(_message.Message):
     hedge_delay: _duration_pb2.Duration
     def __init__(self, candidates: _Optional[_Iterable[str]] = ..., acceptance_criteria: _Optional[str] = ..., accept_when: _Optional[str] = ..., hedge_delay: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
+class RetryOn(_message.Message):
+    __slots__ = ["grpc_codes", "http_statuses"]
+    GRPC_CODES_FIELD_NUMBER: _ClassVar[int]
+    HTTP_STATUSES_FIELD_NUMBER: _ClassVar[int]
+    grpc_codes: _containers.RepeatedScalarFieldContainer[str]
+    http_statuses: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, grpc_codes: _Optional[_Iterable[str]] = ..., http_statuses: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class RetrySpec(_message.Message):
-    __slots__ = ["attempts", "base_wait", "decision_timeout", "max_wait", "on_exhausted", "target"]
+    __slots__ = ["attempts", "base_wait", "decision_timeout", "max_wait", "on_exhausted", "retry_on", "target"]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     BASE_WAIT_FIELD_NUMBER: _ClassVar[int]
     DECISION_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_FIELD_NUMBER: _ClassVar[int]
     ON_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    RETRY_ON_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     attempts: int
     base_wait: _duration_pb2.Duration
     decision_timeout: _duration_pb2.Duration
     max_wait: _duration_pb2.Duration
     on_exhausted: OnExhausted
+    retry_on: RetryOn
     target: str
-    def __init__(self, target: _Optional[str] = ..., attempts: _Optional[int] = ..., max_wait: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., on_exhausted: _Optional[_Union[OnExhausted, str]] = ..., base_wait: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., decision_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, target: _Optional[str] = ..., attempts: _Optional[int] = ..., max_wait: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., on_exhausted: _Optional[_Union[OnExhausted, str]] = ..., base_wait: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., decision_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., retry_on: _Optional[_Union[RetryOn, _Mapping]] = ...) -> None: ...
 
 class RetryWithLearningSpec(_message.Message):
     __slots__ = ["analyst", "failure_criteria", "failure_when", "max_retries", "target"]
@@ -601,6 +638,9 @@ class AttemptStartReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 class FailureSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
+class RefusedBy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
 class NotRetried(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
@@ -608,6 +648,9 @@ class StatusReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class RunView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class BreakerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class DelegateHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
