@@ -1,0 +1,71 @@
+package runs_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// oneSlot is a bulkhead of one call that waits for as long as it must.
+type oneSlot struct {
+	slot    chan struct{}
+	waiting atomic.Int32
+}
+
+func (o *oneSlot) Admit(ctx context.Context, _ string) (func(*stubbornv1.Result, error) string, error) {
+	o.waiting.Add(1)
+	defer o.waiting.Add(-1)
+	select {
+	case o.slot <- struct{}{}:
+		return func(*stubbornv1.Result, error) string { <-o.slot; return "" }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// A call still waiting behind a delegate's bulkhead when its server dies
+// was never sent, and left no attempt on record: the server that resumes
+// the run makes it, though the delegate is neither idempotent nor
+// read_only. The call that was in flight is interrupted, and not made
+// again.
+func TestAQueuedCallWasNeverSent(t *testing.T) {
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			const lease = 200 * time.Millisecond
+			open := newStore(t, lease)
+			g := newGated(controls.DelegateInfo{}) // neither idempotent nor read_only
+			slot := &oneSlot{slot: make(chan struct{}, 1)}
+			a, err := runs.New(runs.Config{Store: open(), Lease: lease, Owner: "a",
+				Bind: func(context.Context) (runs.Deps, func()) { return runs.Deps{Delegates: g, Guards: slot}, nil }})
+			require.NoError(t, err)
+			inFlight, err := a.Start(context.Background(), "x", retrySpec(2), nil)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return g.called("x") == 1 }, 5*time.Second, time.Millisecond)
+			queued, err := a.Start(context.Background(), "y", retrySpec(2), nil)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return slot.waiting.Load() == 1 }, 5*time.Second, time.Millisecond)
+			a.Kill()
+
+			b := newManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b", SoleOwner: true})
+			g.answer("y", controlstest.OK("done"))
+			queuedEnd := final(t, watchAll(t, b, queued.GetRunId(), 0))
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, queuedEnd.GetStatus(), queuedEnd.GetStatusReason())
+			assert.Len(t, queuedEnd.GetAttemptLog(), 1, "one attempt: the one b made")
+			assert.Equal(t, 1, g.called("y"))
+
+			inFlightEnd := final(t, watchAll(t, b, inFlight.GetRunId(), 0))
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, inFlightEnd.GetStatus())
+			assert.Equal(t, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED, inFlightEnd.GetAttemptLog()[0].GetOutcome())
+			assert.Equal(t, 1, g.called("x"), "the interrupted call, maybe done, is not made again")
+		})
+	}
+}
