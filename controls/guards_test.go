@@ -30,7 +30,7 @@ func (g *refusing) Admit(_ context.Context, name string) (func(*stubbornv1.Resul
 	defer g.mu.Unlock()
 	g.asked = append(g.asked, name)
 	if by, ok := g.by[name]; ok {
-		return nil, &controls.CallError{Code: codes.Unavailable, Message: "not sent: refused by " + by.String(), NotSent: true, Refused: true, RefusedBy: by}
+		return nil, &controls.CallError{Code: codes.Unavailable, Message: "refused by " + by.String(), NotSent: true, Refused: true, RefusedBy: by}
 	}
 	return func(*stubbornv1.Result, error) string {
 		g.mu.Lock()

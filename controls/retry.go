@@ -273,7 +273,7 @@ func Transient(ce *CallError) (bool, string) {
 	case ce == nil:
 		return false, "not transient: not a classified delegate error"
 	case ce.Refused && ce.RefusedBy != stubbornv1.RefusedBy_REFUSED_BY_UNSPECIFIED:
-		return false, "refused by the delegate's guard: " + ce.Message
+		return false, "not sent: " + ce.Message
 	case ce.Refused:
 		return false, "not transient: refused by Stubborn's own middleware"
 	case ce.HTTPStatus == 408 || ce.HTTPStatus == 425 || ce.HTTPStatus == 429 ||

@@ -158,7 +158,7 @@ func (b *breaker) allow() (gen uint64, ok bool, why string, tr *Transition) {
 	if b.state == BreakerOpen {
 		until := b.openedAt.Add(b.cfg.Cooldown.Std())
 		if now.Before(until) {
-			return 0, false, fmt.Sprintf("circuit breaker open (%s) until %s", b.lastTrip, until.UTC().Format(time.RFC3339Nano)), nil
+			return 0, false, fmt.Sprintf("circuit breaker open (%s) until %s", b.lastTrip, until.UTC().Format("2006-01-02T15:04:05.000Z07:00")), nil
 		}
 		tr = b.set(BreakerHalfOpen, "cooldown of "+b.cfg.Cooldown.String()+" over")
 	}

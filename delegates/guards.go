@@ -120,7 +120,7 @@ func (g *Guards) refuse(name string, by stubbornv1.RefusedBy, format string, arg
 	}
 	return &controls.CallError{
 		Code:    codes.Unavailable,
-		Message: fmt.Sprintf("not sent: delegate %q: ", name) + fmt.Sprintf(format, args...),
+		Message: fmt.Sprintf("delegate %q: ", name) + fmt.Sprintf(format, args...),
 		NotSent: true, Refused: true, RefusedBy: by,
 	}
 }
@@ -151,7 +151,7 @@ func (g *Guards) Admit(ctx context.Context, name string) (func(*stubbornv1.Resul
 			left := gd.settings.maxQueueWait - now.Sub(start)
 			if wait <= 0 || wait > left {
 				return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT,
-					"rate limit reached (requests_per_minute %d, tokens_per_minute %d), and a call would not go within max_queue_wait %s",
+					"rate limit reached (requests_per_minute %d, tokens_per_minute %d): no call could go within max_queue_wait %s",
 					gd.settings.rpm, gd.settings.tpm, gd.settings.maxQueueWait)
 			}
 			if err := g.clock.Sleep(ctx, wait); err != nil {
@@ -163,7 +163,7 @@ func (g *Guards) Admit(ctx context.Context, name string) (func(*stubbornv1.Resul
 		if err := g.slot(ctx, gd, gd.settings.maxQueueWait-g.clock.Now().Sub(start)); err != nil {
 			if errors.Is(err, errQueueFull) {
 				return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_BULKHEAD,
-					"%d calls in flight (max_concurrent), none ended within max_queue_wait %s", gd.settings.maxConcurrent, gd.settings.maxQueueWait)
+					"bulkhead full: %d calls in flight (max_concurrent), none ended within max_queue_wait %s", gd.settings.maxConcurrent, gd.settings.maxQueueWait)
 			}
 			return nil, err
 		}
