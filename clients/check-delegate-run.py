@@ -38,8 +38,18 @@ def instant(timestamp: str) -> float:
     return whole.timestamp() + float(m.group(2) or 0)
 
 
+def snake(value):
+    """value with its keys in the .proto's snake_case: `stubborn run -json`
+    prints protojson's JSON names (runId, attemptFinished)."""
+    if isinstance(value, dict):
+        return {re.sub(r"(?<!^)([A-Z])", r"_\1", k).lower(): snake(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [snake(v) for v in value]
+    return value
+
+
 def main(path: str) -> int:
-    events = [json.loads(line) for line in open(path) if line.strip()]
+    events = [snake(json.loads(line)) for line in open(path) if line.strip()]
     kinds = [next(k for k in e if k not in ("run_id", "seq", "time", "path")) for e in events]
     for e, kind in zip(events, kinds):
         print(f"  {e['seq']:>3} {kind} {json.dumps(e[kind], sort_keys=True)[:160]}")

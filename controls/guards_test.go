@@ -114,6 +114,9 @@ func TestGuardRefusals(t *testing.T) {
 				called = append(called, c.Delegate)
 			}
 			assert.Equal(t, tc.calls, called, "a refused call is never sent")
+			g.mu.Lock()
+			assert.Equal(t, len(tc.calls), g.done, "each call sent told its guard how it went, once")
+			g.mu.Unlock()
 			require.NotEmpty(t, r.state.GetFailureHistory())
 			rec := r.state.GetFailureHistory()[0]
 			assert.Equal(t, tc.source, rec.GetSource())

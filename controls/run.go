@@ -155,7 +155,14 @@ func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) 
 	if err != nil {
 		return judge(ctx, env, n, delegate, nil, err)
 	}
+	answered := false
+	defer func() {
+		if !answered { // the call panicked: its slot and probe go back, uncounted
+			done(nil, errCallPanicked)
+		}
+	}()
 	res, err = env.Delegates.Call(ctx, Call{Delegate: delegate, Brief: brief, Attempt: n})
+	answered = true
 	note := done(res, err)
 	a := judge(ctx, env, n, delegate, res, err)
 	if note != "" {
@@ -206,6 +213,9 @@ func judge(ctx context.Context, env *Env, n int32, delegate string, res *stubbor
 	}
 	return attemptResult{outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED, result: res, note: Cut(v.Note, MaxReasonBytes)}
 }
+
+// errCallPanicked is what a guard is told of a call that panicked.
+var errCallPanicked = errors.New("the delegate call panicked")
 
 // ErrInterrupted is the error of an attempt that was in flight when the
 // server driving its run stopped.

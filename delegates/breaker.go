@@ -158,7 +158,7 @@ func (b *breaker) allow() (gen uint64, ok bool, why string, tr *Transition) {
 	if b.state == BreakerOpen {
 		until := b.openedAt.Add(b.cfg.Cooldown.Std())
 		if now.Before(until) {
-			return 0, false, fmt.Sprintf("circuit breaker open (%s) until %s", b.lastTrip, until.UTC().Format("2006-01-02T15:04:05.000Z07:00")), nil
+			return 0, false, b.openWhy(until), nil
 		}
 		tr = b.set(BreakerHalfOpen, "cooldown of "+b.cfg.Cooldown.String()+" over")
 	}
@@ -280,4 +280,24 @@ func (b *breaker) reason() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.lastTrip
+}
+
+// openNow reports whether the breaker is open and within its cooldown
+// (why says so), without changing its state: a call it would refuse need
+// not queue for anything first.
+func (b *breaker) openNow() (why string, open bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state != BreakerOpen {
+		return "", false
+	}
+	until := b.openedAt.Add(b.cfg.Cooldown.Std())
+	if !b.now().Before(until) {
+		return "", false
+	}
+	return b.openWhy(until), true
+}
+
+func (b *breaker) openWhy(until time.Time) string {
+	return fmt.Sprintf("circuit breaker open (%s) until %s", b.lastTrip, until.UTC().Format("2006-01-02T15:04:05.000Z07:00"))
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,8 +48,7 @@ func NewGuards(clock controls.Clock) *Guards {
 	return &Guards{clock: clock, byName: map[string]*guard{}}
 }
 
-// guardSettings are what a guard is built from; a guard is kept across a
-// reload when they are equal.
+// guardSettings are a delegate's guard settings.
 type guardSettings struct {
 	breaker       *CircuitBreaker
 	maxConcurrent int
@@ -57,39 +57,63 @@ type guardSettings struct {
 	retryOn       *stubbornv1.RetryOn
 }
 
-// guard is one delegate's.
+// guard is one delegate's. A Configure changes it in place, part by part:
+// a breaker whose settings did not change keeps its state, a bulkhead its
+// calls in flight under the new max_concurrent, the rate window its counts
+// under the new limits.
 type guard struct {
+	mu       sync.Mutex
 	settings guardSettings
-	breaker  *breaker      // nil: none
-	slots    chan struct{} // nil: no max_concurrent
-	rate     *rateWindow   // nil: no rate limit
+	breaker  *breaker    // nil: none
+	bulk     *bulkhead   // nil: no max_concurrent
+	rate     *rateWindow // nil: no rate limit
 }
 
-// Configure sets the guards of cfg's delegates, keeping those whose
-// settings did not change.
+// parts returns what Admit works with, as of now.
+func (gd *guard) parts() (guardSettings, *breaker, *bulkhead, *rateWindow) {
+	gd.mu.Lock()
+	defer gd.mu.Unlock()
+	return gd.settings, gd.breaker, gd.bulk, gd.rate
+}
+
+// Configure sets the guards of cfg's delegates.
 func (g *Guards) Configure(cfg *Config) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, d := range cfg.Delegates {
 		s := d.guardSettings()
-		if old, ok := g.byName[d.Name]; ok && reflect.DeepEqual(old.settings, s) {
-			continue
+		gd, ok := g.byName[d.Name]
+		if !ok {
+			if s.breaker == nil && s.maxConcurrent == 0 && s.rpm == 0 && s.tpm == 0 {
+				continue // nothing to guard
+			}
+			gd = &guard{}
+			g.byName[d.Name] = gd
 		}
-		if s.breaker == nil && s.maxConcurrent == 0 && s.rpm == 0 && s.tpm == 0 {
-			delete(g.byName, d.Name) // nothing to guard
-			continue
-		}
-		gd := &guard{settings: s}
-		if s.breaker != nil {
+		gd.mu.Lock()
+		if s.breaker == nil {
+			gd.breaker = nil
+		} else if gd.breaker == nil || !reflect.DeepEqual(gd.settings.breaker, s.breaker) {
 			gd.breaker = newBreaker(*s.breaker, g.clock.Now)
 		}
-		if s.maxConcurrent > 0 {
-			gd.slots = make(chan struct{}, s.maxConcurrent)
+		switch {
+		case s.maxConcurrent == 0:
+			gd.bulk = nil // calls in flight give their slots back to the old one
+		case gd.bulk == nil:
+			gd.bulk = &bulkhead{max: s.maxConcurrent}
+		default:
+			gd.bulk.setMax(s.maxConcurrent)
 		}
-		if s.rpm > 0 || s.tpm > 0 {
+		switch {
+		case s.rpm == 0 && s.tpm == 0:
+			gd.rate = nil
+		case gd.rate == nil:
 			gd.rate = &rateWindow{rpm: s.rpm, tpm: s.tpm}
+		default:
+			gd.rate.setLimits(s.rpm, s.tpm)
 		}
-		g.byName[d.Name] = gd
+		gd.settings = s
+		gd.mu.Unlock()
 	}
 }
 
@@ -113,7 +137,7 @@ func (g *Guards) get(name string) *guard {
 	return g.byName[name]
 }
 
-// refuse is the error of a call gd's guard by refused.
+// refuse is the error of a call a guard of delegate name refused.
 func (g *Guards) refuse(name string, by stubbornv1.RefusedBy, format string, args ...any) error {
 	if g.OnRefused != nil {
 		g.OnRefused(name, by)
@@ -125,104 +149,180 @@ func (g *Guards) refuse(name string, by stubbornv1.RefusedBy, format string, arg
 	}
 }
 
-// Admit asks to send one call to the named delegate (controls.Guards): an
-// open circuit breaker refuses it at once; a rate limit or a full bulkhead
-// makes it wait, up to the delegate's max_queue_wait, then refuses it; a
-// half-open breaker lets its probes through and refuses the others.
+// Admit asks to send one call to the named delegate (controls.Guards), in
+// this order: an open circuit breaker refuses it at once; a full bulkhead,
+// then the rate limits, make it wait, together up to the delegate's
+// max_queue_wait, then refuse it; last, a half-open breaker lets its
+// probes through and refuses the others. A call refused after it was
+// counted by the rate limits is uncounted, and gives its bulkhead slot
+// back.
 func (g *Guards) Admit(ctx context.Context, name string) (func(*stubbornv1.Result, error) string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	gd := g.get(name)
 	if gd == nil {
 		return func(*stubbornv1.Result, error) string { return "" }, nil
 	}
+	set, br, bulk, rate := gd.parts()
 	// An open breaker refuses before the call queues for anything.
-	if gd.breaker != nil && gd.breaker.State() == BreakerOpen {
-		if _, ok, why, _ := gd.breaker.allow(); !ok {
+	if br != nil {
+		if why, open := br.openNow(); open {
 			return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, "%s", why)
 		}
 	}
 	start := g.clock.Now()
-	if gd.rate != nil {
-		for {
-			now := g.clock.Now()
-			ok, wait := gd.rate.take(now)
-			if ok {
-				break
-			}
-			left := gd.settings.maxQueueWait - now.Sub(start)
-			if wait <= 0 || wait > left {
-				return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT,
-					"rate limit reached (requests_per_minute %d, tokens_per_minute %d): no call could go within max_queue_wait %s",
-					gd.settings.rpm, gd.settings.tpm, gd.settings.maxQueueWait)
-			}
-			if err := g.clock.Sleep(ctx, wait); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if gd.slots != nil {
-		if err := g.slot(ctx, gd, gd.settings.maxQueueWait-g.clock.Now().Sub(start)); err != nil {
+	left := func() time.Duration { return set.maxQueueWait - g.clock.Now().Sub(start) }
+	if bulk != nil {
+		if err := g.wait(ctx, bulk, left()); err != nil {
 			if errors.Is(err, errQueueFull) {
 				return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_BULKHEAD,
-					"bulkhead full: %d calls in flight (max_concurrent), none ended within max_queue_wait %s", gd.settings.maxConcurrent, gd.settings.maxQueueWait)
+					"bulkhead full: %d calls in flight (max_concurrent), none ended within max_queue_wait %s", set.maxConcurrent, set.maxQueueWait)
 			}
 			return nil, err
 		}
 	}
 	release := func() {
-		if gd.slots != nil {
-			<-gd.slots
+		if bulk != nil {
+			bulk.release()
+		}
+	}
+	var taken int64 = -1 // the second the rate limits counted the call in
+	if rate != nil {
+		for {
+			now := g.clock.Now()
+			ok, wait := rate.take(now)
+			if ok {
+				taken = now.Unix()
+				break
+			}
+			if wait <= 0 || wait > left() {
+				release()
+				return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT,
+					"rate limit reached (%s): no call could go within max_queue_wait %s", rateLimits(set), set.maxQueueWait)
+			}
+			if err := g.clock.Sleep(ctx, wait); err != nil {
+				release()
+				return nil, err
+			}
 		}
 	}
 	var (
 		gen     uint64
 		allowTr *Transition
 	)
-	if gd.breaker != nil {
+	if br != nil {
 		var (
 			ok  bool
 			why string
 		)
-		gen, ok, why, allowTr = gd.breaker.allow()
+		gen, ok, why, allowTr = br.allow()
 		g.transition(name, allowTr)
 		if !ok {
 			release()
+			if taken >= 0 {
+				rate.giveBack(taken)
+			}
 			return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, "%s", why)
 		}
 	}
-	return func(res *stubbornv1.Result, err error) string {
-		release()
-		if gd.rate != nil && gd.settings.tpm > 0 {
-			gd.rate.used(g.clock.Now(), TokensUsed(res))
-		}
-		if gd.breaker == nil {
-			return ""
-		}
-		counted, failed := breakerCounts(err, gd.settings.retryOn)
-		tr := gd.breaker.done(gen, counted, failed)
-		g.transition(name, tr)
-		var note string
-		if allowTr != nil {
-			note = fmt.Sprintf("circuit breaker %s → %s (%s): this call was a probe", allowTr.From, allowTr.To, allowTr.Why)
-		}
-		if tr != nil {
-			if note != "" {
-				note += "; "
+	var once sync.Once
+	return func(res *stubbornv1.Result, err error) (note string) {
+		once.Do(func() {
+			release()
+			if rate != nil && set.tpm > 0 {
+				rate.used(g.clock.Now(), TokensUsed(res))
 			}
-			note += fmt.Sprintf("circuit breaker %s → %s: %s", tr.From, tr.To, tr.Why)
-		}
+			if br == nil {
+				return
+			}
+			counted, failed := breakerCounts(err, set.retryOn)
+			tr := br.done(gen, counted, failed)
+			g.transition(name, tr)
+			if allowTr != nil {
+				note = fmt.Sprintf("circuit breaker %s → %s (%s): this call was a probe", allowTr.From, allowTr.To, allowTr.Why)
+			}
+			if tr != nil {
+				if note != "" {
+					note += "; "
+				}
+				note += fmt.Sprintf("circuit breaker %s → %s: %s", tr.From, tr.To, tr.Why)
+			}
+		})
 		return note
 	}, nil
 }
 
-// errQueueFull is slot's error when no slot freed within the wait.
+// rateLimits says which rate limits a delegate has.
+func rateLimits(s guardSettings) string {
+	var parts []string
+	if s.rpm > 0 {
+		parts = append(parts, fmt.Sprintf("requests_per_minute %d", s.rpm))
+	}
+	if s.tpm > 0 {
+		parts = append(parts, fmt.Sprintf("tokens_per_minute %d", s.tpm))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// errQueueFull is wait's error when no slot freed within the wait.
 var errQueueFull = errors.New("queue wait over")
 
-// slot takes one of gd's slots, waiting up to wait (on the guards' clock).
-func (g *Guards) slot(ctx context.Context, gd *guard, wait time.Duration) error {
-	select {
-	case gd.slots <- struct{}{}:
+// bulkhead counts the calls in flight to a delegate against max.
+type bulkhead struct {
+	mu            sync.Mutex
+	max, inFlight int
+	// freed, when not nil, is closed (and cleared) when a slot frees or
+	// max grows: a waiter tries again.
+	freed chan struct{}
+}
+
+// tryTake takes a slot, or returns a channel closed when one may free.
+func (b *bulkhead) tryTake() (bool, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inFlight < b.max {
+		b.inFlight++
+		return true, nil
+	}
+	if b.freed == nil {
+		b.freed = make(chan struct{})
+	}
+	return false, b.freed
+}
+
+func (b *bulkhead) notifyLocked() {
+	if b.freed != nil {
+		close(b.freed)
+		b.freed = nil
+	}
+}
+
+func (b *bulkhead) release() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.inFlight--
+	b.notifyLocked()
+}
+
+func (b *bulkhead) setMax(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.max = n
+	b.notifyLocked()
+}
+
+func (b *bulkhead) load() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.inFlight
+}
+
+// wait takes one of b's slots, waiting up to wait (on the guards' clock).
+func (g *Guards) wait(ctx context.Context, b *bulkhead, wait time.Duration) error {
+	ok, freed := b.tryTake()
+	if ok {
 		return nil
-	default:
 	}
 	if wait <= 0 {
 		return errQueueFull
@@ -231,14 +331,18 @@ func (g *Guards) slot(ctx context.Context, gd *guard, wait time.Duration) error 
 	defer cancel()
 	over := make(chan error, 1)
 	go func() { over <- g.clock.Sleep(wctx, wait) }()
-	select {
-	case gd.slots <- struct{}{}:
-		return nil
-	case err := <-over:
-		if err == nil {
-			return errQueueFull
+	for {
+		select {
+		case <-freed:
+			if ok, freed = b.tryTake(); ok {
+				return nil
+			}
+		case err := <-over:
+			if err == nil {
+				return errQueueFull
+			}
+			return err // ctx ended
 		}
-		return err // ctx ended
 	}
 }
 
@@ -270,8 +374,9 @@ func (g *Guards) describe(name string, d *stubbornv1.DelegateDescription) {
 	if gd == nil {
 		return
 	}
-	if gd.breaker != nil {
-		switch gd.breaker.State() {
+	_, br, bulk, _ := gd.parts()
+	if br != nil {
+		switch br.State() {
 		case BreakerOpen:
 			d.CircuitBreaker = stubbornv1.BreakerState_BREAKER_STATE_OPEN
 		case BreakerHalfOpen:
@@ -279,10 +384,10 @@ func (g *Guards) describe(name string, d *stubbornv1.DelegateDescription) {
 		default:
 			d.CircuitBreaker = stubbornv1.BreakerState_BREAKER_STATE_CLOSED
 		}
-		d.CircuitBreakerReason = gd.breaker.reason()
+		d.CircuitBreakerReason = br.reason()
 	}
-	if gd.slots != nil {
-		d.InFlight = int32(len(gd.slots))
+	if bulk != nil {
+		d.InFlight = int32(bulk.load())
 	}
 }
 
@@ -295,7 +400,15 @@ func TokensUsed(res *stubbornv1.Result) int64 {
 	if usage == nil {
 		return 0
 	}
-	num := func(k string) int64 { return int64(usage[k].GetNumberValue()) }
+	// The numbers are the delegate's: each is clamped, so that no sum
+	// overflows.
+	num := func(k string) int64 {
+		v := usage[k].GetNumberValue()
+		if !(v > 0) {
+			return 0
+		}
+		return int64(min(v, 1<<40))
+	}
 	if t := num("total_tokens"); t > 0 {
 		return t
 	}

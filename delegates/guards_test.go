@@ -160,8 +160,10 @@ func TestBulkhead(t *testing.T) {
 	assert.Equal(t, []time.Duration{50 * time.Millisecond}, clock.Sleeps(), "waited max_queue_wait")
 	assert.Equal(t, []stubbornv1.RefusedBy{stubbornv1.RefusedBy_REFUSED_BY_BULKHEAD}, refused)
 	done(nil, nil)
+	done(nil, nil) // once only
 	done2, err := g.Admit(ctx, "d")
 	require.NoError(t, err, "the slot was given back")
+	done2(nil, nil)
 
 	// On the wall clock, a slot freed during the wait is taken.
 	long := Duration(time.Minute)
@@ -175,11 +177,17 @@ func TestBulkhead(t *testing.T) {
 	}()
 	first(nil, nil)
 	require.NoError(t, <-got)
-	done2(nil, nil)
 
-	// A context that ends first ends the wait with its error.
+	// A context that ends while the call waits ends the wait with its
+	// error; one ended already is not admitted even to a free slot.
 	cctx, cancel := context.WithCancel(ctx)
-	cancel()
+	go func() {
+		time.Sleep(10 * time.Millisecond)
+		cancel()
+	}()
+	_, err = g.Admit(cctx, "d")
+	assert.ErrorIs(t, err, context.Canceled)
+	g = newGuards(t, nil, Delegate{Name: "d", MaxConcurrent: 1})
 	_, err = g.Admit(cctx, "d")
 	assert.ErrorIs(t, err, context.Canceled)
 
@@ -210,7 +218,9 @@ func TestRequestsPerMinute(t *testing.T) {
 	done, err := g.Admit(ctx, "d")
 	require.NoError(t, err, "waited for the first minute's calls to age out")
 	done(nil, nil)
-	assert.Equal(t, []time.Duration{20 * time.Second, 40 * time.Second}, clock.Sleeps())
+	// A second's calls count for 61 whole seconds: no 60 seconds ever
+	// hold more than requests_per_minute, whatever their offsets.
+	assert.Equal(t, []time.Duration{20 * time.Second, 41 * time.Second}, clock.Sleeps())
 
 	short := Duration(time.Second)
 	g = newGuards(t, clock, Delegate{Name: "d", RequestsPerMinute: 1, MaxQueueWait: &short})
@@ -241,7 +251,7 @@ func TestTokensPerMinute(t *testing.T) {
 	var ce *controls.CallError
 	require.ErrorAs(t, err, &ce, "110 tokens used of 100")
 	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT, ce.RefusedBy)
-	require.NoError(t, clock.Sleep(ctx, time.Minute))
+	require.NoError(t, clock.Sleep(ctx, 61*time.Second))
 	_, err = g.Admit(ctx, "m")
 	require.NoError(t, err, "a minute later")
 
@@ -345,4 +355,101 @@ delegates:
 	} {
 		assert.ErrorContains(t, err, want)
 	}
+}
+
+// tickingClock moves on by step each time it is read, as time does between
+// two reads of a real clock.
+type tickingClock struct {
+	*controlstest.Clock
+	step time.Duration
+}
+
+func (c tickingClock) Now() time.Time {
+	now := c.Clock.Now()
+	_ = c.Clock.Sleep(context.Background(), c.step)
+	return now
+}
+
+// A call that meets the breaker just as its cooldown ends does not leave a
+// probe counted that never ends: the breaker lets a later call through.
+func TestBreakerCooldownBoundary(t *testing.T) {
+	ctx := context.Background()
+	base := controlstest.NewClock()
+	d := Delegate{Name: "d", CircuitBreaker: &CircuitBreaker{ConsecutiveFailures: 1, Cooldown: Duration(time.Second)}}
+	g := newGuards(t, base, d)
+	done, err := g.Admit(ctx, "d")
+	require.NoError(t, err)
+	done(nil, transientErr)
+	// Each read of the clock now moves it on by a millisecond; the next
+	// Admit reads it across the end of the cooldown.
+	require.NoError(t, base.Sleep(ctx, time.Second-time.Millisecond))
+	g.clock = tickingClock{base, time.Millisecond}
+	g.get("d").breaker.now = g.clock.Now
+	if done, err := g.Admit(ctx, "d"); err == nil {
+		done(&stubbornv1.Result{}, nil)
+	}
+	done, err = g.Admit(ctx, "d")
+	require.NoError(t, err, "not stuck half-open behind a probe that never ends")
+	done(&stubbornv1.Result{}, nil)
+	assert.Equal(t, BreakerClosed, g.get("d").breaker.State())
+}
+
+// A call the bulkhead or the breaker refuses is not counted by the rate
+// limits: only calls sent are.
+func TestRefusedCallsDoNotUseTheRate(t *testing.T) {
+	ctx := context.Background()
+	zero := Duration(0)
+	g := newGuards(t, controlstest.NewClock(), Delegate{Name: "d", MaxConcurrent: 1, RequestsPerMinute: 3, MaxQueueWait: &zero})
+	held, err := g.Admit(ctx, "d")
+	require.NoError(t, err)
+	for range 2 {
+		_, err := g.Admit(ctx, "d")
+		var ce *controls.CallError
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_BULKHEAD, ce.RefusedBy)
+	}
+	held(nil, nil)
+	for i := range 2 {
+		done, err := g.Admit(ctx, "d")
+		require.NoError(t, err, "call %d: three sent in the minute, the limit", i+2)
+		done(nil, nil)
+	}
+	_, err = g.Admit(ctx, "d")
+	var ce *controls.CallError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT, ce.RefusedBy)
+	assert.Contains(t, ce.Message, "(requests_per_minute 3)")
+}
+
+// A Configure changes a guard part by part: a breaker whose settings did
+// not change stays open, a bulkhead keeps counting its calls in flight.
+func TestConfigureKeepsLiveState(t *testing.T) {
+	ctx := context.Background()
+	clock := controlstest.NewClock()
+	d := Delegate{Name: "d", MaxConcurrent: 2, CircuitBreaker: &CircuitBreaker{ConsecutiveFailures: 1, Cooldown: Duration(time.Hour)}}
+	g := newGuards(t, clock, d)
+	a, err := g.Admit(ctx, "d")
+	require.NoError(t, err)
+	b, err := g.Admit(ctx, "d")
+	require.NoError(t, err)
+	b(nil, transientErr) // opens the breaker
+	d.RetryOn = &RetryOn{GRPCCodes: []string{"UNAVAILABLE"}}
+	d.MaxConcurrent = 1
+	g.Configure(&Config{Delegates: []Delegate{d}})
+	desc := &stubbornv1.DelegateDescription{}
+	g.describe("d", desc)
+	assert.Equal(t, stubbornv1.BreakerState_BREAKER_STATE_OPEN, desc.GetCircuitBreaker(), "retry_on changed, the breaker did not")
+	assert.EqualValues(t, 1, desc.GetInFlight(), "a's call is still in flight")
+	d.CircuitBreaker = nil
+	g.Configure(&Config{Delegates: []Delegate{d}})
+	zero := Duration(0)
+	d.MaxQueueWait = &zero
+	g.Configure(&Config{Delegates: []Delegate{d}})
+	_, err = g.Admit(ctx, "d")
+	var ce *controls.CallError
+	require.ErrorAs(t, err, &ce, "max_concurrent 1, and a's call holds it")
+	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_BULKHEAD, ce.RefusedBy)
+	a(nil, nil)
+	_, err = g.Admit(ctx, "d")
+	require.NoError(t, err)
 }

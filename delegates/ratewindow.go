@@ -10,13 +10,18 @@ import (
 // minute, in one-second slots, for requests_per_minute and
 // tokens_per_minute (as LiteLLM's rpm and tpm): a request is let through
 // while fewer than rpm requests were let through, and fewer than tpm
-// tokens reported used, within the minute before it.
+// tokens reported used, within the minute before it. A slot counts for 61
+// whole seconds from its second's start, so that no 60 seconds ever hold
+// more than the limits, whatever the requests' offsets within their
+// seconds.
 type rateWindow struct {
+	mu       sync.Mutex
 	rpm, tpm int64 // 0: no limit
-
-	mu    sync.Mutex
-	slots [60]rateSlot
+	slots    [rateSlots]rateSlot
 }
+
+// rateSlots is how many seconds a slot counts for.
+const rateSlots = 61
 
 type rateSlot struct {
 	sec    int64 // Unix second it counts
@@ -34,7 +39,7 @@ func (w *rateWindow) take(now time.Time) (ok bool, wait time.Duration) {
 	var live []rateSlot
 	var reqs, tokens int64
 	for _, s := range w.slots {
-		if s.sec > sec-60 && s.sec <= sec && (s.reqs > 0 || s.tokens > 0) {
+		if s.sec > sec-rateSlots && s.sec <= sec && (s.reqs > 0 || s.tokens > 0) {
 			live = append(live, s)
 			reqs += s.reqs
 			tokens += s.tokens
@@ -50,7 +55,7 @@ func (w *rateWindow) take(now time.Time) (ok bool, wait time.Duration) {
 		reqs -= s.reqs
 		tokens -= s.tokens
 		if w.fits(reqs, tokens) {
-			return false, time.Unix(s.sec+60, 0).Sub(now)
+			return false, time.Unix(s.sec+rateSlots, 0).Sub(now)
 		}
 	}
 	return false, 0
@@ -72,9 +77,26 @@ func (w *rateWindow) used(now time.Time, tokens int64) {
 
 // slot returns sec's slot, emptied if it counted an older second.
 func (w *rateWindow) slot(sec int64) *rateSlot {
-	s := &w.slots[((sec%60)+60)%60]
+	s := &w.slots[((sec%rateSlots)+rateSlots)%rateSlots]
 	if s.sec != sec {
 		*s = rateSlot{sec: sec}
 	}
 	return s
+}
+
+// giveBack uncounts a request take counted in second sec (a call refused
+// after it was counted).
+func (w *rateWindow) giveBack(sec int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if s := &w.slots[((sec%rateSlots)+rateSlots)%rateSlots]; s.sec == sec && s.reqs > 0 {
+		s.reqs--
+	}
+}
+
+// setLimits changes the limits, keeping the counts.
+func (w *rateWindow) setLimits(rpm, tpm int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.rpm, w.tpm = rpm, tpm
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"golang.org/x/time/rate"
@@ -92,6 +93,8 @@ type registries struct {
 	mu      sync.Mutex
 	cur     *registry
 	retired bool
+	// closed counts the registries let go (tests).
+	closed int
 	// idle is called, outside mu, with a registry nothing holds any
 	// more: it closes its pool.
 	idle func(*registry)
@@ -125,16 +128,29 @@ func (rs *registries) release(r *registry) {
 	rs.mu.Lock()
 	r.refs--
 	idle := r.refs == 0
+	if idle {
+		rs.closed++
+	}
 	rs.mu.Unlock()
 	if idle && rs.idle != nil {
 		rs.idle(r)
 	}
 }
 
+// errStopped is Reload's error after Stop.
+var errStopped = errors.New("the server is stopped")
+
 // swap makes r current (held by the server) and lets go of the server's
-// hold on the one before, which it returns.
-func (rs *registries) swap(r *registry) *registry {
+// hold on the one before. After retire it changes nothing and lets r go.
+func (rs *registries) swap(r *registry) error {
 	rs.mu.Lock()
+	if rs.retired {
+		rs.mu.Unlock()
+		if rs.idle != nil {
+			rs.idle(r)
+		}
+		return errStopped
+	}
 	old := rs.cur
 	r.refs++
 	rs.cur = r
@@ -142,7 +158,7 @@ func (rs *registries) swap(r *registry) *registry {
 	if old != nil {
 		rs.release(old)
 	}
-	return old
+	return nil
 }
 
 // registryKey is the context key of the registry a StartRun judged its

@@ -17,6 +17,7 @@ import (
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/server"
 )
 
 // with returns a copy of cfg that changes what edit changes.
@@ -260,4 +261,17 @@ func reloadUnderLoad(t *testing.T, js bool) {
 	list, err := e.client.ListRuns(ctx, &stubbornv1.ListRunsRequest{PageSize: 1000})
 	require.NoError(t, err)
 	assert.Len(t, list.GetRuns(), starters*each, "no run more, none less")
+	// Every registry a reload replaced is let go (its connections closed)
+	// once its runs have ended.
+	require.Eventually(t, func() bool { return server.RegistriesClosed(e.st) == int(reloads.Load()) }, 10*time.Second, 5*time.Millisecond,
+		"%d registries let go of %d replaced", server.RegistriesClosed(e.st), reloads.Load())
+}
+
+// A reload after Stop changes nothing and says so.
+func TestReloadAfterStop(t *testing.T) {
+	e := start(t, delegates.Limits{})
+	e.st.Stop(time.Second)
+	err := e.st.Reload(e.cfg)
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "stopped")
 }

@@ -19,11 +19,39 @@ import (
 // (Options.reloadable): the current registry's tenants authenticate
 // callers; with none, every caller is the default tenant.
 func (s *Service) authenticate(ctx context.Context) (context.Context, error) {
-	a := s.regs.current().authn
-	if a == nil {
-		return ctx, nil
+	reg := s.regs.current()
+	if reg.authn != nil {
+		var err error
+		if ctx, err = reg.authn.Authenticate(ctx); err != nil {
+			return nil, err
+		}
 	}
-	return a.Authenticate(ctx)
+	return context.WithValue(ctx, authRegistryKey{}, reg), nil
+}
+
+// authRegistryKey is the context key of the registry a call was
+// authenticated by.
+type authRegistryKey struct{}
+
+// reauthenticate checks ctx's credentials against reg when a reload put
+// reg in place after the call was authenticated: a call does not go on
+// under credentials the reload took away (or under another tenant).
+func reauthenticate(ctx context.Context, reg *registry) error {
+	by, ok := ctx.Value(authRegistryKey{}).(*registry)
+	if !ok || by == reg {
+		return nil
+	}
+	tenant := ""
+	if reg.authn != nil {
+		var err error
+		if tenant, err = reg.authn.tenantOf(ctx); err != nil {
+			return err
+		}
+	}
+	if tenant != runs.TenantFrom(ctx) {
+		return status.Error(codes.Unauthenticated, errRevoked.Error())
+	}
+	return nil
 }
 
 // errRevoked ends a stream whose credentials a reload took away.
@@ -91,6 +119,11 @@ func (s *Service) revocable(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	ls := &liveStream{ctx: ss.Context(), tenant: runs.TenantFrom(ss.Context()), cancel: cancel}
 	s.streams.add(ls)
 	defer s.streams.remove(ls)
+	// A reload between the authentication and add is not in revoke's
+	// view: the stream is checked against what is current now.
+	if err := reauthenticate(ss.Context(), s.regs.current()); err != nil {
+		return err
+	}
 	wrapped := middleware.WrapServerStream(ss)
 	wrapped.WrappedContext = ctx
 	err := handler(srv, wrapped)

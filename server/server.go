@@ -100,7 +100,7 @@ func NewService(m *runs.Manager, o Options) *Service {
 	s := &Service{runs: m, active: o.ActiveRuns, feed: o.feed, regs: o.regs}
 	if s.regs == nil {
 		s.regs = &registries{}
-		s.regs.swap(newRegistry(o, nil))
+		_ = s.regs.swap(newRegistry(o, nil)) // a new one: not retired
 	}
 	return s
 }
@@ -232,6 +232,9 @@ func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 	// The request is judged by one registry, which its run keeps.
 	reg := s.regs.acquire()
 	defer s.regs.release(reg)
+	if err := reauthenticate(ctx, reg); err != nil {
+		return nil, err
+	}
 	ctx = context.WithValue(ctx, registryKey{}, reg)
 	p := reg.policy(ctx)
 	undo, err := s.takeStart(p)

@@ -105,7 +105,7 @@ func New(cfg Config) (*Stubborn, error) {
 			logger.Warn("closing the connections of a replaced registry", "err", err)
 		}
 	}}
-	regs.swap(reg)
+	_ = regs.swap(reg) // not retired yet
 	active := NewActiveRuns()
 	rc := cfg.Runs
 	if rc.Store == nil {
@@ -214,7 +214,9 @@ func (s *Stubborn) Reload(cfg *delegates.Config) error {
 	if err != nil {
 		return err
 	}
-	regs.swap(reg)
+	if err := regs.swap(reg); err != nil {
+		return err
+	}
 	s.svc.streams.revoke(reg.authn)
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -52,7 +53,6 @@ func (r *reloader) reload(why string, force bool) {
 	if !force && bytes.Equal(sum[:], r.sum[:]) {
 		return
 	}
-	r.sum = sum
 	cfg, err := delegates.Parse(b)
 	if err == nil {
 		err = r.sec.checkTenants(cfg)
@@ -64,6 +64,9 @@ func (r *reloader) reload(why string, force bool) {
 		r.logger.Error("config not reloaded: keeping the one in use", "config", r.path, "why", why, "err", err)
 		return
 	}
+	// Only a config applied counts as read: one refused is tried again at
+	// the next change, even if only a file it names (a TLS CA) changed.
+	r.sum = sum
 	added, removed := diffNames(delegateNames(r.current), delegateNames(cfg))
 	tAdded, tRemoved := diffNames(tenantNames(r.current), tenantNames(cfg))
 	r.current = cfg
@@ -104,6 +107,7 @@ func (r *reloader) start(hup <-chan os.Signal, initial *delegates.Config, watch 
 		}
 		events, errs = w.Events, w.Errors
 	}
+	base := filepath.Base(r.path)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -114,8 +118,12 @@ func (r *reloader) start(hup <-chan os.Signal, initial *delegates.Config, watch 
 			select {
 			case <-hup:
 				r.reload("SIGHUP", true)
-			case <-events:
-				settle = time.After(reloadSettle)
+			case ev := <-events:
+				// The file itself, or Kubernetes' ..data symlink swap;
+				// not the directory's other files.
+				if name := filepath.Base(ev.Name); name == base || strings.HasPrefix(name, "..") {
+					settle = time.After(reloadSettle)
+				}
 			case err := <-errs:
 				r.logger.Warn("watching the config file", "config", r.path, "err", err)
 			case <-settle:
