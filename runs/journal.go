@@ -354,7 +354,9 @@ func (f flushing) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		return nil, &controls.CallError{Code: codes.Aborted, Message: "not sent: " + errLost.Error(), NotSent: true}
+		// Refused: this server's own doing, not the delegate's (a guard's
+		// breaker does not count it).
+		return nil, &controls.CallError{Code: codes.Aborted, Message: "not sent: " + errLost.Error(), NotSent: true, Refused: true}
 	}
 	return f.Delegates.Call(ctx, c.WithRun(f.of))
 }
