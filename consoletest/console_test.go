@@ -296,6 +296,54 @@ func TestConsoleHedgedRace(t *testing.T) {
 	}
 }
 
+// A circuit breaker's decisions in the timeline: the attempt whose failure
+// opened it says so in its note; in the next run the delegate is skipped,
+// its failure's source the circuit breaker.
+func TestConsoleCircuitBreaker(t *testing.T) {
+	s := startServer(t, setup{
+		delegates: map[string]stubbornv1.DelegateServiceServer{
+			"fragile": demo.Down{},
+			"echo":    demo.Echo{},
+		},
+		configure: func(c *delegates.Config) {
+			for i := range c.Delegates {
+				if c.Delegates[i].Name == "fragile" {
+					c.Delegates[i].CircuitBreaker = &delegates.CircuitBreaker{ConsecutiveFailures: 1, Cooldown: delegates.Duration(time.Hour)}
+				}
+			}
+		},
+	})
+	ctx := testCtx(t)
+	run := func(brief string) string {
+		res, err := s.client.StartRun(ctx, &stubbornv1.StartRunRequest{TaskBrief: brief, Retry: &stubbornv1.RetrySpec{Target: "fragile", Attempts: new(int32)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.GetRunId()
+	}
+	first := run("opens it")
+	s.waitStatus(t, ctx, first, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, 10*time.Second)
+	second := run("meets it open")
+	s.waitStatus(t, ctx, second, stubbornv1.RunStatus_RUN_STATUS_FAILED, 10*time.Second)
+
+	b := newBrowser(t)
+	detail := `[data-testid=attempt-detail][data-attempt="1"]`
+	b.do("opening the first run", 30*time.Second,
+		chromedp.Navigate(s.url+"/#/runs/"+first),
+		chromedp.WaitVisible(chromedp.CSS(runPage)))
+	b.waitJS("the note of the failure that opened the breaker", q(detail)+`?.textContent.includes('circuit breaker closed → open: 1 transient failures in a row')`, 10*time.Second)
+	b.do("opening the second run", 30*time.Second,
+		chromedp.Navigate(s.url+"/#/runs/"+second),
+		chromedp.WaitVisible(chromedp.CSS(runPage+`[data-run-id="`+second+`"]`)))
+	b.waitJS("the skip by the breaker", q(detail+` .src-circuit-breaker`)+`?.textContent === 'circuit breaker'`, 10*time.Second)
+	if got := eval[string](b, q(detail)+`.textContent`); !strings.Contains(got, "circuit breaker open (1 transient failures in a row)") || !strings.Contains(got, "SKIPPED") {
+		t.Errorf("attempt 1 of the second run shows %q", got)
+	}
+	if ex := b.log.Exceptions(); len(ex) > 0 {
+		t.Errorf("uncaught exceptions: %q", ex)
+	}
+}
+
 // With tenants, the console asks for a token, then shows that tenant's
 // runs only; another browser (storage of its own) with another tenant's
 // token sees its own, and not the first tenant's run by its address.

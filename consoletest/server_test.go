@@ -44,6 +44,8 @@ type setup struct {
 	seed uint64
 	// pages are served next to the server's HTTP handler, by path.
 	pages map[string]http.Handler
+	// configure, when set, changes the registry before the server starts.
+	configure func(*delegates.Config)
 }
 
 // startServer starts the delegates, the server and its HTTP listener; all
@@ -62,6 +64,9 @@ func startServer(t *testing.T, su setup) *stack {
 			Name: name, Target: lis.Addr().String(), Idempotent: true,
 			Timeout: delegates.Duration(time.Minute),
 		})
+	}
+	if su.configure != nil {
+		su.configure(cfg)
 	}
 	st, err := server.New(server.Config{Registry: cfg, Logger: slog.New(slog.DiscardHandler), Seed: su.seed})
 	if err != nil {

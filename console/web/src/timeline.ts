@@ -368,7 +368,7 @@ export class Timeline {
     if (f) {
       const src = sourceLabels[f.source] ?? "failed";
       lines.push(h("div", { class: "why" },
-        h("span", { class: "src src-" + src }, src), " ", f.reason,
+        h("span", { class: "src src-" + src.replaceAll(" ", "-") }, src), " ", f.reason,
         f.transient ? h("span", { class: "tag" }, "transient") : null,
         v.willRetry ? h("span", { class: "tag" }, "another attempt follows") : null,
         f.notRetriedReason ? h("span", { class: "not-retried" }, " · not retried: " + f.notRetriedReason) :
