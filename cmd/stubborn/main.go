@@ -371,13 +371,7 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 	}
 	storeConn.attach(s.SetServing)
 	rl := &reloader{path: c.configPath, sec: &c.sec, logger: logger, apply: s.Reload}
-	stopReload, err := rl.start(hup, c.registry, c.watchConfig)
-	if err != nil {
-		l.close()
-		s.Stop(0)
-		return 1, fmt.Errorf("-watch-config: %w", err)
-	}
-	defer stopReload()
+	defer rl.start(hup, c.registry, c.watchConfig)()
 	if l.http != nil {
 		stopHTTP, err := serveHTTP(s, l.http, c)
 		if err != nil {

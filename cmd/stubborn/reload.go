@@ -89,7 +89,8 @@ func notifyHUP() (hup chan os.Signal, stop func()) {
 // replace a file by a rename or a symlink swap, which a watch on the file
 // loses). initial is the config in use, read from the file. stop ends
 // both.
-func (r *reloader) start(hup <-chan os.Signal, initial *delegates.Config, watch bool) (stop func(), err error) {
+func (r *reloader) start(hup <-chan os.Signal, initial *delegates.Config, watch bool) (stop func()) {
+	var err error
 	r.current = initial
 	if b, err := os.ReadFile(r.path); err == nil {
 		r.sum = sha256.Sum256(b)
@@ -98,14 +99,19 @@ func (r *reloader) start(hup <-chan os.Signal, initial *delegates.Config, watch 
 	var errs chan error
 	var w *fsnotify.Watcher
 	if watch {
-		if w, err = fsnotify.NewWatcher(); err != nil {
-			return nil, err
+		// A watch that cannot be set up (inotify's limits reached, say)
+		// does not keep the server from serving: SIGHUP still reloads.
+		if w, err = fsnotify.NewWatcher(); err == nil {
+			if err = w.Add(filepath.Dir(r.path)); err != nil {
+				_ = w.Close()
+				w = nil
+			}
 		}
-		if err = w.Add(filepath.Dir(r.path)); err != nil {
-			_ = w.Close()
-			return nil, err
+		if err != nil {
+			r.logger.Warn("not watching the config file: reload it with SIGHUP", "config", r.path, "err", err)
+		} else {
+			events, errs = w.Events, w.Errors
 		}
-		events, errs = w.Events, w.Errors
 	}
 	base := filepath.Base(r.path)
 	done := make(chan struct{})
@@ -140,7 +146,7 @@ func (r *reloader) start(hup <-chan os.Signal, initial *delegates.Config, watch 
 		if w != nil {
 			_ = w.Close()
 		}
-	}, nil
+	}
 }
 
 func delegateNames(c *delegates.Config) []string {
