@@ -3,7 +3,6 @@ package controls
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -279,15 +278,13 @@ func failureSource(env *Env, n int32, a attemptResult) stubbornv1.FailureSource 
 	case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED:
 		return stubbornv1.FailureSource_FAILURE_SOURCE_CANCELLED
 	case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SKIPPED:
-		if ce, ok := errors.AsType[*CallError](a.err); ok {
-			switch ce.RefusedBy {
-			case stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER:
-				return stubbornv1.FailureSource_FAILURE_SOURCE_CIRCUIT_BREAKER
-			case stubbornv1.RefusedBy_REFUSED_BY_BULKHEAD:
-				return stubbornv1.FailureSource_FAILURE_SOURCE_BULKHEAD
-			case stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT:
-				return stubbornv1.FailureSource_FAILURE_SOURCE_RATE_LIMIT
-			}
+		switch refusedBy(a.err) {
+		case stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER:
+			return stubbornv1.FailureSource_FAILURE_SOURCE_CIRCUIT_BREAKER
+		case stubbornv1.RefusedBy_REFUSED_BY_BULKHEAD:
+			return stubbornv1.FailureSource_FAILURE_SOURCE_BULKHEAD
+		case stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT:
+			return stubbornv1.FailureSource_FAILURE_SOURCE_RATE_LIMIT
 		}
 		return stubbornv1.FailureSource_FAILURE_SOURCE_HEALTH
 	case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED:

@@ -123,6 +123,15 @@ type CallError struct {
 	Interrupted bool
 }
 
+// refusedBy returns which guard of the delegate refused the call err is
+// about, or UNSPECIFIED when err is no guard's refusal.
+func refusedBy(err error) stubbornv1.RefusedBy {
+	if ce, ok := errors.AsType[*CallError](err); ok {
+		return ce.RefusedBy
+	}
+	return stubbornv1.RefusedBy_REFUSED_BY_UNSPECIFIED
+}
+
 func (e *CallError) Error() string {
 	if e.Message == "" {
 		return e.Code.String()

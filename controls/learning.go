@@ -2,7 +2,6 @@ package controls
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -51,7 +50,7 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 			Source: failureSource(env, n, a),
 		}
 		willRetry := i+1 < maxRetries
-		if ce, ok := errors.AsType[*CallError](a.err); ok && ce.RefusedBy != stubbornv1.RefusedBy_REFUSED_BY_UNSPECIFIED {
+		if refusedBy(a.err) != stubbornv1.RefusedBy_REFUSED_BY_UNSPECIFIED {
 			// A guard of the delegate refused the call (its circuit
 			// breaker is open, say): no failure of the delegate to learn
 			// from, and asking again at once would be refused again.

@@ -182,7 +182,7 @@ func judge(ctx context.Context, env *Env, n int32, delegate string, res *stubbor
 	}
 	if err != nil {
 		msg := Cut(Message(err), MaxReasonBytes)
-		if ce, ok := errors.AsType[*CallError](err); ok && ce.RefusedBy != stubbornv1.RefusedBy_REFUSED_BY_UNSPECIFIED {
+		if refusedBy(err) != stubbornv1.RefusedBy_REFUSED_BY_UNSPECIFIED {
 			// Not sent: a guard of the delegate refused it.
 			return attemptResult{
 				outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SKIPPED,
