@@ -335,6 +335,12 @@ func (g *Guards) wait(ctx context.Context, b *bulkhead, wait time.Duration) erro
 		select {
 		case <-freed:
 			if ok, freed = b.tryTake(); ok {
+				if err := ctx.Err(); err != nil {
+					// Both were ready: a call whose run ended is not
+					// let through.
+					b.release()
+					return err
+				}
 				return nil
 			}
 		case err := <-over:

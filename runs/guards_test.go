@@ -15,7 +15,8 @@ import (
 	"github.com/stubbornhq/stubborn/runs"
 )
 
-// oneSlot is a bulkhead of one call that waits for as long as it must.
+// oneSlot is a bulkhead of one call, taken for good, that waits for as
+// long as it must.
 type oneSlot struct {
 	slot    chan struct{}
 	waiting atomic.Int32
@@ -26,7 +27,14 @@ func (o *oneSlot) Admit(ctx context.Context, _ string) (func(*stubbornv1.Result,
 	defer o.waiting.Add(-1)
 	select {
 	case o.slot <- struct{}{}:
-		return func(*stubbornv1.Result, error) string { <-o.slot; return "" }, nil
+		if err := ctx.Err(); err != nil { // as delegates.Guards: a call whose run ended does not go
+			<-o.slot
+			return nil, err
+		}
+		// The slot is never given back: Kill stops the runs one by one,
+		// and the call in flight, ended by it, must not let the queued
+		// one through before that one is stopped too (a crash would not).
+		return func(*stubbornv1.Result, error) string { return "" }, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -58,7 +66,7 @@ func TestAQueuedCallWasNeverSent(t *testing.T) {
 			b := newManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b", SoleOwner: true})
 			g.answer("y", controlstest.OK("done"))
 			queuedEnd := final(t, watchAll(t, b, queued.GetRunId(), 0))
-			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, queuedEnd.GetStatus(), queuedEnd.GetStatusReason())
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, queuedEnd.GetStatus(), "%v", queuedEnd)
 			assert.Len(t, queuedEnd.GetAttemptLog(), 1, "one attempt: the one b made")
 			assert.Equal(t, 1, g.called("y"))
 
