@@ -30,7 +30,13 @@ func (m *Manager) command(ctx context.Context, cmd *Command) (*stubbornv1.Contro
 		if err := visible(ctx, cmd.RunID, r.tenant); err != nil {
 			return nil, err
 		}
-		return m.handle(ctx, cmd)
+		cur, err := m.current(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		if cur != nil {
+			return m.handle(ctx, cmd)
+		}
 	}
 	st, err := m.state(ctx, cmd.RunID)
 	if err != nil {
@@ -77,6 +83,9 @@ func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.Control
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
+		if err := notRecorded(r, "the cancellation"); err != nil {
+			return nil, err
+		}
 		return r.snapshot()
 	}
 	// A run being resumed from its journal is decided once the replay has
@@ -99,11 +108,31 @@ func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.Control
 		if err != nil {
 			return nil, err
 		}
+		if err := notRecorded(r, "the decision"); err != nil {
+			return nil, err
+		}
 		return r.snapshot()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w (status %s)", err, tr.Status())
 	}
 	r.flush() // decision_received: the caller is answered once it is written
+	if err := notRecorded(r, "the decision"); err != nil {
+		return nil, err
+	}
 	return tr.Snapshot(), nil
+}
+
+// notRecorded is ErrUnavailable when run r was lost here (a write failed,
+// or it was taken over) before what a command did to it was written: an
+// OK to a command means the command is in the run's journal.
+func notRecorded(r *run, what string) error {
+	if !r.isLost() {
+		return nil
+	}
+	why := "it was taken over by another server"
+	if err := r.lostBecause(); err != nil {
+		why = err.Error()
+	}
+	return fmt.Errorf("%w: %s on run %s may not be recorded (this server lost the run: %s); read the run and try again", ErrUnavailable, what, r.id, why)
 }

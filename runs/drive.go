@@ -228,6 +228,12 @@ func (m *Manager) retire(r *run) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.runs[r.id] != r {
+		return // a stale copy: the run's copy here now is another (resumeBecause)
+	}
+	if !lost {
+		m.reclaimedLocked(r.id)
+	}
 	m.finished = append(m.finished, r.id)
 	for len(m.finished) > m.cfg.MaxFinished {
 		delete(m.runs, m.finished[0])

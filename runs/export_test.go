@@ -11,6 +11,10 @@ import (
 // stopped process would: its runs go on, but others will take them over.
 func (m *Manager) PauseHeartbeats() { m.paused.Store(true) }
 
+// ResumeHeartbeats ends PauseHeartbeats, as a process let go on would
+// (SIGCONT): it beats and scans again.
+func (m *Manager) ResumeHeartbeats() { m.paused.Store(false) }
+
 // Owns reports whether this manager drives the run now.
 func (m *Manager) Owns(id string) bool {
 	r := m.local(id)
@@ -68,3 +72,21 @@ func (s *JetStream) IndexReady() bool { return s.index.ready.Load() }
 
 // KeyHash is keyHash, for tests that write a key's entry themselves.
 func KeyHash(tenant, key string) string { return keyHash(tenant, key) }
+
+// RawJournalSeqs returns the seq of every event stored on run id's
+// subject, in stream order, as stored: a message stored twice counts
+// twice (readers drop the second).
+func RawJournalSeqs(ctx context.Context, s *JetStream, id string) ([]int64, error) {
+	last, err := s.events.GetLastMsgForSubject(ctx, eventsSubject+id)
+	if err != nil {
+		return nil, err
+	}
+	var seqs []int64
+	err = s.read(ctx, id, func(evs []Event, seq uint64) (bool, error) {
+		for _, ev := range evs {
+			seqs = append(seqs, ev.Seq)
+		}
+		return seq < last.Sequence, nil
+	})
+	return seqs, err
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc64"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -174,6 +175,9 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		MaxBytes:    maxBytes,
 		Discard:     jetstream.DiscardNew,
 		AllowDirect: true,
+		// Message ids (publish) are remembered for longer than a write is
+		// made again.
+		Duplicates: dupWindow(cfg.Lease, cfg.WriteRetry),
 	}); err != nil {
 		return nil, fmt.Errorf("events stream: %w", err)
 	}
@@ -283,23 +287,37 @@ func (s *JetStream) eventLimit() int {
 	return min(MaxEventBytes, int(s.nc.MaxPayload())-eventOverhead)
 }
 
-// publish writes evs as one journal message.
+// publish writes evs as one journal message, expecting the subject's last
+// message to be the one the writer's cursor names (a run's own copy,
+// cursorFrom), or, for a writer without one, the one this store last
+// wrote or read. Each message has a Nats-Msg-Id (msgID): a try made
+// again after a lost answer, or across a stream leader's change, is
+// stored once, and its duplicate's ack names the message stored.
 func (s *JetStream) publish(ctx context.Context, evs []Event) error {
 	runID := evs[0].RunID
-	s.mu.Lock()
-	last := s.last[runID]
-	s.mu.Unlock()
+	cur := cursorFrom(ctx)
+	var last uint64
+	if cur != nil {
+		last = cur.seq
+	} else {
+		s.mu.Lock()
+		last = s.last[runID]
+		s.mu.Unlock()
+	}
 	msg := &nats.Msg{Subject: eventsSubject + runID, Data: evs[0].Data}
 	if len(evs) > 1 {
 		msg.Data = packEvents(evs)
 		msg.Header = nats.Header{eventsHeader: []string{strconv.Itoa(len(evs))}}
 	}
+	id := msgID(runID, evs[0].Seq, msg.Data)
 	var seq uint64
 	err := s.write(ctx, func(ctx context.Context) error {
-		ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(last))
+		ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(last), jetstream.WithMsgID(id))
 		if err != nil {
 			return err
 		}
+		// A duplicate is this very message, stored by an earlier try:
+		// its id has its contents' checksum (msgID).
 		seq = ack.Sequence
 		return nil
 	}, func(ctx context.Context) (bool, error) {
@@ -323,6 +341,10 @@ func (s *JetStream) publish(ctx context.Context, evs []Event) error {
 		}
 		return err
 	}
+	if cur != nil {
+		cur.seq = seq
+		return nil
+	}
 	s.mu.Lock()
 	if evs[len(evs)-1].Finished {
 		delete(s.last, runID)
@@ -331,6 +353,40 @@ func (s *JetStream) publish(ctx context.Context, evs []Event) error {
 	}
 	s.mu.Unlock()
 	return nil
+}
+
+// msgID is the Nats-Msg-Id of run runID's journal message data, whose
+// first event is seq: the run, the seq and a checksum of the data, so
+// that only a try of the same write is taken for a duplicate — another
+// writer's event of the same seq (a stale copy's, the end of a run whose
+// journal was lost) is not, and is fenced by the expected sequence.
+func msgID(runID string, seq int64, data []byte) string {
+	return runID + ":" + strconv.FormatInt(seq, 10) + ":" + strconv.FormatUint(crc64.Checksum(data, crcTable), 36)
+}
+
+var crcTable = crc64.MakeTable(crc64.ECMA)
+
+// dupWindow is how long the events stream remembers a message id: longer
+// than any write is made again (WriteRetry, the lease by default).
+func dupWindow(lease, writeRetry time.Duration) time.Duration {
+	return max(2*lease, writeRetry+lease, 30*time.Second)
+}
+
+// journalCursor is one writer's view of where a run's journal ends: the
+// stream sequence of the last message that writer wrote or read. Each
+// copy of a run has its own (run.cursor), so that a copy that was
+// replaced — by another server's takeover, or by this server's own
+// resume of the run — is fenced by the journal's expected sequence like
+// any other stale writer, whatever this store read meanwhile.
+type journalCursor struct{ seq uint64 }
+
+// cursorKey is the context key of a writer's *journalCursor.
+type cursorKey struct{}
+
+// cursorFrom returns the writer's cursor that ctx carries, or nil.
+func cursorFrom(ctx context.Context) *journalCursor {
+	c, _ := ctx.Value(cursorKey{}).(*journalCursor)
+	return c
 }
 
 // packedSize is an event's size in a message that holds several.
@@ -387,32 +443,12 @@ func unpackEvents(data []byte, h nats.Header) ([]Event, error) {
 }
 
 // Events reads the run's events after seq after and remembers where its
-// journal ends, so that this store may append to it.
+// journal ends, so that this store may append to it (a writer without a
+// cursor of its own: see publish).
 func (s *JetStream) Events(ctx context.Context, runID string, after int64) ([]Event, error) {
-	if !validKey(runID) {
-		return nil, nil // no such run's journal
-	}
-	subject := eventsSubject + runID
-	lastMsg, err := s.events.GetLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var out []Event
-	finished := false
-	err = s.read(ctx, runID, func(evs []Event, seq uint64) (bool, error) {
-		for _, ev := range evs {
-			if ev.Seq > after {
-				out = append(out, ev)
-			}
-		}
-		finished = evs[len(evs)-1].Finished
-		return seq < lastMsg.Sequence, nil
-	})
-	if err != nil {
-		return nil, err
+	out, end, finished, err := s.journal(ctx, runID, after)
+	if err != nil || end == 0 {
+		return out, err
 	}
 	s.mu.Lock()
 	if finished {
@@ -420,10 +456,56 @@ func (s *JetStream) Events(ctx context.Context, runID string, after int64) ([]Ev
 		// of finished runs would otherwise keep an entry for each).
 		delete(s.last, runID)
 	} else {
-		s.last[runID] = lastMsg.Sequence
+		s.last[runID] = end
 	}
 	s.mu.Unlock()
 	return out, nil
+}
+
+// journalFrom reads the run's whole journal and sets cur to where it ends
+// (cursorReader): what a run's copy resumed from it starts from.
+func (s *JetStream) journalFrom(ctx context.Context, runID string, cur *journalCursor) ([]Event, error) {
+	out, end, _, err := s.journal(ctx, runID, 0)
+	if err == nil {
+		cur.seq = end
+	}
+	return out, err
+}
+
+// journal reads the run's events after seq after, each seq once (a
+// message stored twice is read once: the first), and returns the stream
+// sequence of its journal's last message (0: none) and whether its last
+// event is run_finished.
+func (s *JetStream) journal(ctx context.Context, runID string, after int64) (out []Event, end uint64, finished bool, err error) {
+	if !validKey(runID) {
+		return nil, 0, false, nil // no such run's journal
+	}
+	subject := eventsSubject + runID
+	lastMsg, err := s.events.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, 0, false, nil
+	}
+	if err != nil {
+		return nil, 0, false, err
+	}
+	seen := int64(0)
+	err = s.read(ctx, runID, func(evs []Event, seq uint64) (bool, error) {
+		for _, ev := range evs {
+			if ev.Seq <= seen {
+				continue // stored again (see publish): read once
+			}
+			seen = ev.Seq
+			if ev.Seq > after {
+				out = append(out, ev)
+			}
+			finished = ev.Finished
+		}
+		return seq < lastMsg.Sequence, nil
+	})
+	if err != nil {
+		return nil, 0, false, err
+	}
+	return out, lastMsg.Sequence, finished, nil
 }
 
 // read delivers the run's journal messages in order, each as its events
@@ -495,8 +577,9 @@ func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn fu
 	err := s.read(ctx, runID, func(evs []Event, _ uint64) (bool, error) {
 		for _, ev := range evs {
 			if ev.Seq <= after {
-				continue
+				continue // before after, or stored again (see publish): sent once
 			}
+			after = ev.Seq
 			if err := fn(ev); err != nil {
 				return false, err
 			}

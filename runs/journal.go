@@ -198,6 +198,9 @@ func (r *run) flush() {
 		}
 		r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
 		r.lose(err, errLost)
+		if r.onLost != nil {
+			r.onLost(r.id)
+		}
 		return
 	}
 	finished := evs[len(evs)-1].Finished
@@ -255,8 +258,12 @@ func (writeContext) Done() <-chan struct{}       { return nil }
 func (writeContext) Err() error                  { return nil }
 
 func (c writeContext) Value(key any) any {
-	if key == (stopWritesKey{}) {
+	switch key {
+	case stopWritesKey{}:
 		return (<-chan struct{})(c.r.ended)
+	case cursorKey{}:
+		// Read and moved by the store's Append, under flushMu.
+		return &c.r.cursor
 	}
 	return nil
 }

@@ -160,6 +160,13 @@ type Manager struct {
 	workers *workers
 	paused  atomic.Bool  // heartbeats paused (tests simulate a frozen server)
 	parked  atomic.Int64 // runs waiting on park's timer
+	// beatLanded is when the last heartbeat that landed was sent (Unix
+	// nanoseconds); after a lapse the scan checks this server's runs'
+	// claims (reclaim.go); rescan wakes it.
+	beatLanded atomic.Int64
+	lapses     atomic.Int64 // how many times this server's lease lapsed
+	verified   atomic.Int64 // lapses when the claims were checked last
+	rescan     chan struct{}
 
 	// letGo is the context of the writes that let go of a run (its claim
 	// released, unstart's state): closing, closed when Close starts, stops
@@ -173,6 +180,9 @@ type Manager struct {
 	finished []string // ids of finished local runs, oldest first
 	counter  uint64
 	closed   bool
+	// relost are the runs whose copy here a failed write lost, to drive
+	// again while the store names this server their driver (reclaim.go).
+	relost map[string]*relost
 }
 
 // New returns a Manager that beats as a live owner, serves commands for
@@ -206,13 +216,15 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg: cfg, store: cfg.Store, owner: cfg.Owner, log: cfg.Logger.With("owner", cfg.Owner),
 		ctx: ctx, cancel: cancel, runs: map[string]*run{}, workers: newWorkers(),
-		closing: make(chan struct{}),
+		closing: make(chan struct{}), rescan: make(chan struct{}, 1),
 	}
 	m.letGo = context.WithValue(context.Background(), stopWritesKey{}, (<-chan struct{})(m.closing))
+	sent := time.Now()
 	if err := m.store.Beat(ctx, m.owner); err != nil {
 		cancel(err)
 		return nil, fmt.Errorf("runs store: %w", err)
 	}
+	m.landed(sent)
 	// Commands reach this server from the moment it may start a run.
 	stop, err := m.store.Serve(ctx, m.owner, m.handle)
 	if err != nil {

@@ -28,27 +28,39 @@ func (m *Manager) beat(ctx context.Context) {
 		if m.paused.Load() {
 			continue
 		}
-		if err := m.store.Beat(ctx, m.owner); err != nil && ctx.Err() == nil {
-			m.log.Warn("heartbeat failed", "err", err)
+		sent := time.Now()
+		if err := m.store.Beat(ctx, m.owner); err != nil {
+			if ctx.Err() == nil {
+				m.log.Warn("heartbeat failed", "err", err)
+			}
+			continue
 		}
+		m.landed(sent)
 	}
 }
 
-// scan takes over runs whose owner is dead: at once, then twice a lease
-// when a server it saw alive has stopped beating or another one left, or
-// when the last scan left orphans behind, and every fullScanEvery ticks
-// whatever happened. Listing every run's driver costs in proportion to
-// the runs (10,000 waiting runs on JetStream: ~2 % of a core at every
-// lease/2); the servers' heartbeats are few.
+// scan takes over runs whose owner is dead: at once, then when a server
+// it saw alive has stopped beating or another one left, or when the last
+// scan left orphans behind, and every fullScanEvery ticks whatever
+// happened. It looks at the heartbeats (a few entries) scanTicks times a
+// lease, so that a dead server's runs are taken over soon after its
+// heartbeat expires (a lease after its last beat landed), not up to half
+// a lease later; listing every run's driver costs in proportion to the
+// runs (10,000 waiting runs on JetStream: ~2 % of a core each time), and
+// is done only then. Woken (poke), it also drives again the runs lost
+// here that the store says this server drives, and checks this server's
+// runs once its lease had lapsed (reclaim.go).
 func (m *Manager) scan() {
 	defer m.loops.Done()
-	t := time.NewTicker(m.cfg.Lease / 2)
+	t := time.NewTicker(m.cfg.Lease / scanTicks)
 	defer t.Stop()
 	first, dirty := true, true
 	var seen map[string]bool
 	sinceFull := 0
 	for {
 		if !m.paused.Load() {
+			m.verifyIfLapsed()
+			m.reclaim() // what it leaves, the next tick tries again
 			live, left, err := m.liveOwners()
 			if err != nil {
 				live = nil
@@ -68,16 +80,20 @@ func (m *Manager) scan() {
 		case <-m.ctx.Done():
 			return
 		case <-t.C:
+		case <-m.rescan:
 		}
 	}
 }
 
+// scanTicks is how many times a lease the scan looks at the heartbeats.
+const scanTicks = 6
+
 // fullScanEvery bounds the scans between two listings of every run's
-// driver: a server that came and went unseen (it stopped within lease/2 of
-// starting without leaving, or this server's scan took longer than a
-// lease) is never seen to stop, and its runs wait for this. A server that
-// closes leaves (Store.Leave), which the next scan sees.
-const fullScanEvery = 10
+// driver: a server that came and went unseen (it stopped within a tick
+// of starting without leaving, or this server's scan took longer than a
+// lease) is never seen to stop, and its runs wait for this (five leases).
+// A server that closes leaves (Store.Leave), which the next scan sees.
+const fullScanEvery = 5 * scanTicks
 
 // liveOwners returns the other servers that beat within the lease, and
 // whether another one left within it.
@@ -159,14 +175,15 @@ func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) 
 	return clean
 }
 
-// unrecoverable ends a run that cannot be resumed without risk of calling
+// unrecoverable ends a run that cannot be resumed (wctx: its writes' context,
+// with the cursor of the journal read) without risk of calling
 // its delegates again for work they may have done: its journal is damaged
 // or gone (a store that lost data). It is not driven: the run ends FAILED
 // with why, in a run_finished after the events its journal still has, its
 // final state is saved and its claim released, and an ERROR names it. It
 // returns an error only when the store could not be written: the run stays
 // claimed, for the next scan.
-func (m *Manager) unrecoverable(id string, recorded []Event, why string) error {
+func (m *Manager) unrecoverable(wctx context.Context, id string, recorded []Event, why string) error {
 	var state *stubbornv1.ControlState
 	if len(recorded) > 0 {
 		if ev, err := recorded[0].Decode(); err == nil {
@@ -199,7 +216,7 @@ func (m *Manager) unrecoverable(id string, recorded []Event, why string) error {
 	if err != nil {
 		return err
 	}
-	if err := m.store.Append(m.ctx, enc); err != nil {
+	if err := m.store.Append(wctx, enc); err != nil {
 		return fmt.Errorf("ending unrecoverable run %s: %w", id, err)
 	}
 	if err := m.store.PutState(m.ctx, id, enc.state()); err != nil {
@@ -210,28 +227,50 @@ func (m *Manager) unrecoverable(id string, recorded []Event, why string) error {
 
 // resume drives a run taken over from a dead owner, replaying its journal.
 func (m *Manager) resume(id, from string) error {
-	recorded, err := m.store.Events(m.ctx, id, 0)
+	return m.resumeBecause(id, from, fmt.Sprintf("its owner %s stopped", from))
+}
+
+// resumeBecause drives a run this server has just become the driver of,
+// replaying its journal; because says why (run_resumed). A copy of the
+// run that this server still drives is stale — the run was taken from it —
+// and is stopped first: a process drives a run at most once.
+func (m *Manager) resumeBecause(id, from, because string) error {
+	if old := m.local(id); old != nil && !old.isLost() && !old.isDone() {
+		m.log.Warn("run taken back: its copy here was stale and is stopped", "run_id", id, "from", from)
+		old.lose(fmt.Errorf("%w: the run was taken over meanwhile", ErrConflict), errLost)
+	}
+	var cur journalCursor
+	var recorded []Event
+	var err error
+	if cr, ok := m.store.(cursorReader); ok {
+		recorded, err = cr.journalFrom(m.ctx, id, &cur)
+	} else {
+		recorded, err = m.store.Events(m.ctx, id, 0)
+	}
 	if err != nil {
 		return err
 	}
+	// Its end, when it cannot be resumed, is written after the journal
+	// just read.
+	wctx := context.WithValue(m.ctx, cursorKey{}, &cur)
 	journal, err := decodeAll(recorded)
 	if err != nil {
-		return m.unrecoverable(id, recorded, fmt.Sprintf("an event of its journal cannot be read (%v)", err))
+		return m.unrecoverable(wctx, id, recorded, fmt.Sprintf("an event of its journal cannot be read (%v)", err))
 	}
 	for i, ev := range journal {
 		if ev.GetSeq() != int64(i)+1 {
-			return m.unrecoverable(id, recorded, fmt.Sprintf("its journal has event %d where event %d belongs: events are missing", ev.GetSeq(), i+1))
+			return m.unrecoverable(wctx, id, recorded, fmt.Sprintf("its journal has event %d where event %d belongs: events are missing", ev.GetSeq(), i+1))
 		}
 	}
 	if len(journal) > 0 && journal[0].GetRunStarted().GetState() == nil {
-		return m.unrecoverable(id, recorded, "its journal does not start with run_started")
+		return m.unrecoverable(wctx, id, recorded, "its journal does not start with run_started")
 	}
 	if len(journal) == 0 {
 		if jl, ok := m.store.(journalLoss); ok {
 			if lost, why, err := jl.journalLost(m.ctx, id); err != nil {
 				return err
 			} else if lost {
-				return m.unrecoverable(id, recorded, why)
+				return m.unrecoverable(wctx, id, recorded, why)
 			}
 		}
 	}
@@ -261,13 +300,17 @@ func (m *Manager) resume(id, from string) error {
 		return err
 	}
 	r.events = recorded
+	r.cursor = cur
 	r.saveEnd = true // its driver before may have saved a state
+	// run_resumed is recorded while the tracker, about to replay, says
+	// RUNNING: the state saved last (by the driver before) stays until
+	// the replay has caught up (wentLive), not RUNNING with no attempts.
+	r.lastStatus = stubbornv1.RunStatus_RUN_STATUS_RUNNING
 	runCtx := m.runContext(r, state.GetCreateTime().AsTime(), state.GetOptions())
 	if m.cfg.Observer != nil {
 		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, context.Background(), state, true)
 	}
 	m.log.Info("resuming run", "run_id", id, "from", from, "events", len(journal))
-	because := fmt.Sprintf("its owner %s stopped", from)
 	r.replaying()
 	tr := m.track(r, state, journal)
 	m.bind(context.Background(), r)

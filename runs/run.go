@@ -76,6 +76,14 @@ type run struct {
 	flushMu       sync.Mutex   // one flush at a time
 	calls         atomic.Int32 // delegate calls in flight (flushing)
 	endUnsaved    bool         // the final state could not be saved
+	// cursor is this copy's view of where its journal ends (a store that
+	// fences its appends with it: JetStream); written by flush, and by
+	// resume before the first.
+	cursor journalCursor
+	// onLost, when set, is told of a write that failed and lost the run
+	// here (Manager.lostHere): the store may still name this server its
+	// driver, and then nobody else would drive it.
+	onLost func(id string)
 	// base is the part of the run's state that never changes
 	// (constantPart), for the run_finished of a run whose events the
 	// store refused (endRefused); nil once the run has ended here. Guarded
@@ -114,6 +122,9 @@ func (r *run) wentLive() {
 		close(r.replay)
 		r.replay = nil
 	}
+	// What the replay reached is not known here: the next event saves its
+	// state whatever its status (record).
+	r.lastStatus = -1
 	r.mu.Unlock()
 }
 

@@ -138,6 +138,15 @@ func (e *RefusedError) Unwrap() []error { return []error{ErrRefused, e.Err} }
 // messages are smaller says so (eventLimit).
 const MaxEventBytes = 3 << 20
 
+// cursorReader is a Store whose appends from a run's writer are fenced by
+// that writer's own view of the journal (journalCursor, carried by the
+// writer's context under cursorKey) rather than by the store's: it reads
+// a run's whole journal and sets cur to where it ends, for the copy of
+// the run that resumes from it.
+type cursorReader interface {
+	journalFrom(ctx context.Context, runID string, cur *journalCursor) ([]Event, error)
+}
+
 // eventLimit is a Store whose messages are smaller than MaxEventBytes:
 // the largest event it takes. A larger event is recorded with its texts
 // cut (controls.BoundEvent).

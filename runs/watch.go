@@ -13,10 +13,18 @@ func (m *Manager) Get(ctx context.Context, id string) (*stubbornv1.ControlState,
 		if err := visible(ctx, id, r.tenant); err != nil {
 			return nil, err
 		}
-		if err := r.caughtUp(ctx); err != nil {
+		// A copy of a run that was taken over while this server's lease
+		// had lapsed is not the run: read the store then.
+		cur, err := m.current(ctx, r)
+		if err != nil {
 			return nil, err
 		}
-		return r.snapshot()
+		if cur != nil {
+			if err := r.caughtUp(ctx); err != nil {
+				return nil, err
+			}
+			return r.snapshot()
+		}
 	}
 	return m.state(ctx, id)
 }

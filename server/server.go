@@ -467,6 +467,11 @@ func toStatus(err error) error {
 		return status.Error(codes.AlreadyExists, "options.idempotency_key: "+err.Error())
 	case errors.Is(err, runs.ErrClosed), errors.Is(err, runs.ErrUnavailable):
 		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, runs.ErrConflict):
+		// This server's write was fenced (its lease lapsed, or another
+		// server took the run): nothing was done, and another server, or
+		// this one a moment later, can do it.
+		return status.Error(codes.Unavailable, err.Error()+"; nothing was done: try again")
 	case errors.Is(err, runs.ErrStoreFull):
 		// No RetryInfo: the store makes room as runs finish, not on a
 		// schedule.

@@ -1,0 +1,318 @@
+package runs_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// Regression tests of issue 29's findings that a single process (or two
+// managers in one) can show: a stale copy of a run, decisions, runs lost
+// by a failed write, the state a resumed run saves. The fault suite of
+// real processes is in cmd/stubborn (chaos_test.go).
+
+// held is a Delegates whose calls each wait for the test to answer them,
+// by attempt, or for their context to end. It keeps each call's context.
+type held struct {
+	info    controls.DelegateInfo
+	mu      sync.Mutex
+	calls   map[int32]context.Context
+	answers map[int32]chan controlstest.Reply
+}
+
+func newHeld(info controls.DelegateInfo) *held {
+	return &held{info: info, calls: map[int32]context.Context{}, answers: map[int32]chan controlstest.Reply{}}
+}
+
+func (h *held) gate(attempt int32) chan controlstest.Reply {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	q, ok := h.answers[attempt]
+	if !ok {
+		q = make(chan controlstest.Reply, 1)
+		h.answers[attempt] = q
+	}
+	return q
+}
+
+func (h *held) answer(attempt int32, r controlstest.Reply) { h.gate(attempt) <- r }
+
+func (h *held) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+	h.mu.Lock()
+	h.calls[c.Attempt] = ctx
+	h.mu.Unlock()
+	select {
+	case r := <-h.gate(c.Attempt):
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return &stubbornv1.Result{Text: r.Text}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (h *held) Info(string) controls.DelegateInfo    { return h.info }
+func (h *held) Serving(context.Context, string) bool { return true }
+
+// called returns attempt's call's context, nil until it is made.
+func (h *held) called(attempt int32) context.Context {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.calls[attempt]
+}
+
+// rawSeqs returns the seqs of run id's journal as stored.
+func rawSeqs(t *testing.T, store runs.Store, id string) []int64 {
+	t.Helper()
+	if js, ok := store.(*runs.JetStream); ok {
+		seqs, err := runs.RawJournalSeqs(ctxFor(t), js, id)
+		require.NoError(t, err)
+		return seqs
+	}
+	evs, err := store.Events(ctxFor(t), id, 0)
+	require.NoError(t, err)
+	var seqs []int64
+	for _, ev := range evs {
+		seqs = append(seqs, ev.Seq)
+	}
+	return seqs
+}
+
+// dense asserts that seqs are 1…n.
+func dense(t *testing.T, seqs []int64) {
+	t.Helper()
+	for i, seq := range seqs {
+		if !assert.EqualValues(t, i+1, seq, "the journal is dense, without repeats: %v", seqs) {
+			return
+		}
+	}
+}
+
+// TestAServerDrivesARunAtMostOnce (issue 29, findings 1 and 8): a is cut
+// off while its call runs, b takes the run over, b dies and a, back,
+// takes the run back while its first copy's call is still in flight.
+// That copy is stopped before the new one calls (its call's context is
+// done), and nothing it would write gets into the journal: the journal,
+// as stored, is dense without repeats. Before, both copies drove the
+// run in one process, and the old one's events landed after the new
+// one's, numbered again (the expected sequence came from a map both
+// copies shared).
+func TestAServerDrivesARunAtMostOnce(t *testing.T) {
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			const lease = 300 * time.Millisecond
+			open := newStore(t, lease)
+			store := open()
+			h := newHeld(controls.DelegateInfo{Idempotent: true})
+			a := newManager(t, h, runs.Config{Store: store, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+			t.Cleanup(func() { // before a closes: no call is left hanging
+				for n := int32(1); n <= 6; n++ {
+					select {
+					case h.gate(n) <- controlstest.OK("left"):
+					default:
+					}
+				}
+			})
+			st, err := a.Start(context.Background(), "brief", retrySpec(5), nil)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return h.called(1) != nil }, 5*time.Second, time.Millisecond)
+
+			a.PauseHeartbeats()
+			b, err := runs.New(runs.Config{Store: open(), Delegates: h, Lease: lease, Owner: "b", Clock: controls.RealClock{}})
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return h.called(2) != nil }, 10*time.Second, time.Millisecond, "b takes the run over")
+			b.Kill()
+
+			a.ResumeHeartbeats()
+			require.Eventually(t, func() bool { return h.called(3) != nil }, 10*time.Second, time.Millisecond, "a takes it back")
+			require.Error(t, h.called(1).Err(), "a's first copy was stopped before its new copy called")
+			h.answer(1, controlstest.OK("from the stale copy"))
+			h.answer(3, controlstest.OK("fresh"))
+			fin := final(t, watchAll(t, a, st.GetRunId(), 0))
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
+			assert.Equal(t, "fresh", fin.GetResult().GetText())
+			dense(t, rawSeqs(t, store, st.GetRunId()))
+			dense(t, rawSeqs(t, open(), st.GetRunId()))
+		})
+	}
+}
+
+// awaitingOn starts a run on m that awaits a decision after one failed
+// call, and waits until it does.
+func awaitingOn(t *testing.T, m *runs.Manager) string {
+	t.Helper()
+	st, err := m.Start(ctxFor(t), "brief", askSpec(), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		got, err := m.Get(ctxFor(t), st.GetRunId())
+		return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
+	}, 10*time.Second, 5*time.Millisecond)
+	return st.GetRunId()
+}
+
+// journalHas reports whether run id's journal has an event kind says.
+func journalHas(t *testing.T, store runs.Store, id string, kind func(*stubbornv1.RunEvent) bool) bool {
+	t.Helper()
+	evs, err := store.Events(ctxFor(t), id, 0)
+	require.NoError(t, err)
+	return slices.ContainsFunc(decodeAll(t, evs), kind)
+}
+
+// failing is a delegate d whose calls fail, transiently, and are never
+// sent (so that a resumed run need not call it again).
+func failing() *controlstest.Delegates {
+	return notSent()
+}
+
+// TestADecisionIsAnsweredOnlyOnceRecorded (finding 4): a, back from a
+// stop during which b took over its run awaiting a decision, is asked to
+// decide it. An OK means the decision is in the journal (a sends it to
+// b, which drives the run); before, a answered OK from its stale copy,
+// the write failed, and b kept waiting for good.
+func TestADecisionIsAnsweredOnlyOnceRecorded(t *testing.T) {
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			const lease = 300 * time.Millisecond
+			open := newStore(t, lease)
+			d := failing()
+			a := newManager(t, d, runs.Config{Store: open(), Lease: lease, Owner: "a"})
+			id := awaitingOn(t, a)
+			a.PauseHeartbeats()
+			b := newManager(t, d, runs.Config{Store: open(), Lease: lease, Owner: "b"})
+			require.Eventually(t, func() bool { return b.Owns(id) }, 10*time.Second, 5*time.Millisecond)
+			a.ResumeHeartbeats()
+
+			_, err := a.Decide(ctxFor(t), id, stubbornv1.Decision_DECISION_FAIL)
+			if err != nil {
+				require.ErrorIs(t, err, runs.ErrUnavailable, "not recorded: UNAVAILABLE, never OK")
+				return
+			}
+			require.Eventually(t, func() bool {
+				st, err := b.Get(ctxFor(t), id)
+				return err == nil && st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_FAILED
+			}, 10*time.Second, 5*time.Millisecond, "the decision an OK answered reached the run")
+			assert.True(t, journalHas(t, open(), id, func(ev *stubbornv1.RunEvent) bool { return ev.GetDecisionReceived() != nil }))
+		})
+	}
+}
+
+// TestAStaleCopyIsNotServed (finding 5): a is stopped past its lease, b
+// takes its run awaiting a decision over and ends it; a, back, answers
+// GetRun with the run as it is, not its copy still awaiting.
+func TestAStaleCopyIsNotServed(t *testing.T) {
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			const lease = 300 * time.Millisecond
+			open := newStore(t, lease)
+			d := failing()
+			a := newManager(t, d, runs.Config{Store: open(), Lease: lease, Owner: "a"})
+			id := awaitingOn(t, a)
+			a.PauseHeartbeats()
+			b := newManager(t, d, runs.Config{Store: open(), Lease: lease, Owner: "b"})
+			require.Eventually(t, func() bool { return b.Owns(id) }, 10*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool {
+				_, err := b.Decide(ctxFor(t), id, stubbornv1.Decision_DECISION_FAIL)
+				return err == nil
+			}, 10*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool {
+				st, err := b.Get(ctxFor(t), id)
+				return err == nil && st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_FAILED
+			}, 10*time.Second, 5*time.Millisecond)
+			a.ResumeHeartbeats()
+
+			st, err := a.Get(ctxFor(t), id)
+			require.NoError(t, err)
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, st.GetStatus(), "a serves the run, not its stale copy")
+			assert.False(t, a.Owns(id))
+		})
+	}
+}
+
+// failingAppend fails the at-th Append with an error that may pass (as a
+// NATS timeout does), once.
+type failingAppend struct {
+	runs.Store
+	n, at int32
+	count atomic.Int32
+}
+
+func (f *failingAppend) Append(ctx context.Context, evs ...runs.Event) error {
+	if f.count.Add(1) == f.at {
+		return errors.New("nats: timeout")
+	}
+	return f.Store.Append(ctx, evs...)
+}
+
+// TestARunLostByAFailedWriteIsDrivenAgain (finding 3): a write of a's
+// fails, so a stops driving the run; the store still names a its driver,
+// and a is alive, so no other server would take it over. a drives it
+// again from its journal (the interrupted attempt retried: idempotent).
+// Before, the run stayed RUNNING for good.
+func TestARunLostByAFailedWriteIsDrivenAgain(t *testing.T) {
+	const lease = 200 * time.Millisecond
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": {controlstest.OK("lost"), controlstest.OK("again")}})
+	d.SetInfo("d", controls.DelegateInfo{Idempotent: true})
+	h, logger := runs.NewCapturedLogs()
+	store := &failingAppend{Store: runs.NewMemory(lease), at: 2}
+	a := newManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "a", Logger: logger})
+	st, err := a.Start(ctxFor(t), "brief", retrySpec(3), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		got, err := a.Get(ctxFor(t), st.GetRunId())
+		return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED
+	}, 10*time.Second, 5*time.Millisecond, "the run ends: %v", h.Lines(slog.LevelInfo))
+	got, err := a.Get(ctxFor(t), st.GetRunId())
+	require.NoError(t, err)
+	assert.Equal(t, "again", got.GetResult().GetText())
+	_, ok := h.Find(slog.LevelInfo, "driving a run lost here again")
+	assert.True(t, ok)
+	owner, err := store.Driver(ctxFor(t), st.GetRunId())
+	require.NoError(t, err)
+	assert.Empty(t, owner, "let go once finished")
+}
+
+// TestAResumedRunKeepsItsSavedStatus (finding 9): a run awaiting a
+// decision, taken over, reads AWAITING_DECISION in the store, with its
+// attempt, while its new driver has it; before, run_resumed saved it as
+// RUNNING with no attempts until the decision came.
+func TestAResumedRunKeepsItsSavedStatus(t *testing.T) {
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			const lease = 300 * time.Millisecond
+			open := newStore(t, lease)
+			d := failing()
+			// On the real clock, so that the resumed run parks (and writes
+			// run_resumed) as it waits for the decision.
+			a := newManager(t, d, runs.Config{Store: open(), Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+			id := awaitingOn(t, a)
+			a.Kill()
+			b := newManager(t, d, runs.Config{Store: open(), Lease: lease, Owner: "b", Clock: controls.RealClock{}})
+			reader := open()
+			require.Eventually(t, func() bool {
+				return journalHas(t, reader, id, func(ev *stubbornv1.RunEvent) bool { return ev.GetRunResumed() != nil })
+			}, 10*time.Second, 5*time.Millisecond, "b resumed it")
+			require.True(t, b.Owns(id))
+			for range 20 {
+				st, err := reader.State(ctxFor(t), id)
+				require.NoError(t, err)
+				require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, st.GetStatus())
+				require.Len(t, st.GetAttemptLog(), 1)
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}
