@@ -306,8 +306,8 @@ func (c *chaos) settle(ctx context.Context) {
 		c.decide(ctx, time.Now().Add(2*time.Second))
 		open := 0
 		for _, run := range c.allRuns() {
-			j, err := c.nats.rawJournal(ctx, run.id)
-			if err != nil || len(j) == 0 || j[len(j)-1].ev.GetRunFinished() == nil {
+			last, err := c.nats.lastEvent(ctx, run.id)
+			if err != nil || last.GetRunFinished() == nil {
 				open++
 			}
 		}
