@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -48,7 +50,7 @@ func chaosSizes() chaosConfig {
 	if os.Getenv("STUBBORN_CHAOS") == "long" {
 		return chaosConfig{lease: 6 * time.Second, runs: 200, during: 60, rounds: 3, slowBase: 3 * time.Second, settle: 3 * time.Minute}
 	}
-	return chaosConfig{lease: 3 * time.Second, runs: 32, during: 8, rounds: 1, slowBase: 2 * time.Second, settle: 45 * time.Second}
+	return chaosConfig{lease: 3 * time.Second, runs: 32, during: 8, rounds: 1, slowBase: 2 * time.Second, settle: 30 * time.Second}
 }
 
 // chaosKind is one kind of run of the workload.
@@ -414,112 +416,23 @@ func (c *chaos) check(ctx context.Context) {
 	}
 
 	finalStatus := map[string]stubbornv1.RunStatus{}
+	var fmu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
 	for _, run := range runs {
-		id := run.id
-		// The journal as stored, duplicates and all.
-		raw, err := c.nats.rawJournal(ctx, id)
-		if err != nil {
-			c.violate(id, "journal readable", "reading the stream: %v", err)
-		}
-		var rawEvs []*stubbornv1.RunEvent
-		for _, e := range raw {
-			rawEvs = append(rawEvs, e.ev)
-		}
-		if !dense(seqs(rawEvs)) {
-			c.violate(id, "stored journal dense (seq 1..n, no repeats, no gaps)", "seqs %v", seqs(rawEvs))
-		}
-		ended := len(rawEvs) > 0 && rawEvs[len(rawEvs)-1].GetRunFinished() != nil
-		if !ended {
-			last := "none"
-			if len(rawEvs) > 0 {
-				last = eventKind(rawEvs[len(rawEvs)-1])
-			}
-			c.violate(id, "every run ends", "the journal's last event is %s (%d events) %v after the fault", last, len(rawEvs), c.cfg.settle)
-		} else {
-			finalStatus[id] = rawEvs[len(rawEvs)-1].GetRunFinished().GetState().GetStatus()
-		}
-
-		// Through every replica: found, the same status, the same journal.
-		var first []*stubbornv1.RunEvent
-		for _, r := range c.replicas {
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			got, err := r.api().GetRun(cctx, &stubbornv1.GetRunRequest{RunId: id})
-			cancel()
-			switch {
-			case status.Code(err) == codes.NotFound:
-				c.violate(id, "every run found", "GetRun through %s: %v", r.name(), err)
-			case err != nil:
-				c.violate(id, "GetRun answers", "through %s: %v", r.name(), err)
-			case ended && got.GetState().GetStatus() != finalStatus[id]:
-				c.violate(id, "GetRun agrees with the journal on every replica", "through %s: %s, the journal ended %s", r.name(), got.GetState().GetStatus(), finalStatus[id])
-			}
-			if !ended {
-				continue // WatchRun would follow it live
-			}
-			evs, took, err := watchJournal(ctx, r, id, 20*time.Second)
-			if err != nil {
-				c.violate(id, "WatchRun(after_seq=0) ends", "through %s after %v: %v (%d events)", r.name(), took.Round(time.Millisecond), err, len(evs))
-			}
-			if took > 5*time.Second {
-				c.violate(id, "WatchRun of a finished run answers at once", "through %s it took %v", r.name(), took.Round(time.Millisecond))
-			}
-			if !dense(seqs(evs)) {
-				c.violate(id, "WatchRun journal dense (seq 1..n, no repeats, no gaps)", "through %s: seqs %v", r.name(), seqs(evs))
-			}
-			if first == nil {
-				first = evs
-			} else if len(first) != len(evs) || !slices.EqualFunc(first, evs, func(a, b *stubbornv1.RunEvent) bool { return proto.Equal(a, b) }) {
-				c.violate(id, "WatchRun journals identical across replicas", "%s: seqs %v; %s: seqs %v", c.replicas[0].name(), seqs(first), r.name(), seqs(evs))
-			}
-		}
-
-		// Every call preceded by its attempt_started, stored before the
-		// call was made; no (run, attempt) called twice; the delegate
-		// that is not idempotent at most once a run.
-		perAttempt := map[int32]int{}
-		unsafe := 0
-		for _, cl := range callsOf[id] {
-			perAttempt[cl.attempt]++
-			if cl.delegate == "unsafe" {
-				unsafe++
-			}
-			found := false
-			for _, e := range raw {
-				a := e.ev.GetAttemptStarted().GetAttempt()
-				if a != nil && a.GetNumber() == cl.attempt && a.GetDelegate() == cl.delegate && !e.stored.After(cl.at) {
-					found = true
-					break
-				}
-			}
-			if !found {
-				c.violate(id, "every delegate call preceded by its attempt_started", "%s", cl)
-			}
-		}
-		for a, n := range perAttempt {
-			if n > 1 {
-				c.violate(id, "no (run, attempt) called twice", "attempt %d called %d times", a, n)
-			}
-		}
-		if unsafe > 1 {
-			c.violate(id, "the non-idempotent delegate at most once a run", "called %d times", unsafe)
-		}
-
-		// Every DecideRun that answered OK is in the journal.
-		for _, d := range decisionsOf[id] {
-			found := false
-			for _, ev := range rawEvs {
-				if r := ev.GetDecisionReceived(); r != nil && r.GetDecision() == d.decision {
-					found = true
-				}
-			}
-			if !found {
-				c.violate(id, "every DecideRun answered OK is in the journal", "DecideRun %s through r%d at %s answered OK (state %s), no decision_received", d.decision, d.replica, d.at.Format("15:04:05.000"), d.answered)
-			}
-		}
-		if run.kind.ask && len(decisionsOf[id]) == 0 && ended && finalStatus[id] != stubbornv1.RunStatus_RUN_STATUS_FAILED {
-			c.violate(id, "a run awaiting a decision ends by it", "ended %s with no decision given", finalStatus[id])
-		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			c.checkRun(ctx, run, callsOf[run.id], decisionsOf[run.id], func(st stubbornv1.RunStatus) {
+				fmu.Lock()
+				finalStatus[run.id] = st
+				fmu.Unlock()
+			})
+		}()
 	}
+	wg.Wait()
 
 	// The listing index converges to the journals (bounded wait).
 	for _, r := range c.replicas {
@@ -570,6 +483,116 @@ func (c *chaos) check(ctx context.Context) {
 	}
 	c.mu.Unlock()
 	c.report(ctx, runs)
+}
+
+// checkRun checks one run's invariants (check).
+func (c *chaos) checkRun(ctx context.Context, run *chaosRun, calls []call, decisions []decision, setFinal func(stubbornv1.RunStatus)) {
+	id := run.id
+	var final stubbornv1.RunStatus
+	// The journal as stored, duplicates and all.
+	raw, err := c.nats.rawJournal(ctx, id)
+	if err != nil {
+		c.violate(id, "journal readable", "reading the stream: %v", err)
+	}
+	var rawEvs []*stubbornv1.RunEvent
+	for _, e := range raw {
+		rawEvs = append(rawEvs, e.ev)
+	}
+	if !dense(seqs(rawEvs)) {
+		c.violate(id, "stored journal dense (seq 1..n, no repeats, no gaps)", "seqs %v", seqs(rawEvs))
+	}
+	ended := len(rawEvs) > 0 && rawEvs[len(rawEvs)-1].GetRunFinished() != nil
+	if !ended {
+		last := "none"
+		if len(rawEvs) > 0 {
+			last = eventKind(rawEvs[len(rawEvs)-1])
+		}
+		c.violate(id, "every run ends", "the journal's last event is %s (%d events) %v after the fault", last, len(rawEvs), c.cfg.settle)
+	} else {
+		final = rawEvs[len(rawEvs)-1].GetRunFinished().GetState().GetStatus()
+		setFinal(final)
+	}
+
+	// Through every replica: found, the same status, the same journal.
+	var first []*stubbornv1.RunEvent
+	for _, r := range c.replicas {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		got, err := r.api().GetRun(cctx, &stubbornv1.GetRunRequest{RunId: id})
+		cancel()
+		switch {
+		case status.Code(err) == codes.NotFound:
+			c.violate(id, "every run found", "GetRun through %s: %v", r.name(), err)
+		case err != nil:
+			c.violate(id, "GetRun answers", "through %s: %v", r.name(), err)
+		case ended && got.GetState().GetStatus() != final:
+			c.violate(id, "GetRun agrees with the journal on every replica", "through %s: %s, the journal ended %s", r.name(), got.GetState().GetStatus(), final)
+		}
+		if !ended {
+			continue // WatchRun would follow it live
+		}
+		evs, took, err := watchJournal(ctx, r, id, 20*time.Second)
+		if err != nil {
+			c.violate(id, "WatchRun(after_seq=0) ends", "through %s after %v: %v (%d events)", r.name(), took.Round(time.Millisecond), err, len(evs))
+		}
+		if took > 5*time.Second {
+			c.violate(id, "WatchRun of a finished run answers at once", "through %s it took %v", r.name(), took.Round(time.Millisecond))
+		}
+		if !dense(seqs(evs)) {
+			c.violate(id, "WatchRun journal dense (seq 1..n, no repeats, no gaps)", "through %s: seqs %v", r.name(), seqs(evs))
+		}
+		if first == nil {
+			first = evs
+		} else if len(first) != len(evs) || !slices.EqualFunc(first, evs, func(a, b *stubbornv1.RunEvent) bool { return proto.Equal(a, b) }) {
+			c.violate(id, "WatchRun journals identical across replicas", "%s: seqs %v; %s: seqs %v", c.replicas[0].name(), seqs(first), r.name(), seqs(evs))
+		}
+	}
+
+	// Every call preceded by its attempt_started, stored before the
+	// call was made; no (run, attempt) called twice; the delegate
+	// that is not idempotent at most once a run.
+	perAttempt := map[int32]int{}
+	unsafe := 0
+	for _, cl := range calls {
+		perAttempt[cl.attempt]++
+		if cl.delegate == "unsafe" {
+			unsafe++
+		}
+		found := false
+		for _, e := range raw {
+			a := e.ev.GetAttemptStarted().GetAttempt()
+			if a != nil && a.GetNumber() == cl.attempt && a.GetDelegate() == cl.delegate && !e.stored.After(cl.at) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			c.violate(id, "every delegate call preceded by its attempt_started", "%s", cl)
+		}
+	}
+	for a, n := range perAttempt {
+		if n > 1 {
+			c.violate(id, "no (run, attempt) called twice", "attempt %d called %d times", a, n)
+		}
+	}
+	if unsafe > 1 {
+		c.violate(id, "the non-idempotent delegate at most once a run", "called %d times", unsafe)
+	}
+
+	// Every DecideRun that answered OK is in the journal.
+	for _, d := range decisions {
+		found := false
+		for _, ev := range rawEvs {
+			if r := ev.GetDecisionReceived(); r != nil && r.GetDecision() == d.decision {
+				found = true
+			}
+		}
+		if !found {
+			c.violate(id, "every DecideRun answered OK is in the journal", "DecideRun %s through r%d at %s answered OK (state %s), no decision_received", d.decision, d.replica, d.at.Format("15:04:05.000"), d.answered)
+		}
+	}
+	if run.kind.ask && len(decisions) == 0 && ended && final != stubbornv1.RunStatus_RUN_STATUS_FAILED {
+		c.violate(id, "a run awaiting a decision ends by it", "ended %s with no decision given", final)
+	}
 }
 
 // report fails the test with every violation, and for the first runs
@@ -827,5 +850,68 @@ func TestChaos(t *testing.T) {
 			c.check(ctx)
 			t.Logf("scenario %s took %v", sc.name, time.Since(began).Round(time.Second))
 		})
+	}
+	t.Run("concurrent-start", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("-short: only replica-sigkill")
+		}
+		chaosConcurrentStart(t, bin, cfg)
+	})
+}
+
+// chaosConcurrentStart starts two replicas at the same moment on a fresh
+// cluster (no stream, no bucket yet): both must serve (issue 29 item 7:
+// concurrent creation of the streams and buckets must converge).
+func chaosConcurrentStart(t *testing.T, bin string, cfg chaosConfig) {
+	nc := startChaosNATS(t, bin)
+	configs := serveChaosDelegates(t, &callLog{}, chaosDelegates(cfg.slowBase), 2)
+	type result struct {
+		idx  int
+		addr string
+		logs string
+		err  error
+	}
+	results := make(chan result, 2)
+	for i, config := range configs {
+		port := freePorts(t, 1)[0]
+		args := []string{"serve", "-log-format", "json", "-config", config, "-listen", fmt.Sprintf("127.0.0.1:%d", port), "-watch-config=false",
+			"-nats-url", nc.nodes[i].url, "-replicas", "3", "-lease", cfg.lease.String()}
+		cmd := exec.Command(os.Args[0], args...)
+		cmd.Env = append(os.Environ(), childEnv+"=1")
+		out, err := cmd.StderrPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		done := make(chan struct{})
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-done; _ = cmd.Wait() })
+		go func() {
+			defer close(done)
+			var logs strings.Builder
+			sc := bufio.NewScanner(out)
+			sent := false
+			timer := time.AfterFunc(60*time.Second, func() { _ = cmd.Process.Kill() })
+			defer timer.Stop()
+			for sc.Scan() {
+				line := sc.Text()
+				logs.WriteString(line + "\n")
+				if !sent && strings.Contains(line, `"msg":"stubborn serving"`) {
+					_, rest, _ := strings.Cut(line, `"addr":"`)
+					addr, _, _ := strings.Cut(rest, `"`)
+					results <- result{idx: i, addr: addr}
+					sent = true
+					timer.Stop()
+				}
+			}
+			if !sent {
+				results <- result{idx: i, logs: logs.String(), err: errors.New("exited (or 60 s passed) before serving")}
+			}
+		}()
+	}
+	for range configs {
+		r := <-results
+		if r.err != nil {
+			t.Errorf("VIOLATION replicas started at once on a fresh cluster both serve: r%d %v; its log:\n%s", r.idx, r.err, r.logs)
+			continue
+		}
+		t.Logf("r%d serves on %s", r.idx, r.addr)
 	}
 }
