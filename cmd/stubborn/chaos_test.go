@@ -44,13 +44,14 @@ type chaosConfig struct {
 	rounds   int // faults per scenario
 	slowBase time.Duration
 	settle   time.Duration // bound on the wait for the runs to end after the last fault
+	converge time.Duration // bound on the wait for the listing index to agree with the journals
 }
 
 func chaosSizes() chaosConfig {
 	if os.Getenv("STUBBORN_CHAOS") == "long" {
-		return chaosConfig{lease: 6 * time.Second, runs: 200, during: 60, rounds: 3, slowBase: 3 * time.Second, settle: 3 * time.Minute}
+		return chaosConfig{lease: 6 * time.Second, runs: 200, during: 60, rounds: 3, slowBase: 3 * time.Second, settle: 3 * time.Minute, converge: 30 * time.Second}
 	}
-	return chaosConfig{lease: 3 * time.Second, runs: 32, during: 8, rounds: 1, slowBase: 2 * time.Second, settle: 30 * time.Second}
+	return chaosConfig{lease: 3 * time.Second, runs: 32, during: 8, rounds: 1, slowBase: 2 * time.Second, settle: 20 * time.Second, converge: 5 * time.Second}
 }
 
 // chaosKind is one kind of run of the workload.
@@ -437,7 +438,7 @@ func (c *chaos) check(ctx context.Context) {
 	// The listing index converges to the journals (bounded wait).
 	for _, r := range c.replicas {
 		var wrong map[string]string
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(c.cfg.converge)
 		for {
 			wrong = map[string]string{}
 			listed := map[string]stubbornv1.RunStatus{}
@@ -474,7 +475,7 @@ func (c *chaos) check(ctx context.Context) {
 			time.Sleep(500 * time.Millisecond)
 		}
 		for id, w := range wrong {
-			c.violate(id, "ListRuns(RUN_VIEW_SUMMARY) agrees with the journal", "through %s (10 s after): %s", r.name(), w)
+			c.violate(id, "ListRuns(RUN_VIEW_SUMMARY) agrees with the journal", "through %s (%v after the runs ended): %s", r.name(), c.cfg.converge, w)
 		}
 	}
 	c.mu.Lock()
@@ -685,6 +686,14 @@ func (c *chaos) report(ctx context.Context, runs []*chaosRun) {
 	}
 }
 
+// since prints a measured duration; -1 (not seen) as "never".
+func since(d time.Duration) string {
+	if d < 0 {
+		return "never"
+	}
+	return d.Round(100 * time.Millisecond).String()
+}
+
 // healthOf asks r's health (the whole server), with a short timeout.
 func healthOf(ctx context.Context, r *replica) (healthpb.HealthCheckResponse_ServingStatus, error) {
 	cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
@@ -736,7 +745,7 @@ var chaosScenarios = []chaosScenario{
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		c.notef("round %d: SIGKILL %s (%s); its runs taken over after %v (lease %v)", round, r.name(), old, took.Round(100*time.Millisecond), c.cfg.lease)
+		c.notef("round %d: SIGKILL %s (%s); its runs taken over after %v (lease %v)", round, r.name(), old, since(took), c.cfg.lease)
 		if took < 0 || took > c.cfg.lease+2*time.Second {
 			c.violateGeneral("takeover within lease + 2 s", "round %d: the runs of killed %s were still owned by it %v later (took %v)", round, r.name(), 4*c.cfg.lease+10*time.Second, took)
 		}
@@ -768,10 +777,36 @@ var chaosScenarios = []chaosScenario{
 			}
 		}
 		n := c.nats.node(best)
+		var users []*replica
+		for _, r := range c.replicas {
+			for i, p := range r.proxies {
+				if c.nats.nodes[i].name == best && p.active() > 0 {
+					users = append(users, r)
+				}
+			}
+		}
 		require.NoError(c.t, n.signal(syscall.SIGSTOP))
-		time.Sleep(2 * c.cfg.lease)
+		start := time.Now()
+		// Health of the replicas connected to the stopped node (issue 29
+		// item 6: SERVING while every store call fails).
+		var hwg sync.WaitGroup
+		for _, r := range users {
+			hwg.Add(1)
+			go func() {
+				defer hwg.Done()
+				took := waitNotServing(ctx, r, 2*c.cfg.lease)
+				c.notef("round %d: %s (connected to stopped %s): health NOT_SERVING after %v (-1: not within the %v stop)", round, r.name(), best, since(took), 2*c.cfg.lease)
+				if bound := c.cfg.lease + 2*time.Second; took < 0 || took > bound {
+					c.violateGeneral("health NOT_SERVING within the lease (+2 s) of its NATS node stopped", "round %d: %s, connected to %s, said SERVING for %v (bound %v; -1: all the %v the node was stopped)", round, r.name(), best, since(took), bound, 2*c.cfg.lease)
+				}
+			}()
+		}
+		hwg.Wait()
+		if rest := 2*c.cfg.lease - time.Since(start); rest > 0 {
+			time.Sleep(rest)
+		}
 		require.NoError(c.t, n.signal(syscall.SIGCONT))
-		c.notef("round %d: SIGSTOP NATS node %s (replicas using each node: %v) for %v, then SIGCONT", round, best, use, 2*c.cfg.lease)
+		c.notef("round %d: SIGSTOP NATS node %s (replicas using each node: %v) for %v, then SIGCONT", round, best, use, time.Since(start).Round(100*time.Millisecond))
 		require.NoError(c.t, c.nats.waitHealthy(ctx, time.Minute))
 	}},
 	{"link-latency", func(ctx context.Context, c *chaos, round int) {
@@ -799,9 +834,9 @@ var chaosScenarios = []chaosScenario{
 		for _, p := range r.proxies {
 			p.setBlackhole(false)
 		}
-		c.notef("round %d: blackhole between %s and NATS for %v; health NOT_SERVING after %v (bound: lease %v + 2 s)", round, r.name(), time.Since(start).Round(100*time.Millisecond), took.Round(100*time.Millisecond), c.cfg.lease)
+		c.notef("round %d: blackhole between %s and NATS for %v; health NOT_SERVING after %v (bound: lease %v + 2 s)", round, r.name(), time.Since(start).Round(100*time.Millisecond), since(took), c.cfg.lease)
 		if took < 0 || took > bound {
-			c.violateGeneral("health NOT_SERVING within the lease (+2 s) of a blackholed link", "round %d: %s said SERVING for %v (bound %v; -1: never within %v)", round, r.name(), took.Round(100*time.Millisecond), bound, 2*c.cfg.lease+5*time.Second)
+			c.violateGeneral("health NOT_SERVING within the lease (+2 s) of a blackholed link", "round %d: %s said SERVING for %v (bound %v; -1: never within %v)", round, r.name(), since(took), bound, 2*c.cfg.lease+5*time.Second)
 		}
 	}},
 	{"link-resets", func(ctx context.Context, c *chaos, round int) {
