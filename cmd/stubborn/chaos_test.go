@@ -795,9 +795,9 @@ var chaosScenarios = []chaosScenario{
 			go func() {
 				defer hwg.Done()
 				took := waitNotServing(ctx, r, 2*c.cfg.lease)
-				c.notef("round %d: %s (connected to stopped %s): health NOT_SERVING after %v (-1: not within the %v stop)", round, r.name(), best, since(took), 2*c.cfg.lease)
+				c.notef("round %d: %s (connected to stopped %s): health NOT_SERVING after %v (stopped for %v)", round, r.name(), best, since(took), 2*c.cfg.lease)
 				if bound := c.cfg.lease + 2*time.Second; took < 0 || took > bound {
-					c.violateGeneral("health NOT_SERVING within the lease (+2 s) of its NATS node stopped", "round %d: %s, connected to %s, said SERVING for %v (bound %v; -1: all the %v the node was stopped)", round, r.name(), best, since(took), bound, 2*c.cfg.lease)
+					c.violateGeneral("health NOT_SERVING within the lease (+2 s) of its NATS node stopped", "round %d: %s, connected to %s, went NOT_SERVING after %v (bound %v; the node was stopped for %v)", round, r.name(), best, since(took), bound, 2*c.cfg.lease)
 				}
 			}()
 		}
@@ -836,7 +836,7 @@ var chaosScenarios = []chaosScenario{
 		}
 		c.notef("round %d: blackhole between %s and NATS for %v; health NOT_SERVING after %v (bound: lease %v + 2 s)", round, r.name(), time.Since(start).Round(100*time.Millisecond), since(took), c.cfg.lease)
 		if took < 0 || took > bound {
-			c.violateGeneral("health NOT_SERVING within the lease (+2 s) of a blackholed link", "round %d: %s said SERVING for %v (bound %v; -1: never within %v)", round, r.name(), since(took), bound, 2*c.cfg.lease+5*time.Second)
+			c.violateGeneral("health NOT_SERVING within the lease (+2 s) of a blackholed link", "round %d: %s went NOT_SERVING after %v (bound %v; watched for %v)", round, r.name(), since(took), bound, 2*c.cfg.lease+5*time.Second)
 		}
 	}},
 	{"link-resets", func(ctx context.Context, c *chaos, round int) {
