@@ -245,3 +245,20 @@ $(PROTOC_GEN_GO_GRPC):
 .PHONY: help
 help:
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+# The fault-injection ("chaos") suite of issue 29, cmd/stubborn/chaos_test.go:
+# a three-node cluster of real nats-server processes, three `stubborn serve
+# -nats-url` replicas each behind TCP fault proxies of its own, a mixed
+# workload, and one kind of fault per subtest of TestChaos (replica SIGKILL
+# and SIGSTOP, SIGKILL of the STUBBORN_EVENTS leader, SIGSTOP of a NATS node,
+# latency, blackhole and resets on one replica's link, two replicas started at
+# once), then issue 29's invariants checked on every run. `make test` runs
+# every scenario in a short form; this runs the long one (STUBBORN_CHAOS=long:
+# more runs, three rounds of each fault, a 6 s lease). CHAOS_RUN picks
+# scenarios, e.g. CHAOS_RUN=TestChaos/nats-leader-sigkill.
+CHAOS_TEST_FLAGS ?= -race -count=1 -timeout=90m -v
+CHAOS_RUN ?= ^TestChaos
+
+.PHONY: chaos
+chaos: ## The fault-injection suite of issue 29, long form (STUBBORN_CHAOS=long; CHAOS_RUN picks scenarios).
+	STUBBORN_CHAOS=long go test $(CHAOS_TEST_FLAGS) -run '$(CHAOS_RUN)' ./cmd/stubborn/
