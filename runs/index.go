@@ -239,20 +239,57 @@ func summaryOf(state []byte) (sum *stubbornv1.RunSummary, tenant string, ok bool
 	return Summary(st), st.GetTenant(), true
 }
 
-// write indexes one summary of tenant.
+// write indexes one summary of tenant, unless the index has a newer one
+// (newerIndexed): several servers write a run's summaries — the one that
+// lost it may write one it had queued after the one that took it over
+// wrote the run's end — and the index must end with the journal's.
 func (x *indexer) write(ctx context.Context, tenant string, sum *stubbornv1.RunSummary) error {
 	v, err := indexEntry(tenant, sum)
 	if err != nil {
 		return nil // nothing to index
 	}
-	if _, err := x.kv.Put(ctx, indexKey(tenant, sum.GetRunId()), v); err != nil {
-		return err
+	key := indexKey(tenant, sum.GetRunId())
+	for range 3 {
+		e, err := x.kv.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			_, err = x.kv.Create(ctx, key, v)
+		case err != nil:
+			return err
+		default:
+			if have, ok := parseIndexEntry(e.Value(), tenant); ok && newerIndexed(have, sum) {
+				return nil
+			}
+			_, err = x.kv.Update(ctx, key, v, e.Revision())
+		}
+		if err == nil {
+			break
+		}
+		var apiErr *jetstream.APIError
+		if !errors.Is(err, jetstream.ErrKeyExists) && !(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence) {
+			return err
+		}
+		// Written meanwhile by another server: read again.
 	}
 	if x.failing.CompareAndSwap(true, false) {
 		x.log.Info("run index: writing it works again")
 	}
 	return nil
 }
+
+// newerIndexed reports whether have, the summary indexed, is newer than
+// sum: a run's end is never replaced by a status before it, and of two
+// statuses the later update wins.
+func newerIndexed(have, sum *stubbornv1.RunSummary) bool {
+	switch ht, st := isTerminal(have.GetStatus()), isTerminal(sum.GetStatus()); {
+	case ht && !st:
+		return true
+	case st && !ht:
+		return false
+	}
+	return have.GetUpdateTime().AsTime().After(sum.GetUpdateTime().AsTime())
+}
+
 
 // retryLater puts the states of a run whose write failed back, before
 // any that came meanwhile (the last of them kept if they are too many).

@@ -574,7 +574,7 @@ func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn fu
 		return fmt.Errorf("%w: %.64q", ErrNotFound, runID)
 	}
 	finished := errors.New("finished")
-	err := s.read(ctx, runID, func(evs []Event, _ uint64) (bool, error) {
+	deliver := func(evs []Event, _ uint64) (bool, error) {
 		for _, ev := range evs {
 			if ev.Seq <= after {
 				continue // before after, or stored again (see publish): sent once
@@ -588,9 +588,58 @@ func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn fu
 			}
 		}
 		return true, nil
-	})
+	}
+	// What is stored is read message by message (direct gets: no
+	// consumer to create, which a stream whose leader moves can take
+	// nats.go's 10 s to answer), then what follows with a consumer from
+	// there: a finished run's journal is read without one.
+	next, err := s.readStored(ctx, runID, deliver)
+	if err == nil {
+		err = s.readFrom(ctx, runID, next, deliver)
+	}
 	if errors.Is(err, finished) {
 		return nil
 	}
 	return err
+}
+
+// maxDirectReads bounds the messages Follow reads one by one before it
+// follows the rest with a consumer.
+const maxDirectReads = 64
+
+// readStored delivers the run's journal messages stored now, as read
+// delivers them, one direct get each, up to maxDirectReads; it returns
+// the stream sequence to go on from (0: from the start).
+func (s *JetStream) readStored(ctx context.Context, runID string, fn func(evs []Event, seq uint64) (bool, error)) (next uint64, err error) {
+	subject := eventsSubject + runID
+	for range maxDirectReads {
+		m, err := s.events.GetMsg(ctx, max(next, 1), jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return next, nil
+		}
+		if err != nil {
+			return next, nil // the consumer reads it instead
+		}
+		evs, err := unpackEvents(m.Data, m.Header)
+		if err != nil {
+			return next, fmt.Errorf("run %s: %w", runID, err)
+		}
+		more, err := fn(evs, m.Sequence)
+		if err != nil || !more {
+			return m.Sequence + 1, err
+		}
+		next = m.Sequence + 1
+	}
+	return next, nil
+}
+
+// readFrom is read from stream sequence from on (0: the start).
+func (s *JetStream) readFrom(ctx context.Context, runID string, from uint64, fn func(evs []Event, seq uint64) (bool, error)) error {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventsSubject + runID}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if from > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	return s.consume(ctx, cfg, 0, func(_ string, evs []Event, meta *jetstream.MsgMetadata) (bool, error) {
+		return fn(evs, meta.Sequence.Stream)
+	})
 }

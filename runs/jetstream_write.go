@@ -185,3 +185,9 @@ const (
 	errCodeClusteringRequired    jetstream.ErrorCode = 10010
 	errCodeNotSupportedClustered jetstream.ErrorCode = 10036
 )
+
+// Transient reports whether err, from a Manager's call, is the store not
+// answering for a moment (no answer in time, no server to take a call, a
+// reconnect): the same call may succeed if made again, so a client is
+// told UNAVAILABLE, not INTERNAL.
+func Transient(err error) bool { return transient(err) }

@@ -46,10 +46,27 @@ func (m *Manager) lostHere(id string) {
 	m.mu.Unlock()
 }
 
+// unclaim lets go of the claim of run id, which did not start here: its
+// claim's write failed, and may have landed. What it cannot let go of
+// now, the scan does (reclaim).
+func (m *Manager) unclaim(id string) {
+	if err := m.store.Release(m.letGo, id); err == nil {
+		return
+	}
+	m.mu.Lock()
+	if m.relost == nil {
+		m.relost = map[string]*relost{}
+	}
+	m.relost[id] = &relost{at: time.Now().Add(m.cfg.Lease / scanTicks), wait: m.cfg.Lease, release: true}
+	m.mu.Unlock()
+}
+
 // relost is a run lost here, to look at again at at.
 type relost struct {
-	at   time.Time
-	wait time.Duration
+	// release says the run never started here: its claim is to go.
+	release bool
+	at      time.Time
+	wait    time.Duration
 	// resumed says it was driven again here: once that copy ends or is
 	// lost in turn, it is dropped or looked at again.
 	resumed bool
@@ -72,22 +89,23 @@ func (m *Manager) poke() {
 func (m *Manager) reclaim() (clean bool) {
 	now := time.Now()
 	m.mu.Lock()
+	var due []*relost
 	var ids []string
 	for id, l := range m.relost {
 		switch r := m.runs[id]; {
 		case l.resumed && (r == nil || r.isLost()):
 			delete(m.relost, id) // its copy here was lost otherwise (taken over): not this server's
 		case !l.resumed && !l.at.After(now):
-			ids = append(ids, id)
+			ids, due = append(ids, id), append(due, l)
 		}
 	}
 	m.mu.Unlock()
 	clean = true
-	for _, id := range ids {
+	for i, id := range ids {
 		if m.ctx.Err() != nil {
 			return false
 		}
-		done, resumed, err := m.reclaimOne(id)
+		done, resumed, err := m.reclaimOne(id, due[i].release)
 		if err != nil {
 			clean = false
 			m.log.Warn("driving a run lost here again", "run_id", id, "err", err)
@@ -110,7 +128,14 @@ func (m *Manager) reclaim() (clean bool) {
 
 // reclaimOne drives run id again if the store says this server drives
 // it (resumed); done says there is nothing more to do for it here.
-func (m *Manager) reclaimOne(id string) (done, resumed bool, err error) {
+func (m *Manager) reclaimOne(id string, release bool) (done, resumed bool, err error) {
+	if release {
+		owner, err := m.store.Driver(m.ctx, id)
+		if err != nil || owner != m.owner {
+			return err == nil, false, err
+		}
+		return err == nil, false, m.store.Release(m.ctx, id)
+	}
 	if r := m.local(id); r != nil && !r.isLost() {
 		return true, false, nil // driven here again already
 	}

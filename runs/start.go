@@ -100,6 +100,13 @@ func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.
 	}
 	if err != nil {
 		m.forget(r)
+		if transient(err) || errors.Is(err, ErrConflict) {
+			// The claim may have landed all the same (its answer was
+			// lost): it goes, so that no run the caller was told did not
+			// start is driven later.
+			m.unclaim(id)
+			return nil, fmt.Errorf("%w: the run was not started: recording it: %v", ErrUnavailable, err)
+		}
 		return nil, fmt.Errorf("recording the run: %w", err)
 	}
 	r.lastStatus, r.savedStatus = state.GetStatus(), state.GetStatus()

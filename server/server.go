@@ -478,6 +478,10 @@ func toStatus(err error) error {
 		return exhausted("store", err.Error(), 0)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
+	case runs.Transient(err):
+		// The store did not answer in time, or had no server to take the
+		// call (a NATS leader being elected, a reconnect).
+		return status.Error(codes.Unavailable, "the run store did not answer: "+err.Error()+"; try again")
 	}
 	if _, ok := status.FromError(err); ok {
 		return err
