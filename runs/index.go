@@ -290,7 +290,6 @@ func newerIndexed(have, sum *stubbornv1.RunSummary) bool {
 	return have.GetUpdateTime().AsTime().After(sum.GetUpdateTime().AsTime())
 }
 
-
 // retryLater puts the states of a run whose write failed back, before
 // any that came meanwhile (the last of them kept if they are too many).
 func (x *indexer) retryLater(runID string, states [][]byte, err error) {
