@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/controls/controlstest"
@@ -315,4 +317,53 @@ func TestAResumedRunKeepsItsSavedStatus(t *testing.T) {
 			}
 		})
 	}
+}
+
+// stalledAppend holds every Append until released: a server that has
+// taken a run over but cannot write yet.
+type stalledAppend struct {
+	runs.Store
+	release chan struct{}
+}
+
+func (s *stalledAppend) Append(ctx context.Context, evs ...runs.Event) error {
+	<-s.release
+	return s.Store.Append(ctx, evs...)
+}
+
+// TestAStaleWaitDoesNotCallAfterATakeover (finding 2): a's run waits in
+// a backoff, parked; a is stopped past its lease and b takes the run
+// over, but has written nothing yet. a, back, wakes from its wait: it
+// must not call attempt 2, since its heartbeats landing again let its
+// writes through the lease's fence, and the journal b reads would not
+// have that call's attempt_started in the order b writes. The call is
+// made once, by b, after its attempt_started. Before, a called too.
+func TestAStaleWaitDoesNotCallAfterATakeover(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	hinted := controlstest.Reply{Err: &controls.CallError{Code: codes.Unavailable, Message: "later", RetryHint: 1500 * time.Millisecond, HasHint: true}}
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": {hinted, controlstest.OK("done")}})
+	d.SetInfo("d", controls.DelegateInfo{Idempotent: true})
+	mem := runs.NewMemory(lease)
+	spec := retrySpec(2)
+	spec.GetRetry().MaxWait = durationpb.New(2 * time.Second)
+	a := newManager(t, d, runs.Config{Store: mem, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+	st, err := a.Start(ctxFor(t), "brief", spec, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return a.Parked() == 1 }, 5*time.Second, time.Millisecond, "a's run waits, parked")
+
+	a.PauseHeartbeats()
+	stalled := &stalledAppend{Store: mem, release: make(chan struct{})}
+	b := newManager(t, d, runs.Config{Store: stalled, Lease: lease, Owner: "b", Clock: controls.RealClock{}})
+	require.Eventually(t, func() bool {
+		owner, err := mem.Driver(ctxFor(t), st.GetRunId())
+		return err == nil && owner == "b"
+	}, 10*time.Second, 5*time.Millisecond, "b takes the run over")
+	a.ResumeHeartbeats()
+	time.Sleep(2 * time.Second) // a's wait is over
+	assert.Len(t, d.Calls(), 1, "a, stale, does not call")
+	close(stalled.release)
+	fin := final(t, watchAll(t, b, st.GetRunId(), 0))
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
+	assert.Len(t, d.Calls(), 2)
+	dense(t, rawSeqs(t, mem, st.GetRunId()))
 }

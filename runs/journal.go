@@ -191,6 +191,9 @@ func (r *run) flush() {
 	}
 	r.mu.Unlock()
 
+	if r.mayWrite != nil && !r.mayWrite(r) {
+		return // taken over while this server's lease had lapsed: lost
+	}
 	if err := r.store.Append(writeContext{r}, evs...); err != nil {
 		var refused *RefusedError
 		if errors.As(err, &refused) && r.endRefused(evs, refused) {

@@ -279,3 +279,20 @@ func (m *Manager) current(ctx context.Context, r *run) (*run, error) {
 	}
 	return r, nil
 }
+
+// mayWrite reports whether r, a copy this server drives, may write its
+// next events: yes while this server's lease is held and its claims were
+// checked since it last lapsed; else only once the store says this
+// server still drives it (stillDriven loses the copy when not). A copy
+// that wakes from a wait after this server was stopped past its lease
+// (a parked run's timer, a call that answers) must not write, and so
+// call, before the server that took it over has: the lease's fence
+// alone lets it, once a heartbeat lands again. When the store cannot
+// say, the write is tried, and fenced as always.
+func (m *Manager) mayWrite(r *run) bool {
+	if !m.unverified() {
+		return true
+	}
+	ok, err := m.stillDriven(m.letGo, r)
+	return err != nil || ok
+}

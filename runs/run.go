@@ -84,6 +84,10 @@ type run struct {
 	// here (Manager.lostHere): the store may still name this server its
 	// driver, and then nobody else would drive it.
 	onLost func(id string)
+	// mayWrite, when set, reports whether this copy may still write:
+	// false once this server's lease lapsed and the store names another
+	// driver (Manager.mayWrite; it loses the copy then).
+	mayWrite func(r *run) bool
 	// base is the part of the run's state that never changes
 	// (constantPart), for the run_finished of a run whose events the
 	// store refused (endRefused); nil once the run has ended here. Guarded

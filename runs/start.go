@@ -185,7 +185,7 @@ func (m *Manager) admit(id, tenant string) (*run, error) {
 		id: id, tenant: tenant, store: m.store, log: m.log, lastStatus: -1, savedStatus: -1,
 		ready: make(chan struct{}), ended: make(chan struct{}),
 		saveEnd: !inJournal, maxEvent: MaxEventBytes, clock: m.cfg.Clock, writers: &m.writes,
-		onLost: m.lostHere,
+		onLost: m.lostHere, mayWrite: m.mayWrite,
 	}
 	if l, ok := m.store.(eventLimit); ok {
 		r.maxEvent = min(r.maxEvent, l.eventLimit())
