@@ -68,3 +68,15 @@ func (s *JetStream) IndexReady() bool { return s.index.ready.Load() }
 
 // KeyHash is keyHash, for tests that write a key's entry themselves.
 func KeyHash(tenant, key string) string { return keyHash(tenant, key) }
+
+// DeleteCrashAt has the store's DeleteRun stop with err right after step
+// ("tombstone", "summary", "state", "owner's entry", "journal"), as a
+// crash there would; "" stops nothing.
+func (s *JetStream) DeleteCrashAt(step string, err error) {
+	s.deleteHook = func(at string) error {
+		if at == step {
+			return err
+		}
+		return nil
+	}
+}

@@ -336,6 +336,9 @@ func (s *JetStream) purgeRecords(ctx context.Context, runID string, seq uint64, 
 			if err := p.stream.Purge(ctx, jetstream.WithPurgeSubject(p.subject)); err != nil {
 				return fmt.Errorf("run %s: purging its %s: %w", runID, p.what, err)
 			}
+			if err := s.crashAt(p.what); err != nil {
+				return err
+			}
 		}
 	}
 	opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject(eventsSubject + runID)}
@@ -344,6 +347,9 @@ func (s *JetStream) purgeRecords(ctx context.Context, runID string, seq uint64, 
 	}
 	if err := s.events.Purge(ctx, opts...); err != nil {
 		return fmt.Errorf("run %s: purging its journal: %w", runID, err)
+	}
+	if err := s.crashAt("journal"); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	delete(s.last, runID)

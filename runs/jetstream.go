@@ -116,6 +116,10 @@ type JetStream struct {
 	keys jetstream.KeyValue
 	// forgetSubs follow the runs deleted (delete.go); guarded by mu.
 	forgetSubs []*nats.Subscription
+	// deleted holds the deleted runs' tombstones; deleteHook is a test's
+	// (tombstone.go).
+	deleted    jetstream.KeyValue
+	deleteHook func(step string) error
 }
 
 var _ Store = (*JetStream)(nil)
@@ -202,6 +206,8 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		// next is written, before a watch is sent it.
 		{&indexKV, indexBucket, 0, 0, indexHistory},
 		{&s.keys, keysBucket, cfg.KeyWindow, 0, 1},
+		// A deleted run's tombstone outlives all its records (tombstone.go).
+		{&s.deleted, deletedBucket, cfg.Retention, 0, 1},
 	} {
 		kvCfg := jetstream.KeyValueConfig{
 			Bucket: b.name, TTL: b.ttl, Storage: storage, Replicas: cfg.Replicas, History: b.history,
@@ -234,6 +240,9 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		log = slog.Default()
 	}
 	s.startIndexer(indexKV, log)
+	if n := s.redoDeletes(ctx, log); n > 0 {
+		log.Debug("purged again what was left of deleted runs", "runs", n)
+	}
 	return s, nil
 }
 

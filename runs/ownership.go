@@ -210,6 +210,9 @@ func (m *Manager) unrecoverable(id string, recorded []Event, why string) error {
 
 // resume drives a run taken over from a dead owner, replaying its journal.
 func (m *Manager) resume(id, from string) error {
+	if gone, err := m.deleted(id); gone || err != nil {
+		return err
+	}
 	recorded, err := m.store.Events(m.ctx, id, 0)
 	if err != nil {
 		return err
