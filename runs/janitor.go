@@ -119,13 +119,13 @@ func (s *JetStream) startJanitor(ctx context.Context, cfg JetStreamConfig) error
 		j.log = slog.Default()
 	}
 	var err error
-	if j.statesStream, err = s.js.Stream(ctx, kvStream(statesBucket)); err != nil {
+	if j.statesStream, err = bindStream(ctx, s.js, kvStream(statesBucket)); err != nil {
 		return fmt.Errorf("bucket %s: %w", statesBucket, err)
 	}
-	if j.ownersStream, err = s.js.Stream(ctx, kvStream(ownersBucket)); err != nil {
+	if j.ownersStream, err = bindStream(ctx, s.js, kvStream(ownersBucket)); err != nil {
 		return fmt.Errorf("bucket %s: %w", ownersBucket, err)
 	}
-	if j.indexStream, err = s.js.Stream(ctx, kvStream(indexBucket)); err != nil {
+	if j.indexStream, err = bindStream(ctx, s.js, kvStream(indexBucket)); err != nil {
 		return fmt.Errorf("bucket %s: %w", indexBucket, err)
 	}
 	j.kick = make(chan struct{}, 1)

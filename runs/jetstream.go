@@ -169,7 +169,8 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	// finished run from one in flight, so they never remove anything;
 	// Stubborn purges finished runs itself (janitor.go). A stream made by
 	// an older version (MaxAge, DiscardOld) is updated in place.
-	if s.events, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	// Created or bound to as several servers start together (setup.go).
+	if s.events, err = createStream(ctx, js, jetstream.StreamConfig{
 		Name:        eventsStream,
 		Description: "Stubborn run events, one subject per run",
 		Subjects:    []string{eventsSubject + "*"},
@@ -213,12 +214,12 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 			Bucket: b.name, TTL: b.ttl, Storage: storage, Replicas: cfg.Replicas, History: b.history,
 			LimitMarkerTTL: b.markers,
 		}
-		*b.kv, err = js.CreateOrUpdateKeyValue(ctx, kvCfg)
+		*b.kv, err = createBucket(ctx, js, kvCfg)
 		if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
 			// A NATS server older than 2.11: markers stay for the
 			// retention, as they did before.
 			kvCfg.LimitMarkerTTL, s.markerTTL = 0, 0
-			*b.kv, err = js.CreateOrUpdateKeyValue(ctx, kvCfg)
+			*b.kv, err = createBucket(ctx, js, kvCfg)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("bucket %s: %w", b.name, err)
