@@ -20,10 +20,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-// faultProxy forwards TCP connections to upstream, unless blackholed: then
+// blackholeProxy forwards TCP connections to upstream, unless blackholed: then
 // it accepts connections and reads what both sides send, forwarding none
 // of it, as a link that went silent does.
-type faultProxy struct {
+type blackholeProxy struct {
 	lis      net.Listener
 	upstream string
 	black    atomic.Bool
@@ -32,11 +32,11 @@ type faultProxy struct {
 	conns    []net.Conn
 }
 
-func startFaultProxy(t *testing.T, upstream string) *faultProxy {
+func startBlackholeProxy(t *testing.T, upstream string) *blackholeProxy {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	p := &faultProxy{lis: lis, upstream: upstream}
+	p := &blackholeProxy{lis: lis, upstream: upstream}
 	p.wg.Go(func() {
 		for {
 			c, err := lis.Accept()
@@ -68,7 +68,7 @@ func startFaultProxy(t *testing.T, upstream string) *faultProxy {
 }
 
 // pipe copies from src to dst, dropping what it reads while blackholed.
-func (p *faultProxy) pipe(dst, src net.Conn) {
+func (p *blackholeProxy) pipe(dst, src net.Conn) {
 	defer func() { _ = dst.Close() }()
 	buf := make([]byte, 32<<10)
 	for {
@@ -105,7 +105,7 @@ func TestHealthFollowsABlackholedStoreLink(t *testing.T) {
 	ns.Start()
 	require.True(t, ns.ReadyForConnections(10*time.Second))
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	proxy := startFaultProxy(t, ns.Addr().String())
+	proxy := startBlackholeProxy(t, ns.Addr().String())
 
 	const lease = 4 * time.Second
 	config := filepath.Join(dir, "stubborn.yaml")
