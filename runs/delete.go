@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -41,6 +42,9 @@ func (m *Manager) Delete(ctx context.Context, id string, cancel bool) error {
 		if st, err = m.Cancel(ctx, id); err != nil {
 			return err
 		}
+		// Its driver saves its final state and lets go of its claim after
+		// run_finished: purged before, they would come back.
+		m.awaitRelease(ctx, id)
 	}
 	if key := st.GetOptions().GetIdempotencyKey(); key != "" && key != id {
 		if ks, ok := m.store.(keyStore); ok {
@@ -60,6 +64,25 @@ func (m *Manager) Delete(ctx context.Context, id string, cancel bool) error {
 	return nil
 }
 
+// releaseWait bounds Delete's wait for a cancelled run's driver to let go
+// of it: one that keeps its claim (its final state not saved) is purged
+// all the same, and its tombstone keeps it from being resumed.
+const releaseWait = 5 * time.Second
+
+// awaitRelease waits until run id has no driver, for up to releaseWait.
+func (m *Manager) awaitRelease(ctx context.Context, id string) {
+	ctx, cancel := context.WithTimeout(ctx, releaseWait)
+	defer cancel()
+	for {
+		if owner, err := m.store.Driver(ctx, id); err == nil && owner == "" {
+			return
+		}
+		if !sleep(ctx, 5*time.Millisecond) {
+			return
+		}
+	}
+}
+
 // forgetFinished drops finished run id from this server's memory.
 func (m *Manager) forgetFinished(id string) {
 	m.mu.Lock()
@@ -77,6 +100,7 @@ func (m *Manager) forgetFinished(id string) {
 // DeleteRun implements runDeleter.
 func (s *Memory) DeleteRun(_ context.Context, runID string) error {
 	s.mu.Lock()
+	s.tombstoneLocked(runID)
 	delete(s.events, runID)
 	delete(s.states, runID)
 	delete(s.owners, runID)
@@ -110,11 +134,18 @@ func (s *Memory) ForgetKey(_ context.Context, key, runID string) error {
 // forgetSubject carries the ids of deleted runs to every server.
 const forgetSubject = "stubborn.forget"
 
-// DeleteRun implements runDeleter: the run's summary, state, owner entry
-// and whole journal are purged, then every server is told.
+// DeleteRun implements runDeleter: the run's tombstone is written, then
+// its summary, state, owner entry and whole journal are purged, then every
+// server is told (tombstone.go: a crash at any step resumes nothing).
 func (s *JetStream) DeleteRun(ctx context.Context, runID string) error {
 	if !validKey(runID) {
 		return fmt.Errorf("%w: %.64q", ErrNotFound, runID)
+	}
+	if err := s.tombstone(ctx, runID); err != nil {
+		return fmt.Errorf("recording its deletion: %w", err)
+	}
+	if err := s.crashAt("tombstone"); err != nil {
+		return err
 	}
 	if err := s.purgeRecords(ctx, runID, 0, true); err != nil {
 		return err

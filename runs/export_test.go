@@ -90,3 +90,15 @@ func RawJournalSeqs(ctx context.Context, s *JetStream, id string) ([]int64, erro
 	})
 	return seqs, err
 }
+
+// DeleteCrashAt has the store's DeleteRun stop with err right after step
+// ("tombstone", "summary", "state", "owner's entry", "journal"), as a
+// crash there would; "" stops nothing.
+func (s *JetStream) DeleteCrashAt(step string, err error) {
+	s.deleteHook = func(at string) error {
+		if at == step {
+			return err
+		}
+		return nil
+	}
+}

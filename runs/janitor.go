@@ -119,13 +119,13 @@ func (s *JetStream) startJanitor(ctx context.Context, cfg JetStreamConfig) error
 		j.log = slog.Default()
 	}
 	var err error
-	if j.statesStream, err = s.js.Stream(ctx, kvStream(statesBucket)); err != nil {
+	if j.statesStream, err = bindStream(ctx, s.js, kvStream(statesBucket)); err != nil {
 		return fmt.Errorf("bucket %s: %w", statesBucket, err)
 	}
-	if j.ownersStream, err = s.js.Stream(ctx, kvStream(ownersBucket)); err != nil {
+	if j.ownersStream, err = bindStream(ctx, s.js, kvStream(ownersBucket)); err != nil {
 		return fmt.Errorf("bucket %s: %w", ownersBucket, err)
 	}
-	if j.indexStream, err = s.js.Stream(ctx, kvStream(indexBucket)); err != nil {
+	if j.indexStream, err = bindStream(ctx, s.js, kvStream(indexBucket)); err != nil {
 		return fmt.Errorf("bucket %s: %w", indexBucket, err)
 	}
 	j.kick = make(chan struct{}, 1)
@@ -336,6 +336,9 @@ func (s *JetStream) purgeRecords(ctx context.Context, runID string, seq uint64, 
 			if err := p.stream.Purge(ctx, jetstream.WithPurgeSubject(p.subject)); err != nil {
 				return fmt.Errorf("run %s: purging its %s: %w", runID, p.what, err)
 			}
+			if err := s.crashAt(p.what); err != nil {
+				return err
+			}
 		}
 	}
 	opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject(eventsSubject + runID)}
@@ -344,6 +347,9 @@ func (s *JetStream) purgeRecords(ctx context.Context, runID string, seq uint64, 
 	}
 	if err := s.events.Purge(ctx, opts...); err != nil {
 		return fmt.Errorf("run %s: purging its journal: %w", runID, err)
+	}
+	if err := s.crashAt("journal"); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	delete(s.last, runID)

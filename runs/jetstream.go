@@ -117,6 +117,10 @@ type JetStream struct {
 	keys jetstream.KeyValue
 	// forgetSubs follow the runs deleted (delete.go); guarded by mu.
 	forgetSubs []*nats.Subscription
+	// deleted holds the deleted runs' tombstones; deleteHook is a test's
+	// (tombstone.go).
+	deleted    jetstream.KeyValue
+	deleteHook func(step string) error
 }
 
 var _ Store = (*JetStream)(nil)
@@ -166,7 +170,8 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	// finished run from one in flight, so they never remove anything;
 	// Stubborn purges finished runs itself (janitor.go). A stream made by
 	// an older version (MaxAge, DiscardOld) is updated in place.
-	if s.events, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	// Created or bound to as several servers start together (setup.go).
+	if s.events, err = createStream(ctx, js, jetstream.StreamConfig{
 		Name:        eventsStream,
 		Description: "Stubborn run events, one subject per run",
 		Subjects:    []string{eventsSubject + "*"},
@@ -206,17 +211,19 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		// next is written, before a watch is sent it.
 		{&indexKV, indexBucket, 0, 0, indexHistory},
 		{&s.keys, keysBucket, cfg.KeyWindow, 0, 1},
+		// A deleted run's tombstone outlives all its records (tombstone.go).
+		{&s.deleted, deletedBucket, cfg.Retention, 0, 1},
 	} {
 		kvCfg := jetstream.KeyValueConfig{
 			Bucket: b.name, TTL: b.ttl, Storage: storage, Replicas: cfg.Replicas, History: b.history,
 			LimitMarkerTTL: b.markers,
 		}
-		*b.kv, err = js.CreateOrUpdateKeyValue(ctx, kvCfg)
+		*b.kv, err = createBucket(ctx, js, kvCfg)
 		if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
 			// A NATS server older than 2.11: markers stay for the
 			// retention, as they did before.
 			kvCfg.LimitMarkerTTL, s.markerTTL = 0, 0
-			*b.kv, err = js.CreateOrUpdateKeyValue(ctx, kvCfg)
+			*b.kv, err = createBucket(ctx, js, kvCfg)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("bucket %s: %w", b.name, err)
@@ -238,6 +245,9 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		log = slog.Default()
 	}
 	s.startIndexer(indexKV, log)
+	if n := s.redoDeletes(ctx, log); n > 0 {
+		log.Debug("purged again what was left of deleted runs", "runs", n)
+	}
 	return s, nil
 }
 

@@ -45,6 +45,10 @@ type Memory struct {
 	keyWin atomic.Int64
 	// forget are told of each run deleted (delete.go).
 	forget []func(string)
+	// deleted are the tombstones of the runs deleted, oldest first in
+	// deletedOrder (tombstone.go).
+	deleted      map[string]struct{}
+	deletedOrder []string
 }
 
 var _ Store = (*Memory)(nil)

@@ -239,6 +239,9 @@ func (m *Manager) resumeBecause(id, from, because string) error {
 		m.log.Warn("run taken back: its copy here was stale and is stopped", "run_id", id, "from", from)
 		old.lose(fmt.Errorf("%w: the run was taken over meanwhile", ErrConflict), errLost)
 	}
+	if gone, err := m.deleted(id); gone || err != nil {
+		return err
+	}
 	var cur journalCursor
 	var recorded []Event
 	var err error

@@ -76,7 +76,11 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 		if js.Replicas == 0 {
 			js.Replicas = 3
 		}
-		nc, err = nats.Connect(f.natsURL, nats.Name("stubborn"), nats.MaxReconnects(-1))
+		// A silent link (a blackhole, a stopped node) is noticed through
+		// the pings only: within about lease/2, not nats.go's default
+		// 2 minutes × 2.
+		nc, err = nats.Connect(f.natsURL, nats.Name("stubborn"), nats.MaxReconnects(-1),
+			nats.PingInterval(pingInterval(f.lease)), nats.MaxPingsOutstanding(maxPingsOut))
 		if err != nil {
 			return rc, nil, nil, fmt.Errorf("-nats-url: %w", err)
 		}
@@ -110,7 +114,18 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 	}
 	rc.Store = store
 	w.conn = nc
-	return rc, w, func() { stopWatch(); _ = store.Close(); closeNS() }, nil
+	stopBeats := watchBeats(w, store.LastBeat, f.lease, logger)
+	return rc, w, func() { stopBeats(); stopWatch(); _ = store.Close(); closeNS() }, nil
+}
+
+// maxPingsOut is how many pings may go unanswered before nats.go takes the
+// connection for dead and reconnects.
+const maxPingsOut = 2
+
+// pingInterval pings the NATS server often enough that a silent link is
+// noticed (maxPingsOut+1 intervals) within half the lease.
+func pingInterval(lease time.Duration) time.Duration {
+	return max(lease/(2*(maxPingsOut+1)), 100*time.Millisecond)
 }
 
 // storeWatch carries the state of the store's NATS connection to health:
@@ -126,6 +141,7 @@ type storeWatch struct {
 
 	mu      sync.Mutex
 	down    bool       // the last state reported was not up; guarded by mu
+	stale   bool       // the store's heartbeats stopped landing (beatwatch.go); guarded by mu
 	serving func(bool) // set by attach; guarded by mu
 }
 
@@ -137,14 +153,14 @@ func (w *storeWatch) attach(serving func(bool)) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.serving = serving
-	serving(!w.down)
+	serving(w.up())
 }
 
 func (w *storeWatch) report(st runs.ConnState, err error) {
 	w.mu.Lock()
 	w.down = st != runs.ConnUp
 	if w.serving != nil {
-		w.serving(!w.down)
+		w.serving(w.up())
 	}
 	w.mu.Unlock()
 	if st == runs.ConnClosed {

@@ -1,0 +1,145 @@
+package runs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Creating the stream and buckets when several servers start together
+// (issue 29, item 7): on a fresh cluster, replicas started at the same
+// moment all create the same assets, and JetStream's meta leader may
+// leave some of those requests unanswered (each then waited for the whole
+// setup deadline, and the replica failed to start), or refuse one because
+// another is creating the asset. Each creation is tried with a deadline
+// of its own (setupTry), and made again after a jittered backoff while it
+// fails for a reason that may pass, until the setup deadline; between
+// tries, an asset that exists already with a compatible configuration
+// (made by another replica) is bound to as it is.
+
+// One try of creating an asset is bounded by setupFirstTry, doubled at
+// every try up to setupTry: two servers creating the same asset at the
+// same moment may both be left unanswered although it was made (seen with
+// nats-server 2.15.2), and the bind that follows finds it.
+const (
+	setupFirstTry = time.Second
+	setupTry      = 5 * time.Second
+)
+
+// Backoff between tries: full jitter from setupBackoff, doubling up to
+// setupBackoffCap.
+const (
+	setupBackoff    = 100 * time.Millisecond
+	setupBackoffCap = time.Second
+)
+
+// setupRetries reports whether a failed creation may succeed if made
+// again: no answer in time, no responders, a 503, or an asset that is being
+// created (or was just created differently) by another server.
+func setupRetries(err error) bool {
+	if transient(err) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jetstream.JSErrCodeStreamNameInUse:
+			return true
+		}
+		// JetStream's own "temporarily unavailable" and "creation in
+		// progress" answers are 500s or 503s.
+		return apiErr.Code == 500 || apiErr.Code == 503
+	}
+	return false
+}
+
+// createOrBind makes an asset with create, trying again (see above) until
+// ctx ends; between tries, bind returns the asset if another server made
+// it compatibly (ok), so that its creation need not succeed here.
+func createOrBind[T any](ctx context.Context, create func(context.Context) (T, error), bind func(context.Context) (T, bool)) (T, error) {
+	wait, try := setupBackoff, setupFirstTry
+	for {
+		tryCtx, cancel := context.WithTimeout(ctx, try)
+		v, err := create(tryCtx)
+		cancel()
+		if err == nil || !setupRetries(err) {
+			return v, err
+		}
+		if ctx.Err() == nil {
+			tryCtx, cancel := context.WithTimeout(ctx, setupTry)
+			b, ok := bind(tryCtx)
+			cancel()
+			if ok {
+				return b, nil
+			}
+		}
+		if !sleep(ctx, time.Duration(mrand.Int64N(int64(wait))+1)) {
+			return v, fmt.Errorf("%w (tried until the setup deadline)", err)
+		}
+		wait, try = min(2*wait, setupBackoffCap), min(2*try, setupTry)
+	}
+}
+
+// createStream creates or updates stream cfg (createOrBind), or binds to
+// it as another server made it: its subjects, replicas and storage the
+// same.
+func createStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	return createOrBind(ctx, func(ctx context.Context) (jetstream.Stream, error) {
+		return js.CreateOrUpdateStream(ctx, cfg)
+	}, func(ctx context.Context) (jetstream.Stream, bool) {
+		s, err := js.Stream(ctx, cfg.Name)
+		if err != nil {
+			return nil, false
+		}
+		got := s.CachedInfo().Config
+		return s, got.Replicas == max(cfg.Replicas, 1) && got.Storage == cfg.Storage && sameStrings(got.Subjects, cfg.Subjects) &&
+			got.MaxBytes == cfg.MaxBytes && got.Discard == cfg.Discard
+	})
+}
+
+// createBucket creates or updates bucket cfg (createOrBind), or binds to
+// it as another server made it: its replicas, storage, TTL and history the
+// same.
+func createBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	return createOrBind(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
+		return js.CreateOrUpdateKeyValue(ctx, cfg)
+	}, func(ctx context.Context) (jetstream.KeyValue, bool) {
+		kv, err := js.KeyValue(ctx, cfg.Bucket)
+		if err != nil {
+			return nil, false
+		}
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return nil, false
+		}
+		info := st.(*jetstream.KeyValueBucketStatus).StreamInfo()
+		history := int64(max(cfg.History, 1))
+		return kv, info.Config.Replicas == max(cfg.Replicas, 1) && info.Config.Storage == cfg.Storage &&
+			info.Config.MaxAge == cfg.TTL && info.Config.MaxMsgsPerSubject == history &&
+			info.Config.SubjectDeleteMarkerTTL == cfg.LimitMarkerTTL
+	})
+}
+
+func sameStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// bindStream returns stream name, trying again (createOrBind) while
+// reading it fails for a reason that may pass.
+func bindStream(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
+	return createOrBind(ctx, func(ctx context.Context) (jetstream.Stream, error) {
+		return js.Stream(ctx, name)
+	}, func(context.Context) (jetstream.Stream, bool) { return nil, false })
+}
