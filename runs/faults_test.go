@@ -230,8 +230,9 @@ func TestAStaleCopyIsNotServed(t *testing.T) {
 				_, err := b.Decide(ctxFor(t), id, stubbornv1.Decision_DECISION_FAIL)
 				return err == nil
 			}, 10*time.Second, 5*time.Millisecond)
-			require.Eventually(t, func() bool {
-				st, err := b.Get(ctxFor(t), id)
+			reader := open()
+			require.Eventually(t, func() bool { // written, not only decided on b
+				st, err := reader.State(ctxFor(t), id)
 				return err == nil && st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_FAILED
 			}, 10*time.Second, 5*time.Millisecond)
 			a.ResumeHeartbeats()
@@ -259,32 +260,52 @@ func (f *failingAppend) Append(ctx context.Context, evs ...runs.Event) error {
 	return f.Store.Append(ctx, evs...)
 }
 
+// staleDriver answers Driver with "" (no driver: as a NATS server that
+// lags would, for an entry it does not have yet) its first stale times.
+type staleDriver struct {
+	*failingAppend
+	stale atomic.Int32
+}
+
+func (s *staleDriver) Driver(ctx context.Context, id string) (string, error) {
+	if s.stale.Add(-1) >= 0 {
+		return "", nil
+	}
+	return s.failingAppend.Driver(ctx, id)
+}
+
 // TestARunLostByAFailedWriteIsDrivenAgain (finding 3): a write of a's
 // fails, so a stops driving the run; the store still names a its driver,
 // and a is alive, so no other server would take it over. a drives it
-// again from its journal (the interrupted attempt retried: idempotent).
-// Before, the run stayed RUNNING for good.
+// again from its journal (the interrupted attempt retried: idempotent),
+// also when the first reads of its driver are stale. Before, the run
+// stayed RUNNING for good.
 func TestARunLostByAFailedWriteIsDrivenAgain(t *testing.T) {
-	const lease = 200 * time.Millisecond
-	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": {controlstest.OK("lost"), controlstest.OK("again")}})
-	d.SetInfo("d", controls.DelegateInfo{Idempotent: true})
-	h, logger := runs.NewCapturedLogs()
-	store := &failingAppend{Store: runs.NewMemory(lease), at: 2}
-	a := newManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "a", Logger: logger})
-	st, err := a.Start(ctxFor(t), "brief", retrySpec(3), nil)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		got, err := a.Get(ctxFor(t), st.GetRunId())
-		return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED
-	}, 10*time.Second, 5*time.Millisecond, "the run ends: %v", h.Lines(slog.LevelInfo))
-	got, err := a.Get(ctxFor(t), st.GetRunId())
-	require.NoError(t, err)
-	assert.Equal(t, "again", got.GetResult().GetText())
-	_, ok := h.Find(slog.LevelInfo, "driving a run lost here again")
-	assert.True(t, ok)
-	owner, err := store.Driver(ctxFor(t), st.GetRunId())
-	require.NoError(t, err)
-	assert.Empty(t, owner, "let go once finished")
+	for name, stale := range map[string]int32{"": 0, "stale reads": 2} {
+		t.Run(name, func(t *testing.T) {
+			const lease = 200 * time.Millisecond
+			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": {controlstest.OK("lost"), controlstest.OK("again")}})
+			d.SetInfo("d", controls.DelegateInfo{Idempotent: true})
+			h, logger := runs.NewCapturedLogs()
+			store := &staleDriver{failingAppend: &failingAppend{Store: runs.NewMemory(lease), at: 2}}
+			store.stale.Store(stale)
+			a := newManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "a", Logger: logger})
+			st, err := a.Start(ctxFor(t), "brief", retrySpec(3), nil)
+			require.NoError(t, err)
+			// Read from the store: the tracker says SUCCEEDED before
+			// the end is written, and that write is the one that fails.
+			require.Eventually(t, func() bool {
+				owner, err := store.failingAppend.Driver(ctxFor(t), st.GetRunId())
+				return err == nil && owner == ""
+			}, 10*time.Second, 5*time.Millisecond, "the run ends and is let go: %v", h.Lines(slog.LevelInfo))
+			got, err := a.Get(ctxFor(t), st.GetRunId())
+			require.NoError(t, err)
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, got.GetStatus())
+			assert.Equal(t, "again", got.GetResult().GetText())
+			_, ok := h.Find(slog.LevelInfo, "driving a run lost here again")
+			assert.True(t, ok)
+		})
+	}
 }
 
 // TestAResumedRunKeepsItsSavedStatus (finding 9): a run awaiting a

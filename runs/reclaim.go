@@ -2,7 +2,6 @@ package runs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -42,7 +41,7 @@ func (m *Manager) lostHere(id string) {
 	} else {
 		l.wait = min(2*l.wait, maxReclaimWait)
 	}
-	l.at, l.resumed = time.Now().Add(l.wait), false
+	l.at, l.resumed, l.notMine = time.Now().Add(l.wait), false, 0
 	m.mu.Unlock()
 }
 
@@ -65,6 +64,9 @@ func (m *Manager) unclaim(id string) {
 type relost struct {
 	// release says the run never started here: its claim is to go.
 	release bool
+	// notMine counts the reads in a row that said another server drives
+	// it (reclaimOne). Guarded by the Manager's mu.
+	notMine int
 	at      time.Time
 	wait    time.Duration
 	// resumed says it was driven again here: once that copy ends or is
@@ -105,7 +107,7 @@ func (m *Manager) reclaim() (clean bool) {
 		if m.ctx.Err() != nil {
 			return false
 		}
-		done, resumed, err := m.reclaimOne(id, due[i].release)
+		done, resumed, err := m.reclaimOne(id, due[i])
 		if err != nil {
 			clean = false
 			m.log.Warn("driving a run lost here again", "run_id", id, "err", err)
@@ -127,9 +129,13 @@ func (m *Manager) reclaim() (clean bool) {
 }
 
 // reclaimOne drives run id again if the store says this server drives
-// it (resumed); done says there is nothing more to do for it here.
-func (m *Manager) reclaimOne(id string, release bool) (done, resumed bool, err error) {
-	if release {
+// it (resumed); done says there is nothing more to do for it here. A read
+// of the owners bucket may be answered by a NATS server that lags (a
+// direct get, from a node that just came back): "not this server's" is
+// believed only once notMineTimes reads in a row say so, and a run with
+// no driver only once its journal says it finished, or after as many.
+func (m *Manager) reclaimOne(id string, l *relost) (done, resumed bool, err error) {
+	if l.release {
 		owner, err := m.store.Driver(m.ctx, id)
 		if err != nil || owner != m.owner {
 			return err == nil, false, err
@@ -147,14 +153,23 @@ func (m *Manager) reclaimOne(id string, release bool) (done, resumed bool, err e
 		return false, false, err
 	}
 	if owner != m.owner {
-		return true, false, nil // another server drives it, or it was let go
+		if owner == "" {
+			if fin, err := m.finishedInJournal(id); err == nil && fin {
+				return true, false, nil // it ended, and was let go
+			}
+		}
+		// Another server drives it, or it was let go: unless the read
+		// was stale.
+		m.mu.Lock()
+		l.notMine++
+		n := l.notMine
+		m.mu.Unlock()
+		return n >= notMineTimes, false, nil
 	}
 	// A compare-and-set from this server to itself: of this server and
-	// another taking the run over at the same moment, one wins.
+	// another taking the run over at the same moment, one wins. A
+	// conflict may also be a stale read: looked at again.
 	if err := m.store.TakeOver(m.ctx, id, m.owner, m.owner); err != nil {
-		if errors.Is(err, ErrConflict) {
-			return true, false, nil
-		}
 		return false, false, err
 	}
 	m.log.Info("driving a run lost here again from its journal: the store still names this server its driver", "run_id", id)
@@ -162,6 +177,20 @@ func (m *Manager) reclaimOne(id string, release bool) (done, resumed bool, err e
 		return false, false, err
 	}
 	return true, true, nil
+}
+
+// notMineTimes is how many reads in a row must say another server drives
+// a run lost here before this server leaves it to that one.
+const notMineTimes = 3
+
+// finishedInJournal reports whether run id's journal ends with
+// run_finished.
+func (m *Manager) finishedInJournal(id string) (bool, error) {
+	evs, err := m.store.Events(m.ctx, id, 0)
+	if err != nil || len(evs) == 0 {
+		return false, err
+	}
+	return evs[len(evs)-1].Finished, nil
 }
 
 // reclaimedLocked forgets run id, which ended here: a loss before does not
@@ -258,6 +287,8 @@ func (m *Manager) stillDriven(ctx context.Context, r *run) (bool, error) {
 	}
 	m.log.Warn("run taken over while this server's lease had lapsed: its copy here is stopped", "run_id", r.id, "driver", owner)
 	r.lose(fmt.Errorf("%w: run %s is driven by %q", ErrConflict, r.id, owner), errLost)
+	// Looked at again, in case the read was stale (reclaimOne).
+	m.lostHere(r.id)
 	return false, nil
 }
 
