@@ -388,3 +388,43 @@ func TestAStaleWaitDoesNotCallAfterATakeover(t *testing.T) {
 	assert.Len(t, d.Calls(), 2)
 	dense(t, rawSeqs(t, mem, st.GetRunId()))
 }
+
+// failingEvents fails its first Events call (the store not answering as
+// a run is resumed).
+type failingEvents struct {
+	runs.Store
+	failed atomic.Bool
+}
+
+func (f *failingEvents) Events(ctx context.Context, id string, after int64) ([]runs.Event, error) {
+	if f.failed.CompareAndSwap(false, true) {
+		return nil, errors.New("nats: API error: code=503 err_code=10008 description=JetStream system temporarily unavailable")
+	}
+	return f.Store.Events(ctx, id, after)
+}
+
+// TestATakeoverWhoseResumeFailsIsTriedAgain (finding 3, its second path):
+// b takes a dead server's run over, but reading its journal fails; the
+// store names b its driver, so no other server will take it: b resumes
+// it again later. Before, it stayed claimed by b and undriven for good.
+func TestATakeoverWhoseResumeFailsIsTriedAgain(t *testing.T) {
+	const lease = 200 * time.Millisecond
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": {{Hang: true}, controlstest.OK("done")}})
+	d.SetInfo("d", controls.DelegateInfo{Idempotent: true})
+	mem := runs.NewMemory(lease)
+	a := newManager(t, d, runs.Config{Store: mem, Lease: lease, Owner: "a"})
+	st, err := a.Start(ctxFor(t), "brief", retrySpec(3), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
+	a.Kill()
+
+	h, logger := runs.NewCapturedLogs()
+	newManager(t, d, runs.Config{Store: &failingEvents{Store: mem}, Lease: lease, Owner: "b", Logger: logger})
+	require.Eventually(t, func() bool {
+		got, err := mem.State(ctxFor(t), st.GetRunId())
+		owner, _ := mem.Driver(ctxFor(t), st.GetRunId())
+		return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED && owner == ""
+	}, 10*time.Second, 5*time.Millisecond, "b drives it to its end: %v", h.Lines(slog.LevelInfo))
+	_, ok := h.Find(slog.LevelError, "resuming a run")
+	assert.True(t, ok, "the failed resume is an ERROR")
+}

@@ -170,6 +170,9 @@ func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) 
 		if err := m.resume(o.run, o.owner); err != nil {
 			clean = false
 			m.log.Error("resuming a run", "run_id", o.run, "err", err)
+			// The store names this server its driver now: nobody else
+			// would take it over. Tried again like a run lost here.
+			m.lostHere(o.run)
 		}
 	}
 	return clean
