@@ -72,7 +72,7 @@ func (s *child) loggedURL(t *testing.T, msg string) string {
 // the command line, which may hold a password in -nats-url.
 func TestServePprofListen(t *testing.T) {
 	empty := filepath.Join(t.TempDir(), "empty.yaml")
-	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	require.NoError(t, os.WriteFile(empty, []byte("delegates: []\n"), 0o600))
 	s := startServer(t, "-memory", "-config", empty, "-listen", "127.0.0.1:0", "-pprof-listen", "127.0.0.1:0")
 	base := s.loggedURL(t, "pprof serving")
 	require.True(t, strings.HasSuffix(base, "/debug/pprof/"), base)
@@ -101,7 +101,7 @@ func TestServePprofListen(t *testing.T) {
 
 func TestServeRefusesPlaintextHTTPOffLoopback(t *testing.T) {
 	empty := filepath.Join(t.TempDir(), "empty.yaml")
-	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	require.NoError(t, os.WriteFile(empty, []byte("delegates: []\n"), 0o600))
 	for _, flag := range []string{"-http-listen", "-pprof-listen"} {
 		t.Run(flag, func(t *testing.T) {
 			code, err := run(context.Background(), []string{"serve", "-memory", "-config", empty, "-listen", "127.0.0.1:0", flag, "0.0.0.0:0"}, &bytes.Buffer{})
