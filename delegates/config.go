@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"time"
 
@@ -69,7 +70,17 @@ type Config struct {
 	// credentials, allowed delegates and limits (see Tenant). Empty means
 	// no authentication: every caller is the default tenant.
 	Tenants []Tenant `yaml:"tenants,omitempty"`
+
+	// keys says which of the keys whose loss a reload refuses
+	// (guardedKeys) the file wrote, for [Config.CheckReplaces]. A Config
+	// built in code writes none.
+	keys map[string]bool
 }
+
+// guardedKeys are the top-level keys a file must not lose without saying
+// so: a file cut short, or emptied, would otherwise drop the registry or
+// every tenant, and with the tenants the authentication.
+var guardedKeys = []string{"delegates", "tenants"}
 
 // RetryBudget is a per-delegate token bucket: each transient failure costs
 // a token, each answer refunds token_ratio, and retries stop while the
@@ -232,8 +243,10 @@ func Load(path string) (*Config, error) {
 
 // Parse decodes a delegates file, rejects unknown keys, fills in defaults
 // (Limits, delegate timeouts) and validates it. Every problem found is
-// reported, each naming the entry and field it is about. An empty document is
-// a valid config with no delegates.
+// reported, each naming the entry and field it is about. An empty document
+// (nothing, or comments only) is refused, as is a `delegates:` or
+// `tenants:` written without a value: both are what a file cut short, or
+// emptied by mistake, looks like. A config with none says `delegates: []`.
 func Parse(b []byte) (*Config, error) {
 	return parse(b, os.LookupEnv)
 }
@@ -246,11 +259,68 @@ func parse(b []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
 		return nil, decodeError(b, err)
 	}
+	keys, err := topKeys(b)
+	if err != nil {
+		return nil, err
+	}
+	cfg.keys = keys
 	cfg.applyDefaults()
 	if err := cfg.validate(lookupEnv); err != nil {
 		return nil, err
 	}
 	return &cfg, nil
+}
+
+// topKeys returns the guarded keys the file b writes, and refuses a file
+// that is empty or writes one of them without a value.
+func topKeys(b []byte) (map[string]bool, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(b, &root); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if len(root.Content) == 0 || isNull(root.Content[0]) {
+		return nil, fmt.Errorf("%w: the file is empty (or holds only comments): a config with no delegates says `delegates: []`", ErrInvalidConfig)
+	}
+	doc := root.Content[0]
+	keys := map[string]bool{}
+	var errs []error
+	for i := 0; doc.Kind == yaml.MappingNode && i+1 < len(doc.Content); i += 2 {
+		k, v := doc.Content[i], doc.Content[i+1]
+		if !slices.Contains(guardedKeys, k.Value) {
+			continue
+		}
+		keys[k.Value] = true
+		if isNull(v) {
+			errs = append(errs, fmt.Errorf("%w: %s: no value (line %d; is the file cut short?): list them, or write `%s: []` for none", ErrInvalidConfig, k.Value, k.Line, k.Value))
+		}
+	}
+	return keys, errors.Join(errs...)
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
+}
+
+// CheckReplaces says whether c may replace old, the config in use, on a
+// reload: a reload never loosens the security, or empties the registry,
+// by accident. c must have been parsed from a file (Parse or Load) that
+// keeps every guarded key old has entries under (`delegates:`,
+// `tenants:`); removing all of them takes an explicit `delegates: []` or
+// `tenants: []`. A file that lost the key (cut short, say) is refused.
+func (c *Config) CheckReplaces(old *Config) error {
+	if old == nil {
+		return nil
+	}
+	var errs []error
+	for _, g := range []struct {
+		key string
+		had int
+	}{{"delegates", len(old.Delegates)}, {"tenants", len(old.Tenants)}} {
+		if g.had > 0 && !c.keys[g.key] {
+			errs = append(errs, fmt.Errorf("%w: the file has no `%s:` while %d are in use (is it cut short?): to remove them all, write `%s: []`", ErrInvalidConfig, g.key, g.had, g.key))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // WithDefaults returns l with every zero field set from DefaultLimits, for

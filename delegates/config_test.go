@@ -59,8 +59,6 @@ func TestParseFull(t *testing.T) {
 
 func TestParseDefaults(t *testing.T) {
 	for name, src := range map[string]string{
-		"empty":          "",
-		"comment only":   "# nothing yet\n",
 		"no limits":      "delegates: []\n",
 		"partial limits": "limits:\n  max_chain: 0\n",
 	} {
@@ -78,6 +76,65 @@ func TestParseDefaults(t *testing.T) {
 	assert.Equal(t, delegates.Limits{
 		MaxBriefBytes: 10, MaxAttempts: 100, MaxChain: 32, MaxWait: delegates.Duration(time.Hour), MaxResultBytes: 1 << 20,
 	}, delegates.Limits{MaxBriefBytes: 10}.WithDefaults())
+}
+
+// An empty file, or one whose delegates: or tenants: has no value, is
+// what a file cut short looks like: Parse refuses it (issue 30 item 3).
+func TestParseRefusesEmptyOrCutShort(t *testing.T) {
+	for name, tt := range map[string]struct{ src, want string }{
+		"empty":                {"", "the file is empty"},
+		"blank":                {"\n  \n", "the file is empty"},
+		"comment only":         {"# nothing yet\n", "the file is empty"},
+		"null document":        {"~\n", "the file is empty"},
+		"cut after delegates:": {"limits: {max_chain: 4}\ndelegates:\n", "delegates: no value (line 2; is the file cut short?)"},
+		"cut after tenants:":   {"delegates: []\ntenants:\n", "tenants: no value (line 2; is the file cut short?): list them, or write `tenants: []` for none"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := delegates.Parse([]byte(tt.src))
+			require.ErrorIs(t, err, delegates.ErrInvalidConfig)
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+	path := filepath.Join(t.TempDir(), "stubborn.yaml")
+	require.NoError(t, os.WriteFile(path, nil, 0o600))
+	_, err := delegates.Load(path)
+	assert.ErrorContains(t, err, path+": invalid delegates config: the file is empty", "Load names the file")
+}
+
+// A reload may not lose the delegates: or tenants: key that the config in
+// use has entries under; removing them all takes an explicit [] (issue 30
+// item 3).
+func TestCheckReplaces(t *testing.T) {
+	parse := func(src string) *delegates.Config {
+		t.Helper()
+		cfg, err := delegates.Parse([]byte(src))
+		require.NoError(t, err, src)
+		return cfg
+	}
+	const tenant = "tenants: [{name: a, token_sha256: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08]}]\n"
+	const delegate = "delegates: [{name: d, target: \"127.0.0.1:1\"}]\n"
+	inUse := parse(delegate + tenant)
+	for name, tt := range map[string]struct{ src, want string }{
+		"no tenants key":   {delegate, "the file has no `tenants:` while 1 are in use (is it cut short?): to remove them all, write `tenants: []`"},
+		"no delegates key": {tenant, "the file has no `delegates:` while 1 are in use"},
+		"neither":          {"limits: {max_chain: 4}\n", "`delegates:`"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := parse(tt.src).CheckReplaces(inUse)
+			require.ErrorIs(t, err, delegates.ErrInvalidConfig)
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+	for name, src := range map[string]string{
+		"explicit tenants: []":   delegate + "tenants: []\n",
+		"explicit delegates: []": "delegates: []\n" + tenant,
+		"same":                   delegate + tenant,
+	} {
+		assert.NoError(t, parse(src).CheckReplaces(inUse), name)
+	}
+	// Keys with nothing under them in use may go.
+	assert.NoError(t, parse("limits: {max_chain: 4}\n").CheckReplaces(parse("delegates: []\n")))
+	assert.NoError(t, parse(delegate).CheckReplaces(nil), "at start there is nothing to lose")
 }
 
 func TestParseErrors(t *testing.T) {

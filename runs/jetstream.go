@@ -578,22 +578,27 @@ func (s *JetStream) consume(ctx context.Context, cfg jetstream.OrderedConsumerCo
 }
 
 // Follow sends the run's events after seq after, then new ones, until
-// run_finished.
+// run_finished. A finished run's journal ends there whatever after is: at
+// or past its last event, Follow returns at once, having sent nothing.
 func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn func(Event) error) error {
 	if !validKey(runID) {
 		return fmt.Errorf("%w: %.64q", ErrNotFound, runID)
 	}
+	if after > 0 && s.finishedBy(ctx, runID, after) {
+		return nil
+	}
 	finished := errors.New("finished")
 	deliver := func(evs []Event, _ uint64) (bool, error) {
 		for _, ev := range evs {
-			if ev.Seq <= after {
-				continue // before after, or stored again (see publish): sent once
-			}
-			after = ev.Seq
-			if err := fn(ev); err != nil {
-				return false, err
-			}
+			if ev.Seq > after {
+				after = ev.Seq
+				if err := fn(ev); err != nil {
+					return false, err
+				}
+			} // else before after, or stored again (see publish): sent once
 			if ev.Finished {
+				// Nothing follows it, even when it was not sent (after
+				// at or past it): no message is coming to wait for.
 				return false, finished
 			}
 		}
@@ -611,6 +616,23 @@ func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn fu
 		return nil
 	}
 	return err
+}
+
+// finishedBy says whether the run's journal is finished (its last message
+// holds run_finished) at seq after or before: then there is nothing after
+// after to send, nor to wait for. One direct get; false when unsure (the
+// journal is read then).
+func (s *JetStream) finishedBy(ctx context.Context, runID string, after int64) bool {
+	m, err := s.events.GetLastMsgForSubject(ctx, eventsSubject+runID)
+	if err != nil {
+		return false
+	}
+	evs, err := unpackEvents(m.Data, m.Header)
+	if err != nil || len(evs) == 0 {
+		return false
+	}
+	last := evs[len(evs)-1]
+	return last.Finished && last.Seq <= after
 }
 
 // maxDirectReads bounds the messages Follow reads one by one before it

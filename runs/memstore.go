@@ -170,13 +170,14 @@ func (s *Memory) Events(_ context.Context, runID string, after int64) ([]Event, 
 }
 
 func (s *Memory) since(runID string, after int64) ([]Event, <-chan struct{}) {
-	evs, changed, _ := s.sinceOrGone(runID, after)
+	evs, changed, _, _ := s.sinceOrGone(runID, after)
 	return evs, changed
 }
 
 // sinceOrGone is since, and also reports a run the store does not know
-// (never saved, or pruned).
-func (s *Memory) sinceOrGone(runID string, after int64) ([]Event, <-chan struct{}, bool) {
+// (never saved, or pruned), and a finished run with no event after after
+// (finished: nothing is coming either).
+func (s *Memory) sinceOrGone(runID string, after int64) (_ []Event, _ <-chan struct{}, gone, finished bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	evs, ok := s.events[runID]
@@ -186,23 +187,30 @@ func (s *Memory) sinceOrGone(runID string, after int64) ([]Event, <-chan struct{
 	if after >= int64(len(evs)) {
 		if !ok {
 			if _, saved := s.states[runID]; !saved {
-				return nil, nil, true
+				return nil, nil, true, false
 			}
+		}
+		if len(evs) > 0 && evs[len(evs)-1].Finished {
+			return nil, nil, false, true
 		}
 		if s.changed == nil {
 			s.changed = make(chan struct{})
 		}
-		return nil, s.changed, false
+		return nil, s.changed, false, false
 	}
-	return evs[after:len(evs):len(evs)], nil, false
+	return evs[after:len(evs):len(evs)], nil, false, false
 }
 
-// Follow sends the run's events after seq after, then new ones.
+// Follow sends the run's events after seq after, then new ones, until
+// run_finished; at or past a finished run's last event it returns at once.
 func (s *Memory) Follow(ctx context.Context, runID string, after int64, fn func(Event) error) error {
 	for {
-		evs, changed, gone := s.sinceOrGone(runID, after)
+		evs, changed, gone, finished := s.sinceOrGone(runID, after)
 		if gone {
 			return fmt.Errorf("%w: %q", ErrNotFound, runID)
+		}
+		if finished {
+			return nil // nothing after after, and nothing is coming
 		}
 		for _, ev := range evs {
 			if err := fn(ev); err != nil {

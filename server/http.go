@@ -1,15 +1,22 @@
 package server
 
 import (
-	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
 	"mime"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
+	"connectrpc.com/connect"
 	"connectrpc.com/vanguard"
 	"connectrpc.com/vanguard/vanguardgrpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/stubbornhq/stubborn/console"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -50,7 +57,7 @@ func (s *Stubborn) HTTPHandler() (http.Handler, error) {
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	api := http.MaxBytesHandler(connectByDefault(t), MaxHTTPBodyBytes)
+	api := boundBody(normalContentType(connectByDefault(t)))
 	mux.Handle("/"+stubbornv1.ControlService_ServiceDesc.ServiceName+"/", api)
 	mux.Handle("/"+healthpb.Health_ServiceDesc.ServiceName+"/", api)
 	// Everything else is the web console (index.html at "/", its assets;
@@ -92,6 +99,93 @@ func connectByDefault(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// normalContentType writes the request's Content-Type in lower case (its
+// parameters' values as sent): media types are case-insensitive (RFC 9110
+// 8.3.1), and vanguard compares them as strings, answering 415 to
+// application/JSON.
+func normalContentType(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ct := r.Header.Get("Content-Type"); ct != "" {
+			if mt, params, err := mime.ParseMediaType(ct); err == nil {
+				if norm := mime.FormatMediaType(mt, params); norm != "" && norm != ct {
+					r.Header.Set("Content-Type", norm)
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// boundBody refuses a request whose body is over MaxHTTPBodyBytes, in the
+// request's own protocol, with a code that tells clients not to send it
+// again: INVALID_ARGUMENT, and HTTP 413 for a Connect unary call (or plain
+// HTTP). Not RESOURCE_EXHAUSTED, which vanguard answers (HTTP 429), nor
+// UNAVAILABLE, which an http.MaxBytesReader's error became (HTTP 503):
+// Connect's and gRPC's clients, Stubborn's retry control and HTTP clients
+// all take those two for "try again later", and would resend the same
+// body forever. A Content-Length over the bound is refused before the body
+// is read; a body of unknown length (chunked, or HTTP/2 without
+// Content-Length, as gRPC sends) is read first, up to the bound (every
+// method of the API takes one request message, which vanguard buffers
+// whole anyway).
+func boundBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > MaxHTTPBodyBytes {
+			tooLarge(w, r)
+			return
+		}
+		if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
+			b, err := io.ReadAll(io.LimitReader(r.Body, MaxHTTPBodyBytes+1))
+			if err != nil {
+				// The client went away or broke the stream: nobody to
+				// answer, but say so.
+				http.Error(w, "reading the request body: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+			if len(b) > MaxHTTPBodyBytes {
+				tooLarge(w, r)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(b))
+			r.ContentLength = int64(len(b))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// tooLarge answers a request over MaxHTTPBodyBytes with INVALID_ARGUMENT in
+// its protocol: gRPC and gRPC-Web as a trailers-only response (HTTP 200,
+// grpc-status 3), a Connect stream as an end-of-stream message (HTTP 200),
+// and a Connect unary call, or anything else, as HTTP 413 with a Connect
+// error (connect clients read the code from the body). The connection is
+// closed after: the rest of the body is not read.
+func tooLarge(w http.ResponseWriter, r *http.Request) {
+	msg := fmt.Sprintf("request body over %d bytes (8 MiB): not retryable, send a smaller request", MaxHTTPBodyBytes)
+	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	h := w.Header()
+	h.Set("Connection", "close")
+	switch {
+	case strings.HasPrefix(mt, "application/grpc"): // gRPC and gRPC-Web, every codec
+		h.Set("Content-Type", mt)
+		h.Set("Grpc-Status", strconv.Itoa(int(connect.CodeInvalidArgument)))
+		h.Set("Grpc-Message", msg) // printable ASCII without %: sent as is
+		w.WriteHeader(http.StatusOK)
+	case strings.HasPrefix(mt, "application/connect+"):
+		end, _ := json.Marshal(map[string]any{"error": map[string]string{"code": connect.CodeInvalidArgument.String(), "message": msg}})
+		h.Set("Content-Type", mt)
+		w.WriteHeader(http.StatusOK)
+		var head [5]byte
+		head[0] = 0x02 // end of stream
+		binary.BigEndian.PutUint32(head[1:], uint32(len(end)))
+		_, _ = w.Write(append(head[:], end...))
+	default:
+		body, _ := json.Marshal(map[string]string{"code": connect.CodeInvalidArgument.String(), "message": msg})
+		h.Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+		_, _ = w.Write(body)
+	}
 }
 
 // jsonCodec is vanguard's JSON codec, strict and clear about bad input: an

@@ -297,6 +297,16 @@ func cmdWatch(ctx context.Context, args []string, stdout io.Writer) (int, error)
 	if err != nil {
 		return 1, err
 	}
+	if st == nil {
+		// The stream ended, so the run has, but its run_finished was at
+		// or before -after: the exit code is its final state's.
+		res, err := client.GetRun(ctx, &stubbornv1.GetRunRequest{RunId: id})
+		if err != nil {
+			return 1, err
+		}
+		st = res.GetState()
+		fmt.Fprintf(os.Stderr, "run %s: %s, no events after seq %d\n", id, statusName(st.GetStatus()), *after)
+	}
 	return exitCode(st), nil
 }
 

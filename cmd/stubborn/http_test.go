@@ -72,7 +72,7 @@ func (s *child) loggedURL(t *testing.T, msg string) string {
 // the command line, which may hold a password in -nats-url.
 func TestServePprofListen(t *testing.T) {
 	empty := filepath.Join(t.TempDir(), "empty.yaml")
-	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	require.NoError(t, os.WriteFile(empty, []byte("delegates: []\n"), 0o600))
 	s := startServer(t, "-memory", "-config", empty, "-listen", "127.0.0.1:0", "-pprof-listen", "127.0.0.1:0")
 	base := s.loggedURL(t, "pprof serving")
 	require.True(t, strings.HasSuffix(base, "/debug/pprof/"), base)
@@ -101,7 +101,7 @@ func TestServePprofListen(t *testing.T) {
 
 func TestServeRefusesPlaintextHTTPOffLoopback(t *testing.T) {
 	empty := filepath.Join(t.TempDir(), "empty.yaml")
-	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	require.NoError(t, os.WriteFile(empty, []byte("delegates: []\n"), 0o600))
 	for _, flag := range []string{"-http-listen", "-pprof-listen"} {
 		t.Run(flag, func(t *testing.T) {
 			code, err := run(context.Background(), []string{"serve", "-memory", "-config", empty, "-listen", "127.0.0.1:0", flag, "0.0.0.0:0"}, &bytes.Buffer{})
@@ -110,4 +110,38 @@ func TestServeRefusesPlaintextHTTPOffLoopback(t *testing.T) {
 			assert.Contains(t, err.Error(), flag+": refusing to serve plaintext on 0.0.0.0:0")
 		})
 	}
+}
+
+// The shipped binary's HTTP listener refuses a body over 8 MiB with 413
+// and invalid_argument, with a Content-Length or chunked, and takes
+// application/JSON as JSON (issue 30 item 5).
+func TestServeHTTPBodyCodes(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "stubborn.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("delegates: []\n"), 0o600))
+	s := startServer(t, "-memory", "-config", cfg, "-listen", "127.0.0.1:0", "-http-listen", "127.0.0.1:0")
+	base := s.loggedURL(t, "http api serving")
+	post := func(contentType string, body io.Reader) (int, string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/stubborn.v1.ControlService/GetRun", body)
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", contentType)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	big := append([]byte(`{"runId": "run_nope"}`), bytes.Repeat([]byte(" "), 8<<20)...)
+	code, body := post("application/json", bytes.NewReader(big))
+	assert.Equal(t, http.StatusRequestEntityTooLarge, code, body)
+	assert.Contains(t, body, `"code":"invalid_argument"`)
+	code, body = post("application/json", io.MultiReader(bytes.NewReader(big))) // no length: chunked
+	assert.Equal(t, http.StatusRequestEntityTooLarge, code, body)
+	assert.Contains(t, body, `"code":"invalid_argument"`)
+	code, body = post("application/JSON", strings.NewReader(`{"runId": "run_nope"}`))
+	assert.Equal(t, http.StatusNotFound, code, "served, and the run does not exist: %s", body)
+	assert.Contains(t, body, `"code":"not_found"`)
 }

@@ -55,6 +55,11 @@ func (r *reloader) reload(why string, force bool) {
 	}
 	cfg, err := delegates.Parse(b)
 	if err == nil {
+		// Never loosen by accident: a file cut short, or without its
+		// delegates or tenants, is refused (delegates.Config.CheckReplaces).
+		err = cfg.CheckReplaces(r.current)
+	}
+	if err == nil {
 		err = r.sec.checkTenants(cfg)
 	}
 	if err == nil {
@@ -69,6 +74,9 @@ func (r *reloader) reload(why string, force bool) {
 	r.sum = sum
 	added, removed := diffNames(delegateNames(r.current), delegateNames(cfg))
 	tAdded, tRemoved := diffNames(tenantNames(r.current), tenantNames(cfg))
+	if len(cfg.Tenants) == 0 && r.current != nil && len(r.current.Tenants) > 0 {
+		r.logger.Warn("config reloaded with tenants: []: authentication is off, every caller is the default tenant", "config", r.path, "tenants_removed", tRemoved)
+	}
 	r.current = cfg
 	r.logger.Info("config reloaded", "config", r.path, "why", why,
 		"delegates", len(cfg.Delegates), "delegates_added", added, "delegates_removed", removed,

@@ -42,7 +42,7 @@ func TestServeRefusesSecurityFlagsThatDoNotFit(t *testing.T) {
 	withCerts := filepath.Join(dir, "certs.yaml")
 	require.NoError(t, os.WriteFile(withCerts, []byte("tenants: [{name: a, cert_uris: [\"spiffe://x/a\"]}]\n"), 0o600))
 	empty := filepath.Join(dir, "empty.yaml")
-	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	require.NoError(t, os.WriteFile(empty, []byte("delegates: []\n"), 0o600))
 	for name, tt := range map[string]struct {
 		args []string
 		want string
@@ -67,7 +67,7 @@ func TestServeRefusesSecurityFlagsThatDoNotFit(t *testing.T) {
 // instead (it used to bind, then refuse naming [::]:P).
 func TestServeRefusesPlaintextOffLoopbackBeforeBinding(t *testing.T) {
 	empty := filepath.Join(t.TempDir(), "empty.yaml")
-	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	require.NoError(t, os.WriteFile(empty, []byte("delegates: []\n"), 0o600))
 	held, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer held.Close()
