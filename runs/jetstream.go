@@ -588,17 +588,23 @@ func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn fu
 		return nil
 	}
 	finished := errors.New("finished")
+	seen := int64(0) // the highest seq read, sent or not
 	deliver := func(evs []Event, _ uint64) (bool, error) {
 		for _, ev := range evs {
+			first := ev.Seq > seen // not a copy of one read before (see publish)
+			seen = max(seen, ev.Seq)
 			if ev.Seq > after {
 				after = ev.Seq
 				if err := fn(ev); err != nil {
 					return false, err
 				}
-			} // else before after, or stored again (see publish): sent once
-			if ev.Finished {
+			} // else before after, or stored again: sent once
+			if ev.Finished && first {
 				// Nothing follows it, even when it was not sent (after
-				// at or past it): no message is coming to wait for.
+				// at or past it): no message is coming to wait for. A
+				// copy of an earlier run_finished that a stale writer of
+				// an older release stored after later events is not the
+				// end.
 				return false, finished
 			}
 		}
