@@ -49,7 +49,18 @@ const (
 //
 // Every other path is the web console (package console): its page at "/"
 // calls this API from the browser, on the same origin.
-func (s *Stubborn) HTTPHandler() (http.Handler, error) {
+//
+// Every route answers only a request whose Host (HTTP/2's :authority) is a
+// loopback name or address (localhost, 127.0.0.0/8, ::1, any port) or one
+// of allowedHosts (names or addresses, each with an optional port: without
+// one, any port), and refuses a POST whose Origin is another host's: see
+// checkHost. That is what keeps a web page whose name an attacker's DNS
+// rebinds to 127.0.0.1 from calling the API in a user's browser.
+func (s *Stubborn) HTTPHandler(allowedHosts ...string) (http.Handler, error) {
+	hosts, err := newHostPolicy(allowedHosts)
+	if err != nil {
+		return nil, err
+	}
 	t, err := vanguardgrpc.NewTranscoder(s.GRPC,
 		vanguard.WithDefaultServiceOptions(vanguard.WithMaxMessageBufferBytes(MaxHTTPBodyBytes)),
 		vanguard.WithCodec(newJSONCodec))
@@ -63,7 +74,7 @@ func (s *Stubborn) HTTPHandler() (http.Handler, error) {
 	// Everything else is the web console (index.html at "/", its assets;
 	// 404 for the rest), which calls the API above on the same origin.
 	mux.Handle("/", console.Handler())
-	return mux, nil
+	return checkHost(hosts, mux), nil
 }
 
 // NewHTTPServer returns an http.Server for h with the listener's bounds:
