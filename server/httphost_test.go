@@ -158,7 +158,7 @@ func TestHTTPAPIChecksOrigin(t *testing.T) {
 			{addr, "http://" + addr},
 			{"localhost:" + port, "http://localhost:" + port},
 			{"[::1]:" + port, "http://[::1]:" + port},
-			{"stubborn.example.com", "https://stubborn.example.com"},    // behind a TLS-terminating proxy
+			{"stubborn.example.com", "https://stubborn.example.com"},     // behind a TLS-terminating proxy
 			{"stubborn.example.com:443", "https://stubborn.example.com"}, // the default port
 			{"stubborn.example.com", ""},
 		} {
