@@ -190,3 +190,36 @@ func refuse(w http.ResponseWriter, code int, msg string) {
 	w.WriteHeader(code)
 	_, _ = fmt.Fprintln(w, msg)
 }
+
+// CheckAllowedHosts checks a list of -http-allowed-hosts (what HTTPHandler
+// takes), before anything is bound.
+func CheckAllowedHosts(hosts []string) error {
+	_, err := newHostPolicy(hosts)
+	return err
+}
+
+// ListenHosts are the hosts an HTTP listener on listen, bound at bound
+// (nil: not yet), answers besides loopback and -http-allowed-hosts: the
+// listen address's own host as given (a name or an address) and the
+// address it was bound to, unless they are every interface (0.0.0.0, ::,
+// empty), which names no host clients would send: on such a listener only
+// the hosts -http-allowed-hosts lists are served.
+func ListenHosts(listen string, bound net.Addr) []string {
+	var hosts []string
+	add := func(h string) {
+		if h == "" {
+			return
+		}
+		if ip := net.ParseIP(h); ip != nil && ip.IsUnspecified() {
+			return
+		}
+		hosts = append(hosts, h)
+	}
+	if h, _, err := net.SplitHostPort(listen); err == nil {
+		add(h)
+	}
+	if tcp, ok := bound.(*net.TCPAddr); ok && tcp != nil {
+		add(tcp.IP.String())
+	}
+	return hosts
+}

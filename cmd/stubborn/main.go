@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -27,7 +28,7 @@ import (
 const usage = `stubborn runs resilience controls over delegate gRPC services.
 
 Usage:
-  stubborn serve  [-config FILE] [-listen ADDR] [-http-listen ADDR] [-tls-cert FILE -tls-key FILE [-tls-client-ca FILE]] [-insecure] [-reflection=false]
+  stubborn serve  [-config FILE] [-listen ADDR] [-http-listen ADDR [-http-allowed-hosts H,…]] [-tls-cert FILE -tls-key FILE [-tls-client-ca FILE]] [-insecure] [-reflection=false]
                   [-data-dir DIR | -nats-url URL | -memory] ... [-log-level L] [-log-flush D] [-metrics-listen ADDR] [-pprof-listen ADDR]
   stubborn run    [-addr ADDR] [-json] -control C -brief TEXT ...   (stubborn run -h)
   stubborn watch  RUN_ID [-after SEQ] [-json]
@@ -127,6 +128,9 @@ func newLogger(format string, level slog.Level, flushEvery time.Duration) (*slog
 type serveConfig struct {
 	listen, metricsListen string
 	httpListen            string
+	// httpAllowedHosts are -http-allowed-hosts: the hosts the HTTP
+	// listener answers besides loopback and its own address.
+	httpAllowedHosts []string
 	pprofListen           string
 	logger                *slog.Logger
 	// logs is the logger's buffer (nil: none), to Close when serve ends.
@@ -154,6 +158,7 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error (debug adds error messages and failure reasons, which may quote briefs and results)")
 	metricsListen := fs.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (none when empty)")
 	httpListen := fs.String("http-listen", "", "address to serve the API over HTTP on, for browsers and curl: Connect, gRPC-Web and JSON (none when empty); TLS and loopback rules as -listen")
+	httpAllowedHosts := fs.String("http-allowed-hosts", "", "comma-separated hosts (names or addresses, each with an optional :port) whose Host the -http-listen listener answers besides loopback (localhost, 127.0.0.0/8, ::1) and its own address; any other Host is refused (421), against DNS rebinding")
 	pprofListen := fs.String("pprof-listen", "", "address to serve Go's profiles on, at /debug/pprof/ (net/http/pprof; none when empty); no authentication; TLS and loopback rules as -listen")
 	c := &serveConfig{}
 	c.sec.register(fs)
@@ -163,6 +168,14 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 	}
 	c.listen, c.metricsListen, c.httpListen, c.pprofListen = *listen, *metricsListen, *httpListen, *pprofListen
 	c.configPath, c.watchConfig = *configPath, *watchConfig
+	for _, h := range strings.Split(*httpAllowedHosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			c.httpAllowedHosts = append(c.httpAllowedHosts, h)
+		}
+	}
+	if err := server.CheckAllowedHosts(c.httpAllowedHosts); err != nil {
+		return nil, err
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return nil, fmt.Errorf("-log-level must be debug, info, warn or error, got %q", *logLevel)
@@ -282,11 +295,19 @@ func bind(c *serveConfig) (listeners, error) {
 }
 
 // serveHTTP serves s's HTTP API on lis (over TLS when serve has it) until
-// the returned function shuts it down.
+// the returned function shuts it down. It answers a loopback Host, the
+// host of -http-listen and of the address bound, and -http-allowed-hosts'.
 func serveHTTP(s *server.Stubborn, lis net.Listener, c *serveConfig) (stop func(), err error) {
-	h, err := s.HTTPHandler()
+	own := server.ListenHosts(c.httpListen, lis.Addr())
+	h, err := s.HTTPHandler(append(own, c.httpAllowedHosts...)...)
 	if err != nil {
 		return nil, err
+	}
+	if len(own) == 0 && len(c.httpAllowedHosts) == 0 {
+		if tcp, ok := lis.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
+			c.logger.Warn("-http-listen binds every interface, and -http-allowed-hosts lists no host: only a loopback Host is served; list the names clients use",
+				"addr", lis.Addr().String())
+		}
 	}
 	return serveHandler(h, lis, c, "http api serving", ""), nil
 }
