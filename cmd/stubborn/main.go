@@ -128,9 +128,6 @@ func newLogger(format string, level slog.Level, flushEvery time.Duration) (*slog
 type serveConfig struct {
 	listen, metricsListen string
 	httpListen            string
-	// httpAllowedHosts are -http-allowed-hosts: the hosts the HTTP
-	// listener answers besides loopback and its own address.
-	httpAllowedHosts []string
 	pprofListen           string
 	logger                *slog.Logger
 	// logs is the logger's buffer (nil: none), to Close when serve ends.
@@ -143,6 +140,10 @@ type serveConfig struct {
 	sec         securityFlags
 	store       storeFlags
 	serverOpts  []grpc.ServerOption
+
+	// httpAllowedHosts are -http-allowed-hosts: the hosts the HTTP
+	// listener answers besides loopback and its own address.
+	httpAllowedHosts []string
 }
 
 // parseServe reads serve's flags and config file, and refuses plaintext
