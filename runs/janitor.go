@@ -46,8 +46,11 @@ import (
 // write: the events stream's bytes, plus inFlightFactor times the owners
 // bucket's, which holds the state of every run in flight as it was
 // accepted. New runs are admitted (admit) while used, plus what the new
-// run adds to it, stays below admitBelow of MaxBytes; beyond, Manager.Start
-// refuses them with ErrStoreFull. The top tenth of MaxBytes is room for
+// run adds to it, stays below admitBelow of MaxBytes. Beyond, admission
+// makes room itself (makeRoom): it purges the finished runs that ended
+// first, on the spot, until the new run fits with room to spare, and only
+// when what is left is runs in flight (or still held) does Manager.Start
+// refuse the run with ErrStoreFull. The top tenth of MaxBytes is room for
 // what runs in flight write beyond the estimate (more attempts, large
 // results) and for runs another replica admitted meanwhile. A write refused
 // all the same is made again (a 503, see write) while the janitor makes
@@ -71,8 +74,14 @@ const (
 const inFlightFactor = 4
 
 // usedFresh is how long admission trusts the size it read last (plus what
-// it admitted since): one read a second, not one per run.
+// it admitted since): one read a second, not one per run. It is also how
+// long admission waits, after a purge of its own that found nothing to
+// purge, before it looks again.
 const usedFresh = time.Second
+
+// admitWait bounds how long a new run waits for admission to make room
+// for it (its request's context may end it sooner).
+const admitWait = 2 * time.Second
 
 // idleWait bounds a pass's wait for the next message of a stream that
 // had more when the pass began: they went meanwhile (another replica
@@ -108,6 +117,26 @@ type janitor struct {
 	// with nothing to purge; admission asks for no pass before the next
 	// one due (it would read every journal again for nothing).
 	starved bool
+
+	// makesRoom: admission purges finished runs itself when the store is
+	// full (not when PurgeEvery is negative: nothing is purged then but by
+	// a test's pass).
+	makesRoom bool
+	// making, guarded by mu: closed when the purge admission is making
+	// ends; nil when none is under way. One at a time: the others wait for
+	// it.
+	making chan struct{}
+	// roomFrom, guarded by mu: the events stream's sequence from which
+	// admission's purges read. Every message before it was read by one and
+	// is no purgeable run's end: a run in flight's, or an unreadable one
+	// (the runs whose ends were there are purged). A finished run that was
+	// held, or whose purge failed, keeps roomFrom at its end, to be read
+	// again.
+	roomFrom uint64
+	// fruitless, guarded by mu: when admission's last purge found nothing
+	// to purge and left the store without room; the next is not before
+	// usedFresh later.
+	fruitless time.Time
 }
 
 // startJanitor sets the janitor up from cfg (defaults applied), and starts
@@ -138,6 +167,7 @@ func (s *JetStream) startJanitor(ctx context.Context, cfg JetStreamConfig) error
 		close(j.done)
 		return nil
 	}
+	j.makesRoom = true
 	loopCtx, cancel := context.WithCancel(context.Background())
 	j.cancel = cancel
 	go s.purgeLoop(loopCtx, max(every, time.Millisecond))
@@ -497,22 +527,81 @@ func (s *JetStream) readUsed(ctx context.Context) (used, perRun int64, err error
 // file). It reads the store's size at most once per usedFresh, counting
 // the runs it admits meanwhile; when that read fails it admits the run:
 // the claim that follows meets the same trouble, and says so.
+//
+// When the run does not fit, admission makes room first (makeRoom): it
+// purges the finished runs that ended first, itself, one purge at a time
+// (a run that finds one under way waits for it), for at most admitWait
+// and while ctx lasts. It refuses the run when that found nothing to
+// purge: the store is full of runs in flight. Then it does not look again
+// for usedFresh, and what it read through once it does not read again.
 func (s *JetStream) admit(ctx context.Context, size int) error {
 	j := &s.janitor
 	if j.maxBytes <= 0 {
 		return nil
 	}
+	// Its claim, counted as a run in flight, then its run_started and
+	// attempt_started, each about its state, until the next read.
+	need := (inFlightFactor + 2) * int64(size)
+	limit := s.share(admitBelow)
+	if fits, err := s.tryAdmit(ctx, need, limit); fits || err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, admitWait)
+	defer cancel()
+	made, pause := false, 10*time.Millisecond
+	for {
+		j.mu.Lock()
+		wait := j.making
+		if wait == nil {
+			if made || time.Since(j.fruitless) < usedFresh {
+				err := s.storeFull(need, limit)
+				j.mu.Unlock()
+				return err
+			}
+			wait = make(chan struct{})
+			j.making = wait
+			j.mu.Unlock()
+			held := s.makeRoom(wctx, min(s.share(lowWater), limit-need))
+			j.mu.Lock()
+			j.making = nil
+			close(wait)
+			j.mu.Unlock()
+			// Its own purge found the store full of runs in flight, or of
+			// finished runs still held, whose drivers let go of them in a
+			// moment: it looks again then.
+			made = !held
+			if held && !sleep(wctx, pause) {
+				made = true
+			}
+			pause = min(2*pause, 200*time.Millisecond)
+		} else {
+			j.mu.Unlock()
+			select {
+			case <-wait: // see what it made, and make more if need be
+			case <-wctx.Done():
+				made = true
+			}
+		}
+		if fits, err := s.tryAdmit(ctx, need, limit); fits || err != nil {
+			return err
+		}
+	}
+}
+
+// tryAdmit admits a run that needs need bytes if the store has room for
+// it under limit, reading its size when what admission knows is stale. It
+// refuses it (ErrStoreFull) when it does not fit and admission cannot make
+// room; fits is false and err nil when it could.
+func (s *JetStream) tryAdmit(ctx context.Context, need, limit int64) (fits bool, err error) {
+	j := &s.janitor
 	j.mu.Lock()
 	stale := j.usedAt.IsZero() || time.Since(j.usedAt) >= usedFresh && !j.reading
 	j.mu.Unlock()
 	if stale {
 		if _, _, err := s.readUsed(ctx); err != nil {
-			return nil
+			return true, nil
 		}
 	}
-	// Its claim, counted as a run in flight, then its run_started and
-	// attempt_started, each about its state, until the next read.
-	need := (inFlightFactor + 2) * int64(size)
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.used > s.share(highWater) && !j.starved {
@@ -521,10 +610,104 @@ func (s *JetStream) admit(ctx context.Context, size int) error {
 		default:
 		}
 	}
-	if limit := s.share(admitBelow); j.used+need > limit {
-		return fmt.Errorf("%w: -max-bytes %d, of which it keeps the last %d%% for the runs in flight (the store holds %d bytes, the runs in flight included); finished runs are purged after -retention %s, and from %d%% full the oldest ones",
-			ErrStoreFull, j.maxBytes, 100-admitBelow, j.used, j.retention, highWater)
+	if j.used+need <= limit {
+		j.used += need
+		return true, nil
 	}
-	j.used += need
-	return nil
+	if !j.makesRoom || need > limit {
+		return false, s.storeFull(need, limit)
+	}
+	return false, nil
+}
+
+// storeFull is admission's refusal of a run that needs need bytes.
+// j.mu is held.
+func (s *JetStream) storeFull(need, limit int64) error {
+	j := &s.janitor
+	why := "no finished run is left to purge: the runs in flight fill it"
+	switch {
+	case need > limit:
+		why = fmt.Sprintf("a run this large (%d bytes, counting what it writes at its start) never fits: send a smaller brief, or raise -max-bytes", need)
+	case !j.makesRoom:
+		why = "finished runs are not purged (PurgeEvery is negative)"
+	}
+	return fmt.Errorf("%w: -max-bytes %d, of which it keeps the last %d%% for the runs in flight (the store holds %d bytes, the runs in flight included); %s",
+		ErrStoreFull, j.maxBytes, 100-admitBelow, j.used, why)
+}
+
+// makeRoom is admission's purge: it purges the finished runs that ended
+// first while the store is over target bytes (used), reading the events
+// stream from roomFrom, and leaves used read afresh when it purged any.
+// held says that it purged none, but found finished runs it could not
+// purge yet (still held). Its errors are logged: admission refuses the run
+// then, if it has no room.
+func (s *JetStream) makeRoom(ctx context.Context, target int64) (held bool) {
+	j := &s.janitor
+	used, perRun, err := s.readUsed(ctx)
+	if err != nil || used <= target {
+		return false
+	}
+	j.mu.Lock()
+	from := j.roomFrom
+	j.mu.Unlock()
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: lastEventsIdle}
+	if from > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	n := 0
+	next, kept := from, uint64(0) // read up to next; the first end of a finished run not purged
+	err = eachMsg(ctx, s.events, cfg, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+		seq := meta.Sequence.Stream
+		runID := strings.TrimPrefix(msg.Subject(), eventsSubject)
+		evs, err := unpackEvents(msg.Data(), msg.Headers())
+		if err != nil {
+			j.log.Warn("purging finished runs: unreadable journal message", "run_id", runID, "seq", seq, "err", err)
+			next = seq + 1
+			return true, nil
+		}
+		if !evs[len(evs)-1].Finished {
+			next = seq + 1
+			return true, nil // not its journal's end, or a run in flight
+		}
+		purged, err := s.purgeRun(ctx, runID, seq)
+		next = seq + 1
+		if err != nil || !purged {
+			if kept == 0 {
+				kept = seq // held: its driver lets go of it soon; or read it again
+			}
+			return err == nil, err
+		}
+		n++
+		if used -= perRun; used <= target {
+			if used, perRun, err = s.readUsed(ctx); err != nil {
+				return false, err
+			}
+			return used > target, nil
+		}
+		return true, nil
+	})
+	if kept > 0 {
+		next = kept
+	}
+	if n > 0 {
+		if _, _, rerr := s.readUsed(ctx); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	held = n == 0 && err == nil && kept > 0
+	j.mu.Lock()
+	if next > j.roomFrom {
+		j.roomFrom = next
+	}
+	if n == 0 && err == nil && !held {
+		j.fruitless = time.Now()
+	}
+	j.mu.Unlock()
+	switch {
+	case err != nil && ctx.Err() == nil:
+		j.log.Warn("making room for a new run: purging finished runs", "err", err, "purged", n)
+	case n > 0:
+		j.log.Debug("made room for a new run: purged finished runs", "purged", n)
+	}
+	return held
 }
