@@ -146,3 +146,42 @@ func TestAFullStoreOfFinishedRunsAdmitsAtOnce(t *testing.T) {
 		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, st.GetStatus())
 	}
 }
+
+// Runs that find the store full at the same time share admission's purge
+// (one at a time, the others waiting for it): all of them are accepted
+// while finished runs are left to purge.
+func TestConcurrentRunsInAFullStoreAreAdmitted(t *testing.T) {
+	const maxBytes = 300000
+	store, _ := embeddedJetStream(t, runs.JetStreamConfig{MaxBytes: maxBytes, Lease: time.Second})
+	g := newGated(controls.DelegateInfo{})
+	m := newManager(t, g, runs.Config{Store: store, Lease: time.Second})
+	pad := strings.Repeat("x", 20<<10)
+	for i := range 6 {
+		brief := fmt.Sprintf("finished %d %s", i, pad)
+		st, err := m.Start(context.Background(), brief, chain("d"), nil)
+		require.NoError(t, err, "run %d", i)
+		g.answer(brief, controlstest.OK("ok"))
+		final(t, watchAll(t, m, st.GetRunId(), 0))
+	}
+	small := strings.Repeat("y", 4<<10)
+	type started struct {
+		brief, id string
+		err       error
+	}
+	out := make(chan started, 8)
+	for i := range cap(out) {
+		go func() {
+			brief := fmt.Sprintf("concurrent %d %s", i, small)
+			st, err := m.Start(context.Background(), brief, chain("d"), nil)
+			out <- started{brief, st.GetRunId(), err}
+		}()
+	}
+	for range cap(out) {
+		r := <-out
+		if !assert.NoError(t, r.err) {
+			continue
+		}
+		g.answer(r.brief, controlstest.OK("ok"))
+		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, m, r.id, 0)).GetStatus())
+	}
+}

@@ -566,12 +566,18 @@ func (s *JetStream) admit(ctx context.Context, size int) error {
 			j.making = nil
 			close(wait)
 			j.mu.Unlock()
-			// Its own purge found the store full of runs in flight, or of
-			// finished runs still held, whose drivers let go of them in a
-			// moment: it looks again then.
+			// When its purge found finished runs still held, and none to
+			// purge, their drivers let go of them in a moment: it looks
+			// again then. Otherwise it made what room there was.
 			made = !held
 			if held && !sleep(wctx, pause) {
+				// Held all along (a driver that died holds its finished
+				// runs until they are taken over): the next runs do not
+				// wait for them again before usedFresh.
 				made = true
+				j.mu.Lock()
+				j.fruitless = time.Now()
+				j.mu.Unlock()
 			}
 			pause = min(2*pause, 200*time.Millisecond)
 		} else {
@@ -579,7 +585,10 @@ func (s *JetStream) admit(ctx context.Context, size int) error {
 			select {
 			case <-wait: // see what it made, and make more if need be
 			case <-wctx.Done():
-				made = true
+				j.mu.Lock()
+				err := s.storeFull(need, limit)
+				j.mu.Unlock()
+				return err
 			}
 		}
 		if fits, err := s.tryAdmit(ctx, need, limit); fits || err != nil {
