@@ -112,12 +112,18 @@ func (m *Manager) deleteUnreadable(ctx context.Context, id string, readErr error
 		}
 	}
 	m.log.Error("deleting a run whose stored records cannot be read", "run_id", id, "tenant_known", known, "err", readErr)
-	if key != "" && key != id {
-		if ks, ok := m.store.(keyStore); ok {
-			if err := ks.ForgetKey(ctx, keyHash(tenant, key), id); err != nil {
-				return fmt.Errorf("deleting run %s: its idempotency key: %w", id, err)
-			}
+	var kerr error
+	switch ks, isKS := m.store.(keyStore); {
+	case key != "" && key != id && isKS:
+		kerr = ks.ForgetKey(ctx, keyHash(tenant, key), id)
+	case key == "":
+		// Its options do not decode: any key that names it goes.
+		if kr, ok := m.store.(keysOfRun); ok {
+			kerr = kr.forgetKeysOf(ctx, id)
 		}
+	}
+	if kerr != nil {
+		return fmt.Errorf("deleting run %s: its idempotency key: %w", id, kerr)
 	}
 	d, ok := m.store.(runDeleter)
 	if !ok {
@@ -127,6 +133,45 @@ func (m *Manager) deleteUnreadable(ctx context.Context, id string, readErr error
 		return fmt.Errorf("deleting run %s: %w", id, err)
 	}
 	m.forgetUnreadable(id)
+	return nil
+}
+
+// keysOfRun is a store that can drop every idempotency key naming a run,
+// whatever the key (a run whose options cannot be read).
+type keysOfRun interface {
+	forgetKeysOf(ctx context.Context, runID string) error
+}
+
+// forgetKeysOf implements keysOfRun.
+func (s *Memory) forgetKeysOf(_ context.Context, runID string) error {
+	k := &s.keys
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for key, e := range k.entries {
+		if e.RunID == runID {
+			delete(k.entries, key)
+		}
+	}
+	return nil
+}
+
+// forgetKeysOf implements keysOfRun: a scan of every key.
+func (s *JetStream) forgetKeysOf(ctx context.Context, runID string) error {
+	var named []KeyEntry
+	var keys []string
+	if err := eachEntry(ctx, s.keys, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
+		if cur, ok := parseKeyEntry(e); ok && cur.RunID == runID {
+			named, keys = append(named, cur), append(keys, e.Key())
+		}
+		return true, nil
+	}); err != nil {
+		return err
+	}
+	for i, key := range keys {
+		if err := s.DropKey(ctx, key, named[i]); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
