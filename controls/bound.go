@@ -1,10 +1,12 @@
 package controls
 
 import (
+	"encoding/json"
 	"fmt"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -24,6 +26,18 @@ const (
 	// the whole stays below gRPC's default 4 MiB message limit
 	// (BoundState).
 	MaxStateBytes = 768 << 10
+	// MaxDataDepth bounds how deeply a result's structured data nests: at
+	// most this many objects and lists inside one another (BoundResult).
+	// Each level of a google.protobuf.Value costs decoders up to three
+	// nested messages (Value, Struct, the map's entry), and a result
+	// reaches a client inside up to six more (WatchRunResponse, RunEvent,
+	// RunFinished, ControlState, Attempt, Result): 6 + 1 + 3·24 = 79,
+	// under the recursion limit of 100 of the C++, Java and Python (upb)
+	// protobuf runtimes, so clients in every language can read every run,
+	// and far under protobuf-go's 10,000, which a 3,400-deep answer
+	// exceeded (issue 30: every listing failed). Real answers nest a few
+	// levels: model usage, REST resources.
+	MaxDataDepth = 24
 )
 
 // Cut returns s if it is at most max bytes long; else its longest prefix
@@ -167,4 +181,71 @@ func cutFailure(f *stubbornv1.FailureRecord, n int) {
 	f.Analysis = Cut(f.GetAnalysis(), n)
 	f.AnalysisError = Cut(f.GetAnalysisError(), n)
 	f.NotRetriedReason = Cut(f.GetNotRetriedReason(), n)
+}
+
+// BoundResult returns r if its data nests at most MaxDataDepth objects
+// and lists deep (DataDepth). Otherwise it returns a copy whose data keeps
+// each object or list found at that depth as a string: its JSON text
+// (object keys sorted). Nothing of the answer is lost, and its shallow
+// fields (a model's finish_reason, say) stay where they were; a
+// delegate's answer is data, and refusing it for its shape would throw
+// away an answer that may have cost a model call (and be retried at that
+// cost again). r is not changed.
+func BoundResult(r *stubbornv1.Result) *stubbornv1.Result {
+	if r.GetData() == nil || DataDepth(r.GetData()) <= MaxDataDepth {
+		return r
+	}
+	out := proto.CloneOf(r)
+	out.Data = BoundValue(out.GetData(), MaxDataDepth)
+	return out
+}
+
+// DataDepth is how many objects and lists v nests inside one another: 0
+// for a scalar, 1 for an object of scalars.
+func DataDepth(v *structpb.Value) int {
+	d := 0
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StructValue:
+		for _, f := range k.StructValue.GetFields() {
+			d = max(d, DataDepth(f))
+		}
+		return d + 1
+	case *structpb.Value_ListValue:
+		for _, e := range k.ListValue.GetValues() {
+			d = max(d, DataDepth(e))
+		}
+		return d + 1
+	}
+	return 0
+}
+
+// BoundValue changes v in place so that it nests at most depth objects and
+// lists: each one below that is replaced by its JSON text. It returns v.
+func BoundValue(v *structpb.Value, depth int) *structpb.Value {
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StructValue:
+		if depth <= 0 {
+			return jsonText(v)
+		}
+		for key, f := range k.StructValue.GetFields() {
+			k.StructValue.Fields[key] = BoundValue(f, depth-1)
+		}
+	case *structpb.Value_ListValue:
+		if depth <= 0 {
+			return jsonText(v)
+		}
+		for i, e := range k.ListValue.GetValues() {
+			k.ListValue.Values[i] = BoundValue(e, depth-1)
+		}
+	}
+	return v
+}
+
+// jsonText is v as a string value of its JSON.
+func jsonText(v *structpb.Value) *structpb.Value {
+	b, err := json.Marshal(v.AsInterface())
+	if err != nil {
+		return structpb.NewStringValue(fmt.Sprintf("[a value of %d bytes that could not be encoded as JSON: %v]", proto.Size(v), err))
+	}
+	return structpb.NewStringValue(string(b))
 }

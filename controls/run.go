@@ -197,6 +197,10 @@ func judge(ctx context.Context, env *Env, n int32, delegate string, res *stubbor
 	if res == nil {
 		res = &stubbornv1.Result{}
 	}
+	// Whatever Delegates answered with (the delegates package bounds its
+	// own answers already): a run records no data deeper than
+	// MaxDataDepth.
+	res = BoundResult(res)
 	v, jerr := env.check(ctx, n, delegate, res)
 	rejected := attemptResult{
 		outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED,

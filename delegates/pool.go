@@ -206,7 +206,9 @@ func NotFound(name string) *controls.CallError {
 // not fired yet); every other failure is a *controls.CallError (see Classify).
 // So an attempt that timed out while the run goes on is a DEADLINE_EXCEEDED
 // CallError with the message "attempt timed out after <timeout>". An unset
-// result is returned as an empty one.
+// result is returned as an empty one, and one whose data nests deeper than
+// controls.MaxDataDepth with its deeper parts as JSON text
+// (controls.BoundResult).
 func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
 	e, ok := p.byKey[c.Delegate]
 	if !ok {
@@ -239,6 +241,10 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 	if r == nil {
 		return &stubbornv1.Result{}, nil
 	}
+	// Every kind's answer, as received (a gRPC delegate's Value as much as
+	// the JSON an HTTP kind read): data nested past MaxDataDepth would
+	// make the run's records unreadable (issue 30).
+	r = controls.BoundResult(r)
 	if n := proto.Size(r); n > p.maxResult {
 		return nil, p.resultTooLarge(n)
 	}

@@ -29,9 +29,14 @@ type runDeleter interface {
 }
 
 // Delete forgets run id of ctx's tenant: a finished run at once; one in
-// flight is ErrNotFinished, unless cancel: then it is cancelled first.
+// flight is ErrNotFinished, unless cancel: then it is cancelled first. A
+// run whose stored records cannot be read is deleted as a finished one,
+// without decoding them (deleteUnreadable).
 func (m *Manager) Delete(ctx context.Context, id string, cancel bool) error {
 	st, err := m.Get(ctx, id)
+	if errors.Is(err, ErrUnreadable) {
+		return m.deleteUnreadable(ctx, id, err)
+	}
 	if err != nil {
 		return err
 	}

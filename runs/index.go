@@ -87,6 +87,9 @@ type indexer struct {
 	// failing is set while writes to the index fail (logged once a
 	// spell).
 	failing atomic.Bool
+	// unreadable holds when each run left out of a listing was last
+	// logged (logUnreadable).
+	unreadable sync.Map
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -197,7 +200,10 @@ func (x *indexer) loop(ctx context.Context) {
 			sums := make([]*stubbornv1.RunSummary, len(states))
 			tenants := make([]string, len(states))
 			for i, state := range states {
-				sums[i], tenants[i], _ = summaryOf(state)
+				var ok bool
+				if sums[i], tenants[i], ok = summaryOf(state); !ok {
+					x.log.Error("run index: a state written of the run does not decode; it is not indexed", "run_id", runID)
+				}
 			}
 			end := -1 // the last state that says the run ended
 			for i, sum := range sums {

@@ -46,9 +46,10 @@ func (s *JetStream) State(ctx context.Context, runID string) (*stubbornv1.Contro
 	e, err := s.states.Get(ctx, runID)
 	switch {
 	case err == nil:
-		st, err := decodeState(e.Value())
-		if err != nil || isTerminal(st.GetStatus()) {
-			return st, err
+		// A saved state that does not decode may be stale: its journal's
+		// end, when it has one, is the run's state.
+		if st, err := decodeState(e.Value()); err == nil && isTerminal(st.GetStatus()) {
+			return st, nil
 		}
 		state = e.Value()
 	case !errors.Is(err, jetstream.ErrKeyNotFound):
@@ -71,11 +72,12 @@ func (s *JetStream) State(ctx context.Context, runID string) (*stubbornv1.Contro
 	if len(state) == 0 {
 		return nil, fmt.Errorf("%w: %.64q", ErrNotFound, runID)
 	}
-	return decodeState(state)
+	return readState(runID, state)
 }
 
-// lastEvent returns the last event of the run's journal; the zero Event
-// when it has none.
+// lastEvent returns the last event of the run's journal, undecoded
+// (lastRawEvent): the zero Event when it has none; ErrUnreadable when its
+// last message is not an event at all.
 func (s *JetStream) lastEvent(ctx context.Context, runID string) (Event, error) {
 	msg, err := s.events.GetLastMsgForSubject(ctx, eventsSubject+runID)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -84,11 +86,11 @@ func (s *JetStream) lastEvent(ctx context.Context, runID string) (Event, error) 
 	if err != nil {
 		return Event{}, err
 	}
-	evs, err := unpackEvents(msg.Data, msg.Header)
+	last, err := lastRawEvent(runID, msg.Data, msg.Header)
 	if err != nil {
-		return Event{}, fmt.Errorf("run %s: %w", runID, err)
+		return Event{}, unreadableRun(runID, err)
 	}
-	return evs[len(evs)-1], nil
+	return last, nil
 }
 
 // finalInJournal: State and States read a finished run's state from its
@@ -118,17 +120,28 @@ func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState
 	}); err != nil {
 		return err
 	}
-	if err := s.lastEvents(ctx, func(runID string, last Event) {
+	bad := map[string]error{}
+	if err := s.lastRawEvents(ctx, func(runID string, last Event, err error) {
+		if err != nil {
+			bad[runID] = err // its journal ends in what no one can read
+			return
+		}
 		if state := last.state(); last.Finished && len(state) > 0 {
 			all[runID] = state
 		}
 	}); err != nil {
 		return err
 	}
-	for _, state := range all {
+	for runID, err := range bad {
+		delete(all, runID)
+		s.logUnreadable(runID, err)
+	}
+	// One run that does not decode costs that run only (issue 30).
+	for runID, state := range all {
 		st, err := decodeState(state)
 		if err != nil {
-			return err
+			s.logUnreadable(runID, err)
+			continue
 		}
 		if !fn(st) {
 			return nil
@@ -137,33 +150,8 @@ func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState
 	return nil
 }
 
-// lastEvents calls fn with the last event of every run's journal. It
-// reads the stream's last sequence first and stops there (or when the
-// server says nothing more is pending): a message of a run that arrives
-// meanwhile is not waited for. A scan that waits lastEventsIdle for its
-// next message ends too: the messages it was waiting for expired.
-func (s *JetStream) lastEvents(ctx context.Context, fn func(runID string, last Event)) error {
-	info, err := s.events.Info(ctx)
-	if err != nil {
-		return err
-	}
-	end := info.State.LastSeq
-	if info.State.Msgs == 0 {
-		return nil
-	}
-	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{eventsSubject + "*"},
-		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
-		InactiveThreshold: lastEventsIdle,
-	}
-	return s.consume(ctx, cfg, lastEventsIdle, func(runID string, evs []Event, meta *jetstream.MsgMetadata) (bool, error) {
-		fn(runID, evs[len(evs)-1])
-		return meta.Sequence.Stream < end && meta.NumPending > 0, nil
-	})
-}
-
-// lastEventsIdle bounds lastEvents' wait for its next message, and is how
-// long its consumer outlives it on the server.
+// lastEventsIdle bounds lastRawEvents' wait for its next message, and is
+// how long its consumer outlives it on the server.
 const lastEventsIdle = 5 * time.Second
 
 // An owners entry is the driver's name after ownerMark and its length (a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -252,21 +253,23 @@ func (s *Memory) State(_ context.Context, runID string) (*stubbornv1.ControlStat
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, runID)
 	}
-	return decodeState(data)
+	return readState(runID, data)
 }
 
 // States calls fn with every snapshot.
 func (s *Memory) States(_ context.Context, fn func(*stubbornv1.ControlState) bool) error {
 	s.mu.Lock()
-	all := make([][]byte, 0, len(s.states))
-	for _, data := range s.states {
-		all = append(all, data)
+	all := make(map[string][]byte, len(s.states))
+	for id, data := range s.states {
+		all[id] = data
 	}
 	s.mu.Unlock()
-	for _, data := range all {
+	for id, data := range all {
 		st, err := decodeState(data)
 		if err != nil {
-			return err
+			// One run that does not decode costs that run only (issue 30).
+			slog.Error("listing: a run whose stored state cannot be read is left out (DeleteRun removes it)", "run_id", id, "err", err)
+			continue
 		}
 		if !fn(st) {
 			break

@@ -203,7 +203,7 @@ func (r *run) snapshot() (*stubbornv1.ControlState, error) {
 	}
 	ev, err := final.Decode()
 	if err != nil {
-		return nil, err
+		return nil, unreadableRun(r.id, err)
 	}
 	if ev.GetRunFinished().GetState() == nil {
 		return nil, fmt.Errorf("run %s: its last event is not run_finished", r.id)

@@ -94,6 +94,14 @@ func apiSeeds() []apiSeed {
 	add(apiSeed{sel: apiSel("StartRun", 0, false), brief: strings.Repeat("x", 20<<10), names: "echo", cel: amplify})
 	add(apiSeed{sel: apiSel("Run", 3, false), brief: strings.Repeat("y", 20<<10), names: "echo", cel: amplify, n: 2})
 
+	// Issue 30: a delegate's answer 3,400 objects deep (an http
+	// delegate's body, a model's usage) made every listing INTERNAL.
+	deep := strings.Repeat(`{"a":`, 3400) + "1" + strings.Repeat("}", 3400)
+	add(apiSeed{sel: apiSel("StartRun", 0, false), brief: deep, names: "answer"})
+	add(apiSeed{sel: apiSel("Run", 0, false), brief: deep, names: "model"})
+	add(apiSeed{sel: apiSel("StartRun", 1, false), brief: strings.Repeat("[", 30000) + strings.Repeat("]", 30000), names: "answer,model"})
+	add(apiSeed{sel: apiSel("Run", 0, false), brief: `{"a":[1,{"b":null}],"c":"d"}`, names: "answer", cel: `result.data.c == "d"`})
+
 	// A huge metadata map.
 	var md strings.Builder
 	for i := range 3000 {

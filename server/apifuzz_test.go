@@ -2,11 +2,14 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -126,6 +129,14 @@ func startAPIFuzz(f *testing.F) *apiFuzz {
 			Name: name, Target: lis.Addr().String(), Idempotent: true, Timeout: delegates.Duration(5 * time.Second),
 		})
 	}
+	// Delegates that answer with what the fuzzer wrote (issue 30): an
+	// http one whose answer is the brief it is sent, and a model whose
+	// usage is (JSON of every depth and size, and not JSON).
+	answer, model := briefAnswers(f)
+	cfg.Delegates = append(cfg.Delegates,
+		delegates.Delegate{Name: "answer", HTTP: &delegates.HTTP{URL: answer}, Idempotent: true, Timeout: delegates.Duration(5 * time.Second)},
+		delegates.Delegate{Name: "model", OpenAI: &delegates.OpenAI{ModelAPI: delegates.ModelAPI{BaseURL: model, Model: "m"}}, Idempotent: true, Timeout: delegates.Duration(5 * time.Second)},
+	)
 	e.server, err = server.New(server.Config{Registry: cfg, Logger: logger, Runs: runs.Config{Store: e.store, SoleOwner: true}})
 	if err != nil {
 		f.Fatal(err)
@@ -317,6 +328,7 @@ func (e *apiFuzz) checkpoint(t testing.TB) {
 			token = page.GetNextPageToken()
 		}
 	}
+	e.checkListings(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := e.store.Owners(ctx, func(id, o string) bool {
@@ -419,4 +431,62 @@ func (l *tailBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return string(l.b)
+}
+
+// briefAnswers serves, on loopback, the URL of an http delegate that
+// answers with the brief it is sent, and the base URL of a Chat
+// Completions endpoint whose answer's usage is the brief (as it is when
+// it is JSON, else as a JSON string).
+func briefAnswers(f *testing.F) (answer, model string) {
+	brief := func(r *http.Request) string {
+		var req struct {
+			Brief    string                     `json:"brief"`
+			Messages []struct{ Content string } `json:"messages"`
+		}
+		_ = json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req)
+		if len(req.Messages) > 0 {
+			return req.Messages[len(req.Messages)-1].Content
+		}
+		return req.Brief
+	}
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, brief(r))
+	}))
+	f.Cleanup(a.Close)
+	m := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		usage := brief(r)
+		if !json.Valid([]byte(usage)) {
+			b, _ := json.Marshal(usage)
+			usage = string(b)
+		}
+		_, _ = io.WriteString(w, `{"model":"m","choices":[{"message":{"content":"ok"},"finish_reason":"stop"}],"usage":`+usage+`}`)
+	}))
+	f.Cleanup(m.Close)
+	return a.URL, m.URL + "/v1"
+}
+
+// checkListings fails t unless every run can be listed, in both views,
+// and read (issue 30: one run with an answer nested too deep made every
+// listing and its own GetRun INTERNAL).
+func (e *apiFuzz) checkListings(t testing.TB) {
+	t.Helper()
+	for _, view := range []stubbornv1.RunView{stubbornv1.RunView_RUN_VIEW_FULL, stubbornv1.RunView_RUN_VIEW_SUMMARY} {
+		for token, more := "", true; more; more = token != "" {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			page, err := e.client.ListRuns(ctx, &stubbornv1.ListRunsRequest{View: view, PageSize: 1000, PageToken: token}, grpc.MaxCallRecvMsgSize(1<<30))
+			cancel()
+			if err != nil {
+				t.Fatalf("ListRuns, view %v: %v\nserver log:\n%s", view, err, e.logs)
+			}
+			token = page.GetNextPageToken()
+		}
+	}
+	for _, id := range e.recent {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := e.client.GetRun(ctx, &stubbornv1.GetRunRequest{RunId: id}, grpc.MaxCallRecvMsgSize(1<<30))
+		cancel()
+		if err != nil {
+			t.Fatalf("GetRun %s: %v\nserver log:\n%s", id, err, e.logs)
+		}
+	}
 }

@@ -461,6 +461,10 @@ func toStatus(err error) error {
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, runs.ErrNotAwaitingDecision):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, runs.ErrUnreadable):
+		// This run's records are damaged; every other run reads, and
+		// DeleteRun removes this one.
+		return status.Error(codes.DataLoss, err.Error())
 	case errors.Is(err, runs.ErrBadPageToken):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, runs.ErrKeyConflict):

@@ -27,3 +27,11 @@ func TestAStoreThatDoesNotAnswerIsUnavailable(t *testing.T) {
 		})
 	}
 }
+
+// TestAnUnreadableRunIsDataLoss (issue 30): GetRun of a run whose stored
+// records do not decode is DATA_LOSS naming the run, not INTERNAL.
+func TestAnUnreadableRunIsDataLoss(t *testing.T) {
+	got := status.Convert(toStatus(fmt.Errorf("%w: run run_x: undecodable run state: proto: exceeded maximum recursion depth", runs.ErrUnreadable)))
+	assert.Equal(t, codes.DataLoss, got.Code())
+	assert.Contains(t, got.Message(), "run_x")
+}
