@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -427,4 +428,45 @@ func TestATakeoverWhoseResumeFailsIsTriedAgain(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond, "b drives it to its end: %v", h.Lines(slog.LevelInfo))
 	_, ok := h.Find(slog.LevelError, "resuming a run")
 	assert.True(t, ok, "the failed resume is an ERROR")
+}
+
+// landedClaim makes the claim, then answers as if its answer was lost (a
+// NATS timeout): the run exists, its server was told it may not.
+type landedClaim struct{ *runs.Memory } // its idempotency keys too
+
+func (l landedClaim) Claim(ctx context.Context, id, owner string, state []byte) error {
+	if err := l.Memory.Claim(ctx, id, owner, state); err != nil {
+		return err
+	}
+	return nats.ErrTimeout
+}
+
+// TestAClaimWhoseAnswerWasLostIsDriven (finding 3, and "no run id lost"):
+// StartRun's claim landed but its answer was lost. The caller is told
+// UNAVAILABLE, the run may have started; the run is not let go (another
+// caller, retrying with its idempotency key, may have been answered with
+// it) but driven to its end, and a StartRun with the same key finds it.
+// On 72c220f it stayed claimed and undriven for good.
+func TestAClaimWhoseAnswerWasLostIsDriven(t *testing.T) {
+	const lease = 200 * time.Millisecond
+	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": {controlstest.OK("done")}})
+	mem := runs.NewMemory(lease)
+	a := newManager(t, d, runs.Config{Store: landedClaim{mem}, Lease: lease, Owner: "a"})
+	opts := &stubbornv1.RunOptions{IdempotencyKey: "key-1"}
+	_, err := a.Start(ctxFor(t), "brief", retrySpec(1), opts)
+	require.ErrorIs(t, err, runs.ErrUnavailable)
+	var id string
+	require.Eventually(t, func() bool {
+		var found bool
+		mem.States(ctxFor(t), func(st *stubbornv1.ControlState) bool { //nolint:errcheck // polled
+			id, found = st.GetRunId(), st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED
+			return true
+		})
+		return found
+	}, 10*time.Second, 5*time.Millisecond, "the run is driven to its end")
+	st, existing, err := a.StartOnce(ctxFor(t), "brief", retrySpec(1), opts)
+	require.NoError(t, err)
+	assert.True(t, existing, "its key names it")
+	assert.Equal(t, id, st.GetRunId())
+	assert.Len(t, d.Calls(), 1)
 }

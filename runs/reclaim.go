@@ -45,25 +45,8 @@ func (m *Manager) lostHere(id string) {
 	m.mu.Unlock()
 }
 
-// unclaim lets go of the claim of run id, which did not start here: its
-// claim's write failed, and may have landed. What it cannot let go of
-// now, the scan does (reclaim).
-func (m *Manager) unclaim(id string) {
-	if err := m.store.Release(m.letGo, id); err == nil {
-		return
-	}
-	m.mu.Lock()
-	if m.relost == nil {
-		m.relost = map[string]*relost{}
-	}
-	m.relost[id] = &relost{at: time.Now().Add(m.cfg.Lease / scanTicks), wait: m.cfg.Lease, release: true}
-	m.mu.Unlock()
-}
-
 // relost is a run lost here, to look at again at at.
 type relost struct {
-	// release says the run never started here: its claim is to go.
-	release bool
 	// notMine counts the reads in a row that said another server drives
 	// it (reclaimOne). Guarded by the Manager's mu.
 	notMine int
@@ -135,13 +118,6 @@ func (m *Manager) reclaim() (clean bool) {
 // believed only once notMineTimes reads in a row say so, and a run with
 // no driver only once its journal says it finished, or after as many.
 func (m *Manager) reclaimOne(id string, l *relost) (done, resumed bool, err error) {
-	if l.release {
-		owner, err := m.store.Driver(m.ctx, id)
-		if err != nil || owner != m.owner {
-			return err == nil, false, err
-		}
-		return err == nil, false, m.store.Release(m.ctx, id)
-	}
 	if r := m.local(id); r != nil && !r.isLost() {
 		return true, false, nil // driven here again already
 	}

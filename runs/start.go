@@ -51,13 +51,18 @@ func (m *Manager) StartOnce(ctx context.Context, brief string, spec *stubbornv1.
 		return cur, cur != nil, err
 	}
 	st, err = m.start(ctx, id, brief, spec, opts)
-	if err != nil && reserved != nil {
+	if err != nil && reserved != nil && !errors.Is(err, errMaybeStarted) {
 		// Not started: the key is free again (else the next start with
 		// it would wait keyClaimGrace).
 		reserved()
 	}
 	return st, false, err
 }
+
+// errMaybeStarted: a run whose claim's write failed in a way that may
+// have landed. Its idempotency key stays reserved for it: the caller's
+// retry with that key finds the run if it exists.
+var errMaybeStarted = errors.New("the run may have started; a StartRun with the same idempotency key finds it")
 
 // start starts run id.
 func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (*stubbornv1.ControlState, error) {
@@ -100,11 +105,17 @@ func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.
 	}
 	if err != nil {
 		m.forget(r)
-		if transient(err) || errors.Is(err, ErrConflict) {
+		if transient(err) {
 			// The claim may have landed all the same (its answer was
-			// lost): it goes, so that no run the caller was told did not
-			// start is driven later.
-			m.unclaim(id)
+			// lost): then the run exists, and a StartRun with its
+			// idempotency key, on any server, answers with it. It is
+			// driven, a lease later, like a run lost here (reclaim.go):
+			// never let go of, which would lose a run some caller was
+			// told of.
+			m.lostHere(id)
+			return nil, fmt.Errorf("%w: %w: recording it: %v", ErrUnavailable, errMaybeStarted, err)
+		}
+		if errors.Is(err, ErrConflict) {
 			return nil, fmt.Errorf("%w: the run was not started: recording it: %v", ErrUnavailable, err)
 		}
 		return nil, fmt.Errorf("recording the run: %w", err)
