@@ -470,6 +470,33 @@ func (s *JetStream) tenantRuns(ctx context.Context, tenant string, fn func(runID
 	return nil
 }
 
+// claimedRuns calls fn with the id and key of every run of tenant that
+// has a driver, from its claim, and of every run this store has yet to
+// index (peekListing: nothing of another tenant's
+// kept, no claim decoded whole).
+func (s *JetStream) claimedRuns(ctx context.Context, tenant string, fn func(runID string, key listKey)) error {
+	// And the runs this store has yet to index (a run that ended and let
+	// its claim go within indexDelay).
+	s.index.mu.Lock()
+	for _, m := range []map[string][][]byte{s.index.writing, s.index.pending} {
+		for id, q := range m {
+			if len(q) > 0 {
+				if rid, t, k, ok := peekListing(q[len(q)-1]); ok && t == tenant && rid == id {
+					fn(id, k)
+				}
+			}
+		}
+	}
+	s.index.mu.Unlock()
+	return eachEntry(ctx, s.owners, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
+		_, state := parseOwnerEntry(e.Value())
+		if id, t, k, ok := peekListing(state); ok && t == tenant && id == e.Key() {
+			fn(id, k)
+		}
+		return true, nil
+	})
+}
+
 // peekListing reads a state's run id, tenant and listing key (its
 // creation time) without decoding the rest of it; ok is false when those
 // do not decode.

@@ -54,13 +54,30 @@ func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageTok
 			return nil, "", err
 		}
 		if ok {
-			var cands []listCandidate
+			keys := map[string]listKey{}
 			for id, sum := range byID {
-				if k := summaryKey(sum); f.MatchesSummary(sum) && (after == nil || after.before(k)) {
-					cands = append(cands, listCandidate{id, k})
+				// A summary not finished may be behind its run: its status
+				// is checked on the state read.
+				g := f
+				if !isTerminal(sum.GetStatus()) {
+					g.Status = stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+				}
+				if g.MatchesSummary(sum) {
+					keys[id] = summaryKey(sum)
 				}
 			}
-			return m.pageOfStates(ctx, tenant, cands, f, after, pageSize)
+			// The runs in flight on other servers that the index may not
+			// have yet (it lags by indexDelay and a write): their claims.
+			if cl, ok := m.store.(claimLister); ok {
+				if err := cl.claimedRuns(ctx, tenant, func(id string, k listKey) {
+					if _, ok := byID[id]; !ok {
+						keys[id] = k
+					}
+				}); err != nil {
+					return nil, "", err
+				}
+			}
+			return m.pageOfStates(ctx, tenant, candidates(keys, after), f, after, pageSize)
 		}
 	}
 	if tr, ok := m.store.(tenantRunLister); ok {
@@ -75,13 +92,7 @@ func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageTok
 				}
 			}
 		}
-		var cands []listCandidate
-		for id, k := range keys {
-			if after == nil || after.before(k) {
-				cands = append(cands, listCandidate{id, k})
-			}
-		}
-		return m.pageOfStates(ctx, tenant, cands, f, after, pageSize)
+		return m.pageOfStates(ctx, tenant, candidates(keys, after), f, after, pageSize)
 	}
 	return m.listScanning(ctx, tenant, f, after, pageSize)
 }
@@ -90,6 +101,23 @@ func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageTok
 type listCandidate struct {
 	id  string
 	key listKey
+}
+
+// candidates are the runs of keys after after.
+func candidates(keys map[string]listKey, after *listKey) []listCandidate {
+	cands := make([]listCandidate, 0, len(keys))
+	for id, k := range keys {
+		if after == nil || after.before(k) {
+			cands = append(cands, listCandidate{id, k})
+		}
+	}
+	return cands
+}
+
+// claimLister is a store that can list a tenant's runs that have a
+// driver, from their claims, without decoding them whole (JetStream).
+type claimLister interface {
+	claimedRuns(ctx context.Context, tenant string, fn func(runID string, key listKey)) error
 }
 
 // tenantRunLister is a store that can list a tenant's run ids (and their
