@@ -125,6 +125,10 @@ type Limits struct {
 	// MaxWatchersPerRun caps the streams (Run, WatchRun) following one
 	// run at a time.
 	MaxWatchersPerRun int `yaml:"max_watchers_per_run,omitempty"`
+	// MaxConcurrentReads caps the reads of one tenant in progress at a
+	// time: ListRuns and GetRun calls, and WatchRun streams open. The
+	// server's value applies to each tenant, a tenant's own when smaller.
+	MaxConcurrentReads int `yaml:"max_concurrent_reads,omitempty"`
 }
 
 // DefaultLimits returns the limits used for every field a config leaves zero.

@@ -86,6 +86,7 @@ func validateLimits(where string, l Limits, bad func(string, ...any)) {
 		{"max_concurrent_runs", int64(l.MaxConcurrentRuns)},
 		{"run_start_burst", int64(l.RunStartBurst)},
 		{"max_watchers_per_run", int64(l.MaxWatchersPerRun)},
+		{"max_concurrent_reads", int64(l.MaxConcurrentReads)},
 	} {
 		if f.v < 0 {
 			bad("%s.%s: must not be negative", where, f.field)

@@ -102,3 +102,6 @@ func (s *JetStream) DeleteCrashAt(step string, err error) {
 		return nil
 	}
 }
+
+// StateDecodes returns how many run states this process has decoded whole.
+func StateDecodes() int64 { return stateDecodes.Load() }

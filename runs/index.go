@@ -80,6 +80,8 @@ type indexer struct {
 	// the last is replaced), so that a follower sees every status a run
 	// goes through unless the index lags that far behind.
 	pending map[string][][]byte
+	// writing is the batch taken from pending that loop is writing.
+	writing map[string][][]byte
 	wake    chan struct{}
 
 	// ready is set once this process has reconciled the index.
@@ -195,6 +197,7 @@ func (x *indexer) loop(ctx context.Context) {
 		x.mu.Lock()
 		batch := x.pending
 		x.pending = make(map[string][][]byte, len(batch))
+		x.writing = batch
 		x.mu.Unlock()
 		for runID, states := range batch {
 			sums := make([]*stubbornv1.RunSummary, len(states))
@@ -227,6 +230,9 @@ func (x *indexer) loop(ctx context.Context) {
 				}
 			}
 		}
+		x.mu.Lock()
+		x.writing = nil
+		x.mu.Unlock()
 		if x.failing.Load() {
 			if !sleep(ctx, indexRetry) {
 				return

@@ -12,7 +12,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -426,4 +428,111 @@ func validKey(s string) bool {
 		}
 	}
 	return true
+}
+
+// tenantRuns calls fn with the id and key of every run of tenant, from
+// what a cheap look at each stored record of a run says of it (peekListing:
+// its tenant and creation time, neither of which ever changes; the rest,
+// a result among it, left undecoded). Another tenant's runs are dropped
+// as they are read, before anything of them is kept: this is how the
+// full view of ListRuns finds a tenant's runs while the index is not
+// ready, without holding or decoding every run's state (issue 30).
+func (s *JetStream) tenantRuns(ctx context.Context, tenant string, fn func(runID string, key listKey)) error {
+	keys := map[string]listKey{}
+	see := func(runID string, state []byte) {
+		if id, t, k, ok := peekListing(state); ok && t == tenant && id == runID {
+			keys[runID] = k
+		}
+	}
+	if err := eachEntry(ctx, s.owners, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
+		_, state := parseOwnerEntry(e.Value())
+		see(e.Key(), state)
+		return true, nil
+	}); err != nil {
+		return err
+	}
+	if err := eachEntry(ctx, s.states, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
+		see(e.Key(), e.Value())
+		return true, nil
+	}); err != nil {
+		return err
+	}
+	if err := s.lastRawEvents(ctx, func(runID string, last Event, err error) {
+		if err == nil && last.Finished {
+			see(runID, last.state())
+		}
+	}); err != nil {
+		return err
+	}
+	for id, k := range keys {
+		fn(id, k)
+	}
+	return nil
+}
+
+// claimedRuns calls fn with the id and key of every run of tenant that
+// has a driver, from its claim, and of every run this store has yet to
+// index (peekListing: nothing of another tenant's
+// kept, no claim decoded whole).
+func (s *JetStream) claimedRuns(ctx context.Context, tenant string, fn func(runID string, key listKey)) error {
+	// And the runs this store has yet to index (a run that ended and let
+	// its claim go within indexDelay).
+	s.index.mu.Lock()
+	for _, m := range []map[string][][]byte{s.index.writing, s.index.pending} {
+		for id, q := range m {
+			if len(q) > 0 {
+				if rid, t, k, ok := peekListing(q[len(q)-1]); ok && t == tenant && rid == id {
+					fn(id, k)
+				}
+			}
+		}
+	}
+	s.index.mu.Unlock()
+	return eachEntry(ctx, s.owners, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
+		_, state := parseOwnerEntry(e.Value())
+		if id, t, k, ok := peekListing(state); ok && t == tenant && id == e.Key() {
+			fn(id, k)
+		}
+		return true, nil
+	})
+}
+
+// peekListing reads a state's run id, tenant and listing key (its
+// creation time) without decoding the rest of it; ok is false when those
+// do not decode.
+func peekListing(data []byte) (runID, tenant string, key listKey, ok bool) {
+	var created []byte
+	for b := data; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return "", "", listKey{}, false
+		}
+		b = b[n:]
+		if typ == protowire.BytesType && (num == 1 || num == 12 || num == 16) {
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return "", "", listKey{}, false
+			}
+			switch num {
+			case 1:
+				runID = string(v)
+			case 12:
+				created = v
+			case 16:
+				tenant = string(v)
+			}
+			b = b[m:]
+			continue
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return "", "", listKey{}, false
+		}
+		b = b[m:]
+	}
+	ts := &timestamppb.Timestamp{}
+	if err := proto.Unmarshal(created, ts); err != nil || runID == "" {
+		return "", "", listKey{}, false
+	}
+	return runID, tenant, listKey{ts.AsTime().UnixNano(), runID}, true
 }

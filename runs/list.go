@@ -32,13 +32,155 @@ func (m *Manager) List(ctx context.Context, status stubbornv1.RunStatus, pageSiz
 }
 
 // ListWhere is List with every filter.
+//
+// A listing costs in proportion to what it returns (issue 30): with a
+// store that indexes the runs (JetStream), the tenant's run ids come from
+// its summaries in the index, and only the page's runs' states are read,
+// one at a time (State). Until the index is ready, the JetStream store
+// lists the tenant's run ids from what a cheap look at each stored state
+// says of it (its tenant and creation time, the result left undecoded),
+// and the page's states are read the same way. Any other store (Memory)
+// streams its states, another tenant's dropped at once, and keeps at most
+// a page. No step holds more than a page of states.
 func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageToken string) ([]*stubbornv1.ControlState, string, error) {
 	after, err := pageAfter(pageToken)
 	if err != nil {
 		return nil, "", err
 	}
 	tenant := TenantFrom(ctx)
-	var all []*stubbornv1.ControlState
+	if idx, ok := m.store.(summaryIndex); ok {
+		byID, ok, err := m.indexedSummaries(ctx, idx, tenant)
+		if err != nil {
+			return nil, "", err
+		}
+		if ok {
+			keys := map[string]listKey{}
+			for id, sum := range byID {
+				// A summary not finished may be behind its run: its status
+				// is checked on the state read.
+				g := f
+				if !isTerminal(sum.GetStatus()) {
+					g.Status = stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+				}
+				if g.MatchesSummary(sum) {
+					keys[id] = summaryKey(sum)
+				}
+			}
+			// The runs in flight on other servers that the index may not
+			// have yet (it lags by indexDelay and a write): their claims.
+			if cl, ok := m.store.(claimLister); ok {
+				if err := cl.claimedRuns(ctx, tenant, func(id string, k listKey) {
+					if _, ok := byID[id]; !ok {
+						keys[id] = k
+					}
+				}); err != nil {
+					return nil, "", err
+				}
+			}
+			return m.pageOfStates(ctx, tenant, candidates(keys, after), f, after, pageSize)
+		}
+	}
+	if tr, ok := m.store.(tenantRunLister); ok {
+		keys := map[string]listKey{}
+		if err := tr.tenantRuns(ctx, tenant, func(id string, k listKey) { keys[id] = k }); err != nil {
+			return nil, "", err
+		}
+		for _, id := range m.localIDs(tenant) {
+			if r := m.local(id); r != nil && !r.isLost() {
+				if cur, err := r.snapshot(); err == nil {
+					keys[id] = keyOf(cur)
+				}
+			}
+		}
+		return m.pageOfStates(ctx, tenant, candidates(keys, after), f, after, pageSize)
+	}
+	return m.listScanning(ctx, tenant, f, after, pageSize)
+}
+
+// listCandidate is a run that may be on a page: its id and its key.
+type listCandidate struct {
+	id  string
+	key listKey
+}
+
+// candidates are the runs of keys after after.
+func candidates(keys map[string]listKey, after *listKey) []listCandidate {
+	cands := make([]listCandidate, 0, len(keys))
+	for id, k := range keys {
+		if after == nil || after.before(k) {
+			cands = append(cands, listCandidate{id, k})
+		}
+	}
+	return cands
+}
+
+// claimLister is a store that can list a tenant's runs that have a
+// driver, from their claims, without decoding them whole (JetStream).
+type claimLister interface {
+	claimedRuns(ctx context.Context, tenant string, fn func(runID string, key listKey)) error
+}
+
+// tenantRunLister is a store that can list a tenant's run ids (and their
+// keys) without decoding any run's state whole, another tenant's
+// dropped before anything of it is kept: the JetStream store, for
+// listings while its index is not ready.
+type tenantRunLister interface {
+	tenantRuns(ctx context.Context, tenant string, fn func(runID string, key listKey)) error
+}
+
+// pageOfStates sorts cands newest first and reads their states one at a
+// time, the fresher copy of the runs driven here, until the page is full:
+// pageSize runs, or the one that would take it past MaxListBytes (never
+// before the first). A run gone meanwhile, unreadable (logged), or no
+// longer passing f is left out. The token is the last run's key when
+// candidates remain.
+func (m *Manager) pageOfStates(ctx context.Context, tenant string, cands []listCandidate, f Filter, after *listKey, pageSize int) ([]*stubbornv1.ControlState, string, error) {
+	slices.SortFunc(cands, func(a, b listCandidate) int { return b.key.compare(a.key) })
+	var page []*stubbornv1.ControlState
+	size := 0
+	for _, c := range cands {
+		if len(page) == pageSize {
+			return page, keyOf(page[len(page)-1]).String(), nil
+		}
+		st, err := m.listedState(ctx, c.id)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			continue // deleted meanwhile
+		case errors.Is(err, ErrUnreadable):
+			m.log.Error("listing: a run whose stored records cannot be read is left out (DeleteRun removes it)", "run_id", c.id, "err", err)
+			continue
+		case err != nil:
+			return nil, "", err
+		}
+		if st.GetTenant() != tenant || !f.matches(st) || (after != nil && !after.before(keyOf(st))) {
+			continue
+		}
+		st = controls.BoundState(st, controls.MaxStateBytes)
+		if size += proto.Size(st); len(page) > 0 && size > MaxListBytes {
+			return page, keyOf(page[len(page)-1]).String(), nil
+		}
+		page = append(page, st)
+	}
+	return page, "", nil
+}
+
+// listedState is a run's state for a listing: the fresher copy of a run
+// driven here, else the stored one.
+func (m *Manager) listedState(ctx context.Context, id string) (*stubbornv1.ControlState, error) {
+	if r := m.local(id); r != nil && !r.isLost() {
+		if cur, err := r.snapshot(); err == nil {
+			return cur, nil
+		}
+	}
+	return m.store.State(ctx, id)
+}
+
+// listScanning is ListWhere over a store that indexes nothing (Memory):
+// its states streamed, another tenant's dropped before anything is kept,
+// and at most the best pageSize kept.
+func (m *Manager) listScanning(ctx context.Context, tenant string, f Filter, after *listKey, pageSize int) ([]*stubbornv1.ControlState, string, error) {
+	var kept []*stubbornv1.ControlState // newest first, at most pageSize
+	more := false
 	if err := m.store.States(ctx, func(st *stubbornv1.ControlState) bool {
 		if st.GetTenant() != tenant {
 			return true // another tenant's: not there, as far as ctx can tell
@@ -51,18 +193,38 @@ func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageTok
 		if !f.matches(st) {
 			return true
 		}
-		if after != nil && !after.before(keyOf(st)) {
+		k := keyOf(st)
+		if after != nil && !after.before(k) {
 			return true
 		}
-		all = append(all, st)
+		i, _ := slices.BinarySearchFunc(kept, k, func(e *stubbornv1.ControlState, k listKey) int { return k.compare(keyOf(e)) })
+		if i == pageSize {
+			more = true // older than every run kept, which fill the page
+			return true
+		}
+		kept = slices.Insert(kept, i, controls.BoundState(st, controls.MaxStateBytes))
+		if len(kept) > pageSize {
+			kept, more = kept[:pageSize], true
+		}
 		return true
 	}); err != nil {
 		return nil, "", err
 	}
-	page, next := paged(all, keyOf, func(st *stubbornv1.ControlState) *stubbornv1.ControlState {
-		return controls.BoundState(st, controls.MaxStateBytes)
-	}, pageSize)
-	return page, next, nil
+	n, size := 0, 0
+	for n < len(kept) {
+		if size += proto.Size(kept[n]); n > 0 && size > MaxListBytes {
+			break
+		}
+		n++
+	}
+	if n == len(kept) && !more {
+		return kept, "", nil
+	}
+	page := kept[:n]
+	if len(page) == 0 {
+		return page, "", nil
+	}
+	return page, keyOf(page[len(page)-1]).String(), nil
 }
 
 // paged sorts all newest first and returns its first page and the token
@@ -114,19 +276,36 @@ func (m *Manager) ListSummaries(ctx context.Context, f Filter, pageSize int, pag
 		return nil, "", err
 	}
 	tenant := TenantFrom(ctx)
-	byID := map[string]*stubbornv1.RunSummary{}
-	ok, err = idx.Summaries(ctx, tenant, func(sum *stubbornv1.RunSummary) bool {
-		byID[sum.GetRunId()] = sum
-		return true
-	})
+	byID, ok, err := m.indexedSummaries(ctx, idx, tenant)
 	if err != nil {
 		return nil, "", err
 	}
 	if !ok {
 		return m.summariesOfStates(ctx, f, pageSize, pageToken)
 	}
-	// The runs driven here that the index may have behind: not finished
-	// there (a finished run's summary is its last).
+	all := make([]*stubbornv1.RunSummary, 0, len(byID))
+	for _, sum := range byID {
+		if f.MatchesSummary(sum) && (after == nil || after.before(summaryKey(sum))) {
+			all = append(all, sum)
+		}
+	}
+	page, next := paged(all, summaryKey, func(s *stubbornv1.RunSummary) *stubbornv1.RunSummary { return s }, pageSize)
+	return page, next, nil
+}
+
+// indexedSummaries returns the summaries of tenant's runs by id, from the
+// index, the runs driven here that the index may have behind (not
+// finished there: a finished run's summary is its last) as fresh as their
+// drivers know them. ok false: the index is not ready.
+func (m *Manager) indexedSummaries(ctx context.Context, idx summaryIndex, tenant string) (map[string]*stubbornv1.RunSummary, bool, error) {
+	byID := map[string]*stubbornv1.RunSummary{}
+	ok, err := idx.Summaries(ctx, tenant, func(sum *stubbornv1.RunSummary) bool {
+		byID[sum.GetRunId()] = sum
+		return true
+	})
+	if err != nil || !ok {
+		return nil, ok, err
+	}
 	for _, id := range m.localIDs(tenant) {
 		if sum, ok := byID[id]; ok && isTerminal(sum.GetStatus()) {
 			continue
@@ -137,14 +316,7 @@ func (m *Manager) ListSummaries(ctx context.Context, f Filter, pageSize int, pag
 			}
 		}
 	}
-	all := make([]*stubbornv1.RunSummary, 0, len(byID))
-	for _, sum := range byID {
-		if f.MatchesSummary(sum) && (after == nil || after.before(summaryKey(sum))) {
-			all = append(all, sum)
-		}
-	}
-	page, next := paged(all, summaryKey, func(s *stubbornv1.RunSummary) *stubbornv1.RunSummary { return s }, pageSize)
-	return page, next, nil
+	return byID, true, nil
 }
 
 // summariesOfStates is ListSummaries from the runs' states.

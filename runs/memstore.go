@@ -278,7 +278,12 @@ func (s *Memory) States(_ context.Context, fn func(*stubbornv1.ControlState) boo
 	return nil
 }
 
+// stateDecodes counts the states decoded whole (decodeState), for tests
+// of what a listing costs.
+var stateDecodes atomic.Int64
+
 func decodeState(data []byte) (*stubbornv1.ControlState, error) {
+	stateDecodes.Add(1)
 	st := &stubbornv1.ControlState{}
 	if err := proto.Unmarshal(data, st); err != nil {
 		return nil, fmt.Errorf("undecodable run state: %w", err)

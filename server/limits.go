@@ -55,6 +55,7 @@ func LimitsFrom(l delegates.Limits) Limits {
 		RunStartsPerSecond: l.RunStartsPerSecond,
 		RunStartBurst:      l.RunStartBurst,
 		MaxWatchersPerRun:  l.MaxWatchersPerRun,
+		MaxConcurrentReads: l.MaxConcurrentReads,
 	}
 }
 
@@ -81,6 +82,7 @@ func tighter(a, b Limits) Limits {
 	a.MaxChain = minInt(a.MaxChain, b.MaxChain)
 	a.MaxMetadata = minInt(a.MaxMetadata, b.MaxMetadata)
 	a.MaxWatchersPerRun = minInt(a.MaxWatchersPerRun, b.MaxWatchersPerRun)
+	a.MaxConcurrentReads = minInt(a.MaxConcurrentReads, b.MaxConcurrentReads)
 	if a.MaxWait <= 0 || (b.MaxWait > 0 && b.MaxWait < a.MaxWait) {
 		a.MaxWait = b.MaxWait
 	}
@@ -364,6 +366,46 @@ func (w *watchers) acquire(id string, max int, force bool) (release func(), ok b
 			}
 		})
 	}, true
+}
+
+// readers counts each tenant's reads in progress (ListRuns, GetRun,
+// WatchRun), for max_concurrent_reads.
+type readers struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// readRetry is the RetryInfo of a read refused for max_concurrent_reads:
+// reads are short.
+const readRetry = time.Second
+
+// acquire counts a read of p's tenant unless its max_concurrent_reads is
+// reached (RESOURCE_EXHAUSTED, with RetryInfo). release uncounts it.
+func (r *readers) acquire(p *policy) (release func(), err error) {
+	max := p.limits.MaxConcurrentReads
+	if max <= 0 {
+		return func() {}, nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == nil {
+		r.n = map[string]int{}
+	}
+	if n := r.n[p.tenant]; n >= max {
+		return nil, exhausted(p.subject, fmt.Sprintf(
+			"limit max_concurrent_reads reached for %s: %d reads in progress (ListRuns, GetRun, WatchRun), the limit is %d; retry in %s", p.who, n, max, readRetry), readRetry)
+	}
+	r.n[p.tenant]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.n[p.tenant]--; r.n[p.tenant] <= 0 {
+				delete(r.n, p.tenant)
+			}
+		})
+	}, nil
 }
 
 // registryNames returns the names describe lists (delegates and presets),

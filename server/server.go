@@ -82,7 +82,9 @@ type Service struct {
 	regs     *registries
 	active   *ActiveRuns
 	watching watchers
-	feed     *runFeed
+	// reading counts each tenant's reads in progress.
+	reading readers
+	feed    *runFeed
 	// streams are the authenticated streams in flight, which a reload
 	// that takes their credentials away ends (revoke.go).
 	streams liveStreams
@@ -283,6 +285,11 @@ func (s *Service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerSt
 		return err
 	}
 	logging.AddFields(stream.Context(), logging.Fields{"run_id", req.GetRunId()}) // for the call's log line
+	doneReading, err := s.reading.acquire(s.policy(stream.Context()))
+	if err != nil {
+		return err
+	}
+	defer doneReading()
 	release, err := s.watcher(stream.Context(), req.GetRunId())
 	if err != nil {
 		return err
@@ -345,6 +352,11 @@ func (s *Service) GetRun(ctx context.Context, req *stubbornv1.GetRunRequest) (*s
 	if err := runID(req.GetRunId()); err != nil {
 		return nil, err
 	}
+	doneReading, err := s.reading.acquire(s.policy(ctx))
+	if err != nil {
+		return nil, err
+	}
+	defer doneReading()
 	st, err := s.runs.Get(ctx, req.GetRunId())
 	if err != nil {
 		return nil, toStatus(err)
@@ -366,6 +378,11 @@ func (s *Service) ListRuns(ctx context.Context, req *stubbornv1.ListRunsRequest)
 	if err := v.err(); err != nil {
 		return nil, err
 	}
+	doneReading, err := s.reading.acquire(s.policy(ctx))
+	if err != nil {
+		return nil, err
+	}
+	defer doneReading()
 	size := int(req.GetPageSize())
 	switch {
 	case size == 0:

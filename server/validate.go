@@ -47,6 +47,10 @@ type Limits struct {
 	// MaxWatchersPerRun bounds the Run and WatchRun streams following one
 	// run.
 	MaxWatchersPerRun int
+	// MaxConcurrentReads bounds each tenant's ListRuns and GetRun calls
+	// and WatchRun streams in progress at once (the tighter of the
+	// server's and the tenant's applies to each tenant).
+	MaxConcurrentReads int
 }
 
 // DefaultLimits are the limits when none are configured.
