@@ -228,6 +228,11 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		if err != nil {
 			return nil, fmt.Errorf("bucket %s: %w", b.name, err)
 		}
+		if b.name == ownersBucket || b.name == beatsBucket || b.name == deletedBucket {
+			if *b.kv, err = leaderReads(ctx, js, *b.kv, b.name); err != nil {
+				return nil, fmt.Errorf("bucket %s: %w", b.name, err)
+			}
+		}
 	}
 	if limit := s.eventLimit(); limit < MaxEventBytes {
 		log := cfg.Logger

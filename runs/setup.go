@@ -143,3 +143,28 @@ func bindStream(ctx context.Context, js jetstream.JetStream, name string) (jetst
 		return js.Stream(ctx, name)
 	}, func(context.Context) (jetstream.Stream, bool) { return nil, false })
 }
+
+// leaderReads makes the reads of bucket kv go to its stream's leader:
+// nats.go's KeyValue reads with direct gets when the stream allows them
+// (CreateOrUpdateKeyValue always does), and a direct get may be answered by
+// any replica, also one that lags — a NATS node just back from a stop
+// answered "no driver" and a stale owner for runs taken over meanwhile
+// (issue 29's fault suite). Who drives a run, whether a server is alive,
+// whether a run was deleted: those reads decide takeovers, so they read
+// what the cluster agreed on. The stream's AllowDirect is turned off and
+// the bucket bound again.
+func leaderReads(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, bucket string) (jetstream.KeyValue, error) {
+	stream, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return nil, err
+	}
+	cfg := stream.CachedInfo().Config
+	if !cfg.AllowDirect {
+		return kv, nil
+	}
+	cfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return nil, err
+	}
+	return js.KeyValue(ctx, bucket)
+}
