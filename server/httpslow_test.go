@@ -2,11 +2,15 @@ package server_test
 
 import (
 	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,4 +108,49 @@ func TestH2CHeaderDribbleIsCut(t *testing.T) {
 	t.Logf("closed after %v", took)
 	assert.True(t, pinged, "closed for the unanswered PING")
 	assert.Less(t, took, bound+2*time.Second)
+}
+
+// A stream over HTTP outlives HTTPBodyTimeout and the HTTP/2 PING (issue
+// 30 item 6): the body's deadline is lifted once it is read, and no write
+// timeout cuts a response. WatchRuns over Connect streaming, over HTTP/1.1
+// and h2c, still delivers a run started after the bounds have passed.
+func TestHTTPStreamOutlivesTheReadBounds(t *testing.T) {
+	t.Parallel()
+	e := start(t, delegates.Limits{})
+	base := httpAPI(t, e)
+	for name, client := range map[string]*http.Client{"HTTP/1.1": http.DefaultClient, "h2c": h2cClient(t)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), server.HTTPBodyTimeout+20*time.Second)
+			defer cancel()
+			body := []byte{0, 0, 0, 0, 2, '{', '}'}
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/stubborn.v1.ControlService/WatchRuns", bytes.NewReader(body))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/connect+json")
+			req.Header.Set("Connect-Protocol-Version", "1")
+			resp, err := client.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			r := bufio.NewReader(resp.Body)
+			next := func() string {
+				t.Helper()
+				var head [5]byte
+				_, err := io.ReadFull(r, head[:])
+				require.NoError(t, err)
+				payload := make([]byte, binary.BigEndian.Uint32(head[1:]))
+				_, err = io.ReadFull(r, payload)
+				require.NoError(t, err)
+				require.Zero(t, head[0]&0x02, "ended: %s", payload)
+				return string(payload)
+			}
+			assert.NotContains(t, next(), "runId", "following")
+			time.Sleep(max(server.HTTPBodyTimeout, server.HTTP2PingAfter+server.HTTP2PingTimeout) + 2*time.Second)
+			_, out := postJSON(t, base+"/stubborn.v1.ControlService/StartRun", "",
+				`{"taskBrief": "late", "fallbackChain": {"chain": ["echo"]}}`)
+			id := out["runId"].(string)
+			for !strings.Contains(next(), id) { // the other stream's runs too
+			}
+		})
+	}
 }
