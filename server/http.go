@@ -103,10 +103,10 @@ func (s *Stubborn) HTTPHandler(allowedHosts ...string) (http.Handler, error) {
 // HTTP/1.1 and HTTP/2 (over TLS, or cleartext h2c when the caller serves
 // plaintext), header and idle timeouts (HTTPHeaderTimeout, and
 // HTTP2PingAfter and HTTP2PingTimeout for HTTP/2), MaxHTTPHeaderBytes.
-// There is no ReadTimeout: over HTTP/1.1 it would also cut a stream's
-// response once its body is read (net/http's background read hits it and
-// cancels the request), so HTTPHandler sets the body's own deadline
-// (HTTPBodyTimeout). Streams (WatchRun, WatchRuns) have no write timeout.
+// There is no ReadTimeout, a deadline for the whole request that a
+// stream's connection would carry after its body is read: HTTPHandler
+// sets the body's own deadline (HTTPBodyTimeout) and lifts it once the
+// body is read. Streams (WatchRun, WatchRuns) have no write timeout.
 func NewHTTPServer(h http.Handler) *http.Server {
 	p := new(http.Protocols)
 	p.SetHTTP1(true)
