@@ -17,9 +17,12 @@ import (
 )
 
 // feedBuffer is how many summaries a WatchRuns stream may fall behind
-// before it is ended (RESOURCE_EXHAUSTED): a slow reader never holds a run
-// back.
-const feedBuffer = 1024
+// before it is ended (RESOURCE_EXHAUSTED, "fell 1000 behind; reattach"):
+// its queue, past what the connection's flow control already holds (the
+// client's receive window and gRPC's 64 KiB of writes per stream). A slow
+// reader never holds a run back, and one that never reads is ended
+// rather than kept open while summaries wait.
+const feedBuffer = 1000
 
 // runFeed tells WatchRuns streams about the runs this server drives: a
 // summary when a run starts (or is resumed here) and each time its status
@@ -216,19 +219,38 @@ func (s *Service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.Server
 	if err := stream.Send(&stubbornv1.WatchRunsResponse{}); err != nil {
 		return err
 	}
-	for {
-		select {
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		case err := <-followed:
-			followed <- err // for the deferred wait
-			return status.Errorf(codes.Unavailable, "following the runs ended: %v", err)
-		case <-sub.overflow:
-			return status.Errorf(codes.ResourceExhausted, "this stream fell %d run changes behind; follow again, and ListRuns for what was missed", feedBuffer)
-		case sum := <-sub.c:
-			if err := stream.Send(&stubbornv1.WatchRunsResponse{Run: sum}); err != nil {
-				return err
+	// Sends happen on a goroutine of their own: a Send blocks while the
+	// client does not read (flow control), and the stream must still end
+	// when its queue overflows. Returning ends the stream, which cancels
+	// its context and so a Send that is blocked.
+	sent := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				sent <- nil
+				return
+			case sum := <-sub.c:
+				if ctx.Err() != nil {
+					sent <- nil
+					return
+				}
+				if err := stream.Send(&stubbornv1.WatchRunsResponse{Run: sum}); err != nil {
+					sent <- err
+					return
+				}
 			}
 		}
+	}()
+	select {
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	case err := <-followed:
+		followed <- err // for the deferred wait
+		return status.Errorf(codes.Unavailable, "following the runs ended: %v", err)
+	case <-sub.overflow:
+		return status.Errorf(codes.ResourceExhausted, "this stream fell %d behind; reattach: WatchRuns again, and ListRuns for what was missed", feedBuffer)
+	case err := <-sent:
+		return err
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -31,6 +33,26 @@ const (
 	MaxHTTPHeaderBytes = 16 << 10
 	// MaxHTTPBodyBytes bounds a request's body.
 	MaxHTTPBodyBytes = 8 << 20
+	// HTTPBodyTimeout bounds the time to read a request's body, from the
+	// end of its headers: a short or dribbled body is cut (HTTP 408, and
+	// the connection or HTTP/2 stream closed) rather than holding its
+	// connection and goroutine. Only the body: a stream's response
+	// (WatchRun, WatchRuns) has no write timeout.
+	HTTPBodyTimeout = 20 * time.Second
+	// HTTPHeaderTimeout bounds the time to read a request's headers: over
+	// HTTP/1.1 http.Server's ReadHeaderTimeout; over HTTP/2 (h2c or TLS),
+	// whose server has no header timeout, a connection that completes no
+	// frame for HTTP2PingAfter is sent a PING, and closed when no answer
+	// comes within HTTP2PingTimeout. A client dribbling a HEADERS frame
+	// (or its CONTINUATIONs, which the server reads as one frame) cannot
+	// answer in the middle of it, so it is cut after at most
+	// HTTP2PingAfter+HTTP2PingTimeout, not at the 2-minute idle timeout.
+	HTTPHeaderTimeout = 10 * time.Second
+	// HTTP2PingAfter is how long an HTTP/2 connection may read no frame
+	// before the server sends it a PING.
+	HTTP2PingAfter = 10 * time.Second
+	// HTTP2PingTimeout is how long the server waits for the answer.
+	HTTP2PingTimeout = 5 * time.Second
 )
 
 // HTTPHandler serves the ControlService and health to browsers and plain
@@ -79,8 +101,12 @@ func (s *Stubborn) HTTPHandler(allowedHosts ...string) (http.Handler, error) {
 
 // NewHTTPServer returns an http.Server for h with the listener's bounds:
 // HTTP/1.1 and HTTP/2 (over TLS, or cleartext h2c when the caller serves
-// plaintext), header and idle timeouts, MaxHTTPHeaderBytes. Streams
-// (WatchRun) have no write timeout.
+// plaintext), header and idle timeouts (HTTPHeaderTimeout, and
+// HTTP2PingAfter and HTTP2PingTimeout for HTTP/2), MaxHTTPHeaderBytes.
+// There is no ReadTimeout, a deadline for the whole request that a
+// stream's connection would carry after its body is read: HTTPHandler
+// sets the body's own deadline (HTTPBodyTimeout) and lifts it once the
+// body is read. Streams (WatchRun, WatchRuns) have no write timeout.
 func NewHTTPServer(h http.Handler) *http.Server {
 	p := new(http.Protocols)
 	p.SetHTTP1(true)
@@ -89,9 +115,13 @@ func NewHTTPServer(h http.Handler) *http.Server {
 	return &http.Server{
 		Handler:           h,
 		Protocols:         p,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: HTTPHeaderTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    MaxHTTPHeaderBytes,
+		HTTP2: &http.HTTP2Config{
+			SendPingTimeout: HTTP2PingAfter,
+			PingTimeout:     HTTP2PingTimeout,
+		},
 	}
 }
 
@@ -137,24 +167,36 @@ func normalContentType(next http.Handler) http.Handler {
 // Connect's and gRPC's clients, Stubborn's retry control and HTTP clients
 // all take those two for "try again later", and would resend the same
 // body forever. A Content-Length over the bound is refused before the body
-// is read; a body of unknown length (chunked, or HTTP/2 without
-// Content-Length, as gRPC sends) is read first, up to the bound (every
+// is read; otherwise the body is read whole first, up to the bound (every
 // method of the API takes one request message, which vanguard buffers
-// whole anyway).
+// whole anyway), within HTTPBodyTimeout: a body that takes longer (short,
+// or dribbled) is answered HTTP 408 and its connection (HTTP/1.1) or
+// stream (HTTP/2) closed. The deadline is lifted once the body is read, so
+// a stream's response is not cut.
 func boundBody(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > MaxHTTPBodyBytes {
 			tooLarge(w, r)
 			return
 		}
-		if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
+		if r.Body != nil && r.Body != http.NoBody {
+			rc := http.NewResponseController(w)
+			// An error means the connection cannot have a deadline (not
+			// net/http's): read it without one.
+			_ = rc.SetReadDeadline(time.Now().Add(HTTPBodyTimeout))
 			b, err := io.ReadAll(io.LimitReader(r.Body, MaxHTTPBodyBytes+1))
 			if err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					w.Header().Set("Connection", "close")
+					http.Error(w, fmt.Sprintf("reading the request body: not done in %v", HTTPBodyTimeout), http.StatusRequestTimeout)
+					return
+				}
 				// The client went away or broke the stream: nobody to
 				// answer, but say so.
 				http.Error(w, "reading the request body: "+err.Error(), http.StatusBadRequest)
 				return
 			}
+			_ = rc.SetReadDeadline(time.Time{})
 			if len(b) > MaxHTTPBodyBytes {
 				tooLarge(w, r)
 				return

@@ -63,9 +63,13 @@ type ControlServiceClient interface {
 	// starts and each time its status changes, filtered as ListRuns. Its first
 	// message has no run: from then on nothing is missed, so a list made with
 	// ListRuns after it and updated with what follows is complete. It sends
-	// nothing about runs before it and never ends by itself. On a JetStream
-	// store it follows the runs of every server that shares the store; on the
-	// memory store, those of the server it asks.
+	// nothing about runs before it, and ends by itself only when the caller
+	// falls behind: a stream whose caller leaves 1000 summaries waiting on
+	// the server (past what the connection's flow control holds) ends with
+	// RESOURCE_EXHAUSTED, "fell 1000 behind; reattach": call WatchRuns again
+	// and ListRuns for what was missed. On a JetStream store it follows the
+	// runs of every server that shares the store; on the memory store, those
+	// of the server it asks.
 	WatchRuns(ctx context.Context, in *WatchRunsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchRunsResponse], error)
 	// ListDelegates lists the delegates and presets the caller may name in a
 	// run.
@@ -254,9 +258,13 @@ type ControlServiceServer interface {
 	// starts and each time its status changes, filtered as ListRuns. Its first
 	// message has no run: from then on nothing is missed, so a list made with
 	// ListRuns after it and updated with what follows is complete. It sends
-	// nothing about runs before it and never ends by itself. On a JetStream
-	// store it follows the runs of every server that shares the store; on the
-	// memory store, those of the server it asks.
+	// nothing about runs before it, and ends by itself only when the caller
+	// falls behind: a stream whose caller leaves 1000 summaries waiting on
+	// the server (past what the connection's flow control holds) ends with
+	// RESOURCE_EXHAUSTED, "fell 1000 behind; reattach": call WatchRuns again
+	// and ListRuns for what was missed. On a JetStream store it follows the
+	// runs of every server that shares the store; on the memory store, those
+	// of the server it asks.
 	WatchRuns(*WatchRunsRequest, grpc.ServerStreamingServer[WatchRunsResponse]) error
 	// ListDelegates lists the delegates and presets the caller may name in a
 	// run.
