@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -25,7 +26,8 @@ type transport interface {
 	call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error)
 	// serving answers a health check: false only for a clear "not
 	// serving".
-	serving(ctx context.Context) bool
+	// serving asks the delegate whether it serves (health.go).
+	serving(ctx context.Context) health
 	close() error
 }
 
@@ -116,9 +118,23 @@ func (g *grpcTransport) call(ctx context.Context, c controls.Call) (*stubbornv1.
 	return resp.GetResult(), nil
 }
 
-func (g *grpcTransport) serving(ctx context.Context) bool {
+// serving asks grpc.health.v1 about service "": NOT_SERVING is not
+// serving; a delegate without the health service (UNIMPLEMENTED) or with
+// another answer serves; a call that did not reach it (connection
+// refused, no answer in time) is unreachable.
+func (g *grpcTransport) serving(ctx context.Context) health {
 	resp, err := g.health.Check(ctx, &healthpb.HealthCheckRequest{Service: ""})
-	return err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING
+	switch {
+	case err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_NOT_SERVING:
+		return healthNotServing
+	case err == nil:
+		return healthServing
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return healthUnreachable
+	}
+	return healthServing // it answered, without a health service of its own
 }
 
 func (g *grpcTransport) close() error { return g.conn.Close() }

@@ -89,22 +89,25 @@ func (h *httpClient) do(req *http.Request) (*answer, error) {
 }
 
 // serving GETs the health URL: a 2xx answer is serving, any other answer
-// not; no URL or no answer says nothing (serving).
-func (h *httpClient) serving(ctx context.Context) bool {
+// not; no URL says nothing (serving); no answer is unreachable.
+func (h *httpClient) serving(ctx context.Context) health {
 	if h.healthURL == "" {
-		return true
+		return healthServing
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.healthURL, nil)
 	if err != nil {
-		return true
+		return healthServing
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return true
+		return healthUnreachable
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	_ = resp.Body.Close()
-	return resp.StatusCode >= 200 && resp.StatusCode <= 299
+	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+		return healthServing
+	}
+	return healthNotServing
 }
 
 func (h *httpClient) close() error {

@@ -65,8 +65,8 @@ type entry struct {
 }
 
 type healthAnswer struct {
-	serving bool
-	at      time.Time
+	health health
+	at     time.Time
 }
 
 var (
@@ -97,6 +97,9 @@ type PoolOptions struct {
 	// Guards, when set, are the delegates' guards, whose state Describe
 	// reports (the caller configures them: Guards.Configure).
 	Guards *Guards
+	// Previous, when set, is the pool this one replaces (a reload): what
+	// it knew of an unchanged delegate's health is kept.
+	Previous *Pool
 }
 
 // NewPoolWith is NewPool with every option.
@@ -138,6 +141,7 @@ func NewPoolWith(cfg *Config, o PoolOptions) (*Pool, error) {
 		p.order = append(p.order, d.Name)
 		p.byKey[d.Name] = &entry{cfg: d, t: t}
 	}
+	p.keepHealth(o.Previous)
 	return p, nil
 }
 
@@ -293,19 +297,21 @@ func (p *Pool) Serving(ctx context.Context, name string) bool {
 	a, hit := p.health[name]
 	p.mu.Unlock()
 	if hit && p.now().Sub(a.at) < HealthCacheTTL {
-		return a.serving
+		return a.health != healthNotServing
 	}
 	hctx, cancel := context.WithTimeout(ctx, HealthTimeout)
 	defer cancel()
-	serving := e.t.serving(hctx)
+	h := e.t.serving(hctx)
 	if ctx.Err() != nil {
 		// The caller gave up; that says nothing about the delegate.
 		return true
 	}
 	p.mu.Lock()
-	p.health[name] = healthAnswer{serving: serving, at: p.now()}
+	p.health[name] = healthAnswer{health: h, at: p.now()}
 	p.mu.Unlock()
-	return serving
+	// Unreachable is still worth trying, as before the answer was kept:
+	// the call may get through where the health check did not.
+	return h != healthNotServing
 }
 
 // HealthSeenFor is how long ListDelegates reports a health answer as seen.
@@ -322,10 +328,7 @@ func (p *Pool) Describe() ([]*stubbornv1.DelegateDescription, []*stubbornv1.Pres
 		d := p.byKey[name].cfg
 		h := stubbornv1.DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED
 		if a, ok := p.health[name]; ok && now.Sub(a.at) < HealthSeenFor {
-			h = stubbornv1.DelegateHealth_DELEGATE_HEALTH_NOT_SERVING
-			if a.serving {
-				h = stubbornv1.DelegateHealth_DELEGATE_HEALTH_SERVING
-			}
+			h = a.health.proto()
 		}
 		desc := &stubbornv1.DelegateDescription{
 			Name: name, Kind: d.Kind(), Idempotent: d.Idempotent, ReadOnly: d.ReadOnly,

@@ -364,3 +364,56 @@ func TestAnswersOverMaxResultBytesAreRefused(t *testing.T) {
 		assert.Contains(t, ce.Message, "more than limits.max_result_bytes (1000)")
 	}
 }
+
+// TestDescribeTellsUnreachableFromServing (issue 30, finding 8): a
+// delegate whose health check cannot reach it (a port that refuses) is
+// shown UNREACHABLE, not SERVING, and is still called (Serving true); one
+// without a health service (UNIMPLEMENTED) stays SERVING; an HTTP kind
+// whose health_url does not answer is UNREACHABLE too. A pool that
+// replaces another (a reload) keeps what was known of an unchanged
+// delegate's health, and forgets a changed one's.
+func TestDescribeTellsUnreachableFromServing(t *testing.T) {
+	bare := grpc.NewServer()
+	stubbornv1.RegisterDelegateServiceServer(bare, demo.Echo{})
+	lis := listen(t)
+	go func() { _ = bare.Serve(lis) }()
+	t.Cleanup(bare.Stop)
+	cfg := &delegates.Config{Delegates: []delegates.Delegate{
+		{Name: "down", Target: serve(t, demo.Down{})},
+		{Name: "bare", Target: lis.Addr().String()},
+		{Name: "gone", Target: deadPort(t)},
+		{Name: "web", HTTP: &delegates.HTTP{URL: "http://" + deadPort(t), HealthURL: "http://" + deadPort(t) + "/healthz"}},
+	}}
+	p := newPool(t, cfg)
+	ctx := testCtx(t)
+	for _, name := range []string{"down", "bare", "gone", "web"} {
+		p.Serving(ctx, name)
+	}
+	assert.True(t, p.Serving(ctx, "gone"), "an unreachable delegate is still called")
+	health := func(p *delegates.Pool) map[string]stubbornv1.DelegateHealth {
+		ds, _ := p.Describe()
+		got := map[string]stubbornv1.DelegateHealth{}
+		for _, d := range ds {
+			got[d.GetName()] = d.GetHealth()
+		}
+		return got
+	}
+	assert.Equal(t, map[string]stubbornv1.DelegateHealth{
+		"down": stubbornv1.DelegateHealth_DELEGATE_HEALTH_NOT_SERVING,
+		"bare": stubbornv1.DelegateHealth_DELEGATE_HEALTH_SERVING,
+		"gone": stubbornv1.DelegateHealth_DELEGATE_HEALTH_UNREACHABLE,
+		"web":  stubbornv1.DelegateHealth_DELEGATE_HEALTH_UNREACHABLE,
+	}, health(p))
+
+	changed := &delegates.Config{Delegates: append([]delegates.Delegate(nil), cfg.Delegates...)}
+	changed.Delegates[1].Idempotent = true // bare changes
+	next, err := delegates.NewPoolWith(changed, delegates.PoolOptions{Previous: p})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = next.Close() })
+	assert.Equal(t, map[string]stubbornv1.DelegateHealth{
+		"down": stubbornv1.DelegateHealth_DELEGATE_HEALTH_NOT_SERVING,
+		"bare": stubbornv1.DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED,
+		"gone": stubbornv1.DelegateHealth_DELEGATE_HEALTH_UNREACHABLE,
+		"web":  stubbornv1.DelegateHealth_DELEGATE_HEALTH_UNREACHABLE,
+	}, health(next), "a reload keeps what is known of an unchanged delegate")
+}

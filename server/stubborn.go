@@ -147,7 +147,11 @@ func New(cfg Config) (*Stubborn, error) {
 // reach through them, the tenants' policies and authenticator. prev is
 // the registry it replaces, if any.
 func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, Options, error) {
-	pool, err := delegates.NewPoolWith(cfg, delegates.PoolOptions{Dial: s.dial, HTTPTransport: s.tel.HTTPTransport, Guards: s.guards})
+	var prevPool *delegates.Pool
+	if prev != nil {
+		prevPool = prev.pool
+	}
+	pool, err := delegates.NewPoolWith(cfg, delegates.PoolOptions{Dial: s.dial, HTTPTransport: s.tel.HTTPTransport, Guards: s.guards, Previous: prevPool})
 	if err != nil {
 		return nil, Options{}, err
 	}

@@ -109,9 +109,9 @@ export function startPage(q: URLSearchParams): Page {
       h("span", { class: "hint" }, "Delegates: "),
       ...d.delegates.map((x) => chip(x.name,
         x.kind + (x.idempotent ? ", idempotent" : "") + (x.readOnly ? ", read-only" : "") +
-        (x.health === DelegateHealth.NOT_SERVING ? ", NOT SERVING" : x.health === DelegateHealth.SERVING ? ", serving" : "") +
+        (x.health === DelegateHealth.NOT_SERVING ? ", NOT SERVING" : x.health === DelegateHealth.UNREACHABLE ? ", unreachable (still called)" : x.health === DelegateHealth.SERVING ? ", serving" : "") +
         (x.timeout ? ", timeout " + fmtMs(durMs(x.timeout)) : ""),
-        x.health === DelegateHealth.NOT_SERVING ? "down" : "")),
+        x.health === DelegateHealth.NOT_SERVING || x.health === DelegateHealth.UNREACHABLE ? "down" : "")),
       d.presets.length ? h("span", { class: "hint" }, " Presets: ") : "",
       ...d.presets.map((p) => chip(p.name, describeControl(p.spec), "preset")));
   });

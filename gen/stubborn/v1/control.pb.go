@@ -836,10 +836,15 @@ const (
 	// Not asked yet (health is asked before a fallback chain or a race
 	// calls the delegate), or too long ago.
 	DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED DelegateHealth = 0
-	// It said it serves, or could not be asked (which counts as serving).
+	// It said it serves, or has no health check of its own (a gRPC
+	// delegate without grpc.health.v1, an HTTP kind without health_url).
 	DelegateHealth_DELEGATE_HEALTH_SERVING DelegateHealth = 1
-	// It said it does not serve.
+	// It said it does not serve: a fallback chain or a race skips it.
 	DelegateHealth_DELEGATE_HEALTH_NOT_SERVING DelegateHealth = 2
+	// The health check did not reach it (connection refused, no answer in
+	// time). It is still called, as a serving delegate is: the call may get
+	// through.
+	DelegateHealth_DELEGATE_HEALTH_UNREACHABLE DelegateHealth = 3
 )
 
 // Enum value maps for DelegateHealth.
@@ -848,11 +853,13 @@ var (
 		0: "DELEGATE_HEALTH_UNSPECIFIED",
 		1: "DELEGATE_HEALTH_SERVING",
 		2: "DELEGATE_HEALTH_NOT_SERVING",
+		3: "DELEGATE_HEALTH_UNREACHABLE",
 	}
 	DelegateHealth_value = map[string]int32{
 		"DELEGATE_HEALTH_UNSPECIFIED": 0,
 		"DELEGATE_HEALTH_SERVING":     1,
 		"DELEGATE_HEALTH_NOT_SERVING": 2,
+		"DELEGATE_HEALTH_UNREACHABLE": 3,
 	}
 )
 
@@ -4810,11 +4817,12 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x19BREAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BREAKER_STATE_CLOSED\x10\x01\x12\x16\n" +
 	"\x12BREAKER_STATE_OPEN\x10\x02\x12\x1b\n" +
-	"\x17BREAKER_STATE_HALF_OPEN\x10\x03*o\n" +
+	"\x17BREAKER_STATE_HALF_OPEN\x10\x03*\x90\x01\n" +
 	"\x0eDelegateHealth\x12\x1f\n" +
 	"\x1bDELEGATE_HEALTH_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17DELEGATE_HEALTH_SERVING\x10\x01\x12\x1f\n" +
-	"\x1bDELEGATE_HEALTH_NOT_SERVING\x10\x022\xf6\x05\n" +
+	"\x1bDELEGATE_HEALTH_NOT_SERVING\x10\x02\x12\x1f\n" +
+	"\x1bDELEGATE_HEALTH_UNREACHABLE\x10\x032\xf6\x05\n" +
 	"\x0eControlService\x12:\n" +
 	"\x03Run\x12\x17.stubborn.v1.RunRequest\x1a\x18.stubborn.v1.RunResponse0\x01\x12G\n" +
 	"\bStartRun\x12\x1c.stubborn.v1.StartRunRequest\x1a\x1d.stubborn.v1.StartRunResponse\x12I\n" +
