@@ -154,17 +154,31 @@ func bindStream(ctx context.Context, js jetstream.JetStream, name string) (jetst
 // what the cluster agreed on. The stream's AllowDirect is turned off and
 // the bucket bound again.
 func leaderReads(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, bucket string) (jetstream.KeyValue, error) {
-	stream, err := js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		return nil, err
+	// A get reads with direct gets while the bucket's cached stream info
+	// says they are allowed: the info it ends with must say not. Servers
+	// that open the store at the same moment turn them on again (each
+	// creation does): turned off again, and read again, until the
+	// bucket's own view agrees.
+	for try := 0; ; try++ {
+		st, err := kv.Status(ctx) // refreshes the bucket's cached info
+		if err != nil {
+			return nil, err
+		}
+		cfg := st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config
+		if !cfg.AllowDirect {
+			return kv, nil
+		}
+		if try == 20 {
+			return nil, fmt.Errorf("stream KV_%s: direct gets are turned on again and again (a server of an older release?)", bucket)
+		}
+		cfg.AllowDirect = false
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			return nil, err
+		}
+		if try > 0 {
+			if !sleep(ctx, time.Duration(try)*20*time.Millisecond) {
+				return nil, ctx.Err()
+			}
+		}
 	}
-	cfg := stream.CachedInfo().Config
-	if !cfg.AllowDirect {
-		return kv, nil
-	}
-	cfg.AllowDirect = false
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		return nil, err
-	}
-	return js.KeyValue(ctx, bucket)
 }
