@@ -105,7 +105,10 @@ func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.
 	}
 	if err != nil {
 		m.forget(r)
-		if transient(err) {
+		if transient(err) || errors.Is(err, errFenced) {
+			// (errFenced: a try after one that failed was not made, as
+			// this server's lease was over; the one before may have
+			// landed.)
 			// The claim may have landed all the same (its answer was
 			// lost): then the run exists, and a StartRun with its
 			// idempotency key, on any server, answers with it. It is
