@@ -105,10 +105,10 @@ func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.
 	}
 	if err != nil {
 		m.forget(r)
-		if transient(err) || errors.Is(err, errFenced) {
-			// (errFenced: a try after one that failed was not made, as
-			// this server's lease was over; the one before may have
-			// landed.)
+		if transient(err) || errors.Is(err, ErrConflict) {
+			// (A conflict too: run ids are new, so a claim that exists
+			// is this one's, from a try whose answer was lost; and a
+			// try fenced by the lease may follow one that landed.)
 			// The claim may have landed all the same (its answer was
 			// lost): then the run exists, and a StartRun with its
 			// idempotency key, on any server, answers with it. It is
@@ -117,9 +117,6 @@ func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.
 			// told of.
 			m.lostHere(id)
 			return nil, fmt.Errorf("%w: %w: recording it: %v", ErrUnavailable, errMaybeStarted, err)
-		}
-		if errors.Is(err, ErrConflict) {
-			return nil, fmt.Errorf("%w: the run was not started: recording it: %v", ErrUnavailable, err)
 		}
 		return nil, fmt.Errorf("recording the run: %w", err)
 	}
