@@ -82,15 +82,16 @@ func TestClientCommandsAsTyped(t *testing.T) {
 	ctx, interrupt := context.WithCancel(context.Background())
 	defer interrupt()
 	done := make(chan int, 1)
+	// The client is interrupted once it has seen the backoff itself: the
+	// server lists a run as backing off before its stream has reached the
+	// client, and a client that knows no run id yet has nothing to cancel.
+	seen := &syncBuffer{}
 	go func() {
 		code, _ := run(ctx, []string{"run", "-control", "RETRY", "-target", "down", "-brief", "x", "-on-exhausted", "ON_EXHAUSTED_FAIL",
-			"-base-wait", "1h", "-max-wait", "1h", "-cancel-on-interrupt"}, &bytes.Buffer{})
+			"-base-wait", "1h", "-max-wait", "1h", "-cancel-on-interrupt"}, seen)
 		done <- code
 	}()
-	require.Eventually(t, func() bool {
-		out, _, err := cli("list", "-status", "BACKING_OFF")
-		return err == nil && strings.Contains(out, "retry of down")
-	}, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Contains(seen.String(), "backing off") }, 10*time.Second, 20*time.Millisecond)
 	interrupt()
 	assert.Equal(t, 130, <-done)
 	out, _, err = cli("list", "-status", "cancelled")
@@ -103,15 +104,16 @@ func TestClientCommandsAsTyped(t *testing.T) {
 	t.Cleanup(func() { moreInterrupts = defaultMoreInterrupts })
 	ctx, interrupt = context.WithCancel(context.Background())
 	defer interrupt()
+	seen = &syncBuffer{}
 	go func() {
 		code, _ := run(ctx, []string{"run", "-control", "retry", "-target", "down", "-brief", "twice", "-on-exhausted", "fail",
-			"-base-wait", "1h", "-max-wait", "1h"}, &bytes.Buffer{})
+			"-base-wait", "1h", "-max-wait", "1h"}, seen)
 		done <- code
 	}()
-	require.Eventually(t, func() bool {
-		out, _, err := cli("list", "-status", "backing_off")
-		return err == nil && strings.Contains(out, "retry of down")
-	}, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Contains(seen.String(), "backing off") }, 10*time.Second, 20*time.Millisecond)
+	out, _, err = cli("list", "-status", "backing_off")
+	require.NoError(t, err)
+	assert.Contains(t, out, "retry of down")
 	interrupt()
 	again <- os.Interrupt
 	assert.Equal(t, 130, <-done)
