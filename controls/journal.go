@@ -17,6 +17,8 @@ type journal struct {
 	requests   []*stubbornv1.RunEvent         // decision_requested, in order
 	answers    []*stubbornv1.RunEvent         // decision_received, in order
 	used       map[*stubbornv1.RunEvent]bool
+	status     stubbornv1.RunStatus   // what the whole journal folds to
+	events     []*stubbornv1.RunEvent // all of them, in seq order
 }
 
 func newJournal(evs []*stubbornv1.RunEvent) *journal {
@@ -26,8 +28,10 @@ func newJournal(evs []*stubbornv1.RunEvent) *journal {
 		failures: map[int32]*stubbornv1.RunEvent{},
 		backoffs: map[int32]*stubbornv1.RunEvent{},
 		used:     map[*stubbornv1.RunEvent]bool{},
+		events:   evs,
 	}
 	for _, ev := range evs {
+		j.status = StatusAfter(j.status, ev)
 		switch k := ev.GetKind().(type) {
 		case *stubbornv1.RunEvent_RunStarted:
 			j.runStarted = ev

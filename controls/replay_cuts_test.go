@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/stubbornhq/stubborn/controls"
@@ -139,9 +140,11 @@ func what(ev *stubbornv1.RunEvent) string {
 func checkEveryCut(t *testing.T, w world, strict bool) {
 	want, all, _ := w.run(nil, false)
 	t.Logf("live: %s %s, %d events", want.Status, want.Reason, len(all))
+	checkFold(t, all, "live")
 	for cut := 1; cut < len(all); cut++ {
 		journal := all[:cut]
 		out, fresh, d := w.run(journal, true)
+		checkFold(t, append(journal[:cut:cut], fresh...), fmt.Sprint("cut ", cut))
 		seen := map[string]bool{}
 		finished := map[int32]bool{}
 		inFlight := false
@@ -430,5 +433,20 @@ func TestAHedgedRaceResumedMidRaceDoesNotWaitAgain(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkFold checks that a run's journal folds (controls.Fold) to the state
+// its run_finished carries, the tracker's, and that each event carries the
+// status its fold reached.
+func checkFold(t *testing.T, journal []*stubbornv1.RunEvent, what string) {
+	t.Helper()
+	end := journal[len(journal)-1].GetRunFinished().GetState()
+	require.NotNil(t, end, "%s: the journal ends with run_finished", what)
+	assert.True(t, proto.Equal(end, controls.Fold(journal)), "%s: the journal folds to the final state\nfold:  %v\nfinal: %v", what, controls.Fold(journal), end)
+	status := stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+	for _, ev := range journal {
+		status = controls.NextStatus(status, ev)
+		assert.Equal(t, status, ev.GetStatus(), "%s: the status of seq %d (%s)", what, ev.GetSeq(), controlstest.Kind(ev))
 	}
 }

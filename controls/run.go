@@ -32,6 +32,26 @@ type Outcome struct {
 // does not call Tracker.Start or Tracker.Finish: the caller owns the run's
 // life.
 func Execute(ctx context.Context, env *Env, brief string, spec *stubbornv1.ControlSpec) Outcome {
+	if env.Path == "" {
+		// The run's own control: a replay that finds the journal took
+		// another way (Tracker.divergeLocked) stops it through ctx, and
+		// the outcome says why.
+		var stop context.CancelCauseFunc
+		ctx, stop = context.WithCancelCause(ctx)
+		defer stop(nil)
+		if env.Tracker.stopWith(stop) {
+			out := execute(ctx, env, brief, spec)
+			if nd, ok := errors.AsType[*NondeterminismError](context.Cause(ctx)); ok {
+				return failedWith(stubbornv1.StatusReason_STATUS_REASON_NONDETERMINISTIC_REPLAY, nd.Error())
+			}
+			return out
+		}
+	}
+	return execute(ctx, env, brief, spec)
+}
+
+// execute is Execute without the run's stop.
+func execute(ctx context.Context, env *Env, brief string, spec *stubbornv1.ControlSpec) Outcome {
 	switch k := spec.GetKind().(type) {
 	case *stubbornv1.ControlSpec_RetryWithLearning:
 		return RetryWithLearning(ctx, env, brief, k.RetryWithLearning)
@@ -139,6 +159,11 @@ func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) 
 		res *stubbornv1.Result
 		err error
 	)
+	if _, ok := errors.AsType[*NondeterminismError](context.Cause(ctx)); ok {
+		// The run ended at a replay that went another way (Execute): no
+		// call is made for it, not even one that would fail at once.
+		return judge(ctx, env, n, delegate, nil, ctx.Err())
+	}
 	if spec, isPreset := env.preset(delegate); isPreset {
 		res, err = nested(ctx, env, slot, delegate, brief, spec)
 		return judge(ctx, env, n, delegate, res, err)

@@ -3,6 +3,7 @@ package controls
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -65,6 +66,33 @@ type Tracker struct {
 	answer      *answer       // the decision for the wait a replay reaches (Answer)
 	park        func(until time.Time, decision bool)
 	onLive      []func() // called once before the first step the journal lacks
+
+	stop func(error) // ends the run's control (Execute's), set once
+}
+
+// NondeterminismError is why a resumed run ended at a step its journal
+// recorded otherwise: its control now starts attempt Attempt to another
+// delegate, or at another path, than the journal had (as after a config
+// reload changed a preset between a crash and the takeover). The run ends
+// FAILED, STATUS_REASON_NONDETERMINISTIC_REPLAY, and no answer recorded
+// for another call is taken.
+type NondeterminismError struct {
+	// Attempt is the run-wide number of the attempt.
+	Attempt int32
+	// Recorded and Asked are the delegate and path the journal had and
+	// the control now asks for.
+	RecordedDelegate, RecordedPath, AskedDelegate, AskedPath string
+}
+
+func (e *NondeterminismError) Error() string {
+	at := func(path string) string {
+		if path == "" {
+			return ""
+		}
+		return " at " + path
+	}
+	return fmt.Sprintf("nondeterministic replay: the journal's attempt %d went to %q%s, the control now asks for %q%s",
+		e.Attempt, e.RecordedDelegate, at(e.RecordedPath), e.AskedDelegate, at(e.AskedPath))
 }
 
 // answer is a decision given ahead of its wait (Tracker.Answer).
@@ -117,24 +145,43 @@ func (t *Tracker) Status() stubbornv1.RunStatus {
 	return t.state.GetStatus()
 }
 
-// touch sets the state's update time, before a change: to now, or to the
-// replayed event's time. Callers hold t.mu.
-func (t *Tracker) touch(replayed *stubbornv1.RunEvent) {
-	if replayed != nil {
-		t.state.UpdateTime = copyTime(replayed.GetTime())
-		return
-	}
-	t.state.UpdateTime = timestamppb.New(t.clock.Now())
+// now returns the clock's time, as an event's time. Callers hold t.mu.
+func (t *Tracker) now() *timestamppb.Timestamp {
+	return timestamppb.New(t.clock.Now())
 }
 
-// emit stamps the event with the path and the time of the change it
-// reports, and hands it to the recorder. Callers hold t.mu, so events leave
+// fold stamps ev, a change that happens now at path, with its path, its
+// time (at, from now) and the status it leads to (NextStatus), folds it
+// into the state (Apply) and emits it. Callers hold t.mu, so events leave
 // in the order the state changed.
 //
-// Nothing is emitted after run_finished: a control may leave work behind
-// when it returns (a race's losing preset may still report its attempt),
-// but the run has ended and its stream with it.
-func (t *Tracker) emit(path string, ev *stubbornv1.RunEvent) {
+// Once run_finished is emitted, nothing changes any more: a control may
+// leave work behind when it returns (a race's losing preset may still
+// report its attempt), but the run has ended, and its state is the fold of
+// the events it emitted. A parked run's state still changes, unemitted:
+// its tracker is dropped.
+func (t *Tracker) fold(at *timestamppb.Timestamp, path string, ev *stubbornv1.RunEvent) {
+	if t.finished {
+		return // the run ended: its state is the fold of its events
+	}
+	ev.Path, ev.Time = path, at
+	ev.Status = NextStatus(t.state.GetStatus(), ev)
+	Apply(t.state, ev)
+	t.emit(ev)
+}
+
+// replay folds a recorded event, the journal's, into the state, which
+// takes a copy of it: the journal is never changed.
+func (t *Tracker) replay(ev *stubbornv1.RunEvent) {
+	if t.finished {
+		return // the run ended (its replay went another way)
+	}
+	Apply(t.state, proto.CloneOf(ev))
+}
+
+// emit hands ev to the recorder, unless the run has finished or parked.
+// Callers hold t.mu.
+func (t *Tracker) emit(ev *stubbornv1.RunEvent) {
 	if t.finished || t.parked {
 		return
 	}
@@ -142,8 +189,6 @@ func (t *Tracker) emit(path string, ev *stubbornv1.RunEvent) {
 		t.goLive()
 	}
 	t.finished = ev.GetRunFinished() != nil
-	ev.Path = path
-	ev.Time = t.state.UpdateTime // replaced, never changed, by touch
 	if t.record != nil {
 		t.record(ev, t.state)
 	}
@@ -215,23 +260,31 @@ func (t *Tracker) Start() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if ev := t.journal.take(t.journal.runStarted); ev != nil {
-		t.touch(ev)
-		t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
+		// The state is the run_started event's already: its status and
+		// time are folded in, not a copy of the whole.
+		Apply(t.state, &stubbornv1.RunEvent{Time: copyTime(ev.GetTime()), Status: ev.GetStatus(),
+			Kind: &stubbornv1.RunEvent_RunStarted{RunStarted: &stubbornv1.RunStarted{State: t.state}}})
 		return
 	}
-	t.touch(nil)
-	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
-	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunStarted{
+	t.fold(t.now(), "", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunStarted{
 		RunStarted: &stubbornv1.RunStarted{State: t.state},
 	}})
 }
 
-// Resumed emits run_resumed: owner took the run over.
+// Resumed emits run_resumed: owner took the run over. It follows the
+// whole journal, so its status is the one the journal's events folded to
+// (AWAITING_DECISION for a run that awaits one), while the tracker's own
+// state, which replays the journal from its start, keeps its status.
 func (t *Tracker) Resumed(owner, reason string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.touch(nil)
-	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunResumed{
+	at := t.now()
+	status := t.journal.status
+	if status == stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED {
+		status = t.state.GetStatus()
+	}
+	t.state.UpdateTime = at
+	t.emit(&stubbornv1.RunEvent{Time: at, Status: status, Kind: &stubbornv1.RunEvent_RunResumed{
 		RunResumed: &stubbornv1.RunResumed{Owner: owner, Reason: reason},
 	}})
 }
@@ -249,31 +302,31 @@ func (t *Tracker) beginAttempt(path, delegate, brief string, waitBefore time.Dur
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := int32(len(t.state.AttemptLog)) + 1
-	if path == "" {
-		// ControlState.attempts counts the run's own control's attempts; a
-		// nested preset's attempts are in the log under their path.
-		t.state.Attempts++
+	if ev := t.journal.started[n]; ev != nil && !t.journal.used[ev] {
+		a := ev.GetAttemptStarted().GetAttempt()
+		if a.GetDelegate() == delegate && a.GetPath() == path {
+			t.journal.take(ev)
+			t.replay(ev)
+			return n
+		}
+		// The control went another way than the journal: the run ends
+		// here. The attempt goes on unrecorded (the run has finished) and
+		// its call is never made: the control's context is ended.
+		t.divergeLocked(&NondeterminismError{Attempt: n, RecordedDelegate: a.GetDelegate(), RecordedPath: a.GetPath(), AskedDelegate: delegate, AskedPath: path})
 	}
-	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
-	if ev := t.journal.take(t.journal.started[n]); ev != nil {
-		t.touch(ev)
-		t.state.AttemptLog = append(t.state.AttemptLog, proto.CloneOf(ev.GetAttemptStarted().GetAttempt()))
-		return n
-	}
-	t.touch(nil)
+	at := t.now()
 	a := &stubbornv1.Attempt{
 		Number:      n,
 		Delegate:    delegate,
 		Brief:       brief,
-		StartTime:   copyTime(t.state.UpdateTime),
+		StartTime:   copyTime(at),
 		Path:        path,
 		StartReason: reason,
 	}
 	if waitBefore > 0 {
 		a.WaitBefore = durationpb.New(waitBefore)
 	}
-	t.state.AttemptLog = append(t.state.AttemptLog, a)
-	t.emit(path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptStarted{
+	t.fold(at, path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptStarted{
 		AttemptStarted: &stubbornv1.AttemptStarted{Attempt: a},
 	}})
 	return n
@@ -293,19 +346,18 @@ func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result 
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if ev := t.journal.take(t.journal.finished[n]); ev != nil {
-		t.touch(ev)
-		t.state.AttemptLog[n-1] = proto.CloneOf(ev.GetAttemptFinished().GetAttempt())
+		t.replay(ev)
 		return
 	}
-	t.touch(nil)
-	a := t.state.AttemptLog[n-1]
-	a.EndTime = copyTime(t.state.UpdateTime)
+	at := t.now()
+	a := t.state.AttemptLog[n-1] // changed in place: the event's is the log's
+	a.EndTime = copyTime(at)
 	a.Outcome = outcome
 	a.Result = result
 	if err != nil {
 		a.Error = attemptError(err)
 	}
-	t.emit(a.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptFinished{
+	t.fold(at, a.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptFinished{
 		AttemptFinished: &stubbornv1.AttemptFinished{Attempt: a, Note: note},
 	}})
 }
@@ -315,13 +367,10 @@ func (t *Tracker) Failure(rec *stubbornv1.FailureRecord, willRetry bool, nextBri
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if ev := t.journal.take(t.journal.failures[rec.GetAttempt()]); ev != nil {
-		t.touch(ev)
-		t.state.FailureHistory = append(t.state.FailureHistory, proto.CloneOf(ev.GetFailureAnalyzed().GetFailure()))
+		t.replay(ev)
 		return
 	}
-	t.touch(nil)
-	t.state.FailureHistory = append(t.state.FailureHistory, rec)
-	t.emit(rec.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_FailureAnalyzed{
+	t.fold(t.now(), rec.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_FailureAnalyzed{
 		FailureAnalyzed: &stubbornv1.FailureAnalyzed{
 			Failure:   rec,
 			WillRetry: willRetry,
@@ -337,9 +386,8 @@ func (t *Tracker) Failure(rec *stubbornv1.FailureRecord, willRetry bool, nextBri
 func (t *Tracker) Backoff(path string, nextAttempt int32, wait, bound time.Duration, fromHint bool) time.Duration {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF
 	if ev := t.journal.take(t.journal.backoffs[nextAttempt]); ev != nil {
-		t.touch(ev)
+		t.replay(ev)
 		b := ev.GetBackoffScheduled()
 		t.until = b.GetUntil().AsTime()
 		t.untilPath = path
@@ -348,11 +396,10 @@ func (t *Tracker) Backoff(path string, nextAttempt int32, wait, bound time.Durat
 		}
 		return b.GetWait().AsDuration()
 	}
-	t.touch(nil)
-	now := t.state.GetUpdateTime().AsTime()
-	t.until = now.Add(wait)
+	at := t.now()
+	t.until = at.AsTime().Add(wait)
 	t.untilPath = path
-	t.emit(path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_BackoffScheduled{
+	t.fold(at, path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_BackoffScheduled{
 		BackoffScheduled: &stubbornv1.BackoffScheduled{
 			NextAttempt: nextAttempt,
 			Wait:        durationpb.New(wait),
@@ -401,29 +448,30 @@ func (t *Tracker) WaitBackoff(ctx context.Context, clock Clock) error {
 func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, code stubbornv1.StatusReason, timeout time.Duration) (d stubbornv1.Decision, timedOut bool, err error) {
 	ch := make(chan stubbornv1.Decision, 1)
 	t.mu.Lock()
-	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
-	t.state.StatusReason, t.state.StatusReasonCode = reason, code
 	var deadline time.Time
 	if ev := t.journal.take(t.journal.next(&t.journal.requests)); ev != nil {
-		t.touch(ev)
+		t.replay(ev)
+		if t.state.GetStatusReasonCode() == stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED {
+			// Recorded by a release before status_reason_code: the code
+			// is the one the control gives the same reason now.
+			t.state.StatusReasonCode = code
+		}
 		if dl := ev.GetDecisionRequested().GetDeadline(); dl != nil {
 			deadline = dl.AsTime()
 		}
 		if got := t.journal.take(t.journal.next(&t.journal.answers)); got != nil {
-			t.touch(got)
-			t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
-			t.state.StatusReason, t.state.StatusReasonCode = "", stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED
+			t.replay(got)
 			t.mu.Unlock()
 			return got.GetDecisionReceived().GetDecision(), false, nil
 		}
 	} else {
-		t.touch(nil)
+		at := t.now()
 		req := &stubbornv1.DecisionRequested{Reason: reason, ReasonCode: code, FailureHistory: t.state.FailureHistory}
 		if timeout > 0 {
-			deadline = t.state.GetUpdateTime().AsTime().Add(timeout)
+			deadline = at.AsTime().Add(timeout)
 			req.Deadline = timestamppb.New(deadline)
 		}
-		t.emit(path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionRequested{DecisionRequested: req}})
+		t.fold(at, path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionRequested{DecisionRequested: req}})
 	}
 	t.decision = ch
 	t.goLive()
@@ -499,12 +547,9 @@ func (t *Tracker) Answer(d stubbornv1.Decision, taken func()) {
 // decideLocked answers AwaitDecision. Callers hold t.mu, and t.decision is
 // set.
 func (t *Tracker) decideLocked(d stubbornv1.Decision) {
-	t.touch(nil)
 	t.decision <- d
 	t.decision = nil
-	t.state.Status = stubbornv1.RunStatus_RUN_STATUS_RUNNING
-	t.state.StatusReason, t.state.StatusReasonCode = "", stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED
-	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionReceived{
+	t.fold(t.now(), "", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionReceived{
 		DecisionReceived: &stubbornv1.DecisionReceived{Decision: d},
 	}})
 }
@@ -515,17 +560,52 @@ func (t *Tracker) decideLocked(d stubbornv1.Decision) {
 func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result, winner, reason string, code stubbornv1.StatusReason) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.finishLocked(status, result, winner, reason, code)
+}
+
+// divergeLocked ends a replayed run whose control asked for another step
+// than its journal recorded: FAILED with err's words, and the control
+// stopped (Execute's context ends with err as its cause). Callers hold
+// t.mu.
+func (t *Tracker) divergeLocked(err *NondeterminismError) {
+	// The run's history is its whole journal, past the point the replay
+	// reached: the final state is what the journal folds to, ended.
+	for _, ev := range t.journal.events {
+		Apply(t.state, proto.CloneOf(ev))
+	}
+	t.finishLocked(stubbornv1.RunStatus_RUN_STATUS_FAILED, nil, "", err.Error(), stubbornv1.StatusReason_STATUS_REASON_NONDETERMINISTIC_REPLAY)
+	if t.stop != nil {
+		t.stop(err)
+	}
+}
+
+// stopWith makes stop end the run's control, unless a stop is set
+// already (a nested control's Execute). It reports whether it was set.
+func (t *Tracker) stopWith(stop func(error)) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stop != nil {
+		return false
+	}
+	t.stop = stop
+	return true
+}
+
+// finishLocked is Finish. Callers hold t.mu.
+func (t *Tracker) finishLocked(status stubbornv1.RunStatus, result *stubbornv1.Result, winner, reason string, code stubbornv1.StatusReason) {
 	if t.state.GetEndTime() != nil || t.parked {
 		return
 	}
-	t.touch(nil)
 	t.decision = nil
-	t.state.Status = status
+	// The final state is the event's: set here, so that run_finished
+	// carries it whole (cut to MaxStateBytes), and folded in again as a
+	// no-op.
+	at := t.now()
+	t.state.Status, t.state.UpdateTime, t.state.EndTime = status, at, copyTime(at)
 	t.state.Result = result
 	t.state.Winner = winner
 	t.state.StatusReason, t.state.StatusReasonCode = reason, code
-	t.state.EndTime = copyTime(t.state.UpdateTime)
-	t.emit("", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunFinished{
+	t.fold(at, "", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunFinished{
 		RunFinished: &stubbornv1.RunFinished{State: BoundState(t.state, MaxStateBytes)},
 	}})
 }

@@ -87,6 +87,11 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		env.Criteria = deps.Criteria(snapshot)
 	}
 	out := controls.Execute(ctx, env, snapshot.GetTaskBrief(), snapshot.GetControl())
+	if out.Code == stubbornv1.StatusReason_STATUS_REASON_NONDETERMINISTIC_REPLAY {
+		// Its journal no longer matches what the run's control asks for
+		// (a preset changed between a crash and this takeover, or a bug).
+		m.log.Error("run ended: its replay went another way than its journal", "run_id", r.id, "reason", out.Reason)
+	}
 	if _, ok := tr.Parked(); ok {
 		parked = true // park has its wake-up
 		r.flush()     // what led to the wait, now the tracker is unlocked

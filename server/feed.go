@@ -146,22 +146,15 @@ func (r *feedRun) summary() *stubbornv1.RunSummary {
 
 // advance updates r with ev and reports whether its status changed.
 func (r *feedRun) advance(ev *stubbornv1.RunEvent) bool {
-	next := r.status
+	next := controls.StatusAfter(r.status, ev)
 	switch k := ev.GetKind().(type) {
 	case *stubbornv1.RunEvent_AttemptStarted:
 		if ev.GetPath() == "" {
 			r.attempts++
 		}
-		next = stubbornv1.RunStatus_RUN_STATUS_RUNNING
-	case *stubbornv1.RunEvent_BackoffScheduled:
-		next = stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF
-	case *stubbornv1.RunEvent_DecisionRequested:
-		next = stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
-	case *stubbornv1.RunEvent_DecisionReceived:
-		next = stubbornv1.RunStatus_RUN_STATUS_RUNNING
 	case *stubbornv1.RunEvent_RunFinished:
 		end := k.RunFinished.GetState()
-		next, r.attempts, r.winner = end.GetStatus(), end.GetAttempts(), end.GetWinner()
+		r.attempts, r.winner = end.GetAttempts(), end.GetWinner()
 	}
 	if ev.GetTime() != nil {
 		r.updated = ev.GetTime()

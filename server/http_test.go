@@ -145,7 +145,7 @@ func TestHTTPAPIWatchRunStreams(t *testing.T) {
 		require.NoError(t, json.Unmarshal(payload, &m))
 		for k := range m.Event {
 			switch k {
-			case "runId", "seq", "time", "path":
+			case "runId", "seq", "time", "path", "status":
 			default:
 				kinds = append(kinds, k)
 			}

@@ -398,6 +398,24 @@ func TestWatchRunResumesWithoutGapOrDuplicate(t *testing.T) {
 	for i, ev := range append(seen, rest...) {
 		assert.True(t, proto.Equal(full[i], ev), "event %d differs between the resumed and the full stream", i+1)
 	}
+	// Each event carries the run's status after it, as the one fold has
+	// it, and the whole stream folds to the final state.
+	status := stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+	for _, ev := range full {
+		status = controls.NextStatus(status, ev)
+		assert.Equal(t, status, ev.GetStatus(), "seq %d", ev.GetSeq())
+	}
+	assert.NotContains(t, statuses(full), stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED)
+	assert.True(t, proto.Equal(lastState(t, full), controls.Fold(full)), "the stream folds to the final state")
+}
+
+// statuses lists the statuses the events carry.
+func statuses(evs []*stubbornv1.RunEvent) []stubbornv1.RunStatus {
+	var out []stubbornv1.RunStatus
+	for _, ev := range evs {
+		out = append(out, ev.GetStatus())
+	}
+	return out
 }
 
 func TestCancelRunCancelsTheDelegateCall(t *testing.T) {

@@ -161,8 +161,8 @@ export function runPage(id: string): Page {
     renderActions();
   }
 
-  // apply takes one event in: to the timeline, the status (as the server's
-  // run feed derives it), the log.
+  // apply takes one event in: to the timeline, the status (the one the
+  // event carries: the server's fold of the run's events), the log.
   function apply(ev: RunEvent): void {
     if (ev.seq <= lastSeq) return;
     lastSeq = ev.seq;
@@ -178,7 +178,6 @@ export function runPage(id: string): Page {
       // difference seen holds least of).
       lead = Math.min(lead, Date.now() - t);
     }
-    let next = RunStatus.UNSPECIFIED;
     const k = ev.kind;
     switch (k.case) {
       case "runStarted":
@@ -186,7 +185,6 @@ export function runPage(id: string): Page {
           tl.setStart(tsMs(k.value.state.createTime) ?? t);
           if (!state) showState(k.value.state);
         }
-        next = RunStatus.RUNNING;
         break;
       case "attemptStarted":
         if (k.value.attempt) tl.attemptStarted(k.value.attempt, t);
@@ -194,7 +192,6 @@ export function runPage(id: string): Page {
           topAttempts++;
           if (attemptsEl && state) text(attemptsEl, String(Math.max(state.attempts, topAttempts)));
         }
-        next = RunStatus.RUNNING;
         if (current) waitUntil = undefined;
         break;
       case "attemptFinished":
@@ -205,17 +202,14 @@ export function runPage(id: string): Page {
         break;
       case "backoffScheduled":
         tl.backoff(ev.path, k.value, t);
-        next = RunStatus.BACKING_OFF;
         if (current) waitUntil = { kind: "backoff", at: tsMs(k.value.until), next: k.value.nextAttempt };
         break;
       case "decisionRequested":
         tl.decisionRequested(ev.path, t);
-        next = RunStatus.AWAITING_DECISION;
         if (current) waitUntil = { kind: "decision", at: tsMs(k.value.deadline), reason: k.value.reason };
         break;
       case "decisionReceived":
         tl.decisionReceived(ev.path, t, "decided " + shortName(DecisionSchema, k.value.decision));
-        next = RunStatus.RUNNING;
         if (current) waitUntil = undefined;
         break;
       case "runFinished": {
@@ -236,7 +230,7 @@ export function runPage(id: string): Page {
       case "runResumed":
         break;
     }
-    if (current && next !== RunStatus.UNSPECIFIED && !terminal(status)) setStatus(next);
+    if (current && ev.status !== RunStatus.UNSPECIFIED && !terminal(status)) setStatus(ev.status);
   }
 
   function showResult(st: ControlState): void {

@@ -651,6 +651,13 @@ const (
 	StatusReason_STATUS_REASON_INTERNAL_ERROR StatusReason = 13
 	// A reason without a value of its own; status_reason says it.
 	StatusReason_STATUS_REASON_OTHER StatusReason = 14
+	// FAILED: a server resuming the run from its journal found its control
+	// asking for another step than the journal recorded at that point
+	// (another delegate, or another place in a nested control, as after a
+	// config reload changed a preset): the run ended there rather than take
+	// another call's recorded answer. status_reason says what the journal had
+	// and what the control asked for.
+	StatusReason_STATUS_REASON_NONDETERMINISTIC_REPLAY StatusReason = 15
 )
 
 // Enum value maps for StatusReason.
@@ -671,23 +678,25 @@ var (
 		12: "STATUS_REASON_UNRECOVERABLE",
 		13: "STATUS_REASON_INTERNAL_ERROR",
 		14: "STATUS_REASON_OTHER",
+		15: "STATUS_REASON_NONDETERMINISTIC_REPLAY",
 	}
 	StatusReason_value = map[string]int32{
-		"STATUS_REASON_UNSPECIFIED":         0,
-		"STATUS_REASON_RETRIES_EXHAUSTED":   1,
-		"STATUS_REASON_NOT_RETRIED":         2,
-		"STATUS_REASON_RETRY_PAST_DEADLINE": 3,
-		"STATUS_REASON_DECISION_FAIL":       4,
-		"STATUS_REASON_DECISION_TIMEOUT":    5,
-		"STATUS_REASON_ALL_FAILED":          6,
-		"STATUS_REASON_RUN_TIMEOUT":         7,
-		"STATUS_REASON_CANCELLED":           8,
-		"STATUS_REASON_NO_CONTROL":          9,
-		"STATUS_REASON_NOT_RECORDED":        10,
-		"STATUS_REASON_STORE_REFUSED":       11,
-		"STATUS_REASON_UNRECOVERABLE":       12,
-		"STATUS_REASON_INTERNAL_ERROR":      13,
-		"STATUS_REASON_OTHER":               14,
+		"STATUS_REASON_UNSPECIFIED":             0,
+		"STATUS_REASON_RETRIES_EXHAUSTED":       1,
+		"STATUS_REASON_NOT_RETRIED":             2,
+		"STATUS_REASON_RETRY_PAST_DEADLINE":     3,
+		"STATUS_REASON_DECISION_FAIL":           4,
+		"STATUS_REASON_DECISION_TIMEOUT":        5,
+		"STATUS_REASON_ALL_FAILED":              6,
+		"STATUS_REASON_RUN_TIMEOUT":             7,
+		"STATUS_REASON_CANCELLED":               8,
+		"STATUS_REASON_NO_CONTROL":              9,
+		"STATUS_REASON_NOT_RECORDED":            10,
+		"STATUS_REASON_STORE_REFUSED":           11,
+		"STATUS_REASON_UNRECOVERABLE":           12,
+		"STATUS_REASON_INTERNAL_ERROR":          13,
+		"STATUS_REASON_OTHER":                   14,
+		"STATUS_REASON_NONDETERMINISTIC_REPLAY": 15,
 	}
 )
 
@@ -3710,6 +3719,13 @@ type RunEvent struct {
 	// Where it happened when controls are nested through presets (see
 	// Attempt.path). Empty for the run's own control.
 	Path string `protobuf:"bytes,4,opt,name=path,proto3" json:"path,omitempty"`
+	// The run's status right after this event: RUNNING when the run starts,
+	// an attempt starts or a decision is received, BACKING_OFF when a backoff
+	// is scheduled, AWAITING_DECISION when a decision is requested, the final
+	// status when it finishes, and the status before it otherwise. A client
+	// shows it as it comes instead of working it out from the event's kind.
+	// Unspecified in events recorded by a release before this field.
+	Status RunStatus `protobuf:"varint,5,opt,name=status,proto3,enum=stubborn.v1.RunStatus" json:"status,omitempty"`
 	// What happened.
 	//
 	// Types that are valid to be assigned to Kind:
@@ -3784,6 +3800,13 @@ func (x *RunEvent) GetPath() string {
 		return x.Path
 	}
 	return ""
+}
+
+func (x *RunEvent) GetStatus() RunStatus {
+	if x != nil {
+		return x.Status
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
 }
 
 func (x *RunEvent) GetKind() isRunEvent_Kind {
@@ -4678,12 +4701,13 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x04path\x18\b \x01(\tR\x04path\x122\n" +
 	"\x06source\x18\t \x01(\x0e2\x1a.stubborn.v1.FailureSourceR\x06source\x12%\n" +
 	"\x0eanalysis_error\x18\n" +
-	" \x01(\tR\ranalysisError\"\x81\x06\n" +
+	" \x01(\tR\ranalysisError\"\xb1\x06\n" +
 	"\bRunEvent\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12.\n" +
 	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
-	"\x04path\x18\x04 \x01(\tR\x04path\x12:\n" +
+	"\x04path\x18\x04 \x01(\tR\x04path\x12.\n" +
+	"\x06status\x18\x05 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12:\n" +
 	"\vrun_started\x18\n" +
 	" \x01(\v2\x17.stubborn.v1.RunStartedH\x00R\n" +
 	"runStarted\x12F\n" +
@@ -4791,7 +4815,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x12NOT_RETRIED_BUDGET\x10\t\x12*\n" +
 	"&NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT\x10\n" +
 	"\x12\x15\n" +
-	"\x11NOT_RETRIED_OTHER\x10\v*\xf2\x03\n" +
+	"\x11NOT_RETRIED_OTHER\x10\v*\x9d\x04\n" +
 	"\fStatusReason\x12\x1d\n" +
 	"\x19STATUS_REASON_UNSPECIFIED\x10\x00\x12#\n" +
 	"\x1fSTATUS_REASON_RETRIES_EXHAUSTED\x10\x01\x12\x1d\n" +
@@ -4808,7 +4832,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x1bSTATUS_REASON_STORE_REFUSED\x10\v\x12\x1f\n" +
 	"\x1bSTATUS_REASON_UNRECOVERABLE\x10\f\x12 \n" +
 	"\x1cSTATUS_REASON_INTERNAL_ERROR\x10\r\x12\x17\n" +
-	"\x13STATUS_REASON_OTHER\x10\x0e*L\n" +
+	"\x13STATUS_REASON_OTHER\x10\x0e\x12)\n" +
+	"%STATUS_REASON_NONDETERMINISTIC_REPLAY\x10\x0f*L\n" +
 	"\aRunView\x12\x18\n" +
 	"\x14RUN_VIEW_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10RUN_VIEW_SUMMARY\x10\x01\x12\x11\n" +
@@ -4982,52 +5007,53 @@ var file_stubborn_v1_control_proto_depIdxs = []int32{
 	7,   // 66: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
 	5,   // 67: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
 	58,  // 68: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	47,  // 69: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	48,  // 70: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	49,  // 71: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	50,  // 72: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	51,  // 73: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	52,  // 74: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	53,  // 75: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	55,  // 76: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	54,  // 77: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	42,  // 78: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	44,  // 79: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	44,  // 80: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	45,  // 81: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	57,  // 82: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	58,  // 83: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	57,  // 84: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	45,  // 85: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	58,  // 86: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	8,   // 87: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,   // 88: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	42,  // 89: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	18,  // 90: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	20,  // 91: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	22,  // 92: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	24,  // 93: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	26,  // 94: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	29,  // 95: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	31,  // 96: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	35,  // 97: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	39,  // 98: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	37,  // 99: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	19,  // 100: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	21,  // 101: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	23,  // 102: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	25,  // 103: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	28,  // 104: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	30,  // 105: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	32,  // 106: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	36,  // 107: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	40,  // 108: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	38,  // 109: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	100, // [100:110] is the sub-list for method output_type
-	90,  // [90:100] is the sub-list for method input_type
-	90,  // [90:90] is the sub-list for extension type_name
-	90,  // [90:90] is the sub-list for extension extendee
-	0,   // [0:90] is the sub-list for field type_name
+	0,   // 69: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
+	47,  // 70: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	48,  // 71: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	49,  // 72: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	50,  // 73: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	51,  // 74: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	52,  // 75: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	53,  // 76: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	55,  // 77: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	54,  // 78: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	42,  // 79: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	44,  // 80: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	44,  // 81: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	45,  // 82: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	57,  // 83: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	58,  // 84: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	57,  // 85: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	45,  // 86: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	58,  // 87: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 88: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 89: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	42,  // 90: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	18,  // 91: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	20,  // 92: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	22,  // 93: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	24,  // 94: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	26,  // 95: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	29,  // 96: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	31,  // 97: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	35,  // 98: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	39,  // 99: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	37,  // 100: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	19,  // 101: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	21,  // 102: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	23,  // 103: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	25,  // 104: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	28,  // 105: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	30,  // 106: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	32,  // 107: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	36,  // 108: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	40,  // 109: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	38,  // 110: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	101, // [101:111] is the sub-list for method output_type
+	91,  // [91:101] is the sub-list for method input_type
+	91,  // [91:91] is the sub-list for extension type_name
+	91,  // [91:91] is the sub-list for extension extendee
+	0,   // [0:91] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }

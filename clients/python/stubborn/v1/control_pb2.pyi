@@ -75,6 +75,7 @@ STATUS_REASON_CANCELLED: StatusReason
 STATUS_REASON_DECISION_FAIL: StatusReason
 STATUS_REASON_DECISION_TIMEOUT: StatusReason
 STATUS_REASON_INTERNAL_ERROR: StatusReason
+STATUS_REASON_NONDETERMINISTIC_REPLAY: StatusReason
 STATUS_REASON_NOT_RECORDED: StatusReason
 STATUS_REASON_NOT_RETRIED: StatusReason
 STATUS_REASON_NO_CONTROL: StatusReason
@@ -451,7 +452,7 @@ class RetryWithLearningSpec(_message.Message):
     def __init__(self, target: _Optional[str] = ..., max_retries: _Optional[int] = ..., failure_criteria: _Optional[str] = ..., failure_when: _Optional[str] = ..., analyst: _Optional[str] = ...) -> None: ...
 
 class RunEvent(_message.Message):
-    __slots__ = ["attempt_finished", "attempt_started", "backoff_scheduled", "decision_received", "decision_requested", "failure_analyzed", "path", "run_finished", "run_id", "run_resumed", "run_started", "seq", "time"]
+    __slots__ = ["attempt_finished", "attempt_started", "backoff_scheduled", "decision_received", "decision_requested", "failure_analyzed", "path", "run_finished", "run_id", "run_resumed", "run_started", "seq", "status", "time"]
     ATTEMPT_FINISHED_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_STARTED_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_SCHEDULED_FIELD_NUMBER: _ClassVar[int]
@@ -464,6 +465,7 @@ class RunEvent(_message.Message):
     RUN_RESUMED_FIELD_NUMBER: _ClassVar[int]
     RUN_STARTED_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     attempt_finished: AttemptFinished
     attempt_started: AttemptStarted
@@ -477,8 +479,9 @@ class RunEvent(_message.Message):
     run_resumed: RunResumed
     run_started: RunStarted
     seq: int
+    status: RunStatus
     time: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., path: _Optional[str] = ..., run_started: _Optional[_Union[RunStarted, _Mapping]] = ..., attempt_started: _Optional[_Union[AttemptStarted, _Mapping]] = ..., attempt_finished: _Optional[_Union[AttemptFinished, _Mapping]] = ..., failure_analyzed: _Optional[_Union[FailureAnalyzed, _Mapping]] = ..., backoff_scheduled: _Optional[_Union[BackoffScheduled, _Mapping]] = ..., decision_requested: _Optional[_Union[DecisionRequested, _Mapping]] = ..., decision_received: _Optional[_Union[DecisionReceived, _Mapping]] = ..., run_finished: _Optional[_Union[RunFinished, _Mapping]] = ..., run_resumed: _Optional[_Union[RunResumed, _Mapping]] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., path: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., run_started: _Optional[_Union[RunStarted, _Mapping]] = ..., attempt_started: _Optional[_Union[AttemptStarted, _Mapping]] = ..., attempt_finished: _Optional[_Union[AttemptFinished, _Mapping]] = ..., failure_analyzed: _Optional[_Union[FailureAnalyzed, _Mapping]] = ..., backoff_scheduled: _Optional[_Union[BackoffScheduled, _Mapping]] = ..., decision_requested: _Optional[_Union[DecisionRequested, _Mapping]] = ..., decision_received: _Optional[_Union[DecisionReceived, _Mapping]] = ..., run_finished: _Optional[_Union[RunFinished, _Mapping]] = ..., run_resumed: _Optional[_Union[RunResumed, _Mapping]] = ...) -> None: ...
 
 class RunFinished(_message.Message):
     __slots__ = ["state"]
