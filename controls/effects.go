@@ -24,22 +24,18 @@ import (
 // ErrInterrupted.
 //
 // A preset's attempt whose end the journal holds is run again (unless it
-// was cancelled, or raced others), so that its own steps, which are in the
-// run's attempt log and numbering, are replayed too; its end is then the
+// was cancelled), so that its own steps, which are in the run's attempt log
+// and keyed by the preset's path, are replayed too; its end is then the
 // recorded one, and an interrupted one goes on where its journal stops
 // instead of failing as an interrupted call. A preset cancelled then is not
-// run again: it would go on live past where it was stopped. Nor is one that
-// raced others: the race's branches replay concurrently, so their nested
-// attempts would not get the numbers the journal has, and a branch the
-// journal shows interrupted would call its delegates although the race was
-// won.
+// run again: it would go on live past where it was stopped.
 func (e *Env) answer(ctx context.Context, n int32, slot, delegate, brief string) attemptResult {
 	was, recorded := e.Tracker.recordedAnswer(n)
 	if !recorded {
 		return call(ctx, e, n, slot, delegate, brief)
 	}
 	spec, isPreset := e.preset(delegate)
-	if !isPreset || e.racing || was.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED {
+	if !isPreset || was.outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED {
 		return was
 	}
 	res, err := nested(ctx, e, slot, delegate, brief, spec)
@@ -49,14 +45,19 @@ func (e *Env) answer(ctx context.Context, n int32, slot, delegate, brief string)
 	return judge(ctx, e, n, delegate, res, err)
 }
 
-// answerInHand returns attempt n's answer at once when the journal holds
-// it, or shows the attempt interrupted: a race candidate's answer, which
-// answer would return as recorded too (a racing preset is not run again).
-// A race takes such answers before it looks at its clock, so that a
-// resumed hedged race decides when to start its next candidate from the
-// journal's answers, not from how fast goroutines ran.
-func (e *Env) answerInHand(n int32) (attemptResult, bool) {
-	return e.Tracker.recordedAnswer(n)
+// inHand reports whether answer gives attempt n, to delegate, without
+// going live: the journal holds its end (a preset's steps then replay from
+// the journal), or shows it interrupted and it is no preset (which would
+// go on live). A race takes such answers before it looks at its clock or
+// calls anyone, so that a resumed race decides from the journal's answers,
+// not from how fast goroutines ran.
+func (e *Env) inHand(n int32, delegate string) bool {
+	was, ok := e.Tracker.recordedAnswer(n)
+	if !ok {
+		return false
+	}
+	_, isPreset := e.preset(delegate)
+	return !isPreset || was.outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED
 }
 
 // startedHere reports whether the journal shows that the race candidate
@@ -73,7 +74,7 @@ func (e *Env) startedHere(delegate string) bool {
 // serves: false when the journal shows that attempt skipped, true when it
 // shows it made, else what the delegate's health check says now.
 func (e *Env) serving(ctx context.Context, delegate string) bool {
-	if was, ok := e.Tracker.nextAnswer(); ok {
+	if was, ok := e.Tracker.nextAnswer(e.Path); ok {
 		return was.outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SKIPPED
 	}
 	return e.Delegates.Serving(ctx, delegate)
@@ -101,7 +102,7 @@ func (e *Env) allowRetry(delegate string) bool {
 // scheduled, so its wait did not.
 func (e *Env) endsPastDeadline(ctx context.Context, wait time.Duration) bool {
 	dl, ok := ctx.Deadline()
-	if !ok || e.Tracker.nextScheduled() {
+	if !ok || e.Tracker.nextScheduled(e.Path) {
 		return false
 	}
 	return wait >= dl.Sub(e.clock().Now())

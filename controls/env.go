@@ -239,10 +239,6 @@ type Env struct {
 	// Guards admit each live call to a delegate (circuit breakers,
 	// bulkheads, rate limits). Nil means every call goes.
 	Guards Guards
-
-	// racing says a race runs this step beside others (a candidate, or
-	// anything nested in one): set by Race for its candidates.
-	racing bool
 }
 
 func (e *Env) clock() Clock {

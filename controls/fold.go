@@ -77,7 +77,21 @@ func Apply(st *stubbornv1.ControlState, ev *stubbornv1.RunEvent) {
 			// preset's are in the log under their path.
 			st.Attempts++
 		}
-		st.AttemptLog = append(st.AttemptLog, a)
+		// In its place by number: a replay of concurrent branches may
+		// reach a later attempt before an earlier one, whose place waits
+		// for it (a journal, in seq order, has them in order).
+		i := int(a.GetNumber()) - 1
+		switch {
+		case i < 0 || i == len(st.AttemptLog):
+			st.AttemptLog = append(st.AttemptLog, a)
+		case i < len(st.AttemptLog):
+			st.AttemptLog[i] = a
+		default:
+			for len(st.AttemptLog) < i {
+				st.AttemptLog = append(st.AttemptLog, &stubbornv1.Attempt{Number: int32(len(st.AttemptLog)) + 1})
+			}
+			st.AttemptLog = append(st.AttemptLog, a)
+		}
 	case *stubbornv1.RunEvent_AttemptFinished:
 		a := k.AttemptFinished.GetAttempt()
 		if i := int(a.GetNumber()) - 1; i >= 0 && i < len(st.AttemptLog) {

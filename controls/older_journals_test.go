@@ -116,7 +116,12 @@ func TestOlderJournalAwaitingADecisionStillWaits(t *testing.T) {
 	require.True(t, strings.HasPrefix(last.GetNotRetriedReason(), "retries exhausted"), last.GetNotRetriedReason())
 
 	tr, d, done := resumeOlder(testCtx(t), all)
-	require.Eventually(t, func() bool { return tr.Status() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION }, patience, time.Millisecond)
+	// Awaiting from the start (the journal folds to it); the code once the
+	// control has replayed up to the wait.
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, tr.Status())
+	require.Eventually(t, func() bool {
+		return tr.Snapshot().GetStatusReasonCode() == stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED
+	}, patience, time.Millisecond)
 	st := tr.Snapshot()
 	assert.Equal(t, "retries exhausted (1 of 1)", st.GetStatusReason())
 	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, st.GetStatusReasonCode())

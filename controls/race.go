@@ -50,17 +50,24 @@ func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Race
 		numbers = append(numbers, env.Tracker.beginAttempt(env.Path, candidates[i], taskBrief, 0, reason))
 		pending[i] = true
 	}
-	candidate := *env
-	candidate.racing = true
+	answer := func(i int) attemptResult {
+		return env.answer(raceCtx, numbers[i], fmt.Sprintf("candidates[%d]", i), candidates[i], taskBrief)
+	}
+	// The candidates to call: their calls start once the race has taken
+	// the answers in hand and none of them won (goLive).
+	var toCall []int
 	launch := func(i int) {
-		n := numbers[i]
-		if a, ok := env.answerInHand(n); ok {
-			done <- finish{index: i, a: a}
+		if env.inHand(numbers[i], candidates[i]) {
+			done <- finish{index: i, a: answer(i)}
 			return
 		}
-		go func() {
-			done <- finish{index: i, a: candidate.answer(raceCtx, n, fmt.Sprintf("candidates[%d]", i), candidates[i], taskBrief)}
-		}()
+		toCall = append(toCall, i)
+	}
+	goLive := func() {
+		for _, i := range toCall {
+			go func() { done <- finish{index: i, a: answer(i)} }()
+		}
+		toCall = toCall[:0]
 	}
 	if hedge <= 0 {
 		// Every attempt is recorded before any call starts, so that they
@@ -122,6 +129,7 @@ func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.Race
 		select {
 		case first = <-done: // an answer in hand goes before the clock
 		default:
+			goLive()
 			var timer <-chan struct{}
 			if next := len(numbers); next < len(candidates) {
 				timer = hedged(next, env.Tracker.startTime(numbers[next-1]).Add(hedge))

@@ -59,7 +59,8 @@ type Tracker struct {
 	journal  *journal                 // noJournal when not replaying
 	finished bool                     // run_finished was emitted: nothing follows it
 
-	untilPath   string        // path of the backoff announced last
+	untilPath   string           // path of the backoff announced last
+	steps       map[string]int32 // attempts begun so far, by path
 	parkFrom    time.Duration // 0: never park
 	parked      bool          // the run is parked: nothing more is emitted
 	parkedUntil time.Time     // when a parked run's wait ends; zero: when decided
@@ -119,9 +120,17 @@ func NewReplayTracker(state *stubbornv1.ControlState, clock Clock, rec Recorder,
 	if clock == nil {
 		clock = RealClock{}
 	}
-	t := &Tracker{state: state, clock: clock, record: rec, journal: noJournal}
+	t := &Tracker{state: state, clock: clock, record: rec, journal: noJournal, steps: map[string]int32{}}
 	if len(recorded) > 0 {
 		t.journal = newJournal(recorded)
+		// The state is what the whole journal folds to from the start
+		// (the run's history, and its status, as every reader of the
+		// journal sees them): the control's replay then takes each
+		// recorded step without changing the state, and only what happens
+		// live folds into it.
+		for _, ev := range recorded {
+			Apply(state, proto.CloneOf(ev))
+		}
 	}
 	return t
 }
@@ -170,14 +179,6 @@ func (t *Tracker) fold(at *timestamppb.Timestamp, path string, ev *stubbornv1.Ru
 	t.emit(ev)
 }
 
-// replay folds a recorded event, the journal's, into the state, which
-// takes a copy of it: the journal is never changed.
-func (t *Tracker) replay(ev *stubbornv1.RunEvent) {
-	if t.finished {
-		return // the run ended (its replay went another way)
-	}
-	Apply(t.state, proto.CloneOf(ev))
-}
 
 // emit hands ev to the recorder, unless the run has finished or parked.
 // Callers hold t.mu.
@@ -259,12 +260,8 @@ func (t *Tracker) Parked() (until time.Time, ok bool) {
 func (t *Tracker) Start() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if ev := t.journal.take(t.journal.runStarted); ev != nil {
-		// The state is the run_started event's already: its status and
-		// time are folded in, not a copy of the whole.
-		Apply(t.state, &stubbornv1.RunEvent{Time: copyTime(ev.GetTime()), Status: ev.GetStatus(),
-			Kind: &stubbornv1.RunEvent_RunStarted{RunStarted: &stubbornv1.RunStarted{State: t.state}}})
-		return
+	if t.journal.take(t.journal.runStarted) != nil {
+		return // folded in already (NewReplayTracker)
 	}
 	t.fold(t.now(), "", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunStarted{
 		RunStarted: &stubbornv1.RunStarted{State: t.state},
@@ -289,8 +286,9 @@ func (t *Tracker) Resumed(owner, reason string) {
 	}})
 }
 
-// BeginAttempt records an attempt that starts now and emits
-// attempt_started. It returns the attempt's run-wide number.
+// BeginAttempt records an attempt that starts now at path and emits
+// attempt_started. It returns the attempt's run-wide number: the
+// journal's, for an attempt it holds at this path and step.
 func (t *Tracker) BeginAttempt(path, delegate, brief string, waitBefore time.Duration) int32 {
 	return t.beginAttempt(path, delegate, brief, waitBefore, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED)
 }
@@ -301,32 +299,32 @@ func (t *Tracker) BeginAttempt(path, delegate, brief string, waitBefore time.Dur
 func (t *Tracker) beginAttempt(path, delegate, brief string, waitBefore time.Duration, reason stubbornv1.AttemptStartReason) int32 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	n := int32(len(t.state.AttemptLog)) + 1
-	if ev := t.journal.started[n]; ev != nil && !t.journal.used[ev] {
+	at := t.nextStep(path)
+	t.steps[path] = at.step
+	if ev := t.journal.take(t.journal.startedAt[at]); ev != nil {
 		a := ev.GetAttemptStarted().GetAttempt()
-		if a.GetDelegate() == delegate && a.GetPath() == path {
-			t.journal.take(ev)
-			t.replay(ev)
-			return n
+		if a.GetDelegate() == delegate {
+			return a.GetNumber() // folded in already
 		}
 		// The control went another way than the journal: the run ends
 		// here. The attempt goes on unrecorded (the run has finished) and
 		// its call is never made: the control's context is ended.
-		t.divergeLocked(&NondeterminismError{Attempt: n, RecordedDelegate: a.GetDelegate(), RecordedPath: a.GetPath(), AskedDelegate: delegate, AskedPath: path})
+		t.divergeLocked(&NondeterminismError{Attempt: a.GetNumber(), RecordedDelegate: a.GetDelegate(), RecordedPath: a.GetPath(), AskedDelegate: delegate, AskedPath: path})
 	}
-	at := t.now()
+	n := t.nextNumber()
+	now := t.now()
 	a := &stubbornv1.Attempt{
 		Number:      n,
 		Delegate:    delegate,
 		Brief:       brief,
-		StartTime:   copyTime(at),
+		StartTime:   copyTime(now),
 		Path:        path,
 		StartReason: reason,
 	}
 	if waitBefore > 0 {
 		a.WaitBefore = durationpb.New(waitBefore)
 	}
-	t.fold(at, path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptStarted{
+	t.fold(now, path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptStarted{
 		AttemptStarted: &stubbornv1.AttemptStarted{Attempt: a},
 	}})
 	return n
@@ -337,6 +335,9 @@ func (t *Tracker) beginAttempt(path, delegate, brief string, waitBefore time.Dur
 func (t *Tracker) startTime(n int32) time.Time {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if n < 1 || int(n) > len(t.state.AttemptLog) {
+		return t.clock.Now() // begun after the run ended: never recorded
+	}
 	return t.state.GetAttemptLog()[n-1].GetStartTime().AsTime()
 }
 
@@ -345,9 +346,11 @@ func (t *Tracker) startTime(n int32) time.Time {
 func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result *stubbornv1.Result, err error, note string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if ev := t.journal.take(t.journal.finished[n]); ev != nil {
-		t.replay(ev)
-		return
+	if t.journal.take(t.journal.finished[n]) != nil {
+		return // folded in already
+	}
+	if n < 1 || int(n) > len(t.state.AttemptLog) {
+		return // begun after the run ended (its replay went another way): never recorded
 	}
 	at := t.now()
 	a := t.state.AttemptLog[n-1] // changed in place: the event's is the log's
@@ -366,9 +369,8 @@ func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result 
 func (t *Tracker) Failure(rec *stubbornv1.FailureRecord, willRetry bool, nextBrief string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if ev := t.journal.take(t.journal.failures[rec.GetAttempt()]); ev != nil {
-		t.replay(ev)
-		return
+	if t.journal.take(t.journal.failures[rec.GetAttempt()]) != nil {
+		return // folded in already
 	}
 	t.fold(t.now(), rec.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_FailureAnalyzed{
 		FailureAnalyzed: &stubbornv1.FailureAnalyzed{
@@ -386,12 +388,11 @@ func (t *Tracker) Failure(rec *stubbornv1.FailureRecord, willRetry bool, nextBri
 func (t *Tracker) Backoff(path string, nextAttempt int32, wait, bound time.Duration, fromHint bool) time.Duration {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if ev := t.journal.take(t.journal.backoffs[nextAttempt]); ev != nil {
-		t.replay(ev)
-		b := ev.GetBackoffScheduled()
+	if ev := t.journal.take(t.journal.backoffAt[t.nextStep(path)]); ev != nil {
+		b := ev.GetBackoffScheduled() // folded in already
 		t.until = b.GetUntil().AsTime()
 		t.untilPath = path
-		if t.journal.started[nextAttempt] != nil {
+		if t.journal.startedAt[t.nextStep(path)] != nil {
 			t.until = time.Time{} // the wait is over: the next attempt started
 		}
 		return b.GetWait().AsDuration()
@@ -449,19 +450,19 @@ func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, code s
 	ch := make(chan stubbornv1.Decision, 1)
 	t.mu.Lock()
 	var deadline time.Time
-	if ev := t.journal.take(t.journal.next(&t.journal.requests)); ev != nil {
-		t.replay(ev)
-		if t.state.GetStatusReasonCode() == stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED {
-			// Recorded by a release before status_reason_code: the code
-			// is the one the control gives the same reason now.
+	if ev := t.journal.take(t.journal.next(t.journal.requests[path])); ev != nil {
+		// Folded in already. Recorded by a release before
+		// status_reason_code, the request the run still awaits gets the
+		// code the control gives the same reason now.
+		if t.state.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION &&
+			t.state.GetStatusReasonCode() == stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED && t.state.GetStatusReason() == reason {
 			t.state.StatusReasonCode = code
 		}
 		if dl := ev.GetDecisionRequested().GetDeadline(); dl != nil {
 			deadline = dl.AsTime()
 		}
-		if got := t.journal.take(t.journal.next(&t.journal.answers)); got != nil {
-			t.replay(got)
-			t.mu.Unlock()
+		if got := t.journal.take(t.journal.next(t.journal.answers[path])); got != nil {
+			t.mu.Unlock() // folded in already
 			return got.GetDecisionReceived().GetDecision(), false, nil
 		}
 	} else {
@@ -568,11 +569,6 @@ func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result,
 // stopped (Execute's context ends with err as its cause). Callers hold
 // t.mu.
 func (t *Tracker) divergeLocked(err *NondeterminismError) {
-	// The run's history is its whole journal, past the point the replay
-	// reached: the final state is what the journal folds to, ended.
-	for _, ev := range t.journal.events {
-		Apply(t.state, proto.CloneOf(ev))
-	}
 	t.finishLocked(stubbornv1.RunStatus_RUN_STATUS_FAILED, nil, "", err.Error(), stubbornv1.StatusReason_STATUS_REASON_NONDETERMINISTIC_REPLAY)
 	if t.stop != nil {
 		t.stop(err)

@@ -221,11 +221,6 @@ func (c *Config) validatePresets(delegates map[string]int) []error {
 			if _, ok := delegates[r]; !ok && presets[r] == nil {
 				bad("presets[%d] (%q): %q is neither a delegate nor a preset", i, p.Name, r)
 			}
-			// As at submission (server.validator.hedgedCandidates): a
-			// hedged race's preset candidates could not be replayed.
-			if p.Spec.GetRace().GetHedgeDelay().AsDuration() > 0 && presets[r] != nil {
-				bad("presets[%d] (%q): race.hedge_delay needs delegates as candidates, and %q is a preset", i, p.Name, r)
-			}
 		}
 	}
 	// Depth-first search for a preset that reaches itself.

@@ -23,9 +23,12 @@ presets:
     fallback_chain: {chain: [search-with-retry, search-backup]}
   - name: hedged-search
     race: {candidates: [search-primary, search-backup], hedge_delay: 250ms}
+  - name: hedged-presets
+    race: {candidates: [search-with-retry, careful-search], hedge_delay: 1s}
 `))
-	require.NoError(t, err)
-	require.Len(t, cfg.Presets, 3)
+	require.NoError(t, err, "a hedged race may name presets")
+	require.Len(t, cfg.Presets, 4)
+	assert.Equal(t, []string{"search-with-retry", "careful-search"}, cfg.Presets[3].Spec.GetRace().GetCandidates())
 	assert.Equal(t, 250*time.Millisecond, cfg.Presets[2].Spec.GetRace().GetHedgeDelay().AsDuration())
 	r := cfg.Presets[0].Spec.GetRetry()
 	require.NotNil(t, r)
@@ -74,9 +77,6 @@ func TestPresetsRejected(t *testing.T) {
   - {name: p, retry: {target: a, max_wait: soon}}`, `invalid duration "soon"`},
 		{"a negative hedge_delay", `
   - {name: p, race: {candidates: [a], hedge_delay: -1s}}`, "race.hedge_delay must not be negative"},
-		{"a hedged race of a preset", `
-  - {name: p, retry: {target: a}}
-  - {name: q, race: {candidates: [a, p], hedge_delay: 100ms}}`, `race.hedge_delay needs delegates as candidates, and "p" is a preset`},
 		{"criteria in a preset", `
   - {name: p, fallback_chain: {chain: [a], failure_when: "true"}}`, "not supported in presets"},
 	}

@@ -339,30 +339,7 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 			return nil, status.Errorf(codes.NotFound, "%s: %.128q is a preset, not a delegate in the registry: judges and analysts must be delegates", n.field, n.name)
 		}
 	}
-	if err := val.hedgedCandidates(req.GetRace()); err != nil {
-		return nil, err
-	}
 	return spec, nil
-}
-
-// hedgedCandidates refuses a hedged race (hedge_delay > 0) one of whose
-// candidates is a preset: a race's preset candidates are not run again
-// when a run is resumed (controls/effects.go), so their nested attempts
-// are not replayed, and in a hedged race they are numbered before the
-// candidates that start after them, whose replay would then take the
-// nested attempts' records for their own.
-func (val *validator) hedgedCandidates(r *stubbornv1.RaceSpec) error {
-	if r.GetHedgeDelay().AsDuration() <= 0 || val.isDelegate == nil {
-		return nil
-	}
-	for i, c := range r.GetCandidates() {
-		if !val.isDelegate(c) {
-			var v violations
-			v.add("race.hedge_delay", "a hedged race needs delegates as candidates, and race.candidates[%d] %.128q is a preset", i, c)
-			return v.err()
-		}
-	}
-	return nil
 }
 
 // namedRef is a delegate name and the field it came from. direct says the

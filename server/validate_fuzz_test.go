@@ -99,13 +99,6 @@ func checkAccepted(req *stubbornv1.StartRunRequest, spec *stubbornv1.ControlSpec
 	if d := req.GetRace().GetHedgeDelay(); d != nil && (d.CheckValid() != nil || d.AsDuration() < 0 || d.AsDuration() > p.limits.MaxWait) {
 		return fmt.Errorf("accepted race.hedge_delay %v", d)
 	}
-	if req.GetRace().GetHedgeDelay().AsDuration() > 0 {
-		for _, c := range req.GetRace().GetCandidates() {
-			if !p.val.isDelegate(c) {
-				return fmt.Errorf("accepted a hedged race of preset %q", c)
-			}
-		}
-	}
 	names := append(append([]string{req.GetRetry().GetTarget(), req.GetRetryWithLearning().GetTarget(),
 		req.GetRetryWithLearning().GetAnalyst(), req.GetOptions().GetJudge()},
 		req.GetFallbackChain().GetChain()...), req.GetRace().GetCandidates()...)
