@@ -61,10 +61,10 @@ type Tracker struct {
 
 	untilPath   string           // path of the backoff announced last
 	steps       map[string]int32 // attempts begun so far, by path
-	parkFrom    time.Duration // 0: never park
-	parked      bool          // the run is parked: nothing more is emitted
-	parkedUntil time.Time     // when a parked run's wait ends; zero: when decided
-	answer      *answer       // the decision for the wait a replay reaches (Answer)
+	parkFrom    time.Duration    // 0: never park
+	parked      bool             // the run is parked: nothing more is emitted
+	parkedUntil time.Time        // when a parked run's wait ends; zero: when decided
+	answer      *answer          // the decision for the wait a replay reaches (Answer)
 	park        func(until time.Time, decision bool)
 	onLive      []func() // called once before the first step the journal lacks
 
@@ -178,7 +178,6 @@ func (t *Tracker) fold(at *timestamppb.Timestamp, path string, ev *stubbornv1.Ru
 	Apply(t.state, ev)
 	t.emit(ev)
 }
-
 
 // emit hands ev to the recorder, unless the run has finished or parked.
 // Callers hold t.mu.
