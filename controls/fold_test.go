@@ -1,6 +1,8 @@
 package controls_test
 
 import (
+	"maps"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -129,4 +131,18 @@ func TestApplyFoldsEachKind(t *testing.T) {
 	assert.Equal(t, int64(10), st.GetEndTime().GetSeconds())
 	assert.Len(t, st.GetAttemptLog(), 2, "the log is the fold's, not the final state's")
 	assert.Equal(t, "task", st.GetTaskBrief(), "run_finished keeps what run_started set")
+}
+
+// ExpandPresets: the presets a control reaches, through presets too, once
+// each, and nothing for a control that names none.
+func TestExpandPresetsFollowsTheTree(t *testing.T) {
+	chain := func(names ...string) *stubbornv1.ControlSpec {
+		return &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: names}}}
+	}
+	presets := controls.PresetMap{"outer": chain("inner", "a"), "inner": chain("b", "loop"), "loop": chain("outer"), "unused": chain("c")}
+	got := controls.ExpandPresets(chain("outer", "a", "outer"), presets)
+	assert.Equal(t, []string{"inner", "loop", "outer"}, slices.Sorted(maps.Keys(got)))
+	assert.True(t, proto.Equal(presets["inner"], got["inner"]))
+	assert.Nil(t, controls.ExpandPresets(chain("a", "b"), presets))
+	assert.Nil(t, controls.ExpandPresets(chain("outer"), nil))
 }

@@ -36,3 +36,40 @@ func Named(spec *stubbornv1.ControlSpec) []string {
 	}
 	return nil
 }
+
+// ExpandPresets returns the presets spec names, directly or through other
+// presets, as presets resolves them: the tree a run's control reaches.
+// Nil when it names none.
+func ExpandPresets(spec *stubbornv1.ControlSpec, presets Presets) map[string]*stubbornv1.ControlSpec {
+	if presets == nil {
+		return nil
+	}
+	var out map[string]*stubbornv1.ControlSpec
+	var walk func(*stubbornv1.ControlSpec)
+	walk = func(s *stubbornv1.ControlSpec) {
+		for _, name := range Named(s) {
+			if _, seen := out[name]; seen {
+				continue // a preset named twice, or (refused by the config) one that reaches itself
+			}
+			if p, ok := presets.Preset(name); ok {
+				if out == nil {
+					out = map[string]*stubbornv1.ControlSpec{}
+				}
+				out[name] = p
+				walk(p)
+			}
+		}
+	}
+	walk(spec)
+	return out
+}
+
+// PresetMap is Presets from a map of name to spec: a run's recorded
+// presets (ControlState.presets).
+type PresetMap map[string]*stubbornv1.ControlSpec
+
+// Preset implements Presets.
+func (p PresetMap) Preset(name string) (*stubbornv1.ControlSpec, bool) {
+	s, ok := p[name]
+	return s, ok
+}

@@ -74,9 +74,15 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 	r.mu.Lock()
 	deps := r.deps
 	r.mu.Unlock()
+	presets := deps.Presets
+	if recorded := snapshot.GetPresets(); len(recorded) > 0 {
+		// The tree the run was accepted with, whatever the registry
+		// says now (a reload between a crash and this takeover).
+		presets = controls.PresetMap(recorded)
+	}
 	env := &controls.Env{
 		Delegates: flushing{deps.Delegates, r, controls.RunCall(snapshot)},
-		Presets:   deps.Presets,
+		Presets:   presets,
 		Budgets:   deps.Budgets,
 		Guards:    deps.Guards,
 		Tracker:   tr,
@@ -201,6 +207,7 @@ func constantPart(st *stubbornv1.ControlState) *stubbornv1.ControlState {
 		CreateTime:  st.GetCreateTime(),
 		Tenant:      st.GetTenant(),
 		Traceparent: st.GetTraceparent(),
+		Presets:     st.GetPresets(),
 	}
 }
 

@@ -89,6 +89,12 @@ func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.
 	if err != nil {
 		return nil, err
 	}
+	// The run is bound to the registry it is accepted by, and records the
+	// presets its control reaches there: a takeover replays that tree.
+	m.bind(ctx, r)
+	r.mu.Lock()
+	state.Presets = controls.ExpandPresets(spec, r.deps.Presets)
+	r.mu.Unlock()
 	runCtx := m.runContext(r, now, opts)
 	if m.cfg.Observer != nil {
 		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, ctx, state, false)
@@ -138,7 +144,6 @@ func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.
 	accepted := constantPart(state)
 	accepted.Status = state.GetStatus()
 	accepted.UpdateTime = state.GetUpdateTime()
-	m.bind(ctx, r)
 	m.workers.run(func() { m.drive(runCtx, r, tr, state, false, "") })
 	return accepted, nil
 }
@@ -167,6 +172,7 @@ func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
 	m.mu.Lock()
 	delete(m.runs, r.id)
 	m.mu.Unlock()
+	r.unbindNow()
 	if r.stopTimer != nil {
 		r.stopTimer()
 	}
@@ -218,6 +224,7 @@ func (m *Manager) forget(r *run) {
 	m.mu.Lock()
 	delete(m.runs, r.id)
 	m.mu.Unlock()
+	r.unbindNow()
 	r.cancel(ErrClosed)
 	if r.stopTimer != nil {
 		r.stopTimer()
@@ -254,4 +261,16 @@ func newID() string {
 	binary.BigEndian.PutUint16(b[8:10], uint16(idCounter.Add(1)))
 	_, _ = rand.Read(b[10:])
 	return "run_" + strings.ToLower(base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// unbindNow lets go of what bind gave r, for a run that will not be
+// driven.
+func (r *run) unbindNow() {
+	r.mu.Lock()
+	unbind := r.unbind
+	r.deps, r.unbind = Deps{}, nil
+	r.mu.Unlock()
+	if unbind != nil {
+		unbind()
+	}
 }

@@ -3155,7 +3155,14 @@ type ControlState struct {
 	// NOT_FOUND and ListRuns leaves it out. Empty means the default tenant:
 	// a server without authentication runs every caller as it (and runs
 	// recorded before tenants existed belong to it).
-	Tenant        string `protobuf:"bytes,16,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tenant string `protobuf:"bytes,16,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The presets the run's control names, directly or through other
+	// presets, as the server's registry had them when the run was accepted:
+	// a server that resumes the run (a takeover, a restart) replays this
+	// tree, whatever its registry says by then. Set by the server; empty for
+	// a control that names no preset, and for runs accepted by a release
+	// before this field (those are replayed against the registry in force).
+	Presets       map[string]*ControlSpec `protobuf:"bytes,18,rep,name=presets,proto3" json:"presets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3307,6 +3314,13 @@ func (x *ControlState) GetTenant() string {
 		return x.Tenant
 	}
 	return ""
+}
+
+func (x *ControlState) GetPresets() map[string]*ControlSpec {
+	if x != nil {
+		return x.Presets
+	}
+	return nil
 }
 
 // AttemptError is the error a delegate call ended with.
@@ -4639,7 +4653,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x13retry_with_learning\x18\x02 \x01(\v2\".stubborn.v1.RetryWithLearningSpecH\x00R\x11retryWithLearning\x12G\n" +
 	"\x0efallback_chain\x18\x03 \x01(\v2\x1e.stubborn.v1.FallbackChainSpecH\x00R\rfallbackChain\x12+\n" +
 	"\x04race\x18\x04 \x01(\v2\x15.stubborn.v1.RaceSpecH\x00R\x04raceB\x06\n" +
-	"\x04kind\"\x91\x06\n" +
+	"\x04kind\"\xa9\a\n" +
 	"\fControlState\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12+\n" +
@@ -4662,7 +4676,11 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"updateTime\x125\n" +
 	"\bend_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12 \n" +
 	"\vtraceparent\x18\x0f \x01(\tR\vtraceparent\x12\x16\n" +
-	"\x06tenant\x18\x10 \x01(\tR\x06tenant\"\x83\x02\n" +
+	"\x06tenant\x18\x10 \x01(\tR\x06tenant\x12@\n" +
+	"\apresets\x18\x12 \x03(\v2&.stubborn.v1.ControlState.PresetsEntryR\apresets\x1aT\n" +
+	"\fPresetsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12.\n" +
+	"\x05value\x18\x02 \x01(\v2\x18.stubborn.v1.ControlSpecR\x05value:\x028\x01\"\x83\x02\n" +
 	"\fAttemptError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1f\n" +
@@ -4874,7 +4892,7 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
 	(OnExhausted)(0),              // 1: stubborn.v1.OnExhausted
@@ -4933,19 +4951,20 @@ var file_stubborn_v1_control_proto_goTypes = []any{
 	(*RunResumed)(nil),            // 54: stubborn.v1.RunResumed
 	(*RunFinished)(nil),           // 55: stubborn.v1.RunFinished
 	nil,                           // 56: stubborn.v1.RunOptions.MetadataEntry
-	(*durationpb.Duration)(nil),   // 57: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 58: google.protobuf.Timestamp
-	(*Result)(nil),                // 59: stubborn.v1.Result
+	nil,                           // 57: stubborn.v1.ControlState.PresetsEntry
+	(*durationpb.Duration)(nil),   // 58: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 59: google.protobuf.Timestamp
+	(*Result)(nil),                // 60: stubborn.v1.Result
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	57,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	58,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,   // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	57,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	57,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	58,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	58,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
 	13,  // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
-	57,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
-	57,  // 6: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	57,  // 7: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	58,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
+	58,  // 6: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	58,  // 7: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
 	56,  // 8: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
 	12,  // 9: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
 	14,  // 10: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
@@ -4965,15 +4984,15 @@ var file_stubborn_v1_control_proto_depIdxs = []int32{
 	0,   // 24: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
 	9,   // 25: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
 	0,   // 26: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	58,  // 27: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	58,  // 28: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	59,  // 27: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	59,  // 28: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
 	42,  // 29: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
 	27,  // 30: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
 	0,   // 31: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
 	27,  // 32: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
 	33,  // 33: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
 	34,  // 34: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	57,  // 35: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	58,  // 35: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
 	11,  // 36: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
 	10,  // 37: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
 	13,  // 38: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
@@ -4986,74 +5005,76 @@ var file_stubborn_v1_control_proto_depIdxs = []int32{
 	15,  // 45: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
 	16,  // 46: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
 	0,   // 47: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	59,  // 48: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	60,  // 48: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
 	45,  // 49: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
 	44,  // 50: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
 	41,  // 51: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
 	17,  // 52: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
 	8,   // 53: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	58,  // 54: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	58,  // 55: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	58,  // 56: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	57,  // 57: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	6,   // 58: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
-	58,  // 59: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	58,  // 60: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,   // 61: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	59,  // 62: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	43,  // 63: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	57,  // 64: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	4,   // 65: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
-	7,   // 66: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	5,   // 67: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	58,  // 68: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	0,   // 69: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
-	47,  // 70: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	48,  // 71: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	49,  // 72: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	50,  // 73: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	51,  // 74: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	52,  // 75: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	53,  // 76: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	55,  // 77: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	54,  // 78: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	42,  // 79: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	44,  // 80: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	44,  // 81: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	45,  // 82: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	57,  // 83: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	58,  // 84: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	57,  // 85: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	45,  // 86: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	58,  // 87: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	8,   // 88: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,   // 89: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	42,  // 90: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	18,  // 91: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	20,  // 92: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	22,  // 93: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	24,  // 94: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	26,  // 95: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	29,  // 96: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	31,  // 97: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	35,  // 98: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	39,  // 99: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	37,  // 100: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	19,  // 101: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	21,  // 102: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	23,  // 103: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	25,  // 104: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	28,  // 105: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	30,  // 106: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	32,  // 107: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	36,  // 108: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	40,  // 109: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	38,  // 110: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	101, // [101:111] is the sub-list for method output_type
-	91,  // [91:101] is the sub-list for method input_type
-	91,  // [91:91] is the sub-list for extension type_name
-	91,  // [91:91] is the sub-list for extension extendee
-	0,   // [0:91] is the sub-list for field type_name
+	59,  // 54: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	59,  // 55: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	59,  // 56: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	57,  // 57: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
+	58,  // 58: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	6,   // 59: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
+	59,  // 60: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	59,  // 61: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,   // 62: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	60,  // 63: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	43,  // 64: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	58,  // 65: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,   // 66: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
+	7,   // 67: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	5,   // 68: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	59,  // 69: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	0,   // 70: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
+	47,  // 71: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	48,  // 72: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	49,  // 73: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	50,  // 74: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	51,  // 75: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	52,  // 76: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	53,  // 77: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	55,  // 78: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	54,  // 79: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	42,  // 80: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	44,  // 81: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	44,  // 82: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	45,  // 83: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	58,  // 84: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	59,  // 85: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	58,  // 86: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	45,  // 87: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	59,  // 88: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 89: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 90: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	42,  // 91: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	41,  // 92: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
+	18,  // 93: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	20,  // 94: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	22,  // 95: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	24,  // 96: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	26,  // 97: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	29,  // 98: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	31,  // 99: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	35,  // 100: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	39,  // 101: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	37,  // 102: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	19,  // 103: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	21,  // 104: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	23,  // 105: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	25,  // 106: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	28,  // 107: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	30,  // 108: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	32,  // 109: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	36,  // 110: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	40,  // 111: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	38,  // 112: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	103, // [103:113] is the sub-list for method output_type
+	93,  // [93:103] is the sub-list for method input_type
+	93,  // [93:93] is the sub-list for extension type_name
+	93,  // [93:93] is the sub-list for extension extendee
+	0,   // [0:93] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -5087,7 +5108,7 @@ func file_stubborn_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   45,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
