@@ -29,168 +29,217 @@ var errLostRace = errors.New("another candidate won the race")
 // journal's answers before it looks at the clock, so that it starts the
 // same candidates, for the same reasons, without waiting again.
 func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.RaceSpec) Outcome {
-	candidates := spec.GetCandidates()
-	hedge := spec.GetHedgeDelay().AsDuration() // never negative: the server and the config refuse it
 	if ctx.Err() != nil {
 		return stopped(ctx)
 	}
-	raceCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-
-	type finish struct {
-		index int
-		a     attemptResult
-	}
-	// Buffered so that a loser returning after the race ended never blocks.
-	done := make(chan finish, len(candidates))
-	numbers := make([]int32, 0, len(candidates)) // of the candidates started, in list order
-	pending := make(map[int]bool, len(candidates))
-	begin := func(reason stubbornv1.AttemptStartReason) {
-		i := len(numbers)
-		numbers = append(numbers, env.Tracker.beginAttempt(env.Path, candidates[i], taskBrief, 0, reason))
-		pending[i] = true
-	}
-	answer := func(i int) attemptResult {
-		return env.answer(raceCtx, numbers[i], fmt.Sprintf("candidates[%d]", i), candidates[i], taskBrief)
-	}
-	// The candidates to call: their calls start once the race has taken
-	// the answers in hand and none of them won (goLive).
-	var toCall []int
-	launch := func(i int) {
-		if env.inHand(numbers[i], candidates[i]) {
-			done <- finish{index: i, a: answer(i)}
-			return
-		}
-		toCall = append(toCall, i)
-	}
-	goLive := func() {
-		for _, i := range toCall {
-			go func() { done <- finish{index: i, a: answer(i)} }()
-		}
-		toCall = toCall[:0]
-	}
-	if hedge <= 0 {
-		// Every attempt is recorded before any call starts, so that they
-		// are numbered in list order.
-		for range candidates {
-			begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE)
-		}
-		for i := range candidates {
-			launch(i)
-		}
-	} else {
-		begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE)
-		launch(0)
-	}
-	hedged := hedgeTimer(raceCtx, env.clock(), hedge)
-
-	fail := func(i int, a attemptResult) {
-		delete(pending, i)
-		endAttempt(env, numbers[i], a)
-		env.Tracker.Failure(&stubbornv1.FailureRecord{
-			Attempt: numbers[i], Delegate: candidates[i], Summary: a.summary, Reason: a.reason, Path: env.Path,
-			Source: failureSource(env, numbers[i], a),
-		}, false, "")
-	}
-	cancelPending := func(cause error) {
-		reason := "cancelled: " + cause.Error()
-		for i := range numbers { // in list order, for a stable event order
-			if pending[i] {
-				fail(i, attemptResult{
-					outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED,
-					err:     context.Canceled, failed: true, reason: reason, summary: "Error: " + reason,
-				})
-			}
-		}
-	}
-
-	for {
+	r := newRacer(ctx, env, taskBrief, spec)
+	defer r.cancel(nil)
+	r.start()
+	for r.running() {
 		if ctx.Err() != nil {
-			cancelPending(context.Cause(ctx))
+			r.cancelPending(context.Cause(ctx))
 			return stopped(ctx)
 		}
-		if next := len(numbers); next < len(candidates) {
-			switch {
-			case len(pending) == 0:
-				// Every candidate started so far failed: no reason to wait.
-				begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_EARLIER_FAILED)
-				launch(next)
-				continue
-			case env.startedHere(candidates[next]):
-				begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY) // the journal's reason, in fact
-				launch(next)
-				continue
-			}
-		}
-		if len(pending) == 0 {
-			break
-		}
-		var first finish
-		select {
-		case first = <-done: // an answer in hand goes before the clock
-		default:
-			goLive()
-			var timer <-chan struct{}
-			if next := len(numbers); next < len(candidates) {
-				timer = hedged(next, env.Tracker.startTime(numbers[next-1]).Add(hedge))
-			}
-			select {
-			case first = <-done:
-			case <-timer:
-				begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY)
-				launch(len(numbers) - 1)
-				continue
-			case <-ctx.Done():
-				cancelPending(context.Cause(ctx))
-				return stopped(ctx)
-			}
-		}
-		if first.a.failed {
-			fail(first.index, first.a)
+		if r.startNow() {
 			continue
 		}
-		// An acceptable result. Whatever else has finished by now finished
-		// together with it: the earliest acceptable one in the list wins.
-		together := []finish{first}
-	drain:
-		for {
-			select {
-			case f := <-done:
-				together = append(together, f)
-			default:
-				break drain
-			}
+		first, ok := r.await(ctx)
+		switch {
+		case !ok: // the next candidate started, or the run ended
+		case first.a.failed:
+			r.fail(first.index, first.a)
+		default:
+			return r.win(first)
 		}
-		winner := first
-		for _, f := range together {
-			if !f.a.failed && f.index < winner.index {
-				winner = f
-			}
-		}
-		cancel(errLostRace)
-		delete(pending, winner.index)
-		endAttempt(env, numbers[winner.index], winner.a)
-		for _, f := range together {
-			switch {
-			case f.index == winner.index:
-			case f.a.failed:
-				fail(f.index, f.a)
-			default:
-				f.a.failed, f.a.reason = true, "lost a tie to an earlier candidate"
-				f.a.summary = firstChars(ResultString(f.a.result), 200)
-				f.a.outcome = stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED
-				fail(f.index, f.a)
-			}
-		}
-		cancelPending(errLostRace)
-		return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Result: winner.a.result, Winner: candidates[winner.index]}
 	}
 	// The last calls may have come back cancelled before the loop saw the
 	// run's end: they failed because the run ended, not on their own.
 	if ctx.Err() != nil {
 		return stopped(ctx)
 	}
-	return exhausted("all %d candidates failed", len(candidates))
+	return exhausted("all %d candidates failed", len(r.candidates))
+}
+
+// finish is a race candidate's answer: the candidate's index, and how its
+// attempt went.
+type finish struct {
+	index int
+	a     attemptResult
+}
+
+// racer is one race's state.
+type racer struct {
+	env        *Env
+	brief      string
+	candidates []string
+	hedge      time.Duration
+	ctx        context.Context // the candidates' calls': ended when the race is
+	cancel     context.CancelCauseFunc
+	hedged     func(i int, at time.Time) <-chan struct{}
+	done       chan finish  // buffered, so that a loser returning after the race ended never blocks
+	numbers    []int32      // of the candidates started, in list order
+	pending    map[int]bool // the candidates started and not finished
+	toCall     []int        // started, to call once the answers in hand are taken (goLive)
+}
+
+func newRacer(ctx context.Context, env *Env, brief string, spec *stubbornv1.RaceSpec) *racer {
+	candidates := spec.GetCandidates()
+	r := &racer{
+		env: env, brief: brief, candidates: candidates,
+		hedge:   spec.GetHedgeDelay().AsDuration(), // never negative: the server and the config refuse it
+		done:    make(chan finish, len(candidates)),
+		numbers: make([]int32, 0, len(candidates)),
+		pending: make(map[int]bool, len(candidates)),
+	}
+	r.ctx, r.cancel = context.WithCancelCause(ctx)
+	r.hedged = hedgeTimer(r.ctx, env.clock(), r.hedge)
+	return r
+}
+
+// start starts every candidate, or a hedged race's first. Every attempt
+// is recorded before any call starts, so that they are numbered in list
+// order.
+func (r *racer) start() {
+	if r.hedge > 0 {
+		r.begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE)
+		return
+	}
+	for range r.candidates {
+		r.begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE)
+	}
+}
+
+// running reports whether the race goes on: a candidate is pending, or
+// one is left to start.
+func (r *racer) running() bool {
+	return len(r.pending) > 0 || len(r.numbers) < len(r.candidates)
+}
+
+// begin records the start of the next candidate's attempt, and launches
+// it.
+func (r *racer) begin(reason stubbornv1.AttemptStartReason) {
+	i := len(r.numbers)
+	r.numbers = append(r.numbers, r.env.Tracker.beginAttempt(r.env.Path, r.candidates[i], r.brief, 0, reason))
+	r.pending[i] = true
+	if r.env.inHand(r.numbers[i], r.candidates[i]) {
+		r.done <- finish{index: i, a: r.answer(i)}
+		return
+	}
+	r.toCall = append(r.toCall, i)
+}
+
+// answer is candidate i's answer: the journal's, or its call's.
+func (r *racer) answer(i int) attemptResult {
+	return r.env.answer(r.ctx, r.numbers[i], fmt.Sprintf("candidates[%d]", i), r.candidates[i], r.brief)
+}
+
+// goLive calls the candidates started and not called yet.
+func (r *racer) goLive() {
+	for _, i := range r.toCall {
+		go func() { r.done <- finish{index: i, a: r.answer(i)} }()
+	}
+	r.toCall = r.toCall[:0]
+}
+
+// startNow starts the next candidate of a hedged race without waiting
+// for its delay, and reports whether it did: every candidate started so
+// far failed, or the journal shows it started at this point.
+func (r *racer) startNow() bool {
+	next := len(r.numbers)
+	switch {
+	case next >= len(r.candidates):
+		return false
+	case len(r.pending) == 0:
+		r.begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_EARLIER_FAILED)
+	case r.env.startedHere(r.candidates[next]):
+		r.begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY) // the journal's reason, in fact
+	default:
+		return false
+	}
+	return true
+}
+
+// await returns the next answer: one in hand at once, before the clock;
+// else, with the calls started, the first to come, unless the hedge
+// delay passes first (the next candidate starts) or the run ends (false
+// both).
+func (r *racer) await(ctx context.Context) (finish, bool) {
+	select {
+	case f := <-r.done:
+		return f, true
+	default:
+	}
+	r.goLive()
+	var timer <-chan struct{}
+	if next := len(r.numbers); next < len(r.candidates) {
+		timer = r.hedged(next, r.env.Tracker.startTime(r.numbers[next-1]).Add(r.hedge))
+	}
+	select {
+	case f := <-r.done:
+		return f, true
+	case <-timer:
+		r.begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY)
+	case <-ctx.Done():
+	}
+	return finish{}, false
+}
+
+// fail records candidate i's failure.
+func (r *racer) fail(i int, a attemptResult) {
+	delete(r.pending, i)
+	endAttempt(r.env, r.numbers[i], a)
+	r.env.Tracker.Failure(&stubbornv1.FailureRecord{
+		Attempt: r.numbers[i], Delegate: r.candidates[i], Summary: a.summary, Reason: a.reason, Path: r.env.Path,
+		Source: failureSource(r.env, r.numbers[i], a),
+	}, false, "")
+}
+
+// cancelPending records every pending candidate cancelled, in list order
+// for a stable event order.
+func (r *racer) cancelPending(cause error) {
+	reason := "cancelled: " + cause.Error()
+	for i := range r.numbers {
+		if r.pending[i] {
+			r.fail(i, attemptResult{
+				outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED,
+				err:     context.Canceled, failed: true, reason: reason, summary: "Error: " + reason,
+			})
+		}
+	}
+}
+
+// win ends the race with an acceptable answer. Whatever else has
+// finished by now finished together with it: the earliest acceptable one
+// in the list wins, the others lose, and the calls still running are
+// cancelled.
+func (r *racer) win(first finish) Outcome {
+	together := []finish{first}
+	for len(r.done) > 0 {
+		together = append(together, <-r.done)
+	}
+	winner := first
+	for _, f := range together {
+		if !f.a.failed && f.index < winner.index {
+			winner = f
+		}
+	}
+	r.cancel(errLostRace)
+	delete(r.pending, winner.index)
+	endAttempt(r.env, r.numbers[winner.index], winner.a)
+	for _, f := range together {
+		switch {
+		case f.index == winner.index:
+		case f.a.failed:
+			r.fail(f.index, f.a)
+		default:
+			f.a.failed, f.a.reason = true, "lost a tie to an earlier candidate"
+			f.a.summary = firstChars(ResultString(f.a.result), 200)
+			f.a.outcome = stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED
+			r.fail(f.index, f.a)
+		}
+	}
+	r.cancelPending(errLostRace)
+	return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Result: winner.a.result, Winner: r.candidates[winner.index]}
 }
 
 // hedgeTimer returns the timer of a hedged race: hedged(i, at) is a channel

@@ -448,30 +448,10 @@ func (t *Tracker) WaitBackoff(ctx context.Context, clock Clock) error {
 func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, code stubbornv1.StatusReason, timeout time.Duration) (d stubbornv1.Decision, timedOut bool, err error) {
 	ch := make(chan stubbornv1.Decision, 1)
 	t.mu.Lock()
-	var deadline time.Time
-	if ev := t.journal.take(t.journal.next(t.journal.requests[path])); ev != nil {
-		// Folded in already. Recorded by a release before
-		// status_reason_code, the request the run still awaits gets the
-		// code the control gives the same reason now.
-		if t.state.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION &&
-			t.state.GetStatusReasonCode() == stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED && t.state.GetStatusReason() == reason {
-			t.state.StatusReasonCode = code
-		}
-		if dl := ev.GetDecisionRequested().GetDeadline(); dl != nil {
-			deadline = dl.AsTime()
-		}
-		if got := t.journal.take(t.journal.next(t.journal.answers[path])); got != nil {
-			t.mu.Unlock() // folded in already
-			return got.GetDecisionReceived().GetDecision(), false, nil
-		}
-	} else {
-		at := t.now()
-		req := &stubbornv1.DecisionRequested{Reason: reason, ReasonCode: code, FailureHistory: t.state.FailureHistory}
-		if timeout > 0 {
-			deadline = at.AsTime().Add(timeout)
-			req.Deadline = timestamppb.New(deadline)
-		}
-		t.fold(at, path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionRequested{DecisionRequested: req}})
+	deadline, got, answered := t.requestLocked(path, reason, code, timeout)
+	if answered {
+		t.mu.Unlock()
+		return got, false, nil
 	}
 	t.decision = ch
 	t.goLive()
@@ -488,7 +468,45 @@ func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, code s
 		return stubbornv1.Decision_DECISION_UNSPECIFIED, false, ErrParked
 	}
 	t.mu.Unlock()
+	return t.waitDecision(ctx, ch, deadline)
+}
 
+// requestLocked asks for a decision at path: it takes the journal's
+// request, and its answer when the journal has one (answered), or emits
+// decision_requested. It returns when the wait for it times out (zero:
+// never). Callers hold t.mu.
+func (t *Tracker) requestLocked(path, reason string, code stubbornv1.StatusReason, timeout time.Duration) (deadline time.Time, d stubbornv1.Decision, answered bool) {
+	ev := t.journal.take(t.journal.next(t.journal.requests[path]))
+	if ev == nil {
+		at := t.now()
+		req := &stubbornv1.DecisionRequested{Reason: reason, ReasonCode: code, FailureHistory: t.state.FailureHistory}
+		if timeout > 0 {
+			deadline = at.AsTime().Add(timeout)
+			req.Deadline = timestamppb.New(deadline)
+		}
+		t.fold(at, path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionRequested{DecisionRequested: req}})
+		return deadline, d, false
+	}
+	// Folded in already. Recorded by a release before status_reason_code,
+	// the request the run still awaits gets the code the control gives the
+	// same reason now.
+	if t.state.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION &&
+		t.state.GetStatusReasonCode() == stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED && t.state.GetStatusReason() == reason {
+		t.state.StatusReasonCode = code
+	}
+	if dl := ev.GetDecisionRequested().GetDeadline(); dl != nil {
+		deadline = dl.AsTime()
+	}
+	if got := t.journal.take(t.journal.next(t.journal.answers[path])); got != nil {
+		return deadline, got.GetDecisionReceived().GetDecision(), true // folded in already
+	}
+	return deadline, d, false
+}
+
+// waitDecision waits for the decision Decide sends on ch, until deadline
+// (zero: never) or the end of ctx. A timeout returns DECISION_FAIL with
+// timedOut set.
+func (t *Tracker) waitDecision(ctx context.Context, ch chan stubbornv1.Decision, deadline time.Time) (d stubbornv1.Decision, timedOut bool, err error) {
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if !deadline.IsZero() {
