@@ -28,10 +28,16 @@ func readOlderJournal(t *testing.T, name string) []*stubbornv1.RunEvent {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(olderJournals, name+".jsonl"))
 	require.NoError(t, err)
+	return readJournalLines(t, b)
+}
+
+// readJournalLines reads a journal of protojson RunEvents, one a line.
+func readJournalLines(t *testing.T, b []byte) []*stubbornv1.RunEvent {
+	t.Helper()
 	var evs []*stubbornv1.RunEvent
 	for line := range bytes.Lines(b) {
 		ev := &stubbornv1.RunEvent{}
-		require.NoError(t, protojson.Unmarshal(line, ev), name)
+		require.NoError(t, protojson.Unmarshal(line, ev))
 		evs = append(evs, ev)
 	}
 	return evs
