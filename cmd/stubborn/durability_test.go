@@ -122,6 +122,22 @@ func (c *calls) forRun(run string) int {
 	return n
 }
 
+// hangUntil is a delegate that counts its calls in c and answers "done"
+// once released is set, or fails when its call's context ends first.
+func hangUntil(released *atomic.Bool, c *calls) demo.Func {
+	return func(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+		c.add(req)
+		for !released.Load() {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		return &stubbornv1.ExecuteResponse{Result: &stubbornv1.Result{Text: "done"}}, nil
+	}
+}
+
 // TestSIGKILLWithRunsInFlight kills the server with SIGKILL while 200 runs
 // are in attempts, in backoff and awaiting a decision, restarts it on the
 // same data directory, and checks that every run ends as its delegates
@@ -134,19 +150,7 @@ func TestSIGKILLWithRunsInFlight(t *testing.T) {
 
 	var released atomic.Bool // before the kill, hanging calls never answer
 	hangCalls, unsafeCalls, hintCalls, failCalls := &calls{}, &calls{}, &calls{}, &calls{}
-	hang := func(c *calls) demo.Func {
-		return func(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
-			c.add(req)
-			for !released.Load() {
-				select {
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				case <-time.After(10 * time.Millisecond):
-				}
-			}
-			return &stubbornv1.ExecuteResponse{Result: &stubbornv1.Result{Text: "done"}}, nil
-		}
-	}
+	hang := func(c *calls) demo.Func { return hangUntil(&released, c) }
 	hinted := func(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
 		if hintCalls.add(req) == 1 && req.GetAttempt() == 1 {
 			st, _ := status.New(codes.Unavailable, "busy").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(10 * time.Second)})

@@ -44,19 +44,7 @@ func TestAHedgedRaceOfPresetsSurvivesSIGKILL(t *testing.T) {
 
 	var released atomic.Bool
 	failCalls, hangCalls, unsafeCalls := &calls{}, &calls{}, &calls{}
-	hang := func(c *calls) demo.Func {
-		return func(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
-			c.add(req)
-			for !released.Load() {
-				select {
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				case <-time.After(10 * time.Millisecond):
-				}
-			}
-			return &stubbornv1.ExecuteResponse{Result: &stubbornv1.Result{Text: "done"}}, nil
-		}
-	}
+	hang := func(c *calls) demo.Func { return hangUntil(&released, c) }
 	failing := func(_ context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
 		failCalls.add(req)
 		return nil, status.Error(codes.Unavailable, "always down")
