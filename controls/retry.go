@@ -178,27 +178,47 @@ func (r *retry) run(ctx context.Context, env *Env, round int) (out Outcome, spen
 		if !a.failed {
 			return Outcome{Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Result: a.result, Winner: r.target}, ""
 		}
-		var rec *stubbornv1.FailureRecord
-		rec, w = r.transient(ctx, env, n, a, used, allowed, round)
-		rec, willRetry := env.analysed(rec, func(rec *stubbornv1.FailureRecord) bool {
-			switch {
-			case rec.NotRetriedReason != "":
-			case w.pastDeadline:
-				rec.NotRetriedReason, rec.NotRetriedCode = reasonDeadline, stubbornv1.NotRetried_NOT_RETRIED_DEADLINE
-			case !env.allowRetry(r.target):
-				rec.NotRetriedReason, rec.NotRetriedCode = reasonBudget, stubbornv1.NotRetried_NOT_RETRIED_BUDGET
-			}
-			return rec.NotRetriedReason == ""
-		})
-		if why := rec.GetNotRetriedReason(); why != "" {
-			env.Tracker.Failure(rec, false, "")
-			if !willRetry && roundRanOut(rec) {
+		v := r.verdict(ctx, env, n, a, used, allowed, round)
+		if why := v.rec.GetNotRetriedReason(); why != "" {
+			env.Tracker.Failure(v.rec, false, "")
+			if !v.willRetry && roundRanOut(v.rec) {
 				return Outcome{}, why
 			}
 			return failedWith(stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, why), ""
 		}
-		env.Tracker.Failure(rec, true, r.brief)
+		env.Tracker.Failure(v.rec, true, r.brief)
+		w = v.wait
 	}
+}
+
+// verdict is what the retry contract decides about a failed attempt:
+// "retry after wait", or "not retried: why" (the record's
+// not_retried_reason and code).
+type verdict struct {
+	rec       *stubbornv1.FailureRecord
+	wait      retryWait // the wait before the retry, when there is one
+	willRetry bool      // as recorded, for a verdict the journal holds
+}
+
+// verdict is the contract's transient?(answer) and run's choice for
+// attempt n's failure, in one place: the journal's verdict when it holds
+// one (Env.analysed); else, in order, whether the failure is one a retry
+// may fix and the delegate may be called again, what the delegate asked
+// (a hint), what is left of the round (transient), then whether the wait
+// ends before the run's deadline and the retry budget allows it.
+func (r *retry) verdict(ctx context.Context, env *Env, n int32, a attemptResult, used, allowed, round int) verdict {
+	rec, w := r.transient(ctx, env, n, a, used, allowed, round)
+	rec, willRetry := env.analysed(rec, func(rec *stubbornv1.FailureRecord) bool {
+		switch {
+		case rec.NotRetriedReason != "":
+		case w.pastDeadline:
+			rec.NotRetriedReason, rec.NotRetriedCode = reasonDeadline, stubbornv1.NotRetried_NOT_RETRIED_DEADLINE
+		case !env.allowRetry(r.target):
+			rec.NotRetriedReason, rec.NotRetriedCode = reasonBudget, stubbornv1.NotRetried_NOT_RETRIED_BUDGET
+		}
+		return rec.NotRetriedReason == ""
+	})
+	return verdict{rec: rec, wait: w, willRetry: willRetry}
 }
 
 // retryWait is the wait before a retry: the delegate's hint, else the
