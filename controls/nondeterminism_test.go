@@ -57,7 +57,7 @@ func TestAReplayThatGoesAnotherWayEndsTheRun(t *testing.T) {
 		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, out.Status, "cut %d", cut)
 		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_NONDETERMINISTIC_REPLAY, out.Code, "cut %d", cut)
 		assert.Equal(t, `nondeterministic replay: the journal's attempt 2 went to "a" at chain[0], the control now asks for "x" at chain[0]`, out.Reason, "cut %d", cut)
-		assert.Empty(t, d.calls, "cut %d: no call, to the new delegate or any other", cut)
+		assert.Empty(t, d.made(), "cut %d: no call, to the new delegate or any other", cut)
 		end := fresh[len(fresh)-1].GetRunFinished().GetState()
 		require.NotNil(t, end, "cut %d: the run ends", cut)
 		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, end.GetStatus(), "cut %d", cut)

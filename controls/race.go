@@ -130,13 +130,21 @@ func (r *racer) begin(reason stubbornv1.AttemptStartReason) {
 
 // answer is candidate i's answer: the journal's, or its call's.
 func (r *racer) answer(i int) attemptResult {
-	return r.env.answer(r.ctx, r.numbers[i], fmt.Sprintf("candidates[%d]", i), r.candidates[i], r.brief)
+	return answerAs(r.ctx, r.env, r.numbers[i], i, r.candidates[i], r.brief)
 }
 
-// goLive calls the candidates started and not called yet.
+// answerAs is candidate i's answer to attempt n: what a call on a
+// goroutine of its own reads, none of the race's own state.
+func answerAs(ctx context.Context, env *Env, n int32, i int, candidate, brief string) attemptResult {
+	return env.answer(ctx, n, fmt.Sprintf("candidates[%d]", i), candidate, brief)
+}
+
+// goLive calls the candidates started and not called yet, each on a
+// goroutine of its own.
 func (r *racer) goLive() {
 	for _, i := range r.toCall {
-		go func() { r.done <- finish{index: i, a: r.answer(i)} }()
+		ctx, env, n, candidate, brief, done := r.ctx, r.env, r.numbers[i], r.candidates[i], r.brief, r.done
+		go func() { done <- finish{index: i, a: answerAs(ctx, env, n, i, candidate, brief)} }()
 	}
 	r.toCall = r.toCall[:0]
 }

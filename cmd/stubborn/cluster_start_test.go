@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -117,6 +119,22 @@ func TestReplicasStartedTogetherOnAFreshClusterAllServe(t *testing.T) {
 				assert.Equal(c, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, st.GetState().GetStatus())
 			}
 		}, 30*time.Second, 20*time.Millisecond, "a run started on replica %d, read on the next", i)
+	}
+
+	// In a cluster every read of a journal, and of who drives a run,
+	// goes to the stream's leader: a direct get may be answered by a
+	// replica that lags (the long fault suite's nats-sigstop: a node back
+	// from a stop served a finished run's journal 3 events short, and the
+	// run as awaiting a decision, for over 20 s).
+	nc, err := nats.Connect(urls[0])
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	for _, name := range []string{"STUBBORN_EVENTS", "KV_stubborn_owners", "KV_stubborn_heartbeats", "KV_stubborn_deleted"} {
+		st, err := js.Stream(ctx, name)
+		require.NoError(t, err, name)
+		assert.False(t, st.CachedInfo().Config.AllowDirect, "stream %s allows direct gets", name)
 	}
 }
 

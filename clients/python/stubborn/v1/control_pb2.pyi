@@ -184,7 +184,14 @@ class ControlSpec(_message.Message):
     def __init__(self, retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ...) -> None: ...
 
 class ControlState(_message.Message):
-    __slots__ = ["attempt_log", "attempts", "control", "create_time", "end_time", "failure_history", "options", "result", "run_id", "status", "status_reason", "status_reason_code", "task_brief", "tenant", "traceparent", "update_time", "winner"]
+    __slots__ = ["attempt_log", "attempts", "control", "create_time", "end_time", "failure_history", "options", "presets", "result", "run_id", "status", "status_reason", "status_reason_code", "task_brief", "tenant", "traceparent", "update_time", "winner"]
+    class PresetsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: ControlSpec
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ControlSpec, _Mapping]] = ...) -> None: ...
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_LOG_FIELD_NUMBER: _ClassVar[int]
     CONTROL_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +199,7 @@ class ControlState(_message.Message):
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     FAILURE_HISTORY_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PRESETS_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +217,7 @@ class ControlState(_message.Message):
     end_time: _timestamp_pb2.Timestamp
     failure_history: _containers.RepeatedCompositeFieldContainer[FailureRecord]
     options: RunOptions
+    presets: _containers.MessageMap[str, ControlSpec]
     result: _delegate_pb2.Result
     run_id: str
     status: RunStatus
@@ -219,7 +228,7 @@ class ControlState(_message.Message):
     traceparent: str
     update_time: _timestamp_pb2.Timestamp
     winner: str
-    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., winner: _Optional[str] = ..., attempts: _Optional[int] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., attempt_log: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., task_brief: _Optional[str] = ..., control: _Optional[_Union[ControlSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., status_reason: _Optional[str] = ..., status_reason_code: _Optional[_Union[StatusReason, str]] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., winner: _Optional[str] = ..., attempts: _Optional[int] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., attempt_log: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., task_brief: _Optional[str] = ..., control: _Optional[_Union[ControlSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., status_reason: _Optional[str] = ..., status_reason_code: _Optional[_Union[StatusReason, str]] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ..., tenant: _Optional[str] = ..., presets: _Optional[_Mapping[str, ControlSpec]] = ...) -> None: ...
 
 class DecideRunRequest(_message.Message):
     __slots__ = ["decision", "run_id"]
