@@ -50,7 +50,7 @@ def snake(value):
 
 def main(path: str) -> int:
     events = [snake(json.loads(line)) for line in open(path) if line.strip()]
-    kinds = [next(k for k in e if k not in ("run_id", "seq", "time", "path")) for e in events]
+    kinds = [next(k for k in e if k not in ("run_id", "seq", "time", "path", "status")) for e in events]
     for e, kind in zip(events, kinds):
         print(f"  {e['seq']:>3} {kind} {json.dumps(e[kind], sort_keys=True)[:160]}")
     problems = []
