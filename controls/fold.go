@@ -112,7 +112,7 @@ func Apply(st *stubbornv1.ControlState, ev *stubbornv1.RunEvent) {
 	}
 	st.Status = StatusAfter(st.GetStatus(), ev)
 	if ev.GetTime() != nil {
-		st.UpdateTime = copyTime(ev.GetTime())
+		st.UpdateTime = ev.GetTime() // st takes ev's messages
 	}
 }
 

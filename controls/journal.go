@@ -121,6 +121,9 @@ func (t *Tracker) nextNumber() int32 {
 // nextStep returns where the next attempt at path happens. Callers hold
 // t.mu.
 func (t *Tracker) nextStep(path string) stepKey {
+	if path == "" {
+		return stepKey{path, t.ownSteps + 1}
+	}
 	return stepKey{path, t.steps[path] + 1}
 }
 

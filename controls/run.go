@@ -32,10 +32,11 @@ type Outcome struct {
 // does not call Tracker.Start or Tracker.Finish: the caller owns the run's
 // life.
 func Execute(ctx context.Context, env *Env, brief string, spec *stubbornv1.ControlSpec) Outcome {
-	if env.Path == "" {
-		// The run's own control: a replay that finds the journal took
-		// another way (Tracker.divergeLocked) stops it through ctx, and
-		// the outcome says why.
+	if env.Path == "" && env.Tracker.journal != noJournal {
+		// The run's own control, replayed: a replay that finds the
+		// journal took another way (Tracker.divergeLocked) stops it
+		// through ctx, and the outcome says why. (A run that is not
+		// replayed cannot diverge, and pays nothing for it.)
 		var stop context.CancelCauseFunc
 		ctx, stop = context.WithCancelCause(ctx)
 		defer stop(nil)

@@ -60,7 +60,8 @@ type Tracker struct {
 	finished bool                     // run_finished was emitted: nothing follows it
 
 	untilPath   string           // path of the backoff announced last
-	steps       map[string]int32 // attempts begun so far, by path
+	ownSteps    int32            // attempts begun so far by the run's own control (path "")
+	steps       map[string]int32 // by nested paths; nil until one begins one
 	parkFrom    time.Duration    // 0: never park
 	parked      bool             // the run is parked: nothing more is emitted
 	parkedUntil time.Time        // when a parked run's wait ends; zero: when decided
@@ -120,7 +121,7 @@ func NewReplayTracker(state *stubbornv1.ControlState, clock Clock, rec Recorder,
 	if clock == nil {
 		clock = RealClock{}
 	}
-	t := &Tracker{state: state, clock: clock, record: rec, journal: noJournal, steps: map[string]int32{}}
+	t := &Tracker{state: state, clock: clock, record: rec, journal: noJournal}
 	if len(recorded) > 0 {
 		t.journal = newJournal(recorded)
 		// The state is what the whole journal folds to from the start
@@ -299,7 +300,14 @@ func (t *Tracker) beginAttempt(path, delegate, brief string, waitBefore time.Dur
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	at := t.nextStep(path)
-	t.steps[path] = at.step
+	switch {
+	case path == "":
+		t.ownSteps = at.step
+	case t.steps == nil:
+		t.steps = map[string]int32{path: at.step}
+	default:
+		t.steps[path] = at.step
+	}
 	if ev := t.journal.take(t.journal.startedAt[at]); ev != nil {
 		a := ev.GetAttemptStarted().GetAttempt()
 		if a.GetDelegate() == delegate {
