@@ -261,7 +261,7 @@ func (m *Manager) stillDriven(ctx context.Context, r *run) (bool, error) {
 	if r.isDone() {
 		return true, nil // it finished here meanwhile, and was let go
 	}
-	m.log.Warn("run taken over while this server's lease had lapsed: its copy here is stopped", "run_id", r.id, "driver", owner)
+	m.log.Warn("run taken over by another server: its copy here is stopped", "run_id", r.id, "driver", owner)
 	r.lose(fmt.Errorf("%w: run %s is driven by %q", ErrConflict, r.id, owner), errLost)
 	// Looked at again, in case the read was stale (reclaimOne).
 	m.lostHere(r.id)
@@ -269,17 +269,20 @@ func (m *Manager) stillDriven(ctx context.Context, r *run) (bool, error) {
 }
 
 // current returns r, a copy this server drives, if it may be served as
-// the run's current state: while this server's lease is held, or, when
-// it has lapsed, once the store says this server still drives it. Nil
-// when it does not (r is lost then: read the store); an error when that
-// cannot be told.
+// the run's current state: while this server's lease is held and r is
+// not parked, or else once the store says this server still drives it.
+// A parked copy writes nothing that a takeover would fence, so it is
+// checked each time: another server that saw this one's heartbeats late
+// may have taken the run over, and ended it, while this one's lease held
+// (make chaos, nats-sigstop). Nil when it does not (r is lost then: read
+// the store); an error when that cannot be told.
 func (m *Manager) current(ctx context.Context, r *run) (*run, error) {
-	if !m.unverified() || r.isDone() {
+	if r.isDone() || (!m.unverified() && !r.isParked()) {
 		return r, nil
 	}
 	ok, err := m.stillDriven(ctx, r)
 	if err != nil {
-		return nil, fmt.Errorf("%w: this server's lease has lapsed, and the store cannot say whether it still drives run %s: %v", ErrUnavailable, r.id, err)
+		return nil, fmt.Errorf("%w: the store cannot say whether this server still drives run %s: %v", ErrUnavailable, r.id, err)
 	}
 	if !ok {
 		return nil, nil
@@ -302,4 +305,11 @@ func (m *Manager) mayWrite(r *run) bool {
 	}
 	ok, err := m.stillDriven(m.letGo, r)
 	return err != nil || ok
+}
+
+// isParked reports whether r waits parked (drive, park).
+func (r *run) isParked() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.parking != nil
 }

@@ -61,6 +61,11 @@ func (m *Manager) WatchBatches(ctx context.Context, id string, afterSeq int64, m
 		if err := visible(ctx, id, r.tenant); err != nil {
 			return err
 		}
+		// A copy that is no longer the run (current) is lost by now:
+		// since says so, and the store is followed.
+		if _, err := m.current(ctx, r); err != nil {
+			return err
+		}
 		for {
 			evs, changed, done, lost := r.since(next)
 			if len(evs) > 0 {
