@@ -179,15 +179,7 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		Replicas:    cfg.Replicas,
 		MaxBytes:    maxBytes,
 		Discard:     jetstream.DiscardNew,
-		// Direct gets may be answered by any replica, also one that lags
-		// (a NATS node just back from a stop kept answering with a journal
-		// seqs behind for over 20 s: a GetRun and a WatchRun of a finished
-		// run through it served the run as still awaiting a decision; the
-		// long fault suite, nats-sigstop). In a cluster every read of a
-		// journal goes to the stream's leader (a replica of one cannot
-		// lag): a stale saved state is then corrected by its journal's end
-		// (State), and a finished run's journal is read whole (Follow).
-		AllowDirect: cfg.Replicas == 1,
+		AllowDirect: true,
 		// Message ids (publish) are remembered for longer than a write is
 		// made again.
 		Duplicates: dupWindow(cfg.Lease, cfg.WriteRetry),

@@ -97,7 +97,7 @@ func createStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 		}
 		got := s.CachedInfo().Config
 		return s, got.Replicas == max(cfg.Replicas, 1) && got.Storage == cfg.Storage && sameStrings(got.Subjects, cfg.Subjects) &&
-			got.MaxBytes == cfg.MaxBytes && got.Discard == cfg.Discard && got.AllowDirect == cfg.AllowDirect
+			got.MaxBytes == cfg.MaxBytes && got.Discard == cfg.Discard
 	})
 }
 

@@ -121,17 +121,15 @@ func TestReplicasStartedTogetherOnAFreshClusterAllServe(t *testing.T) {
 		}, 30*time.Second, 20*time.Millisecond, "a run started on replica %d, read on the next", i)
 	}
 
-	// In a cluster every read of a journal, and of who drives a run,
-	// goes to the stream's leader: a direct get may be answered by a
-	// replica that lags (the long fault suite's nats-sigstop: a node back
-	// from a stop served a finished run's journal 3 events short, and the
-	// run as awaiting a decision, for over 20 s).
+	// Who drives a run, whether a server is alive, whether a run was
+	// deleted: read from their stream's leader (leaderReads), never from
+	// a NATS node that may lag.
 	nc, err := nats.Connect(urls[0])
 	require.NoError(t, err)
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	for _, name := range []string{"STUBBORN_EVENTS", "KV_stubborn_owners", "KV_stubborn_heartbeats", "KV_stubborn_deleted"} {
+	for _, name := range []string{"KV_stubborn_owners", "KV_stubborn_heartbeats", "KV_stubborn_deleted"} {
 		st, err := js.Stream(ctx, name)
 		require.NoError(t, err, name)
 		assert.False(t, st.CachedInfo().Config.AllowDirect, "stream %s allows direct gets", name)
