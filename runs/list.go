@@ -49,6 +49,18 @@ func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageTok
 	}
 	tenant := TenantFrom(ctx)
 	if idx, ok := m.store.(summaryIndex); ok {
+		// The runs in flight on other servers, and those this store is
+		// indexing, that the index may not have yet (it lags by
+		// indexDelay and a write): looked at before the index is read, so
+		// that a run whose index entry is written meanwhile is in one or
+		// the other (read after, a run that left the queue and its claim
+		// between the two reads was in neither).
+		claimed := map[string]listKey{}
+		if cl, ok := m.store.(claimLister); ok {
+			if err := cl.claimedRuns(ctx, tenant, func(id string, k listKey) { claimed[id] = k }); err != nil {
+				return nil, "", err
+			}
+		}
 		byID, ok, err := m.indexedSummaries(ctx, idx, tenant)
 		if err != nil {
 			return nil, "", err
@@ -66,15 +78,9 @@ func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageTok
 					keys[id] = summaryKey(sum)
 				}
 			}
-			// The runs in flight on other servers that the index may not
-			// have yet (it lags by indexDelay and a write): their claims.
-			if cl, ok := m.store.(claimLister); ok {
-				if err := cl.claimedRuns(ctx, tenant, func(id string, k listKey) {
-					if _, ok := byID[id]; !ok {
-						keys[id] = k
-					}
-				}); err != nil {
-					return nil, "", err
+			for id, k := range claimed {
+				if _, ok := byID[id]; !ok {
+					keys[id] = k
 				}
 			}
 			return m.pageOfStates(ctx, tenant, candidates(keys, after), f, after, pageSize)
