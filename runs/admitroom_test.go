@@ -30,14 +30,19 @@ func TestAFullStoreOfFinishedRunsAdmitsAtOnce(t *testing.T) {
 	// PurgeEvery 0: the default, a minute (a tenth of the default
 	// retention, at most a minute), as serve -max-bytes runs it.
 	e := startEmbedded(t)
-	cfg := runs.JetStreamConfig{MaxBytes: maxBytes, Lease: time.Second}
+	// A lease no loaded machine lapses: with 1 s, reader once took m's
+	// runs in flight over when m's heartbeats were late under -race; their
+	// calls, not idempotent, were not made again, the runs ended, and
+	// their room let a run in that the test expects refused.
+	const lease = 10 * time.Second
+	cfg := runs.JetStreamConfig{MaxBytes: maxBytes, Lease: lease}
 	store, nc := openJetStream(t, e, cfg)
 	g := newGated(controls.DelegateInfo{})
-	m := newManager(t, g, runs.Config{Store: store, Lease: time.Second})
+	m := newManager(t, g, runs.Config{Store: store, Lease: lease})
 	// A server that holds none of the runs in memory reads them from the
 	// store.
 	readerStore, _ := openJetStream(t, e, cfg)
-	reader := newManager(t, g, runs.Config{Store: readerStore, Lease: time.Second})
+	reader := newManager(t, g, runs.Config{Store: readerStore, Lease: lease})
 	ctx := ctxFor(t)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
