@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -157,25 +159,51 @@ func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) 
 			m.log.Warn("listing run owners", "err", err)
 		}
 	}
+	// Taken over takeoverWorkers at a time: each is a few store round
+	// trips, and a dead server's thousand runs are not to wait for each
+	// other. Every one is done before the scan goes on (reclaim, the
+	// next scan), so a run is resumed by one of them at a time.
+	var (
+		wg       sync.WaitGroup
+		failed   atomic.Bool
+		sem      = make(chan struct{}, takeoverWorkers)
+		canceled = false
+	)
 	for _, o := range orphans {
 		if m.ctx.Err() != nil {
-			return false
+			canceled = true
+			break
 		}
-		if err := m.store.TakeOver(m.ctx, o.run, o.owner, m.owner); err != nil {
-			if !errors.Is(err, ErrConflict) {
-				clean = false
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if !m.takeOver(o.run, o.owner) {
+				failed.Store(true)
 			}
-			continue // another server was faster
-		}
-		if err := m.resume(o.run, o.owner); err != nil {
-			clean = false
-			m.log.Error("resuming a run", "run_id", o.run, "err", err)
-			// The store names this server its driver now: nobody else
-			// would take it over. Tried again like a run lost here.
-			m.lostHere(o.run)
-		}
+		})
 	}
-	return clean
+	wg.Wait()
+	return clean && !canceled && !failed.Load()
+}
+
+// takeoverWorkers bounds the runs a scan takes over at once.
+const takeoverWorkers = 16
+
+// takeOver takes run id over from its dead owner and resumes it. It
+// reports false when the run is left behind: the store could not be
+// asked, or the run could not be resumed.
+func (m *Manager) takeOver(id, from string) bool {
+	if err := m.store.TakeOver(m.ctx, id, from, m.owner); err != nil {
+		return errors.Is(err, ErrConflict) // another server was faster
+	}
+	if err := m.resume(id, from); err != nil {
+		m.log.Error("resuming a run", "run_id", id, "err", err)
+		// The store names this server its driver now: nobody else
+		// would take it over. Tried again like a run lost here.
+		m.lostHere(id)
+		return false
+	}
+	return true
 }
 
 // unrecoverable ends a run that cannot be resumed (wctx: its writes' context,

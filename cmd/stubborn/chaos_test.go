@@ -731,7 +731,8 @@ var chaosScenarios = []chaosScenario{
 		killed := time.Now()
 		// Takeover: how long until no owners entry names the dead replica.
 		took := time.Duration(-1)
-		for time.Since(killed) < 4*c.cfg.lease+10*time.Second {
+		var series []string // how many runs it still owned, each second
+		for next := time.Duration(0); time.Since(killed) < 4*c.cfg.lease+10*time.Second; {
 			owners, err := c.nats.owners(ctx)
 			still := 0
 			for _, o := range owners {
@@ -739,13 +740,18 @@ var chaosScenarios = []chaosScenario{
 					still++
 				}
 			}
+			if at := time.Since(killed); err == nil && at >= next {
+				series = append(series, fmt.Sprintf("%d@%.0fs", still, at.Seconds()))
+				next += time.Second
+			}
 			if err == nil && still == 0 {
 				took = time.Since(killed)
 				break
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		c.notef("round %d: SIGKILL %s (%s); its runs taken over after %v (lease %v)", round, r.name(), old, since(took), c.cfg.lease)
+		c.notef("round %d: SIGKILL %s (%s); its runs taken over after %v (lease %v); runs it still owned: %s",
+			round, r.name(), old, since(took), c.cfg.lease, strings.Join(series, " "))
 		if took < 0 || took > c.cfg.lease+2*time.Second {
 			c.violateGeneral("takeover within lease + 2 s", "round %d: the runs of killed %s were still owned by it %v later (took %v)", round, r.name(), 4*c.cfg.lease+10*time.Second, took)
 		}
