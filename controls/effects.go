@@ -123,7 +123,7 @@ func (e *Env) analysed(rec *stubbornv1.FailureRecord, live func(rec *stubbornv1.
 // backoff announces the wait before the next attempt (backoff_scheduled)
 // and waits it: the journal's wait, with the time left, when it holds this
 // backoff. It returns the wait announced, or an error when the run stopped
-// or parked meanwhile.
+// meanwhile.
 func (e *Env) backoff(ctx context.Context, wait, bound time.Duration, fromHint bool) (time.Duration, error) {
 	wait = e.Tracker.Backoff(e.Path, e.Tracker.nextAttempt(), wait, bound, fromHint)
 	if err := e.Tracker.WaitBackoff(ctx, e.clock()); err != nil {

@@ -188,11 +188,52 @@ type Criteria interface {
 }
 
 // Clock tells time and waits. Tests use a fake one.
+//
+// A run's tracker makes its waits, a backoff's and a decision's, as
+// sleeps whose context says what is awaited (WaitOf). Those of the run's
+// own control (Wait.Path "") are made on the goroutine that called
+// Execute, while nothing else of the run is in flight: the engine driving
+// the run may end that goroutine there (runtime.Goexit) instead of
+// sleeping, to hold nothing while the run waits, and drive the run again
+// from its journal when the wait is over (a new tracker replays the
+// journal up to the same wait, and goes on from there). Execute then never
+// returns; the controls' deferred functions run and record nothing, and
+// the tracker keeps awaiting a decision it was asked for: Decide records
+// it for the replay to take.
 type Clock interface {
 	// Now returns the current time.
 	Now() time.Time
-	// Sleep waits for d, or returns ctx.Err() as soon as ctx is done.
+	// Sleep waits for d, or returns ctx.Err() as soon as ctx is done. A
+	// sleep of Forever or more ends only with ctx.
 	Sleep(ctx context.Context, d time.Duration) error
+}
+
+// Forever is how long a run's control sleeps for a decision that has no
+// timeout: a Clock's sleep of Forever or more ends only with its context.
+const Forever = time.Duration(1<<63 - 1)
+
+// Wait is what a run waits for in a Clock's Sleep: the end of the backoff
+// its control at Path announced (Until), or a decision it asked for there
+// (Decision; Until is when the wait times out, zero for never).
+type Wait struct {
+	Path     string
+	Until    time.Time
+	Decision bool
+}
+
+type waitKey struct{}
+
+// withWait is ctx for a Sleep that waits for w.
+func withWait(ctx context.Context, w Wait) context.Context {
+	return context.WithValue(ctx, waitKey{}, w)
+}
+
+// WaitOf returns what a Sleep whose context is ctx waits for, when a run's
+// tracker makes it: a backoff's or a decision's wait, at any path. A
+// hedged race's delay has none.
+func WaitOf(ctx context.Context) (Wait, bool) {
+	w, ok := ctx.Value(waitKey{}).(Wait)
+	return w, ok
 }
 
 // RealClock is the wall clock.

@@ -32,10 +32,6 @@ type Recorder func(ev *stubbornv1.RunEvent, state *stubbornv1.ControlState)
 // for a decision.
 var ErrNotAwaitingDecision = errors.New("run is not awaiting a decision")
 
-// ErrParked is returned by WaitBackoff when the tracker parked the run
-// instead of waiting (see ParkWaits).
-var ErrParked = errors.New("run parked while it waits")
-
 // Tracker keeps a run's ControlState and turns every step of a control into
 // an event. It is safe for concurrent use (race runs attempts in parallel).
 //
@@ -59,15 +55,10 @@ type Tracker struct {
 	journal  *journal                 // noJournal when not replaying
 	finished bool                     // run_finished was emitted: nothing follows it
 
-	untilPath   string           // path of the backoff announced last
-	ownSteps    int32            // attempts begun so far by the run's own control (path "")
-	steps       map[string]int32 // by nested paths; nil until one begins one
-	parkFrom    time.Duration    // 0: never park
-	parked      bool             // the run is parked: nothing more is emitted
-	parkedUntil time.Time        // when a parked run's wait ends; zero: when decided
-	answer      *answer          // the decision for the wait a replay reaches (Answer)
-	park        func(until time.Time, decision bool)
-	onLive      []func() // called once before the first step the journal lacks
+	untilPath string             // path of the backoff announced last
+	ownSteps  int32              // attempts begun so far by the run's own control (path "")
+	steps     map[string]int32   // by nested paths; nil until one begins one
+	woken     context.CancelFunc // ends the wait for a decision (Decide); with decision
 
 	stop func(error) // ends the run's control (Execute's), set once
 }
@@ -95,12 +86,6 @@ func (e *NondeterminismError) Error() string {
 	}
 	return fmt.Sprintf("nondeterministic replay: the journal's attempt %d went to %q%s, the control now asks for %q%s",
 		e.Attempt, e.RecordedDelegate, at(e.RecordedPath), e.AskedDelegate, at(e.AskedPath))
-}
-
-// answer is a decision given ahead of its wait (Tracker.Answer).
-type answer struct {
-	decision stubbornv1.Decision
-	taken    func()
 }
 
 // NewTracker tracks state (owned by the tracker from now on) and sends
@@ -168,8 +153,7 @@ func (t *Tracker) now() *timestamppb.Timestamp {
 // Once run_finished is emitted, nothing changes any more: a control may
 // leave work behind when it returns (a race's losing preset may still
 // report its attempt), but the run has ended, and its state is the fold of
-// the events it emitted. A parked run's state still changes, unemitted:
-// its tracker is dropped.
+// the events it emitted.
 func (t *Tracker) fold(at *timestamppb.Timestamp, path string, ev *stubbornv1.RunEvent) {
 	if t.finished {
 		return // the run ended: its state is the fold of its events
@@ -180,80 +164,16 @@ func (t *Tracker) fold(at *timestamppb.Timestamp, path string, ev *stubbornv1.Ru
 	t.emit(ev)
 }
 
-// emit hands ev to the recorder, unless the run has finished or parked.
-// Callers hold t.mu.
+// emit hands ev to the recorder, unless the run has finished. Callers
+// hold t.mu.
 func (t *Tracker) emit(ev *stubbornv1.RunEvent) {
-	if t.finished || t.parked {
+	if t.finished {
 		return
-	}
-	if ev.GetRunResumed() == nil {
-		t.goLive()
 	}
 	t.finished = ev.GetRunFinished() != nil
 	if t.record != nil {
 		t.record(ev, t.state)
 	}
-}
-
-// OnLive adds f to the functions called once, in the order added, before
-// the tracker does the first step of the run that its journal does not
-// hold: emits an event (run_resumed aside) or waits. A server resuming a
-// run from its journal holds the run's cancellation back until then, so
-// that the control replays the whole journal before it may stop: a run
-// cancelled while it is replayed ends with its whole history. f is called
-// with the tracker's lock held. Call before the run is driven.
-func (t *Tracker) OnLive(f func()) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.onLive = append(t.onLive, f)
-}
-
-// goLive calls the OnLive functions, once. Callers hold t.mu.
-func (t *Tracker) goLive() {
-	fs := t.onLive
-	t.onLive = nil
-	for _, f := range fs {
-		f()
-	}
-}
-
-// ParkWaits makes WaitBackoff park the run, instead of waiting, for a
-// backoff of the run's own control (path "") with at least min left, and
-// AwaitDecision for a decision the run's own control asks for, unless its
-// timeout is nearer than min: they call park with the wait's end (zero for
-// a decision without timeout) and whether it is a decision, with the
-// tracker's lock held, and return
-// ErrParked; the tracker then emits nothing more and Finish does nothing.
-// The control returns (as when its context ends), and whoever drives the
-// run resumes it when the wait is over with a new tracker replaying the
-// journal, so that a waiting run holds no goroutine. Only the run's own
-// control is parked: it alone knows that no other step of the run goes on
-// meanwhile (a race's branches do). min 0 never parks. Call before the run
-// is driven.
-func (t *Tracker) ParkWaits(min time.Duration, park func(until time.Time, decision bool)) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.parkFrom, t.park = min, park
-}
-
-// parkLocked parks the run until until (zero: until decided). Callers
-// hold t.mu.
-func (t *Tracker) parkLocked(until time.Time, decision bool) {
-	t.parked, t.parkedUntil = true, until
-	if t.park != nil {
-		t.park(until, decision)
-	}
-}
-
-// Parked reports whether the run is parked, and until when it waits: the
-// end of its backoff, or the timeout of the decision it awaits (zero when
-// it has none). A run parked for a decision has the status
-// AWAITING_DECISION; it is decided by waking it: a new tracker replays
-// the journal up to the same wait, and takes the decision from there.
-func (t *Tracker) Parked() (until time.Time, ok bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.parkedUntil, t.parked
 }
 
 // Start marks the run RUNNING and emits run_started.
@@ -421,62 +341,58 @@ func (t *Tracker) Backoff(path string, nextAttempt int32, wait, bound time.Durat
 
 // WaitBackoff sleeps on clock until the end of the backoff announced last,
 // or returns ctx's error when ctx ends first. A backoff replayed from the
-// journal resumes with the time that was left.
-//
-// With ParkWaits, a long enough backoff of the run's own control parks the
-// run: WaitBackoff returns ErrParked at once.
+// journal resumes with the time that was left. The sleep's context says
+// what it waits for (WaitOf).
 func (t *Tracker) WaitBackoff(ctx context.Context, clock Clock) error {
 	t.mu.Lock()
-	until := t.until
+	until, path := t.until, t.untilPath
+	t.mu.Unlock()
 	if until.IsZero() {
-		t.mu.Unlock()
 		return ctx.Err()
 	}
-	t.goLive()
-	left := until.Sub(clock.Now())
-	if t.parkFrom > 0 && t.untilPath == "" && left >= t.parkFrom && !t.finished && ctx.Err() == nil {
-		t.parkLocked(until, false)
-		t.mu.Unlock()
-		return ErrParked
-	}
-	t.mu.Unlock()
-	return clock.Sleep(ctx, left)
+	return clock.Sleep(withWait(ctx, Wait{Path: path, Until: until}), until.Sub(clock.Now()))
 }
 
 // AwaitDecision marks the run AWAITING_DECISION, with reason as its
 // status_reason and code as its status_reason_code, emits
-// decision_requested (with both) and blocks until Decide is called, timeout
-// passes (0 means never), or ctx ends. A timeout returns DECISION_FAIL with
-// timedOut set.
-//
-// With ParkWaits, the run's own control (path "") parks instead, unless
-// less than the minimum is left before the timeout: AwaitDecision returns
-// ErrParked at once, and Decide returns ErrNotAwaitingDecision; whoever
-// drives the run wakes it to be decided (see Parked).
+// decision_requested (with both) and waits, sleeping on the tracker's
+// clock, until Decide is called, timeout passes (0 means never: a sleep of
+// Forever), or ctx ends. A timeout returns DECISION_FAIL with timedOut
+// set. The sleep's context says what it waits for (WaitOf).
 func (t *Tracker) AwaitDecision(ctx context.Context, path, reason string, code stubbornv1.StatusReason, timeout time.Duration) (d stubbornv1.Decision, timedOut bool, err error) {
-	ch := make(chan stubbornv1.Decision, 1)
 	t.mu.Lock()
 	deadline, got, answered := t.requestLocked(path, reason, code, timeout)
 	if answered {
 		t.mu.Unlock()
 		return got, false, nil
 	}
-	t.decision = ch
-	t.goLive()
-	if a := t.answer; a != nil {
-		t.answer = nil
-		t.decideLocked(a.decision)
-		a.taken()
-	}
-	if t.decision != nil && t.parkFrom > 0 && path == "" && !t.finished && ctx.Err() == nil &&
-		(deadline.IsZero() || deadline.Sub(t.clock.Now()) >= t.parkFrom) {
-		t.decision = nil
-		t.parkLocked(deadline, true)
-		t.mu.Unlock()
-		return stubbornv1.Decision_DECISION_UNSPECIFIED, false, ErrParked
-	}
+	ch := make(chan stubbornv1.Decision, 1)
+	waitCtx, woken := context.WithCancel(ctx)
+	defer woken()
+	t.decision, t.woken = ch, woken
 	t.mu.Unlock()
-	return t.waitDecision(ctx, ch, deadline)
+
+	left := Forever
+	if !deadline.IsZero() {
+		left = deadline.Sub(t.clock.Now())
+	}
+	slept := t.clock.Sleep(withWait(waitCtx, Wait{Path: path, Until: deadline, Decision: true}), left)
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.decision, t.woken = nil, nil
+	select {
+	case d = <-ch: // decided, whether or not the timeout came too
+		return d, false, nil
+	default:
+	}
+	if ctx.Err() != nil {
+		return stubbornv1.Decision_DECISION_UNSPECIFIED, false, ctxErr(ctx)
+	}
+	if slept != nil {
+		return stubbornv1.Decision_DECISION_UNSPECIFIED, false, slept
+	}
+	return stubbornv1.Decision_DECISION_FAIL, true, nil
 }
 
 // requestLocked asks for a decision at path: it takes the journal's
@@ -511,78 +427,29 @@ func (t *Tracker) requestLocked(path, reason string, code stubbornv1.StatusReaso
 	return deadline, d, false
 }
 
-// waitDecision waits for the decision Decide sends on ch, until deadline
-// (zero: never) or the end of ctx. A timeout returns DECISION_FAIL with
-// timedOut set.
-func (t *Tracker) waitDecision(ctx context.Context, ch chan stubbornv1.Decision, deadline time.Time) (d stubbornv1.Decision, timedOut bool, err error) {
-	waitCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	if !deadline.IsZero() {
-		go func() {
-			// The clock decides when the timeout is over, so tests can fake it.
-			if t.clock.Sleep(waitCtx, deadline.Sub(t.clock.Now())) == nil {
-				cancel()
-			}
-		}()
-	}
-	select {
-	case d = <-ch:
-		return d, false, nil
-	case <-waitCtx.Done():
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.decision = nil
-	select {
-	case d = <-ch: // Decide won the race against the timeout.
-		return d, false, nil
-	default:
-	}
-	if ctx.Err() != nil {
-		return stubbornv1.Decision_DECISION_UNSPECIFIED, false, ctx.Err()
-	}
-	return stubbornv1.Decision_DECISION_FAIL, true, nil
-}
-
 // Decide answers a run that waits in AwaitDecision and emits
-// decision_received. It returns ErrParked when the run awaits a decision
-// parked, and ErrNotAwaitingDecision when it awaits none.
+// decision_received, or returns ErrNotAwaitingDecision when it awaits
+// none. A run whose wait was abandoned (its goroutine ended in the
+// clock's Sleep, see WaitOf) still awaits it here: Decide records the
+// decision, and the run's replay from its journal takes it.
 func (t *Tracker) Decide(d stubbornv1.Decision) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.decision == nil {
-		if t.parked && t.state.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION {
-			return ErrParked // whoever parked the run decides it (Answer)
-		}
 		return ErrNotAwaitingDecision
 	}
-	t.decideLocked(d)
-	return nil
-}
-
-// Answer gives a tracker replaying the journal of a run parked for a
-// decision (see Parked) that decision: AwaitDecision takes it, as Decide
-// would, when the replay reaches that wait, and calls taken then (with the
-// tracker's lock held). Call before the run is driven.
-func (t *Tracker) Answer(d stubbornv1.Decision, taken func()) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.answer = &answer{d, taken}
-}
-
-// decideLocked answers AwaitDecision. Callers hold t.mu, and t.decision is
-// set.
-func (t *Tracker) decideLocked(d stubbornv1.Decision) {
 	t.decision <- d
-	t.decision = nil
+	t.woken()
+	t.decision, t.woken = nil, nil
 	t.fold(t.now(), "", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionReceived{
 		DecisionReceived: &stubbornv1.DecisionReceived{Decision: d},
 	}})
+	return nil
 }
 
 // Finish sets the final status, result and winner, and why (reason, and
 // code as a value: UNSPECIFIED for SUCCEEDED), and emits run_finished.
-// Only the first call has an effect; none once the run is parked.
+// Only the first call has an effect.
 func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result, winner, reason string, code stubbornv1.StatusReason) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -614,10 +481,10 @@ func (t *Tracker) stopWith(stop func(error)) bool {
 
 // finishLocked is Finish. Callers hold t.mu.
 func (t *Tracker) finishLocked(status stubbornv1.RunStatus, result *stubbornv1.Result, winner, reason string, code stubbornv1.StatusReason) {
-	if t.state.GetEndTime() != nil || t.parked {
+	if t.state.GetEndTime() != nil {
 		return
 	}
-	t.decision = nil
+	t.decision, t.woken = nil, nil
 	// The final state is the event's: set here, so that run_finished
 	// carries it whole (cut to MaxStateBytes), and folded in again as a
 	// no-op.

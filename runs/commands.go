@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
@@ -93,26 +92,22 @@ func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.Control
 	if err := r.caughtUp(ctx); err != nil {
 		return nil, err
 	}
-	tr := r.live()
+	r.waitMu.Lock()
+	r.mu.Lock()
+	tr, parked := r.tracker, r.parking != nil || r.parkingSet != nil
+	r.mu.Unlock()
+	if parked {
+		// Parked, or being parked: its tracker records the decision, and
+		// the run is woken to take it (decide).
+		r.waitMu.Unlock()
+		return m.decide(ctx, r, tr, cmd.Decision)
+	}
 	if tr == nil {
+		r.waitMu.Unlock()
 		return nil, fmt.Errorf("%w (the run has ended)", ErrNotAwaitingDecision)
 	}
-	err := tr.Decide(cmd.Decision)
-	if errors.Is(err, controls.ErrParked) {
-		ok, err := m.decide(ctx, r, tr, cmd.Decision)
-		if !ok {
-			// Another call woke it first (a decision, its timeout, a
-			// cancellation): the first one wins, as when it is not parked.
-			return nil, fmt.Errorf("%w (another decision, its timeout or a cancellation came first)", ErrNotAwaitingDecision)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if err := notRecorded(r, "the decision"); err != nil {
-			return nil, err
-		}
-		return r.snapshot()
-	}
+	err := tr.Decide(cmd.Decision) // its wait, if any, is not parked now (evict)
+	r.waitMu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("%w (status %s)", err, tr.Status())
 	}

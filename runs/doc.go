@@ -32,10 +32,11 @@
 //
 //   - controls.Tracker's mu (package controls): the run's state. The
 //     tracker calls back with it held: the recorder (run.record, which
-//     only queues the event: the outbox), the OnLive functions (the
-//     release of holdCancel, run.wentLive, run.setTracker), the park hook
-//     of ParkWaits (which only notes the parking, for drive to set once
-//     the tracker is unlocked) and Answer's taken.
+//     only queues the event: the outbox, and on a replay's first live
+//     event calls the release of holdCancel). Its waits (runClock.Sleep,
+//     which may evict the run) are made with it unlocked.
+//   - run.waitMu: orders a run's parking (run.evict) and a decision taken
+//     while it waits (handle): held across the tracker's Decide.
 //   - run.flushMu: one flush of a run at a time, in order (run.flush); held
 //     across the flush's store writes.
 //   - run.mu: the rest of a run: its journal in memory, the events and state
@@ -51,10 +52,11 @@
 // A lock may be taken while one above it on its path here is held, never
 // the other way round:
 //
-//	controls.Tracker's mu
-//	├── run.mu               (record, the park hook, wentLive, setTracker)
-//	│   └── the Observer's own locks
-//	└── the mu of holdCancel (its release, an OnLive function)
+//	run.waitMu               (evict, handle)
+//	└── controls.Tracker's mu
+//	    ├── run.mu               (record, evict, wentLive)
+//	    │   └── the Observer's own locks
+//	    └── the mu of holdCancel (its release, from record or wentLive)
 //
 //	run.flushMu             (flush; never under the tracker's mu)
 //	├── run.mu
@@ -63,8 +65,9 @@
 //
 // run.mu and parking.mu are never held together: park, wake and decide
 // take one after the other. No lock of this package is held while the
-// tracker is called: snapshot, live and handle read run.tracker under
-// run.mu and call it after unlocking. Manager.mu, workers.mu and the
+// tracker is called, but run.waitMu across handle's Decide: snapshot,
+// live and handle read run.tracker under run.mu and call it after
+// unlocking. Manager.mu, workers.mu and the
 // store's locks are leaves: nothing is taken under them, and they are never
 // held across a store call or a callback (Memory, JetStream.States and
 // Owners call fn unlocked). connWatch.mu is held while it calls its report
@@ -79,7 +82,7 @@
 // run.flush, one flush at a time under run.flushMu (the writer's turn, not
 // a data lock: readers of the run never take it), from the run's own
 // goroutines once the tracker is unlocked: before each delegate call and
-// health check (flushing), before a backoff wait (flushingClock), after the
+// health check (flushing), before a wait (runClock), after the
 // control parks or ends (drive), once a decision is taken (handle,
 // decide), before a woken run is replayed (unpark), and by the run's
 // writer (kick) for an event nobody else waits to write: a request for a

@@ -15,39 +15,25 @@ import (
 // run_started is recorded already (Start). With replay, tr replays the
 // run's journal from run_started on (a run taken over, resumedBecause
 // saying why, or a parked run woken), and the run's cancellation is held
-// back until the replay has caught up (controls.Tracker.OnLive), so that
-// a run cancelled meanwhile ends with its whole history. A run whose
-// control parks (controls.Tracker.ParkWaits) leaves drive waiting on
-// park's timer, holding no goroutine.
+// back until the replay has caught up (run.wentLive), so that a run
+// cancelled meanwhile ends with its whole history. A run whose own
+// control waits long enough is parked (runClock): the control's goroutine,
+// this one, ends in its wait, and drive leaves the run waiting on park's
+// timer, holding no goroutine.
 func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state *stubbornv1.ControlState, replay bool, resumedBecause string) {
 	runCtx := ctx
-	parked := false
-	var (
-		parkAs    *parking
-		parkUntil time.Time
-	)
 	defer func() {
-		if !parked {
-			m.endDrive(r)
-		}
-	}()
-	if m.cfg.ParkAfter > 0 {
-		// Parked under the tracker's lock: by the time anyone sees the run
-		// waiting, its parking is set, and may be woken before this drive
-		// has returned (it writes nothing more).
-		tr.ParkWaits(m.cfg.ParkAfter, func(until time.Time, decision bool) {
-			// Called with the tracker's lock held, on this goroutine (only
-			// the run's own control parks): no write here. The run is
-			// parked once the control has returned and the events before
-			// the wait are written (below): woken, it replays its journal
-			// in memory, and must have every event recorded so far.
+		if w := r.takeEvicted(); w != nil {
+			// The control's goroutine ended in its wait (runtime.Goexit):
+			// the run is parked once the events before the wait are
+			// written, for a woken run replays its journal in memory.
 			// Meanwhile DecideRun waits for the parking (decide).
-			parkAs, parkUntil = &parking{ctx: runCtx, tracker: tr, decision: decision}, until
-			r.mu.Lock()
-			r.parkingSet = make(chan struct{})
-			r.mu.Unlock()
-		})
-	}
+			r.flush()
+			m.park(r, &parking{ctx: runCtx, tracker: tr, decision: w.Decision}, w.Until)
+			return
+		}
+		m.endDrive(r)
+	}()
 	defer func() {
 		// A bug in a control must end its run, not the server.
 		if p := recover(); p != nil {
@@ -61,8 +47,9 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		held, release, stop := holdCancel(ctx)
 		defer stop()
 		ctx = held
-		tr.OnLive(release)
-		tr.OnLive(r.wentLive)
+		r.mu.Lock()
+		r.onLive = release
+		r.mu.Unlock()
 		tr.Start()
 		if resumedBecause != "" {
 			tr.Resumed(m.owner, resumedBecause)
@@ -86,7 +73,7 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		Budgets:   deps.Budgets,
 		Guards:    deps.Guards,
 		Tracker:   tr,
-		Clock:     flushingClock{m.cfg.Clock, r},
+		Clock:     m.clock(r),
 		Rand:      m.rand(r),
 	}
 	if deps.Criteria != nil {
@@ -97,12 +84,6 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		// Its journal no longer matches what the run's control asks for
 		// (a preset changed between a crash and this takeover, or a bug).
 		m.log.Error("run ended: its replay went another way than its journal", "run_id", r.id, "reason", out.Reason)
-	}
-	if _, ok := tr.Parked(); ok {
-		parked = true // park has its wake-up
-		r.flush()     // what led to the wait, now the tracker is unlocked
-		m.park(r, parkAs, parkUntil)
-		return
 	}
 	tr.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
 	r.flush() // run_finished, before the claim goes

@@ -3,6 +3,7 @@ package runs
 import (
 	"context"
 	"errors"
+	"runtime"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -19,7 +20,7 @@ import (
 // flush writes what is pending in one store write. The tracker calls it
 // with its lock held, so record writes nothing: the run's own goroutine
 // writes the outbox once the tracker is unlocked, before each delegate
-// call and health check (flushing), before a backoff wait (flushingClock),
+// call and health check (flushing), before a wait (runClock),
 // after the run parks or ends (drive) and once a decision is taken
 // (Manager.handle, decide). An event that makes the run wait for a person
 // (decision_requested), and any event recorded while a delegate call is
@@ -38,9 +39,16 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		r.mu.Unlock()
 		return
 	}
+	var release func()
+	if r.replay != nil && ev.GetRunResumed() == nil {
+		release = r.liveLocked() // the first step its journal lacks
+	}
 	seq := int64(len(r.events)+r.writing+len(r.pending)) + 1
 	lastStatus := r.lastStatus
 	r.mu.Unlock()
+	if release != nil {
+		release()
+	}
 
 	ev.RunId = r.id
 	ev.Seq = seq
@@ -153,15 +161,36 @@ func (r *run) kick() {
 	}()
 }
 
-// flushingClock is the Clock of a run's controls: a wait (a backoff) starts
-// once the events before it are written. A zero wait is no wait: its
-// events go with the next attempt's, written before its call.
-type flushingClock struct {
+// runClock is the Clock of a run's controls and tracker. A wait (a
+// backoff, a decision) starts once the events before it are written; a
+// zero wait is no wait: its events go with the next attempt's, written
+// before its call. A wait that the tracker makes (controls.WaitOf) is one
+// its journal does not end: a replay has caught up (wentLive). And a wait
+// of the run's own control of at least parkAfter parks the run: its
+// goroutine ends there (evict), and drive parks it (park), to be driven
+// again from its journal when the wait is over.
+type runClock struct {
 	controls.Clock
-	r *run
+	r         *run
+	parkAfter time.Duration // 0 or less: never park
 }
 
-func (c flushingClock) Sleep(ctx context.Context, d time.Duration) error {
+// clock returns run r's clock.
+func (m *Manager) clock(r *run) controls.Clock {
+	return runClock{m.cfg.Clock, r, m.cfg.ParkAfter}
+}
+
+func (c runClock) Sleep(ctx context.Context, d time.Duration) error {
+	if w, ok := controls.WaitOf(ctx); ok {
+		c.r.wentLive()
+		if w.Path == "" && c.parkAfter > 0 && d >= c.parkAfter && c.r.evict(ctx, w) {
+			// The run's own control waits, and nothing else of the run
+			// goes on: its goroutine ends here, its deferred functions
+			// run (drive's parks it), and the tracker records nothing
+			// more unless asked for its decision (decide).
+			runtime.Goexit()
+		}
+	}
 	if d > 0 {
 		c.r.flush()
 	}

@@ -3,6 +3,7 @@ package runs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -46,7 +47,7 @@ func (p *parking) claim() bool {
 // park keeps a parked run waiting without a goroutine: a timer wakes it
 // when its backoff, or its decision's timeout, is over; the end of its
 // context (CancelRun, its deadline, shutdown) wakes it at once; and
-// DecideRun wakes it with the decision (decide). Woken, it is driven again
+// DecideRun wakes it once its decision is recorded (decide). Woken, it is driven again
 // from its journal, which replays up to the wait and goes on from there
 // (or stops, when its context ended); abandoned meanwhile (Close, kill),
 // it is only let go. Until woken, GetRun reads the parked tracker, whose
@@ -62,7 +63,7 @@ func (m *Manager) park(r *run, p *parking, until time.Time) {
 	r.mu.Unlock()
 	wake := func() {
 		if p.claim() {
-			m.wake(p.ctx, r, nil)
+			m.wake(p.ctx, r)
 		}
 	}
 	p.mu.Lock()
@@ -73,53 +74,32 @@ func (m *Manager) park(r *run, p *parking, until time.Time) {
 	p.stop = context.AfterFunc(p.ctx, wake)
 }
 
-// wake ends run r's parking: it is driven again from its journal, with
-// answer, when set, for the decision it awaits.
-func (m *Manager) wake(ctx context.Context, r *run, answer *decision) {
+// wake ends run r's parking: it is driven again from its journal.
+func (m *Manager) wake(ctx context.Context, r *run) {
 	m.parked.Add(-1)
 	r.mu.Lock()
 	r.parking = nil
 	r.mu.Unlock()
 	if r.isLost() {
-		answer.give(ErrClosed)
 		m.endDrive(r)
 		return
 	}
 	if r.isDone() {
 		// Ended as it parked: the store refused its events (endRefused).
-		answer.give(ErrNotAwaitingDecision)
 		m.retire(r)
 		m.endDrive(r)
 		return
 	}
-	m.workers.run(func() { m.unpark(ctx, r, answer) })
+	m.workers.run(func() { m.unpark(ctx, r) })
 }
 
-// decision is a DecideRun for a parked run: the decision, and where to
-// say whether the run took it.
-type decision struct {
-	d     stubbornv1.Decision
-	taken chan error // buffered: one answer
-}
-
-// give reports the decision taken (nil) or not; only the first report
-// counts.
-func (a *decision) give(err error) {
-	if a == nil {
-		return
-	}
-	select {
-	case a.taken <- err:
-	default:
-	}
-}
-
-// decide wakes run r, parked by tr for a decision (tr said so:
-// controls.ErrParked), with d, and waits until the replayed run has taken
-// it. It reports false when that parking is over (another call woke it
-// first). Once the run is woken with d, d is taken whatever the caller's
-// context: the replay, which calls no delegate, is waited for.
-func (m *Manager) decide(ctx context.Context, r *run, tr *controls.Tracker, d stubbornv1.Decision) (ok bool, err error) {
+// decide decides run r, parked by tr for a decision, with d: the parked
+// tracker still awaits the decision, and records it; once it is written,
+// the run is woken, and its replay takes the decision from its journal.
+// It returns the run's state with the decision, or ErrNotAwaitingDecision
+// when that parking is over (another call woke it first) or is not for a
+// decision.
+func (m *Manager) decide(ctx context.Context, r *run, tr *controls.Tracker, d stubbornv1.Decision) (*stubbornv1.ControlState, error) {
 	r.mu.Lock()
 	p, set := r.parking, r.parkingSet
 	r.mu.Unlock()
@@ -128,26 +108,31 @@ func (m *Manager) decide(ctx context.Context, r *run, tr *controls.Tracker, d st
 		select {
 		case <-set:
 		case <-ctx.Done():
-			return true, ctx.Err()
+			return nil, ctx.Err()
 		}
 		r.mu.Lock()
 		p = r.parking
 		r.mu.Unlock()
 	}
 	if p == nil || p.tracker != tr || !p.decision || !p.claim() {
-		return false, nil
+		return nil, fmt.Errorf("%w (another decision, its timeout or a cancellation came first)", ErrNotAwaitingDecision)
 	}
-	answer := &decision{d: d, taken: make(chan error, 1)}
-	m.wake(p.ctx, r, answer)
-	err = <-answer.taken
+	err := tr.Decide(d)
 	if err == nil {
-		r.flush() // decision_received, recorded before it was taken
+		r.flush() // decision_received, before the replay reads the journal
 	}
-	return true, err
+	m.wake(p.ctx, r)
+	if err != nil {
+		return nil, fmt.Errorf("%w (status %s)", err, tr.Status())
+	}
+	if err := notRecorded(r, "the decision"); err != nil {
+		return nil, err
+	}
+	return tr.Snapshot(), nil
 }
 
 // unpark drives a parked run again: a new tracker replays its journal.
-func (m *Manager) unpark(ctx context.Context, r *run, answer *decision) {
+func (m *Manager) unpark(ctx context.Context, r *run) {
 	r.flush() // the events the run recorded before it parked, if not yet written
 	r.mu.Lock()
 	recorded := r.events[:len(r.events):len(r.events)]
@@ -159,22 +144,15 @@ func (m *Manager) unpark(ctx context.Context, r *run, answer *decision) {
 	if err != nil {
 		// Not expected: the run recorded these events itself.
 		m.log.Error("run stopped: it cannot be resumed after its wait", "run_id", r.id, "err", err)
-		answer.give(err)
 		r.lose(err, err)
 		m.endDrive(r)
 		return
 	}
 	state := proto.CloneOf(journal[0].GetRunStarted().GetState())
 	tr := m.tracker(r, state, journal)
-	// GetRun reads the parked tracker, whose state is whole, until the new
-	// one has replayed the journal.
-	tr.OnLive(func() { r.setTracker(tr) })
+	// The new tracker's state is the fold of the whole journal: GetRun
+	// reads it at once.
+	r.setTracker(tr)
 	r.replaying()
-	if answer != nil {
-		tr.Answer(answer.d, func() { answer.give(nil) })
-	}
 	m.drive(ctx, r, tr, state, true, "")
-	// The run ended or parked again without reaching its decision (it
-	// cannot: its journal ends awaiting it).
-	answer.give(ErrNotAwaitingDecision)
 }

@@ -42,9 +42,9 @@ func TestALateDecisionDoesNotWakeAnotherWait(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { p := parkedBy(); return p != nil && !p.decision }, 5*time.Second, time.Millisecond, "parked in the backoff")
 
-	ok, err := m.decide(context.Background(), r, first, stubbornv1.Decision_DECISION_FAIL)
-	assert.False(t, ok, "the decision it came for is taken")
-	assert.NoError(t, err)
+	st2, err := m.decide(context.Background(), r, first, stubbornv1.Decision_DECISION_FAIL)
+	assert.Nil(t, st2)
+	assert.ErrorIs(t, err, ErrNotAwaitingDecision, "the decision it came for is taken")
 	assert.Equal(t, 1, m.Parked(), "the backoff still waits")
 	assert.Len(t, d.Calls(), 1)
 }

@@ -188,6 +188,40 @@ func TestARunAwaitingADecisionIsParkedUntilDecided(t *testing.T) {
 	assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
 }
 
+// An OK to a DecideRun for a parked run means its decision is in the
+// store's journal: it is written before the run is woken, and the replay
+// takes it from there.
+func TestAParkedRunsDecisionIsWrittenBeforeTheOK(t *testing.T) {
+	d := idempotentD(controlstest.Fail(codes.Unavailable, "down"))
+	store := runs.NewMemory(time.Minute)
+	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond, Store: store})
+	st, err := m.Start(context.Background(), "brief", askRetry(0), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
+
+	got, err := m.Decide(ctxFor(t), st.GetRunId(), stubbornv1.Decision_DECISION_FAIL)
+	require.NoError(t, err)
+	assert.NotEqual(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus())
+	written, err := store.Events(context.Background(), st.GetRunId(), 0)
+	require.NoError(t, err)
+	var last *stubbornv1.RunEvent
+	for _, e := range written {
+		_, last, err = runs.DecodeEvent(e.Data)
+		require.NoError(t, err)
+		if last.GetDecisionReceived() != nil {
+			break
+		}
+	}
+	require.NotNil(t, last.GetDecisionReceived(), "in the journal when Decide answers")
+	assert.Equal(t, stubbornv1.Decision_DECISION_FAIL, last.GetDecisionReceived().GetDecision())
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, last.GetStatus())
+
+	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_DECISION_FAIL, fin.GetStatusReasonCode())
+	assert.Len(t, d.Calls(), 1, "FAIL calls no one")
+}
+
 func TestAParkedDecisionTimesOut(t *testing.T) {
 	d := idempotentD(controlstest.Fail(codes.Unavailable, "down"))
 	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})

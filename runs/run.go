@@ -34,11 +34,23 @@ type run struct {
 	unbind  func()
 	writers *sync.WaitGroup // the manager's, of the runs' writers (kick)
 
+	// waitMu orders the run's parking (evict) and a decision taken
+	// while its tracker waits (handle): a wait whose decision came first
+	// is not parked, and a decision that comes once the run parks goes to
+	// its parking (decide).
+	waitMu sync.Mutex
+
 	mu     sync.Mutex
 	writer bool // the run's writer runs (kick)
 	// parkingSet, while not nil, is closed once the run's control,
-	// parked, has its parking set (drive).
+	// parked, has its parking set (drive); evicted is its wait, from
+	// when the control's goroutine ends in it (evict) until drive takes
+	// it to park the run.
 	parkingSet chan struct{}
+	evicted    *controls.Wait
+	// onLive, set while the run is replayed, is called once the replay
+	// has caught up (wentLive): drive's release of the run's cancellation.
+	onLive func()
 	// end is the run's end for the Observer (endSummary), from when
 	// run_finished is recorded until it is written.
 	end     *stubbornv1.RunEvent
@@ -118,18 +130,58 @@ func (r *run) replaying() {
 	r.mu.Unlock()
 }
 
-// wentLive says the run's tracker has replayed its journal. Called with
-// the tracker's lock held (Tracker.OnLive).
+// wentLive says the run's tracker has replayed its journal, if it was
+// replaying it: its control waits for what the journal does not hold
+// (runClock), or it records an event (record, which calls liveLocked).
 func (r *run) wentLive() {
 	r.mu.Lock()
-	if r.replay != nil {
-		close(r.replay)
-		r.replay = nil
+	release := r.liveLocked()
+	r.mu.Unlock()
+	if release != nil {
+		release()
 	}
+}
+
+// liveLocked is wentLive with r.mu held: it returns the function to call
+// once r.mu is unlocked, if any.
+func (r *run) liveLocked() (release func()) {
+	if r.replay == nil {
+		return nil
+	}
+	close(r.replay)
+	r.replay = nil
 	// What the replay reached is not known here: the next event saves its
 	// state whatever its status (record).
 	r.lastStatus = -1
+	release, r.onLive = r.onLive, nil
+	return release
+}
+
+// evict says the run's own control waits for w, with nothing else of the
+// run in flight, and its goroutine ends there (runClock): unless the wait
+// is over already (ctx, the sleep's, ended: a decision came first, or the
+// run is cancelled), the run is being parked from now on. It reports
+// whether to end the goroutine.
+func (r *run) evict(ctx context.Context, w controls.Wait) bool {
+	r.waitMu.Lock()
+	defer r.waitMu.Unlock()
+	if ctx.Err() != nil {
+		return false
+	}
+	r.mu.Lock()
+	r.evicted = &w
+	r.parkingSet = make(chan struct{})
 	r.mu.Unlock()
+	return true
+}
+
+// takeEvicted returns the wait the run's goroutine ended in (evict), once.
+func (r *run) takeEvicted() *controls.Wait {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.evicted
+	r.evicted = nil
+	return w
 }
 
 // caughtUp waits, bounded by ctx, until the run's tracker is not replaying

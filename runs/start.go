@@ -159,10 +159,10 @@ func (m *Manager) track(r *run, state *stubbornv1.ControlState, journal []*stubb
 	return tr
 }
 
-// tracker returns a new tracker for run r, of state replaying journal;
-// drive lets it park.
+// tracker returns a new tracker for run r, of state replaying journal.
+// Its waits for a decision are made on the run's clock, as its backoffs.
 func (m *Manager) tracker(r *run, state *stubbornv1.ControlState, journal []*stubbornv1.RunEvent) *controls.Tracker {
-	return controls.NewReplayTracker(state, m.cfg.Clock, r.record, journal)
+	return controls.NewReplayTracker(state, m.clock(r), r.record, journal)
 }
 
 // unstart drops a run whose run_started the store failed to record: it is

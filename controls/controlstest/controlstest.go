@@ -42,6 +42,10 @@ func (c *Clock) Sleep(ctx context.Context, d time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if d >= controls.Forever {
+		<-ctx.Done() // a decision without timeout: not a sleep that ends
+		return ctx.Err()
+	}
 	c.mu.Lock()
 	block := c.Block
 	c.sleeps = append(c.sleeps, d)
@@ -100,6 +104,10 @@ func (c *ManualClock) Sleep(ctx context.Context, d time.Duration) error {
 	}
 	if d <= 0 {
 		return nil
+	}
+	if d >= controls.Forever {
+		<-ctx.Done() // a decision without timeout: not a sleep that ends
+		return ctx.Err()
 	}
 	c.mu.Lock()
 	s := &manualSleep{until: c.now.Add(d), wake: make(chan struct{})}
