@@ -119,7 +119,8 @@ func (s *Service) policy(ctx context.Context) *policy {
 // shutdown.
 //
 // The logging interceptor logs one line per call when it finishes: method,
-// code, duration, peer, trace_id, run_id and tenant. It never logs payloads
+// code, duration, peer, trace_id, run_id and tenant; at debug for a call
+// that succeeded (callLevel). It never logs payloads
 // (requests, responses: briefs, results) nor metadata (tokens): payload
 // logging is an opt-in of go-grpc-middleware (logging.PayloadReceived,
 // PayloadSent) that this server does not ask for. When the logger writes
@@ -140,6 +141,10 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 	})
 	logOpts := []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
+		// A call that succeeded is logged at debug: at thousands of runs a
+		// second, a line for each is a cost (docs/PERFORMANCE.md, issue
+		// 32); any other code at the library's level for it.
+		logging.WithLevels(callLevel),
 		// trace_id, and run_id for an RPC about a run.
 		logging.WithFieldsFromContextAndCallMeta(func(ctx context.Context, c interceptors.CallMeta) logging.Fields {
 			return telemetry.LogFields(ctx, loggable(c.ReqOrNil))
@@ -530,4 +535,14 @@ func (s *Service) ListDelegates(ctx context.Context, _ *stubbornv1.ListDelegates
 		}
 	}
 	return resp, nil
+}
+
+// callLevel is the level of a call's line: debug when it succeeded,
+// go-grpc-middleware's default for a server otherwise (info for a
+// client's mistake, warn or error for the server's).
+func callLevel(c codes.Code) logging.Level {
+	if c == codes.OK {
+		return logging.LevelDebug
+	}
+	return logging.DefaultServerCodeToLevel(c)
 }

@@ -264,7 +264,9 @@ func (b *syncBuffer) String() string {
 func TestFallbackChainSpansMetricsAndLogs(t *testing.T) {
 	p := newProviders()
 	logs := &syncBuffer{}
-	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	// At debug, to see every line; what the default level (info) writes
+	// is checked below by each line's level.
+	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	reg := &delegates.Config{Delegates: []delegates.Delegate{
 		{Name: "unavailable", Target: serveDelegate(t, failWith(codes.Unavailable, "try later")), Idempotent: true},
 		{Name: "broken", Target: serveDelegate(t, failWith(codes.Internal, "broken")), Idempotent: true},
@@ -368,17 +370,26 @@ func TestFallbackChainSpansMetricsAndLogs(t *testing.T) {
 	assert.Contains(t, ms, "rpc.client.call.duration", "otelgrpc's client metrics")
 
 	// Logs: every line about the run names it and its trace; attempt lines
-	// name the attempt and delegate; no line carries the brief or a result.
-	out := logs.String()
-	assert.NotContains(t, out, "secret", "no brief at the default level")
-	assert.NotContains(t, out, "echo: ", "no result at the default level")
+	// name the attempt and delegate; no line at the default level (info)
+	// carries the brief or a result. At info, a run writes its end and
+	// its failed attempts; the call that succeeded, the attempt that
+	// succeeded and the run's start are at debug.
 	traceID := run.SpanContext().TraceID().String()
 	var attemptLines, finishedCall int
+	info := map[string]int{}
 	for _, l := range logs.lines(t) {
 		msg, _ := l["msg"].(string)
+		if l["level"] != "DEBUG" {
+			info[msg]++
+			line, err := json.Marshal(l)
+			require.NoError(t, err)
+			assert.NotContains(t, string(line), "secret", "no brief at the default level")
+			assert.NotContains(t, string(line), "echo: ", "no result at the default level")
+		}
 		switch {
 		case msg == "finished call" && l["grpc.method"] == "Run":
 			finishedCall++
+			assert.Equal(t, "DEBUG", l["level"], "a call that succeeded")
 			assert.Equal(t, final.GetRunId(), l["run_id"], "the Run RPC's log line names its run")
 			assert.Equal(t, traceID, l["trace_id"])
 		case strings.Contains(msg, "run") || strings.Contains(msg, "attempt"):
@@ -388,11 +399,13 @@ func TestFallbackChainSpansMetricsAndLogs(t *testing.T) {
 				attemptLines++
 				assert.NotEmpty(t, l["delegate"])
 				assert.NotZero(t, l["attempt"])
+				assert.Equal(t, l["outcome"] == "succeeded", l["level"] == "DEBUG", "%v", l)
 			}
 		}
 	}
 	assert.Equal(t, 3, attemptLines)
 	assert.Equal(t, 1, finishedCall)
+	assert.Equal(t, map[string]int{"attempt finished": 2, "run finished": 1}, info, "what info writes of a run")
 }
 
 // TestRetryMetricsAndSpanEvents: backoff waits and decisions are events on

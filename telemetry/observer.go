@@ -272,7 +272,9 @@ func (rs *runState) observe(ev *stubbornv1.RunEvent) {
 	switch k := ev.GetKind().(type) {
 	case *stubbornv1.RunEvent_RunStarted:
 		m.runsStarted.Add(rs.ctx, 1, rs.control)
-		rs.log(slog.LevelInfo, "run started", rs.logControl, slog.Bool("resumed", rs.resumed))
+		// A run's end is its line at info (run finished); its start is
+		// one more line for every run, at thousands a second.
+		rs.log(slog.LevelDebug, "run started", rs.logControl, slog.Bool("resumed", rs.resumed))
 	case *stubbornv1.RunEvent_RunResumed:
 		m.runsResumed.Add(rs.ctx, 1, rs.control)
 		rs.span.AddEvent("stubborn.run_resumed", trace.WithAttributes(attribute.String("stubborn.owner", k.RunResumed.GetOwner())))
@@ -350,7 +352,13 @@ func (rs *runState) finishAttemptLocked(at *stubbornv1.Attempt) {
 	rs.t.m.attempts.Add(rs.ctx, 1, set)
 	rs.t.m.attemptDuration.Record(rs.ctx, d.Seconds(), set)
 
-	if rs.t.logger.Enabled(rs.ctx, slog.LevelInfo) {
+	// An attempt that failed is worth a line at info; one that succeeded
+	// is told by its run's end (run finished), and at debug.
+	level := slog.LevelInfo
+	if outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED {
+		level = slog.LevelDebug
+	}
+	if rs.t.logger.Enabled(rs.ctx, level) {
 		la := attemptAttrs(at)
 		la = append(la, slog.String("outcome", outcomeName), slog.Duration("duration", d))
 		if outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_ERROR {
@@ -362,7 +370,7 @@ func (rs *runState) finishAttemptLocked(at *stubbornv1.Attempt) {
 				la = append(la, slog.String("error", msg))
 			}
 		}
-		rs.log(slog.LevelInfo, "attempt finished", la...)
+		rs.log(level, "attempt finished", la...)
 	}
 }
 
