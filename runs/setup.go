@@ -158,27 +158,49 @@ func leaderReads(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVa
 	// says they are allowed: the info it ends with must say not. Servers
 	// that open the store at the same moment turn them on again (each
 	// creation does): turned off again, and read again, until the
-	// bucket's own view agrees.
-	for try := 0; ; try++ {
-		st, err := kv.Status(ctx) // refreshes the bucket's cached info
-		if err != nil {
-			return nil, err
-		}
-		cfg := st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config
-		if !cfg.AllowDirect {
+	// bucket's own view agrees. Each read and update is bounded by a try's
+	// deadline and made again while it fails for a reason that may pass,
+	// as creations are (createOrBind): JetStream's meta leader may leave a
+	// request unanswered while several servers change the same stream (a
+	// replica started with another failed after the whole setup deadline,
+	// "bucket stubborn_heartbeats: context deadline exceeded", make chaos
+	// concurrent-start, once in six runs).
+	wait, undone := setupBackoff, 0
+	for {
+		cfg, err := tryStep(ctx, func(ctx context.Context) (jetstream.StreamConfig, error) {
+			st, err := kv.Status(ctx) // refreshes the bucket's cached info
+			if err != nil {
+				return jetstream.StreamConfig{}, err
+			}
+			return st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config, nil
+		})
+		if err == nil && !cfg.AllowDirect {
 			return kv, nil
 		}
-		if try == 20 {
-			return nil, fmt.Errorf("stream KV_%s: direct gets are turned on again and again (a server of an older release?)", bucket)
+		if err == nil {
+			if undone == 20 {
+				return nil, fmt.Errorf("stream KV_%s: direct gets are turned on again and again (a server of an older release?)", bucket)
+			}
+			cfg.AllowDirect = false
+			_, err = tryStep(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.UpdateStream(ctx, cfg) })
+			undone++
 		}
-		cfg.AllowDirect = false
-		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		if err != nil && !setupRetries(err) {
 			return nil, err
 		}
-		if try > 0 {
-			if !sleep(ctx, time.Duration(try)*20*time.Millisecond) {
-				return nil, ctx.Err()
+		if !sleep(ctx, time.Duration(mrand.Int64N(int64(wait))+1)) {
+			if err == nil {
+				err = ctx.Err()
 			}
+			return nil, fmt.Errorf("%w (tried until the setup deadline)", err)
 		}
+		wait = min(2*wait, setupBackoffCap)
 	}
+}
+
+// tryStep calls step with a deadline of setupTry, within ctx.
+func tryStep[T any](ctx context.Context, step func(context.Context) (T, error)) (T, error) {
+	tryCtx, cancel := context.WithTimeout(ctx, setupTry)
+	defer cancel()
+	return step(tryCtx)
 }
