@@ -2,11 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,7 +14,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
@@ -49,20 +43,7 @@ func TestDeletedRunsStayDeletedAfterSIGKILL(t *testing.T) {
 		calls.Add(1)
 		return nil, status.Error(codes.Unavailable, "down")
 	}
-	var yaml strings.Builder
-	yaml.WriteString("delegates:\n")
-	for name, fn := range map[string]demo.Func{"hang": hang, "ok": ok, "failing": failing} {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		srv := demo.Serve(lis, demo.NewScripted(fn))
-		t.Cleanup(srv.Stop)
-		fmt.Fprintf(&yaml, "  - {name: %s, target: %q, idempotent: true, timeout: 2m}\n", name, lis.Addr())
-	}
-	dir := t.TempDir()
-	config := filepath.Join(dir, "stubborn.yaml")
-	require.NoError(t, os.WriteFile(config, []byte(yaml.String()), 0o600))
-	addr := fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1)[0])
-	args := []string{"-config", config, "-listen", addr, "-data-dir", filepath.Join(dir, "data")}
+	addr, args := serveScripted(t, []scripted{{"hang", hang, true}, {"ok", ok, true}, {"failing", failing, true}}, "")
 
 	srv := startServer(t, args...)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -162,30 +162,10 @@ func TestSIGKILLWithRunsInFlight(t *testing.T) {
 		failCalls.add(req)
 		return nil, status.Error(codes.Unavailable, "always down")
 	}
-	svcs := map[string]struct {
-		fn         demo.Func
-		idempotent bool
-	}{
-		"hang": {hang(hangCalls), true}, "unsafe": {hang(unsafeCalls), false},
-		"hinted": {hinted, true}, "failing": {failing, true},
-	}
-	var yaml strings.Builder
-	yaml.WriteString("delegates:\n")
-	for name, d := range svcs {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		srv := demo.Serve(lis, demo.NewScripted(d.fn))
-		t.Cleanup(srv.Stop)
-		fmt.Fprintf(&yaml, "  - {name: %s, target: %q, idempotent: %t, timeout: 2m}\n", name, lis.Addr(), d.idempotent)
-	}
-	dir := t.TempDir()
-	config := filepath.Join(dir, "stubborn.yaml")
-	require.NoError(t, os.WriteFile(config, []byte(yaml.String()), 0o600))
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := lis.Addr().String()
-	require.NoError(t, lis.Close())
-	args := []string{"-config", config, "-listen", addr, "-data-dir", filepath.Join(dir, "data"), "-durability", "always"}
+	addr, args := serveScripted(t, []scripted{
+		{"hang", hang(hangCalls), true}, {"unsafe", hang(unsafeCalls), false},
+		{"hinted", hinted, true}, {"failing", failing, true},
+	}, "", "-durability", "always")
 
 	srv := startServer(t, args...)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -288,4 +268,35 @@ func TestSIGKILLWithRunsInFlight(t *testing.T) {
 		}
 	}
 	srv.kill(t)
+}
+
+// scripted is a demo delegate a test serves on loopback (serveScripted).
+type scripted struct {
+	name       string
+	fn         demo.Func
+	idempotent bool
+}
+
+// serveScripted serves each of ds on loopback and writes a config that
+// names them (timeout 2m), followed by extraYAML (presets, say). It
+// returns the address and the args of a `serve` of that config on its own
+// data directory, with more after them; startServer starts it.
+func serveScripted(t *testing.T, ds []scripted, extraYAML string, more ...string) (addr string, args []string) {
+	t.Helper()
+	var yaml strings.Builder
+	yaml.WriteString("delegates:\n")
+	for _, d := range ds {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		srv := demo.Serve(lis, demo.NewScripted(d.fn))
+		t.Cleanup(srv.Stop)
+		fmt.Fprintf(&yaml, "  - {name: %s, target: %q, idempotent: %t, timeout: 2m}\n", d.name, lis.Addr(), d.idempotent)
+	}
+	yaml.WriteString(extraYAML)
+	dir := t.TempDir()
+	config := filepath.Join(dir, "stubborn.yaml")
+	require.NoError(t, os.WriteFile(config, []byte(yaml.String()), 0o600))
+	addr = fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1)[0])
+	args = append([]string{"-config", config, "-listen", addr, "-data-dir", filepath.Join(dir, "data")}, more...)
+	return addr, args
 }

@@ -3,12 +3,7 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"net"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -49,33 +44,13 @@ func TestAHedgedRaceOfPresetsSurvivesSIGKILL(t *testing.T) {
 		failCalls.add(req)
 		return nil, status.Error(codes.Unavailable, "always down")
 	}
-	svcs := []struct {
-		name       string
-		fn         demo.Func
-		idempotent bool
-	}{{"failing", failing, true}, {"hang", hang(hangCalls), true}, {"unsafe", hang(unsafeCalls), false}}
-	var yaml strings.Builder
-	yaml.WriteString("delegates:\n")
-	for _, d := range svcs {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		srv := demo.Serve(lis, demo.NewScripted(d.fn))
-		t.Cleanup(srv.Stop)
-		fmt.Fprintf(&yaml, "  - {name: %s, target: %q, idempotent: %t, timeout: 2m}\n", d.name, lis.Addr(), d.idempotent)
-	}
-	yaml.WriteString(`presets:
+	addr, args := serveScripted(t, []scripted{
+		{"failing", failing, true}, {"hang", hang(hangCalls), true}, {"unsafe", hang(unsafeCalls), false},
+	}, `presets:
   - {name: p1, retry: {target: failing, attempts: 1, base_wait: 10ms, max_wait: 10ms, on_exhausted: fail}}
   - {name: p2, retry: {target: hang, attempts: 1, base_wait: 10ms, max_wait: 10ms, on_exhausted: fail}}
   - {name: p3, retry: {target: unsafe, attempts: 1, base_wait: 10ms, max_wait: 10ms, on_exhausted: fail}}
-`)
-	dir := t.TempDir()
-	config := filepath.Join(dir, "stubborn.yaml")
-	require.NoError(t, os.WriteFile(config, []byte(yaml.String()), 0o600))
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := lis.Addr().String()
-	require.NoError(t, lis.Close())
-	args := []string{"-config", config, "-listen", addr, "-data-dir", filepath.Join(dir, "data"), "-durability", "always"}
+`, "-durability", "always")
 
 	srv := startServer(t, args...)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
