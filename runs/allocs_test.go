@@ -7,9 +7,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/types/known/durationpb"
-
-	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
 // allocBudget is what a whole run may allocate, Start to the end of its
@@ -24,36 +21,12 @@ var allocBudget = map[string]float64{
 }
 
 func TestARunStaysWithinItsAllocationBudget(t *testing.T) {
-	retries := int32(2)
-	for _, c := range []struct {
-		name string
-		fail int32
-		spec *stubbornv1.ControlSpec
-	}{
-		{"fallback-one-attempt", 0, &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{
-			FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}},
-		}}},
-		{"retry-three-attempts", 2, &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
-			Target: "echo", Attempts: &retries, BaseWait: durationpb.New(0),
-		}}}},
-	} {
+	for _, c := range runsToEnd() {
 		t.Run(c.name, func(t *testing.T) {
 			m, err := New(Config{Delegates: failFirst{n: c.fail}})
 			require.NoError(t, err)
 			defer m.Close()
-			ctx := t.Context()
-			run := func() {
-				st, err := m.Start(ctx, "find it", c.spec, nil)
-				require.NoError(t, err)
-				var last Event
-				require.NoError(t, m.Watch(ctx, st.GetRunId(), 0, func(ev Event) error {
-					last = ev
-					return nil
-				}))
-				fin, err := last.Decode()
-				require.NoError(t, err)
-				require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetRunFinished().GetState().GetStatus())
-			}
+			run := func() { runToEnd(t.Context(), t, m, c.spec) }
 			for range 50 {
 				run() // the manager's pools and maps warm
 			}

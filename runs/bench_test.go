@@ -94,21 +94,9 @@ func (failFirst) Serving(context.Context, string) bool { return true }
 // Start, then Watch to the end, on the wall clock and the Memory store. The
 // manager keeps its finished runs (up to 10,000) as it would in production.
 func BenchmarkRunToEnd(b *testing.B) {
-	retries := int32(2)
-	for _, bc := range []struct {
-		name string
-		fail int32
-		spec *stubbornv1.ControlSpec
-	}{
-		{"fallback-one-attempt", 0, &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{
-			FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}},
-		}}},
-		{"retry-three-attempts", 2, &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
-			Target: "echo", Attempts: &retries, BaseWait: durationpb.New(0),
-		}}}},
-	} {
-		b.Run(bc.name, func(b *testing.B) {
-			m, err := New(Config{Delegates: failFirst{n: bc.fail}})
+	for _, c := range runsToEnd() {
+		b.Run(c.name, func(b *testing.B) {
+			m, err := New(Config{Delegates: failFirst{n: c.fail}})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -116,25 +104,52 @@ func BenchmarkRunToEnd(b *testing.B) {
 			ctx := b.Context()
 			b.ReportAllocs()
 			for b.Loop() {
-				st, err := m.Start(ctx, "find it", bc.spec, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				var last Event
-				if err := m.Watch(ctx, st.GetRunId(), 0, func(ev Event) error {
-					last = ev
-					return nil
-				}); err != nil {
-					b.Fatal(err)
-				}
-				fin, err := last.Decode()
-				if err != nil {
-					b.Fatal(err)
-				}
-				if s := fin.GetRunFinished().GetState().GetStatus(); s != stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED {
-					b.Fatalf("run ended %s", s)
-				}
+				runToEnd(ctx, b, m, c.spec)
 			}
 		})
+	}
+}
+
+// runToEndCase is a whole run of BenchmarkRunToEnd (and of the
+// allocation budget's test): its control, and how many of its delegate's
+// first calls fail.
+type runToEndCase struct {
+	name string
+	fail int32
+	spec *stubbornv1.ControlSpec
+}
+
+func runsToEnd() []runToEndCase {
+	retries := int32(2)
+	return []runToEndCase{
+		{"fallback-one-attempt", 0, &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{
+			FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}},
+		}}},
+		{"retry-three-attempts", 2, &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
+			Target: "echo", Attempts: &retries, BaseWait: durationpb.New(0),
+		}}}},
+	}
+}
+
+// runToEnd starts a run of spec on m and watches it to its end, which
+// must be SUCCEEDED.
+func runToEnd(ctx context.Context, tb testing.TB, m *Manager, spec *stubbornv1.ControlSpec) {
+	st, err := m.Start(ctx, "find it", spec, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var last Event
+	if err := m.Watch(ctx, st.GetRunId(), 0, func(ev Event) error {
+		last = ev
+		return nil
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	fin, err := last.Decode()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if s := fin.GetRunFinished().GetState().GetStatus(); s != stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		tb.Fatalf("run ended %s", s)
 	}
 }

@@ -68,13 +68,7 @@ func TestAParkedCopyTakenOverUnawaresIsNotServed(t *testing.T) {
 	got, err := a.Get(ctxFor(t), id)
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, got.GetStatus(), "GetRun through a")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	var evs []*stubbornv1.RunEvent
-	require.NoError(t, a.Watch(ctx, id, 0, decoding(func(ev *stubbornv1.RunEvent) error {
-		evs = append(evs, ev)
-		return nil
-	})), "WatchRun through a ends")
-	end := final(t, evs)
+	end := final(t, watchToEnd(t, a, id)) // WatchRun through a ends
+
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, end.GetStatus())
 }
