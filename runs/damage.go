@@ -91,13 +91,28 @@ func seqList(seqs []uint64, n int) string {
 func (s *JetStream) MarkDamaged() { s.damaged.Store(true) }
 
 // journalLost reports whether the empty journal of a claimed run was
-// lost: the store was found damaged, or the run saved a state that only a
+// lost: the store was found damaged, the run saved a state that only a
 // run that wrote its journal saves (not RUNNING before its first attempt,
-// as older versions saved before the claim).
+// as older versions saved before the claim), or its owners entry was
+// written after its journal's first write (claims.go).
 func (s *JetStream) journalLost(ctx context.Context, runID string) (bool, string, error) {
 	if s.damaged.Load() {
 		return true, "its journal is empty, and the store's files were found damaged", nil
 	}
+	lost, why, err := s.stateLost(ctx, runID)
+	if err != nil || lost {
+		return lost, why, err
+	}
+	if o, err := s.owners.Get(ctx, runID); err == nil && claimEntry(o.Value()) {
+		return true, "its journal is empty, but it was claimed in its journal (its owners entry is written after that)", nil
+	} else if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, "", err
+	}
+	return false, "", nil
+}
+
+// stateLost is journalLost's reading of the run's saved state.
+func (s *JetStream) stateLost(ctx context.Context, runID string) (bool, string, error) {
 	e, err := s.states.Get(ctx, runID)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return false, "", nil

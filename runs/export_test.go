@@ -2,7 +2,10 @@ package runs
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -105,3 +108,31 @@ func (s *JetStream) DeleteCrashAt(step string, err error) {
 
 // StateDecodes returns how many run states this process has decoded whole.
 func StateDecodes() int64 { return stateDecodes.Load() }
+
+// OwnersEntryForTest returns the server the owners entry of s (a
+// *JetStream) names for the run, "" when it has none.
+func OwnersEntryForTest(ctx context.Context, s Store, runID string) (string, error) {
+	e, err := s.(*JetStream).owners.Get(ctx, runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	owner, _ := parseOwnerEntry(e.Value())
+	return owner, nil
+}
+
+// HasMarkForTest reports whether s (a *JetStream) keeps owner's mark.
+func HasMarkForTest(ctx context.Context, s Store, owner string) (bool, error) {
+	_, err := s.(*JetStream).marks.Get(ctx, owner)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// DriverForTest is s.Driver.
+func DriverForTest(ctx context.Context, s Store, runID string) (string, error) {
+	return s.Driver(ctx, runID)
+}

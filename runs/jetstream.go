@@ -62,6 +62,13 @@ type JetStreamConfig struct {
 	// KeyWindow is how long an idempotency key names its run (keys.go):
 	// the keys bucket's TTL. 0 means DefaultKeyWindow.
 	KeyWindow time.Duration
+	// ClaimInOwners claims every new run with an owners entry of its own
+	// and releases it at the run's end, as versions before 2026-12-02
+	// did: two writes a run more. Set it while such servers share the
+	// store (a rolling upgrade): they find a dead server's runs in the
+	// owners bucket only, so they would not take over the runs that newer
+	// ones claim in their journals (claims.go).
+	ClaimInOwners bool
 }
 
 // Names of the JetStream assets.
@@ -121,6 +128,14 @@ type JetStream struct {
 	// (tombstone.go).
 	deleted    jetstream.KeyValue
 	deleteHook func(step string) error
+
+	// claimInOwners is JetStreamConfig.ClaimInOwners; claims are the runs
+	// claimed in their journals, marks the servers' marks (claims.go).
+	claimInOwners bool
+	claims        claims
+	marks         jetstream.KeyValue
+	stopClaims    context.CancelFunc
+	claimsDone    chan struct{}
 }
 
 var _ Store = (*JetStream)(nil)
@@ -161,7 +176,7 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	if cfg.WriteRetry == 0 {
 		cfg.WriteRetry = cfg.Lease
 	}
-	s := &JetStream{nc: nc, js: js, lease: cfg.Lease, saveFinal: cfg.SaveFinalStates, writeRetry: cfg.WriteRetry, apiTimeout: js.Options().DefaultTimeout, last: map[string]uint64{}}
+	s := &JetStream{nc: nc, js: js, lease: cfg.Lease, saveFinal: cfg.SaveFinalStates, writeRetry: cfg.WriteRetry, apiTimeout: js.Options().DefaultTimeout, last: map[string]uint64{}, claimInOwners: cfg.ClaimInOwners}
 	maxBytes := cfg.MaxBytes
 	if maxBytes <= 0 {
 		maxBytes = -1
@@ -204,6 +219,8 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	}{
 		{&s.states, statesBucket, 0, 0, 1},
 		{&s.owners, ownersBucket, 0, s.markerTTL, 1},
+		// A server's mark lives as long as the server (claims.go).
+		{&s.marks, marksBucket, 0, s.markerTTL, 1},
 		{&s.beats, beatsBucket, cfg.Lease, 0, 1},
 		// A run's summaries in quick succession (RUNNING, then
 		// AWAITING_DECISION a few ms later) must each reach the watches
@@ -228,7 +245,7 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		if err != nil {
 			return nil, fmt.Errorf("bucket %s: %w", b.name, err)
 		}
-		if b.name == ownersBucket || b.name == beatsBucket || b.name == deletedBucket {
+		if b.name == ownersBucket || b.name == beatsBucket || b.name == deletedBucket || b.name == marksBucket {
 			if *b.kv, err = leaderReads(ctx, js, *b.kv, b.name); err != nil {
 				return nil, fmt.Errorf("bucket %s: %w", b.name, err)
 			}
@@ -250,6 +267,13 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		log = slog.Default()
 	}
 	s.startIndexer(indexKV, log)
+	claimsCtx, stopClaims := context.WithCancel(context.Background())
+	s.stopClaims = stopClaims
+	last := uint64(0)
+	if info := s.events.CachedInfo(); info != nil {
+		last = info.State.LastSeq
+	}
+	s.startClaims(claimsCtx, last)
 	if n := s.redoDeletes(ctx, log); n > 0 {
 		log.Debug("purged again what was left of deleted runs", "runs", n)
 	}
@@ -260,6 +284,8 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 func (s *JetStream) Close() error {
 	s.stopJanitor()
 	s.index.stop()
+	s.stopClaims()
+	<-s.claimsDone
 	s.nc.Close()
 	return nil
 }
@@ -324,6 +350,18 @@ func (s *JetStream) publish(ctx context.Context, evs []Event) error {
 		msg.Data = packEvents(evs)
 		msg.Header = nats.Header{eventsHeader: []string{strconv.Itoa(len(evs))}}
 	}
+	// A new run's first write is its claim (claims.go).
+	claimer := ""
+	if evs[0].Seq == 1 {
+		claimer, _ = ctx.Value(claimKey{}).(string)
+	}
+	if claimer != "" {
+		if msg.Header == nil {
+			msg.Header = nats.Header{}
+		}
+		msg.Header[claimHeader] = []string{claimer}
+		s.claims.begin(runID, claimer)
+	}
 	id := msgID(runID, evs[0].Seq, msg.Data)
 	var seq uint64
 	err := s.write(ctx, func(ctx context.Context) error {
@@ -348,6 +386,12 @@ func (s *JetStream) publish(ctx context.Context, evs []Event) error {
 		seq = m.Sequence
 		return true, nil
 	})
+	if claimer != "" {
+		s.claims.sent(runID, err == nil)
+	}
+	if err == nil {
+		s.claims.ack(seq)
+	}
 	if err != nil {
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||

@@ -21,6 +21,11 @@ import (
 
 // PutState saves a snapshot.
 func (s *JetStream) PutState(ctx context.Context, runID string, state []byte) error {
+	// A run claimed in its journal that saves a state (it waits) gets its
+	// owners entry first, as a claim came before any state: a run whose
+	// state is saved is found by its owners entry even if its journal is
+	// lost (claims.go).
+	s.writeClaim(ctx, runID)
 	err := s.write(ctx, func(ctx context.Context) error {
 		_, err := s.states.Put(ctx, runID, state)
 		return err
@@ -70,6 +75,12 @@ func (s *JetStream) State(ctx context.Context, runID string) (*stubbornv1.Contro
 	}
 	if end := last.state(); last.Finished && len(end) > 0 {
 		state = end
+	}
+	if len(state) == 0 && last.Data != nil {
+		// Claimed in its journal (claims.go): run_started has its state.
+		if state, err = s.firstState(ctx, runID); err != nil {
+			return nil, err
+		}
 	}
 	if len(state) == 0 {
 		return nil, fmt.Errorf("%w: %.64q", ErrNotFound, runID)
@@ -123,6 +134,7 @@ func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState
 		return err
 	}
 	bad := map[string]error{}
+	var claimedOnly []string
 	if err := s.lastRawEvents(ctx, func(runID string, last Event, err error) {
 		if err != nil {
 			bad[runID] = err // its journal ends in what no one can read
@@ -130,9 +142,25 @@ func (s *JetStream) States(ctx context.Context, fn func(*stubbornv1.ControlState
 		}
 		if state := last.state(); last.Finished && len(state) > 0 {
 			all[runID] = state
+		} else if !last.Finished && all[runID] == nil {
+			claimedOnly = append(claimedOnly, runID)
 		}
 	}); err != nil {
 		return err
+	}
+	// Claimed in their journals (claims.go): run_started has their state.
+	for _, runID := range claimedOnly {
+		if all[runID] != nil {
+			continue
+		}
+		state, err := s.firstState(ctx, runID)
+		if err != nil {
+			bad[runID] = err
+			continue
+		}
+		if len(state) > 0 {
+			all[runID] = state
+		}
 	}
 	for runID, err := range bad {
 		delete(all, runID)
@@ -170,9 +198,25 @@ func ownerEntry(owner string, state []byte) []byte {
 	return append(b, state...)
 }
 
+// journalMark starts an owners entry written for a run claimed in its
+// journal (claims.go), after its first journal write: the driver's name
+// as after ownerMark, and no state.
+const journalMark = 1
+
+// journalEntry encodes the owners entry of a run claimed in its journal.
+func journalEntry(owner string) []byte {
+	b := ownerEntry(owner, nil)
+	b[0] = journalMark
+	return b
+}
+
+// claimEntry reports whether an owners entry was written for a run
+// claimed in its journal: the run's journal was written before it.
+func claimEntry(v []byte) bool { return len(v) > 0 && v[0] == journalMark }
+
 // parseOwnerEntry decodes an owners entry.
 func parseOwnerEntry(v []byte) (owner string, state []byte) {
-	if len(v) == 0 || v[0] != ownerMark {
+	if len(v) == 0 || v[0] != ownerMark && v[0] != journalMark {
 		return string(v), nil
 	}
 	n, k := binary.Uvarint(v[1:])
@@ -226,6 +270,11 @@ const eachEntryIdle = 2 * time.Second
 // Beat creates or renews owner's heartbeat, which expires after the lease.
 func (s *JetStream) Beat(ctx context.Context, owner string) error {
 	sent := time.Now()
+	// The mark first: a heartbeat (and with it the fence of this
+	// server's writes, claims included) lands only after it (claims.go).
+	if err := s.putMark(ctx, owner); err != nil {
+		return fmt.Errorf("writing this server's mark: %w", err)
+	}
 	_, err := s.beats.Put(ctx, owner, []byte(sent.UTC().Format(time.RFC3339Nano)))
 	if err == nil {
 		s.beatAt.Store(sent.UnixNano())
@@ -287,14 +336,19 @@ func (s *JetStream) Claim(ctx context.Context, runID, owner string, state []byte
 	return err
 }
 
-// Driver reads the run's owner key.
+// Driver reads the run's owner key, else the claim of its journal until
+// it ends (claims.go).
 func (s *JetStream) Driver(ctx context.Context, runID string) (string, error) {
 	if !validKey(runID) {
 		return "", nil
 	}
 	e, err := s.owners.Get(ctx, runID)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return "", nil
+		owner, finished, err := s.claimed(ctx, runID)
+		if err != nil || finished {
+			return "", err
+		}
+		return owner, nil
 	}
 	if err != nil {
 		return "", err
@@ -303,7 +357,9 @@ func (s *JetStream) Driver(ctx context.Context, runID string) (string, error) {
 	return owner, nil
 }
 
-// Owners calls fn with every run that has a driver.
+// Owners calls fn with every run that has an owners entry. (Runs claimed
+// in their journals that have none are found from their servers' marks:
+// journalOrphans.)
 func (s *JetStream) Owners(ctx context.Context, fn func(runID, owner string) bool) error {
 	return eachEntry(ctx, s.owners, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
 		owner, _ := parseOwnerEntry(e.Value())
@@ -312,9 +368,19 @@ func (s *JetStream) Owners(ctx context.Context, fn func(runID, owner string) boo
 }
 
 // TakeOver swaps the run's owner from from to owner at the revision read,
-// so that of several servers trying, exactly one wins.
+// so that of several servers trying, exactly one wins. A run claimed in
+// its journal by from, without an owners entry, is given one naming
+// owner, created only if none exists.
 func (s *JetStream) TakeOver(ctx context.Context, runID, from, owner string) error {
 	e, err := s.owners.Get(ctx, runID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		exists, err := s.takeOverClaim(ctx, runID, from, owner)
+		if err != nil || !exists {
+			return err
+		}
+		// Written meanwhile, by from's claim writer or another server.
+		e, err = s.owners.Get(ctx, runID)
+	}
 	if err != nil {
 		return err
 	}
@@ -322,15 +388,29 @@ func (s *JetStream) TakeOver(ctx context.Context, runID, from, owner string) err
 	if was != from {
 		return fmt.Errorf("%w: run %s is driven by %q", ErrConflict, runID, was)
 	}
-	if _, err := s.owners.Update(ctx, runID, ownerEntry(owner, state), e.Revision()); err != nil {
+	entry := ownerEntry(owner, state)
+	if claimEntry(e.Value()) {
+		entry = journalEntry(owner)
+	}
+	if _, err := s.owners.Update(ctx, runID, entry, e.Revision()); err != nil {
 		return fmt.Errorf("%w: %v", ErrConflict, err)
 	}
 	return nil
 }
 
 // Release deletes the run's owner key; its marker expires after markerTTL
-// (0: the janitor purges it after the retention).
+// (0: the janitor purges it after the retention). A run claimed here in
+// its journal that has no owners entry has nothing to delete: its
+// run_finished is its release.
 func (s *JetStream) Release(ctx context.Context, runID string) error {
+	if !s.claims.release(runID) {
+		return nil
+	}
+	return s.purgeOwner(ctx, runID)
+}
+
+// purgeOwner deletes the run's owner key.
+func (s *JetStream) purgeOwner(ctx context.Context, runID string) error {
 	return s.write(ctx, func(ctx context.Context) error {
 		if s.markerTTL == 0 {
 			return s.owners.Purge(ctx, runID)

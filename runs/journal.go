@@ -2,6 +2,7 @@ package runs
 
 import (
 	"context"
+	"math"
 	"errors"
 	"runtime"
 	"time"
@@ -206,12 +207,27 @@ func (c runClock) Sleep(ctx context.Context, d time.Duration) error {
 // Each store bounds its own calls (JetStream's have the client's default
 // timeout, and are made again through an outage for up to its
 // WriteRetry), so flush gives them no deadline (writeContext).
-func (r *run) flush() {
+func (r *run) flush() { r.flushThrough(math.MaxInt64) }
+
+// flushThrough is flush of the pending events up to seq last only (and
+// no state: the rest's is saved after the rest). Start writes run_started
+// alone with it when the run's control has not written it (a call waiting
+// for a guard: its attempt_started is written with the call, so that a
+// server that stops meanwhile leaves no trace of a call never sent).
+func (r *run) flushThrough(last int64) {
 	r.flushMu.Lock()
 	defer r.flushMu.Unlock()
 	r.mu.Lock()
 	evs, state, status := r.pending, r.pendingState, r.pendingStatus
 	r.pending, r.pendingState = nil, nil
+	if n := len(evs); n > 0 && evs[n-1].Seq > last {
+		k := 0
+		for k < n && evs[k].Seq <= last {
+			k++
+		}
+		r.pending, r.pendingState = evs[k:], state
+		evs, state = evs[:k], nil
+	}
 	r.writing = len(evs)
 	if r.lost || len(evs) == 0 {
 		r.writing = 0
@@ -220,10 +236,23 @@ func (r *run) flush() {
 	}
 	r.mu.Unlock()
 
+	if r.claimer != "" {
+		defer func() {
+			r.mu.Lock()
+			r.firstWrittenLocked()
+			r.mu.Unlock()
+		}()
+	}
 	if r.mayWrite != nil && !r.mayWrite(r) {
 		return // taken over while this server's lease had lapsed: lost
 	}
-	if err := r.store.Append(writeContext{r}, evs...); err != nil {
+	err := r.store.Append(writeContext{r}, evs...)
+	if r.claimer != "" && err == nil && evs[0].Seq == 1 {
+		r.mu.Lock()
+		r.firstLanded = true
+		r.mu.Unlock()
+	}
+	if err != nil {
 		var refused *RefusedError
 		if errors.As(err, &refused) && r.endRefused(evs, refused) {
 			return
@@ -296,6 +325,8 @@ func (c writeContext) Value(key any) any {
 	case cursorKey{}:
 		// Read and moved by the store's Append, under flushMu.
 		return &c.r.cursor
+	case claimKey{}:
+		return c.r.claimer
 	}
 	return nil
 }

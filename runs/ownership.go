@@ -132,13 +132,9 @@ func gone(seen, live map[string]bool) bool {
 // after next would not look again.
 func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) {
 	clean = true
-	type orphan struct{ run, owner string }
 	var orphans []orphan
 	alive := map[string]bool{m.owner: true}
-	err := m.store.Owners(m.ctx, func(runID, owner string) bool {
-		if owner == m.owner {
-			return true
-		}
+	dead := func(owner string) bool {
 		isLive, seen := alive[owner]
 		if !seen && !sole {
 			ok, err := m.store.Alive(m.ctx, owner)
@@ -148,7 +144,10 @@ func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) 
 			}
 			alive[owner] = isLive
 		}
-		if sole || !isLive {
+		return owner != m.owner && (sole || !isLive)
+	}
+	err := m.store.Owners(m.ctx, func(runID, owner string) bool {
+		if dead(owner) {
 			orphans = append(orphans, orphan{runID, owner})
 		}
 		return m.ctx.Err() == nil
@@ -157,6 +156,28 @@ func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) 
 		clean = false
 		if m.ctx.Err() == nil {
 			m.log.Warn("listing run owners", "err", err)
+		}
+	}
+	// The runs dead servers claimed in their journals, without owners
+	// entries (claims.go): found from their marks, which go once all
+	// their runs are taken over.
+	var marks map[string]markRev
+	if jc, ok := m.store.(journalClaims); ok && m.ctx.Err() == nil {
+		var found []orphan
+		if marks, found, err = m.journalOrphans(jc, dead); err != nil {
+			clean, marks = false, nil
+			if m.ctx.Err() == nil {
+				m.log.Warn("looking for the runs of dead servers in their journals", "err", err)
+			}
+		}
+		listed := make(map[string]bool, len(orphans))
+		for _, o := range orphans {
+			listed[o.run] = true
+		}
+		for _, o := range found {
+			if !listed[o.run] {
+				orphans = append(orphans, o)
+			}
 		}
 	}
 	// Taken over takeoverWorkers at a time: each is a few store round
@@ -183,8 +204,52 @@ func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) 
 		})
 	}
 	wg.Wait()
-	return clean && !canceled && !failed.Load()
+	if canceled || failed.Load() {
+		return false
+	}
+	if jc, ok := m.store.(journalClaims); ok {
+		for owner, mr := range marks {
+			if err := jc.dropMark(m.ctx, owner, mr.rev); err != nil {
+				clean = false
+				m.log.Warn("dropping the mark of a server whose runs were taken over", "dead_owner", owner, "err", err)
+			}
+		}
+	}
+	return clean
 }
+
+// markRev is a server's mark and the revision it was read at.
+type markRev struct{ mark, rev uint64 }
+
+// journalOrphans returns the marks of the servers dead says are dead, and
+// the runs they claimed in their journals after them that have neither
+// ended nor an owners entry.
+func (m *Manager) journalOrphans(jc journalClaims, dead func(owner string) bool) (map[string]markRev, []orphan, error) {
+	marks := map[string]markRev{}
+	err := jc.claimMarks(m.ctx, func(owner string, mark, rev uint64) {
+		if dead(owner) {
+			marks[owner] = markRev{mark, rev}
+		}
+	})
+	if err != nil || len(marks) == 0 {
+		return nil, nil, err
+	}
+	from := make(map[string]uint64, len(marks))
+	for owner, mr := range marks {
+		from[owner] = mr.mark
+	}
+	var found []orphan
+	err = jc.journalOrphans(m.ctx, from, func(runID, owner string) {
+		found = append(found, orphan{runID, owner})
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return marks, found, nil
+}
+
+// orphan is a run whose driver is dead.
+type orphan struct{ run, owner string }
 
 // takeoverWorkers bounds the runs a scan takes over at once.
 const takeoverWorkers = 16

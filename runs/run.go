@@ -108,6 +108,14 @@ type run struct {
 	base     *stubbornv1.ControlState
 	maxEvent int
 	clock    controls.Clock
+	// claimer, for a new run claimed by its journal's first write
+	// (claims.go), is this server's name; firstDone is closed once that
+	// write was made (firstLanded says it landed) or the run was lost
+	// first. Set before the run's first flush; firstDone and firstLanded
+	// are guarded by mu after.
+	claimer     string
+	firstDone   chan struct{}
+	firstLanded bool
 	// saveEnd says the run's final state must be saved: the store does
 	// not read it from the journal (finalInJournal), or the run saved
 	// a state before (the saved one would hide the journal's), or this
@@ -275,6 +283,7 @@ func (r *run) loseLocked() {
 		return
 	}
 	r.lost = true
+	r.firstWrittenLocked()
 	if r.observe != nil && !r.done {
 		r.observe(nil) // this server stops driving the run without run_finished
 	}
@@ -282,6 +291,15 @@ func (r *run) loseLocked() {
 		close(r.ended)
 	}
 	r.wakeLocked()
+}
+
+// firstWrittenLocked says the run's first write was made, or will not
+// be (claimer). Callers hold r.mu.
+func (r *run) firstWrittenLocked() {
+	if r.firstDone != nil {
+		close(r.firstDone)
+		r.firstDone = nil
+	}
 }
 
 // journalCap is the in-memory journal's first capacity: a run with one or

@@ -100,14 +100,26 @@ func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.
 		runCtx, r.observe = m.cfg.Observer.ObserveRun(runCtx, ctx, state, false)
 	}
 	// The run is accepted once it has a driver and its state is saved, in
-	// one write (the claim carries the state): a server that takes it over
-	// then (this one stalled past its lease, or stopped) resumes it from
-	// that state, and its first write fences this one out. run_started is
-	// recorded before Start returns, and written with the events that
-	// follow it, before the run's first call (record).
-	data, err := proto.Marshal(state)
-	if err == nil {
-		err = m.store.Claim(ctx, id, m.owner, data)
+	// one write: its journal's first (run_started carries the state; the
+	// store's claims.go), or, on a store that claims runs apart (Memory,
+	// JetStream with ClaimInOwners), the claim, which carries the state,
+	// and run_started is written with the events that follow it, before
+	// the run's first call (record). A server that takes the run over then
+	// (this one stalled past its lease, or stopped) resumes it from that
+	// state, and its first write fences this one out.
+	jc, inJournal := m.store.(journalClaims)
+	inJournal = inJournal && jc.claimsInJournal()
+	if inJournal {
+		// Claimed by its journal's first write (claims.go), made by
+		// the run's own flush before its first call, which Start waits
+		// for below.
+		r.claimer, r.firstDone = m.owner, make(chan struct{})
+	} else {
+		var data []byte
+		data, err = proto.Marshal(state)
+		if err == nil {
+			err = m.store.Claim(ctx, id, m.owner, data)
+		}
 	}
 	if err != nil {
 		m.forget(r)
@@ -144,8 +156,50 @@ func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.
 	accepted := constantPart(state)
 	accepted.Status = state.GetStatus()
 	accepted.UpdateTime = state.GetUpdateTime()
+	first := r.firstDone
 	m.workers.run(func() { m.drive(runCtx, r, tr, state, false, "") })
+	if inJournal {
+		if err := m.awaitClaim(r, first); err != nil {
+			return nil, err
+		}
+	}
 	return accepted, nil
+}
+
+// firstWriteWait is how long Start waits for a run claimed in its journal
+// to make its first write itself (before its first call, with the events
+// that follow run_started: one write for both) before it writes
+// run_started alone: a run whose control waits first (a call queued by a
+// guard) is accepted without waiting for it.
+const firstWriteWait = 10 * time.Millisecond
+
+// awaitClaim waits for the first write of r, a new run claimed by it
+// (first is r's firstDone), and returns why the run is not accepted.
+func (m *Manager) awaitClaim(r *run, first <-chan struct{}) error {
+	t := time.NewTimer(firstWriteWait)
+	select {
+	case <-first:
+		t.Stop()
+	case <-t.C:
+		r.flushThrough(1) // run_started alone
+		<-first
+	}
+	r.mu.Lock()
+	landed, err := r.firstLanded, r.lostErr
+	r.mu.Unlock()
+	if landed {
+		return nil
+	}
+	if err == nil {
+		return ErrClosed // let go of before its first write: this server closes
+	}
+	if transient(err) || errors.Is(err, ErrConflict) {
+		// It may have landed all the same (its answer was lost): then
+		// the run exists, a StartRun with its idempotency key finds it,
+		// and it is driven again a lease later (lostHere, from flush).
+		return fmt.Errorf("%w: %w: recording it: %v", ErrUnavailable, errMaybeStarted, err)
+	}
+	return fmt.Errorf("recording the run: %w", err)
 }
 
 // track gives run r its tracker, of state replaying journal.
@@ -182,10 +236,13 @@ func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
 	failed.StatusReasonCode = stubbornv1.StatusReason_STATUS_REASON_NOT_RECORDED
 	failed.EndTime = timestamppb.New(m.cfg.Clock.Now())
 	data, err := proto.Marshal(failed)
-	if err == nil {
+	if r.claimer != "" {
+		data, err = nil, nil // never claimed: nothing was written
+	}
+	if err == nil && data != nil {
 		err = m.store.PutState(m.letGo, r.id, data)
 	}
-	if err == nil {
+	if err == nil && data != nil {
 		err = m.store.Release(m.letGo, r.id)
 	}
 	if err != nil {

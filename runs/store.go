@@ -173,6 +173,24 @@ type finalInJournal interface {
 	finalInJournal() bool
 }
 
+// journalClaims is a Store that may claim a new run with its journal's
+// first write, and let go of it with its last, rather than with an
+// owners entry of its own (claims.go): it says whether it does, keeps a
+// mark of each server's claims without owners entries, and finds a dead
+// server's runs from its mark.
+type journalClaims interface {
+	Store
+	claimsInJournal() bool
+	// claimMarks calls fn with every server's mark and its revision.
+	claimMarks(ctx context.Context, fn func(owner string, mark, rev uint64)) error
+	// journalOrphans calls fn with each run claimed in its journal, after
+	// its server's mark, by a server of marks, that has neither ended nor
+	// an owners entry.
+	journalOrphans(ctx context.Context, marks map[string]uint64, fn func(runID, owner string)) error
+	// dropMark deletes owner's mark if it is still at revision rev.
+	dropMark(ctx context.Context, owner string, rev uint64) error
+}
+
 // admission is a Store that may have no room for a new run: admit
 // returns ErrStoreFull then, and Manager.Start refuses the run before it
 // claims it. size is the size of the run's encoded state.

@@ -308,8 +308,12 @@ func TestClosingStopsAWriteBeingMadeAgain(t *testing.T) {
 	m, err := New(Config{Store: s, Delegates: d, Clock: controlstest.NewClock(), Owner: "me", Lease: time.Hour})
 	require.NoError(t, err)
 	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a"}}}}
-	_, err = m.Start(context.Background(), "brief", spec, nil)
-	require.NoError(t, err)
+	// The run's first write is its claim (claims.go): Start waits for it.
+	started := make(chan error, 1)
+	go func() {
+		_, err := m.Start(context.Background(), "brief", spec, nil)
+		started <- err
+	}()
 	require.Eventually(t, func() bool { return pubs.count() >= 2 }, 10*time.Second, time.Millisecond, "the first write is being made again")
 	closed := make(chan struct{})
 	go func() {
@@ -320,6 +324,13 @@ func TestClosingStopsAWriteBeingMadeAgain(t *testing.T) {
 	case <-closed:
 	case <-time.After(30 * time.Second):
 		t.Fatal("Close waits for a write that is made again for an hour")
+	}
+	select {
+	case err := <-started:
+		require.Error(t, err, "a run whose claim was never written is not accepted")
+		assert.ErrorIs(t, err, ErrUnavailable)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Start waits for a write that is made again for an hour")
 	}
 	assert.Empty(t, d.Calls(), "nothing called: the run's first events were never written")
 }

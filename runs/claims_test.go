@@ -1,0 +1,230 @@
+package runs_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/controls/controlstest"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs"
+)
+
+// openJetStreams starts an embedded NATS server and returns a function
+// that opens a store on it with cfg, each with a connection of its own as
+// each server has.
+func openJetStreams(t *testing.T) func(cfg runs.JetStreamConfig) runs.Store {
+	t.Helper()
+	e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	return func(cfg runs.JetStreamConfig) runs.Store {
+		nc, err := nats.Connect("", nats.InProcessServer(e.Server))
+		require.NoError(t, err)
+		s, err := runs.NewJetStream(ctxFor(t), nc, cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+}
+
+// publishes counts the messages published on the NATS server of store s
+// (a *JetStream) whose subject names a run, by subject.
+type publishes struct {
+	mu       sync.Mutex
+	subjects []string
+}
+
+func countPublishes(t *testing.T, nc *nats.Conn) *publishes {
+	t.Helper()
+	p := &publishes{}
+	for _, subject := range []string{"stubborn.events.>", "$KV.>"} {
+		sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+			p.mu.Lock()
+			p.subjects = append(p.subjects, m.Subject)
+			p.mu.Unlock()
+		})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+	}
+	require.NoError(t, nc.Flush())
+	return p
+}
+
+// of returns how many messages were published on subjects that start
+// with prefix and name run id.
+func (p *publishes) of(prefix, id string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, s := range p.subjects {
+		if strings.HasPrefix(s, prefix) && strings.Contains(s, id) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestAOneAttemptRunIsTwoJournalWrites: a run that calls one delegate once
+// is claimed by its journal's first write and let go of by its last: two
+// journal messages, no owners entry, no saved state (issue 32). With
+// ClaimInOwners (a rolling upgrade from the layout before) it claims and
+// releases an owners entry as that layout did.
+func TestAOneAttemptRunIsTwoJournalWrites(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		inOwners bool
+		owners   int
+	}{
+		{"claimed in its journal", false, 0},
+		{"claimed in the owners bucket", true, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
+			require.NoError(t, err)
+			t.Cleanup(e.Close)
+			watch, err := nats.Connect("", nats.InProcessServer(e.Server))
+			require.NoError(t, err)
+			t.Cleanup(watch.Close)
+			nc, err := nats.Connect("", nats.InProcessServer(e.Server))
+			require.NoError(t, err)
+			store, err := runs.NewJetStream(ctxFor(t), nc, runs.JetStreamConfig{ClaimInOwners: tc.inOwners})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = store.Close() })
+			pubs := countPublishes(t, watch)
+			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": {controlstest.OK("fine")}})
+			m := newManager(t, d, runs.Config{Store: store, Owner: "a"})
+
+			st, err := m.Start(ctxFor(t), "x", retrySpec(1), nil)
+			require.NoError(t, err)
+			id := st.GetRunId()
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, m, id, 0)).GetStatus())
+			require.Eventually(t, func() bool { return pubs.of("$KV.stubborn_index.", id) == 1 }, 10*time.Second, 5*time.Millisecond,
+				"the listing index is written once, off the run's path")
+			require.NoError(t, watch.Flush())
+			time.Sleep(50 * time.Millisecond) // a release written after the end would be seen by now
+			assert.Equal(t, 2, pubs.of("stubborn.events.", id), "journal writes: before the call and after it")
+			assert.Equal(t, tc.owners, pubs.of("$KV.stubborn_owners.", id), "owners bucket writes")
+			assert.Zero(t, pubs.of("$KV.stubborn_runs.", id), "no state saved: the journal has it")
+
+			got, err := m.Get(ctxFor(t), id)
+			require.NoError(t, err)
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, got.GetStatus())
+			driver, err := runs.DriverForTest(ctxFor(t), store, id)
+			require.NoError(t, err)
+			assert.Empty(t, driver, "a finished run has no driver")
+		})
+	}
+}
+
+// TestARunClaimedInItsJournalIsTakenOver: a server dies while a run it
+// claimed in its journal (no owners entry yet) is calling; another finds
+// the run from the dead server's mark, drives it to its end, and drops
+// the mark. Meanwhile any server reads the run's driver and state from its
+// journal.
+func TestARunClaimedInItsJournalIsTakenOver(t *testing.T) {
+	const lease = time.Second
+	open := openJetStreams(t)
+	g := newGated(controls.DelegateInfo{Idempotent: true})
+	aStore := open(runs.JetStreamConfig{Lease: lease})
+	a, err := runs.New(runs.Config{Delegates: g, Store: aStore, Lease: lease, Owner: "a"})
+	require.NoError(t, err)
+	bStore := open(runs.JetStreamConfig{Lease: lease})
+	b := newManager(t, g, runs.Config{Store: bStore, Lease: lease, Owner: "b"})
+
+	st, err := a.Start(ctxFor(t), "x", retrySpec(2), nil)
+	require.NoError(t, err)
+	id := st.GetRunId()
+	require.Eventually(t, func() bool { return g.called("x") == 1 }, 10*time.Second, time.Millisecond)
+	owner, err := runs.OwnersEntryForTest(ctxFor(t), bStore, id)
+	require.NoError(t, err)
+	require.Empty(t, owner, "claimed in its journal: no owners entry within the claim delay")
+	driver, err := runs.DriverForTest(ctxFor(t), bStore, id)
+	require.NoError(t, err)
+	assert.Equal(t, "a", driver, "the journal's claim names the driver")
+	got, err := b.Get(ctxFor(t), id)
+	require.NoError(t, err, "another server reads the state from run_started")
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, got.GetStatus())
+	marked, err := runs.HasMarkForTest(ctxFor(t), bStore, "a")
+	require.NoError(t, err)
+	require.True(t, marked, "a server keeps a mark")
+
+	a.Kill()
+	require.Eventually(t, func() bool { return b.Owns(id) }, 10*time.Second, 5*time.Millisecond, "b takes the run over from a's mark")
+	g.answer("x", controlstest.OK("fine"))
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, b, id, 0)).GetStatus())
+	require.Eventually(t, func() bool {
+		marked, err := runs.HasMarkForTest(ctxFor(t), bStore, "a")
+		return err == nil && !marked
+	}, 10*time.Second, 5*time.Millisecond, "a's mark goes once its runs are taken over")
+	require.Eventually(t, func() bool {
+		owner, err := runs.OwnersEntryForTest(ctxFor(t), bStore, id)
+		return err == nil && owner == ""
+	}, 10*time.Second, 5*time.Millisecond, "the owners entry of the takeover is released at the end")
+}
+
+// TestALongRunGetsAnOwnersEntry: a run that goes on past the claim delay
+// (the lease) gets an owners entry from its server, off its path, and it
+// is released at the run's end.
+func TestALongRunGetsAnOwnersEntry(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	open := openJetStreams(t)
+	g := newGated(controls.DelegateInfo{Idempotent: true})
+	store := open(runs.JetStreamConfig{Lease: lease})
+	m := newManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "a"})
+	st, err := m.Start(ctxFor(t), "x", retrySpec(1), nil)
+	require.NoError(t, err)
+	id := st.GetRunId()
+	require.Eventually(t, func() bool {
+		owner, err := runs.OwnersEntryForTest(ctxFor(t), store, id)
+		return err == nil && owner == "a"
+	}, 10*time.Second, 5*time.Millisecond, "an owners entry once the run outlives the claim delay")
+	g.answer("x", controlstest.OK("fine"))
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, m, id, 0)).GetStatus())
+	require.Eventually(t, func() bool {
+		owner, err := runs.OwnersEntryForTest(ctxFor(t), store, id)
+		return err == nil && owner == ""
+	}, 10*time.Second, 5*time.Millisecond, "released at the end")
+}
+
+// TestTheLayoutBeforeIsTakenOver: the upgrade path. A server of the layout
+// before (every run claimed with an owners entry: ClaimInOwners) dies with
+// a run in flight; a server of the new layout takes it over and ends it,
+// and the run it starts itself is claimed in its journal.
+func TestTheLayoutBeforeIsTakenOver(t *testing.T) {
+	const lease = time.Second
+	open := openJetStreams(t)
+	g := newGated(controls.DelegateInfo{Idempotent: true})
+	oldStore := open(runs.JetStreamConfig{Lease: lease, ClaimInOwners: true})
+	old, err := runs.New(runs.Config{Delegates: g, Store: oldStore, Lease: lease, Owner: "old"})
+	require.NoError(t, err)
+	st, err := old.Start(ctxFor(t), "x", retrySpec(2), nil)
+	require.NoError(t, err)
+	id := st.GetRunId()
+	owner, err := runs.OwnersEntryForTest(ctxFor(t), oldStore, id)
+	require.NoError(t, err)
+	require.Equal(t, "old", owner, "the layout before: claimed in the owners bucket")
+	require.Eventually(t, func() bool { return g.called("x") == 1 }, 10*time.Second, time.Millisecond)
+	old.Kill()
+
+	store := open(runs.JetStreamConfig{Lease: lease})
+	m := newManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "new"})
+	require.Eventually(t, func() bool { return m.Owns(id) }, 10*time.Second, 5*time.Millisecond)
+	g.answer("x", controlstest.OK("fine"))
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, m, id, 0)).GetStatus())
+
+	g.answer("y", controlstest.OK("fine"))
+	st, err = m.Start(ctxFor(t), "y", retrySpec(1), nil)
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, m, st.GetRunId(), 0)).GetStatus())
+	owner, err = runs.OwnersEntryForTest(context.Background(), store, st.GetRunId())
+	require.NoError(t, err)
+	assert.Empty(t, owner, "the new layout's run has no owners entry")
+}
