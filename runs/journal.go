@@ -2,8 +2,8 @@ package runs
 
 import (
 	"context"
-	"math"
 	"errors"
+	"math"
 	"runtime"
 	"time"
 
