@@ -73,13 +73,12 @@ const (
 	claimUncertain
 	// claimWriting: the owners entry is being written.
 	claimWriting
-	// claimWritten: the run has an owners entry.
-	claimWritten
 )
 
 // claim is a run this store claimed in its journal, until it is released.
 type claim struct {
 	owner string
+	runState []byte // run_started's state, for the owners entry
 	// floor is the highest stream sequence this store had seen written
 	// when the first write was sent: that write's sequence is above it.
 	floor uint64
@@ -100,13 +99,34 @@ type claims struct {
 	// floor at or above it.
 	acked atomic.Uint64
 	delay time.Duration
+	// bytes sums the claims' states: those of the runs in flight here
+	// that the owners bucket does not hold (janitor.go's used).
+	bytes atomic.Int64
 }
 
-// begin notes the first write of run runID, claimed by owner, as sent.
-func (c *claims) begin(runID, owner string) {
+// begin notes the first write of run runID, claimed by owner, as sent;
+// state is the run's, as run_started has it.
+func (c *claims) begin(runID, owner string, state []byte) {
 	c.mu.Lock()
-	c.runs[runID] = &claim{owner: owner, floor: c.acked.Load()}
+	c.forgetLocked(runID)
+	c.runs[runID] = &claim{owner: owner, floor: c.acked.Load(), runState: state}
+	c.bytes.Add(int64(len(state)))
 	c.mu.Unlock()
+}
+
+// forget drops run runID's claim: it has an owners entry now.
+func (c *claims) forget(runID string) {
+	c.mu.Lock()
+	c.forgetLocked(runID)
+	c.mu.Unlock()
+}
+
+// forget drops run runID's claim. Callers hold mu.
+func (c *claims) forgetLocked(runID string) {
+	if cl := c.runs[runID]; cl != nil {
+		c.bytes.Add(-int64(len(cl.runState)))
+		delete(c.runs, runID)
+	}
 }
 
 // sent notes how the first write of run runID ended.
@@ -143,7 +163,7 @@ func (c *claims) mark(owner string) uint64 {
 	defer c.mu.Unlock()
 	h := c.acked.Load()
 	for _, cl := range c.runs {
-		if cl.owner == owner && cl.state != claimWritten {
+		if cl.owner == owner {
 			h = min(h, cl.floor)
 		}
 	}
@@ -157,17 +177,13 @@ func (c *claims) release(runID string) (purge bool) {
 	defer c.mu.Unlock()
 	cl := c.runs[runID]
 	if cl == nil {
-		return true // not claimed here: an owners entry
+		return true // not claimed here, or its owners entry was written
 	}
-	switch cl.state {
-	case claimWriting:
-		cl.released = true
+	if cl.state == claimWriting {
+		cl.released = true // deleted once written (writeClaim)
 		return false
-	case claimWritten:
-		delete(c.runs, runID)
-		return true
 	}
-	delete(c.runs, runID)
+	c.forgetLocked(runID)
 	return false // its journal ends with run_finished: that is its release
 }
 
@@ -347,7 +363,7 @@ func (s *JetStream) takeOverClaim(ctx context.Context, runID, from, owner string
 	if claimer != from {
 		return false, fmt.Errorf("%w: run %s is claimed by %q", ErrConflict, runID, claimer)
 	}
-	_, err = s.owners.Create(ctx, runID, journalEntry(owner))
+	_, err = s.owners.Create(ctx, runID, journalEntry(owner, nil))
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return true, nil
 	}
@@ -410,7 +426,7 @@ func (s *JetStream) writeClaim(ctx context.Context, runID string) {
 	}
 	uncertain := cl.state == claimUncertain
 	cl.state = claimWriting
-	owner := cl.owner
+	owner, runState := cl.owner, cl.runState
 	s.claims.mu.Unlock()
 
 	settle := func(state claimState) {
@@ -420,7 +436,7 @@ func (s *JetStream) writeClaim(ctx context.Context, runID string) {
 	}
 	drop := func() {
 		s.claims.mu.Lock()
-		delete(s.claims.runs, runID)
+		s.claims.forgetLocked(runID)
 		s.claims.mu.Unlock()
 	}
 	if uncertain {
@@ -434,7 +450,7 @@ func (s *JetStream) writeClaim(ctx context.Context, runID string) {
 			return
 		}
 	}
-	entry := journalEntry(owner)
+	entry := journalEntry(owner, runState)
 	err := s.write(ctx, func(ctx context.Context) error {
 		_, err := s.owners.Create(ctx, runID, entry)
 		return err
@@ -451,12 +467,12 @@ func (s *JetStream) writeClaim(ctx context.Context, runID string) {
 	case err != nil:
 		settle(claimPending) // tried again
 	default:
+		// Written: the owners entry names the driver now, and Release
+		// deletes it.
 		s.claims.mu.Lock()
 		released := cl.released
-		if released {
-			delete(s.claims.runs, runID)
-		} else {
-			cl.state = claimWritten
+		if s.claims.runs[runID] == cl {
+			s.claims.forgetLocked(runID)
 		}
 		s.claims.mu.Unlock()
 		if released {

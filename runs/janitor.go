@@ -45,7 +45,8 @@ import (
 // How full the store is (used) counts what runs in flight have yet to
 // write: the events stream's bytes, plus inFlightFactor times the owners
 // bucket's, which holds the state of every run in flight as it was
-// accepted. New runs are admitted (admit) while used, plus what the new
+// accepted, and the sizes of the runs claimed here in their journals
+// (claims.go). New runs are admitted (admit) while used, plus what the new
 // run adds to it, stays below admitBelow of MaxBytes. Beyond, admission
 // makes room itself (makeRoom): it purges the finished runs that ended
 // first, on the spot, until the new run fits with room to spare, and only
@@ -518,7 +519,11 @@ func (s *JetStream) readUsed(ctx context.Context) (used, perRun int64, err error
 	if err != nil {
 		return 0, 0, err
 	}
-	used = int64(events.State.Bytes + inFlightFactor*owners.State.Bytes)
+	// The runs in flight here that are claimed in their journals have no
+	// owners entry yet (claims.go): counted by their run_started's size.
+	// (Another replica's such runs are not: the top tenth of MaxBytes is
+	// room for them.)
+	used = int64(events.State.Bytes) + inFlightFactor*(int64(owners.State.Bytes)+s.claims.bytes.Load())
 	return used, int64(events.State.Bytes / max(events.State.NumSubjects, 1)), nil
 }
 

@@ -360,7 +360,7 @@ func (s *JetStream) publish(ctx context.Context, evs []Event) error {
 			msg.Header = nats.Header{}
 		}
 		msg.Header[claimHeader] = []string{claimer}
-		s.claims.begin(runID, claimer)
+		s.claims.begin(runID, claimer, evs[0].state())
 	}
 	id := msgID(runID, evs[0].Seq, msg.Data)
 	var seq uint64

@@ -200,12 +200,12 @@ func ownerEntry(owner string, state []byte) []byte {
 
 // journalMark starts an owners entry written for a run claimed in its
 // journal (claims.go), after its first journal write: the driver's name
-// as after ownerMark, and no state.
+// and the run's state as after ownerMark.
 const journalMark = 1
 
 // journalEntry encodes the owners entry of a run claimed in its journal.
-func journalEntry(owner string) []byte {
-	b := ownerEntry(owner, nil)
+func journalEntry(owner string, state []byte) []byte {
+	b := ownerEntry(owner, state)
 	b[0] = journalMark
 	return b
 }
@@ -375,8 +375,12 @@ func (s *JetStream) TakeOver(ctx context.Context, runID, from, owner string) err
 	e, err := s.owners.Get(ctx, runID)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		exists, err := s.takeOverClaim(ctx, runID, from, owner)
-		if err != nil || !exists {
+		if err != nil {
 			return err
+		}
+		if !exists {
+			s.claims.forget(runID) // its owners entry names its driver now
+			return nil
 		}
 		// Written meanwhile, by from's claim writer or another server.
 		e, err = s.owners.Get(ctx, runID)
@@ -390,11 +394,12 @@ func (s *JetStream) TakeOver(ctx context.Context, runID, from, owner string) err
 	}
 	entry := ownerEntry(owner, state)
 	if claimEntry(e.Value()) {
-		entry = journalEntry(owner)
+		entry = journalEntry(owner, state)
 	}
 	if _, err := s.owners.Update(ctx, runID, entry, e.Revision()); err != nil {
 		return fmt.Errorf("%w: %v", ErrConflict, err)
 	}
+	s.claims.forget(runID) // its owners entry names its driver now
 	return nil
 }
 

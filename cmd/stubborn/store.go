@@ -28,6 +28,8 @@ type storeFlags struct {
 	maxRuns    int
 	saveFinal  bool
 	writeRetry time.Duration
+	// claimInOwners is runs.JetStreamConfig.ClaimInOwners.
+	claimInOwners bool
 }
 
 func (f *storeFlags) register(fs *flag.FlagSet) {
@@ -44,6 +46,7 @@ func (f *storeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxRuns, "max-runs", runs.DefaultMemoryRuns, "with -memory: how many finished runs are kept; the oldest go first (runs in flight are never removed)")
 	fs.DurationVar(&f.writeRetry, "write-retry", 0, "how long a run's store write that failed for a reason that may pass (a timeout, a NATS leader election or restart) is made again before the run is given up on this replica; 0 means the lease, negative no retry")
 	fs.BoolVar(&f.saveFinal, "save-final-states", false, "save every run's final state in the states bucket too (while replicas older than 2026-11-30 share the store: they read a finished run there only)")
+	fs.BoolVar(&f.claimInOwners, "claim-in-owners", false, "claim every run with an entry in the owners bucket and release it at the run's end, two writes a run more (while replicas older than 2026-12-02 share the store: they find a dead replica's runs there only)")
 }
 
 // open connects the store. The storeWatch carries the state of its NATS
@@ -65,7 +68,7 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 		rc.Store, rc.CancelOnClose = m, true
 		return rc, w, func() {}, nil
 	}
-	js := runs.JetStreamConfig{Replicas: f.replicas, Retention: f.retention, MaxBytes: f.maxBytes, Lease: f.lease, SaveFinalStates: f.saveFinal, WriteRetry: f.writeRetry, KeyWindow: f.keyWindow, Logger: logger}
+	js := runs.JetStreamConfig{Replicas: f.replicas, Retention: f.retention, MaxBytes: f.maxBytes, Lease: f.lease, SaveFinalStates: f.saveFinal, ClaimInOwners: f.claimInOwners, WriteRetry: f.writeRetry, KeyWindow: f.keyWindow, Logger: logger}
 	var (
 		nc      *nats.Conn
 		closeNS = func() {}
