@@ -77,7 +77,7 @@ const (
 
 // claim is a run this store claimed in its journal, until it is released.
 type claim struct {
-	owner string
+	owner    string
 	runState []byte // run_started's state, for the owners entry
 	// floor is the highest stream sequence this store had seen written
 	// when the first write was sent: that write's sequence is above it.
