@@ -227,10 +227,10 @@ func (c *natsCluster) owners(ctx context.Context) (map[string]string, error) {
 }
 
 // ownerOf decodes an owners entry's name (runs/jetstream_kv.go
-// ownerEntry: a 0 byte, the name's length as a uvarint, the name, then the
-// run's state).
+// ownerEntry: a 0 byte — 1 for a run claimed in its journal first —, the
+// name's length as a uvarint, the name, then the run's state).
 func ownerOf(v []byte) string {
-	if len(v) == 0 || v[0] != 0 {
+	if len(v) == 0 || v[0] != 0 && v[0] != 1 {
 		return string(v)
 	}
 	n, k := binary.Uvarint(v[1:])
@@ -280,6 +280,30 @@ func (c *natsCluster) rawJournal(ctx context.Context, run string) ([]storedEvent
 		seq = m.Sequence + 1
 	}
 	return out, errors.New("journal longer than 10000 messages")
+}
+
+// journalClaim returns the replica the first message of run's journal
+// claims it for ("" when none), and whether its journal ends with
+// run_finished.
+func (c *natsCluster) journalClaim(ctx context.Context, run string) (claimer string, ended bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	s, err := c.js.Stream(ctx, "STUBBORN_EVENTS")
+	if err != nil {
+		return "", false, err
+	}
+	m, err := s.GetMsg(ctx, 1, jetstream.WithGetMsgSubject("stubborn.events."+run))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	last, err := c.lastEvent(ctx, run)
+	if err != nil {
+		return "", false, err
+	}
+	return m.Header.Get("Stubborn-Claim"), last.GetRunFinished() != nil, nil
 }
 
 // lastEvent is the last event of run's journal as stored (nil: none).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -126,6 +127,9 @@ type chaos struct {
 	notes      []string // measurements, printed at the end
 	violations map[string][]string
 	general    []string
+	// ended are the runs whose journal was seen to end (drivers): they
+	// have no driver, and are not read again.
+	ended map[string]bool
 }
 
 func (c *chaos) notef(format string, args ...any) {
@@ -212,9 +216,54 @@ func (c *chaos) allRuns() []*chaosRun {
 	return slices.Clone(c.runs)
 }
 
-// ownedBy counts the runs each replica owns (the owners bucket).
+// drivers maps each run not finished to the replica that drives it: its
+// owners entry's, else its journal's claim (the first message's
+// Stubborn-Claim header: README "Runs and storage"), for the runs this
+// test started.
+func (c *chaos) drivers(ctx context.Context) (map[string]string, error) {
+	owners, err := c.nats.owners(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.ended == nil {
+		c.ended = map[string]bool{}
+	}
+	var look []string
+	for _, r := range c.runs {
+		if _, owned := owners[r.id]; !owned && !c.ended[r.id] {
+			look = append(look, r.id)
+		}
+	}
+	c.mu.Unlock()
+	for _, id := range look {
+		claimer, ended, err := c.nats.journalClaim(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case ended:
+			c.mu.Lock()
+			c.ended[id] = true
+			c.mu.Unlock()
+		case claimer != "":
+			owners[id] = claimer
+		}
+	}
+	// Owners entries written meanwhile (a takeover's) name the driver.
+	if len(look) > 0 {
+		now, err := c.nats.owners(ctx)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(owners, now)
+	}
+	return owners, nil
+}
+
+// ownedBy counts the runs each replica drives (drivers).
 func (c *chaos) ownedBy(ctx context.Context) map[int]int {
-	owners, _ := c.nats.owners(ctx)
+	owners, _ := c.drivers(ctx)
 	out := map[int]int{}
 	for _, o := range owners {
 		for _, r := range c.replicas {
@@ -729,11 +778,12 @@ var chaosScenarios = []chaosScenario{
 		old := r.owner
 		require.NoError(c.t, r.signal(syscall.SIGKILL))
 		killed := time.Now()
-		// Takeover: how long until no owners entry names the dead replica.
+		// Takeover: how long until the dead replica drives no run: no
+		// owners entry names it, nor the journal of a run that has none.
 		took := time.Duration(-1)
 		var series []string // how many runs it still owned, each second
 		for next := time.Duration(0); time.Since(killed) < 4*c.cfg.lease+10*time.Second; {
-			owners, err := c.nats.owners(ctx)
+			owners, err := c.drivers(ctx)
 			still := 0
 			for _, o := range owners {
 				if o == old {
