@@ -129,7 +129,7 @@ func TestReplicasStartedTogetherOnAFreshClusterAllServe(t *testing.T) {
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	for _, name := range []string{"KV_stubborn_owners", "KV_stubborn_heartbeats", "KV_stubborn_deleted"} {
+	for _, name := range []string{"KV_stubborn_owners", "KV_stubborn_heartbeats", "KV_stubborn_deleted", "KV_stubborn_marks"} {
 		st, err := js.Stream(ctx, name)
 		require.NoError(t, err, name)
 		assert.False(t, st.CachedInfo().Config.AllowDirect, "stream %s allows direct gets", name)
