@@ -345,6 +345,8 @@ func (s *JetStream) journalOrphans(ctx context.Context, marks map[string]uint64,
 			return err
 		}
 		if err == nil && ev.Finished {
+			// Its server may have died before its index noted the end.
+			s.indexEnd(runID, ev)
 			continue
 		}
 		fn(runID, owner)
@@ -481,4 +483,10 @@ func (s *JetStream) writeClaim(ctx context.Context, runID string) {
 			}
 		}
 	}
+}
+
+// indexEnd hands the listing index a run's end read from its journal
+// (endIndexer).
+func (s *JetStream) indexEnd(runID string, final Event) {
+	s.index.note(runID, final.state())
 }

@@ -269,8 +269,9 @@ func (x *indexer) write(ctx context.Context, tenant string, sum *stubbornv1.RunS
 		case err != nil:
 			return err
 		default:
-			if have, ok := parseIndexEntry(e.Value(), tenant); ok && newerIndexed(have, sum) {
-				return nil
+			if have, ok := parseIndexEntry(e.Value(), tenant); ok && (newerIndexed(have, sum) ||
+				have.GetStatus() == sum.GetStatus() && have.GetUpdateTime().AsTime().Equal(sum.GetUpdateTime().AsTime())) {
+				return nil // newer, or the same (an end noted again: indexEnd)
 			}
 			_, err = x.kv.Update(ctx, key, v, e.Revision())
 		}

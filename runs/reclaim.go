@@ -166,7 +166,21 @@ func (m *Manager) finishedInJournal(id string) (bool, error) {
 	if err != nil || len(evs) == 0 {
 		return false, err
 	}
-	return evs[len(evs)-1].Finished, nil
+	last := evs[len(evs)-1]
+	if ix, ok := m.store.(endIndexer); ok && last.Finished {
+		// Its last write landed although it failed here: the listing
+		// index, which this server notes after a write it saw land, has
+		// yet to learn of its end.
+		ix.indexEnd(id, last)
+	}
+	return last.Finished, nil
+}
+
+// endIndexer is a Store whose listing index learns of a run's end from the
+// store's own writes (JetStream's): indexEnd tells it of an end written by
+// a write that failed here, or by a server that died before it noted it.
+type endIndexer interface {
+	indexEnd(runID string, final Event)
 }
 
 // reclaimedLocked forgets run id, which ended here: a loss before does not
