@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -282,57 +281,23 @@ func (s *JetStream) journalOrphans(ctx context.Context, marks map[string]uint64,
 			from, first = m, false
 		}
 	}
-	info, err := s.events.Info(ctx)
-	if err != nil {
-		return err
-	}
-	last := info.State.LastSeq
-	if last <= from {
-		return nil
-	}
-	cons, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	found := map[string]string{}
+	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{eventsSubject + "*"},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    from + 1,
 		HeadersOnly:    true,
-	})
-	if err != nil {
-		return err
 	}
-	it, err := cons.Messages()
-	if err != nil {
-		return err
-	}
-	defer it.Stop()
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	found := map[string]string{}
-	if info := cons.CachedInfo(); info != nil && info.NumPending == 0 {
-		return nil // every message after the mark was purged: finished runs
-	}
-	for {
-		msg, err := it.Next(jetstream.NextMaxWait(lastEventsIdle))
-		if errors.Is(err, nats.ErrTimeout) {
-			break // nothing more stored
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return err
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return err
-		}
+	err := eachMsg(ctx, s.events, cfg, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
 		if owner := msg.Headers().Get(claimHeader); owner != "" {
 			if mark, ok := marks[owner]; ok && meta.Sequence.Stream > mark {
 				found[strings.TrimPrefix(msg.Subject(), eventsSubject)] = owner
 			}
 		}
-		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
-			break
-		}
+		return true, nil
+	})
+	if err != nil {
+		return err
 	}
 	for runID, owner := range found {
 		if _, err := s.owners.Get(ctx, runID); err == nil {
@@ -452,17 +417,7 @@ func (s *JetStream) writeClaim(ctx context.Context, runID string) {
 			return
 		}
 	}
-	entry := journalEntry(owner, runState)
-	err := s.write(ctx, func(ctx context.Context) error {
-		_, err := s.owners.Create(ctx, runID, entry)
-		return err
-	}, func(ctx context.Context) (bool, error) {
-		e, err := s.owners.Get(ctx, runID)
-		if err != nil {
-			return false, err
-		}
-		return string(e.Value()) == string(entry), nil
-	})
+	err := s.createOwner(ctx, runID, journalEntry(owner, runState))
 	switch {
 	case errors.Is(err, jetstream.ErrKeyExists):
 		drop() // taken over: the entry names its new driver

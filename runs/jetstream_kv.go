@@ -316,8 +316,20 @@ func (s *JetStream) Leave(ctx context.Context, owner string) error {
 
 // Claim creates the run's owner key, with its state.
 func (s *JetStream) Claim(ctx context.Context, runID, owner string, state []byte) error {
-	entry := ownerEntry(owner, state)
-	err := s.write(ctx, func(ctx context.Context) error {
+	err := s.createOwner(ctx, runID, ownerEntry(owner, state))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("%w: run %s already has a driver", ErrConflict, runID)
+	}
+	if err == nil {
+		s.index.note(runID, state)
+	}
+	return err
+}
+
+// createOwner creates the run's owners entry (write: made again while it
+// may pass; a try whose answer was lost counts when the entry is this one).
+func (s *JetStream) createOwner(ctx context.Context, runID string, entry []byte) error {
+	return s.write(ctx, func(ctx context.Context) error {
 		_, err := s.owners.Create(ctx, runID, entry)
 		return err
 	}, func(ctx context.Context) (bool, error) {
@@ -327,13 +339,6 @@ func (s *JetStream) Claim(ctx context.Context, runID, owner string, state []byte
 		}
 		return bytes.Equal(e.Value(), entry), nil
 	})
-	if errors.Is(err, jetstream.ErrKeyExists) {
-		return fmt.Errorf("%w: run %s already has a driver", ErrConflict, runID)
-	}
-	if err == nil {
-		s.index.note(runID, state)
-	}
-	return err
 }
 
 // Driver reads the run's owner key, else the claim of its journal until
