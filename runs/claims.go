@@ -21,9 +21,11 @@ import (
 //   - The first message of a run's journal carries claimHeader, the name
 //     of the server that accepted the run, and is published expecting the
 //     run's subject to be empty: a second writer of the same run is
-//     fenced as every later write is (publish).
+//     fenced as every later write is (publish). Every message that copy
+//     of the run writes carries it too: a journal whose first message was
+//     lost (a damaged store) still says who claimed it.
 //   - Who drives a run: its owners entry when it has one, else the claim
-//     of its journal's first message until the journal ends with
+//     of its journal's last message until the journal ends with
 //     run_finished (Driver). A run taken over gets an owners entry
 //     (TakeOver), which names its driver from then on.
 //   - A run that outlives claimDelay gets an owners entry all the same,
@@ -191,26 +193,23 @@ func (c *claims) release(runID string) (purge bool) {
 // (ClaimInOwners).
 func (s *JetStream) claimsInJournal() bool { return !s.claimInOwners }
 
-// claimed returns the claim of the run's journal: the server its first
-// message names ("" when it has none, or no journal), and whether the
-// journal ends with run_finished.
+// claimed returns the claim of the run's journal: the server its last
+// message names ("" when it has none, or no journal: every message the
+// copy that claimed it writes names it), and whether the journal ends
+// with run_finished.
 func (s *JetStream) claimed(ctx context.Context, runID string) (owner string, finished bool, err error) {
-	first, err := s.events.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(eventsSubject+runID))
+	m, err := s.events.GetLastMsgForSubject(ctx, eventsSubject+runID)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return "", false, nil
 	}
 	if err != nil {
 		return "", false, err
 	}
-	owner = first.Header.Get(claimHeader)
-	if owner == "" {
-		return "", false, nil
-	}
-	last, err := s.lastEvent(ctx, runID)
+	last, err := lastRawEvent(runID, m.Data, m.Header)
 	if err != nil {
-		return "", false, err
+		return "", false, unreadableRun(runID, err)
 	}
-	return owner, last.Finished, nil
+	return m.Header.Get(claimHeader), last.Finished, nil
 }
 
 // firstState returns the state run_started carries, from the run's first

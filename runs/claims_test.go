@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
 
 	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/controls/controlstest"
@@ -227,4 +229,46 @@ func TestTheLayoutBeforeIsTakenOver(t *testing.T) {
 	owner, err = runs.OwnersEntryForTest(context.Background(), store, st.GetRunId())
 	require.NoError(t, err)
 	assert.Empty(t, owner, "the new layout's run has no owners entry")
+}
+
+// TestAClaimedJournalThatLostItsFirstMessageIsFound: a run claimed in its
+// journal, with no owners entry and no saved state, whose first journal
+// message is lost (a damaged block) is still found when its server dies
+// (every message its copy wrote names it), and ends FAILED as
+// unrecoverable instead of staying in flight unseen.
+func TestAClaimedJournalThatLostItsFirstMessageIsFound(t *testing.T) {
+	const lease = time.Second
+	e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	g := newGated(controls.DelegateInfo{})
+	a, err := runs.New(runs.Config{Delegates: g, Store: openOn(t, e), Lease: lease, Owner: "a"})
+	require.NoError(t, err)
+	chain := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"d", "d"}}}}
+	g.answer("x", controlstest.Fail(codes.Unavailable, "down"))
+	st, err := a.Start(ctxFor(t), "x", chain, nil)
+	require.NoError(t, err)
+	id := st.GetRunId()
+	require.Eventually(t, func() bool { return g.called("x") == 2 }, 10*time.Second, time.Millisecond, "the second delegate is called")
+	a.Kill()
+
+	js, err := jetstream.New(e.Conn)
+	require.NoError(t, err)
+	stream, err := js.Stream(ctxFor(t), "STUBBORN_EVENTS")
+	require.NoError(t, err)
+	first, err := stream.GetMsg(ctxFor(t), 1, jetstream.WithGetMsgSubject("stubborn.events."+id))
+	require.NoError(t, err)
+	require.NoError(t, stream.DeleteMsg(ctxFor(t), first.Sequence))
+
+	store := openOn(t, e)
+	owner, err := runs.OwnersEntryForTest(ctxFor(t), store, id)
+	require.NoError(t, err)
+	require.Empty(t, owner, "no owners entry: only the journal says who claimed it")
+	b := newManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "b", SoleOwner: true})
+	require.Eventually(t, func() bool {
+		got, err := b.Get(ctxFor(t), id)
+		return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_FAILED &&
+			got.GetStatusReasonCode() == stubbornv1.StatusReason_STATUS_REASON_UNRECOVERABLE
+	}, 15*time.Second, 10*time.Millisecond, "the run ends FAILED, unrecoverable")
+	assert.Equal(t, 2, g.called("x"), "no delegate is called again")
 }

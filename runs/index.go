@@ -261,6 +261,15 @@ func (x *indexer) write(ctx context.Context, tenant string, sum *stubbornv1.RunS
 		return nil // nothing to index
 	}
 	key := indexKey(tenant, sum.GetRunId())
+	// Most runs are indexed once (their end, or their start and their
+	// end): created at the first try, without a read before.
+	_, err = x.kv.Create(ctx, key, v)
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		if err == nil && x.failing.CompareAndSwap(true, false) {
+			x.log.Info("run index: writing it works again")
+		}
+		return err
+	}
 	for range 3 {
 		e, err := x.kv.Get(ctx, key)
 		switch {

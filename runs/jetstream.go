@@ -350,16 +350,17 @@ func (s *JetStream) publish(ctx context.Context, evs []Event) error {
 		msg.Data = packEvents(evs)
 		msg.Header = nats.Header{eventsHeader: []string{strconv.Itoa(len(evs))}}
 	}
-	// A new run's first write is its claim (claims.go).
-	claimer := ""
-	if evs[0].Seq == 1 {
-		claimer, _ = ctx.Value(claimKey{}).(string)
-	}
+	// A new run's first write is its claim, and every write of the copy
+	// that claimed it says so (claims.go).
+	claimer, _ := ctx.Value(claimKey{}).(string)
+	claiming := claimer != "" && evs[0].Seq == 1
 	if claimer != "" {
 		if msg.Header == nil {
 			msg.Header = nats.Header{}
 		}
 		msg.Header[claimHeader] = []string{claimer}
+	}
+	if claiming {
 		s.claims.begin(runID, claimer, evs[0].state())
 	}
 	id := msgID(runID, evs[0].Seq, msg.Data)
@@ -386,7 +387,7 @@ func (s *JetStream) publish(ctx context.Context, evs []Event) error {
 		seq = m.Sequence
 		return true, nil
 	})
-	if claimer != "" {
+	if claiming {
 		s.claims.sent(runID, err == nil)
 	}
 	if err == nil {
