@@ -3,6 +3,7 @@ package runs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"runtime"
 	"time"
@@ -53,7 +54,7 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 
 	ev.RunId = r.id
 	ev.Seq = seq
-	enc, err := EncodeEvent(ev)
+	enc, err := r.encode(ev)
 	if err == nil && len(enc.Data) > r.maxEvent-eventFraming {
 		// Larger than the store's messages (or a watcher's): its texts
 		// are cut, and the run goes on.
@@ -120,6 +121,29 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		}
 	}
 }
+
+// encode encodes ev as EncodeEvent does, into the free end of the run's
+// slab: the events of a run are laid out one after the other in an array
+// or two rather than one each. An event's Data is never written again:
+// encodings go after it. Called by record, one event at a time.
+func (r *run) encode(ev *stubbornv1.RunEvent) (Event, error) {
+	if cap(r.slab) < slabMin {
+		r.slab = make([]byte, 0, slabSize)
+	}
+	data, err := proto.MarshalOptions{}.MarshalAppend(r.slab, ev)
+	if err != nil {
+		return Event{}, fmt.Errorf("encoding event %d of run %s: %w", ev.GetSeq(), ev.GetRunId(), err)
+	}
+	r.slab = data[len(data):]
+	return Event{RunID: ev.GetRunId(), Seq: ev.GetSeq(), Finished: ev.GetRunFinished() != nil, Data: data[:len(data):len(data)]}, nil
+}
+
+// A run's slab is slabSize bytes; a new one is made when less than
+// slabMin is left (a larger event grows it as append does).
+const (
+	slabSize = 1024
+	slabMin  = 128
+)
 
 // endSummary returns a run_finished like ev with a state of its own that
 // has the run's constant fields and its end, but not its result, attempt

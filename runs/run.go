@@ -108,6 +108,9 @@ type run struct {
 	base     *stubbornv1.ControlState
 	maxEvent int
 	clock    controls.Clock
+	// slab is the free end of the array the run's events are encoded in
+	// (encode); used by record only, under the tracker's lock.
+	slab []byte
 	// claimer, for a new run claimed by its journal's first write
 	// (claims.go), is this server's name; firstDone is closed once that
 	// write was made (firstLanded says it landed) or the run was lost
