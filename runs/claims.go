@@ -33,17 +33,19 @@ import (
 //     (claimWriter), and released at its end as before: so that finding
 //     the runs of a dead server does not mean reading journals written
 //     long ago.
-//   - Every server keeps a mark in the marks bucket (Beat writes it
-//     before each heartbeat): a stream sequence at or below the first
+//   - Every server keeps a mark in the marks bucket (Beat writes it with
+//     its heartbeats): a stream sequence at or below the first
 //     message of every run it claimed that has neither ended nor an
 //     owners entry yet. A server taking over a dead one's runs reads the
 //     journal messages after that mark (headers only) for that server's
 //     claims (journalOrphans), besides the owners bucket, and drops the
 //     mark when it has taken them all over.
 //   - A server whose beats stop landing stops writing a lease later
-//     (write's fence), claims included, and a heartbeat lands only after
-//     its mark did: a server that was thought dead, and whose mark was
-//     dropped, writes a mark again before it claims another run.
+//     (write's fence), claims included, and its fence moves on only once
+//     a heartbeat and its mark both landed; the mark is written whenever
+//     it changed and at least every half lease: a server that was thought
+//     dead (silent for a lease), and whose mark was dropped, writes it
+//     again before it claims another run.
 
 // claimHeader is the header of a run's first journal message that names
 // the server that accepted the run.
@@ -103,6 +105,8 @@ type claims struct {
 	// bytes sums the claims' states: those of the runs in flight here
 	// that the owners bucket does not hold (janitor.go's used).
 	bytes atomic.Int64
+	// written is the last mark Beat wrote for each server (markDue).
+	written map[string]writtenMark
 }
 
 // begin notes the first write of run runID, claimed by owner, as sent;
@@ -232,10 +236,32 @@ func (s *JetStream) firstState(ctx context.Context, runID string) ([]byte, error
 	return evs[0].state(), nil
 }
 
-// putMark writes owner's mark; Beat calls it before each heartbeat.
-func (s *JetStream) putMark(ctx context.Context, owner string) error {
-	_, err := s.marks.Put(ctx, owner, strconv.AppendUint(nil, s.claims.mark(owner), 10))
-	return err
+// markDue returns owner's mark, and whether Beat is to write it: it
+// changed since the last written, or that one was sent every or longer
+// ago.
+func (c *claims) markDue(owner string, now time.Time, every time.Duration) (uint64, bool) {
+	mark := c.mark(owner)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	last, ok := c.written[owner]
+	return mark, !ok || last.mark != mark || now.Sub(last.at) >= every
+}
+
+// markWritten notes owner's mark as written, sent at at.
+func (c *claims) markWritten(owner string, mark uint64, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.written == nil {
+		c.written = map[string]writtenMark{}
+	}
+	c.written[owner] = writtenMark{mark, at}
+}
+
+// writtenMark is the last mark Beat wrote for a server, and when it sent
+// it.
+type writtenMark struct {
+	mark uint64
+	at   time.Time
 }
 
 // claimMarks calls fn with every server's mark and its revision.

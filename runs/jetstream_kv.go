@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -270,13 +272,29 @@ const eachEntryIdle = 2 * time.Second
 // Beat creates or renews owner's heartbeat, which expires after the lease.
 func (s *JetStream) Beat(ctx context.Context, owner string) error {
 	sent := time.Now()
-	// The mark first: a heartbeat (and with it the fence of this
-	// server's writes, claims included) lands only after it (claims.go).
-	if err := s.putMark(ctx, owner); err != nil {
-		return fmt.Errorf("writing this server's mark: %w", err)
+	// This server's mark with it (claims.go), when it changed or has not
+	// been written for half a lease: the fence of this server's writes,
+	// claims included, moves on only once both landed, so a server whose
+	// mark was dropped (it was thought dead) writes it again before it
+	// claims another run. Written side by side: a beat takes the longer
+	// of the two writes, not both.
+	mark, due := s.claims.markDue(owner, sent, s.lease/2)
+	var markErr error
+	var wg sync.WaitGroup
+	if due {
+		wg.Go(func() {
+			_, markErr = s.marks.Put(ctx, owner, strconv.AppendUint(nil, mark, 10))
+		})
 	}
 	_, err := s.beats.Put(ctx, owner, []byte(sent.UTC().Format(time.RFC3339Nano)))
+	wg.Wait()
+	if err == nil && markErr != nil {
+		err = fmt.Errorf("writing this server's mark: %w", markErr)
+	}
 	if err == nil {
+		if due {
+			s.claims.markWritten(owner, mark, sent)
+		}
 		s.beatAt.Store(sent.UnixNano())
 	}
 	return err
