@@ -90,6 +90,23 @@ type claim struct {
 	// released: Release came while the owners entry was being written;
 	// the claim writer deletes it once written.
 	released bool
+	// misses counts the reads of an uncertain claim's journal that found
+	// no claim (uncertainReads).
+	misses int
+}
+
+// uncertainReads is how many reads of its journal, a claim delay apart,
+// must find nothing before an uncertain claim is taken for one never
+// written: a node that lags is not behind for that long.
+const uncertainReads = 3
+
+// stateBefore is the state a claim goes back to when its owners entry
+// could not be written now.
+func (cl *claim) stateBefore(uncertain bool) claimState {
+	if uncertain {
+		return claimUncertain
+	}
+	return claimPending
 }
 
 // claims is a JetStream store's table of its journal claims.
@@ -264,14 +281,15 @@ type writtenMark struct {
 	at   time.Time
 }
 
-// claimMarks calls fn with every server's mark and its revision.
-func (s *JetStream) claimMarks(ctx context.Context, fn func(owner string, mark, rev uint64)) error {
+// claimMarks calls fn with every server's mark, its revision and when
+// it was written.
+func (s *JetStream) claimMarks(ctx context.Context, fn func(owner string, mark, rev uint64, written time.Time)) error {
 	return eachEntry(ctx, s.marks, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
 		mark, err := strconv.ParseUint(string(e.Value()), 10, 64)
 		if err != nil {
 			mark = 0 // read every journal from the start rather than miss a run
 		}
-		fn(e.Key(), mark, e.Revision())
+		fn(e.Key(), mark, e.Revision(), e.Created())
 		return true, nil
 	})
 }
@@ -307,22 +325,56 @@ func (s *JetStream) journalOrphans(ctx context.Context, marks map[string]uint64,
 		}
 	}
 	found := map[string]string{}
-	cfg := jetstream.OrderedConsumerConfig{
+	info, err := s.events.Info(ctx)
+	if err != nil {
+		return err
+	}
+	end := info.State.LastSeq
+	if end <= from {
+		return nil
+	}
+	cons, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{eventsSubject + "*"},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    from + 1,
 		HeadersOnly:    true,
+	})
+	if err != nil {
+		return err
 	}
-	err := eachMsg(ctx, s.events, cfg, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
+		return nil // every message after the mark was purged: finished runs
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	// Read to the end, or it is an error: a read cut short (a stalled
+	// consumer) must not pass for the whole, or the mark would be dropped
+	// with runs after it unread.
+	for {
+		msg, err := it.Next(jetstream.NextMaxWait(lastEventsIdle))
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("reading the journals after the marks of dead servers: %w", err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return err
+		}
 		if owner := msg.Headers().Get(claimHeader); owner != "" {
 			if mark, ok := marks[owner]; ok && meta.Sequence.Stream > mark {
 				found[strings.TrimPrefix(msg.Subject(), eventsSubject)] = owner
 			}
 		}
-		return true, nil
-	})
-	if err != nil {
-		return err
+		if meta.Sequence.Stream >= end || meta.NumPending == 0 {
+			break
+		}
 	}
 	for runID, owner := range found {
 		if _, err := s.owners.Get(ctx, runID); err == nil {
@@ -351,6 +403,12 @@ func (s *JetStream) takeOverClaim(ctx context.Context, runID, from, owner string
 	claimer, _, err := s.claimed(ctx, runID)
 	if err != nil {
 		return false, err
+	}
+	if claimer == "" {
+		// A journal read from a node that lags may not have the run's
+		// messages yet: not a conflict, which would let the scan drop
+		// the dead server's mark; tried again at the next scan.
+		return false, fmt.Errorf("run %s: its journal names no driver (a lagging read?)", runID)
 	}
 	if claimer != from {
 		return false, fmt.Errorf("%w: run %s is claimed by %q", ErrConflict, runID, claimer)
@@ -431,18 +489,26 @@ func (s *JetStream) writeClaim(ctx context.Context, runID string) {
 		s.claims.forgetLocked(runID)
 		s.claims.mu.Unlock()
 	}
-	if uncertain {
-		claimer, _, err := s.claimed(ctx, runID)
-		switch {
-		case err != nil:
-			settle(claimUncertain) // looked at again
-			return
-		case claimer != owner:
-			drop() // never written, or not this server's
-			return
-		}
+	// The journal says whether the claim is still this server's: its
+	// first write landed (an uncertain one), and no other server took the
+	// run over and ended it meanwhile (this one stalled past its lease).
+	claimer, finished, err := s.claimed(ctx, runID)
+	switch {
+	case err != nil:
+		settle(cl.stateBefore(uncertain)) // looked at again
+		return
+	case claimer == "" && uncertain && cl.misses+1 < uncertainReads:
+		// Perhaps never written; perhaps a read from a node that lags.
+		s.claims.mu.Lock()
+		cl.misses++
+		s.claims.mu.Unlock()
+		settle(claimUncertain)
+		return
+	case claimer != owner || finished:
+		drop() // never written, taken over, or ended: nothing to claim
+		return
 	}
-	err := s.createOwner(ctx, runID, journalEntry(owner, runState))
+	err = s.createOwner(ctx, runID, journalEntry(owner, runState))
 	switch {
 	case errors.Is(err, jetstream.ErrKeyExists):
 		drop() // taken over: the entry names its new driver

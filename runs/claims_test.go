@@ -272,3 +272,16 @@ func TestAClaimedJournalThatLostItsFirstMessageIsFound(t *testing.T) {
 	}, 15*time.Second, 10*time.Millisecond, "the run ends FAILED, unrecoverable")
 	assert.Equal(t, 2, g.called("x"), "no delegate is called again")
 }
+
+// TestATakeoverThatFindsNoJournalIsNoConflict: a run listed for a dead
+// server whose journal a read does not find (a node that lags) is not
+// taken for one another server took over (ErrConflict), which would let
+// the scan drop that server's mark with the run never driven: the
+// takeover fails, and the next scan tries again.
+func TestATakeoverThatFindsNoJournalIsNoConflict(t *testing.T) {
+	open := openJetStreams(t)
+	store := open(runs.JetStreamConfig{Lease: time.Second})
+	err := store.TakeOver(ctxFor(t), "run_nojournal", "dead", "me")
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, runs.ErrConflict)
+}

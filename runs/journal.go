@@ -271,13 +271,13 @@ func (r *run) flushThrough(last int64) {
 		return // taken over while this server's lease had lapsed: lost
 	}
 	err := r.store.Append(writeContext{r}, evs...)
-	if r.claimer != "" && err == nil && evs[0].Seq == 1 {
+	var refused *RefusedError
+	if r.claimer != "" && evs[0].Seq == 1 && (err == nil || errors.As(err, &refused) && refused.Written > 0) {
 		r.mu.Lock()
 		r.firstLanded = true
 		r.mu.Unlock()
 	}
 	if err != nil {
-		var refused *RefusedError
 		if errors.As(err, &refused) && r.endRefused(evs, refused) {
 			return
 		}

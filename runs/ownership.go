@@ -209,6 +209,14 @@ func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) 
 	}
 	if jc, ok := m.store.(journalClaims); ok {
 		for owner, mr := range marks {
+			if time.Since(mr.written) < m.cfg.Lease+m.cfg.Lease/2 {
+				// A mark written within a lease and a half may be a
+				// server's that is not dead after all (its heartbeat
+				// landed since its liveness was read): its fence may not
+				// have passed. Its runs are taken over; the mark goes at
+				// a later scan.
+				continue
+			}
 			if err := jc.dropMark(m.ctx, owner, mr.rev); err != nil {
 				clean = false
 				m.log.Warn("dropping the mark of a server whose runs were taken over", "dead_owner", owner, "err", err)
@@ -218,17 +226,21 @@ func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) 
 	return clean
 }
 
-// markRev is a server's mark and the revision it was read at.
-type markRev struct{ mark, rev uint64 }
+// markRev is a server's mark, the revision it was read at and when it
+// was written.
+type markRev struct {
+	mark, rev uint64
+	written   time.Time
+}
 
 // journalOrphans returns the marks of the servers dead says are dead, and
 // the runs they claimed in their journals after them that have neither
 // ended nor an owners entry.
 func (m *Manager) journalOrphans(jc journalClaims, dead func(owner string) bool) (map[string]markRev, []orphan, error) {
 	marks := map[string]markRev{}
-	err := jc.claimMarks(m.ctx, func(owner string, mark, rev uint64) {
+	err := jc.claimMarks(m.ctx, func(owner string, mark, rev uint64, written time.Time) {
 		if dead(owner) {
-			marks[owner] = markRev{mark, rev}
+			marks[owner] = markRev{mark, rev, written}
 		}
 	})
 	if err != nil || len(marks) == 0 {

@@ -265,6 +265,15 @@ func (m *Manager) verifyClaims() (clean bool) {
 // driver of r, a copy it drives; when not, r is lost (it writes nothing
 // more, its watchers follow the store).
 func (m *Manager) stillDriven(ctx context.Context, r *run) (bool, error) {
+	r.mu.Lock()
+	claiming := r.claimer != "" && !r.firstLanded
+	r.mu.Unlock()
+	if claiming {
+		// A new run whose claim, its journal's first write, has yet to
+		// land: the journal names nobody yet, and that write is fenced
+		// by the journal's expected sequence and this server's lease.
+		return true, nil
+	}
 	owner, err := m.store.Driver(ctx, r.id)
 	if err != nil {
 		return false, err

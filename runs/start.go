@@ -109,11 +109,19 @@ func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.
 	// state, and its first write fences this one out.
 	jc, inJournal := m.store.(journalClaims)
 	inJournal = inJournal && jc.claimsInJournal()
+	var first chan struct{}
 	if inJournal {
 		// Claimed by its journal's first write (claims.go), made by
 		// the run's own flush before its first call, which Start waits
-		// for below.
-		r.claimer, r.firstDone = m.owner, make(chan struct{})
+		// for below. Set under r.mu: the run is the manager's already
+		// (Close may abandon it).
+		first = make(chan struct{})
+		r.mu.Lock()
+		r.claimer, r.firstDone = m.owner, first
+		if r.lost {
+			r.firstWrittenLocked()
+		}
+		r.mu.Unlock()
 	} else {
 		var data []byte
 		data, err = proto.Marshal(state)
@@ -156,7 +164,6 @@ func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.
 	accepted := constantPart(state)
 	accepted.Status = state.GetStatus()
 	accepted.UpdateTime = state.GetUpdateTime()
-	first := r.firstDone
 	m.workers.run(func() { m.drive(runCtx, r, tr, state, false, "") })
 	if inJournal {
 		if err := m.awaitClaim(r, first); err != nil {
@@ -191,7 +198,9 @@ func (m *Manager) awaitClaim(r *run, first <-chan struct{}) error {
 		return nil
 	}
 	if err == nil {
-		return ErrClosed // let go of before its first write: this server closes
+		// Let go of (this server closes) before its first write was
+		// seen to land: it may have landed all the same.
+		return fmt.Errorf("%w: %w: this server is closing", ErrUnavailable, errMaybeStarted)
 	}
 	if transient(err) || errors.Is(err, ErrConflict) {
 		// It may have landed all the same (its answer was lost): then

@@ -3,6 +3,7 @@ package runs
 import (
 	"context"
 	"errors"
+	"time"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -181,8 +182,9 @@ type finalInJournal interface {
 type journalClaims interface {
 	Store
 	claimsInJournal() bool
-	// claimMarks calls fn with every server's mark and its revision.
-	claimMarks(ctx context.Context, fn func(owner string, mark, rev uint64)) error
+	// claimMarks calls fn with every server's mark, its revision and
+	// when it was written.
+	claimMarks(ctx context.Context, fn func(owner string, mark, rev uint64, written time.Time)) error
 	// journalOrphans calls fn with each run claimed in its journal, after
 	// its server's mark, by a server of marks, that has neither ended nor
 	// an owners entry.
