@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -156,29 +155,7 @@ func runToEnd(ctx context.Context, tb testing.TB, m *Manager, spec *stubbornv1.C
 }
 
 // eventStatus reads the status field of an encoded RunEvent.
-func eventStatus(b []byte) stubbornv1.RunStatus {
-	status := stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
-		}
-		b = b[n:]
-		if num == eventStatusField && typ == protowire.VarintType {
-			v, m := protowire.ConsumeVarint(b)
-			if m < 0 {
-				return stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
-			}
-			status = stubbornv1.RunStatus(v)
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b)
-		if m < 0 {
-			return stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
-		}
-		b = b[m:]
-	}
-	return status
-}
+func eventStatus(b []byte) stubbornv1.RunStatus { return statusField(b, eventStatusField) }
 
 // eventStatusField is RunEvent.status's field number.
 const eventStatusField = 5

@@ -81,12 +81,16 @@ func (p *publishes) of(prefix, id string) int {
 // releases an owners entry as that layout did.
 func TestAOneAttemptRunIsTwoJournalWrites(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		inOwners bool
-		owners   int
+		name              string
+		inOwners, saveEnd bool
+		owners, states    int
 	}{
-		{"claimed in its journal", false, 0},
-		{"claimed in the owners bucket", true, 2},
+		{"claimed in its journal", false, false, 0, 0},
+		{"claimed in the owners bucket", true, false, 2, 0},
+		// Its final state saved too (a rolling upgrade): no owners entry
+		// is written for it (PutState writes one only for a state that
+		// is not final).
+		{"saving final states", false, true, 0, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
@@ -97,7 +101,7 @@ func TestAOneAttemptRunIsTwoJournalWrites(t *testing.T) {
 			t.Cleanup(watch.Close)
 			nc, err := nats.Connect("", nats.InProcessServer(e.Server))
 			require.NoError(t, err)
-			store, err := runs.NewJetStream(ctxFor(t), nc, runs.JetStreamConfig{ClaimInOwners: tc.inOwners})
+			store, err := runs.NewJetStream(ctxFor(t), nc, runs.JetStreamConfig{ClaimInOwners: tc.inOwners, SaveFinalStates: tc.saveEnd})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = store.Close() })
 			pubs := countPublishes(t, watch)
@@ -114,7 +118,7 @@ func TestAOneAttemptRunIsTwoJournalWrites(t *testing.T) {
 			time.Sleep(50 * time.Millisecond) // a release written after the end would be seen by now
 			assert.Equal(t, 2, pubs.of("stubborn.events.", id), "journal writes: before the call and after it")
 			assert.Equal(t, tc.owners, pubs.of("$KV.stubborn_owners.", id), "owners bucket writes")
-			assert.Zero(t, pubs.of("$KV.stubborn_runs.", id), "no state saved: the journal has it")
+			assert.Equal(t, tc.states, pubs.of("$KV.stubborn_runs.", id), "state writes (the journal has the end)")
 
 			got, err := m.Get(ctxFor(t), id)
 			require.NoError(t, err)

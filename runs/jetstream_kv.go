@@ -27,7 +27,11 @@ func (s *JetStream) PutState(ctx context.Context, runID string, state []byte) er
 	// owners entry first, as a claim came before any state: a run whose
 	// state is saved is found by its owners entry even if its journal is
 	// lost (claims.go).
-	s.writeClaim(ctx, runID)
+	// A final state (saved after run_finished) needs none: the run has
+	// ended, and the entry would be released at once.
+	if !isTerminal(stateStatus(state)) {
+		s.writeClaim(ctx, runID)
+	}
 	err := s.write(ctx, func(ctx context.Context) error {
 		_, err := s.states.Put(ctx, runID, state)
 		return err
@@ -36,6 +40,39 @@ func (s *JetStream) PutState(ctx context.Context, runID string, state []byte) er
 		s.index.note(runID, state)
 	}
 	return err
+}
+
+// stateStatus reads the status of an encoded ControlState without
+// decoding the rest.
+func stateStatus(b []byte) stubbornv1.RunStatus { return statusField(b, stateStatusField) }
+
+// stateStatusField is ControlState.status's field number.
+const stateStatusField = 2
+
+// statusField reads the RunStatus in field num of an encoded message:
+// UNSPECIFIED when it has none or does not parse.
+func statusField(b []byte, num protowire.Number) stubbornv1.RunStatus {
+	status := stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+	for len(b) > 0 {
+		n, typ, k := protowire.ConsumeTag(b)
+		if k < 0 {
+			return stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+		}
+		b = b[k:]
+		if n == num && typ == protowire.VarintType {
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+			}
+			status = stubbornv1.RunStatus(v)
+		}
+		m := protowire.ConsumeFieldValue(n, typ, b)
+		if m < 0 {
+			return stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+		}
+		b = b[m:]
+	}
+	return status
 }
 
 // State returns a run's state: the one its journal's run_finished
