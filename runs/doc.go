@@ -46,8 +46,9 @@
 //   - the mu of holdCancel: whether a held-back cancellation was released.
 //   - Manager.mu: the local runs (runs, finished, counter, closed).
 //   - JetStream.mu (last), janitor.mu (used, usedAt, reading, starved),
-//     Memory.mu (all of Memory), workers.mu, connWatch.mu, natsLogger.mu:
-//     their own fields.
+//     claims.mu (the runs claimed in their journals, the marks written:
+//     claims.go), Memory.mu (all of Memory), workers.mu, connWatch.mu,
+//     natsLogger.mu: their own fields.
 //
 // A lock may be taken while one above it on its path here is held, never
 // the other way round:
@@ -61,7 +62,7 @@
 //	run.flushMu             (flush; never under the tracker's mu)
 //	├── run.mu
 //	│   └── the Observer's own locks
-//	└── the store's locks (JetStream.mu, janitor.mu, Memory.mu)
+//	└── the store's locks (JetStream.mu, janitor.mu, claims.mu, Memory.mu)
 //
 // run.mu and parking.mu are never held together: park, wake and decide
 // take one after the other. No lock of this package is held while the
