@@ -325,56 +325,25 @@ func (s *JetStream) journalOrphans(ctx context.Context, marks map[string]uint64,
 		}
 	}
 	found := map[string]string{}
-	info, err := s.events.Info(ctx)
-	if err != nil {
-		return err
-	}
-	end := info.State.LastSeq
-	if end <= from {
-		return nil
-	}
-	cons, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{eventsSubject + "*"},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    from + 1,
 		HeadersOnly:    true,
-	})
-	if err != nil {
-		return err
 	}
-	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
-		return nil // every message after the mark was purged: finished runs
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return err
-	}
-	defer it.Stop()
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	// Read to the end, or it is an error: a read cut short (a stalled
-	// consumer) must not pass for the whole, or the mark would be dropped
-	// with runs after it unread.
-	for {
-		msg, err := it.Next(jetstream.NextMaxWait(lastEventsIdle))
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("reading the journals after the marks of dead servers: %w", err)
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return err
-		}
+	// Read to the end, or it is an error (toEnd): a read cut short (a
+	// stalled consumer) must not pass for the whole, or the mark would be
+	// dropped with runs after it unread.
+	err := eachMsgToEnd(ctx, s.events, cfg, true, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
 		if owner := msg.Headers().Get(claimHeader); owner != "" {
 			if mark, ok := marks[owner]; ok && meta.Sequence.Stream > mark {
 				found[strings.TrimPrefix(msg.Subject(), eventsSubject)] = owner
 			}
 		}
-		if meta.Sequence.Stream >= end || meta.NumPending == 0 {
-			break
-		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("reading the journals after the marks of dead servers: %w", err)
 	}
 	for runID, owner := range found {
 		if _, err := s.owners.Get(ctx, runID); err == nil {

@@ -448,6 +448,12 @@ func kvSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
 // order, while fn returns true, up to the last one the stream had when it
 // began (or until it waited idleWait for the next).
 func eachMsg(ctx context.Context, stream jetstream.Stream, cfg jetstream.OrderedConsumerConfig, fn func(jetstream.Msg, *jetstream.MsgMetadata) (bool, error)) error {
+	return eachMsgToEnd(ctx, stream, cfg, false, fn)
+}
+
+// eachMsgToEnd is eachMsg; with toEnd, a wait of idleWait for the next
+// message before the last one the stream had is an error, not the end.
+func eachMsgToEnd(ctx context.Context, stream jetstream.Stream, cfg jetstream.OrderedConsumerConfig, toEnd bool, fn func(jetstream.Msg, *jetstream.MsgMetadata) (bool, error)) error {
 	info, err := stream.Info(ctx)
 	if err != nil {
 		return err
@@ -472,7 +478,7 @@ func eachMsg(ctx context.Context, stream jetstream.Stream, cfg jetstream.Ordered
 	defer stop()
 	for {
 		msg, err := it.Next(jetstream.NextMaxWait(idleWait))
-		if errors.Is(err, nats.ErrTimeout) {
+		if errors.Is(err, nats.ErrTimeout) && !toEnd {
 			return nil
 		}
 		if err != nil {
