@@ -1433,7 +1433,19 @@ type RunOptions struct {
 	// Delegate that judges failure_criteria / acceptance_criteria. Must be a
 	// delegate in the registry, not a preset (unknown is NOT_FOUND). Empty
 	// means the server's configured judge.
-	Judge         string `protobuf:"bytes,5,opt,name=judge,proto3" json:"judge,omitempty"`
+	Judge string `protobuf:"bytes,5,opt,name=judge,proto3" json:"judge,omitempty"`
+	// How long a streamed attempt may go without its first output (time to
+	// first token) before it fails as a transient error ("stalled: no output
+	// within 5s"). Unset or zero means the delegate's configured
+	// first_output_timeout (none by default). It applies to delegates that
+	// stream (ExecuteStream, the model kinds, an http kind with stream);
+	// a delegate that answers at once is bounded by attempt_timeout alone.
+	// At most 24 h.
+	FirstOutputTimeout *durationpb.Duration `protobuf:"bytes,6,opt,name=first_output_timeout,json=firstOutputTimeout,proto3" json:"first_output_timeout,omitempty"`
+	// How long a streamed attempt may go between two outputs once it has
+	// begun ("stalled: no output for 5s after 41 chunks"). Unset or zero means
+	// the delegate's configured idle_timeout (none by default). At most 24 h.
+	IdleTimeout   *durationpb.Duration `protobuf:"bytes,7,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1501,6 +1513,20 @@ func (x *RunOptions) GetJudge() string {
 		return x.Judge
 	}
 	return ""
+}
+
+func (x *RunOptions) GetFirstOutputTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.FirstOutputTimeout
+	}
+	return nil
+}
+
+func (x *RunOptions) GetIdleTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.IdleTimeout
+	}
+	return nil
 }
 
 // RunRequest starts a run and streams it. Exactly one of retry,
@@ -2515,7 +2541,16 @@ type DelegateDescription struct {
 	TokensPerMinute int64 `protobuf:"varint,12,opt,name=tokens_per_minute,json=tokensPerMinute,proto3" json:"tokens_per_minute,omitempty"`
 	// What counts as transient for retries of it (registry retry_on). Unset
 	// means the retry control's default rules.
-	RetryOn       *RetryOn `protobuf:"bytes,13,opt,name=retry_on,json=retryOn,proto3" json:"retry_on,omitempty"`
+	RetryOn *RetryOn `protobuf:"bytes,13,opt,name=retry_on,json=retryOn,proto3" json:"retry_on,omitempty"`
+	// Registry first_output_timeout: how long a streamed attempt may go
+	// without its first output. Unset means none.
+	FirstOutputTimeout *durationpb.Duration `protobuf:"bytes,14,opt,name=first_output_timeout,json=firstOutputTimeout,proto3" json:"first_output_timeout,omitempty"`
+	// Registry idle_timeout: how long a streamed attempt may go between two
+	// outputs. Unset means none.
+	IdleTimeout *durationpb.Duration `protobuf:"bytes,15,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	// Whether calls to it stream their output: "auto" (a gRPC delegate: try
+	// ExecuteStream, fall back to Execute), "on" or "off".
+	Stream        string `protobuf:"bytes,16,opt,name=stream,proto3" json:"stream,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2639,6 +2674,27 @@ func (x *DelegateDescription) GetRetryOn() *RetryOn {
 		return x.RetryOn
 	}
 	return nil
+}
+
+func (x *DelegateDescription) GetFirstOutputTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.FirstOutputTimeout
+	}
+	return nil
+}
+
+func (x *DelegateDescription) GetIdleTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.IdleTimeout
+	}
+	return nil
+}
+
+func (x *DelegateDescription) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
 }
 
 // PresetDescription is one preset of the registry.
@@ -3753,6 +3809,7 @@ type RunEvent struct {
 	//	*RunEvent_DecisionReceived
 	//	*RunEvent_RunFinished
 	//	*RunEvent_RunResumed
+	//	*RunEvent_AttemptOutput
 	Kind          isRunEvent_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3911,6 +3968,15 @@ func (x *RunEvent) GetRunResumed() *RunResumed {
 	return nil
 }
 
+func (x *RunEvent) GetAttemptOutput() *AttemptOutput {
+	if x != nil {
+		if x, ok := x.Kind.(*RunEvent_AttemptOutput); ok {
+			return x.AttemptOutput
+		}
+	}
+	return nil
+}
+
 type isRunEvent_Kind interface {
 	isRunEvent_Kind()
 }
@@ -3960,6 +4026,11 @@ type RunEvent_RunResumed struct {
 	RunResumed *RunResumed `protobuf:"bytes,18,opt,name=run_resumed,json=runResumed,proto3,oneof"`
 }
 
+type RunEvent_AttemptOutput struct {
+	// An attempt in flight streamed some output.
+	AttemptOutput *AttemptOutput `protobuf:"bytes,19,opt,name=attempt_output,json=attemptOutput,proto3,oneof"`
+}
+
 func (*RunEvent_RunStarted) isRunEvent_Kind() {}
 
 func (*RunEvent_AttemptStarted) isRunEvent_Kind() {}
@@ -3977,6 +4048,8 @@ func (*RunEvent_DecisionReceived) isRunEvent_Kind() {}
 func (*RunEvent_RunFinished) isRunEvent_Kind() {}
 
 func (*RunEvent_RunResumed) isRunEvent_Kind() {}
+
+func (*RunEvent_AttemptOutput) isRunEvent_Kind() {}
 
 // RunStarted is the first event of every run.
 type RunStarted struct {
@@ -4077,7 +4150,14 @@ type AttemptFinished struct {
 	Attempt *Attempt `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// Extra words about the verdict (for example that the judge's answer could
 	// not be read and the result was accepted). Empty means none.
-	Note          string `protobuf:"bytes,2,opt,name=note,proto3" json:"note,omitempty"`
+	Note string `protobuf:"bytes,2,opt,name=note,proto3" json:"note,omitempty"`
+	// The attempt streamed output (attempt_output events) and did not succeed:
+	// that output is not the run's answer; a client showing it strikes it out
+	// or removes it. What the next attempt streams follows.
+	OutputDiscarded bool `protobuf:"varint,3,opt,name=output_discarded,json=outputDiscarded,proto3" json:"output_discarded,omitempty"`
+	// How many bytes of text the attempt streamed (the attempt_output events'
+	// texts together). 0 for an attempt that streamed none.
+	OutputBytes   int64 `protobuf:"varint,4,opt,name=output_bytes,json=outputBytes,proto3" json:"output_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4126,6 +4206,103 @@ func (x *AttemptFinished) GetNote() string {
 	return ""
 }
 
+func (x *AttemptFinished) GetOutputDiscarded() bool {
+	if x != nil {
+		return x.OutputDiscarded
+	}
+	return false
+}
+
+func (x *AttemptFinished) GetOutputBytes() int64 {
+	if x != nil {
+		return x.OutputBytes
+	}
+	return 0
+}
+
+// AttemptOutput is the next piece of the text an attempt in flight streams.
+// The pieces of one attempt follow each other with no gap: offset is the
+// number of bytes (UTF-8) of that attempt's text before this piece. Several
+// deltas of the delegate are coalesced into one event (the server's
+// -output-flush-interval and -output-flush-bytes), but an attempt's first
+// output is sent at once. The attempt's attempt_finished says what became
+// of it: accepted (SUCCEEDED, whose result is the answer), or discarded
+// (output_discarded).
+type AttemptOutput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The attempt (Attempt.number).
+	Attempt int32 `protobuf:"varint,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The text, at most the server's -output-flush-bytes (default 4 KiB) plus
+	// one delta of the delegate.
+	Text string `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
+	// Bytes of the attempt's text before this piece.
+	Offset int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	// Failure criteria (a judge, a CEL rule) have yet to rule on the answer
+	// this text belongs to: show it as provisional until attempt_finished
+	// accepts it. false when the run has no failure criteria.
+	Provisional   bool `protobuf:"varint,4,opt,name=provisional,proto3" json:"provisional,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttemptOutput) Reset() {
+	*x = AttemptOutput{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttemptOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttemptOutput) ProtoMessage() {}
+
+func (x *AttemptOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttemptOutput.ProtoReflect.Descriptor instead.
+func (*AttemptOutput) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *AttemptOutput) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *AttemptOutput) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *AttemptOutput) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *AttemptOutput) GetProvisional() bool {
+	if x != nil {
+		return x.Provisional
+	}
+	return false
+}
+
 // FailureAnalyzed records a failed attempt and what happens next.
 type FailureAnalyzed struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -4143,7 +4320,7 @@ type FailureAnalyzed struct {
 
 func (x *FailureAnalyzed) Reset() {
 	*x = FailureAnalyzed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4155,7 +4332,7 @@ func (x *FailureAnalyzed) String() string {
 func (*FailureAnalyzed) ProtoMessage() {}
 
 func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4168,7 +4345,7 @@ func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureAnalyzed.ProtoReflect.Descriptor instead.
 func (*FailureAnalyzed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{38}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *FailureAnalyzed) GetFailure() *FailureRecord {
@@ -4211,7 +4388,7 @@ type BackoffScheduled struct {
 
 func (x *BackoffScheduled) Reset() {
 	*x = BackoffScheduled{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[39]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4223,7 +4400,7 @@ func (x *BackoffScheduled) String() string {
 func (*BackoffScheduled) ProtoMessage() {}
 
 func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[39]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4236,7 +4413,7 @@ func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackoffScheduled.ProtoReflect.Descriptor instead.
 func (*BackoffScheduled) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{39}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *BackoffScheduled) GetNextAttempt() int32 {
@@ -4294,7 +4471,7 @@ type DecisionRequested struct {
 
 func (x *DecisionRequested) Reset() {
 	*x = DecisionRequested{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[40]
+	mi := &file_stubborn_v1_control_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4306,7 +4483,7 @@ func (x *DecisionRequested) String() string {
 func (*DecisionRequested) ProtoMessage() {}
 
 func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[40]
+	mi := &file_stubborn_v1_control_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4319,7 +4496,7 @@ func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionRequested.ProtoReflect.Descriptor instead.
 func (*DecisionRequested) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{40}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DecisionRequested) GetReason() string {
@@ -4361,7 +4538,7 @@ type DecisionReceived struct {
 
 func (x *DecisionReceived) Reset() {
 	*x = DecisionReceived{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[41]
+	mi := &file_stubborn_v1_control_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4373,7 +4550,7 @@ func (x *DecisionReceived) String() string {
 func (*DecisionReceived) ProtoMessage() {}
 
 func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[41]
+	mi := &file_stubborn_v1_control_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4386,7 +4563,7 @@ func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionReceived.ProtoReflect.Descriptor instead.
 func (*DecisionReceived) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{41}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DecisionReceived) GetDecision() Decision {
@@ -4410,7 +4587,7 @@ type RunResumed struct {
 
 func (x *RunResumed) Reset() {
 	*x = RunResumed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[42]
+	mi := &file_stubborn_v1_control_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4422,7 +4599,7 @@ func (x *RunResumed) String() string {
 func (*RunResumed) ProtoMessage() {}
 
 func (x *RunResumed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[42]
+	mi := &file_stubborn_v1_control_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4435,7 +4612,7 @@ func (x *RunResumed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResumed.ProtoReflect.Descriptor instead.
 func (*RunResumed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{42}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RunResumed) GetOwner() string {
@@ -4463,7 +4640,7 @@ type RunFinished struct {
 
 func (x *RunFinished) Reset() {
 	*x = RunFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[43]
+	mi := &file_stubborn_v1_control_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4475,7 +4652,7 @@ func (x *RunFinished) String() string {
 func (*RunFinished) ProtoMessage() {}
 
 func (x *RunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[43]
+	mi := &file_stubborn_v1_control_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4488,7 +4665,7 @@ func (x *RunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFinished.ProtoReflect.Descriptor instead.
 func (*RunFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{43}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RunFinished) GetState() *ControlState {
@@ -4536,7 +4713,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\vaccept_when\x18\x03 \x01(\tR\n" +
 	"acceptWhen\x12:\n" +
 	"\vhedge_delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"hedgeDelay\"\xcb\x02\n" +
+	"hedgeDelay\"\xd6\x03\n" +
 	"\n" +
 	"RunOptions\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12:\n" +
@@ -4544,7 +4721,9 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"runTimeout\x12B\n" +
 	"\x0fattempt_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x0eattemptTimeout\x12A\n" +
 	"\bmetadata\x18\x04 \x03(\v2%.stubborn.v1.RunOptions.MetadataEntryR\bmetadata\x12\x14\n" +
-	"\x05judge\x18\x05 \x01(\tR\x05judge\x1a;\n" +
+	"\x05judge\x18\x05 \x01(\tR\x05judge\x12K\n" +
+	"\x14first_output_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x12firstOutputTimeout\x12<\n" +
+	"\fidle_timeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd2\x02\n" +
@@ -4614,7 +4793,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x14ListDelegatesRequest\"\x91\x01\n" +
 	"\x15ListDelegatesResponse\x12>\n" +
 	"\tdelegates\x18\x01 \x03(\v2 .stubborn.v1.DelegateDescriptionR\tdelegates\x128\n" +
-	"\apresets\x18\x02 \x03(\v2\x1e.stubborn.v1.PresetDescriptionR\apresets\"\xaf\x04\n" +
+	"\apresets\x18\x02 \x03(\v2\x1e.stubborn.v1.PresetDescriptionR\apresets\"\xd2\x05\n" +
 	"\x13DelegateDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1e\n" +
@@ -4631,7 +4810,10 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	" \x01(\x05R\rmaxConcurrent\x12.\n" +
 	"\x13requests_per_minute\x18\v \x01(\x05R\x11requestsPerMinute\x12*\n" +
 	"\x11tokens_per_minute\x18\f \x01(\x03R\x0ftokensPerMinute\x12/\n" +
-	"\bretry_on\x18\r \x01(\v2\x14.stubborn.v1.RetryOnR\aretryOn\"U\n" +
+	"\bretry_on\x18\r \x01(\v2\x14.stubborn.v1.RetryOnR\aretryOn\x12K\n" +
+	"\x14first_output_timeout\x18\x0e \x01(\v2\x19.google.protobuf.DurationR\x12firstOutputTimeout\x12<\n" +
+	"\fidle_timeout\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12\x16\n" +
+	"\x06stream\x18\x10 \x01(\tR\x06stream\"U\n" +
 	"\x11PresetDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12,\n" +
 	"\x04spec\x18\x02 \x01(\v2\x18.stubborn.v1.ControlSpecR\x04spec\")\n" +
@@ -4719,7 +4901,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x04path\x18\b \x01(\tR\x04path\x122\n" +
 	"\x06source\x18\t \x01(\x0e2\x1a.stubborn.v1.FailureSourceR\x06source\x12%\n" +
 	"\x0eanalysis_error\x18\n" +
-	" \x01(\tR\ranalysisError\"\xb1\x06\n" +
+	" \x01(\tR\ranalysisError\"\xf6\x06\n" +
 	"\bRunEvent\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12.\n" +
@@ -4737,16 +4919,24 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x11decision_received\x18\x10 \x01(\v2\x1d.stubborn.v1.DecisionReceivedH\x00R\x10decisionReceived\x12=\n" +
 	"\frun_finished\x18\x11 \x01(\v2\x18.stubborn.v1.RunFinishedH\x00R\vrunFinished\x12:\n" +
 	"\vrun_resumed\x18\x12 \x01(\v2\x17.stubborn.v1.RunResumedH\x00R\n" +
-	"runResumedB\x06\n" +
+	"runResumed\x12C\n" +
+	"\x0eattempt_output\x18\x13 \x01(\v2\x1a.stubborn.v1.AttemptOutputH\x00R\rattemptOutputB\x06\n" +
 	"\x04kind\"=\n" +
 	"\n" +
 	"RunStarted\x12/\n" +
 	"\x05state\x18\x01 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"@\n" +
 	"\x0eAttemptStarted\x12.\n" +
-	"\aattempt\x18\x01 \x01(\v2\x14.stubborn.v1.AttemptR\aattempt\"U\n" +
+	"\aattempt\x18\x01 \x01(\v2\x14.stubborn.v1.AttemptR\aattempt\"\xa3\x01\n" +
 	"\x0fAttemptFinished\x12.\n" +
 	"\aattempt\x18\x01 \x01(\v2\x14.stubborn.v1.AttemptR\aattempt\x12\x12\n" +
-	"\x04note\x18\x02 \x01(\tR\x04note\"\x85\x01\n" +
+	"\x04note\x18\x02 \x01(\tR\x04note\x12)\n" +
+	"\x10output_discarded\x18\x03 \x01(\bR\x0foutputDiscarded\x12!\n" +
+	"\foutput_bytes\x18\x04 \x01(\x03R\voutputBytes\"w\n" +
+	"\rAttemptOutput\x12\x18\n" +
+	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x12\n" +
+	"\x04text\x18\x02 \x01(\tR\x04text\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12 \n" +
+	"\vprovisional\x18\x04 \x01(\bR\vprovisional\"\x85\x01\n" +
 	"\x0fFailureAnalyzed\x124\n" +
 	"\afailure\x18\x01 \x01(\v2\x1a.stubborn.v1.FailureRecordR\afailure\x12\x1d\n" +
 	"\n" +
@@ -4892,7 +5082,7 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
 	(OnExhausted)(0),              // 1: stubborn.v1.OnExhausted
@@ -4944,137 +5134,143 @@ var file_stubborn_v1_control_proto_goTypes = []any{
 	(*RunStarted)(nil),            // 47: stubborn.v1.RunStarted
 	(*AttemptStarted)(nil),        // 48: stubborn.v1.AttemptStarted
 	(*AttemptFinished)(nil),       // 49: stubborn.v1.AttemptFinished
-	(*FailureAnalyzed)(nil),       // 50: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 51: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 52: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 53: stubborn.v1.DecisionReceived
-	(*RunResumed)(nil),            // 54: stubborn.v1.RunResumed
-	(*RunFinished)(nil),           // 55: stubborn.v1.RunFinished
-	nil,                           // 56: stubborn.v1.RunOptions.MetadataEntry
-	nil,                           // 57: stubborn.v1.ControlState.PresetsEntry
-	(*durationpb.Duration)(nil),   // 58: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 59: google.protobuf.Timestamp
-	(*Result)(nil),                // 60: stubborn.v1.Result
+	(*AttemptOutput)(nil),         // 50: stubborn.v1.AttemptOutput
+	(*FailureAnalyzed)(nil),       // 51: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 52: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 53: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 54: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 55: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 56: stubborn.v1.RunFinished
+	nil,                           // 57: stubborn.v1.RunOptions.MetadataEntry
+	nil,                           // 58: stubborn.v1.ControlState.PresetsEntry
+	(*durationpb.Duration)(nil),   // 59: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 60: google.protobuf.Timestamp
+	(*Result)(nil),                // 61: stubborn.v1.Result
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	58,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	59,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,   // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	58,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	58,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	59,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	59,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
 	13,  // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
-	58,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
-	58,  // 6: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	58,  // 7: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	56,  // 8: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
-	12,  // 9: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 10: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 11: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 12: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
-	17,  // 13: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	46,  // 14: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
-	12,  // 15: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 16: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 17: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 18: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
-	17,  // 19: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	42,  // 20: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	46,  // 21: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	46,  // 22: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	42,  // 23: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
-	0,   // 24: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	9,   // 25: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
-	0,   // 26: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	59,  // 27: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	59,  // 28: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
-	42,  // 29: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	27,  // 30: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
-	0,   // 31: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	27,  // 32: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
-	33,  // 33: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
-	34,  // 34: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	58,  // 35: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
-	11,  // 36: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
-	10,  // 37: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
-	13,  // 38: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
-	41,  // 39: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	42,  // 40: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,   // 41: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	42,  // 42: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	12,  // 43: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 44: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 45: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 46: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	0,   // 47: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	60,  // 48: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	45,  // 49: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	44,  // 50: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	41,  // 51: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	17,  // 52: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	8,   // 53: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	59,  // 54: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	59,  // 55: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	59,  // 56: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	57,  // 57: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
-	58,  // 58: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	6,   // 59: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
-	59,  // 60: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	59,  // 61: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,   // 62: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	60,  // 63: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	43,  // 64: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	58,  // 65: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	4,   // 66: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
-	7,   // 67: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	5,   // 68: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	59,  // 69: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	0,   // 70: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
-	47,  // 71: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	48,  // 72: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	49,  // 73: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	50,  // 74: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	51,  // 75: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	52,  // 76: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	53,  // 77: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	55,  // 78: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	54,  // 79: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	42,  // 80: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	44,  // 81: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	44,  // 82: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	45,  // 83: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	58,  // 84: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	59,  // 85: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	58,  // 86: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	45,  // 87: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	59,  // 88: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	8,   // 89: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,   // 90: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	42,  // 91: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	41,  // 92: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
-	18,  // 93: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	20,  // 94: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	22,  // 95: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	24,  // 96: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	26,  // 97: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	29,  // 98: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	31,  // 99: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	35,  // 100: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	39,  // 101: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	37,  // 102: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	19,  // 103: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	21,  // 104: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	23,  // 105: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	25,  // 106: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	28,  // 107: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	30,  // 108: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	32,  // 109: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	36,  // 110: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	40,  // 111: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	38,  // 112: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	103, // [103:113] is the sub-list for method output_type
-	93,  // [93:103] is the sub-list for method input_type
-	93,  // [93:93] is the sub-list for extension type_name
-	93,  // [93:93] is the sub-list for extension extendee
-	0,   // [0:93] is the sub-list for field type_name
+	59,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
+	59,  // 6: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	59,  // 7: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	57,  // 8: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	59,  // 9: stubborn.v1.RunOptions.first_output_timeout:type_name -> google.protobuf.Duration
+	59,  // 10: stubborn.v1.RunOptions.idle_timeout:type_name -> google.protobuf.Duration
+	12,  // 11: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	14,  // 12: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	15,  // 13: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	16,  // 14: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
+	17,  // 15: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
+	46,  // 16: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	12,  // 17: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	14,  // 18: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	15,  // 19: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	16,  // 20: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
+	17,  // 21: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
+	42,  // 22: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	46,  // 23: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	46,  // 24: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	42,  // 25: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	0,   // 26: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	9,   // 27: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
+	0,   // 28: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
+	60,  // 29: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	60,  // 30: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	42,  // 31: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	27,  // 32: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
+	0,   // 33: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	27,  // 34: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
+	33,  // 35: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
+	34,  // 36: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
+	59,  // 37: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	11,  // 38: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
+	10,  // 39: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
+	13,  // 40: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
+	59,  // 41: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
+	59,  // 42: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
+	41,  // 43: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	42,  // 44: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,   // 45: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	42,  // 46: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	12,  // 47: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	14,  // 48: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	15,  // 49: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	16,  // 50: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	0,   // 51: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	61,  // 52: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	45,  // 53: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	44,  // 54: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	41,  // 55: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	17,  // 56: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	8,   // 57: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	60,  // 58: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	60,  // 59: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	60,  // 60: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	58,  // 61: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
+	59,  // 62: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	6,   // 63: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
+	60,  // 64: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	60,  // 65: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,   // 66: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	61,  // 67: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	43,  // 68: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	59,  // 69: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,   // 70: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
+	7,   // 71: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	5,   // 72: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	60,  // 73: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	0,   // 74: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
+	47,  // 75: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	48,  // 76: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	49,  // 77: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	51,  // 78: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	52,  // 79: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	53,  // 80: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	54,  // 81: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	56,  // 82: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	55,  // 83: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	50,  // 84: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
+	42,  // 85: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	44,  // 86: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	44,  // 87: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	45,  // 88: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	59,  // 89: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	60,  // 90: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	59,  // 91: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	45,  // 92: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	60,  // 93: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 94: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 95: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	42,  // 96: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	41,  // 97: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
+	18,  // 98: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	20,  // 99: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	22,  // 100: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	24,  // 101: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	26,  // 102: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	29,  // 103: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	31,  // 104: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	35,  // 105: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	39,  // 106: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	37,  // 107: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	19,  // 108: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	21,  // 109: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	23,  // 110: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	25,  // 111: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	28,  // 112: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	30,  // 113: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	32,  // 114: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	36,  // 115: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	40,  // 116: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	38,  // 117: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	108, // [108:118] is the sub-list for method output_type
+	98,  // [98:108] is the sub-list for method input_type
+	98,  // [98:98] is the sub-list for extension type_name
+	98,  // [98:98] is the sub-list for extension extendee
+	0,   // [0:98] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -5101,6 +5297,7 @@ func file_stubborn_v1_control_proto_init() {
 		(*RunEvent_DecisionReceived)(nil),
 		(*RunEvent_RunFinished)(nil),
 		(*RunEvent_RunResumed)(nil),
+		(*RunEvent_AttemptOutput)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -5108,7 +5305,7 @@ func file_stubborn_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   46,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -108,6 +108,180 @@ func (x *ExecuteRequest) GetMetadata() map[string]string {
 	return nil
 }
 
+// ExecuteStreamRequest is one attempt sent to a streaming delegate. Its
+// fields, numbers included, are ExecuteRequest's.
+type ExecuteStreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// As ExecuteRequest.brief.
+	Brief string `protobuf:"bytes,1,opt,name=brief,proto3" json:"brief,omitempty"`
+	// As ExecuteRequest.run_id.
+	RunId string `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// As ExecuteRequest.attempt.
+	Attempt int32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// As ExecuteRequest.idempotency_key.
+	IdempotencyKey string `protobuf:"bytes,4,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// As ExecuteRequest.metadata.
+	Metadata      map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecuteStreamRequest) Reset() {
+	*x = ExecuteStreamRequest{}
+	mi := &file_stubborn_v1_delegate_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecuteStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecuteStreamRequest) ProtoMessage() {}
+
+func (x *ExecuteStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_delegate_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecuteStreamRequest.ProtoReflect.Descriptor instead.
+func (*ExecuteStreamRequest) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_delegate_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ExecuteStreamRequest) GetBrief() string {
+	if x != nil {
+		return x.Brief
+	}
+	return ""
+}
+
+func (x *ExecuteStreamRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ExecuteStreamRequest) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *ExecuteStreamRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *ExecuteStreamRequest) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+// ExecuteStreamResponse is one message of a streamed answer: any number of
+// text deltas, then exactly one result, last.
+type ExecuteStreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What this message carries. Unset is ignored.
+	//
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*ExecuteStreamResponse_TextDelta
+	//	*ExecuteStreamResponse_Result
+	Kind          isExecuteStreamResponse_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecuteStreamResponse) Reset() {
+	*x = ExecuteStreamResponse{}
+	mi := &file_stubborn_v1_delegate_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecuteStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecuteStreamResponse) ProtoMessage() {}
+
+func (x *ExecuteStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_delegate_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecuteStreamResponse.ProtoReflect.Descriptor instead.
+func (*ExecuteStreamResponse) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_delegate_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ExecuteStreamResponse) GetKind() isExecuteStreamResponse_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *ExecuteStreamResponse) GetTextDelta() string {
+	if x != nil {
+		if x, ok := x.Kind.(*ExecuteStreamResponse_TextDelta); ok {
+			return x.TextDelta
+		}
+	}
+	return ""
+}
+
+func (x *ExecuteStreamResponse) GetResult() *Result {
+	if x != nil {
+		if x, ok := x.Kind.(*ExecuteStreamResponse_Result); ok {
+			return x.Result
+		}
+	}
+	return nil
+}
+
+type isExecuteStreamResponse_Kind interface {
+	isExecuteStreamResponse_Kind()
+}
+
+type ExecuteStreamResponse_TextDelta struct {
+	// The next piece of the answer's text. Empty is ignored.
+	TextDelta string `protobuf:"bytes,1,opt,name=text_delta,json=textDelta,proto3,oneof"`
+}
+
+type ExecuteStreamResponse_Result struct {
+	// The answer; the stream ends after it. Its text, when empty, is the
+	// deltas joined; when set, it is the answer's text whatever the deltas
+	// said. A stream that ends without a result is a successful answer
+	// whose text is the deltas joined.
+	Result *Result `protobuf:"bytes,2,opt,name=result,proto3,oneof"`
+}
+
+func (*ExecuteStreamResponse_TextDelta) isExecuteStreamResponse_Kind() {}
+
+func (*ExecuteStreamResponse_Result) isExecuteStreamResponse_Kind() {}
+
 // ExecuteResponse is a successful attempt's answer.
 type ExecuteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -120,7 +294,7 @@ type ExecuteResponse struct {
 
 func (x *ExecuteResponse) Reset() {
 	*x = ExecuteResponse{}
-	mi := &file_stubborn_v1_delegate_proto_msgTypes[1]
+	mi := &file_stubborn_v1_delegate_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -132,7 +306,7 @@ func (x *ExecuteResponse) String() string {
 func (*ExecuteResponse) ProtoMessage() {}
 
 func (x *ExecuteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_delegate_proto_msgTypes[1]
+	mi := &file_stubborn_v1_delegate_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -145,7 +319,7 @@ func (x *ExecuteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecuteResponse.ProtoReflect.Descriptor instead.
 func (*ExecuteResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_delegate_proto_rawDescGZIP(), []int{1}
+	return file_stubborn_v1_delegate_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ExecuteResponse) GetResult() *Result {
@@ -169,7 +343,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_stubborn_v1_delegate_proto_msgTypes[2]
+	mi := &file_stubborn_v1_delegate_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -181,7 +355,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_delegate_proto_msgTypes[2]
+	mi := &file_stubborn_v1_delegate_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -194,7 +368,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_delegate_proto_rawDescGZIP(), []int{2}
+	return file_stubborn_v1_delegate_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Result) GetText() string {
@@ -226,7 +400,7 @@ type UpstreamStatus struct {
 
 func (x *UpstreamStatus) Reset() {
 	*x = UpstreamStatus{}
-	mi := &file_stubborn_v1_delegate_proto_msgTypes[3]
+	mi := &file_stubborn_v1_delegate_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -238,7 +412,7 @@ func (x *UpstreamStatus) String() string {
 func (*UpstreamStatus) ProtoMessage() {}
 
 func (x *UpstreamStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_delegate_proto_msgTypes[3]
+	mi := &file_stubborn_v1_delegate_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -251,7 +425,7 @@ func (x *UpstreamStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpstreamStatus.ProtoReflect.Descriptor instead.
 func (*UpstreamStatus) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_delegate_proto_rawDescGZIP(), []int{3}
+	return file_stubborn_v1_delegate_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *UpstreamStatus) GetHttpStatus() int32 {
@@ -274,7 +448,21 @@ const file_stubborn_v1_delegate_proto_rawDesc = "" +
 	"\bmetadata\x18\x05 \x03(\v2).stubborn.v1.ExecuteRequest.MetadataEntryR\bmetadata\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x02\n" +
+	"\x14ExecuteStreamRequest\x12\x14\n" +
+	"\x05brief\x18\x01 \x01(\tR\x05brief\x12\x15\n" +
+	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\x05R\aattempt\x12'\n" +
+	"\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\x12K\n" +
+	"\bmetadata\x18\x05 \x03(\v2/.stubborn.v1.ExecuteStreamRequest.MetadataEntryR\bmetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
+	"\x15ExecuteStreamResponse\x12\x1f\n" +
+	"\n" +
+	"text_delta\x18\x01 \x01(\tH\x00R\ttextDelta\x12-\n" +
+	"\x06result\x18\x02 \x01(\v2\x13.stubborn.v1.ResultH\x00R\x06resultB\x06\n" +
+	"\x04kind\">\n" +
 	"\x0fExecuteResponse\x12+\n" +
 	"\x06result\x18\x01 \x01(\v2\x13.stubborn.v1.ResultR\x06result\"H\n" +
 	"\x06Result\x12\x12\n" +
@@ -282,9 +470,10 @@ const file_stubborn_v1_delegate_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x04data\"1\n" +
 	"\x0eUpstreamStatus\x12\x1f\n" +
 	"\vhttp_status\x18\x01 \x01(\x05R\n" +
-	"httpStatus2W\n" +
+	"httpStatus2\xb1\x01\n" +
 	"\x0fDelegateService\x12D\n" +
-	"\aExecute\x12\x1b.stubborn.v1.ExecuteRequest\x1a\x1c.stubborn.v1.ExecuteResponseB\xa8\x01\n" +
+	"\aExecute\x12\x1b.stubborn.v1.ExecuteRequest\x1a\x1c.stubborn.v1.ExecuteResponse\x12X\n" +
+	"\rExecuteStream\x12!.stubborn.v1.ExecuteStreamRequest\x1a\".stubborn.v1.ExecuteStreamResponse0\x01B\xa8\x01\n" +
 	"\x0fcom.stubborn.v1B\rDelegateProtoP\x01Z9github.com/stubbornhq/stubborn/gen/stubborn/v1;stubbornv1\xa2\x02\x03SXX\xaa\x02\vStubborn.V1\xca\x02\vStubborn\\V1\xe2\x02\x17Stubborn\\V1\\GPBMetadata\xea\x02\fStubborn::V1b\x06proto3"
 
 var (
@@ -299,26 +488,33 @@ func file_stubborn_v1_delegate_proto_rawDescGZIP() []byte {
 	return file_stubborn_v1_delegate_proto_rawDescData
 }
 
-var file_stubborn_v1_delegate_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_stubborn_v1_delegate_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_stubborn_v1_delegate_proto_goTypes = []any{
-	(*ExecuteRequest)(nil),  // 0: stubborn.v1.ExecuteRequest
-	(*ExecuteResponse)(nil), // 1: stubborn.v1.ExecuteResponse
-	(*Result)(nil),          // 2: stubborn.v1.Result
-	(*UpstreamStatus)(nil),  // 3: stubborn.v1.UpstreamStatus
-	nil,                     // 4: stubborn.v1.ExecuteRequest.MetadataEntry
-	(*structpb.Value)(nil),  // 5: google.protobuf.Value
+	(*ExecuteRequest)(nil),        // 0: stubborn.v1.ExecuteRequest
+	(*ExecuteStreamRequest)(nil),  // 1: stubborn.v1.ExecuteStreamRequest
+	(*ExecuteStreamResponse)(nil), // 2: stubborn.v1.ExecuteStreamResponse
+	(*ExecuteResponse)(nil),       // 3: stubborn.v1.ExecuteResponse
+	(*Result)(nil),                // 4: stubborn.v1.Result
+	(*UpstreamStatus)(nil),        // 5: stubborn.v1.UpstreamStatus
+	nil,                           // 6: stubborn.v1.ExecuteRequest.MetadataEntry
+	nil,                           // 7: stubborn.v1.ExecuteStreamRequest.MetadataEntry
+	(*structpb.Value)(nil),        // 8: google.protobuf.Value
 }
 var file_stubborn_v1_delegate_proto_depIdxs = []int32{
-	4, // 0: stubborn.v1.ExecuteRequest.metadata:type_name -> stubborn.v1.ExecuteRequest.MetadataEntry
-	2, // 1: stubborn.v1.ExecuteResponse.result:type_name -> stubborn.v1.Result
-	5, // 2: stubborn.v1.Result.data:type_name -> google.protobuf.Value
-	0, // 3: stubborn.v1.DelegateService.Execute:input_type -> stubborn.v1.ExecuteRequest
-	1, // 4: stubborn.v1.DelegateService.Execute:output_type -> stubborn.v1.ExecuteResponse
-	4, // [4:5] is the sub-list for method output_type
-	3, // [3:4] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	6, // 0: stubborn.v1.ExecuteRequest.metadata:type_name -> stubborn.v1.ExecuteRequest.MetadataEntry
+	7, // 1: stubborn.v1.ExecuteStreamRequest.metadata:type_name -> stubborn.v1.ExecuteStreamRequest.MetadataEntry
+	4, // 2: stubborn.v1.ExecuteStreamResponse.result:type_name -> stubborn.v1.Result
+	4, // 3: stubborn.v1.ExecuteResponse.result:type_name -> stubborn.v1.Result
+	8, // 4: stubborn.v1.Result.data:type_name -> google.protobuf.Value
+	0, // 5: stubborn.v1.DelegateService.Execute:input_type -> stubborn.v1.ExecuteRequest
+	1, // 6: stubborn.v1.DelegateService.ExecuteStream:input_type -> stubborn.v1.ExecuteStreamRequest
+	3, // 7: stubborn.v1.DelegateService.Execute:output_type -> stubborn.v1.ExecuteResponse
+	2, // 8: stubborn.v1.DelegateService.ExecuteStream:output_type -> stubborn.v1.ExecuteStreamResponse
+	7, // [7:9] is the sub-list for method output_type
+	5, // [5:7] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_delegate_proto_init() }
@@ -326,13 +522,17 @@ func file_stubborn_v1_delegate_proto_init() {
 	if File_stubborn_v1_delegate_proto != nil {
 		return
 	}
+	file_stubborn_v1_delegate_proto_msgTypes[2].OneofWrappers = []any{
+		(*ExecuteStreamResponse_TextDelta)(nil),
+		(*ExecuteStreamResponse_Result)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_delegate_proto_rawDesc), len(file_stubborn_v1_delegate_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,7 +19,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	DelegateService_Execute_FullMethodName = "/stubborn.v1.DelegateService/Execute"
+	DelegateService_Execute_FullMethodName       = "/stubborn.v1.DelegateService/Execute"
+	DelegateService_ExecuteStream_FullMethodName = "/stubborn.v1.DelegateService/ExecuteStream"
 )
 
 // DelegateServiceClient is the client API for DelegateService service.
@@ -27,8 +28,12 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // DelegateService is what every delegate implements. Stubborn calls Execute
-// once per attempt; the delegate does not know whether it is being retried
-// apart from what the brief and the request metadata say.
+// or ExecuteStream once per attempt; the delegate does not know whether it is
+// being retried apart from what the brief and the request metadata say. A
+// delegate implements either method or both: with the registry's `stream:
+// auto` (the default) Stubborn calls ExecuteStream first and, when the
+// delegate answers UNIMPLEMENTED before any output, remembers that it does
+// not stream and calls Execute from then on.
 //
 // A delegate reports failure by returning a non-OK gRPC status. Stubborn reads
 // these error details from the status (grpc-status-details-bin):
@@ -43,6 +48,13 @@ const (
 type DelegateServiceClient interface {
 	// Execute performs one attempt of the task described by the brief.
 	Execute(ctx context.Context, in *ExecuteRequest, opts ...grpc.CallOption) (*ExecuteResponse, error)
+	// ExecuteStream performs one attempt and streams its output as it is
+	// made: text deltas, then the Result as the last message. A failure is a
+	// non-OK status, with the same details as Execute's, at any point of the
+	// stream; output already sent is then discarded by the run. The run's
+	// first_output_timeout and idle_timeout apply to the gaps between
+	// messages.
+	ExecuteStream(ctx context.Context, in *ExecuteStreamRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecuteStreamResponse], error)
 }
 
 type delegateServiceClient struct {
@@ -63,13 +75,36 @@ func (c *delegateServiceClient) Execute(ctx context.Context, in *ExecuteRequest,
 	return out, nil
 }
 
+func (c *delegateServiceClient) ExecuteStream(ctx context.Context, in *ExecuteStreamRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecuteStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DelegateService_ServiceDesc.Streams[0], DelegateService_ExecuteStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExecuteStreamRequest, ExecuteStreamResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DelegateService_ExecuteStreamClient = grpc.ServerStreamingClient[ExecuteStreamResponse]
+
 // DelegateServiceServer is the server API for DelegateService service.
 // All implementations must embed UnimplementedDelegateServiceServer
 // for forward compatibility.
 //
 // DelegateService is what every delegate implements. Stubborn calls Execute
-// once per attempt; the delegate does not know whether it is being retried
-// apart from what the brief and the request metadata say.
+// or ExecuteStream once per attempt; the delegate does not know whether it is
+// being retried apart from what the brief and the request metadata say. A
+// delegate implements either method or both: with the registry's `stream:
+// auto` (the default) Stubborn calls ExecuteStream first and, when the
+// delegate answers UNIMPLEMENTED before any output, remembers that it does
+// not stream and calls Execute from then on.
 //
 // A delegate reports failure by returning a non-OK gRPC status. Stubborn reads
 // these error details from the status (grpc-status-details-bin):
@@ -84,6 +119,13 @@ func (c *delegateServiceClient) Execute(ctx context.Context, in *ExecuteRequest,
 type DelegateServiceServer interface {
 	// Execute performs one attempt of the task described by the brief.
 	Execute(context.Context, *ExecuteRequest) (*ExecuteResponse, error)
+	// ExecuteStream performs one attempt and streams its output as it is
+	// made: text deltas, then the Result as the last message. A failure is a
+	// non-OK status, with the same details as Execute's, at any point of the
+	// stream; output already sent is then discarded by the run. The run's
+	// first_output_timeout and idle_timeout apply to the gaps between
+	// messages.
+	ExecuteStream(*ExecuteStreamRequest, grpc.ServerStreamingServer[ExecuteStreamResponse]) error
 	mustEmbedUnimplementedDelegateServiceServer()
 }
 
@@ -96,6 +138,9 @@ type UnimplementedDelegateServiceServer struct{}
 
 func (UnimplementedDelegateServiceServer) Execute(context.Context, *ExecuteRequest) (*ExecuteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Execute not implemented")
+}
+func (UnimplementedDelegateServiceServer) ExecuteStream(*ExecuteStreamRequest, grpc.ServerStreamingServer[ExecuteStreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method ExecuteStream not implemented")
 }
 func (UnimplementedDelegateServiceServer) mustEmbedUnimplementedDelegateServiceServer() {}
 func (UnimplementedDelegateServiceServer) testEmbeddedByValue()                         {}
@@ -136,6 +181,17 @@ func _DelegateService_Execute_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DelegateService_ExecuteStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExecuteStreamRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DelegateServiceServer).ExecuteStream(m, &grpc.GenericServerStream[ExecuteStreamRequest, ExecuteStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DelegateService_ExecuteStreamServer = grpc.ServerStreamingServer[ExecuteStreamResponse]
+
 // DelegateService_ServiceDesc is the grpc.ServiceDesc for DelegateService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -148,6 +204,12 @@ var DelegateService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _DelegateService_Execute_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ExecuteStream",
+			Handler:       _DelegateService_ExecuteStream_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "stubborn/v1/delegate.proto",
 }

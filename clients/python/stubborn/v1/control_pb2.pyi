@@ -132,12 +132,28 @@ class AttemptError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., http_status: _Optional[int] = ..., retry_hint: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., not_sent: bool = ..., refused: bool = ..., refused_by: _Optional[_Union[RefusedBy, str]] = ...) -> None: ...
 
 class AttemptFinished(_message.Message):
-    __slots__ = ["attempt", "note"]
+    __slots__ = ["attempt", "note", "output_bytes", "output_discarded"]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_DISCARDED_FIELD_NUMBER: _ClassVar[int]
     attempt: Attempt
     note: str
-    def __init__(self, attempt: _Optional[_Union[Attempt, _Mapping]] = ..., note: _Optional[str] = ...) -> None: ...
+    output_bytes: int
+    output_discarded: bool
+    def __init__(self, attempt: _Optional[_Union[Attempt, _Mapping]] = ..., note: _Optional[str] = ..., output_discarded: bool = ..., output_bytes: _Optional[int] = ...) -> None: ...
+
+class AttemptOutput(_message.Message):
+    __slots__ = ["attempt", "offset", "provisional", "text"]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PROVISIONAL_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    offset: int
+    provisional: bool
+    text: str
+    def __init__(self, attempt: _Optional[int] = ..., text: _Optional[str] = ..., offset: _Optional[int] = ..., provisional: bool = ...) -> None: ...
 
 class AttemptStarted(_message.Message):
     __slots__ = ["attempt"]
@@ -263,11 +279,13 @@ class DecisionRequested(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., deadline: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., reason_code: _Optional[_Union[StatusReason, str]] = ...) -> None: ...
 
 class DelegateDescription(_message.Message):
-    __slots__ = ["circuit_breaker", "circuit_breaker_reason", "health", "idempotent", "in_flight", "kind", "max_concurrent", "name", "read_only", "requests_per_minute", "retry_on", "timeout", "tokens_per_minute"]
+    __slots__ = ["circuit_breaker", "circuit_breaker_reason", "first_output_timeout", "health", "idempotent", "idle_timeout", "in_flight", "kind", "max_concurrent", "name", "read_only", "requests_per_minute", "retry_on", "stream", "timeout", "tokens_per_minute"]
     CIRCUIT_BREAKER_FIELD_NUMBER: _ClassVar[int]
     CIRCUIT_BREAKER_REASON_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OUTPUT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENT_FIELD_NUMBER: _ClassVar[int]
@@ -275,12 +293,15 @@ class DelegateDescription(_message.Message):
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     RETRY_ON_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     circuit_breaker: BreakerState
     circuit_breaker_reason: str
+    first_output_timeout: _duration_pb2.Duration
     health: DelegateHealth
     idempotent: bool
+    idle_timeout: _duration_pb2.Duration
     in_flight: int
     kind: str
     max_concurrent: int
@@ -288,9 +309,10 @@ class DelegateDescription(_message.Message):
     read_only: bool
     requests_per_minute: int
     retry_on: RetryOn
+    stream: str
     timeout: _duration_pb2.Duration
     tokens_per_minute: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ..., circuit_breaker: _Optional[_Union[BreakerState, str]] = ..., circuit_breaker_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., retry_on: _Optional[_Union[RetryOn, _Mapping]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ..., circuit_breaker: _Optional[_Union[BreakerState, str]] = ..., circuit_breaker_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., retry_on: _Optional[_Union[RetryOn, _Mapping]] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., stream: _Optional[str] = ...) -> None: ...
 
 class DeleteRunRequest(_message.Message):
     __slots__ = ["cancel", "run_id"]
@@ -461,8 +483,9 @@ class RetryWithLearningSpec(_message.Message):
     def __init__(self, target: _Optional[str] = ..., max_retries: _Optional[int] = ..., failure_criteria: _Optional[str] = ..., failure_when: _Optional[str] = ..., analyst: _Optional[str] = ...) -> None: ...
 
 class RunEvent(_message.Message):
-    __slots__ = ["attempt_finished", "attempt_started", "backoff_scheduled", "decision_received", "decision_requested", "failure_analyzed", "path", "run_finished", "run_id", "run_resumed", "run_started", "seq", "status", "time"]
+    __slots__ = ["attempt_finished", "attempt_output", "attempt_started", "backoff_scheduled", "decision_received", "decision_requested", "failure_analyzed", "path", "run_finished", "run_id", "run_resumed", "run_started", "seq", "status", "time"]
     ATTEMPT_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_STARTED_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_SCHEDULED_FIELD_NUMBER: _ClassVar[int]
     DECISION_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -477,6 +500,7 @@ class RunEvent(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     attempt_finished: AttemptFinished
+    attempt_output: AttemptOutput
     attempt_started: AttemptStarted
     backoff_scheduled: BackoffScheduled
     decision_received: DecisionReceived
@@ -490,7 +514,7 @@ class RunEvent(_message.Message):
     seq: int
     status: RunStatus
     time: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., path: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., run_started: _Optional[_Union[RunStarted, _Mapping]] = ..., attempt_started: _Optional[_Union[AttemptStarted, _Mapping]] = ..., attempt_finished: _Optional[_Union[AttemptFinished, _Mapping]] = ..., failure_analyzed: _Optional[_Union[FailureAnalyzed, _Mapping]] = ..., backoff_scheduled: _Optional[_Union[BackoffScheduled, _Mapping]] = ..., decision_requested: _Optional[_Union[DecisionRequested, _Mapping]] = ..., decision_received: _Optional[_Union[DecisionReceived, _Mapping]] = ..., run_finished: _Optional[_Union[RunFinished, _Mapping]] = ..., run_resumed: _Optional[_Union[RunResumed, _Mapping]] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., path: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., run_started: _Optional[_Union[RunStarted, _Mapping]] = ..., attempt_started: _Optional[_Union[AttemptStarted, _Mapping]] = ..., attempt_finished: _Optional[_Union[AttemptFinished, _Mapping]] = ..., failure_analyzed: _Optional[_Union[FailureAnalyzed, _Mapping]] = ..., backoff_scheduled: _Optional[_Union[BackoffScheduled, _Mapping]] = ..., decision_requested: _Optional[_Union[DecisionRequested, _Mapping]] = ..., decision_received: _Optional[_Union[DecisionReceived, _Mapping]] = ..., run_finished: _Optional[_Union[RunFinished, _Mapping]] = ..., run_resumed: _Optional[_Union[RunResumed, _Mapping]] = ..., attempt_output: _Optional[_Union[AttemptOutput, _Mapping]] = ...) -> None: ...
 
 class RunFinished(_message.Message):
     __slots__ = ["state"]
@@ -499,7 +523,7 @@ class RunFinished(_message.Message):
     def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
 
 class RunOptions(_message.Message):
-    __slots__ = ["attempt_timeout", "idempotency_key", "judge", "metadata", "run_timeout"]
+    __slots__ = ["attempt_timeout", "first_output_timeout", "idempotency_key", "idle_timeout", "judge", "metadata", "run_timeout"]
     class MetadataEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -508,16 +532,20 @@ class RunOptions(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ATTEMPT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OUTPUT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     JUDGE_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     RUN_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     attempt_timeout: _duration_pb2.Duration
+    first_output_timeout: _duration_pb2.Duration
     idempotency_key: str
+    idle_timeout: _duration_pb2.Duration
     judge: str
     metadata: _containers.ScalarMap[str, str]
     run_timeout: _duration_pb2.Duration
-    def __init__(self, idempotency_key: _Optional[str] = ..., run_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., attempt_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., judge: _Optional[str] = ...) -> None: ...
+    def __init__(self, idempotency_key: _Optional[str] = ..., run_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., attempt_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., judge: _Optional[str] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class RunRequest(_message.Message):
     __slots__ = ["fallback_chain", "options", "race", "retry", "retry_with_learning", "task_brief"]

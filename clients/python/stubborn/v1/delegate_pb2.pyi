@@ -33,6 +33,35 @@ class ExecuteResponse(_message.Message):
     result: Result
     def __init__(self, result: _Optional[_Union[Result, _Mapping]] = ...) -> None: ...
 
+class ExecuteStreamRequest(_message.Message):
+    __slots__ = ["attempt", "brief", "idempotency_key", "metadata", "run_id"]
+    class MetadataEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    BRIEF_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    brief: str
+    idempotency_key: str
+    metadata: _containers.ScalarMap[str, str]
+    run_id: str
+    def __init__(self, brief: _Optional[str] = ..., run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ExecuteStreamResponse(_message.Message):
+    __slots__ = ["result", "text_delta"]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
+    result: Result
+    text_delta: str
+    def __init__(self, text_delta: _Optional[str] = ..., result: _Optional[_Union[Result, _Mapping]] = ...) -> None: ...
+
 class Result(_message.Message):
     __slots__ = ["data", "text"]
     DATA_FIELD_NUMBER: _ClassVar[int]

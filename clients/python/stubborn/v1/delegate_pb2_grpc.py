@@ -7,8 +7,12 @@ from stubborn.v1 import delegate_pb2 as stubborn_dot_v1_dot_delegate__pb2
 
 class DelegateServiceStub(object):
     """DelegateService is what every delegate implements. Stubborn calls Execute
-    once per attempt; the delegate does not know whether it is being retried
-    apart from what the brief and the request metadata say.
+    or ExecuteStream once per attempt; the delegate does not know whether it is
+    being retried apart from what the brief and the request metadata say. A
+    delegate implements either method or both: with the registry's `stream:
+    auto` (the default) Stubborn calls ExecuteStream first and, when the
+    delegate answers UNIMPLEMENTED before any output, remembers that it does
+    not stream and calls Execute from then on.
 
     A delegate reports failure by returning a non-OK gRPC status. Stubborn reads
     these error details from the status (grpc-status-details-bin):
@@ -33,12 +37,21 @@ class DelegateServiceStub(object):
                 request_serializer=stubborn_dot_v1_dot_delegate__pb2.ExecuteRequest.SerializeToString,
                 response_deserializer=stubborn_dot_v1_dot_delegate__pb2.ExecuteResponse.FromString,
                 )
+        self.ExecuteStream = channel.unary_stream(
+                '/stubborn.v1.DelegateService/ExecuteStream',
+                request_serializer=stubborn_dot_v1_dot_delegate__pb2.ExecuteStreamRequest.SerializeToString,
+                response_deserializer=stubborn_dot_v1_dot_delegate__pb2.ExecuteStreamResponse.FromString,
+                )
 
 
 class DelegateServiceServicer(object):
     """DelegateService is what every delegate implements. Stubborn calls Execute
-    once per attempt; the delegate does not know whether it is being retried
-    apart from what the brief and the request metadata say.
+    or ExecuteStream once per attempt; the delegate does not know whether it is
+    being retried apart from what the brief and the request metadata say. A
+    delegate implements either method or both: with the registry's `stream:
+    auto` (the default) Stubborn calls ExecuteStream first and, when the
+    delegate answers UNIMPLEMENTED before any output, remembers that it does
+    not stream and calls Execute from then on.
 
     A delegate reports failure by returning a non-OK gRPC status. Stubborn reads
     these error details from the status (grpc-status-details-bin):
@@ -59,6 +72,18 @@ class DelegateServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecuteStream(self, request, context):
+        """ExecuteStream performs one attempt and streams its output as it is
+        made: text deltas, then the Result as the last message. A failure is a
+        non-OK status, with the same details as Execute's, at any point of the
+        stream; output already sent is then discarded by the run. The run's
+        first_output_timeout and idle_timeout apply to the gaps between
+        messages.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DelegateServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -66,6 +91,11 @@ def add_DelegateServiceServicer_to_server(servicer, server):
                     servicer.Execute,
                     request_deserializer=stubborn_dot_v1_dot_delegate__pb2.ExecuteRequest.FromString,
                     response_serializer=stubborn_dot_v1_dot_delegate__pb2.ExecuteResponse.SerializeToString,
+            ),
+            'ExecuteStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExecuteStream,
+                    request_deserializer=stubborn_dot_v1_dot_delegate__pb2.ExecuteStreamRequest.FromString,
+                    response_serializer=stubborn_dot_v1_dot_delegate__pb2.ExecuteStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -76,8 +106,12 @@ def add_DelegateServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class DelegateService(object):
     """DelegateService is what every delegate implements. Stubborn calls Execute
-    once per attempt; the delegate does not know whether it is being retried
-    apart from what the brief and the request metadata say.
+    or ExecuteStream once per attempt; the delegate does not know whether it is
+    being retried apart from what the brief and the request metadata say. A
+    delegate implements either method or both: with the registry's `stream:
+    auto` (the default) Stubborn calls ExecuteStream first and, when the
+    delegate answers UNIMPLEMENTED before any output, remembers that it does
+    not stream and calls Execute from then on.
 
     A delegate reports failure by returning a non-OK gRPC status. Stubborn reads
     these error details from the status (grpc-status-details-bin):
@@ -105,5 +139,22 @@ class DelegateService(object):
         return grpc.experimental.unary_unary(request, target, '/stubborn.v1.DelegateService/Execute',
             stubborn_dot_v1_dot_delegate__pb2.ExecuteRequest.SerializeToString,
             stubborn_dot_v1_dot_delegate__pb2.ExecuteResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ExecuteStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/stubborn.v1.DelegateService/ExecuteStream',
+            stubborn_dot_v1_dot_delegate__pb2.ExecuteStreamRequest.SerializeToString,
+            stubborn_dot_v1_dot_delegate__pb2.ExecuteStreamResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

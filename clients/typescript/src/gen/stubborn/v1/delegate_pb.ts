@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file stubborn/v1/delegate.proto.
  */
 export const file_stubborn_v1_delegate: GenFile = /*@__PURE__*/
-  fileDesc("ChpzdHViYm9ybi92MS9kZWxlZ2F0ZS5wcm90bxILc3R1YmJvcm4udjEixwEKDkV4ZWN1dGVSZXF1ZXN0Eg0KBWJyaWVmGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIPCgdhdHRlbXB0GAMgASgFEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRI7CghtZXRhZGF0YRgFIAMoCzIpLnN0dWJib3JuLnYxLkV4ZWN1dGVSZXF1ZXN0Lk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjYKD0V4ZWN1dGVSZXNwb25zZRIjCgZyZXN1bHQYASABKAsyEy5zdHViYm9ybi52MS5SZXN1bHQiPAoGUmVzdWx0EgwKBHRleHQYASABKAkSJAoEZGF0YRgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSIlCg5VcHN0cmVhbVN0YXR1cxITCgtodHRwX3N0YXR1cxgBIAEoBTJXCg9EZWxlZ2F0ZVNlcnZpY2USRAoHRXhlY3V0ZRIbLnN0dWJib3JuLnYxLkV4ZWN1dGVSZXF1ZXN0Ghwuc3R1YmJvcm4udjEuRXhlY3V0ZVJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_struct]);
+  fileDesc("ChpzdHViYm9ybi92MS9kZWxlZ2F0ZS5wcm90bxILc3R1YmJvcm4udjEixwEKDkV4ZWN1dGVSZXF1ZXN0Eg0KBWJyaWVmGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIPCgdhdHRlbXB0GAMgASgFEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRI7CghtZXRhZGF0YRgFIAMoCzIpLnN0dWJib3JuLnYxLkV4ZWN1dGVSZXF1ZXN0Lk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBItMBChRFeGVjdXRlU3RyZWFtUmVxdWVzdBINCgVicmllZhgBIAEoCRIOCgZydW5faWQYAiABKAkSDwoHYXR0ZW1wdBgDIAEoBRIXCg9pZGVtcG90ZW5jeV9rZXkYBCABKAkSQQoIbWV0YWRhdGEYBSADKAsyLy5zdHViYm9ybi52MS5FeGVjdXRlU3RyZWFtUmVxdWVzdC5NZXRhZGF0YUVudHJ5Gi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJcChVFeGVjdXRlU3RyZWFtUmVzcG9uc2USFAoKdGV4dF9kZWx0YRgBIAEoCUgAEiUKBnJlc3VsdBgCIAEoCzITLnN0dWJib3JuLnYxLlJlc3VsdEgAQgYKBGtpbmQiNgoPRXhlY3V0ZVJlc3BvbnNlEiMKBnJlc3VsdBgBIAEoCzITLnN0dWJib3JuLnYxLlJlc3VsdCI8CgZSZXN1bHQSDAoEdGV4dBgBIAEoCRIkCgRkYXRhGAIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlIiUKDlVwc3RyZWFtU3RhdHVzEhMKC2h0dHBfc3RhdHVzGAEgASgFMrEBCg9EZWxlZ2F0ZVNlcnZpY2USRAoHRXhlY3V0ZRIbLnN0dWJib3JuLnYxLkV4ZWN1dGVSZXF1ZXN0Ghwuc3R1YmJvcm4udjEuRXhlY3V0ZVJlc3BvbnNlElgKDUV4ZWN1dGVTdHJlYW0SIS5zdHViYm9ybi52MS5FeGVjdXRlU3RyZWFtUmVxdWVzdBoiLnN0dWJib3JuLnYxLkV4ZWN1dGVTdHJlYW1SZXNwb25zZTABYgZwcm90bzM", [file_google_protobuf_struct]);
 
 /**
  * ExecuteRequest is one attempt sent to a delegate.
@@ -68,6 +68,97 @@ export const ExecuteRequestSchema: GenMessage<ExecuteRequest> = /*@__PURE__*/
   messageDesc(file_stubborn_v1_delegate, 0);
 
 /**
+ * ExecuteStreamRequest is one attempt sent to a streaming delegate. Its
+ * fields, numbers included, are ExecuteRequest's.
+ *
+ * @generated from message stubborn.v1.ExecuteStreamRequest
+ */
+export type ExecuteStreamRequest = Message<"stubborn.v1.ExecuteStreamRequest"> & {
+  /**
+   * As ExecuteRequest.brief.
+   *
+   * @generated from field: string brief = 1;
+   */
+  brief: string;
+
+  /**
+   * As ExecuteRequest.run_id.
+   *
+   * @generated from field: string run_id = 2;
+   */
+  runId: string;
+
+  /**
+   * As ExecuteRequest.attempt.
+   *
+   * @generated from field: int32 attempt = 3;
+   */
+  attempt: number;
+
+  /**
+   * As ExecuteRequest.idempotency_key.
+   *
+   * @generated from field: string idempotency_key = 4;
+   */
+  idempotencyKey: string;
+
+  /**
+   * As ExecuteRequest.metadata.
+   *
+   * @generated from field: map<string, string> metadata = 5;
+   */
+  metadata: { [key: string]: string };
+};
+
+/**
+ * Describes the message stubborn.v1.ExecuteStreamRequest.
+ * Use `create(ExecuteStreamRequestSchema)` to create a new message.
+ */
+export const ExecuteStreamRequestSchema: GenMessage<ExecuteStreamRequest> = /*@__PURE__*/
+  messageDesc(file_stubborn_v1_delegate, 1);
+
+/**
+ * ExecuteStreamResponse is one message of a streamed answer: any number of
+ * text deltas, then exactly one result, last.
+ *
+ * @generated from message stubborn.v1.ExecuteStreamResponse
+ */
+export type ExecuteStreamResponse = Message<"stubborn.v1.ExecuteStreamResponse"> & {
+  /**
+   * What this message carries. Unset is ignored.
+   *
+   * @generated from oneof stubborn.v1.ExecuteStreamResponse.kind
+   */
+  kind: {
+    /**
+     * The next piece of the answer's text. Empty is ignored.
+     *
+     * @generated from field: string text_delta = 1;
+     */
+    value: string;
+    case: "textDelta";
+  } | {
+    /**
+     * The answer; the stream ends after it. Its text, when empty, is the
+     * deltas joined; when set, it is the answer's text whatever the deltas
+     * said. A stream that ends without a result is a successful answer
+     * whose text is the deltas joined.
+     *
+     * @generated from field: stubborn.v1.Result result = 2;
+     */
+    value: Result;
+    case: "result";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message stubborn.v1.ExecuteStreamResponse.
+ * Use `create(ExecuteStreamResponseSchema)` to create a new message.
+ */
+export const ExecuteStreamResponseSchema: GenMessage<ExecuteStreamResponse> = /*@__PURE__*/
+  messageDesc(file_stubborn_v1_delegate, 2);
+
+/**
  * ExecuteResponse is a successful attempt's answer.
  *
  * @generated from message stubborn.v1.ExecuteResponse
@@ -87,7 +178,7 @@ export type ExecuteResponse = Message<"stubborn.v1.ExecuteResponse"> & {
  * Use `create(ExecuteResponseSchema)` to create a new message.
  */
 export const ExecuteResponseSchema: GenMessage<ExecuteResponse> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_delegate, 1);
+  messageDesc(file_stubborn_v1_delegate, 3);
 
 /**
  * Result is what a delegate produced: text, structured data, or both, so that
@@ -116,7 +207,7 @@ export type Result = Message<"stubborn.v1.Result"> & {
  * Use `create(ResultSchema)` to create a new message.
  */
 export const ResultSchema: GenMessage<Result> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_delegate, 2);
+  messageDesc(file_stubborn_v1_delegate, 4);
 
 /**
  * UpstreamStatus is an error detail a delegate attaches to a failed Execute
@@ -141,12 +232,16 @@ export type UpstreamStatus = Message<"stubborn.v1.UpstreamStatus"> & {
  * Use `create(UpstreamStatusSchema)` to create a new message.
  */
 export const UpstreamStatusSchema: GenMessage<UpstreamStatus> = /*@__PURE__*/
-  messageDesc(file_stubborn_v1_delegate, 3);
+  messageDesc(file_stubborn_v1_delegate, 5);
 
 /**
  * DelegateService is what every delegate implements. Stubborn calls Execute
- * once per attempt; the delegate does not know whether it is being retried
- * apart from what the brief and the request metadata say.
+ * or ExecuteStream once per attempt; the delegate does not know whether it is
+ * being retried apart from what the brief and the request metadata say. A
+ * delegate implements either method or both: with the registry's `stream:
+ * auto` (the default) Stubborn calls ExecuteStream first and, when the
+ * delegate answers UNIMPLEMENTED before any output, remembers that it does
+ * not stream and calls Execute from then on.
  *
  * A delegate reports failure by returning a non-OK gRPC status. Stubborn reads
  * these error details from the status (grpc-status-details-bin):
@@ -171,6 +266,21 @@ export const DelegateService: GenService<{
     methodKind: "unary";
     input: typeof ExecuteRequestSchema;
     output: typeof ExecuteResponseSchema;
+  },
+  /**
+   * ExecuteStream performs one attempt and streams its output as it is
+   * made: text deltas, then the Result as the last message. A failure is a
+   * non-OK status, with the same details as Execute's, at any point of the
+   * stream; output already sent is then discarded by the run. The run's
+   * first_output_timeout and idle_timeout apply to the gaps between
+   * messages.
+   *
+   * @generated from rpc stubborn.v1.DelegateService.ExecuteStream
+   */
+  executeStream: {
+    methodKind: "server_streaming";
+    input: typeof ExecuteStreamRequestSchema;
+    output: typeof ExecuteStreamResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_stubborn_v1_delegate, 0);
