@@ -35,6 +35,17 @@ type Call struct {
 	// AttemptTimeout, when positive, replaces the delegate's configured
 	// timeout of each attempt. The run's own deadline still applies.
 	AttemptTimeout time.Duration
+	// FirstOutputTimeout and IdleTimeout, when positive, replace the
+	// delegate's configured stall timeouts of a streamed attempt: how long
+	// it may go without its first output, and between two outputs.
+	FirstOutputTimeout, IdleTimeout time.Duration
+
+	// Output, when set, is given the attempt's text as a delegate that
+	// streams makes it, piece by piece, in order, never two at once, and
+	// only while Call runs (so a piece never follows the call's answer).
+	// A control sets it (call); Delegates call it. Nil means nobody
+	// watches the output.
+	Output func(text string)
 }
 
 // RunCall returns a Call with the run's fields of st set: RunID,
@@ -44,12 +55,14 @@ func RunCall(st *stubbornv1.ControlState) Call {
 	return Call{
 		RunID: st.GetRunId(), IdempotencyKey: o.GetIdempotencyKey(),
 		Metadata: o.GetMetadata(), AttemptTimeout: o.GetAttemptTimeout().AsDuration(),
+		FirstOutputTimeout: o.GetFirstOutputTimeout().AsDuration(), IdleTimeout: o.GetIdleTimeout().AsDuration(),
 	}
 }
 
 // WithRun sets the run's fields of run (RunCall) on c.
 func (c Call) WithRun(run Call) Call {
 	c.RunID, c.IdempotencyKey, c.Metadata, c.AttemptTimeout = run.RunID, run.IdempotencyKey, run.Metadata, run.AttemptTimeout
+	c.FirstOutputTimeout, c.IdleTimeout = run.FirstOutputTimeout, run.IdleTimeout
 	return c
 }
 

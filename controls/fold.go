@@ -60,6 +60,8 @@ func StatusAfter(prev stubbornv1.RunStatus, ev *stubbornv1.RunEvent) stubbornv1.
 //   - failure_analyzed: the failure joins the failure history;
 //   - decision_requested: status_reason and its code are the request's;
 //   - decision_received: status_reason and its code are cleared;
+//   - attempt_output: nothing else (the text is the attempt's result once
+//     it succeeds);
 //   - run_finished: result, winner, status_reason and its code, end_time
 //     and attempts are the final state's (its attempt log and failure
 //     history are what the events before it folded to, uncut).

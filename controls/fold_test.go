@@ -38,6 +38,7 @@ func TestNextStatusOfEveryKindFromEveryStatus(t *testing.T) {
 		{"decision_requested", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionRequested{DecisionRequested: &stubbornv1.DecisionRequested{}}}, awaiting},
 		{"decision_received", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionReceived{DecisionReceived: &stubbornv1.DecisionReceived{}}}, running},
 		{"run_resumed", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunResumed{RunResumed: &stubbornv1.RunResumed{}}}, 0},
+		{"attempt_output", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptOutput{AttemptOutput: &stubbornv1.AttemptOutput{}}}, 0},
 		{"run_finished SUCCEEDED", finished(stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED), stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED},
 		{"run_finished EXHAUSTED", finished(stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED), stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED},
 		{"run_finished FAILED", finished(stubbornv1.RunStatus_RUN_STATUS_FAILED), stubbornv1.RunStatus_RUN_STATUS_FAILED},

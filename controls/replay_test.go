@@ -30,6 +30,11 @@ func (b *byAttempt) Call(_ context.Context, c controls.Call) (*stubbornv1.Result
 	b.calls = append(b.calls, c.Attempt)
 	r := b.answers[c.Attempt]
 	b.mu.Unlock()
+	for _, chunk := range r.Chunks {
+		if c.Output != nil {
+			c.Output(chunk)
+		}
+	}
 	if r.Err != nil {
 		return nil, r.Err
 	}

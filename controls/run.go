@@ -169,8 +169,9 @@ func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) 
 		res, err = nested(ctx, env, slot, delegate, brief, spec)
 		return judge(ctx, env, n, delegate, res, err)
 	}
+	c := Call{Delegate: delegate, Brief: brief, Attempt: n, Output: env.Tracker.outputOf(n, env.Criteria != nil)}
 	if env.Guards == nil {
-		res, err = env.Delegates.Call(ctx, Call{Delegate: delegate, Brief: brief, Attempt: n})
+		res, err = env.Delegates.Call(ctx, c)
 		return judge(ctx, env, n, delegate, res, err)
 	}
 	// Admitted before the call, after the attempt began: a call waiting
@@ -187,7 +188,7 @@ func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) 
 			done(nil, errCallPanicked)
 		}
 	}()
-	res, err = env.Delegates.Call(ctx, Call{Delegate: delegate, Brief: brief, Attempt: n})
+	res, err = env.Delegates.Call(ctx, c)
 	answered = true
 	note := done(res, err)
 	a := judge(ctx, env, n, delegate, res, err)

@@ -61,6 +61,10 @@ type Tracker struct {
 	woken     context.CancelFunc // ends the wait for a decision (Decide); with decision
 
 	stop func(error) // ends the run's control (Execute's), set once
+
+	// output is the bytes of text each attempt streamed so far
+	// (attempt_output), by attempt number; nil until one streams.
+	output map[int32]int64
 }
 
 // NondeterminismError is why a resumed run ended at a step its journal
@@ -116,6 +120,9 @@ func NewReplayTracker(state *stubbornv1.ControlState, clock Clock, rec Recorder,
 		// live folds into it.
 		for _, ev := range recorded {
 			Apply(state, proto.CloneOf(ev))
+			if o := ev.GetAttemptOutput(); o != nil {
+				t.streamed(o.GetAttempt(), o.GetOffset()+int64(len(o.GetText())))
+			}
 		}
 	}
 	return t
@@ -287,9 +294,53 @@ func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result 
 	if err != nil {
 		a.Error = attemptError(err)
 	}
+	out := t.output[n]
 	t.fold(at, a.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptFinished{
-		AttemptFinished: &stubbornv1.AttemptFinished{Attempt: a, Note: note},
+		AttemptFinished: &stubbornv1.AttemptFinished{
+			Attempt: a, Note: note,
+			OutputBytes: out, OutputDiscarded: out > 0 && outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED,
+		},
 	}})
+}
+
+// outputOf returns what a delegate that streams gives attempt n's text to
+// (Call.Output): Output, for attempt n. provisional says failure criteria
+// will rule on the answer once it is whole.
+func (t *Tracker) outputOf(n int32, provisional bool) func(text string) {
+	return func(text string) { t.Output(n, text, provisional) }
+}
+
+// Output emits attempt_output: attempt n, in flight, streamed text, which
+// follows what it streamed before. A piece of an attempt that has ended
+// (a race's loser, cancelled while a piece was on its way) or of one the
+// tracker never began is dropped: its end said what became of its output.
+func (t *Tracker) Output(n int32, text string, provisional bool) {
+	if text == "" {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n < 1 || int(n) > len(t.state.AttemptLog) {
+		return
+	}
+	a := t.state.AttemptLog[n-1]
+	if a.GetOutcome() != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_UNSPECIFIED {
+		return
+	}
+	offset := t.output[n]
+	t.streamed(n, offset+int64(len(text)))
+	t.fold(t.now(), a.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptOutput{
+		AttemptOutput: &stubbornv1.AttemptOutput{Attempt: n, Text: text, Offset: offset, Provisional: provisional},
+	}})
+}
+
+// streamed notes that attempt n has streamed bytes of text so far.
+// Callers hold t.mu, or own t.
+func (t *Tracker) streamed(n int32, bytes int64) {
+	if t.output == nil {
+		t.output = map[int32]int64{}
+	}
+	t.output[n] = bytes
 }
 
 // Failure appends rec to the failure history and emits failure_analyzed.

@@ -4,6 +4,7 @@ package controlstest
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
@@ -201,6 +202,10 @@ type Reply struct {
 	// HangForever makes the call block and ignore its context (a badly
 	// behaved delegate). Release with Delegates.Release.
 	HangForever bool
+	// Chunks are streamed to the call's Output, in order, before the
+	// reply (an answer, an error or a hang): a delegate that streams.
+	// The answer's text, when Text is empty, is the chunks joined.
+	Chunks []string
 }
 
 // Fail returns a Reply failing with a classified call error.
@@ -250,7 +255,8 @@ func (d *Delegates) SetNotServing(name string) {
 // Release unblocks every HangForever call.
 func (d *Delegates) Release() { d.once.Do(func() { close(d.release) }) }
 
-// Calls returns every call made so far, in order.
+// Calls returns every call made so far, in order, each without its
+// Output (a function, which would not compare).
 func (d *Delegates) Calls() []controls.Call {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -271,7 +277,9 @@ func (d *Delegates) CallsTo(name string) []controls.Call {
 // Call answers with the delegate's next scripted reply.
 func (d *Delegates) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
 	d.mu.Lock()
-	d.calls = append(d.calls, c)
+	kept := c
+	kept.Output = nil // a function: calls are compared
+	d.calls = append(d.calls, kept)
 	replies := d.script[c.Delegate]
 	var r Reply
 	switch len(replies) {
@@ -285,6 +293,14 @@ func (d *Delegates) Call(ctx context.Context, c controls.Call) (*stubbornv1.Resu
 		d.script[c.Delegate] = replies[1:]
 	}
 	d.mu.Unlock()
+	for _, chunk := range r.Chunks {
+		if c.Output != nil {
+			c.Output(chunk)
+		}
+	}
+	if r.Text == "" && r.Err == nil {
+		r.Text = strings.Join(r.Chunks, "")
+	}
 	switch {
 	case r.HangForever:
 		<-d.release
@@ -363,6 +379,8 @@ func Kind(ev *stubbornv1.RunEvent) string {
 		return "run_finished"
 	case *stubbornv1.RunEvent_RunResumed:
 		return "run_resumed"
+	case *stubbornv1.RunEvent_AttemptOutput:
+		return "attempt_output"
 	}
 	return "unknown"
 }
