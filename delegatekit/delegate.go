@@ -56,18 +56,25 @@ func newService(fn Func, logger *slog.Logger) *service {
 
 // Execute calls fn, recovering a panic, and turns its error into a status.
 func (s *service) Execute(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+	out := &output{}
+	ctx = context.WithValue(ctx, outputKey{}, out)
 	resp, err := s.recover(ctx, req, executeInfo, s.call)
+	out.close()
 	if err != nil {
 		return nil, statusError(err)
 	}
 	return resp.(*stubbornv1.ExecuteResponse), nil
 }
 
-// call is the grpc.UnaryHandler the recovery interceptor wraps.
+// call is the grpc.UnaryHandler the recovery interceptor wraps: fn's
+// answer, with the pieces it sent (Send) as its text when it has none.
 func (s *service) call(ctx context.Context, req any) (any, error) {
 	res, err := s.fn(ctx, req.(*stubbornv1.ExecuteRequest))
 	if err != nil {
 		return nil, err
+	}
+	if out, ok := ctx.Value(outputKey{}).(*output); ok {
+		res = out.answer(res)
 	}
 	if res == nil {
 		res = &stubbornv1.Result{}

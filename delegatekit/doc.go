@@ -20,6 +20,24 @@
 // context of yours, [NewServer] lets you add services before serving, and
 // [Register] puts the DelegateService on a *grpc.Server you already have.
 //
+// # Streaming the answer
+//
+// A Func that makes its answer piece by piece (a model's tokens) calls
+// [Send] with each piece: the kit serves ExecuteStream too, so a run's
+// watchers see the text as it grows and the run's first_output_timeout and
+// idle_timeout catch a stall. Return a Result with no text and the pieces
+// joined are its text. The same Func answers Execute as well, with the
+// pieces joined.
+//
+//	func execute(ctx context.Context, req *stubbornv1.ExecuteRequest) (*stubbornv1.Result, error) {
+//		for _, word := range strings.Fields("one two three") {
+//			if err := delegatekit.Send(ctx, word+" "); err != nil {
+//				return nil, err
+//			}
+//		}
+//		return nil, nil
+//	}
+//
 // # Telling Stubborn what to do with a failure
 //
 // The error a Func returns is what Stubborn's retry control sees. Build it

@@ -165,6 +165,17 @@ type Delegate struct {
 	// Timeout is the per-attempt timeout; zero means DefaultTimeout. A run
 	// may override it per attempt (controls.Call.AttemptTimeout).
 	Timeout Duration `yaml:"timeout,omitempty"`
+	// Stream says whether calls to it stream their output: StreamAuto
+	// (empty means it), StreamOn or StreamOff.
+	Stream string `yaml:"stream,omitempty"`
+	// FirstOutputTimeout, when positive, fails a streamed attempt that
+	// has made no output this long after it was sent (time to first
+	// token); a run's options may override it. Zero means none.
+	FirstOutputTimeout Duration `yaml:"first_output_timeout,omitempty"`
+	// IdleTimeout, when positive, fails a streamed attempt that has made
+	// no output this long since its last; a run's options may override
+	// it. Zero means none.
+	IdleTimeout Duration `yaml:"idle_timeout,omitempty"`
 	// TLS makes a gRPC connection use TLS (see TLS); the zero value is
 	// plaintext. For the HTTP kinds, https:// URLs always use TLS; its ca,
 	// server_name, cert and key apply to them too.
@@ -387,6 +398,9 @@ func (c *Config) validate(lookupEnv func(string) (string, bool)) error {
 		if d.Timeout < 0 {
 			bad("%s: timeout: must not be negative (got %s)", where, d.Timeout)
 		}
+		for _, msg := range d.checkStream() {
+			bad("%s: %s", where, msg)
+		}
 		for _, msg := range d.TLS.check() {
 			bad("%s: %s", where, msg)
 		}
@@ -532,4 +546,38 @@ func mappingValue(n *yaml.Node, key string) string {
 		}
 	}
 	return ""
+}
+
+// checkStream reports what is wrong with d's stream settings.
+func (d Delegate) checkStream() []string {
+	var bad []string
+	switch d.Stream {
+	case "", StreamAuto, StreamOn, StreamOff:
+	default:
+		bad = append(bad, fmt.Sprintf("stream: %q is not one of auto, on, off", d.Stream))
+	}
+	for _, t := range []struct {
+		name string
+		d    Duration
+	}{{"first_output_timeout", d.FirstOutputTimeout}, {"idle_timeout", d.IdleTimeout}} {
+		if t.d < 0 || t.d.Std() > MaxStallTimeout {
+			bad = append(bad, fmt.Sprintf("%s: must be between 0 and %s (got %s)", t.name, MaxStallTimeout, t.d))
+		}
+	}
+	if d.Stream == StreamOn && d.HTTP != nil && d.HTTP.StreamFormat == "" {
+		bad = append(bad, "stream: on needs http.stream_format (sse or ndjson)")
+	}
+	return bad
+}
+
+// streamMode is d's stream setting as ListDelegates shows it: "off" for
+// an http kind without stream_format, which cannot stream.
+func (d Delegate) streamMode() string {
+	switch {
+	case d.HTTP != nil && d.HTTP.StreamFormat == "", d.Stream == StreamOff:
+		return StreamOff
+	case d.Stream == "":
+		return StreamAuto
+	}
+	return d.Stream
 }

@@ -2,9 +2,12 @@ package delegates
 
 import (
 	"context"
+	"errors"
+	"io"
 	"maps"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -22,8 +25,11 @@ import (
 // transport is how the Pool reaches one delegate, by kind.
 type transport interface {
 	// call sends one attempt. ctx carries the attempt's deadline. An error
-	// is a *controls.CallError, or one that Classify turns into one.
-	call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error)
+	// is a *controls.CallError, or one that Classify turns into one. A
+	// transport whose answer streams calls s.begin once the request is
+	// sent and s.piece with each piece of text, and stops reading when
+	// piece fails; ctx is s's, which a stall ends.
+	call(ctx context.Context, c controls.Call, s *stream) (*stubbornv1.Result, error)
 	// serving answers a health check: false only for a clear "not
 	// serving".
 	// serving asks the delegate whether it serves (health.go).
@@ -39,11 +45,11 @@ func (p *Pool) newTransport(d Delegate, opts []grpc.DialOption) (transport, erro
 	}
 	switch {
 	case d.HTTP != nil:
-		return &httpTransport{httpClient: p.newHTTPClient(tc, d.HTTP.HealthURL), cfg: d.HTTP}, nil
+		return &httpTransport{httpClient: p.newHTTPClient(tc, d.HTTP.HealthURL), cfg: d.HTTP, stream: d.Stream != StreamOff && d.HTTP.StreamFormat != ""}, nil
 	case d.OpenAI != nil:
-		return newOpenAITransport(d.OpenAI, p.newHTTPClient(tc, d.OpenAI.HealthURL)), nil
+		return newOpenAITransport(d.OpenAI, d.Stream, p.newHTTPClient(tc, d.OpenAI.HealthURL)), nil
 	case d.Anthropic != nil:
-		return newAnthropicTransport(d.Anthropic, p.newHTTPClient(tc, d.Anthropic.HealthURL)), nil
+		return newAnthropicTransport(d.Anthropic, d.Stream, p.newHTTPClient(tc, d.Anthropic.HealthURL)), nil
 	}
 	creds := insecure.NewCredentials()
 	if tc != nil {
@@ -65,6 +71,7 @@ func (p *Pool) newTransport(d Delegate, opts []grpc.DialOption) (transport, erro
 		client: stubbornv1.NewDelegateServiceClient(conn),
 		health: healthpb.NewHealthClient(conn),
 		p:      p,
+		mode:   d.Stream,
 	}, nil
 }
 
@@ -75,9 +82,13 @@ type grpcTransport struct {
 	client stubbornv1.DelegateServiceClient
 	health healthpb.HealthClient
 	p      *Pool
+	// mode is the registry's stream setting; unary says an ExecuteStream
+	// answered UNIMPLEMENTED (StreamAuto): Execute from then on.
+	mode  string
+	unary atomic.Bool
 }
 
-func (g *grpcTransport) call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+func (g *grpcTransport) call(ctx context.Context, c controls.Call, s *stream) (*stubbornv1.Result, error) {
 	kv := make([]string, 0, 6)
 	if c.Attempt > 0 {
 		kv = append(kv, HeaderAttempt, strconv.Itoa(int(c.Attempt)))
@@ -98,24 +109,85 @@ func (g *grpcTransport) call(ctx context.Context, c controls.Call) (*stubbornv1.
 		IdempotencyKey: c.IdempotencyKey,
 		Metadata:       maps.Clone(c.Metadata),
 	}
+	if g.mode != StreamOff && !g.unary.Load() {
+		res, err, unimplemented := g.stream(ctx, req, s)
+		if !unimplemented || g.mode == StreamOn {
+			return res, err
+		}
+		g.unary.Store(true) // it does not stream: never asked again
+	}
 	var (
 		trailer metadata.MD
 		pr      peer.Peer
 	)
 	resp, err := g.client.Execute(ctx, req, grpc.Trailer(&trailer), grpc.Peer(&pr))
 	if err != nil {
-		ce := Classify(err, trailer)
-		if tooLarge(ce) {
-			ce = g.p.resultTooLarge(-1)
-		}
-		if pr.Addr != nil {
-			// A connection to the delegate carried the call: whatever the
-			// message says, it may have been received.
-			ce.NotSent = false
-		}
-		return nil, ce
+		return nil, g.callError(err, trailer, pr)
 	}
 	return resp.GetResult(), nil
+}
+
+// callError is the CallError of a failed Execute or ExecuteStream.
+func (g *grpcTransport) callError(err error, trailer metadata.MD, pr peer.Peer) *controls.CallError {
+	ce := Classify(err, trailer)
+	if tooLarge(ce) {
+		ce = g.p.resultTooLarge(-1)
+	}
+	if pr.Addr != nil {
+		// A connection to the delegate carried the call: whatever the
+		// message says, it may have been received.
+		ce.NotSent = false
+	}
+	return ce
+}
+
+// stream makes the call with ExecuteStream. unimplemented says the
+// delegate answered UNIMPLEMENTED before any message: it serves Execute
+// only, and nothing was done.
+func (g *grpcTransport) stream(ctx context.Context, req *stubbornv1.ExecuteRequest, s *stream) (res *stubbornv1.Result, err error, unimplemented bool) {
+	var (
+		trailer metadata.MD
+		pr      peer.Peer
+	)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // a stream left unread is ended
+	sreq := &stubbornv1.ExecuteStreamRequest{
+		Brief: req.GetBrief(), RunId: req.GetRunId(), Attempt: req.GetAttempt(),
+		IdempotencyKey: req.GetIdempotencyKey(), Metadata: req.GetMetadata(),
+	}
+	st, err := g.client.ExecuteStream(ctx, sreq, grpc.Trailer(&trailer), grpc.Peer(&pr))
+	if err != nil {
+		return nil, g.callError(err, trailer, pr), false
+	}
+	s.begin()
+	messages := 0
+	for {
+		msg, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			// Ended without a result: the deltas are the answer.
+			return &stubbornv1.Result{Text: s.joined()}, nil, false
+		}
+		if err != nil {
+			ce := g.callError(err, st.Trailer(), pr)
+			return nil, ce, messages == 0 && ce.Code == codes.Unimplemented
+		}
+		messages++
+		switch k := msg.GetKind().(type) {
+		case *stubbornv1.ExecuteStreamResponse_TextDelta:
+			if err := s.piece(k.TextDelta); err != nil {
+				return nil, err, false
+			}
+		case *stubbornv1.ExecuteStreamResponse_Result:
+			res := k.Result
+			if res == nil {
+				res = &stubbornv1.Result{}
+			}
+			if res.GetText() == "" {
+				res.Text = s.joined()
+			}
+			return res, nil, false
+		}
+	}
 }
 
 // serving asks grpc.health.v1 about service "": NOT_SERVING is not

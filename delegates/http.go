@@ -75,6 +75,11 @@ func (h *httpClient) do(req *http.Request) (*answer, error) {
 		return nil, requestError(req.Context(), err)
 	}
 	defer resp.Body.Close()
+	return h.read(req, resp)
+}
+
+// read reads resp, req's answer, as do does.
+func (h *httpClient) read(req *http.Request, resp *http.Response) (*answer, error) {
 	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(h.maxResult)+1))
 	if err != nil {
 		return nil, requestError(req.Context(), err)
@@ -219,9 +224,11 @@ func unreadable(format string, args ...any) *controls.CallError {
 type httpTransport struct {
 	*httpClient
 	cfg *HTTP
+	// stream: the answer streams (http.stream_format, not stream: off).
+	stream bool
 }
 
-func (t *httpTransport) call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+func (t *httpTransport) call(ctx context.Context, c controls.Call, s *stream) (*stubbornv1.Result, error) {
 	var body bytes.Buffer
 	data := newBodyData(c.Brief, c.RunID, c.IdempotencyKey, c.Attempt, c.Metadata)
 	if err := t.cfg.body.Execute(&body, data); err != nil || !json.Valid(body.Bytes()) {
@@ -250,11 +257,56 @@ func (t *httpTransport) call(ctx context.Context, c controls.Call) (*stubbornv1.
 	for _, kv := range t.cfg.headers {
 		req.Header.Set(kv[0], kv[1])
 	}
-	a, err := t.do(req)
-	if err != nil {
-		return nil, err
+	if !t.stream {
+		a, err := t.do(req)
+		if err != nil {
+			return nil, err
+		}
+		return t.result(a)
 	}
-	return t.result(a)
+	var last *structpb.Value
+	a, err := t.doStream(req, s, t.cfg.StreamFormat, func(ev event) error {
+		if string(ev.data) == "[DONE]" {
+			return errStreamDone
+		}
+		text, v, err := t.piece(ev.data)
+		if err != nil {
+			return err
+		}
+		if v != nil {
+			last = v
+		}
+		return s.piece(text)
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case a != nil:
+		return t.result(a) // the server did not stream
+	}
+	return &stubbornv1.Result{Text: s.joined(), Data: last}, nil
+}
+
+// piece reads one streamed event's data: its text at delta_pointer (none
+// when the event lacks it), and the event as JSON; without a pointer the
+// data is the text.
+func (t *httpTransport) piece(data []byte) (string, *structpb.Value, error) {
+	p := t.cfg.DeltaPointer
+	if p == "" {
+		return string(data), nil, nil
+	}
+	v := &structpb.Value{}
+	if err := protojson.Unmarshal(data, v); err != nil {
+		return "", nil, unreadable("http.delta_pointer %s needs each streamed event to be JSON: %v", p, err)
+	}
+	at, err := pointer(v, p)
+	if err != nil {
+		return "", v, nil // an event without text (a start, an end, usage)
+	}
+	if _, isNull := at.GetKind().(*structpb.Value_NullValue); isNull {
+		return "", v, nil
+	}
+	return textOf(at), v, nil
 }
 
 // result reads an answer: the text at text_pointer (or the whole body) and

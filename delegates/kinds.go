@@ -59,6 +59,14 @@ type HTTP struct {
 	// to the answer's text in a JSON body. Empty means the whole body is
 	// the text. A JSON body is also the result's data.
 	TextPointer string `yaml:"text_pointer,omitempty"`
+	// StreamFormat, when set, makes the answer a stream: "sse" (Server-Sent
+	// Events: each event's data is one piece) or "ndjson" (one JSON value
+	// per line). Empty means one answer.
+	StreamFormat string `yaml:"stream_format,omitempty"`
+	// DeltaPointer is a JSON pointer to each streamed event's text (such
+	// as /choices/0/delta/content); an event without it adds no text.
+	// Empty means each event's data is the text as it is (sse only).
+	DeltaPointer string `yaml:"delta_pointer,omitempty"`
 	// IdempotencyHeader names the header that carries the run's
 	// idempotency key; empty means DefaultIdempotencyHeader, "-" none.
 	IdempotencyHeader string `yaml:"idempotency_header,omitempty"`
@@ -198,6 +206,18 @@ func (h *HTTP) check(lookupEnv func(string) (string, bool)) []string {
 	}
 	if p := h.TextPointer; p != "" && !strings.HasPrefix(p, "/") {
 		bad = append(bad, fmt.Sprintf("http.text_pointer: %q is not a JSON pointer: it starts with / (such as /choices/0/text)", p))
+	}
+	switch h.StreamFormat {
+	case "", "sse":
+	case "ndjson":
+		if h.DeltaPointer == "" {
+			bad = append(bad, "http.delta_pointer: required with stream_format ndjson (such as /response)")
+		}
+	default:
+		bad = append(bad, fmt.Sprintf("http.stream_format: %q is not sse or ndjson", h.StreamFormat))
+	}
+	if p := h.DeltaPointer; p != "" && !strings.HasPrefix(p, "/") {
+		bad = append(bad, fmt.Sprintf("http.delta_pointer: %q is not a JSON pointer: it starts with / (such as /choices/0/delta/content)", p))
 	}
 	headers, msgs := expandHeaders(h.Headers, lookupEnv)
 	bad = append(bad, msgs...)

@@ -253,6 +253,7 @@ delegates:
 	require.NoError(t, json.Unmarshal(req.body, &sent))
 	assert.Equal(t, map[string]any{
 		"model": "m", "temperature": 0.2, "max_tokens": 64.0,
+		"stream": true, "stream_options": map[string]any{"include_usage": true}, // a server that answers JSON anyway is read as before
 		"messages": []any{
 			map[string]any{"role": "system", "content": "Be brief."},
 			map[string]any{"role": "user", "content": "Is it?"},

@@ -2,6 +2,8 @@ package delegates
 
 import (
 	"bytes"
+	"cmp"
+	"maps"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -36,6 +38,29 @@ type openAIRequest struct {
 	Messages    []chatMessage `json:"messages"`
 	Temperature *float64      `json:"temperature,omitempty"`
 	MaxTokens   int           `json:"max_tokens,omitempty"`
+	// Stream asks for Server-Sent Events, the last with the usage.
+	Stream        bool                 `json:"stream,omitempty"`
+	StreamOptions *openAIStreamOptions `json:"stream_options,omitempty"`
+}
+
+type openAIStreamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// openAIChunk is what is read of one streamed Chat Completions chunk.
+type openAIChunk struct {
+	Model   string `json:"model"`
+	Choices []struct {
+		Delta struct {
+			Content string `json:"content"`
+			Refusal string `json:"refusal"`
+		} `json:"delta"`
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage map[string]any `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
 }
 
 // openAIAnswer is what is read of a Chat Completions answer.
@@ -53,24 +78,29 @@ type openAIAnswer struct {
 
 type openAITransport struct {
 	*httpClient
-	cfg *OpenAI
-	url string
+	cfg    *OpenAI
+	url    string
+	stream bool
 }
 
-func newOpenAITransport(cfg *OpenAI, h *httpClient) *openAITransport {
+func newOpenAITransport(cfg *OpenAI, mode string, h *httpClient) *openAITransport {
 	return &openAITransport{
 		httpClient: h,
 		cfg:        cfg,
 		url:        strings.TrimSuffix(cfg.BaseURL, "/") + "/chat/completions",
+		stream:     mode != StreamOff,
 	}
 }
 
-func (t *openAITransport) call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+func (t *openAITransport) call(ctx context.Context, c controls.Call, s *stream) (*stubbornv1.Result, error) {
 	body := openAIRequest{Model: t.cfg.Model, Temperature: t.cfg.Temperature, MaxTokens: t.cfg.MaxTokens}
 	if t.cfg.System != "" {
 		body.Messages = append(body.Messages, chatMessage{Role: "system", Content: t.cfg.System})
 	}
 	body.Messages = append(body.Messages, chatMessage{Role: "user", Content: c.Brief})
+	if t.stream {
+		body.Stream, body.StreamOptions = true, &openAIStreamOptions{IncludeUsage: true}
+	}
 	req, err := jsonRequest(ctx, t.url, body, c)
 	if err != nil {
 		return nil, err
@@ -78,10 +108,56 @@ func (t *openAITransport) call(ctx context.Context, c controls.Call) (*stubbornv
 	if t.cfg.apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+t.cfg.apiKey)
 	}
-	a, err := t.do(req)
-	if err != nil {
-		return nil, err
+	if !t.stream {
+		a, err := t.do(req)
+		if err != nil {
+			return nil, err
+		}
+		return t.answer(a)
 	}
+	var (
+		model, finish string
+		refusal       strings.Builder
+		usage         map[string]any
+	)
+	a, err := t.doStream(req, s, formatSSE, func(ev event) error {
+		if string(ev.data) == "[DONE]" {
+			return errStreamDone
+		}
+		var ch openAIChunk
+		if err := json.Unmarshal(ev.data, &ch); err != nil {
+			return unreadable("not a Chat Completions chunk: %v", err)
+		}
+		if ch.Error != nil {
+			return &controls.CallError{Code: codes.Unavailable, Message: "the model's stream failed: " + controls.Cut(ch.Error.Message, maxErrorExcerpt)}
+		}
+		model = cmp.Or(ch.Model, model)
+		if ch.Usage != nil {
+			usage = ch.Usage
+		}
+		if len(ch.Choices) == 0 {
+			return nil
+		}
+		d := ch.Choices[0]
+		finish = cmp.Or(d.FinishReason, finish)
+		if refusal.Len() < maxErrorExcerpt {
+			refusal.WriteString(d.Delta.Refusal)
+		}
+		return s.piece(d.Delta.Content)
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case a != nil:
+		return t.answer(a) // the server did not stream
+	case refusal.Len() > 0 && !s.streamed():
+		return nil, &controls.CallError{Code: codes.FailedPrecondition, Message: "the model refused: " + controls.Cut(refusal.String(), maxErrorExcerpt)}
+	}
+	return modelResult(s.joined(), map[string]any{"model": model, "finish_reason": finish, "usage": usage})
+}
+
+// answer reads a Chat Completions answer that came whole.
+func (t *openAITransport) answer(a *answer) (*stubbornv1.Result, error) {
 	var ans openAIAnswer
 	if err := json.Unmarshal(a.body, &ans); err != nil {
 		return nil, unreadable("not a Chat Completions answer: %v", err)
@@ -107,6 +183,7 @@ type anthropicRequest struct {
 	System      string        `json:"system,omitempty"`
 	Messages    []chatMessage `json:"messages"`
 	Temperature *float64      `json:"temperature,omitempty"`
+	Stream      bool          `json:"stream,omitempty"`
 }
 
 // anthropicAnswer is what is read of a Messages API answer.
@@ -129,22 +206,43 @@ const defaultAnthropicMaxTokens = 1024
 
 type anthropicTransport struct {
 	*httpClient
-	cfg *Anthropic
-	url string
+	cfg    *Anthropic
+	url    string
+	stream bool
 }
 
-func newAnthropicTransport(cfg *Anthropic, h *httpClient) *anthropicTransport {
+func newAnthropicTransport(cfg *Anthropic, mode string, h *httpClient) *anthropicTransport {
 	return &anthropicTransport{
 		httpClient: h,
 		cfg:        cfg,
 		url:        strings.TrimSuffix(cfg.BaseURL, "/") + "/v1/messages",
+		stream:     mode != StreamOff,
 	}
 }
 
-func (t *anthropicTransport) call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
+// anthropicEvent is what is read of one streamed Messages API event.
+type anthropicEvent struct {
+	Type    string `json:"type"`
+	Message struct {
+		Model string         `json:"model"`
+		Usage map[string]any `json:"usage"`
+	} `json:"message"`
+	Delta struct {
+		Type       string `json:"type"`
+		Text       string `json:"text"`
+		StopReason string `json:"stop_reason"`
+	} `json:"delta"`
+	Usage map[string]any `json:"usage"`
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func (t *anthropicTransport) call(ctx context.Context, c controls.Call, s *stream) (*stubbornv1.Result, error) {
 	body := anthropicRequest{
 		Model: t.cfg.Model, MaxTokens: t.cfg.MaxTokens, System: t.cfg.System, Temperature: t.cfg.Temperature,
-		Messages: []chatMessage{{Role: "user", Content: c.Brief}},
+		Messages: []chatMessage{{Role: "user", Content: c.Brief}}, Stream: t.stream,
 	}
 	if body.MaxTokens == 0 {
 		body.MaxTokens = defaultAnthropicMaxTokens
@@ -157,10 +255,60 @@ func (t *anthropicTransport) call(ctx context.Context, c controls.Call) (*stubbo
 	if t.cfg.apiKey != "" {
 		req.Header.Set("X-Api-Key", t.cfg.apiKey)
 	}
-	a, err := t.do(req)
-	if err != nil {
-		return nil, err
+	if !t.stream {
+		a, err := t.do(req)
+		if err != nil {
+			return nil, err
+		}
+		return t.answer(a)
 	}
+	var (
+		model, stop string
+		usage       = map[string]any{}
+	)
+	a, err := t.doStream(req, s, formatSSE, func(ev event) error {
+		var e anthropicEvent
+		if err := json.Unmarshal(ev.data, &e); err != nil {
+			return unreadable("not a Messages API event: %v", err)
+		}
+		switch e.Type {
+		case "message_start":
+			model = e.Message.Model
+			maps.Copy(usage, e.Message.Usage)
+		case "content_block_delta":
+			if e.Delta.Type == "text_delta" {
+				return s.piece(e.Delta.Text)
+			}
+		case "message_delta":
+			stop = cmp.Or(e.Delta.StopReason, stop)
+			maps.Copy(usage, e.Usage)
+		case "message_stop":
+			return errStreamDone
+		case "error":
+			// overloaded_error, api_error: the service's trouble, worth
+			// another try; any other is the request's.
+			code := codes.FailedPrecondition
+			if e.Error.Type == "overloaded_error" || e.Error.Type == "api_error" {
+				code = codes.Unavailable
+			}
+			return &controls.CallError{Code: code, Message: "the model's stream failed: " + controls.Cut(e.Error.Type+": "+e.Error.Message, maxErrorExcerpt)}
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case a != nil:
+		return t.answer(a) // the server did not stream
+	}
+	if len(usage) == 0 {
+		usage = nil
+	}
+	return modelResult(s.joined(), map[string]any{"model": model, "stop_reason": stop, "usage": usage})
+}
+
+// answer reads a Messages API answer that came whole.
+func (t *anthropicTransport) answer(a *answer) (*stubbornv1.Result, error) {
 	var ans anthropicAnswer
 	if err := json.Unmarshal(a.body, &ans); err != nil {
 		return nil, unreadable("not a Messages API answer: %v", err)

@@ -213,6 +213,12 @@ func NotFound(name string) *controls.CallError {
 // result is returned as an empty one, and one whose data nests deeper than
 // controls.MaxDataDepth with its deeper parts as JSON text
 // (controls.BoundResult).
+//
+// A delegate that streams (see StreamAuto) gives each piece of its output
+// to c.Output as it comes. Its first_output_timeout and idle_timeout (or
+// c's) end a call whose output stalls, as a transient DEADLINE_EXCEEDED
+// CallError whose message starts "stalled:" and says which timeout; the
+// whole streamed text is bounded by max_result_bytes like an answer.
 func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
 	e, ok := p.byKey[c.Delegate]
 	if !ok {
@@ -227,10 +233,22 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 	}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	r, err := e.t.call(actx, c)
+	first, idle := e.cfg.FirstOutputTimeout.Std(), e.cfg.IdleTimeout.Std()
+	if c.FirstOutputTimeout > 0 {
+		first = c.FirstOutputTimeout
+	}
+	if c.IdleTimeout > 0 {
+		idle = c.IdleTimeout
+	}
+	sctx, s := newStream(actx, c, p.maxResult, first, idle)
+	r, err := e.t.call(sctx, c, s)
+	s.end()
 	if err != nil {
 		if cerr := ended(ctx); cerr != nil {
 			return nil, cerr
+		}
+		if ce := stalled(sctx); ce != nil {
+			return nil, ce
 		}
 		ce := Classify(err, nil)
 		if (ce.Code == codes.DeadlineExceeded || ce.Code == codes.Canceled) && ended(actx) != nil {
@@ -338,6 +356,13 @@ func (p *Pool) Describe() ([]*stubbornv1.DelegateDescription, []*stubbornv1.Pres
 		if d.RetryOn != nil {
 			desc.RetryOn = d.RetryOn.Proto()
 		}
+		if d.FirstOutputTimeout > 0 {
+			desc.FirstOutputTimeout = durationpb.New(d.FirstOutputTimeout.Std())
+		}
+		if d.IdleTimeout > 0 {
+			desc.IdleTimeout = durationpb.New(d.IdleTimeout.Std())
+		}
+		desc.Stream = d.streamMode()
 		ds = append(ds, desc)
 	}
 	p.mu.Unlock()

@@ -52,6 +52,7 @@ type runFlags struct {
 	attempts, maxRetries                  int
 	maxWait, baseWait, runTimeout         time.Duration
 	attemptTimeout, hedgeDelay            time.Duration
+	firstOutputTimeout, idleTimeout       time.Duration
 	onExhausted, idempotencyKey           string
 	metadata                              metadataFlag
 }
@@ -87,6 +88,8 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.hedgeDelay, "hedge-delay", 0, "race: start each next candidate only after this (or once all before it failed); 0: all at once")
 	fs.DurationVar(&f.runTimeout, "run-timeout", 0, "deadline of the whole run (default none)")
 	fs.DurationVar(&f.attemptTimeout, "attempt-timeout", 0, "timeout of each delegate call (default: the delegate's)")
+	fs.DurationVar(&f.firstOutputTimeout, "first-output-timeout", 0, "a streamed attempt that gives no output within this stalls, a transient failure (default: the delegate's first_output_timeout)")
+	fs.DurationVar(&f.idleTimeout, "idle-timeout", 0, "a streamed attempt that goes this long between two outputs stalls, a transient failure (default: the delegate's idle_timeout)")
 	fs.StringVar(&f.idempotencyKey, "idempotency-key", "", "options.idempotency_key: the same key again (within the server's -idempotency-window) gets the run it started instead of a new one")
 	fs.StringVar(&f.request, "request", "", "read the whole RunRequest as protojson from this file (- for stdin)")
 }
@@ -116,6 +119,12 @@ func (f *runFlags) build(stdin io.Reader) (*stubbornv1.RunRequest, error) {
 	}
 	if f.attemptTimeout > 0 {
 		req.Options.AttemptTimeout = durationpb.New(f.attemptTimeout)
+	}
+	if f.firstOutputTimeout > 0 {
+		req.Options.FirstOutputTimeout = durationpb.New(f.firstOutputTimeout)
+	}
+	if f.idleTimeout > 0 {
+		req.Options.IdleTimeout = durationpb.New(f.idleTimeout)
 	}
 	var names []string
 	if f.list != "" {
@@ -171,6 +180,8 @@ func follow[T any, PT interface {
 	*T
 	GetEvent() *stubbornv1.RunEvent
 }](stream grpc.ServerStreamingClient[T], p *printer) (*stubbornv1.ControlState, error) {
+	// A stream that ends in the middle of an attempt's text ends its line.
+	defer p.endOutput()
 	var final *stubbornv1.ControlState
 	for {
 		msg, err := stream.Recv()
@@ -496,6 +507,22 @@ func guardTraits(d *stubbornv1.DelegateDescription) []string {
 	return out
 }
 
+// streamTraits describes a delegate's streaming for registry: whether
+// calls stream (when not "auto", the default) and its stall timeouts.
+func streamTraits(d *stubbornv1.DelegateDescription) []string {
+	var out []string
+	if s := d.GetStream(); s != "" && s != "auto" {
+		out = append(out, "stream "+s)
+	}
+	if t := d.GetFirstOutputTimeout(); t != nil {
+		out = append(out, "first output within "+round(t.AsDuration()).String())
+	}
+	if t := d.GetIdleTimeout(); t != nil {
+		out = append(out, "idle timeout "+round(t.AsDuration()).String())
+	}
+	return out
+}
+
 func cmdRegistry(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	fs := newFlagSet("registry")
 	addr := addrFlag(fs)
@@ -526,6 +553,7 @@ func cmdRegistry(ctx context.Context, args []string, stdout io.Writer) (int, err
 		if d.GetTimeout() != nil {
 			traits = append(traits, "timeout "+round(d.GetTimeout().AsDuration()).String())
 		}
+		traits = append(traits, streamTraits(d)...)
 		traits = append(traits, guardTraits(d)...)
 		health := "unknown" // not seen within the last 5 minutes
 		if d.GetHealth() != stubbornv1.DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED {

@@ -14,6 +14,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -87,6 +91,16 @@ func TestRunFlagsBuildRequests(t *testing.T) {
 			func(t *testing.T, r *stubbornv1.RunRequest) {
 				assert.EqualValues(t, 4, r.GetRetryWithLearning().GetMaxRetries())
 			}, ""},
+		{[]string{"-control", "race", "-delegates", "a,b", "-first-output-timeout", "3s", "-idle-timeout", "500ms", "-brief", "b"},
+			func(t *testing.T, r *stubbornv1.RunRequest) {
+				assert.Equal(t, 3*time.Second, r.GetOptions().GetFirstOutputTimeout().AsDuration())
+				assert.Equal(t, 500*time.Millisecond, r.GetOptions().GetIdleTimeout().AsDuration())
+			}, ""},
+		{[]string{"-control", "retry", "-target", "a", "-brief", "b"},
+			func(t *testing.T, r *stubbornv1.RunRequest) {
+				assert.Nil(t, r.GetOptions().GetFirstOutputTimeout(), "unset means the delegate's")
+				assert.Nil(t, r.GetOptions().GetIdleTimeout(), "unset means the delegate's")
+			}, ""},
 		{[]string{"-control", "nope"}, nil, "-control must be"},
 		{[]string{"-control", "retry", "-on-exhausted", "maybe"}, nil, "-on-exhausted"},
 	}
@@ -128,6 +142,141 @@ func TestPrintSaysWhyARaceCandidateStarted(t *testing.T) {
 		attempt(2, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY),
 	}}, true)
 	assert.Contains(t, out.String(), "#2 d: UNSPECIFIED (started after the hedge delay)")
+}
+
+// streamEvents builds the events of a run for the printer tests: seq
+// and time (at the epoch plus the seq in seconds) are filled in.
+type streamEvents []*stubbornv1.RunEvent
+
+func (s *streamEvents) add(path string, kind any) {
+	ev := &stubbornv1.RunEvent{RunId: "r", Seq: int64(len(*s) + 1), Time: timestamppb.New(time.Unix(int64(len(*s)+1), 0)), Path: path}
+	switch k := kind.(type) {
+	case *stubbornv1.RunStarted:
+		ev.Kind = &stubbornv1.RunEvent_RunStarted{RunStarted: k}
+	case *stubbornv1.AttemptStarted:
+		ev.Kind = &stubbornv1.RunEvent_AttemptStarted{AttemptStarted: k}
+	case *stubbornv1.AttemptOutput:
+		ev.Kind = &stubbornv1.RunEvent_AttemptOutput{AttemptOutput: k}
+	case *stubbornv1.AttemptFinished:
+		ev.Kind = &stubbornv1.RunEvent_AttemptFinished{AttemptFinished: k}
+	case *stubbornv1.FailureAnalyzed:
+		ev.Kind = &stubbornv1.RunEvent_FailureAnalyzed{FailureAnalyzed: k}
+	case *stubbornv1.RunFinished:
+		ev.Kind = &stubbornv1.RunEvent_RunFinished{RunFinished: k}
+	default:
+		panic(fmt.Sprintf("no event for %T", kind))
+	}
+	*s = append(*s, ev)
+}
+
+func (s *streamEvents) output(attempt int32, offset int64, text string) {
+	s.add("", &stubbornv1.AttemptOutput{Attempt: attempt, Offset: offset, Text: text})
+}
+
+// at is how the printer shows the time of event seq.
+func at(seq int) string { return time.Unix(int64(seq), 0).Local().Format("15:04:05.000") }
+
+// TestPrintStreamsAttemptOutput: a chain's first model streams, stalls and
+// its output is discarded, the second streams its answer. The text shows
+// once, as it came, in one block under each attempt (a piece sent again
+// is not printed again); the stall says the output is discarded; the
+// answer's text is not quoted again under the attempt that streamed it.
+func TestPrintStreamsAttemptOutput(t *testing.T) {
+	var evs streamEvents
+	epoch := func(s int) *timestamppb.Timestamp { return timestamppb.New(time.Unix(int64(s), 0)) }
+	evs.add("", &stubbornv1.RunStarted{State: &stubbornv1.ControlState{RunId: "r",
+		Control: &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"model", "backup"}}}}}})
+	evs.add("", &stubbornv1.AttemptStarted{Attempt: &stubbornv1.Attempt{Number: 1, Delegate: "model", Brief: "write a poem"}})
+	evs.output(1, 0, "Roses are red,\nviol")
+	evs.output(1, 19, "ets are blue,\n")
+	evs.output(1, 19, "ets are blue,\n") // sent again: not printed again
+	evs.output(1, 33, "sugar")
+	evs.add("", &stubbornv1.AttemptFinished{OutputDiscarded: true, OutputBytes: 38, Attempt: &stubbornv1.Attempt{
+		Number: 1, Delegate: "model", Outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_ERROR, StartTime: epoch(2), EndTime: epoch(7),
+		Error: &stubbornv1.AttemptError{Code: 14, Message: "stalled: no output for 5s after 3 chunks (idle_timeout)"}}})
+	evs.add("", &stubbornv1.FailureAnalyzed{WillRetry: true, Failure: &stubbornv1.FailureRecord{Attempt: 1, Delegate: "model", Reason: "stalled: no output for 5s after 3 chunks (idle_timeout)"}})
+	evs.add("", &stubbornv1.AttemptStarted{Attempt: &stubbornv1.Attempt{Number: 2, Delegate: "backup", Brief: "write a poem"}})
+	evs.output(2, 0, "Hello")
+	evs.output(2, 3, "lo, world\n") // its first 2 bytes printed before
+	evs.output(2, 13, "\nbye")
+	result := &stubbornv1.Result{Text: "Hello, world\n\nbye"}
+	evs.add("", &stubbornv1.AttemptFinished{OutputBytes: 18, Attempt: &stubbornv1.Attempt{
+		Number: 2, Delegate: "backup", Outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED, StartTime: epoch(9), EndTime: epoch(13), Result: result}})
+	evs.add("", &stubbornv1.RunFinished{State: &stubbornv1.ControlState{RunId: "r", Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Attempts: 2, Winner: "backup", Result: result}})
+
+	var out bytes.Buffer
+	p := printer{w: &out}
+	for _, ev := range evs {
+		p.event(ev)
+	}
+	want := "" +
+		"  1 " + at(1) + " run r started: fallback-chain model → backup\n" +
+		"  2 " + at(2) + " attempt 1 → model: brief \"write a poem\"\n" +
+		"      attempt 1 │ Roses are red,\n" +
+		"                │ violets are blue,\n" +
+		"                │ sugar\n" +
+		"  7 " + at(7) + " attempt 1 ← model: ERROR Unavailable \"stalled: no output for 5s after 3 chunks (idle_timeout)\" in 5s\n" +
+		"      attempt 1 output discarded (stalled: no output for 5s after 3 chunks (idle_timeout))\n" +
+		"  8 " + at(8) + " failure of attempt 1 (model): \"stalled: no output for 5s after 3 chunks (idle_timeout)\"; next attempt follows\n" +
+		"  9 " + at(9) + " attempt 2 → backup: brief \"write a poem\"\n" +
+		"      attempt 2 │ Hello, world\n" +
+		"                │\n" +
+		"                │ bye\n" +
+		" 13 " + at(13) + " attempt 2 ← backup: SUCCEEDED, its output above (18 bytes) in 4s\n" +
+		" 14 " + at(14) + " run finished: SUCCEEDED after 2 attempt(s), winner backup, result \"Hello, world bye\"\n"
+	assert.Equal(t, want, out.String())
+	assert.Equal(t, int64(14), p.lastSeq, "watch -after follows from an output event's seq too")
+
+	// -json: every event one protojson line, the output events as they came.
+	out.Reset()
+	p = printer{w: &out, json: true}
+	for _, ev := range evs {
+		p.event(ev)
+	}
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	require.Len(t, lines, len(evs))
+	for i, line := range lines {
+		got := &stubbornv1.RunEvent{}
+		require.NoError(t, protojson.Unmarshal([]byte(line), got), line)
+		assert.True(t, proto.Equal(evs[i], got), "line %d: %s", i+1, line)
+	}
+	assert.Contains(t, lines[3], `"attemptOutput"`)
+}
+
+// TestPrintInterleavedAttemptOutput: a race's candidates stream at once;
+// each change of attempt starts a labelled block, and a line taken up
+// where another block cut it begins with "…", as does text after a gap
+// (a watch from the middle of an answer). Provisional text and a nested
+// control's are labelled so; control characters are not sent to the
+// terminal; a stream that ends mid-line ends the line.
+func TestPrintInterleavedAttemptOutput(t *testing.T) {
+	var evs streamEvents
+	evs.output(1, 0, "The answer")
+	evs.output(2, 0, "Another\nline two")
+	evs.output(1, 10, " is 42.\n")
+	evs.output(2, 16, " and three\n")
+	evs.add("chain[1]", &stubbornv1.AttemptOutput{Attempt: 3, Offset: 100, Text: "tail \x1b[31mred\r\n", Provisional: true})
+	evs.add("chain[1]", &stubbornv1.AttemptOutput{Attempt: 3, Offset: 115, Text: "cut", Provisional: true})
+	var out bytes.Buffer
+	p := printer{w: &out}
+	for _, ev := range evs {
+		p.event(ev)
+	}
+	p.endOutput()
+	assert.Equal(t, ""+
+		"      attempt 1 │ The answer\n"+
+		"      attempt 2 │ Another\n"+
+		"                │ line two\n"+
+		"      attempt 1 │ … is 42.\n"+
+		"      attempt 2 │ … and three\n"+
+		"      [chain[1]] attempt 3 (provisional) │ …tail \\x1b[31mred\n"+
+		"                                         │ cut\n", out.String())
+}
+
+func TestRegistryShowsStreamSettings(t *testing.T) {
+	assert.Empty(t, streamTraits(&stubbornv1.DelegateDescription{Stream: "auto"}))
+	assert.Equal(t, []string{"stream on", "first output within 3s", "idle timeout 500ms"}, streamTraits(&stubbornv1.DelegateDescription{
+		Stream: "on", FirstOutputTimeout: durationpb.New(3 * time.Second), IdleTimeout: durationpb.New(500 * time.Millisecond)}))
 }
 
 func TestRunFlagsReadProtoJSON(t *testing.T) {

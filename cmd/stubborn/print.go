@@ -3,8 +3,11 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -14,6 +17,18 @@ import (
 )
 
 // printer writes run events, one readable line each, or protojson lines.
+// An attempt's streamed output (attempt_output) is the text itself, as it
+// comes, in blocks under a label:
+//
+//	    attempt 1 │ Roses are red,
+//	              │ violets are
+//	5 15:04:05.000 attempt 1 ← model: ERROR Unavailable "stalled: …" in 5s
+//	    attempt 1 output discarded (stalled: …)
+//
+// A block ends (with a newline) before any other line, and a new one
+// starts when the text of another attempt comes (a race's candidates
+// interleave); a block that takes up an attempt's line where another left
+// it begins with "…".
 type printer struct {
 	w    io.Writer
 	json bool
@@ -23,6 +38,30 @@ type printer struct {
 	// runID and lastSeq are those of the last event printed.
 	runID   string
 	lastSeq int64
+
+	// outputs is what was printed of each attempt's text, by outputKey.
+	outputs map[string]*attemptText
+	// block is the outputKey of the attempt whose text block is open (""
+	// for none); cont is the prefix of its next lines, midLine whether its
+	// last line has yet to end.
+	block, cont string
+	midLine     bool
+}
+
+// attemptText is what a printer printed of one attempt's text.
+type attemptText struct {
+	// printed is the bytes of the text printed: the offset the next piece
+	// should have.
+	printed int64
+	// resumed: the next line printed of it takes up a line cut short (by
+	// another block, another event, or text never seen), so it begins
+	// with "…".
+	resumed bool
+}
+
+// outputKey names an attempt of a run's own control or of a nested one.
+func outputKey(path string, attempt int32) string {
+	return fmt.Sprintf("%s\x00%d", path, attempt)
 }
 
 // jsonLine writes protojson with its standard JSON names (runId,
@@ -30,6 +69,10 @@ type printer struct {
 var jsonLine = protojson.MarshalOptions{}
 
 func (p *printer) event(ev *stubbornv1.RunEvent) {
+	if ev.GetRunId() != p.runID {
+		p.endOutput()
+		p.outputs = nil
+	}
 	p.runID, p.lastSeq = ev.GetRunId(), ev.GetSeq()
 	if p.json {
 		b, err := jsonLine.Marshal(ev)
@@ -40,11 +83,28 @@ func (p *printer) event(ev *stubbornv1.RunEvent) {
 		fmt.Fprintf(p.w, "%s\n", b)
 		return
 	}
+	if o := ev.GetAttemptOutput(); o != nil {
+		p.output(ev.GetPath(), o)
+		return
+	}
+	p.endOutput()
 	where := ""
 	if ev.GetPath() != "" {
 		where = "[" + ev.GetPath() + "] "
 	}
-	line := describe(ev)
+	var line string
+	if f := ev.GetAttemptFinished(); f != nil {
+		shown := int64(0)
+		if t := p.outputs[outputKey(ev.GetPath(), f.GetAttempt().GetNumber())]; t != nil {
+			shown = t.printed
+		}
+		line = describeFinished(f, shown)
+		if f.GetOutputDiscarded() {
+			line += "\n      " + where + discardedLine(f)
+		}
+	} else {
+		line = describe(ev)
+	}
 	if ev.GetDecisionRequested() != nil {
 		line += fmt.Sprintf(" — answer with `stubborn decide%s %s retry|fail`", p.addrFlag(), ev.GetRunId())
 	}
@@ -83,17 +143,14 @@ func describe(ev *stubbornv1.RunEvent) string {
 		}
 		return s
 	case *stubbornv1.RunEvent_AttemptFinished:
-		a := k.AttemptFinished.GetAttempt()
-		s := fmt.Sprintf("attempt %d ← %s: %s", a.GetNumber(), a.GetDelegate(), outcomeName(a.GetOutcome()))
-		if e := a.GetError(); e != nil {
-			s += fmt.Sprintf(" %s %s", codes.Code(e.GetCode()), quote(e.GetMessage(), errorQuote))
-		} else if a.GetResult() != nil {
-			s += " " + quote(a.GetResult().GetText(), 80)
+		s := describeFinished(k.AttemptFinished, 0)
+		if k.AttemptFinished.GetOutputDiscarded() {
+			s += "\n      " + discardedLine(k.AttemptFinished)
 		}
-		if n := k.AttemptFinished.GetNote(); n != "" {
-			s += " (" + n + ")"
-		}
-		return s + fmt.Sprintf(" in %s", round(a.GetEndTime().AsTime().Sub(a.GetStartTime().AsTime())))
+		return s
+	case *stubbornv1.RunEvent_AttemptOutput:
+		o := k.AttemptOutput
+		return fmt.Sprintf("attempt %d output at %d: %s", o.GetAttempt(), o.GetOffset(), quote(o.GetText(), 80))
 	case *stubbornv1.RunEvent_FailureAnalyzed:
 		f := k.FailureAnalyzed.GetFailure()
 		s := fmt.Sprintf("failure of attempt %d (%s): %s", f.GetAttempt(), f.GetDelegate(), quote(f.GetReason(), errorQuote))
@@ -138,6 +195,152 @@ func describe(ev *stubbornv1.RunEvent) string {
 		return s
 	}
 	return "unknown event"
+}
+
+// describeFinished renders attempt_finished. shown is the bytes of the
+// attempt's text the printer printed as it streamed: a result whose text
+// is above is not quoted again.
+func describeFinished(f *stubbornv1.AttemptFinished, shown int64) string {
+	a := f.GetAttempt()
+	s := fmt.Sprintf("attempt %d ← %s: %s", a.GetNumber(), a.GetDelegate(), outcomeName(a.GetOutcome()))
+	switch e := a.GetError(); {
+	case e != nil:
+		s += fmt.Sprintf(" %s %s", codes.Code(e.GetCode()), quote(e.GetMessage(), errorQuote))
+	case a.GetResult() != nil && shown > 0:
+		n := f.GetOutputBytes()
+		if n == 0 {
+			n = shown
+		}
+		s += fmt.Sprintf(", its output above (%d bytes)", n)
+	case a.GetResult() != nil:
+		s += " " + quote(a.GetResult().GetText(), 80)
+	}
+	if n := f.GetNote(); n != "" {
+		s += " (" + n + ")"
+	}
+	return s + fmt.Sprintf(" in %s", round(a.GetEndTime().AsTime().Sub(a.GetStartTime().AsTime())))
+}
+
+// discardedLine says that an attempt's streamed output is not the
+// answer, and why.
+func discardedLine(f *stubbornv1.AttemptFinished) string {
+	a := f.GetAttempt()
+	why := outcomeName(a.GetOutcome())
+	if m := a.GetError().GetMessage(); m != "" {
+		why = printable(oneLine(m, errorQuote))
+	}
+	return fmt.Sprintf("attempt %d output discarded (%s)", a.GetNumber(), why)
+}
+
+// output prints the next piece of an attempt's text: the part of it not
+// printed yet (a piece seen before, as a watch that reattaches may see
+// one, is not printed twice).
+func (p *printer) output(path string, o *stubbornv1.AttemptOutput) {
+	key := outputKey(path, o.GetAttempt())
+	t := p.outputs[key]
+	if t == nil {
+		if p.outputs == nil {
+			p.outputs = map[string]*attemptText{}
+		}
+		t = &attemptText{}
+		p.outputs[key] = t
+	}
+	text, off := o.GetText(), o.GetOffset()
+	end := off + int64(len(text))
+	if end <= t.printed {
+		return // all of it printed before
+	}
+	switch {
+	case off < t.printed:
+		text = text[t.printed-off:]
+	case off > t.printed:
+		// Text before this piece was never seen here (a watch from -after
+		// in the middle of an answer).
+		if p.block == key {
+			p.endOutput()
+		}
+		t.resumed = true
+	}
+	t.printed = end
+	if p.block != key {
+		p.endOutput()
+	}
+	for text != "" {
+		line, rest, nl := strings.Cut(text, "\n")
+		text = rest
+		if !p.midLine {
+			p.startLine(key, path, o, t, line == "" && nl)
+		}
+		fmt.Fprint(p.w, printable(line))
+		p.midLine = !nl
+		if nl {
+			fmt.Fprintln(p.w)
+		}
+	}
+}
+
+// startLine begins a line of an attempt's text block: the label on the
+// block's first line, a blank as wide on the others; on an empty line,
+// with no space after the bar.
+func (p *printer) startLine(key, path string, o *stubbornv1.AttemptOutput, t *attemptText, empty bool) {
+	write := func(prefix string) {
+		if empty && !t.resumed {
+			prefix = strings.TrimSuffix(prefix, " ")
+		}
+		fmt.Fprint(p.w, prefix)
+	}
+	if p.block != key {
+		label := fmt.Sprintf("attempt %d", o.GetAttempt())
+		if path != "" {
+			label = "[" + path + "] " + label
+		}
+		if o.GetProvisional() {
+			label += " (provisional)"
+		}
+		label = "      " + label + " │ "
+		p.block = key
+		p.cont = strings.Repeat(" ", utf8.RuneCountInString(label)-2) + "│ "
+		write(label)
+	} else {
+		write(p.cont)
+	}
+	if t.resumed {
+		fmt.Fprint(p.w, "…")
+		t.resumed = false
+	}
+}
+
+// endOutput ends the open text block, if any, before another line.
+func (p *printer) endOutput() {
+	if p.midLine {
+		fmt.Fprintln(p.w)
+		if t := p.outputs[p.block]; t != nil {
+			t.resumed = true
+		}
+	}
+	p.block, p.midLine = "", false
+}
+
+// printable is a line of a delegate's text as a terminal may show it:
+// carriage returns dropped (a CRLF line ends as any other), other control
+// characters (an escape sequence) written as Go escapes, tabs kept.
+func printable(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return r != '\t' && unicode.IsControl(r) }) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if r == '\t' || !unicode.IsControl(r) {
+			b.WriteRune(r)
+			continue
+		}
+		if r == '\r' {
+			continue
+		}
+		q := strconv.QuoteRune(r)
+		b.WriteString(q[1 : len(q)-1])
+	}
+	return b.String()
 }
 
 // summaryName is controlName for a run's summary.
@@ -197,11 +400,16 @@ func round(d time.Duration) time.Duration {
 const errorQuote = 240
 
 func quote(s string, n int) string {
+	return fmt.Sprintf("%q", oneLine(s, n))
+}
+
+// oneLine is s on one line, cut to n characters.
+func oneLine(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
 	if r := []rune(s); len(r) > n {
 		s = string(r[:n]) + "…"
 	}
-	return fmt.Sprintf("%q", s)
+	return s
 }
 
 // printState prints a run's state in a few lines (get), or its status in

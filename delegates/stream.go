@@ -1,0 +1,183 @@
+package delegates
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/stubbornhq/stubborn/controls"
+)
+
+// Stream settings of a delegate (registry `stream`).
+const (
+	// StreamAuto streams when the delegate can: a gRPC delegate is asked
+	// ExecuteStream first and, if it answers UNIMPLEMENTED before any
+	// output, Execute from then on; the model kinds ask for an SSE stream
+	// (an answer that comes as one JSON body is read as before); an http
+	// kind streams when it sets stream_format.
+	StreamAuto = "auto"
+	// StreamOn always streams (a gRPC delegate: ExecuteStream only).
+	StreamOn = "on"
+	// StreamOff never streams: Execute, or one JSON answer.
+	StreamOff = "off"
+)
+
+// MaxStallTimeout bounds first_output_timeout and idle_timeout, in the
+// registry and in a run's options.
+const MaxStallTimeout = 24 * time.Hour
+
+// stallHead is how many characters of the output so far a stall's message
+// quotes.
+const stallHead = 200
+
+// stream is one streamed call's output, as the transport reads it: each
+// piece goes to the call's Output, the whole is kept (its text, when the
+// delegate's last message sets none) and bounded by max_result_bytes, and
+// the call's context ends when the output stalls: no first output within
+// first_output_timeout, or none for idle_timeout after one.
+type stream struct {
+	out         func(string)
+	max         int
+	first, idle time.Duration
+	cancel      context.CancelCauseFunc
+	begun       time.Time
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	chunks  int
+	text    strings.Builder
+	firstAt time.Duration // since begun, once a piece came
+	done    bool
+}
+
+// stallError is why a stalled call's context ended.
+type stallError struct{ msg string }
+
+func (e *stallError) Error() string { return e.msg }
+
+// newStream is the stream of call c, whose context is ctx: ctx's child
+// that a stall ends is returned. Nothing is timed until the transport
+// begins streaming (begin): a delegate that answers at once is bounded by
+// its attempt timeout alone.
+func newStream(ctx context.Context, c controls.Call, max int, first, idle time.Duration) (context.Context, *stream) {
+	sctx, cancel := context.WithCancelCause(ctx)
+	return sctx, &stream{out: c.Output, max: max, first: first, idle: idle, cancel: cancel}
+}
+
+// begin starts the stall timers: the transport's request is on its way,
+// and its answer will stream.
+func (s *stream) begin() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.begun = time.Now()
+	if s.first > 0 {
+		s.timer = time.AfterFunc(s.first, s.stall)
+	}
+}
+
+// stall ends the call: its output stalled.
+func (s *stream) stall() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return
+	}
+	var msg string
+	if s.chunks == 0 {
+		msg = fmt.Sprintf("stalled: no output within %s (first_output_timeout)", s.first)
+	} else {
+		msg = fmt.Sprintf("stalled: no output for %s after %d chunks (idle_timeout); the output began %s",
+			s.idle, s.chunks, strconv.Quote(head(s.text.String(), stallHead)))
+	}
+	s.cancel(&stallError{msg: msg})
+}
+
+// head is the first n characters of text.
+func head(text string, n int) string {
+	i := 0
+	for pos := range text {
+		if i == n {
+			return text[:pos] + "…"
+		}
+		i++
+	}
+	return text
+}
+
+// piece takes the next piece of text: it goes to the call's Output, and
+// rearms the idle timer. An error (the whole over max_result_bytes) ends
+// the call.
+func (s *stream) piece(text string) error {
+	if text == "" {
+		return nil
+	}
+	text = strings.ToValidUTF8(text, "\uFFFD")
+	s.mu.Lock()
+	if s.done {
+		s.mu.Unlock()
+		return nil
+	}
+	if s.text.Len()+len(text) > s.max {
+		s.mu.Unlock()
+		return resultTooLarge(s.max, fmt.Sprintf("the streamed answer is over %d bytes", s.max))
+	}
+	if s.chunks == 0 {
+		s.firstAt = time.Since(s.begun)
+	}
+	s.chunks++
+	s.text.WriteString(text)
+	switch {
+	case s.idle <= 0 && s.timer != nil:
+		s.timer.Stop()
+	case s.idle > 0 && s.timer == nil:
+		s.timer = time.AfterFunc(s.idle, s.stall)
+	case s.idle > 0:
+		s.timer.Reset(s.idle)
+	}
+	s.mu.Unlock()
+	if s.out != nil {
+		s.out(text)
+	}
+	return nil
+}
+
+// end stops the timers; no piece is taken after it.
+func (s *stream) end() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done = true
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+}
+
+// joined returns the text streamed so far.
+func (s *stream) joined() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.text.String()
+}
+
+// streamed reports whether any piece came.
+func (s *stream) streamed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.chunks > 0
+}
+
+// stalled returns the error of a call whose output stalled (ctx is the
+// stream's), or nil: a transient DEADLINE_EXCEEDED that says which timeout
+// and for how long. The call was sent.
+func stalled(ctx context.Context) *controls.CallError {
+	var se *stallError
+	if !errors.As(context.Cause(ctx), &se) {
+		return nil
+	}
+	return &controls.CallError{Code: codes.DeadlineExceeded, Message: se.msg}
+}
