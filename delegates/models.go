@@ -3,9 +3,9 @@ package delegates
 import (
 	"bytes"
 	"cmp"
-	"maps"
 	"context"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"strings"
 
