@@ -452,5 +452,10 @@ func (f flushing) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result
 		// breaker does not count it).
 		return nil, &controls.CallError{Code: codes.Aborted, Message: "not sent: " + errLost.Error(), NotSent: true, Refused: true}
 	}
+	if c.Output != nil {
+		co := newCoalescer(c.Output, f.r.outputWindow, f.r.outputBytes)
+		defer co.close() // every piece is out before the answer is judged
+		c.Output = co.piece
+	}
 	return f.Delegates.Call(ctx, c.WithRun(f.of))
 }

@@ -79,6 +79,16 @@ type Config struct {
 	// DefaultParkAfter; a negative value never parks. Runs are parked only
 	// on the real clock.
 	ParkAfter time.Duration
+	// OutputFlushInterval and OutputFlushBytes coalesce a streamed
+	// attempt's text into attempt_output events: after the first piece
+	// (sent at once), what came within the interval goes out as one event,
+	// and no event carries more than OutputFlushBytes. Each event is one
+	// store write at most (several may share one), so a streaming attempt
+	// costs at most 1/OutputFlushInterval writes a second, plus one per
+	// OutputFlushBytes of text. 0 means DefaultOutputFlushInterval and
+	// DefaultOutputFlushBytes.
+	OutputFlushInterval time.Duration
+	OutputFlushBytes    int
 	// Seed, when non-zero, seeds every run's jitter deterministically (tests).
 	Seed uint64
 	// MaxFinished is how many finished runs this server keeps in memory for

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -108,6 +109,9 @@ type run struct {
 	base     *stubbornv1.ControlState
 	maxEvent int
 	clock    controls.Clock
+	// outputWindow and outputBytes coalesce streamed text (coalescer).
+	outputWindow time.Duration
+	outputBytes  int
 	// slab is the free end of the array the run's events are encoded in
 	// (encode); used by record only, under the tracker's lock.
 	slab []byte

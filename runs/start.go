@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/base32"
@@ -269,10 +270,15 @@ func (m *Manager) admit(id, tenant string) (*run, error) {
 		ready: make(chan struct{}), ended: make(chan struct{}),
 		saveEnd: !inJournal, maxEvent: MaxEventBytes, clock: m.cfg.Clock, writers: &m.writes,
 		onLost: m.lostHere, mayWrite: m.mayWrite,
+		outputWindow: cmp.Or(m.cfg.OutputFlushInterval, DefaultOutputFlushInterval),
+		outputBytes:  cmp.Or(m.cfg.OutputFlushBytes, DefaultOutputFlushBytes),
 	}
 	if l, ok := m.store.(eventLimit); ok {
 		r.maxEvent = min(r.maxEvent, l.eventLimit())
 	}
+	// An event carries at most outputBytes of text: far below any store's
+	// message, whatever the flag says.
+	r.outputBytes = max(1, min(r.outputBytes, r.maxEvent/4))
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {

@@ -517,6 +517,17 @@ func (val *validator) options(v *violations, o *stubbornv1.RunOptions) {
 			v.add(f.name, "must be a valid, non-negative duration")
 		}
 	}
+	for _, f := range []struct {
+		name string
+		d    *durationpb.Duration
+	}{{"options.first_output_timeout", o.GetFirstOutputTimeout()}, {"options.idle_timeout", o.GetIdleTimeout()}} {
+		if f.d == nil {
+			continue
+		}
+		if err := f.d.CheckValid(); err != nil || f.d.AsDuration() < 0 || f.d.AsDuration() > delegates.MaxStallTimeout {
+			v.add(f.name, "must be a duration between 0 and %s", delegates.MaxStallTimeout)
+		}
+	}
 	switch key := o.GetIdempotencyKey(); {
 	case len(key) > maxIdempotencyKeyBytes:
 		v.add("options.idempotency_key", "is %d bytes, more than the limit of %d", len(key), maxIdempotencyKeyBytes)

@@ -96,6 +96,11 @@ func TestEveryInputIsBoundedAtSubmission(t *testing.T) {
 		{"options.judge at 128 bytes", withOptions(&stubbornv1.RunOptions{Judge: name(128)}), codes.NotFound, "options.judge", "is not in the registry"},
 		{"options.judge over", withOptions(&stubbornv1.RunOptions{Judge: name(129)}), codes.InvalidArgument, "options.judge", "more than the limit of 128"},
 
+		// Stall timeouts: 0 to 24 h.
+		{"options.first_output_timeout at 24h", withOptions(&stubbornv1.RunOptions{FirstOutputTimeout: durationpb.New(24 * time.Hour)}), codes.OK, "", ""},
+		{"options.first_output_timeout over 24h", withOptions(&stubbornv1.RunOptions{FirstOutputTimeout: durationpb.New(24*time.Hour + 1)}), codes.InvalidArgument, "options.first_output_timeout", "must be a duration between 0 and 24h0m0s"},
+		{"options.idle_timeout negative", withOptions(&stubbornv1.RunOptions{IdleTimeout: durationpb.New(-time.Second)}), codes.InvalidArgument, "options.idle_timeout", "must be a duration between 0 and 24h0m0s"},
+
 		// The brief and the criteria, bounded by max_brief_bytes.
 		{"task_brief at the limit", &stubbornv1.StartRunRequest{TaskBrief: name(64 << 10), FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}}}, codes.OK, "", ""},
 		{"task_brief over the limit", &stubbornv1.StartRunRequest{TaskBrief: name(64<<10 + 1), FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}}}, codes.InvalidArgument, "task_brief", "is 65537 bytes, more than the limit of 65536"},

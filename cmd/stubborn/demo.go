@@ -29,6 +29,8 @@ type demoDelegate struct {
 	name       string
 	svc        stubbornv1.DelegateServiceServer
 	idempotent bool
+	// idle is its idle_timeout (a streaming one); 0 none.
+	idle time.Duration
 }
 
 // demoDelegates returns the demo delegates. Each answers after latency, so
@@ -53,6 +55,10 @@ func demoDelegates(latency time.Duration) []demoDelegate {
 		{name: "search-backup", svc: slowly(demo.NewScripted(func(context.Context, *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
 			return nil, status.Error(codes.Internal, "search-backup: index is corrupt")
 		}))},
+		// A model that streams a word every latency/5 and stalls once,
+		// after 3 words: its idle_timeout (4×latency, at least 1s) ends
+		// that attempt, and a retry streams the whole answer.
+		{name: "storyteller", svc: &demo.Storyteller{Pace: latency / 5, StallFirst: 1, StallAfter: 3}, idempotent: true, idle: max(4*latency, time.Second)},
 	}
 }
 
@@ -88,7 +94,7 @@ func serveDemoDelegates(ctx context.Context, host string, firstPort int, latency
 		wg.Go(func() { _ = s.Serve(ctx, lis) })
 		entries = append(entries, delegates.Delegate{
 			Name: d.name, Target: lis.Addr().String(), Idempotent: d.idempotent,
-			Timeout: delegates.Duration(time.Minute),
+			Timeout: delegates.Duration(time.Minute), IdleTimeout: delegates.Duration(d.idle),
 		})
 	}
 	return entries, stop, nil
@@ -117,7 +123,11 @@ func cmdDelegates(ctx context.Context, args []string, stdout io.Writer) (int, er
 	fmt.Fprintln(stdout, "# demo delegates are serving; a config for `stubborn serve -config`:")
 	fmt.Fprintln(stdout, "delegates:")
 	for _, e := range entries {
-		fmt.Fprintf(stdout, "  - {name: %s, target: %q, idempotent: %t, timeout: 1m}\n", e.Name, e.Target, e.Idempotent)
+		idle := ""
+		if e.IdleTimeout > 0 {
+			idle = ", idle_timeout: " + e.IdleTimeout.String()
+		}
+		fmt.Fprintf(stdout, "  - {name: %s, target: %q, idempotent: %t, timeout: 1m%s}\n", e.Name, e.Target, e.Idempotent, idle)
 	}
 	fmt.Fprintln(stdout, "  - {name: unreachable, target: \"127.0.0.1:1\", timeout: 5s}")
 	<-ctx.Done()
@@ -287,6 +297,16 @@ func playDemoRuns(ctx context.Context, client stubbornv1.ControlServiceClient, s
 				TaskBrief: "fetch today's rainfall",
 				Retry: &stubbornv1.RetrySpec{
 					Target: "flaky-api", BaseWait: durationpb.New(250 * time.Millisecond), MaxWait: durationpb.New(2 * time.Second),
+				},
+			},
+			want: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED,
+		},
+		{
+			title: "retry of storyteller, a model that streams its answer: the first attempt stalls after 3 words (idle_timeout), its output is discarded, the retry streams the whole story",
+			req: &stubbornv1.RunRequest{
+				TaskBrief: "tell a short story about retries",
+				Retry: &stubbornv1.RetrySpec{
+					Target: "storyteller", BaseWait: durationpb.New(250 * time.Millisecond), MaxWait: durationpb.New(2 * time.Second),
 				},
 			},
 			want: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED,

@@ -10,6 +10,7 @@ package demo
 import (
 	"context"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,3 +201,52 @@ func (s *Scripted) Received() []Received {
 	defer s.mu.Unlock()
 	return append([]Received(nil), s.received...)
 }
+
+// Storyteller is a model that streams its answer word by word
+// (delegatekit.Send), a word every Pace. Its first StallFirst calls stall
+// after StallAfter words: they send nothing more until the call ends, as
+// a model that hangs mid-answer does. Calls are counted per value; use a
+// *Storyteller.
+type Storyteller struct {
+	stubbornv1.UnimplementedDelegateServiceServer
+	// Story is the answer; empty means a short one.
+	Story string
+	// Pace is the wait before each word.
+	Pace time.Duration
+	// StallFirst calls stall, after StallAfter words each.
+	StallFirst, StallAfter int
+
+	calls atomic.Int64
+}
+
+// defaultStory is a Storyteller's answer when Story is empty.
+const defaultStory = "Once upon a time a retry layer kept every word a model said, " +
+	"noticed when the model fell silent, and asked another, which finished the story."
+
+// Execute streams the story; a stalling call hangs after StallAfter words.
+func (s *Storyteller) Execute(ctx context.Context, _ *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+	n := s.calls.Add(1)
+	story := s.Story
+	if story == "" {
+		story = defaultStory
+	}
+	words := strings.SplitAfter(story, " ")
+	for i, w := range words {
+		if int(n) <= s.StallFirst && i == s.StallAfter {
+			<-ctx.Done() // stalled: silent until the caller gives up
+			return nil, ctx.Err()
+		}
+		select {
+		case <-time.After(s.Pace):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if err := delegatekit.Send(ctx, w); err != nil {
+			return nil, err
+		}
+	}
+	return &stubbornv1.ExecuteResponse{Result: &stubbornv1.Result{}}, nil
+}
+
+// Calls returns how many calls Execute has received.
+func (s *Storyteller) Calls() int { return int(s.calls.Load()) }
