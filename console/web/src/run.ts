@@ -166,8 +166,10 @@ export function runPage(id: string): Page {
   function apply(ev: RunEvent): void {
     if (ev.seq <= lastSeq) return;
     lastSeq = ev.seq;
-    events.push(ev);
-    if (eventsBox.open) eventList.append(eventLine(ev));
+    // The log keeps an output's first words, not all its text (the
+    // attempt holds that).
+    events.push(ev.kind.case === "attemptOutput" ? outputPreview(ev) : ev);
+    if (eventsBox.open) eventList.append(eventLine(events[events.length - 1]));
     const t = tsMs(ev.time) ?? Date.now();
     // Events older than the snapshot GetRun gave replay history: the
     // status they imply is past.
@@ -195,7 +197,10 @@ export function runPage(id: string): Page {
         if (current) waitUntil = undefined;
         break;
       case "attemptFinished":
-        if (k.value.attempt) tl.attemptFinished(k.value.attempt, k.value.note, t);
+        if (k.value.attempt) tl.attemptFinished(k.value.attempt, k.value.note, t, k.value.outputDiscarded, Number(k.value.outputBytes));
+        break;
+      case "attemptOutput":
+        tl.output(k.value);
         break;
       case "failureAnalyzed":
         if (k.value.failure) tl.failure(k.value.failure, k.value.willRetry);
@@ -398,9 +403,19 @@ function describeOptions(o: RunOptions | undefined): string {
   if (o.runTimeout && durMs(o.runTimeout) > 0) bits.push("run timeout " + dur(o.runTimeout, ""));
   if (o.attemptTimeout && durMs(o.attemptTimeout) > 0) bits.push("attempt timeout " + dur(o.attemptTimeout, ""));
   if (o.judge) bits.push("judge " + o.judge);
+  if (o.firstOutputTimeout && durMs(o.firstOutputTimeout) > 0) bits.push("first output timeout " + dur(o.firstOutputTimeout, ""));
+  if (o.idleTimeout && durMs(o.idleTimeout) > 0) bits.push("idle timeout " + dur(o.idleTimeout, ""));
   const md = Object.entries(o.metadata);
   if (md.length) bits.push("metadata " + md.map(([k, v]) => k + "=" + v).join(", "));
   return bits.join("; ");
+}
+
+// outputPreview is an attempt_output event with its text cut to its
+// first 60 characters, for the log.
+function outputPreview(ev: RunEvent): RunEvent {
+  const k = ev.kind;
+  if (k.case !== "attemptOutput" || k.value.text.length <= 60) return ev;
+  return { ...ev, kind: { case: "attemptOutput", value: { ...k.value, text: k.value.text.slice(0, 60) + "…" } } };
 }
 
 function eventLine(ev: RunEvent): HTMLElement {
@@ -414,7 +429,13 @@ function eventLine(ev: RunEvent): HTMLElement {
     }
     case "attemptFinished":
       what = "attempt " + k.value.attempt?.number + " finished: " + k.value.attempt?.delegate + " " +
-        shortName(AttemptOutcomeSchema, k.value.attempt?.outcome ?? 0) + (k.value.note ? " — " + k.value.note : "");
+        shortName(AttemptOutcomeSchema, k.value.attempt?.outcome ?? 0) + (k.value.note ? " — " + k.value.note : "") +
+        (k.value.outputBytes > 0n ? " (" + k.value.outputBytes + " bytes streamed" + (k.value.outputDiscarded ? ", discarded)" : ")") :
+          k.value.outputDiscarded ? " (output discarded)" : "");
+      break;
+    case "attemptOutput":
+      what = "attempt " + k.value.attempt + " output at byte " + k.value.offset + (k.value.provisional ? " (provisional)" : "") +
+        ": " + JSON.stringify(k.value.text);
       break;
     case "failureAnalyzed":
       what = "failure of attempt " + k.value.failure?.attempt + ": " + k.value.failure?.reason + (k.value.willRetry ? " (will retry)" : "");

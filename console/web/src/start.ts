@@ -84,7 +84,9 @@ export function startPage(q: URLSearchParams): Page {
       field("judge", "Judge", text1("the server's"))),
     h("fieldset", null, h("legend", null, "Run"),
       field("run_timeout", "Run timeout", dur("none")),
-      field("attempt_timeout", "Attempt timeout", dur("the delegate's"))),
+      field("attempt_timeout", "Attempt timeout", dur("the delegate's")),
+      field("first_output_timeout", "First output timeout", dur("the delegate's"), "a streamed attempt that sends nothing for this long stalls"),
+      field("idle_timeout", "Idle timeout", dur("the delegate's"), "a streamed attempt silent this long between outputs stalls")),
     error,
     h("div", { class: "buttons" }, submit));
 
@@ -110,7 +112,10 @@ export function startPage(q: URLSearchParams): Page {
       ...d.delegates.map((x) => chip(x.name,
         x.kind + (x.idempotent ? ", idempotent" : "") + (x.readOnly ? ", read-only" : "") +
         (x.health === DelegateHealth.NOT_SERVING ? ", NOT SERVING" : x.health === DelegateHealth.UNREACHABLE ? ", unreachable (still called)" : x.health === DelegateHealth.SERVING ? ", serving" : "") +
-        (x.timeout ? ", timeout " + fmtMs(durMs(x.timeout)) : ""),
+        (x.timeout ? ", timeout " + fmtMs(durMs(x.timeout)) : "") +
+        (x.stream ? ", stream " + x.stream : "") +
+        (x.firstOutputTimeout && durMs(x.firstOutputTimeout) > 0 ? ", first output timeout " + fmtMs(durMs(x.firstOutputTimeout)) : "") +
+        (x.idleTimeout && durMs(x.idleTimeout) > 0 ? ", idle timeout " + fmtMs(durMs(x.idleTimeout)) : ""),
         x.health === DelegateHealth.NOT_SERVING || x.health === DelegateHealth.UNREACHABLE ? "down" : "")),
       d.presets.length ? h("span", { class: "hint" }, " Presets: ") : "",
       ...d.presets.map((p) => chip(p.name, describeControl(p.spec), "preset")));
@@ -174,6 +179,8 @@ export function startPage(q: URLSearchParams): Page {
     set("judge", o?.judge ?? "");
     set("run_timeout", o?.runTimeout && durMs(o.runTimeout) > 0 ? d(o.runTimeout) : "");
     set("attempt_timeout", o?.attemptTimeout && durMs(o.attemptTimeout) > 0 ? d(o.attemptTimeout) : "");
+    set("first_output_timeout", o?.firstOutputTimeout && durMs(o.firstOutputTimeout) > 0 ? d(o.firstOutputTimeout) : "");
+    set("idle_timeout", o?.idleTimeout && durMs(o.idleTimeout) > 0 ? d(o.idleTimeout) : "");
     relevance();
   }
 
@@ -265,6 +272,8 @@ export function startPage(q: URLSearchParams): Page {
       judge: uses.judge.includes(control.value) ? v("judge") : "",
       runTimeout: duration("run_timeout", "Run timeout"),
       attemptTimeout: duration("attempt_timeout", "Attempt timeout"),
+      firstOutputTimeout: duration("first_output_timeout", "First output timeout"),
+      idleTimeout: duration("idle_timeout", "Idle timeout"),
     };
     return req;
   }

@@ -8,8 +8,11 @@
 // without laying out the others again.
 //
 // Beside it, the attempts as a list: outcome, who judged a failure (error,
-// judge, CEL, health), why, the analyst's advice, and what each brief
-// added to the one before (retry-with-learning's failure history).
+// judge, CEL, health), why, the analyst's advice, what each brief added to
+// the one before (retry-with-learning's failure history), and the text an
+// attempt streams (attempt_output), growing as it comes: provisional while
+// failure criteria have yet to rule, struck out when the attempt's output
+// is discarded (it failed, stalled or lost after streaming).
 
 import {
   AttemptOutcome,
@@ -18,6 +21,7 @@ import {
   FailureSource,
   NotRetried,
   type Attempt,
+  type AttemptOutput,
   type BackoffScheduled,
   type FailureRecord,
 } from "../../../clients/typescript/src/gen/stubborn/v1/control_pb.js";
@@ -50,6 +54,80 @@ interface AttemptView {
   note: string;
   added: string;
   prevN?: number;
+  out?: Output;
+}
+
+// Output is the text an attempt streamed, as attempt_output events brought
+// it: bytes (UTF-8, as the events' offsets count) of the attempt's text
+// received so far, of which held are shown (at most maxOutputBytes).
+interface Output {
+  box: HTMLElement;
+  label: HTMLElement;
+  pre: HTMLPreElement;
+  // tail is the text node the next piece is appended to (a gap starts a
+  // new one after its marker).
+  tail: Text;
+  bytes: number;
+  held: number;
+  provisional: boolean;
+  gaps: number;
+  truncated: boolean;
+  // final: attempt_finished came; discarded: its output is not the answer.
+  final: boolean;
+  discarded: boolean;
+  // streamed is AttemptFinished.output_bytes (0 until then).
+  streamed: number;
+  // seenHeight is the text's scrollHeight when it last followed its end.
+  seenHeight: number;
+}
+
+// maxOutputBytes bounds the text held per attempt: the server's default
+// max_result_bytes, the most an answer may be unless configured otherwise.
+export const maxOutputBytes = 1 << 20;
+
+// utf8Len is the length of s in UTF-8 bytes, as AttemptOutput.offset
+// counts them.
+export function utf8Len(s: string): number {
+  let n = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0x80) n += 1;
+    else if (c < 0x800) n += 2;
+    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length && (s.charCodeAt(i + 1) & 0xfc00) === 0xdc00) {
+      n += 4;
+      i++;
+    } else n += 3;
+  }
+  return n;
+}
+
+// utf8Cut is the index in s where its first n UTF-8 bytes end, not
+// splitting a character (so at most n bytes lie before it).
+export function utf8Cut(s: string, n: number): number {
+  let b = 0;
+  let i = 0;
+  while (i < s.length) {
+    const c = s.charCodeAt(i);
+    let w = 1;
+    let step = 1;
+    if (c >= 0x80) w = c < 0x800 ? 2 : 3;
+    if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length && (s.charCodeAt(i + 1) & 0xfc00) === 0xdc00) {
+      w = 4;
+      step = 2;
+    }
+    if (b + w > n) break;
+    b += w;
+    i += step;
+  }
+  return i;
+}
+
+// stalled reports whether an attempt ended on a stall: no first output
+// within first_output_timeout, or none for idle_timeout after some. The
+// error's message starts with "stalled:"; a failure's reason may quote it.
+export function stalled(a: Attempt, f?: FailureRecord): boolean {
+  if (a.error?.message.startsWith("stalled:")) return true;
+  return !!f && /(^|: )stalled:/.test(f.reason);
 }
 
 interface Span {
@@ -94,6 +172,13 @@ export function resultText(r: Result | undefined): string {
   return "";
 }
 
+// fmtBytes writes a size shortly: 850 B, 12.3 KiB, 1.0 MiB.
+function fmtBytes(n: number): string {
+  if (n < 1024) return n + " B";
+  if (n < 1024 * 1024) return (n / 1024).toFixed(1) + " KiB";
+  return (n / 1024 / 1024).toFixed(1) + " MiB";
+}
+
 function outcomeName(o: AttemptOutcome): string {
   return o === AttemptOutcome.UNSPECIFIED ? "running" : enumName(AttemptOutcomeSchema, o);
 }
@@ -115,6 +200,8 @@ export class Timeline {
   private readonly atPath = new Map<string, Lane>();
   private readonly spans: Span[] = [];
   private readonly waiting = new Map<string, Span>();
+  private readonly growing = new Set<Output>();
+  private followFrame = 0;
   private ticksKey = "";
   private t0: number;
   private endMs?: number;
@@ -184,7 +271,94 @@ export class Timeline {
     this.describeBar(v);
   }
 
-  attemptFinished(a: Attempt, note: string, evTime: number): void {
+  // output appends the next piece of an attempt's streamed text: a piece
+  // already had (an offset before the text's end) adds only what it has
+  // beyond it; one after the end leaves a marked gap, and the text goes on
+  // from there. Pieces past maxOutputBytes are counted, not kept.
+  output(o: AttemptOutput): void {
+    const v = this.attempts.get(o.attempt);
+    if (!v || v.out?.final) return;
+    const out = v.out ?? this.newOutput(v);
+    const offset = Number(o.offset);
+    let piece = o.text;
+    if (offset < out.bytes) {
+      const skip = out.bytes - offset;
+      if (utf8Len(piece) <= skip) return;
+      piece = piece.slice(utf8Cut(piece, skip));
+    } else if (offset > out.bytes) {
+      out.gaps++;
+      if (!out.truncated) {
+        out.pre.append(h("span", { class: "gap", "data-testid": "output-gap", title: "bytes " + out.bytes + " to " + offset + " did not reach this page" },
+          "[… " + (offset - out.bytes) + " bytes missing …]"));
+        out.tail = document.createTextNode("");
+        out.pre.append(out.tail);
+      }
+      out.bytes = offset;
+    }
+    const n = utf8Len(piece);
+    out.bytes += n;
+    if (o.provisional !== out.provisional) {
+      out.provisional = o.provisional;
+      out.box.classList.toggle("provisional", o.provisional);
+    }
+    if (!out.truncated) {
+      if (out.held + n > maxOutputBytes) {
+        piece = piece.slice(0, utf8Cut(piece, maxOutputBytes - out.held));
+        out.truncated = true;
+      }
+      out.held += utf8Len(piece);
+      out.tail.appendData(piece);
+      this.follow(out);
+    }
+    this.labelOutput(out);
+  }
+
+  private newOutput(v: AttemptView): Output {
+    const label = h("span", { class: "output-label", "data-testid": "output-label" });
+    const tail = document.createTextNode("");
+    const pre = h("pre", { class: "output-text", "data-testid": "output-text" }, tail);
+    const box = h("div", { class: "output", "data-testid": "output", "data-state": "streaming" }, label, pre);
+    const out: Output = { box, label, pre, tail, bytes: 0, held: 0, provisional: false, gaps: 0, truncated: false, final: false, discarded: false, streamed: 0, seenHeight: 0 };
+    v.out = out;
+    this.renderItem(v);
+    return out;
+  }
+
+  // follow keeps a growing text scrolled to its end, unless the reader
+  // scrolled up: once a frame for all of them (measuring after each piece
+  // would lay the page out once per event).
+  private follow(out: Output): void {
+    this.growing.add(out);
+    if (this.followFrame) return;
+    this.followFrame = requestAnimationFrame(() => {
+      this.followFrame = 0;
+      for (const o of this.growing) {
+        const p = o.pre;
+        if (p.scrollTop + p.clientHeight >= o.seenHeight - 4) p.scrollTop = p.scrollHeight;
+        o.seenHeight = p.scrollHeight;
+      }
+      this.growing.clear();
+    });
+  }
+
+  private labelOutput(out: Output): void {
+    const bits: string[] = [];
+    if (!out.final) {
+      bits.push("Streaming…");
+      if (out.provisional) bits.push("provisional: the failure criteria have yet to rule");
+    } else if (out.discarded) {
+      bits.push("Output of an attempt that did not succeed: not the answer");
+    } else {
+      bits.push("Answer");
+    }
+    const size = Math.max(out.bytes, out.streamed);
+    if (size) bits.push(fmtBytes(size) + " streamed");
+    if (out.gaps) bits.push(out.gaps === 1 ? "a piece is missing" : out.gaps + " pieces are missing");
+    if (out.truncated) bits.push("only the first " + fmtBytes(out.held) + " shown");
+    text(out.label, bits.join(" · "));
+  }
+
+  attemptFinished(a: Attempt, note: string, evTime: number, discarded = false, outputBytes = 0): void {
     let v = this.attempts.get(a.number);
     if (!v) {
       this.attemptStarted(a, evTime);
@@ -198,9 +372,48 @@ export class Timeline {
     v.bar.classList.remove("running");
     v.bar.classList.add("o-" + shortName(AttemptOutcomeSchema, a.outcome));
     attr(v.item, "data-outcome", o);
+    if (stalled(a, v.failure)) this.markStalled(v);
+    if (v.out || discarded || outputBytes > 0) this.finishOutput(v, a, discarded, outputBytes);
     this.place(v.bar, v.start, v.end);
     this.renderItem(v);
     this.describeBar(v);
+  }
+
+  // finishOutput settles an attempt's streamed text: accepted, it becomes
+  // the attempt's result (the answer as the run has it: no gap, no cap);
+  // discarded, it stays as streamed (or the result a judge rejected),
+  // struck out.
+  private finishOutput(v: AttemptView, a: Attempt, discarded: boolean, outputBytes: number): void {
+    const out = v.out ?? this.newOutput(v);
+    out.final = true;
+    out.streamed = outputBytes;
+    out.discarded = discarded || a.outcome !== AttemptOutcome.SUCCEEDED;
+    if (a.result) {
+      out.tail = document.createTextNode(resultText(a.result));
+      out.pre.replaceChildren(out.tail);
+      out.gaps = 0;
+      out.truncated = false;
+      out.held = out.bytes = utf8Len(out.tail.data);
+    } else if (outputBytes > out.bytes && !out.truncated) {
+      // The end of the text did not reach this page.
+      out.gaps++;
+      out.pre.append(h("span", { class: "gap", "data-testid": "output-gap" }, "[… " + (outputBytes - out.bytes) + " bytes missing]"));
+    }
+    out.provisional = false;
+    out.box.classList.remove("provisional");
+    out.box.classList.toggle("discarded", out.discarded);
+    out.box.classList.toggle("accepted", !out.discarded);
+    attr(out.box, "data-state", out.discarded ? "discarded" : "accepted");
+    if (out.discarded && !out.box.querySelector(".discarded-tag")) {
+      out.box.insertBefore(h("span", { class: "badge discarded-tag", "data-testid": "discarded" }, "discarded"), out.label);
+    }
+    this.labelOutput(out);
+  }
+
+  private markStalled(v: AttemptView): void {
+    if (v.bar.dataset.stalled) return;
+    v.bar.dataset.stalled = "true";
+    text(v.bar.firstElementChild!, "#" + v.n + " stalled");
   }
 
   failure(f: FailureRecord, willRetry: boolean): void {
@@ -212,6 +425,10 @@ export class Timeline {
     if (src) {
       v.bar.dataset.source = src;
       text(v.bar.firstElementChild!, "#" + v.n + " " + src);
+    }
+    if (stalled(v.a, f)) {
+      delete v.bar.dataset.stalled;
+      this.markStalled(v);
     }
     this.renderItem(v);
     this.describeBar(v);
@@ -343,6 +560,8 @@ export class Timeline {
 
   private describeBar(v: AttemptView): void {
     const parts = ["attempt " + v.n, v.a.delegate + (v.a.path ? " at " + v.a.path : ""), outcomeName(v.a.outcome)];
+    if (v.bar.dataset.stalled) parts.push("stalled");
+    if (v.out?.discarded) parts.push("output discarded");
     if (startReasons[v.a.startReason]) parts.push(startReasons[v.a.startReason]);
     if (v.end !== undefined) parts.push(fmtMs(v.end - v.start));
     if (v.failure) parts.push((sourceLabels[v.failure.source] ?? "failed") + ": " + v.failure.reason);
@@ -361,6 +580,7 @@ export class Timeline {
       h("span", { class: "who" }, a.delegate),
       a.path ? h("span", { class: "path" }, a.path) : null,
       h("span", { class: "badge o-" + outcome }, outcome),
+      stalled(a, f) ? h("span", { class: "badge stalled", "data-testid": "stalled", title: "no output within the first output or idle timeout" }, "stalled") : null,
       v.end !== undefined ? h("span", { class: "dur" }, fmtMs(v.end - v.start)) : null,
       durMs(a.waitBefore) > 0 ? h("span", { class: "wait" }, "after a " + fmtMs(durMs(a.waitBefore)) + " backoff") : null,
       startReasons[a.startReason] ? h("span", { class: "wait", "data-testid": "start-reason" }, startReasons[a.startReason]) : null);
@@ -383,6 +603,9 @@ export class Timeline {
       lines.push(h("div", { class: "added" }, h("span", { class: "added-label" }, "Added to the brief since #" + v.prevN + ":"),
         h("pre", null, h("mark", null, v.added.replace(/^\n+/, "")))));
     }
+    // The streamed text, the same element as it grows (renderItem moves
+    // it, keeping what it holds).
+    if (v.out) lines.push(v.out.box);
     // The brief, the answer and the error in full, built when opened: a
     // learning run's late briefs carry every failure before them.
     const more = h("details", { class: "more" }, h("summary", null, "Brief and answer"));
@@ -392,8 +615,9 @@ export class Timeline {
       more.append(
         h("h4", null, "Brief as sent"),
         h("pre", { class: "brief" }, v.a.brief.slice(0, keep), v.added ? h("mark", null, v.a.brief.slice(keep)) : null));
+      // An attempt that streamed shows its answer above, not twice.
       const r = resultText(v.a.result);
-      if (v.a.result) more.append(h("h4", null, "Answer"), h("pre", null, r || "(empty)"));
+      if (v.a.result && !v.out) more.append(h("h4", null, "Answer"), h("pre", null, r || "(empty)"));
       const e = v.a.error;
       if (e) {
         const bits = [(codes[e.code] ?? String(e.code)) + ": " + e.message];
