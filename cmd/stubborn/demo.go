@@ -185,7 +185,7 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	}
 	defer func() { _ = os.RemoveAll(dataDir) }()
 	quiet := slog.New(slog.DiscardHandler)
-	store := storeFlags{dataDir: dataDir, durability: string(runs.SyncInterval), syncPeriod: time.Second, lease: runs.DefaultLease}
+	store := storeFlags{dataDir: dataDir, durability: string(runs.SyncInterval), syncPeriod: time.Second, lease: runs.DefaultLease, outputFlush: runs.DefaultOutputFlushInterval, outputFlushBytes: runs.DefaultOutputFlushBytes}
 	runsCfg, _, closeStore, err := store.open(ctx, quiet)
 	if err != nil {
 		return 1, err

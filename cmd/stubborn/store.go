@@ -30,6 +30,10 @@ type storeFlags struct {
 	writeRetry time.Duration
 	// claimInOwners is runs.JetStreamConfig.ClaimInOwners.
 	claimInOwners bool
+	// outputFlush and outputFlushBytes are runs.Config's
+	// OutputFlushInterval and OutputFlushBytes.
+	outputFlush      time.Duration
+	outputFlushBytes int
 }
 
 func (f *storeFlags) register(fs *flag.FlagSet) {
@@ -46,6 +50,8 @@ func (f *storeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxRuns, "max-runs", runs.DefaultMemoryRuns, "with -memory: how many finished runs are kept; the oldest go first (runs in flight are never removed)")
 	fs.DurationVar(&f.writeRetry, "write-retry", 0, "how long a run's store write that failed for a reason that may pass (a timeout, a NATS leader election or restart) is made again before the run is given up on this replica; 0 means the lease, negative no retry")
 	fs.BoolVar(&f.saveFinal, "save-final-states", false, "save every run's final state in the states bucket too (while replicas older than 2026-11-30 share the store: they read a finished run there only)")
+	fs.DurationVar(&f.outputFlush, "output-flush-interval", runs.DefaultOutputFlushInterval, "a streamed attempt's text that came within this interval goes out as one attempt_output event, one store write at most (its first piece at once): at most 1/interval writes a second per streaming attempt, plus one per -output-flush-bytes; 1ms to 10s")
+	fs.IntVar(&f.outputFlushBytes, "output-flush-bytes", runs.DefaultOutputFlushBytes, "the most text one attempt_output event carries; more goes out at once in events of this size; 64 to 65536")
 	fs.BoolVar(&f.claimInOwners, "claim-in-owners", false, "claim every run with an entry in the owners bucket and release it at the run's end, two writes a run more (while replicas older than 2026-12-02 share the store: they find a dead replica's runs there only)")
 }
 
@@ -53,8 +59,14 @@ func (f *storeFlags) register(fs *flag.FlagSet) {
 // connection to health and says when it is closed for good. close must be
 // called after the server stopped.
 func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config, *storeWatch, func(), error) {
-	rc := runs.Config{Lease: f.lease, Logger: logger}
+	rc := runs.Config{Lease: f.lease, Logger: logger, OutputFlushInterval: f.outputFlush, OutputFlushBytes: f.outputFlushBytes}
 	w := newStoreWatch()
+	if f.outputFlush < time.Millisecond || f.outputFlush > 10*time.Second {
+		return rc, nil, nil, fmt.Errorf("-output-flush-interval must be between 1ms and 10s, got %v", f.outputFlush)
+	}
+	if f.outputFlushBytes < 64 || f.outputFlushBytes > 64<<10 {
+		return rc, nil, nil, fmt.Errorf("-output-flush-bytes must be between 64 and 65536, got %d", f.outputFlushBytes)
+	}
 	if f.keyWindow < 0 {
 		return rc, nil, nil, fmt.Errorf("-idempotency-window must not be negative, got %v", f.keyWindow)
 	}

@@ -157,7 +157,7 @@ func startLoggedServer(t *testing.T, args ...string) *loggedChild {
 func TestEmbeddedStoreClosedIsFatal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := storeFlags{dataDir: t.TempDir(), durability: string(runs.SyncInterval), syncPeriod: time.Second, lease: runs.DefaultLease}
+	f := storeFlags{dataDir: t.TempDir(), durability: string(runs.SyncInterval), syncPeriod: time.Second, lease: runs.DefaultLease, outputFlush: runs.DefaultOutputFlushInterval, outputFlushBytes: runs.DefaultOutputFlushBytes}
 	rc, w, closeStore, err := f.open(ctx, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	defer closeStore()
