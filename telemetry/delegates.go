@@ -2,7 +2,10 @@ package telemetry
 
 import (
 	"context"
+	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stubbornhq/stubborn/controls"
@@ -38,11 +41,45 @@ func (d *tracedDelegates) Call(ctx context.Context, c controls.Call) (*stubbornv
 	if span != nil {
 		ctx = trace.ContextWithSpan(ctx, span)
 	}
+	var out *outputSeen
+	if own && c.Output != nil {
+		out = &outputSeen{t: d.t, ctx: ctx, delegate: c.Delegate, start: time.Now(), next: c.Output}
+		c.Output = out.piece
+	}
 	res, err := d.next.Call(ctx, c)
 	if own {
 		rs.endCall(c.Attempt, err)
 	}
+	if out != nil && span != nil && out.chunks > 0 {
+		// The delegates layer hands pieces on only while Call runs.
+		span.SetAttributes(
+			attribute.Float64("stubborn.attempt.first_output_s", out.first.Seconds()),
+			attribute.Int("stubborn.attempt.output_chunks", out.chunks),
+		)
+	}
 	return res, err
+}
+
+// outputSeen times an attempt's streamed output: its time to first output
+// (recorded in stubborn.attempt.first_output) and its pieces. Its pieces
+// come one at a time (controls.Call.Output).
+type outputSeen struct {
+	t        *Telemetry
+	ctx      context.Context
+	delegate string
+	start    time.Time
+	next     func(string)
+	chunks   int
+	first    time.Duration
+}
+
+func (o *outputSeen) piece(text string) {
+	if o.chunks == 0 {
+		o.first = time.Since(o.start)
+		o.t.m.firstOutput.Record(o.ctx, o.first.Seconds(), metric.WithAttributeSet(attribute.NewSet(DelegateKey.String(o.delegate))))
+	}
+	o.chunks++
+	o.next(text)
 }
 
 func (d *tracedDelegates) Info(name string) controls.DelegateInfo { return d.next.Info(name) }

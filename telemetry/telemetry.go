@@ -163,6 +163,7 @@ type instruments struct {
 	suppressed      metric.Int64Counter
 	breaker         metric.Int64Counter
 	refused         metric.Int64Counter
+	firstOutput     metric.Float64Histogram
 }
 
 func newInstruments(m metric.Meter) (instruments, error) {
@@ -198,6 +199,7 @@ func newInstruments(m metric.Meter) (instruments, error) {
 	in.suppressed = counter("stubborn.retries.suppressed", "{retry}", "Failures the retry control did not retry, by delegate and reason.")
 	in.breaker = counter("stubborn.delegate.breaker.transitions", "{transition}", "Changes of delegates' circuit breakers on this server, by delegate and new state (closed, open, half-open).")
 	in.refused = counter("stubborn.delegate.refused", "{call}", "Calls a delegate's guard refused (not sent), by delegate and guard (circuit_breaker, bulkhead, rate_limit).")
+	in.firstOutput = histogram("stubborn.attempt.first_output", "Time to first output of streamed attempts (from the call to the delegate's first piece of text), by delegate.", attemptBuckets)
 	for _, err := range errs {
 		if err != nil {
 			return instruments{}, err
