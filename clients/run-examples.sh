@@ -13,10 +13,14 @@
 #   3. the delegate example as a delegate of `stubborn serve`, under a
 #      `stubborn run` of the retry control (check-delegate-run.py: the 429
 #      and its retry hint crossed to Stubborn, which waited the hint and
-#      retried to SUCCEEDED), then stopped with SIGTERM (exit 0).
+#      retried to SUCCEEDED), then stopped with SIGTERM (exit 0);
+#   4. the streaming delegate example (a generator) the same way
+#      (check-stream-delegate-run.py: its failure mid-answer retried, the
+#      answer its pieces joined; and, when Stubborn streamed it, each
+#      attempt's output in order, the failed one's discarded).
 # TypeScript:
-#   4. the client example, with tsx from the source;
-#   5. the npm package: `npm pack`, installed into a scratch project that
+#   5. the client example, with tsx from the source;
+#   6. the npm package: `npm pack`, installed into a scratch project that
 #      type-checks and runs a run (typescript/test-package.sh).
 # Each gets its own fresh `stubborn serve` (and `stubborn delegates`:
 # flaky-api counts its calls per process) on free loopback ports; everything
@@ -110,9 +114,10 @@ py=("$work/venv/bin/python" -P)
 cmp -s clients/python/LICENSE LICENSE || { echo "FAIL: clients/python/LICENSE differs from LICENSE" >&2; exit 1; }
 /usr/bin/python3 - <<'EOF'
 import sys
-example = open("clients/python/examples/delegate.py").read()
-if "```python\n" + example + "```\n" not in open("clients/python/README.md").read():
-    sys.exit("FAIL: clients/python/README.md does not show clients/python/examples/delegate.py verbatim")
+for name in ("delegate.py", "stream_delegate.py"):
+    example = open(f"clients/python/examples/{name}").read()
+    if "```python\n" + example + "```\n" not in open("clients/python/README.md").read():
+        sys.exit(f"FAIL: clients/python/README.md does not show clients/python/examples/{name} verbatim")
 EOF
 (cd "$work" && "${py[@]}" - <<'EOF'
 import importlib.metadata as md
@@ -187,10 +192,45 @@ EOF
 }
 delegate_example
 
-# 4. The TypeScript client example.
+# 4. The Python streaming delegate example, live: a retry run over it. With
+# the registry's default stream: auto, Stubborn calls ExecuteStream; a
+# Stubborn that does not stream would call Execute, which the kit answers
+# with the pieces joined; --streamed requires the stream (attempt_output
+# events, the first attempt's output discarded).
+stream_delegate_example() {
+  local name=python-stream-delegate start=$SECONDS brief="fetch the quarterly numbers"
+  "${py[@]}" clients/python/examples/stream_delegate.py 127.0.0.1:0 2>"$work/$name.log" &
+  pids+=($!)
+  wait_for 20 grep -q 'serving on' "$work/$name.log"
+  local target
+  target=$(sed -n 's/.*serving on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$work/$name.log" | head -1)
+  cat >"$work/$name.yaml" <<EOF
+delegates:
+  - {name: model, target: "$target", idempotent: true, timeout: 10s}
+EOF
+  serve "$name" "$work/$name.yaml"
+  echo "== $name: clients/python/examples/stream_delegate.py on $target, stubborn serve on $addr"
+  local status=0
+  timeout 60 "$stubborn" run -addr "$addr" -json -control retry -target model -brief "$brief" \
+    -attempts 3 -base-wait 20s -max-wait 30s -on-exhausted fail >"$work/$name.out" || status=$?
+  stop_server
+  sed 's/^/  delegate: /' "$work/$name.log"
+  if ((status != 0)); then
+    echo "FAIL: stubborn run exited $status" >&2
+    sed 's/^/  run: /' "$work/$name.out" >&2
+    sed 's/^/  serve: /' "$work/$name.serve.log" >&2
+    return 1
+  fi
+  /usr/bin/python3 clients/check-stream-delegate-run.py --streamed "$brief" "$work/$name.out"
+  echo "== $name example passed in $((SECONDS - start))s"
+  passed=$((passed + 1))
+}
+stream_delegate_example
+
+# 5. The TypeScript client example.
 run_example typescript clients/typescript/node_modules/.bin/tsx clients/typescript/src/example.ts
 
-# 5. The npm package, in a scratch project.
+# 6. The npm package, in a scratch project.
 start_server typescript-package
 start=$SECONDS
 bash clients/typescript/test-package.sh "$addr"

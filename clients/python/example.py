@@ -12,6 +12,18 @@ run ends SUCCEEDED.
     stubborn delegates &    # a fresh one: flaky-api counts its calls
     stubborn serve -config stubborn.yaml -listen 127.0.0.1:7300 &
     /usr/bin/python3 clients/python/example.py --addr 127.0.0.1:7300
+
+An attempt that streams its output (attempt_output events: --target names a
+delegate that streams) is printed as it comes, each piece written at once
+with no newline of its own, in a block that begins on the first piece's
+event line and ends with a line naming the events it held:
+
+      6 10:48:56.791 attempt_output     attempt 1 | Here is
+    -- attempt 1 streamed 7 bytes in seq 6-7
+      8 10:48:57.050 attempt_finished   attempt 1 <- model: ERROR UNAVAILABLE 'reset' [output discarded]
+
+"[output discarded]": the attempt failed after it streamed, so that text is
+not the answer; the next attempt's output follows.
 """
 
 import argparse
@@ -34,7 +46,7 @@ def name(enum, value: int, prefix: str) -> str:
 def describe(event: pb.RunEvent) -> str:
     """One line: seq, time (UTC), kind, and what happened."""
     kind = event.WhichOneof("kind")
-    e = getattr(event, kind)
+    e = getattr(event, kind) if kind else None
     if kind == "run_started":
         text = f"run {event.run_id} started: {e.state.task_brief!r}"
     elif kind == "attempt_started":
@@ -48,6 +60,8 @@ def describe(event: pb.RunEvent) -> str:
             text += f" {CODE_NAMES.get(a.error.code, a.error.code)} {a.error.message!r}"
         elif a.HasField("result"):
             text += f" {a.result.text!r}"
+        if e.output_discarded:
+            text += " [output discarded]"
     elif kind == "failure_analyzed":
         f = e.failure
         text = f"attempt {f.attempt} failed: {f.reason}; "
@@ -58,10 +72,90 @@ def describe(event: pb.RunEvent) -> str:
         text = f"awaiting a decision: {e.reason}"
     elif kind == "decision_received":
         text = f"decision: {name(pb.Decision, e.decision, 'DECISION_')}"
-    else:  # run_finished
+    elif kind == "run_resumed":
+        text = f"resumed by {e.owner}: {e.reason}"
+    elif kind == "run_finished":
         text = f"{name(pb.RunStatus, e.state.status, 'RUN_STATUS_')} after {e.state.attempts} attempt(s)"
+    else:
+        text = "an event this client does not know"
+    return f"{head(event)} {text}"
+
+
+def head(event: pb.RunEvent) -> str:
+    """An event line's start: seq, time (UTC), kind."""
     clock = event.time.ToDatetime().strftime("%H:%M:%S.%f")[:-3]
-    return f"{event.seq:3d} {clock} {kind:<18} {text}"
+    return f"{event.seq:3d} {clock} {event.WhichOneof('kind') or 'unknown':<18}"
+
+
+class Printer:
+    """Prints a run's events, checking that seq runs 1, 2, 3, ... An
+    attempt's streamed text (attempt_output) is written as it comes, each
+    piece at once with no newline of its own, in a block: its first line
+    is the first piece's event line, with "| " before the text; the text's
+    own line breaks start lines with "| " under it. The block ends, with a
+    line "-- attempt N streamed B bytes in seq F-L", before anything else
+    is printed: another event, another attempt's text, a note."""
+
+    def __init__(self) -> None:
+        self.last_seq = 0
+        self.block = None  # (path, attempt) of the open block, or None
+        self.first = self.last = self.bytes = 0  # the open block's first and last seq, bytes
+        self.margin = ""  # what starts each later line of the block
+        self.line_open = False  # the block's last line has yet to end
+        self.printed = {}  # (path, attempt): bytes of its text printed
+
+    def show(self, event: pb.RunEvent) -> None:
+        if event.seq != self.last_seq + 1:
+            sys.exit(f"event seq {event.seq} after {self.last_seq}: a gap or a duplicate")
+        self.last_seq = event.seq
+        if event.HasField("attempt_output"):
+            self.output(event)
+        else:
+            self.end_block()
+            print(describe(event), flush=True)
+
+    def note(self, text: str) -> None:
+        """One of the example's own lines: "-- text"."""
+        self.end_block()
+        print(f"-- {text}", flush=True)
+
+    def output(self, event: pb.RunEvent) -> None:
+        o = event.attempt_output
+        key = (event.path, o.attempt)
+        if key != self.block or o.offset != self.printed.get(key, 0):
+            self.end_block()
+            label = f"[{event.path}] attempt {o.attempt}" if event.path else f"attempt {o.attempt}"
+            if o.offset != self.printed.get(key, 0):  # text before it never seen here
+                label += f" from byte {o.offset}"
+            if o.provisional:  # failure criteria have yet to rule on it
+                label += " (provisional)"
+            start = f"{head(event)} {label} | "
+            sys.stdout.write(start)
+            self.margin = " " * (len(start) - 2) + "| "
+            self.block, self.first, self.bytes, self.line_open = key, event.seq, 0, True
+        for i, line in enumerate(o.text.split("\n")):
+            if i > 0:
+                sys.stdout.write(("" if self.line_open else self.margin.rstrip()) + "\n")
+                self.line_open = False
+            if line:
+                if not self.line_open:
+                    sys.stdout.write(self.margin)
+                    self.line_open = True
+                sys.stdout.write(line)
+        sys.stdout.flush()
+        size = len(o.text.encode())
+        self.last, self.bytes = event.seq, self.bytes + size
+        self.printed[key] = o.offset + size
+
+    def end_block(self) -> None:
+        if self.block is None:
+            return
+        if self.line_open:
+            sys.stdout.write("\n")
+        path, attempt = self.block
+        label = f"[{path}] attempt {attempt}" if path else f"attempt {attempt}"
+        print(f"-- {label} streamed {self.bytes} bytes in seq {self.first}-{self.last}", flush=True)
+        self.block, self.line_open = None, False
 
 
 def main() -> int:
@@ -72,14 +166,7 @@ def main() -> int:
 
     with grpc.insecure_channel(args.addr) as channel:
         stub = control_pb2_grpc.ControlServiceStub(channel)
-        last_seq = 0
-
-        def show(event: pb.RunEvent) -> None:
-            nonlocal last_seq
-            if event.seq != last_seq + 1:
-                sys.exit(f"event seq {event.seq} after {last_seq}: a gap or a duplicate")
-            last_seq = event.seq
-            print(describe(event), flush=True)
+        out = Printer()
 
         # Start the run and follow it live; hang up once the first attempt has started.
         request = pb.RunRequest(
@@ -94,25 +181,26 @@ def main() -> int:
         )
         stream = stub.Run(request)
         for response in stream:
-            show(response.event)
+            out.show(response.event)
             run_id = response.event.run_id
             if response.event.HasField("attempt_started"):
                 stream.cancel()
                 break
-        print(f"-- hung up after seq {last_seq}; the run goes on without a watcher", flush=True)
+        out.note(f"hung up after seq {out.last_seq}; the run goes on without a watcher")
         time.sleep(0.5)
 
         # Reattach after the last event seen, and answer each decision.
-        print(f"-- reattaching: WatchRun(run_id={run_id}, after_seq={last_seq})", flush=True)
+        out.note(f"reattaching: WatchRun(run_id={run_id}, after_seq={out.last_seq})")
         final = None
-        for response in stub.WatchRun(pb.WatchRunRequest(run_id=run_id, after_seq=last_seq)):
+        for response in stub.WatchRun(pb.WatchRunRequest(run_id=run_id, after_seq=out.last_seq)):
             event = response.event
-            show(event)
+            out.show(event)
             if event.HasField("decision_requested"):
                 decided = stub.DecideRun(pb.DecideRunRequest(run_id=run_id, decision=pb.DECISION_RETRY))
-                print(f"-- DecideRun(RETRY): run is {name(pb.RunStatus, decided.state.status, 'RUN_STATUS_')}", flush=True)
+                out.note(f"DecideRun(RETRY): run is {name(pb.RunStatus, decided.state.status, 'RUN_STATUS_')}")
             elif event.HasField("run_finished"):
                 final = event.run_finished.state
+        out.end_block()
 
     if final is None:
         sys.exit("the stream ended without run_finished")

@@ -3,8 +3,9 @@
 - ``stubborn.v1``: the client, generated from proto/stubborn/v1 by protoc 3.21
   (``control_pb2``/``control_pb2_grpc`` for ControlService, ``delegate_pb2``/
   ``delegate_pb2_grpc`` for DelegateService). Never edited by hand.
-- ``stubborn.delegate``: a delegate in a handful of lines (``serve``) and the
-  errors Stubborn's retry control understands (``Transient``, ``Upstream``,
+- ``stubborn.delegate``: a delegate in a handful of lines (``serve`` a
+  function, or a generator function that streams its answer) and the errors
+  Stubborn's retry control understands (``Transient``, ``Upstream``,
   ``Permanent``, ``DoNotRetry``).
 """
 

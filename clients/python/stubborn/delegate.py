@@ -1,7 +1,8 @@
 """A Stubborn delegate in a handful of lines.
 
-A delegate is a gRPC server of stubborn.v1.DelegateService/Execute. With this
-module it is a function and one call::
+A delegate is a gRPC server of stubborn.v1.DelegateService (Execute, and
+ExecuteStream for one that streams its output). With this module it is a
+function and one call::
 
     from stubborn.delegate import Transient, serve
 
@@ -40,6 +41,33 @@ declared idempotent or read_only) after the RetryInfo delay when there is one,
 capped by the run's max_wait (a longer one ends the retries), else after the
 computed backoff; a negative delay asks not to retry at all.
 
+A handler that is a generator function streams: each str it yields is the
+next piece of the answer's text, sent at once (an ExecuteStream text_delta;
+an empty one, or a bare ``yield``, sends nothing), and what it returns is the
+final result: nothing, or a Result with no text (``return
+result(data=...)``), means the pieces joined; a str or a Result with text is
+the answer's whole text instead. Yielding a Result ends the answer there::
+
+    def handle(request, context):
+        for token in model.generate(request.brief):
+            if token.error:
+                raise Transient(token.error)  # mid-answer: same code and details
+            yield token.text
+
+An exception raised mid-answer fails the attempt as it would before any
+output (the table above), and Stubborn discards the output already sent.
+Between pieces the kit checks that the caller is still there
+(context.is_active(): not cancelled, not past its deadline); once it is
+gone, the kit closes the generator (GeneratorExit at its ``yield``, so its
+``finally`` and ``with`` blocks run). A handler that waits long between
+pieces may check context.is_active() itself. A generator handler answers
+Execute too, with the pieces joined, so a Stubborn that does not stream
+still gets the answer; a plain handler's ExecuteStream answers UNIMPLEMENTED
+before any message, which tells Stubborn to call Execute instead. Either way
+the handler gets an ExecuteRequest. ``stream=True`` (to :func:`serve` or
+:class:`DelegateServer`) serves ExecuteStream for a handler that returns an
+iterator of pieces without being a generator function itself.
+
 The details travel as a serialized google.rpc.Status in the
 ``grpc-status-details-bin`` trailer, as grpcio-status and grpc-go write them.
 google.rpc comes from googleapis-common-protos when it is installed (so one
@@ -60,15 +88,17 @@ SIGINT cuts the grace short).
 from __future__ import annotations
 
 import collections
+import collections.abc
 import datetime
 import email.utils
+import inspect
 import logging
 import math
 import signal
 import threading
 import time
 from concurrent import futures
-from typing import Any, Callable, Iterable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional, Sequence, Tuple, Union
 
 import grpc
 from google.protobuf import duration_pb2, json_format
@@ -93,6 +123,8 @@ __all__ = [
     "DoNotRetry",
     "Handler",
     "Permanent",
+    "Piece",
+    "StreamHandler",
     "Transient",
     "Upstream",
     "code_for_http_status",
@@ -144,6 +176,15 @@ Seconds = Union[int, float, datetime.timedelta, str, None]
 Answer = Union[str, delegate_pb2.Result, delegate_pb2.ExecuteResponse, None]
 Handler = Callable[[delegate_pb2.ExecuteRequest, grpc.ServicerContext], Answer]
 """handler(request, context) → str, Result, ExecuteResponse or None."""
+
+Piece = Union[str, delegate_pb2.Result, delegate_pb2.ExecuteResponse, delegate_pb2.ExecuteStreamResponse, None]
+"""What a streaming handler yields: a str is the next piece of the text (an
+empty one, or None, sends nothing); a Result (or an ExecuteResponse) is the
+answer and ends it; an ExecuteStreamResponse goes as it is."""
+
+StreamHandler = Callable[[delegate_pb2.ExecuteRequest, grpc.ServicerContext], Iterator[Piece]]
+"""handler(request, context), a generator function: yields Pieces, and may
+return an Answer (the final result)."""
 
 
 def code_for_http_status(http_status: int) -> grpc.StatusCode:
@@ -368,7 +409,89 @@ def _response(answer: Answer) -> delegate_pb2.ExecuteResponse:
         return delegate_pb2.ExecuteResponse(result=delegate_pb2.Result(text=answer))
     if answer is None:
         return delegate_pb2.ExecuteResponse(result=delegate_pb2.Result())
-    raise TypeError(f"the handler returned a {type(answer).__name__}; want str, Result, ExecuteResponse or None")
+    raise TypeError(
+        f"the handler returned a {type(answer).__name__}; want str, Result, ExecuteResponse or None "
+        "(or, to stream, an iterator of str pieces)"
+    )
+
+
+def _final(answer: Answer) -> delegate_pb2.ExecuteStreamResponse:
+    return delegate_pb2.ExecuteStreamResponse(result=_response(answer).result)
+
+
+def _messages(answer: Any, context: grpc.ServicerContext) -> Iterator[delegate_pb2.ExecuteStreamResponse]:
+    """The ExecuteStream messages of a handler's answer: for an iterator
+    (a generator's pieces), a text_delta per str piece and then one result
+    (what it yielded last, or what it returned); for a plain answer, its
+    result alone. Stops, without a result, once the call is no longer
+    active (the caller went away), and closes the iterator whatever ends
+    it."""
+    if not isinstance(answer, collections.abc.Iterator):
+        yield _final(answer)
+        return
+    try:
+        while True:
+            if not context.is_active():
+                return
+            try:
+                piece = next(answer)
+            except StopIteration as stop:
+                yield _final(stop.value)
+                return
+            if isinstance(piece, str):
+                if piece:
+                    yield delegate_pb2.ExecuteStreamResponse(text_delta=piece)
+            elif piece is None:
+                pass
+            elif isinstance(piece, (delegate_pb2.Result, delegate_pb2.ExecuteResponse)):
+                yield _final(piece)
+                return
+            elif isinstance(piece, delegate_pb2.ExecuteStreamResponse):
+                kind = piece.WhichOneof("kind")
+                if kind == "result":
+                    yield piece
+                    return
+                if kind == "text_delta" and piece.text_delta:
+                    yield piece
+            else:
+                raise TypeError(
+                    f"the handler yielded a {type(piece).__name__}; want str pieces, then maybe a Result"
+                )
+    finally:
+        close = getattr(answer, "close", None)
+        if close is not None:
+            close()
+
+
+def _joined(answer: Any, context: grpc.ServicerContext) -> delegate_pb2.ExecuteResponse:
+    """A streamed answer as Execute's one response: its result, whose
+    text, when empty, is the pieces joined."""
+    text = []
+    final = delegate_pb2.Result()
+    for m in _messages(answer, context):
+        if m.WhichOneof("kind") == "text_delta":
+            text.append(m.text_delta)
+        else:
+            final.CopyFrom(m.result)
+    if not final.text:
+        final.text = "".join(text)
+    return delegate_pb2.ExecuteResponse(result=final)
+
+
+def _streams(handler: Any) -> bool:
+    """Whether handler is a generator function (or an object whose
+    __call__ is one): a streaming handler."""
+    return inspect.isgeneratorfunction(handler) or inspect.isgeneratorfunction(
+        getattr(type(handler), "__call__", None)
+    )
+
+
+def _check_handler(handler: Any) -> None:
+    if not callable(handler):
+        raise TypeError(f"the handler is a function of (request, context), got {handler!r}")
+    for f in (handler, getattr(type(handler), "__call__", None)):
+        if inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f):
+            raise TypeError("the handler is async: the kit serves plain and generator functions (grpc's threaded server)")
 
 
 class _RpcStatus(collections.namedtuple("_RpcStatus", ("code", "details", "trailing_metadata")), grpc.Status):
@@ -389,28 +512,69 @@ def _aborted(context: grpc.ServicerContext) -> bool:
     return code is not None and code is not grpc.StatusCode.OK
 
 
+def _failure(e: Exception, request: Any, context: grpc.ServicerContext) -> Optional[DelegateError]:
+    """The failure to answer for an exception the handler raised, or None
+    when it is context.abort's (whose status stands)."""
+    if isinstance(e, DelegateError):
+        return e
+    if isinstance(e, TimeoutError):
+        return DelegateError(grpc.StatusCode.DEADLINE_EXCEEDED, _describe(e))
+    if isinstance(e, ConnectionError):
+        return DelegateError(grpc.StatusCode.UNAVAILABLE, _describe(e))
+    if _aborted(context):
+        return None
+    _log.exception("attempt %d of run %r failed", request.attempt, request.run_id)
+    return DelegateError(grpc.StatusCode.UNKNOWN, _describe(e))
+
+
+def _abort(context: grpc.ServicerContext, err: DelegateError) -> NoReturn:
+    """Ends the call with err's code, message and details; raises."""
+    context.abort_with_status(
+        _RpcStatus(err.code, err.message, ((DETAILS_METADATA_KEY, err.status().SerializeToString()),))
+    )
+    raise AssertionError("abort_with_status returned")  # it raises
+
+
 class _Servicer(delegate_pb2_grpc.DelegateServiceServicer):
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Union[Handler, StreamHandler], stream: Optional[bool]) -> None:
+        _check_handler(handler)
         self._handler = handler
+        self._stream = _streams(handler) if stream is None else bool(stream)
 
     def Execute(self, request: delegate_pb2.ExecuteRequest, context: grpc.ServicerContext) -> delegate_pb2.ExecuteResponse:
         try:
-            return _response(self._handler(request, context))
-        except DelegateError as e:
-            err = e
-        except TimeoutError as e:
-            err = DelegateError(grpc.StatusCode.DEADLINE_EXCEEDED, _describe(e))
-        except ConnectionError as e:
-            err = DelegateError(grpc.StatusCode.UNAVAILABLE, _describe(e))
+            answer = self._handler(request, context)
+            if isinstance(answer, collections.abc.Iterator):  # streamed: joined
+                return _joined(answer, context)
+            return _response(answer)
         except Exception as e:
-            if _aborted(context):  # context.abort(...) raised: its status stands
+            err = _failure(e, request, context)
+            if err is None:
                 raise
-            _log.exception("attempt %d of run %r failed", request.attempt, request.run_id)
-            err = DelegateError(grpc.StatusCode.UNKNOWN, _describe(e))
-        context.abort_with_status(
-            _RpcStatus(err.code, err.message, ((DETAILS_METADATA_KEY, err.status().SerializeToString()),))
-        )
-        raise AssertionError("abort_with_status returned")  # it raises
+        _abort(context, err)
+
+    def ExecuteStream(
+        self, request: delegate_pb2.ExecuteStreamRequest, context: grpc.ServicerContext
+    ) -> Iterator[delegate_pb2.ExecuteStreamResponse]:
+        if not self._stream:
+            # Before any message: Stubborn then calls Execute, from now on.
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this delegate does not stream: call Execute")
+        # The handler gets an ExecuteRequest either way: the fields, numbers
+        # included, are the same.
+        return self._stream_answer(delegate_pb2.ExecuteRequest.FromString(request.SerializeToString()), context)
+
+    def _stream_answer(
+        self, request: delegate_pb2.ExecuteRequest, context: grpc.ServicerContext
+    ) -> Iterator[delegate_pb2.ExecuteStreamResponse]:
+        try:
+            # Closed with it, when grpc drops it (the call ended early).
+            yield from _messages(self._handler(request, context), context)
+            return
+        except Exception as e:
+            err = _failure(e, request, context)
+            if err is None:
+                raise
+        _abort(context, err)
 
 
 class _Health:
@@ -446,22 +610,26 @@ class DelegateServer:
     ``credentials``: grpc.ServerCredentials for TLS; None serves plaintext.
     ``max_workers``: calls handled at once (a thread each).
     ``options``: grpc server options, such as ("grpc.max_receive_message_length", n).
+    ``stream``: whether to serve ExecuteStream with the handler; None (the
+    default) does for a generator function (see the module's doc), True
+    for a handler that returns an iterator of pieces, False never.
     """
 
     def __init__(
         self,
-        handler: Handler,
+        handler: Union[Handler, StreamHandler],
         address: str,
         *,
         credentials: Optional[grpc.ServerCredentials] = None,
         max_workers: int = 16,
         options: Sequence[Tuple[str, Any]] = (),
+        stream: Optional[bool] = None,
     ) -> None:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="stubborn-delegate"),
             options=options,
         )
-        delegate_pb2_grpc.add_DelegateServiceServicer_to_server(_Servicer(handler), self._server)
+        delegate_pb2_grpc.add_DelegateServiceServicer_to_server(_Servicer(handler, stream), self._server)
         self._health = _Health(("", "stubborn.v1.DelegateService"))
         self._server.add_generic_rpc_handlers((self._health.rpc_handler(),))
         try:
@@ -506,13 +674,14 @@ class DelegateServer:
 
 
 def serve(
-    handler: Handler,
+    handler: Union[Handler, StreamHandler],
     address: str,
     *,
     grace: Optional[float] = 10.0,
     drain: float = 0.0,
     credentials: Optional[grpc.ServerCredentials] = None,
     max_workers: int = 16,
+    stream: Optional[bool] = None,
 ) -> None:
     """Serves handler as a Stubborn delegate on address until SIGTERM or
     SIGINT, then stops gracefully (see the module's doc and
@@ -522,9 +691,10 @@ def serve(
     after logging.basicConfig(level=INFO) (which does nothing when logging
     is configured already). Call it from the main thread: it installs
     signal handlers, and puts back the ones it found when it returns.
+    ``stream`` is :class:`DelegateServer`'s.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = DelegateServer(handler, address, credentials=credentials, max_workers=max_workers)
+    server = DelegateServer(handler, address, credentials=credentials, max_workers=max_workers, stream=stream)
     stopping = threading.Event()
     received: list = []
     previous: dict = {}

@@ -4,14 +4,17 @@ Each error helper's failure is decoded back from what a client receives: the
 gRPC code and message, and the google.rpc.Status in the
 grpc-status-details-bin trailer with its RetryInfo and UpstreamStatus, packed
 under the type URLs Stubborn (grpc-go) looks them up by. Also: the answers a
-handler may return, health, and serve()'s graceful stop on SIGTERM in a child
-process.
+handler may return, a generator handler streamed by ExecuteStream (its pieces
+in order and at once, its result, a failure mid-answer, the caller hanging
+up) and joined by Execute, a plain handler's ExecuteStream UNIMPLEMENTED,
+health, and serve()'s graceful stop on SIGTERM in a child process.
 
     make testclients   # from the installed package, in a venv
     PYTHONPATH=clients/python /usr/bin/python3 -m unittest discover -s clients/python/tests
 """
 
 import datetime
+import itertools
 import os
 import queue
 import re
@@ -216,6 +219,321 @@ class KitTest(unittest.TestCase):
         with self.assertRaises(grpc.RpcError) as cm:
             check(health_pb2.HealthCheckRequest(service="nope"), timeout=5)
         self.assertEqual(cm.exception.code(), C.NOT_FOUND)
+
+
+# The case a streaming call runs, by its brief: a generator function of
+# (request, context).
+STREAM_CASES = {}
+
+
+def stream_handle(request, context):
+    return (yield from STREAM_CASES[request.brief](request, context))
+
+
+def messages(responses):
+    """ExecuteStream responses as ("text", delta) and ("result", Result)."""
+    return [(m.WhichOneof("kind"), getattr(m, m.WhichOneof("kind"))) for m in responses]
+
+
+class StreamTest(unittest.TestCase):
+    """A generator handler, over ExecuteStream and Execute."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = DelegateServer(stream_handle, "127.0.0.1:0").start()
+        cls.channel = grpc.insecure_channel(cls.server.address)
+        cls.stub = delegate_pb2_grpc.DelegateServiceStub(cls.channel)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        cls.server.stop(grace=0)
+
+    def stream(self, case, timeout=10, **fields):
+        STREAM_CASES[self.id()] = case
+        return self.stub.ExecuteStream(delegate_pb2.ExecuteStreamRequest(brief=self.id(), **fields), timeout=timeout)
+
+    def execute(self, case, **fields):
+        STREAM_CASES[self.id()] = case
+        return self.stub.Execute(delegate_pb2.ExecuteRequest(brief=self.id(), **fields), timeout=10)
+
+    def test_pieces_in_order_each_at_once(self):
+        # The handler waits for the client to have each piece before it
+        # yields the next: a kit that held pieces back would hang here.
+        got = queue.Queue()
+
+        def case(request, context):
+            for piece in ("Roses ", "", "are ", None, "red ✓", "\n"):
+                yield piece
+                if piece:
+                    self.assertEqual(got.get(timeout=5), piece)
+
+        out = []
+        for m in self.stream(case):
+            kind = m.WhichOneof("kind")
+            out.append((kind, getattr(m, kind)))
+            if kind == "text_delta":
+                got.put(m.text_delta)
+        self.assertEqual(
+            out,
+            [("text_delta", "Roses "), ("text_delta", "are "), ("text_delta", "red ✓"), ("text_delta", "\n"),
+             ("result", delegate_pb2.Result())],
+        )
+
+    def test_request(self):
+        def case(request, context):
+            self.assertIsInstance(request, delegate_pb2.ExecuteRequest)
+            yield f"{request.brief}|{request.run_id}|{request.attempt}|{request.idempotency_key}|{dict(request.metadata)}"
+
+        got = messages(self.stream(case, run_id="run_1", attempt=3, idempotency_key="k", metadata={"a": "b"}))
+        self.assertEqual(got[0], ("text_delta", f"{self.id()}|run_1|3|k|{{'a': 'b'}}"))
+
+    def test_final_result(self):
+        closed = threading.Event()
+
+        def returns_data(request, context):
+            yield "two "
+            yield "rows"
+            return result(data={"rows": 2})
+
+        def returns_text(request, context):
+            yield "draft"
+            return "the whole answer"
+
+        def yields_result(request, context):
+            try:
+                yield "a"
+                yield result("a, then b", data=[1])
+                yield "never sent"
+            finally:
+                closed.set()
+
+        def yields_response(request, context):
+            yield delegate_pb2.ExecuteStreamResponse(text_delta="x")
+            yield delegate_pb2.ExecuteStreamResponse()  # unset: nothing
+            yield delegate_pb2.ExecuteResponse(result=delegate_pb2.Result(text="y"))
+
+        table = [
+            (returns_data, [("text_delta", "two "), ("text_delta", "rows"), ("result", result(data={"rows": 2}))]),
+            (returns_text, [("text_delta", "draft"), ("result", result("the whole answer"))]),
+            (yields_result, [("text_delta", "a"), ("result", result("a, then b", data=[1]))]),
+            (yields_response, [("text_delta", "x"), ("result", result("y"))]),
+        ]
+        for case, want in table:
+            with self.subTest(case=case.__name__):
+                self.assertEqual(messages(self.stream(case)), want)
+        self.assertTrue(closed.wait(5), "the generator that yielded a Result was not closed")
+
+    def test_error_mid_stream(self):
+        # (raised after the first piece, code, message, RetryInfo delay, UpstreamStatus)
+        table = [
+            (Upstream(503, "upstream went away", retry_after=2), C.UNAVAILABLE, "upstream went away", seconds(2), 503),
+            (Transient("stalled upstream", 0.5), C.UNAVAILABLE, "stalled upstream", seconds(0.5), None),
+            (Upstream(429, "slow down", "7"), C.RESOURCE_EXHAUSTED, "slow down", seconds(7), 429),
+            (Permanent("cannot finish"), C.FAILED_PRECONDITION, "cannot finish", None, None),
+            (DoNotRetry("quota spent"), C.UNAVAILABLE, "quota spent", seconds(-1), None),
+            (TimeoutError("model timed out"), C.DEADLINE_EXCEEDED, "TimeoutError: model timed out", None, None),
+            (ConnectionResetError(104, "reset"), C.UNAVAILABLE, "ConnectionResetError: [Errno 104] reset", None, None),
+        ]
+        for exc, code, message, delay, http in table:
+            with self.subTest(exc=repr(exc)):
+
+                def case(request, context):
+                    yield "partial "
+                    yield "answer"
+                    raise exc
+
+                got = []
+                with self.assertRaises(grpc.RpcError) as cm:
+                    for m in self.stream(case):
+                        got.append(m.text_delta)
+                self.assertEqual(got, ["partial ", "answer"])
+                err = cm.exception
+                self.assertEqual((err.code(), err.details()), (code, message))
+                st, got_delay, got_http = decode(err)
+                self.assertIsNotNone(st, "no grpc-status-details-bin trailer")
+                self.assertEqual((st.code, st.message), (code.value[0], message))
+                self.assertEqual((got_delay, got_http), (delay, http))
+
+    def test_bug_and_abort_mid_stream(self):
+        def bug(request, context):
+            yield "x"
+            raise ValueError("a bug")
+
+        def wrong_piece(request, context):
+            yield "x"
+            yield 42
+
+        def aborts(request, context):
+            yield "x"
+            context.abort(C.NOT_FOUND, "gone")
+
+        for case, code, message, logged in (
+            (bug, C.UNKNOWN, "ValueError: a bug", True),
+            (wrong_piece, C.UNKNOWN, "TypeError: the handler yielded a int; want str pieces, then maybe a Result", True),
+            (aborts, C.NOT_FOUND, "gone", False),
+        ):
+            with self.subTest(case=case.__name__):
+                got = []
+                with self.assertLogs("stubborn.delegate", "ERROR") if logged else _nothing():
+                    with self.assertRaises(grpc.RpcError) as cm:
+                        for m in self.stream(case):
+                            got.append(m.text_delta)
+                self.assertEqual(got, ["x"])
+                self.assertEqual((cm.exception.code(), cm.exception.details()), (code, message))
+                if not logged:
+                    self.assertEqual(decode(cm.exception), (None, None, None))
+
+    def test_failure_before_any_output(self):
+        def case(request, context):
+            raise Upstream(429, "rate limited", retry_after=0.3)
+            yield  # a generator all the same
+
+        with self.assertRaises(grpc.RpcError) as cm:
+            list(self.stream(case))
+        self.assertEqual(cm.exception.code(), C.RESOURCE_EXHAUSTED)
+        self.assertEqual(decode(cm.exception)[1:], (seconds(0.3), 429))
+
+    def test_caller_hangs_up(self):
+        # Cancelled after two pieces, or past its deadline, over ExecuteStream
+        # or Execute: the kit stops asking for pieces and closes the
+        # generator. After its two pieces the handler only waits (a bare
+        # yield sends nothing), so only the kit's own check stops it.
+        for how in ("cancel", "deadline", "execute deadline"):
+            with self.subTest(how=how):
+                asked, closed = [], threading.Event()
+
+                def case(request, context):
+                    try:
+                        yield "0 "
+                        yield "1 "
+                        for i in itertools.count():
+                            asked.append(i)
+                            time.sleep(0.02)
+                            yield
+                    finally:
+                        closed.set()
+
+                if how == "execute deadline":
+                    STREAM_CASES[self.id()] = case
+                    with self.assertRaises(grpc.RpcError) as cm:
+                        self.stub.Execute(delegate_pb2.ExecuteRequest(brief=self.id()), timeout=0.5)
+                else:
+                    call = self.stream(case, timeout=0.5 if how == "deadline" else 10)
+                    self.assertEqual([next(call).text_delta, next(call).text_delta], ["0 ", "1 "])
+                    if how == "cancel":
+                        call.cancel()
+                    with self.assertRaises(grpc.RpcError) as cm:
+                        next(call)
+                self.assertEqual(cm.exception.code(), C.CANCELLED if how == "cancel" else C.DEADLINE_EXCEEDED)
+                self.assertTrue(closed.wait(5), "the generator was not closed")
+                n = len(asked)
+                time.sleep(0.2)
+                self.assertEqual(len(asked), n, "the generator went on after it was closed")
+
+    def test_execute_joins_the_pieces(self):
+        def plain(request, context):
+            yield "Roses "
+            yield "are red"
+
+        def with_data(request, context):
+            yield "two rows"
+            return result(data={"rows": 2})
+
+        def with_text(request, context):
+            yield "draft"
+            return "final"
+
+        for case, want in (
+            (plain, result("Roses are red")),
+            (with_data, result("two rows", data={"rows": 2})),
+            (with_text, result("final")),
+        ):
+            with self.subTest(case=case.__name__):
+                self.assertEqual(self.execute(case).result, want)
+
+        def fails(request, context):
+            yield "partial"
+            raise Upstream(503, "down", retry_after=1)
+
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.execute(fails)
+        self.assertEqual((cm.exception.code(), cm.exception.details()), (C.UNAVAILABLE, "down"))
+        self.assertEqual(decode(cm.exception)[1:], (seconds(1), 503))
+
+
+class StreamOptionTest(unittest.TestCase):
+    """Which handlers ExecuteStream serves: a plain handler's is
+    UNIMPLEMENTED before any message (and the handler is not called), a
+    generator function's is served, and stream= says otherwise."""
+
+    def serve(self, handler, **kw):
+        server = DelegateServer(handler, "127.0.0.1:0", **kw).start()
+        self.addCleanup(server.stop, grace=0)
+        channel = grpc.insecure_channel(server.address)
+        self.addCleanup(channel.close)
+        return delegate_pb2_grpc.DelegateServiceStub(channel)
+
+    def test_plain_handler_does_not_stream(self):
+        calls = []
+
+        def plain(request, context):
+            calls.append(request.brief)
+            return "answer"
+
+        stub = self.serve(plain)
+        got = []
+        with self.assertRaises(grpc.RpcError) as cm:
+            for m in stub.ExecuteStream(delegate_pb2.ExecuteStreamRequest(brief="b"), timeout=10):
+                got.append(m)
+        self.assertEqual(cm.exception.code(), C.UNIMPLEMENTED)
+        self.assertEqual((got, calls), ([], []))
+        self.assertEqual(stub.Execute(delegate_pb2.ExecuteRequest(brief="b"), timeout=10).result.text, "answer")
+
+    def test_stream_option(self):
+        def returns_iterator(request, context):
+            return iter(["a", "b"])
+
+        def generator(request, context):
+            yield "a"
+            yield "b"
+
+        def plain(request, context):
+            return "ab"
+
+        def stream_call(stub):
+            return messages(stub.ExecuteStream(delegate_pb2.ExecuteStreamRequest(brief="b"), timeout=10))
+
+        streamed = [("text_delta", "a"), ("text_delta", "b"), ("result", delegate_pb2.Result())]
+        # stream=True: an iterator returned is streamed; a plain answer is the result alone.
+        self.assertEqual(stream_call(self.serve(returns_iterator, stream=True)), streamed)
+        self.assertEqual(stream_call(self.serve(plain, stream=True)), [("result", result("ab"))])
+        # Auto: a plain function returning an iterator does not stream, but Execute joins it.
+        for handler, kw in ((returns_iterator, {}), (generator, {"stream": False})):
+            with self.subTest(handler=handler.__name__, **kw):
+                stub = self.serve(handler, **kw)
+                with self.assertRaises(grpc.RpcError) as cm:
+                    stream_call(stub)
+                self.assertEqual(cm.exception.code(), C.UNIMPLEMENTED)
+                self.assertEqual(stub.Execute(delegate_pb2.ExecuteRequest(brief="b"), timeout=10).result.text, "ab")
+
+        class Model:
+            def __call__(self, request, context):
+                yield "from a callable object"
+
+        self.assertEqual(stream_call(self.serve(Model()))[0], ("text_delta", "from a callable object"))
+
+    def test_async_handlers_refused(self):
+        async def coroutine(request, context):
+            return "x"
+
+        async def async_generator(request, context):
+            yield "x"
+
+        for handler in (coroutine, async_generator, "not a function"):
+            with self.subTest(handler=handler):
+                with self.assertRaises(TypeError):
+                    DelegateServer(handler, "127.0.0.1:0")
 
 
 class _nothing:
