@@ -219,7 +219,7 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	defer closeConn()
 
 	fmt.Fprintf(stdout, "Console: %s (open it to follow the runs below live)\n", consoleURL)
-	fmt.Fprintf(stdout, "Stubborn demo: server on %s, demo delegates echo, flaky and flaky-api (each fails its first 2 calls), down (health NOT_SERVING), search-backup (always fails), unreachable (nothing listens).\n", lis.Addr())
+	fmt.Fprintf(stdout, "Stubborn demo: server on %s, demo delegates echo, flaky and flaky-api (each fails its first 2 calls), down (health NOT_SERVING), search-backup (always fails), storyteller (streams its answer, stalls once), unreachable (nothing listens).\n", lis.Addr())
 	failed, interrupted, err := playDemoRuns(ctx, client, stdout, *asJSON)
 	if err != nil {
 		return 1, err
@@ -344,7 +344,7 @@ func leaveRunForPerson(ctx context.Context, client stubbornv1.ControlServiceClie
 		},
 	})
 	if err == nil {
-		fmt.Fprintf(stdout, "\nA fourth run awaits your decision (a retry of unreachable whose retries ran out): %s#/runs/%s\n", consoleURL, res.GetRunId())
+		fmt.Fprintf(stdout, "\nA fifth run awaits your decision (a retry of unreachable whose retries ran out): %s#/runs/%s\n", consoleURL, res.GetRunId())
 	} else if ctx.Err() == nil {
 		fmt.Fprintf(stdout, "\nThe run that awaits a decision could not start: %v\n", err)
 	}

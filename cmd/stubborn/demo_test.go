@@ -62,7 +62,7 @@ func TestDemoServesConsoleUntilInterrupted(t *testing.T) {
 	}, 20*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return strings.Contains(out.String(), "press Ctrl-C to stop") }, 30*time.Second, 10*time.Millisecond, out.String())
 	assert.Contains(t, out.String(), "Demo finished: every run ended as expected.")
-	assert.Regexp(t, `A fourth run awaits your decision .*: http://\S+/#/runs/run_\S+`, out.String())
+	assert.Regexp(t, `A fifth run awaits your decision .*: http://\S+/#/runs/run_\S+`, out.String())
 
 	// The console's page.
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/", nil)
@@ -76,7 +76,7 @@ func TestDemoServesConsoleUntilInterrupted(t *testing.T) {
 	assert.Contains(t, resp.Header.Get("Content-Type"), "text/html")
 	assert.Contains(t, string(page), "app.js?v=")
 
-	// The API beside it: the demo's four runs, the last awaiting a decision.
+	// The API beside it: the demo's five runs, the last awaiting a decision.
 	// (Called from Eventually's goroutine: errors are "not yet", not
 	// FailNow.)
 	listRuns := func() (statuses []string) {
@@ -106,7 +106,7 @@ func TestDemoServesConsoleUntilInterrupted(t *testing.T) {
 	}
 	require.Eventually(t, func() bool {
 		st := listRuns()
-		return len(st) == 4 && st[0] == "RUN_STATUS_AWAITING_DECISION"
+		return len(st) == 5 && st[0] == "RUN_STATUS_AWAITING_DECISION"
 	}, 20*time.Second, 50*time.Millisecond)
 
 	select {
