@@ -4232,8 +4232,8 @@ type AttemptOutput struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The attempt (Attempt.number).
 	Attempt int32 `protobuf:"varint,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	// The text, at most the server's -output-flush-bytes (default 4 KiB) plus
-	// one delta of the delegate.
+	// The text: at most the server's -output-flush-bytes (default 4 KiB), cut
+	// between characters.
 	Text string `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
 	// Bytes of the attempt's text before this piece.
 	Offset int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`

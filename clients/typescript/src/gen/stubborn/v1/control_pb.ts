@@ -2029,8 +2029,8 @@ export type AttemptOutput = Message<"stubborn.v1.AttemptOutput"> & {
   attempt: number;
 
   /**
-   * The text, at most the server's -output-flush-bytes (default 4 KiB) plus
-   * one delta of the delegate.
+   * The text: at most the server's -output-flush-bytes (default 4 KiB), cut
+   * between characters.
    *
    * @generated from field: string text = 2;
    */
