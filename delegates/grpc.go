@@ -30,6 +30,9 @@ type transport interface {
 	// sent and s.piece with each piece of text, and stops reading when
 	// piece fails; ctx is s's, which a stall ends.
 	call(ctx context.Context, c controls.Call, s *stream) (*stubbornv1.Result, error)
+	// mayStream reports whether a call made now may stream: s is nil for
+	// one that may not (it costs nothing then).
+	mayStream() bool
 	// serving answers a health check: false only for a clear "not
 	// serving".
 	// serving asks the delegate whether it serves (health.go).
@@ -88,6 +91,8 @@ type grpcTransport struct {
 	unary atomic.Bool
 }
 
+func (g *grpcTransport) mayStream() bool { return g.mode != StreamOff && !g.unary.Load() }
+
 func (g *grpcTransport) call(ctx context.Context, c controls.Call, s *stream) (*stubbornv1.Result, error) {
 	kv := make([]string, 0, 6)
 	if c.Attempt > 0 {
@@ -109,7 +114,7 @@ func (g *grpcTransport) call(ctx context.Context, c controls.Call, s *stream) (*
 		IdempotencyKey: c.IdempotencyKey,
 		Metadata:       maps.Clone(c.Metadata),
 	}
-	if g.mode != StreamOff && !g.unary.Load() {
+	if s != nil && g.mayStream() {
 		res, err, unimplemented := g.stream(ctx, req, s)
 		if !unimplemented || g.mode == StreamOn {
 			return res, err

@@ -228,6 +228,8 @@ type httpTransport struct {
 	stream bool
 }
 
+func (t *httpTransport) mayStream() bool { return t.stream }
+
 func (t *httpTransport) call(ctx context.Context, c controls.Call, s *stream) (*stubbornv1.Result, error) {
 	var body bytes.Buffer
 	data := newBodyData(c.Brief, c.RunID, c.IdempotencyKey, c.Attempt, c.Metadata)

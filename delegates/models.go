@@ -92,6 +92,8 @@ func newOpenAITransport(cfg *OpenAI, mode string, h *httpClient) *openAITranspor
 	}
 }
 
+func (t *openAITransport) mayStream() bool { return t.stream }
+
 func (t *openAITransport) call(ctx context.Context, c controls.Call, s *stream) (*stubbornv1.Result, error) {
 	body := openAIRequest{Model: t.cfg.Model, Temperature: t.cfg.Temperature, MaxTokens: t.cfg.MaxTokens}
 	if t.cfg.System != "" {
@@ -238,6 +240,8 @@ type anthropicEvent struct {
 		Message string `json:"message"`
 	} `json:"error"`
 }
+
+func (t *anthropicTransport) mayStream() bool { return t.stream }
 
 func (t *anthropicTransport) call(ctx context.Context, c controls.Call, s *stream) (*stubbornv1.Result, error) {
 	body := anthropicRequest{

@@ -240,9 +240,12 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 	if c.IdleTimeout > 0 {
 		idle = c.IdleTimeout
 	}
-	sctx, s := newStream(actx, c, p.maxResult, first, idle)
+	sctx, s := actx, (*stream)(nil)
+	if e.t.mayStream() {
+		sctx, s = newStream(actx, c, p.maxResult, first, idle)
+		defer s.end()
+	}
 	r, err := e.t.call(sctx, c, s)
-	s.end()
 	if err != nil {
 		if cerr := ended(ctx); cerr != nil {
 			return nil, cerr

@@ -348,7 +348,9 @@ func TestFallbackChainSpansMetricsAndLogs(t *testing.T) {
 		// The delegate call's otelgrpc client span is the attempt's child.
 		calls := childrenOf(spans, a)
 		require.Len(t, calls, 1, "attempt %d has one delegate call", i+1)
-		assert.Equal(t, "stubborn.v1.DelegateService/Execute", calls[0].Name())
+		// A delegatekit delegate serves ExecuteStream, which Stubborn
+		// asks first (registry stream: auto).
+		assert.Equal(t, "stubborn.v1.DelegateService/ExecuteStream", calls[0].Name())
 		assert.Equal(t, trace.SpanKindClient, calls[0].SpanKind())
 	}
 
@@ -575,7 +577,7 @@ func TestTraceReachesTheDelegate(t *testing.T) {
 				id = sp.Parent().SpanID()
 			}
 			assert.Equal(t, []string{
-				"stubborn.v1.DelegateService/Execute", "stubborn.attempt traced",
+				"stubborn.v1.DelegateService/ExecuteStream", "stubborn.attempt traced",
 				"stubborn.run fallback_chain", "stubborn.v1.ControlService/Run",
 			}, chain)
 			require.Len(t, callerSpans.Ended(), 2, "the caller's span and its client span")
