@@ -509,23 +509,22 @@ func (val *validator) options(v *violations, o *stubbornv1.RunOptions) {
 	for _, f := range []struct {
 		name string
 		d    *durationpb.Duration
-	}{{"options.run_timeout", o.GetRunTimeout()}, {"options.attempt_timeout", o.GetAttemptTimeout()}} {
+		max  time.Duration // 0: none
+	}{
+		{"options.run_timeout", o.GetRunTimeout(), 0},
+		{"options.attempt_timeout", o.GetAttemptTimeout(), 0},
+		{"options.first_output_timeout", o.GetFirstOutputTimeout(), delegates.MaxStallTimeout},
+		{"options.idle_timeout", o.GetIdleTimeout(), delegates.MaxStallTimeout},
+	} {
 		if f.d == nil {
 			continue
 		}
-		if err := f.d.CheckValid(); err != nil || f.d.AsDuration() < 0 {
+		err := f.d.CheckValid()
+		switch d := f.d.AsDuration(); {
+		case f.max > 0 && (err != nil || d < 0 || d > f.max):
+			v.add(f.name, "must be a duration between 0 and %s", f.max)
+		case err != nil || d < 0:
 			v.add(f.name, "must be a valid, non-negative duration")
-		}
-	}
-	for _, f := range []struct {
-		name string
-		d    *durationpb.Duration
-	}{{"options.first_output_timeout", o.GetFirstOutputTimeout()}, {"options.idle_timeout", o.GetIdleTimeout()}} {
-		if f.d == nil {
-			continue
-		}
-		if err := f.d.CheckValid(); err != nil || f.d.AsDuration() < 0 || f.d.AsDuration() > delegates.MaxStallTimeout {
-			v.add(f.name, "must be a duration between 0 and %s", delegates.MaxStallTimeout)
 		}
 	}
 	switch key := o.GetIdempotencyKey(); {
