@@ -67,11 +67,9 @@ func (o *output) close() {
 func (o *output) answer(res *stubbornv1.Result) *stubbornv1.Result {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if res == nil {
-		res = &stubbornv1.Result{}
-	}
 	if res.GetText() == "" && o.sent {
-		res.Text = o.text.String()
+		// A Result of the Func's own is not changed: it may share it.
+		return &stubbornv1.Result{Text: o.text.String(), Data: res.GetData()}
 	}
 	return res
 }
@@ -94,7 +92,9 @@ func (s *service) ExecuteStream(req *stubbornv1.ExecuteStreamRequest, stream grp
 	}
 	res := resp.(*stubbornv1.ExecuteResponse).GetResult()
 	if out.sent && res.GetText() == out.text.String() {
-		res.Text = "" // the deltas are the text: not sent twice
+		// The deltas are the text: not sent twice (res is the kit's copy
+		// when the Func's had no text, else the Func's: copied).
+		res = &stubbornv1.Result{Data: res.GetData()}
 	}
 	return stream.Send(&stubbornv1.ExecuteStreamResponse{Kind: &stubbornv1.ExecuteStreamResponse_Result{Result: res}})
 }

@@ -120,6 +120,7 @@ func (g *grpcTransport) call(ctx context.Context, c controls.Call, s *stream) (*
 			return res, err
 		}
 		g.unary.Store(true) // it does not stream: never asked again
+		s.disarm()          // its answer is not timed as a stream
 	}
 	var (
 		trailer metadata.MD
@@ -174,7 +175,7 @@ func (g *grpcTransport) stream(ctx context.Context, req *stubbornv1.ExecuteReque
 		}
 		if err != nil {
 			ce := g.callError(err, st.Trailer(), pr)
-			return nil, ce, messages == 0 && ce.Code == codes.Unimplemented
+			return nil, ce, messages == 0 && doesNotStream(ce)
 		}
 		messages++
 		switch k := msg.GetKind().(type) {
@@ -215,6 +216,27 @@ func (g *grpcTransport) serving(ctx context.Context) health {
 }
 
 func (g *grpcTransport) close() error { return g.conn.Close() }
+
+// doesNotStream reports whether ce is a server's answer that it has no
+// ExecuteStream: UNIMPLEMENTED in the words gRPC servers use for a method
+// they do not serve (grpc-go's "unknown method ExecuteStream …" and
+// "method ExecuteStream not implemented", grpc-python's "Method not
+// implemented!" and "Method not found!", the Python kit's "this delegate
+// does not stream"), with no detail of a delegate's own. A delegate's own
+// UNIMPLEMENTED (delegatekit.Upstream(501, …), after it did its work) is
+// a failure like any other: never a reason to call it again with Execute.
+func doesNotStream(ce *controls.CallError) bool {
+	if ce.Code != codes.Unimplemented || ce.HTTPStatus != 0 || ce.HasHint {
+		return false
+	}
+	msg := strings.ToLower(ce.Message)
+	for _, words := range []string{"executestream", "method not implemented", "method not found", "unknown service", "does not stream"} {
+		if strings.Contains(msg, words) {
+			return true
+		}
+	}
+	return false
+}
 
 // tooLarge reports whether ce is gRPC's own refusal of a response over the
 // receive limit (not a delegate's RESOURCE_EXHAUSTED, which may pass).

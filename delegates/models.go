@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"maps"
 	"net/http"
 	"strings"
 
@@ -121,9 +120,11 @@ func (t *openAITransport) call(ctx context.Context, c controls.Call, s *stream) 
 		model, finish string
 		refusal       strings.Builder
 		usage         map[string]any
+		done          bool
 	)
 	a, err := t.doStream(req, s, formatSSE, func(ev event) error {
 		if string(ev.data) == "[DONE]" {
+			done = true
 			return errStreamDone
 		}
 		var ch openAIChunk
@@ -152,6 +153,8 @@ func (t *openAITransport) call(ctx context.Context, c controls.Call, s *stream) 
 		return nil, err
 	case a != nil:
 		return t.answer(a) // the server did not stream
+	case !done && finish == "":
+		return nil, cutShort("its finish_reason or [DONE]")
 	case refusal.Len() > 0 && !s.streamed():
 		return nil, &controls.CallError{Code: codes.FailedPrecondition, Message: "the model refused: " + controls.Cut(refusal.String(), maxErrorExcerpt)}
 	}
@@ -269,7 +272,17 @@ func (t *anthropicTransport) call(ctx context.Context, c controls.Call, s *strea
 	var (
 		model, stop string
 		usage       = map[string]any{}
+		done        bool
 	)
+	// A usage's counts, merged from message_start and message_delta; no
+	// other key is kept (a hostile stream's keys would pile up).
+	addUsage := func(u map[string]any) {
+		for _, k := range []string{"input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"} {
+			if v, ok := u[k]; ok {
+				usage[k] = v
+			}
+		}
+	}
 	a, err := t.doStream(req, s, formatSSE, func(ev event) error {
 		var e anthropicEvent
 		if err := json.Unmarshal(ev.data, &e); err != nil {
@@ -278,15 +291,16 @@ func (t *anthropicTransport) call(ctx context.Context, c controls.Call, s *strea
 		switch e.Type {
 		case "message_start":
 			model = e.Message.Model
-			maps.Copy(usage, e.Message.Usage)
+			addUsage(e.Message.Usage)
 		case "content_block_delta":
 			if e.Delta.Type == "text_delta" {
 				return s.piece(e.Delta.Text)
 			}
 		case "message_delta":
 			stop = cmp.Or(e.Delta.StopReason, stop)
-			maps.Copy(usage, e.Usage)
+			addUsage(e.Usage)
 		case "message_stop":
+			done = true
 			return errStreamDone
 		case "error":
 			// overloaded_error, api_error: the service's trouble, worth
@@ -304,6 +318,8 @@ func (t *anthropicTransport) call(ctx context.Context, c controls.Call, s *strea
 		return nil, err
 	case a != nil:
 		return t.answer(a) // the server did not stream
+	case !done && stop == "":
+		return nil, cutShort("its stop_reason or message_stop")
 	}
 	if len(usage) == 0 {
 		usage = nil

@@ -10,6 +10,7 @@ import (
 	"net/http"
 
 	"github.com/stubbornhq/stubborn/controls"
+	"google.golang.org/grpc/codes"
 )
 
 // Stream formats of an HTTP answer.
@@ -25,6 +26,12 @@ const maxEventSlack = 64 << 10
 // errStreamDone is returned by an event handler at the stream's end
 // marker (`data: [DONE]`): the rest is not read.
 var errStreamDone = errors.New("stream done")
+
+// cutShort is the error of a model's stream that ended without its end
+// marker: the answer is not whole, and another try may give it all.
+func cutShort(what string) *controls.CallError {
+	return &controls.CallError{Code: codes.Unavailable, Message: "the model's stream ended before " + what + ": the answer is cut short"}
+}
 
 // event is one streamed event: its SSE event name ("" for NDJSON or an
 // unnamed event) and its data.
@@ -56,6 +63,7 @@ func (h *httpClient) doStream(req *http.Request, s *stream, format string, each 
 	streams := resp.StatusCode >= 200 && resp.StatusCode <= 299 &&
 		((format == formatSSE && mt == "text/event-stream") || (format == formatNDJSON && mt != "application/json"))
 	if !streams {
+		s.disarm()
 		return h.read(req, resp)
 	}
 	if err := readEvents(resp.Body, format, h.maxResult+maxEventSlack, each); err != nil {

@@ -53,6 +53,7 @@ type stream struct {
 	chunks  int
 	text    strings.Builder
 	firstAt time.Duration // since begun, once a piece came
+	last    time.Time     // when the last piece came
 	done    bool
 }
 
@@ -87,6 +88,17 @@ func (s *stream) stall() {
 	defer s.mu.Unlock()
 	if s.done {
 		return
+	}
+	if s.chunks > 0 {
+		if s.idle <= 0 {
+			return // the first output came as its timer fired; no idle timeout
+		}
+		if wait := s.idle - time.Since(s.last); wait > 0 {
+			// A piece came as the timer fired (piece could not stop
+			// it): the gap is not over.
+			s.timer.Reset(wait)
+			return
+		}
 	}
 	var msg string
 	if s.chunks == 0 {
@@ -127,8 +139,9 @@ func (s *stream) piece(text string) error {
 		s.mu.Unlock()
 		return resultTooLarge(s.max, fmt.Sprintf("the streamed answer is over %d bytes", s.max))
 	}
+	s.last = time.Now()
 	if s.chunks == 0 {
-		s.firstAt = time.Since(s.begun)
+		s.firstAt = s.last.Sub(s.begun)
 	}
 	s.chunks++
 	s.text.WriteString(text)
@@ -145,6 +158,18 @@ func (s *stream) piece(text string) error {
 		s.out(text)
 	}
 	return nil
+}
+
+// disarm stops the stall timers: the answer turned out not to stream (a
+// gRPC delegate without ExecuteStream, a model server that answered with
+// one JSON body), and is bounded by the attempt timeout alone.
+func (s *stream) disarm() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done = true
+	if s.timer != nil {
+		s.timer.Stop()
+	}
 }
 
 // end stops the timers; no piece is taken after it.

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -310,4 +311,82 @@ func TestListDelegatesShowsStreamSettings(t *testing.T) {
 	assert.Equal(t, "2s", ds[0].GetIdleTimeout().AsDuration().String())
 	assert.Equal(t, "off", ds[1].GetStream(), "an http kind without stream_format cannot stream")
 	assert.Nil(t, ds[1].GetIdleTimeout())
+}
+
+// slowUnary serves Execute only, answering after a while.
+type slowUnary struct {
+	stubbornv1.UnimplementedDelegateServiceServer
+}
+
+func (slowUnary) Execute(ctx context.Context, _ *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+	select {
+	case <-time.After(150 * time.Millisecond):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return &stubbornv1.ExecuteResponse{Result: &stubbornv1.Result{Text: "late but whole"}}, nil
+}
+
+func TestAUnaryDelegateFoundOutIsNotTimedAsAStream(t *testing.T) {
+	p := poolFrom(t, fmt.Sprintf("delegates:\n  - name: old\n    target: %s\n    first_output_timeout: 50ms\n", serveRaw(t, slowUnary{})))
+	res, err := p.Call(testCtx(t), controls.Call{Delegate: "old", Brief: "b"})
+	require.NoError(t, err, "the Execute that follows an UNIMPLEMENTED ExecuteStream is bounded by the attempt timeout alone")
+	assert.Equal(t, "late but whole", res.GetText())
+}
+
+// upstream501 fails ExecuteStream with a delegate's own UNIMPLEMENTED (an
+// upstream 501), after doing its work; its Execute counts calls.
+type upstream501 struct {
+	stubbornv1.UnimplementedDelegateServiceServer
+	streams, unary atomic.Int32
+}
+
+func (u *upstream501) ExecuteStream(*stubbornv1.ExecuteStreamRequest, grpc.ServerStreamingServer[stubbornv1.ExecuteStreamResponse]) error {
+	u.streams.Add(1)
+	return status.Error(codes.Unimplemented, "upstream answered 501 Not Implemented")
+}
+
+func (u *upstream501) Execute(context.Context, *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+	u.unary.Add(1)
+	return &stubbornv1.ExecuteResponse{Result: &stubbornv1.Result{Text: "done twice"}}, nil
+}
+
+func TestADelegatesOwnUnimplementedIsAFailureNotAFallback(t *testing.T) {
+	u := &upstream501{}
+	p := poolFrom(t, fmt.Sprintf("delegates:\n  - name: d\n    target: %s\n", serveRaw(t, u)))
+	for range 2 {
+		_, err := p.Call(testCtx(t), controls.Call{Delegate: "d", Brief: "b"})
+		ce := callError(t, err)
+		assert.Equal(t, codes.Unimplemented, ce.Code)
+		assert.Equal(t, "upstream answered 501 Not Implemented", ce.Message)
+	}
+	assert.EqualValues(t, 2, u.streams.Load(), "still streamed: the delegate serves ExecuteStream")
+	assert.Zero(t, u.unary.Load(), "never called again with Execute: the work would be done twice")
+}
+
+func TestAModelStreamCutShortFails(t *testing.T) {
+	openai := newFakeHTTP(t, sse(`data: {"choices":[{"delta":{"content":"Half an ans"}}]}`))
+	anthropic := newFakeHTTP(t, sse(
+		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"c\"}}",
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"Half an ans\"}}",
+	))
+	empty := newFakeHTTP(t, sse())
+	p := poolFrom(t, fmt.Sprintf(`delegates:
+  - name: gpt
+    openai: {base_url: %q, model: m}
+  - name: claude
+    anthropic: {base_url: %q, model: c}
+  - name: silent
+    openai: {base_url: %q, model: m}
+`, openai.URL, anthropic.URL, empty.URL))
+	for name, want := range map[string]string{
+		"gpt":    "the model's stream ended before its finish_reason or [DONE]: the answer is cut short",
+		"claude": "the model's stream ended before its stop_reason or message_stop: the answer is cut short",
+		"silent": "the model's stream ended before its finish_reason or [DONE]: the answer is cut short",
+	} {
+		_, err := p.Call(testCtx(t), controls.Call{Delegate: name, Brief: "hi"})
+		ce := callError(t, err)
+		assert.Equal(t, codes.Unavailable, ce.Code, name)
+		assert.Equal(t, want, ce.Message, name)
+	}
 }
