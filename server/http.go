@@ -89,10 +89,17 @@ func (s *Stubborn) HTTPHandler(allowedHosts ...string) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.doorOnce.Do(func() { s.door, s.doorClose, s.doorErr = newFrontDoor(s) })
+	if s.doorErr != nil {
+		return nil, s.doorErr
+	}
 	mux := http.NewServeMux()
 	api := boundBody(normalContentType(connectByDefault(t)))
 	mux.Handle("/"+stubbornv1.ControlService_ServiceDesc.ServiceName+"/", api)
 	mux.Handle("/"+healthpb.Health_ServiceDesc.ServiceName+"/", api)
+	// The OpenAI-compatible front door (frontdoor.go).
+	mux.Handle("POST /v1/chat/completions", boundBody(http.HandlerFunc(s.door.chatCompletions)))
+	mux.Handle("GET /v1/models", http.HandlerFunc(s.door.models))
 	// Everything else is the web console (index.html at "/", its assets;
 	// 404 for the rest), which calls the API above on the same origin.
 	mux.Handle("/", console.Handler())

@@ -64,6 +64,12 @@ type Stubborn struct {
 	logger *slog.Logger
 	// reloadMu makes reloads one at a time.
 	reloadMu sync.Mutex
+	// door is the OpenAI-compatible front door (frontdoor.go), made by the
+	// first HTTPHandler; doorClose ends its connection (Stop).
+	doorOnce  sync.Once
+	door      *frontDoor
+	doorErr   error
+	doorClose func()
 }
 
 // New builds a Stubborn server from cfg. Serve it, then Stop it.
@@ -284,4 +290,7 @@ func (s *Stubborn) Stop(grace time.Duration) {
 	}
 	// The runs have ended here: the current registry is the last held.
 	s.svc.regs.retire()
+	if s.doorClose != nil {
+		s.doorClose()
+	}
 }
