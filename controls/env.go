@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -40,6 +41,18 @@ type Call struct {
 	// it may go without its first output, and between two outputs.
 	FirstOutputTimeout, IdleTimeout time.Duration
 
+	// TaskBrief, Messages and ModelParams are the run's task: its brief
+	// as the run was asked it (Brief may be enriched), and, for a
+	// conversation, its messages and model parameters (read only).
+	TaskBrief   string
+	Messages    []*structpb.Struct
+	ModelParams *structpb.Struct
+
+	// Task says the call is an attempt at the run's task (set by the
+	// control that makes it), not a judge's or an analyst's call about
+	// one: only such a call gets the run's Messages and ModelParams.
+	Task bool
+
 	// Output, when set, is given the attempt's text as a delegate that
 	// streams makes it, piece by piece, in order, never two at once, and
 	// only while Call runs (so a piece never follows the call's answer).
@@ -56,6 +69,7 @@ func RunCall(st *stubbornv1.ControlState) Call {
 		RunID: st.GetRunId(), IdempotencyKey: o.GetIdempotencyKey(),
 		Metadata: o.GetMetadata(), AttemptTimeout: o.GetAttemptTimeout().AsDuration(),
 		FirstOutputTimeout: o.GetFirstOutputTimeout().AsDuration(), IdleTimeout: o.GetIdleTimeout().AsDuration(),
+		TaskBrief: st.GetTaskBrief(), Messages: st.GetTaskMessages(), ModelParams: st.GetModelParams(),
 	}
 }
 
@@ -63,6 +77,7 @@ func RunCall(st *stubbornv1.ControlState) Call {
 func (c Call) WithRun(run Call) Call {
 	c.RunID, c.IdempotencyKey, c.Metadata, c.AttemptTimeout = run.RunID, run.IdempotencyKey, run.Metadata, run.AttemptTimeout
 	c.FirstOutputTimeout, c.IdleTimeout = run.FirstOutputTimeout, run.IdleTimeout
+	c.TaskBrief, c.Messages, c.ModelParams = run.TaskBrief, run.Messages, run.ModelParams
 	return c
 }
 

@@ -223,7 +223,7 @@ func TestFallbackChainEdges(t *testing.T) {
 			notServing: []string{"primary"},
 			check: func(t *testing.T, r ran, f *fixture) {
 				assert.Empty(t, f.fakes.CallsTo("primary"), "no call to a NOT_SERVING delegate")
-				assert.Equal(t, []controls.Call{{Delegate: "secondary", Brief: taskBrief, Attempt: 2}}, r.calls)
+				assert.Equal(t, []controls.Call{{Delegate: "secondary", Brief: taskBrief, Attempt: 2, Task: true}}, r.calls)
 				assert.Equal(t, succeeded, r.out.Status)
 				assert.Equal(t, "secondary", r.state.GetWinner())
 				assert.EqualValues(t, 2, r.state.GetAttempts(), "the skip counts as an attempt")

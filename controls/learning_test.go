@@ -54,7 +54,7 @@ func TestRetryWithLearningEnsures(t *testing.T) {
 			script: []controlstest.Reply{unavailable("backend down"), ok("three sources")},
 			check: func(t *testing.T, r ran, _ *fixture) {
 				require.NotEmpty(t, r.calls)
-				assert.Equal(t, controls.Call{Delegate: "target", Brief: taskBrief, Attempt: 1}, r.calls[0])
+				assert.Equal(t, controls.Call{Delegate: "target", Brief: taskBrief, Attempt: 1, Task: true}, r.calls[0])
 				assert.Equal(t, taskBrief, r.state.GetAttemptLog()[0].GetBrief())
 			},
 		},
@@ -148,9 +148,9 @@ func TestRetryWithLearningEnsures(t *testing.T) {
 				// The delegate does not know it is retried: the same delegate,
 				// the attempt number only as metadata.
 				assert.Equal(t, []controls.Call{
-					{Delegate: "target", Brief: taskBrief, Attempt: 1},
-					{Delegate: "target", Brief: enriched(taskBrief, [2]string{"Error: one", "one"}), Attempt: 2},
-					{Delegate: "target", Brief: enriched(taskBrief, [2]string{"Error: one", "one"}, [2]string{"Error: two", "two"}), Attempt: 3},
+					{Delegate: "target", Brief: taskBrief, Attempt: 1, Task: true},
+					{Delegate: "target", Brief: enriched(taskBrief, [2]string{"Error: one", "one"}), Attempt: 2, Task: true},
+					{Delegate: "target", Brief: enriched(taskBrief, [2]string{"Error: one", "one"}, [2]string{"Error: two", "two"}), Attempt: 3, Task: true},
 				}, r.calls)
 			},
 		},

@@ -113,6 +113,8 @@ func (g *grpcTransport) call(ctx context.Context, c controls.Call, s *stream) (*
 		Attempt:        c.Attempt,
 		IdempotencyKey: c.IdempotencyKey,
 		Metadata:       maps.Clone(c.Metadata),
+		Messages:       messagesOf(c),
+		ModelParams:    modelParamsOf(c),
 	}
 	if s != nil && g.mayStream() {
 		res, err, unimplemented := g.stream(ctx, req, s)
@@ -160,6 +162,7 @@ func (g *grpcTransport) stream(ctx context.Context, req *stubbornv1.ExecuteReque
 	sreq := &stubbornv1.ExecuteStreamRequest{
 		Brief: req.GetBrief(), RunId: req.GetRunId(), Attempt: req.GetAttempt(),
 		IdempotencyKey: req.GetIdempotencyKey(), Metadata: req.GetMetadata(),
+		Messages: req.GetMessages(), ModelParams: req.GetModelParams(),
 	}
 	st, err := g.client.ExecuteStream(ctx, sreq, grpc.Trailer(&trailer), grpc.Peer(&pr))
 	if err != nil {

@@ -102,7 +102,11 @@ func (t *openAITransport) call(ctx context.Context, c controls.Call, s *stream) 
 	if t.stream {
 		body.Stream, body.StreamOptions = true, &openAIStreamOptions{IncludeUsage: true}
 	}
-	req, err := jsonRequest(ctx, t.url, body, c)
+	var sent any = body
+	if msgs := messagesOf(c); len(msgs) > 0 {
+		sent = t.conversation(body, msgs, modelParamsOf(c))
+	}
+	req, err := jsonRequest(ctx, t.url, sent, c)
 	if err != nil {
 		return nil, err
 	}
@@ -159,6 +163,40 @@ func (t *openAITransport) call(ctx context.Context, c controls.Call, s *stream) 
 		return nil, &controls.CallError{Code: codes.FailedPrecondition, Message: "the model refused: " + controls.Cut(refusal.String(), maxErrorExcerpt)}
 	}
 	return modelResult(s.joined(), map[string]any{"model": model, "finish_reason": finish, "usage": usage})
+}
+
+// conversation is the request for a run's conversation: its model
+// parameters as they are (tools, response_format, stop, seed, …), the
+// entry's temperature and max_tokens where they set none, the entry's
+// system prompt first, then the messages intact; the model and stream are
+// the entry's.
+func (t *openAITransport) conversation(body openAIRequest, msgs []*structpb.Struct, params *structpb.Struct) map[string]any {
+	out := params.AsMap()
+	if out == nil {
+		out = map[string]any{}
+	}
+	if _, set := out["temperature"]; !set && body.Temperature != nil {
+		out["temperature"] = *body.Temperature
+	}
+	_, setMax := out["max_tokens"]
+	_, setMaxCompletion := out["max_completion_tokens"]
+	if !setMax && !setMaxCompletion && body.MaxTokens > 0 {
+		out["max_tokens"] = body.MaxTokens
+	}
+	messages := make([]any, 0, len(msgs)+1)
+	if t.cfg.System != "" {
+		messages = append(messages, map[string]any{"role": "system", "content": t.cfg.System})
+	}
+	for _, m := range msgs {
+		messages = append(messages, m.AsMap())
+	}
+	out["model"], out["messages"] = body.Model, messages
+	delete(out, "stream")
+	delete(out, "stream_options")
+	if body.Stream {
+		out["stream"], out["stream_options"] = true, map[string]any{"include_usage": true}
+	}
+	return out
 }
 
 // answer reads a Chat Completions answer that came whole.
@@ -254,7 +292,11 @@ func (t *anthropicTransport) call(ctx context.Context, c controls.Call, s *strea
 	if body.MaxTokens == 0 {
 		body.MaxTokens = defaultAnthropicMaxTokens
 	}
-	req, err := jsonRequest(ctx, t.url, body, c)
+	var sent any = body
+	if msgs := messagesOf(c); len(msgs) > 0 {
+		sent = anthropicConversation(body, msgs)
+	}
+	req, err := jsonRequest(ctx, t.url, sent, c)
 	if err != nil {
 		return nil, err
 	}
@@ -374,4 +416,40 @@ func modelResult(text string, data map[string]any) (*stubbornv1.Result, error) {
 		return nil, unreadable("%v", err)
 	}
 	return &stubbornv1.Result{Text: strings.ToValidUTF8(text, "\uFFFD"), Data: d}, nil
+}
+
+// anthropicConversation is the Messages API request for a run's
+// conversation: its system and developer messages' text after the
+// entry's system prompt, its user and assistant messages with their
+// content as it is (a string, or parts: text parts are the same shape in
+// both APIs); tool messages and the model parameters are not sent (the
+// two APIs' tools differ).
+func anthropicConversation(body anthropicRequest, msgs []*structpb.Struct) map[string]any {
+	system := []string{}
+	if body.System != "" {
+		system = append(system, body.System)
+	}
+	messages := make([]any, 0, len(msgs))
+	for _, m := range msgs {
+		f := m.GetFields()
+		switch role := f["role"].GetStringValue(); role {
+		case "system", "developer":
+			if text := f["content"].GetStringValue(); text != "" {
+				system = append(system, text)
+			}
+		case "user", "assistant":
+			messages = append(messages, map[string]any{"role": role, "content": f["content"].AsInterface()})
+		}
+	}
+	out := map[string]any{"model": body.Model, "max_tokens": body.MaxTokens, "messages": messages}
+	if len(system) > 0 {
+		out["system"] = strings.Join(system, "\n\n")
+	}
+	if body.Temperature != nil {
+		out["temperature"] = *body.Temperature
+	}
+	if body.Stream {
+		out["stream"] = true
+	}
+	return out
 }

@@ -181,14 +181,16 @@ func holdCancel(run context.Context) (ctx context.Context, release, stop func())
 // trace), sharing their messages, which nobody changes either.
 func constantPart(st *stubbornv1.ControlState) *stubbornv1.ControlState {
 	return &stubbornv1.ControlState{
-		RunId:       st.GetRunId(),
-		TaskBrief:   st.GetTaskBrief(),
-		Control:     st.GetControl(),
-		Options:     st.GetOptions(),
-		CreateTime:  st.GetCreateTime(),
-		Tenant:      st.GetTenant(),
-		Traceparent: st.GetTraceparent(),
-		Presets:     st.GetPresets(),
+		RunId:        st.GetRunId(),
+		TaskBrief:    st.GetTaskBrief(),
+		TaskMessages: st.GetTaskMessages(),
+		ModelParams:  st.GetModelParams(),
+		Control:      st.GetControl(),
+		Options:      st.GetOptions(),
+		CreateTime:   st.GetCreateTime(),
+		Tenant:       st.GetTenant(),
+		Traceparent:  st.GetTraceparent(),
+		Presets:      st.GetPresets(),
 	}
 }
 

@@ -21,7 +21,7 @@ import (
 // those that follow within the key's window get that run (or, when they
 // ask for something else under the same key, ErrKeyConflict). The store
 // keeps each key's entry, keyed by a hash of tenant and key, with the
-// run's id and a hash of the request (its brief, control and options but
+// run's id and a hash of the request (its brief, messages, model parameters, control and options but
 // their metadata): across replicas sharing a store and across restarts.
 //
 // A key's entry is written before the run is claimed. One of concurrent
@@ -94,10 +94,12 @@ func keyHash(tenant, key string) string {
 
 // requestHash is the hash of what a run request asks for: its brief,
 // control and options but their metadata.
-func requestHash(brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (string, error) {
+func requestHash(task Task, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (string, error) {
 	o := proto.CloneOf(opts)
 	o.Metadata = nil
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(&stubbornv1.ControlState{TaskBrief: brief, Control: spec, Options: o})
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(&stubbornv1.ControlState{
+		TaskBrief: task.Brief, TaskMessages: task.Messages, ModelParams: task.ModelParams, Control: spec, Options: o,
+	})
 	if err != nil {
 		return "", err
 	}
@@ -108,12 +110,12 @@ func requestHash(brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.Ru
 // existingRun returns the run an idempotency key names (st), or
 // reserves the key for run id and returns how to free it again (drop), or
 // neither when the store keeps no keys.
-func (m *Manager) existingRun(ctx context.Context, tenant, id, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (drop func(), st *stubbornv1.ControlState, err error) {
+func (m *Manager) existingRun(ctx context.Context, tenant, id string, task Task, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (drop func(), st *stubbornv1.ControlState, err error) {
 	ks, ok := m.store.(keyStore)
 	if !ok {
 		return nil, nil, nil
 	}
-	sum, err := requestHash(brief, spec, opts)
+	sum, err := requestHash(task, spec, opts)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/stubbornhq/stubborn/controls"
@@ -36,6 +37,20 @@ func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.Cont
 // instead of starting another, or KeyConflictError when that run was
 // started with a different request.
 func (m *Manager) StartOnce(ctx context.Context, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (st *stubbornv1.ControlState, existing bool, err error) {
+	return m.StartTask(ctx, Task{Brief: brief}, spec, opts)
+}
+
+// Task is what a run is asked to do: its brief and, for a conversation,
+// its messages and model parameters (ControlState.task_messages,
+// model_params). Read only.
+type Task struct {
+	Brief       string
+	Messages    []*structpb.Struct
+	ModelParams *structpb.Struct
+}
+
+// StartTask is StartOnce for a task that may be a conversation.
+func (m *Manager) StartTask(ctx context.Context, task Task, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (st *stubbornv1.ControlState, existing bool, err error) {
 	id := newID()
 	if opts == nil {
 		opts = &stubbornv1.RunOptions{}
@@ -43,15 +58,15 @@ func (m *Manager) StartOnce(ctx context.Context, brief string, spec *stubbornv1.
 	if opts.GetIdempotencyKey() == "" {
 		opts = proto.CloneOf(opts) // the request's own stays as it came
 		opts.IdempotencyKey = id
-		st, err = m.start(ctx, id, brief, spec, opts)
+		st, err = m.start(ctx, id, task, spec, opts)
 		return st, false, err
 	}
 	tenant := TenantFrom(ctx)
-	reserved, cur, err := m.existingRun(ctx, tenant, id, brief, spec, opts)
+	reserved, cur, err := m.existingRun(ctx, tenant, id, task, spec, opts)
 	if err != nil || cur != nil {
 		return cur, cur != nil, err
 	}
-	st, err = m.start(ctx, id, brief, spec, opts)
+	st, err = m.start(ctx, id, task, spec, opts)
 	if err != nil && reserved != nil && !errors.Is(err, errMaybeStarted) {
 		// Not started: the key is free again (else the next start with
 		// it would wait keyClaimGrace).
@@ -66,20 +81,22 @@ func (m *Manager) StartOnce(ctx context.Context, brief string, spec *stubbornv1.
 var errMaybeStarted = errors.New("the run may have started; a StartRun with the same idempotency key finds it")
 
 // start starts run id.
-func (m *Manager) start(ctx context.Context, id, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (*stubbornv1.ControlState, error) {
+func (m *Manager) start(ctx context.Context, id string, task Task, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (*stubbornv1.ControlState, error) {
 	now := m.cfg.Clock.Now()
 	// Saved as RUNNING (an attempt is about to start) from the first: the
 	// state run_started saves a moment later would differ only in its
 	// update time, and saving it again is one store write per run.
 	state := &stubbornv1.ControlState{
-		RunId:      id,
-		Status:     stubbornv1.RunStatus_RUN_STATUS_RUNNING,
-		TaskBrief:  brief,
-		Control:    spec,
-		Options:    opts,
-		CreateTime: timestamppb.New(now),
-		UpdateTime: timestamppb.New(now),
-		Tenant:     TenantFrom(ctx),
+		RunId:        id,
+		Status:       stubbornv1.RunStatus_RUN_STATUS_RUNNING,
+		TaskBrief:    task.Brief,
+		TaskMessages: task.Messages,
+		ModelParams:  task.ModelParams,
+		Control:      spec,
+		Options:      opts,
+		CreateTime:   timestamppb.New(now),
+		UpdateTime:   timestamppb.New(now),
+		Tenant:       TenantFrom(ctx),
 	}
 	if a, ok := m.store.(admission); ok {
 		if err := a.admit(ctx, proto.Size(state)); err != nil {

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -142,66 +143,56 @@ func (f *frontDoor) models(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(list)
 }
 
-// chatRequest is what the front door reads of a Chat Completions request.
+// chatRequest is what the front door reads of a Chat Completions request:
+// the fields it acts on, and the messages and the other fields (the model
+// parameters: tools, response_format, temperature, …) as they came.
 type chatRequest struct {
-	Model         string        `json:"model"`
-	Messages      []chatMessage `json:"messages"`
-	Stream        bool          `json:"stream"`
+	Model         string `json:"model"`
+	Stream        bool   `json:"stream"`
 	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+
+	messages []*structpb.Struct
+	params   *structpb.Struct
 }
 
-// chatMessage is one message of a request: its content is a string or an
-// array of parts.
-type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
-
-// text is the message's text: its content, or its text parts joined.
-func (m chatMessage) text() (string, error) {
-	if len(m.Content) == 0 || string(m.Content) == "null" {
-		return "", nil
+// parseChat reads a Chat Completions request body.
+func parseChat(body []byte) (*chatRequest, error) {
+	var req chatRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, err
 	}
-	var s string
-	if json.Unmarshal(m.Content, &s) == nil {
-		return s, nil
+	var all map[string]any
+	if err := json.Unmarshal(body, &all); err != nil {
+		return nil, err
 	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
+	list, ok := all["messages"].([]any)
+	if !ok && all["messages"] != nil {
+		return nil, errors.New("messages: must be an array of messages")
 	}
-	if err := json.Unmarshal(m.Content, &parts); err != nil {
-		return "", errors.New("content must be a string or an array of parts")
-	}
-	var b strings.Builder
-	for _, p := range parts {
-		if p.Type == "text" {
-			b.WriteString(p.Text)
+	for i, m := range list {
+		obj, ok := m.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("messages[%d]: must be an object", i)
 		}
-	}
-	return b.String(), nil
-}
-
-// brief is the run's task brief for messages: a lone user message's text,
-// else each message as "role: text", a blank line between them.
-func brief(messages []chatMessage) (string, error) {
-	var b strings.Builder
-	for i, m := range messages {
-		t, err := m.text()
+		st, err := structpb.NewStruct(obj)
 		if err != nil {
-			return "", fmt.Errorf("messages[%d]: %w", i, err)
+			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
-		if len(messages) == 1 && m.Role == "user" {
-			return t, nil
-		}
-		if i > 0 {
-			b.WriteString("\n\n")
-		}
-		b.WriteString(m.Role + ": " + t)
+		req.messages = append(req.messages, st)
 	}
-	return b.String(), nil
+	for _, k := range []string{"model", "messages", "stream", "stream_options"} {
+		delete(all, k)
+	}
+	if len(all) > 0 {
+		p, err := structpb.NewStruct(all)
+		if err != nil {
+			return nil, err
+		}
+		req.params = p
+	}
+	return &req, nil
 }
 
 // runRequest is the run a chat request makes: the preset's control, or a
@@ -211,18 +202,15 @@ func (f *frontDoor) runRequest(ctx context.Context, req *chatRequest, key string
 	if req.Model == "" {
 		return nil, status.Error(codes.InvalidArgument, "model: required: a preset or a delegate (GET /v1/models lists them)")
 	}
-	if len(req.Messages) == 0 {
+	if len(req.messages) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "messages: at least one message is required")
-	}
-	text, err := brief(req.Messages)
-	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	list, err := f.client.ListDelegates(ctx, &stubbornv1.ListDelegatesRequest{})
 	if err != nil {
 		return nil, err
 	}
-	run := &stubbornv1.RunRequest{TaskBrief: text, Options: &stubbornv1.RunOptions{IdempotencyKey: key}}
+	// The brief is the messages' text (task_messages): the server makes it.
+	run := &stubbornv1.RunRequest{TaskMessages: req.messages, ModelParams: req.params, Options: &stubbornv1.RunOptions{IdempotencyKey: key}}
 	for _, p := range list.GetPresets() {
 		if p.GetName() != req.Model {
 			continue
@@ -250,15 +238,18 @@ func (f *frontDoor) runRequest(ctx context.Context, req *chatRequest, key string
 }
 
 func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
-	var req chatRequest
-	dec := json.NewDecoder(r.Body)
-	if err := dec.Decode(&req); err != nil {
+	body, err := io.ReadAll(r.Body) // bounded: boundBody read it already
+	if err != nil {
+		openAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_body", "reading the body: "+controls.Cut(err.Error(), 200), false, 0)
+		return
+	}
+	req, err := parseChat(body)
+	if err != nil {
 		openAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "the body is not a Chat Completions request: "+controls.Cut(err.Error(), 200), false, 0)
 		return
 	}
-	_, _ = io.Copy(io.Discard, r.Body)
 	ctx := callContext(r)
-	run, err := f.runRequest(ctx, &req, r.Header.Get("Idempotency-Key"))
+	run, err := f.runRequest(ctx, req, r.Header.Get("Idempotency-Key"))
 	if err != nil {
 		grpcError(w, err)
 		return
@@ -270,7 +261,7 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		grpcError(w, err)
 		return
 	}
-	a := &answering{f: f, w: w, req: &req, race: run.GetRace() != nil, held: map[int32]*strings.Builder{}}
+	a := &answering{f: f, w: w, req: req, race: run.GetRace() != nil, held: map[int32]*strings.Builder{}}
 	end, err := a.follow(stream)
 	if err != nil && a.runID == "" {
 		grpcError(w, err)

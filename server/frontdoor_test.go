@@ -8,12 +8,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -237,4 +239,60 @@ func TestTheFrontDoorAuthenticatesWithTheTenantsToken(t *testing.T) {
 	}
 	assert.Contains(t, ids, "smart")
 	assert.Contains(t, ids, "good")
+}
+
+// TestTheWholeConversationReachesTheModel: a conversation's messages, its
+// tools and other parameters reach an openai delegate intact, and
+// retry-with-learning appends its failure history to the last user
+// message exactly as it appends it to a brief.
+func TestTheWholeConversationReachesTheModel(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		bodies []map[string]any
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		bodies = append(bodies, body)
+		n := len(bodies)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if n == 1 {
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, `{"error":{"message":"model crashed"}}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"model":"m","choices":[{"message":{"content":"fine"},"finish_reason":"stop"}]}`)
+	}))
+	t.Cleanup(srv.Close)
+	_, base := frontDoorEnv(t, setup{
+		entries: []delegates.Delegate{{Name: "recorder", OpenAI: &delegates.OpenAI{ModelAPI: delegates.ModelAPI{BaseURL: srv.URL, Model: "m", System: "Configured system."}}, ReadOnly: true, Timeout: delegates.Duration(time.Minute)}},
+		presets: []delegates.Preset{{Name: "learner", Spec: &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_RetryWithLearning{RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: "recorder", MaxRetries: new(int32(2))}}}}},
+	})
+	resp := postChat(t, base, "", `{"model": "learner", "seed": 7, "tools": [{"type": "function", "function": {"name": "f"}}],
+		"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+		             {"role": "user", "content": [{"type": "text", "text": "Sum it up."}]}]}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, bodies, 2)
+	for _, b := range bodies {
+		assert.Equal(t, "m", b["model"], "the entry's model")
+		assert.InDelta(t, 7, b["seed"], 0, "parameters pass through")
+		assert.Len(t, asList(b["tools"]), 1)
+	}
+	first := asList(bodies[0]["messages"])
+	require.Len(t, first, 5, "the entry's system prompt, then the conversation intact")
+	assert.Equal(t, map[string]any{"role": "system", "content": "Configured system."}, first[0])
+	assert.Equal(t, map[string]any{"role": "assistant", "content": "Hello"}, first[3])
+	assert.Equal(t, []any{map[string]any{"type": "text", "text": "Sum it up."}}, first[4].(map[string]any)["content"])
+	second := asList(bodies[1]["messages"])
+	require.Len(t, second, 5)
+	parts := asList(second[4].(map[string]any)["content"])
+	require.Len(t, parts, 2, "the failure history is a text part after the last user message's own")
+	brief := "system: Be brief.\n\nuser: Hi\n\nassistant: Hello\n\nuser: Sum it up."
+	history := strings.TrimPrefix(controls.EnrichBrief(brief, []*stubbornv1.FailureRecord{{Summary: "Error: HTTP 500 Internal Server Error: model crashed", Reason: "HTTP 500 Internal Server Error: model crashed"}}), brief)
+	assert.Equal(t, map[string]any{"type": "text", "text": history}, parts[1], "the contract's text, byte for byte")
+	assert.Equal(t, first[1], second[1])
 }

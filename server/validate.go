@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/delegates"
@@ -131,6 +132,8 @@ type runRequest interface {
 	GetFallbackChain() *stubbornv1.FallbackChainSpec
 	GetRace() *stubbornv1.RaceSpec
 	GetOptions() *stubbornv1.RunOptions
+	GetTaskMessages() []*structpb.Struct
+	GetModelParams() *structpb.Struct
 }
 
 // violations collects what is wrong with a request, field by field.
@@ -279,12 +282,18 @@ func editDistance(a, b string) int {
 // delegates are NOT_FOUND; everything else wrong is INVALID_ARGUMENT.
 func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 	var v violations
-	brief := req.GetTaskBrief()
+	val.checkConversation(&v, req)
+	brief, field := req.GetTaskBrief(), "task_brief"
+	if strings.TrimSpace(brief) == "" && len(req.GetTaskMessages()) > 0 {
+		brief, field = taskOf(req).Brief, "task_messages" // the brief is the messages' text
+	}
 	switch {
+	case strings.TrimSpace(brief) == "" && field == "task_messages":
+		v.add(field, "have no text")
 	case strings.TrimSpace(brief) == "":
-		v.add("task_brief", "must not be empty")
+		v.add(field, "must not be empty (or give task_messages)")
 	case len(brief) > val.limits.MaxBriefBytes:
-		v.add("task_brief", "is %d bytes, more than the limit of %d", len(brief), val.limits.MaxBriefBytes)
+		v.add(field, "is %d bytes, more than the limit of %d", len(brief), val.limits.MaxBriefBytes)
 	}
 
 	var set []string

@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -1546,7 +1547,23 @@ type RunRequest struct {
 	// The race control. Unset means another control is chosen.
 	Race *RaceSpec `protobuf:"bytes,5,opt,name=race,proto3" json:"race,omitempty"`
 	// Run-wide settings. Unset means all defaults.
-	Options       *RunOptions `protobuf:"bytes,6,opt,name=options,proto3" json:"options,omitempty"`
+	Options *RunOptions `protobuf:"bytes,6,opt,name=options,proto3" json:"options,omitempty"`
+	// The task as a conversation: Chat Completions messages, each an object
+	// with a role (system, developer, user, assistant, tool) and a content (a
+	// string, or an array of parts), and any other field of theirs (name,
+	// tool_calls, tool_call_id). Empty means the task is task_brief alone.
+	// With messages, task_brief may be empty: it is then the messages'
+	// text (a lone user message's, else each as "role: text", a blank line
+	// between them), which judges and delegates without messages get. Model
+	// delegates get the messages (README, "Conversations"); retry-with-
+	// learning appends its failure history to the last user message, as it
+	// appends it to the brief. With model_params, at most 4 times the
+	// server's brief limit in bytes (encoded).
+	TaskMessages []*structpb.Struct `protobuf:"bytes,7,rep,name=task_messages,json=taskMessages,proto3" json:"task_messages,omitempty"`
+	// Parameters for model delegates, sent as they are beside the messages:
+	// Chat Completions fields such as tools, tool_choice, response_format,
+	// temperature, max_tokens, stop, seed, user. Unset means none.
+	ModelParams   *structpb.Struct `protobuf:"bytes,8,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1623,6 +1640,20 @@ func (x *RunRequest) GetOptions() *RunOptions {
 	return nil
 }
 
+func (x *RunRequest) GetTaskMessages() []*structpb.Struct {
+	if x != nil {
+		return x.TaskMessages
+	}
+	return nil
+}
+
+func (x *RunRequest) GetModelParams() *structpb.Struct {
+	if x != nil {
+		return x.ModelParams
+	}
+	return nil
+}
+
 // RunResponse is one event of the run started by Run.
 type RunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1684,7 +1715,23 @@ type StartRunRequest struct {
 	// As RunRequest.race.
 	Race *RaceSpec `protobuf:"bytes,5,opt,name=race,proto3" json:"race,omitempty"`
 	// As RunRequest.options.
-	Options       *RunOptions `protobuf:"bytes,6,opt,name=options,proto3" json:"options,omitempty"`
+	Options *RunOptions `protobuf:"bytes,6,opt,name=options,proto3" json:"options,omitempty"`
+	// The task as a conversation: Chat Completions messages, each an object
+	// with a role (system, developer, user, assistant, tool) and a content (a
+	// string, or an array of parts), and any other field of theirs (name,
+	// tool_calls, tool_call_id). Empty means the task is task_brief alone.
+	// With messages, task_brief may be empty: it is then the messages'
+	// text (a lone user message's, else each as "role: text", a blank line
+	// between them), which judges and delegates without messages get. Model
+	// delegates get the messages (README, "Conversations"); retry-with-
+	// learning appends its failure history to the last user message, as it
+	// appends it to the brief. With model_params, at most 4 times the
+	// server's brief limit in bytes (encoded).
+	TaskMessages []*structpb.Struct `protobuf:"bytes,7,rep,name=task_messages,json=taskMessages,proto3" json:"task_messages,omitempty"`
+	// Parameters for model delegates, sent as they are beside the messages:
+	// Chat Completions fields such as tools, tool_choice, response_format,
+	// temperature, max_tokens, stop, seed, user. Unset means none.
+	ModelParams   *structpb.Struct `protobuf:"bytes,8,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1757,6 +1804,20 @@ func (x *StartRunRequest) GetRace() *RaceSpec {
 func (x *StartRunRequest) GetOptions() *RunOptions {
 	if x != nil {
 		return x.Options
+	}
+	return nil
+}
+
+func (x *StartRunRequest) GetTaskMessages() []*structpb.Struct {
+	if x != nil {
+		return x.TaskMessages
+	}
+	return nil
+}
+
+func (x *StartRunRequest) GetModelParams() *structpb.Struct {
+	if x != nil {
+		return x.ModelParams
 	}
 	return nil
 }
@@ -3218,7 +3279,12 @@ type ControlState struct {
 	// tree, whatever its registry says by then. Set by the server; empty for
 	// a control that names no preset, and for runs accepted by a release
 	// before this field (those are replayed against the registry in force).
-	Presets       map[string]*ControlSpec `protobuf:"bytes,18,rep,name=presets,proto3" json:"presets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Presets map[string]*ControlSpec `protobuf:"bytes,18,rep,name=presets,proto3" json:"presets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The run's task as a conversation (RunRequest.task_messages). Empty for
+	// a run of a brief alone.
+	TaskMessages []*structpb.Struct `protobuf:"bytes,19,rep,name=task_messages,json=taskMessages,proto3" json:"task_messages,omitempty"`
+	// The run's model parameters (RunRequest.model_params). Unset means none.
+	ModelParams   *structpb.Struct `protobuf:"bytes,20,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3375,6 +3441,20 @@ func (x *ControlState) GetTenant() string {
 func (x *ControlState) GetPresets() map[string]*ControlSpec {
 	if x != nil {
 		return x.Presets
+	}
+	return nil
+}
+
+func (x *ControlState) GetTaskMessages() []*structpb.Struct {
+	if x != nil {
+		return x.TaskMessages
+	}
+	return nil
+}
+
+func (x *ControlState) GetModelParams() *structpb.Struct {
+	if x != nil {
+		return x.ModelParams
 	}
 	return nil
 }
@@ -4679,7 +4759,7 @@ var File_stubborn_v1_control_proto protoreflect.FileDescriptor
 
 const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"\x19stubborn/v1/control.proto\x12\vstubborn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1astubborn/v1/delegate.proto\"\xf3\x02\n" +
+	"\x19stubborn/v1/control.proto\x12\vstubborn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1astubborn/v1/delegate.proto\"\xf3\x02\n" +
 	"\tRetrySpec\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\tR\x06target\x12\x1f\n" +
 	"\battempts\x18\x02 \x01(\x05H\x00R\battempts\x88\x01\x01\x124\n" +
@@ -4726,7 +4806,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\fidle_timeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd2\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcc\x03\n" +
 	"\n" +
 	"RunRequest\x12\x1d\n" +
 	"\n" +
@@ -4735,9 +4815,11 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x13retry_with_learning\x18\x03 \x01(\v2\".stubborn.v1.RetryWithLearningSpecR\x11retryWithLearning\x12E\n" +
 	"\x0efallback_chain\x18\x04 \x01(\v2\x1e.stubborn.v1.FallbackChainSpecR\rfallbackChain\x12)\n" +
 	"\x04race\x18\x05 \x01(\v2\x15.stubborn.v1.RaceSpecR\x04race\x121\n" +
-	"\aoptions\x18\x06 \x01(\v2\x17.stubborn.v1.RunOptionsR\aoptions\":\n" +
+	"\aoptions\x18\x06 \x01(\v2\x17.stubborn.v1.RunOptionsR\aoptions\x12<\n" +
+	"\rtask_messages\x18\a \x03(\v2\x17.google.protobuf.StructR\ftaskMessages\x12:\n" +
+	"\fmodel_params\x18\b \x01(\v2\x17.google.protobuf.StructR\vmodelParams\":\n" +
 	"\vRunResponse\x12+\n" +
-	"\x05event\x18\x01 \x01(\v2\x15.stubborn.v1.RunEventR\x05event\"\xd7\x02\n" +
+	"\x05event\x18\x01 \x01(\v2\x15.stubborn.v1.RunEventR\x05event\"\xd1\x03\n" +
 	"\x0fStartRunRequest\x12\x1d\n" +
 	"\n" +
 	"task_brief\x18\x01 \x01(\tR\ttaskBrief\x12,\n" +
@@ -4745,7 +4827,9 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x13retry_with_learning\x18\x03 \x01(\v2\".stubborn.v1.RetryWithLearningSpecR\x11retryWithLearning\x12E\n" +
 	"\x0efallback_chain\x18\x04 \x01(\v2\x1e.stubborn.v1.FallbackChainSpecR\rfallbackChain\x12)\n" +
 	"\x04race\x18\x05 \x01(\v2\x15.stubborn.v1.RaceSpecR\x04race\x121\n" +
-	"\aoptions\x18\x06 \x01(\v2\x17.stubborn.v1.RunOptionsR\aoptions\"Z\n" +
+	"\aoptions\x18\x06 \x01(\v2\x17.stubborn.v1.RunOptionsR\aoptions\x12<\n" +
+	"\rtask_messages\x18\a \x03(\v2\x17.google.protobuf.StructR\ftaskMessages\x12:\n" +
+	"\fmodel_params\x18\b \x01(\v2\x17.google.protobuf.StructR\vmodelParams\"Z\n" +
 	"\x10StartRunResponse\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12/\n" +
 	"\x05state\x18\x02 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"b\n" +
@@ -4835,7 +4919,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x13retry_with_learning\x18\x02 \x01(\v2\".stubborn.v1.RetryWithLearningSpecH\x00R\x11retryWithLearning\x12G\n" +
 	"\x0efallback_chain\x18\x03 \x01(\v2\x1e.stubborn.v1.FallbackChainSpecH\x00R\rfallbackChain\x12+\n" +
 	"\x04race\x18\x04 \x01(\v2\x15.stubborn.v1.RaceSpecH\x00R\x04raceB\x06\n" +
-	"\x04kind\"\xa9\a\n" +
+	"\x04kind\"\xa3\b\n" +
 	"\fControlState\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12+\n" +
@@ -4859,7 +4943,9 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\bend_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12 \n" +
 	"\vtraceparent\x18\x0f \x01(\tR\vtraceparent\x12\x16\n" +
 	"\x06tenant\x18\x10 \x01(\tR\x06tenant\x12@\n" +
-	"\apresets\x18\x12 \x03(\v2&.stubborn.v1.ControlState.PresetsEntryR\apresets\x1aT\n" +
+	"\apresets\x18\x12 \x03(\v2&.stubborn.v1.ControlState.PresetsEntryR\apresets\x12<\n" +
+	"\rtask_messages\x18\x13 \x03(\v2\x17.google.protobuf.StructR\ftaskMessages\x12:\n" +
+	"\fmodel_params\x18\x14 \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x1aT\n" +
 	"\fPresetsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12.\n" +
 	"\x05value\x18\x02 \x01(\v2\x18.stubborn.v1.ControlSpecR\x05value:\x028\x01\"\x83\x02\n" +
@@ -5144,8 +5230,9 @@ var file_stubborn_v1_control_proto_goTypes = []any{
 	nil,                           // 57: stubborn.v1.RunOptions.MetadataEntry
 	nil,                           // 58: stubborn.v1.ControlState.PresetsEntry
 	(*durationpb.Duration)(nil),   // 59: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 60: google.protobuf.Timestamp
-	(*Result)(nil),                // 61: stubborn.v1.Result
+	(*structpb.Struct)(nil),       // 60: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 61: google.protobuf.Timestamp
+	(*Result)(nil),                // 62: stubborn.v1.Result
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
 	59,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
@@ -5164,113 +5251,119 @@ var file_stubborn_v1_control_proto_depIdxs = []int32{
 	15,  // 13: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
 	16,  // 14: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
 	17,  // 15: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	46,  // 16: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
-	12,  // 17: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 18: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 19: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 20: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
-	17,  // 21: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	42,  // 22: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	46,  // 23: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	46,  // 24: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	42,  // 25: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
-	0,   // 26: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	9,   // 27: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
-	0,   // 28: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	60,  // 29: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	60,  // 30: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
-	42,  // 31: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	27,  // 32: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
-	0,   // 33: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	27,  // 34: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
-	33,  // 35: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
-	34,  // 36: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	59,  // 37: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
-	11,  // 38: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
-	10,  // 39: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
-	13,  // 40: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
-	59,  // 41: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
-	59,  // 42: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
-	41,  // 43: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	42,  // 44: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,   // 45: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	42,  // 46: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	12,  // 47: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 48: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 49: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 50: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	0,   // 51: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	61,  // 52: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	45,  // 53: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	44,  // 54: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	41,  // 55: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	17,  // 56: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	8,   // 57: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	60,  // 58: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	60,  // 59: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	60,  // 60: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	58,  // 61: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
-	59,  // 62: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	6,   // 63: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
-	60,  // 64: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	60,  // 65: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,   // 66: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	61,  // 67: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	43,  // 68: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	59,  // 69: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	4,   // 70: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
-	7,   // 71: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	5,   // 72: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	60,  // 73: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	0,   // 74: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
-	47,  // 75: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	48,  // 76: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	49,  // 77: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	51,  // 78: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	52,  // 79: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	53,  // 80: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	54,  // 81: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	56,  // 82: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	55,  // 83: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	50,  // 84: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
-	42,  // 85: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	44,  // 86: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	44,  // 87: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	45,  // 88: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	59,  // 89: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	60,  // 90: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	59,  // 91: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	45,  // 92: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	60,  // 93: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	8,   // 94: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,   // 95: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	42,  // 96: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	41,  // 97: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
-	18,  // 98: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	20,  // 99: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	22,  // 100: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	24,  // 101: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	26,  // 102: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	29,  // 103: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	31,  // 104: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	35,  // 105: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	39,  // 106: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	37,  // 107: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	19,  // 108: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	21,  // 109: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	23,  // 110: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	25,  // 111: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	28,  // 112: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	30,  // 113: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	32,  // 114: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	36,  // 115: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	40,  // 116: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	38,  // 117: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	108, // [108:118] is the sub-list for method output_type
-	98,  // [98:108] is the sub-list for method input_type
-	98,  // [98:98] is the sub-list for extension type_name
-	98,  // [98:98] is the sub-list for extension extendee
-	0,   // [0:98] is the sub-list for field type_name
+	60,  // 16: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
+	60,  // 17: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
+	46,  // 18: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	12,  // 19: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	14,  // 20: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	15,  // 21: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	16,  // 22: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
+	17,  // 23: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
+	60,  // 24: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
+	60,  // 25: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
+	42,  // 26: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	46,  // 27: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	46,  // 28: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	42,  // 29: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	0,   // 30: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	9,   // 31: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
+	0,   // 32: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
+	61,  // 33: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	61,  // 34: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	42,  // 35: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	27,  // 36: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
+	0,   // 37: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	27,  // 38: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
+	33,  // 39: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
+	34,  // 40: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
+	59,  // 41: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	11,  // 42: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
+	10,  // 43: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
+	13,  // 44: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
+	59,  // 45: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
+	59,  // 46: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
+	41,  // 47: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	42,  // 48: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,   // 49: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	42,  // 50: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	12,  // 51: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	14,  // 52: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	15,  // 53: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	16,  // 54: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	0,   // 55: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	62,  // 56: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	45,  // 57: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	44,  // 58: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	41,  // 59: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	17,  // 60: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	8,   // 61: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	61,  // 62: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	61,  // 63: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	61,  // 64: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	58,  // 65: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
+	60,  // 66: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
+	60,  // 67: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
+	59,  // 68: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	6,   // 69: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
+	61,  // 70: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	61,  // 71: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,   // 72: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	62,  // 73: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	43,  // 74: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	59,  // 75: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,   // 76: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
+	7,   // 77: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	5,   // 78: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	61,  // 79: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	0,   // 80: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
+	47,  // 81: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	48,  // 82: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	49,  // 83: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	51,  // 84: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	52,  // 85: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	53,  // 86: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	54,  // 87: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	56,  // 88: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	55,  // 89: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	50,  // 90: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
+	42,  // 91: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	44,  // 92: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	44,  // 93: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	45,  // 94: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	59,  // 95: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	61,  // 96: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	59,  // 97: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	45,  // 98: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	61,  // 99: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 100: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 101: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	42,  // 102: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	41,  // 103: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
+	18,  // 104: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	20,  // 105: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	22,  // 106: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	24,  // 107: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	26,  // 108: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	29,  // 109: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	31,  // 110: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	35,  // 111: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	39,  // 112: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	37,  // 113: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	19,  // 114: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	21,  // 115: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	23,  // 116: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	25,  // 117: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	28,  // 118: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	30,  // 119: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	32,  // 120: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	36,  // 121: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	40,  // 122: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	38,  // 123: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	114, // [114:124] is the sub-list for method output_type
+	104, // [104:114] is the sub-list for method input_type
+	104, // [104:104] is the sub-list for extension type_name
+	104, // [104:104] is the sub-list for extension extendee
+	0,   // [0:104] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }

@@ -38,7 +38,14 @@ type ExecuteRequest struct {
 	IdempotencyKey string `protobuf:"bytes,4,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// Free-form key/value pairs copied from the run's options. Empty map means
 	// none.
-	Metadata      map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Metadata map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The run's task as a conversation (RunRequest.task_messages), with
+	// retry-with-learning's failure history appended to the last user
+	// message as it is to the brief. Empty for a run of a brief alone: the
+	// brief is then the task.
+	Messages []*structpb.Struct `protobuf:"bytes,6,rep,name=messages,proto3" json:"messages,omitempty"`
+	// The run's model parameters (RunRequest.model_params). Unset means none.
+	ModelParams   *structpb.Struct `protobuf:"bytes,7,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -108,6 +115,20 @@ func (x *ExecuteRequest) GetMetadata() map[string]string {
 	return nil
 }
 
+func (x *ExecuteRequest) GetMessages() []*structpb.Struct {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *ExecuteRequest) GetModelParams() *structpb.Struct {
+	if x != nil {
+		return x.ModelParams
+	}
+	return nil
+}
+
 // ExecuteStreamRequest is one attempt sent to a streaming delegate. Its
 // fields, numbers included, are ExecuteRequest's.
 type ExecuteStreamRequest struct {
@@ -121,7 +142,11 @@ type ExecuteStreamRequest struct {
 	// As ExecuteRequest.idempotency_key.
 	IdempotencyKey string `protobuf:"bytes,4,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// As ExecuteRequest.metadata.
-	Metadata      map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Metadata map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// As ExecuteRequest.messages.
+	Messages []*structpb.Struct `protobuf:"bytes,6,rep,name=messages,proto3" json:"messages,omitempty"`
+	// As ExecuteRequest.model_params.
+	ModelParams   *structpb.Struct `protobuf:"bytes,7,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -187,6 +212,20 @@ func (x *ExecuteStreamRequest) GetIdempotencyKey() string {
 func (x *ExecuteStreamRequest) GetMetadata() map[string]string {
 	if x != nil {
 		return x.Metadata
+	}
+	return nil
+}
+
+func (x *ExecuteStreamRequest) GetMessages() []*structpb.Struct {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *ExecuteStreamRequest) GetModelParams() *structpb.Struct {
+	if x != nil {
+		return x.ModelParams
 	}
 	return nil
 }
@@ -439,22 +478,26 @@ var File_stubborn_v1_delegate_proto protoreflect.FileDescriptor
 
 const file_stubborn_v1_delegate_proto_rawDesc = "" +
 	"\n" +
-	"\x1astubborn/v1/delegate.proto\x12\vstubborn.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x84\x02\n" +
+	"\x1astubborn/v1/delegate.proto\x12\vstubborn.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xf5\x02\n" +
 	"\x0eExecuteRequest\x12\x14\n" +
 	"\x05brief\x18\x01 \x01(\tR\x05brief\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x18\n" +
 	"\aattempt\x18\x03 \x01(\x05R\aattempt\x12'\n" +
 	"\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\x12E\n" +
-	"\bmetadata\x18\x05 \x03(\v2).stubborn.v1.ExecuteRequest.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\x05 \x03(\v2).stubborn.v1.ExecuteRequest.MetadataEntryR\bmetadata\x123\n" +
+	"\bmessages\x18\x06 \x03(\v2\x17.google.protobuf.StructR\bmessages\x12:\n" +
+	"\fmodel_params\x18\a \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x03\n" +
 	"\x14ExecuteStreamRequest\x12\x14\n" +
 	"\x05brief\x18\x01 \x01(\tR\x05brief\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x18\n" +
 	"\aattempt\x18\x03 \x01(\x05R\aattempt\x12'\n" +
 	"\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\x12K\n" +
-	"\bmetadata\x18\x05 \x03(\v2/.stubborn.v1.ExecuteStreamRequest.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\x05 \x03(\v2/.stubborn.v1.ExecuteStreamRequest.MetadataEntryR\bmetadata\x123\n" +
+	"\bmessages\x18\x06 \x03(\v2\x17.google.protobuf.StructR\bmessages\x12:\n" +
+	"\fmodel_params\x18\a \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
@@ -498,23 +541,28 @@ var file_stubborn_v1_delegate_proto_goTypes = []any{
 	(*UpstreamStatus)(nil),        // 5: stubborn.v1.UpstreamStatus
 	nil,                           // 6: stubborn.v1.ExecuteRequest.MetadataEntry
 	nil,                           // 7: stubborn.v1.ExecuteStreamRequest.MetadataEntry
-	(*structpb.Value)(nil),        // 8: google.protobuf.Value
+	(*structpb.Struct)(nil),       // 8: google.protobuf.Struct
+	(*structpb.Value)(nil),        // 9: google.protobuf.Value
 }
 var file_stubborn_v1_delegate_proto_depIdxs = []int32{
-	6, // 0: stubborn.v1.ExecuteRequest.metadata:type_name -> stubborn.v1.ExecuteRequest.MetadataEntry
-	7, // 1: stubborn.v1.ExecuteStreamRequest.metadata:type_name -> stubborn.v1.ExecuteStreamRequest.MetadataEntry
-	4, // 2: stubborn.v1.ExecuteStreamResponse.result:type_name -> stubborn.v1.Result
-	4, // 3: stubborn.v1.ExecuteResponse.result:type_name -> stubborn.v1.Result
-	8, // 4: stubborn.v1.Result.data:type_name -> google.protobuf.Value
-	0, // 5: stubborn.v1.DelegateService.Execute:input_type -> stubborn.v1.ExecuteRequest
-	1, // 6: stubborn.v1.DelegateService.ExecuteStream:input_type -> stubborn.v1.ExecuteStreamRequest
-	3, // 7: stubborn.v1.DelegateService.Execute:output_type -> stubborn.v1.ExecuteResponse
-	2, // 8: stubborn.v1.DelegateService.ExecuteStream:output_type -> stubborn.v1.ExecuteStreamResponse
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	6,  // 0: stubborn.v1.ExecuteRequest.metadata:type_name -> stubborn.v1.ExecuteRequest.MetadataEntry
+	8,  // 1: stubborn.v1.ExecuteRequest.messages:type_name -> google.protobuf.Struct
+	8,  // 2: stubborn.v1.ExecuteRequest.model_params:type_name -> google.protobuf.Struct
+	7,  // 3: stubborn.v1.ExecuteStreamRequest.metadata:type_name -> stubborn.v1.ExecuteStreamRequest.MetadataEntry
+	8,  // 4: stubborn.v1.ExecuteStreamRequest.messages:type_name -> google.protobuf.Struct
+	8,  // 5: stubborn.v1.ExecuteStreamRequest.model_params:type_name -> google.protobuf.Struct
+	4,  // 6: stubborn.v1.ExecuteStreamResponse.result:type_name -> stubborn.v1.Result
+	4,  // 7: stubborn.v1.ExecuteResponse.result:type_name -> stubborn.v1.Result
+	9,  // 8: stubborn.v1.Result.data:type_name -> google.protobuf.Value
+	0,  // 9: stubborn.v1.DelegateService.Execute:input_type -> stubborn.v1.ExecuteRequest
+	1,  // 10: stubborn.v1.DelegateService.ExecuteStream:input_type -> stubborn.v1.ExecuteStreamRequest
+	3,  // 11: stubborn.v1.DelegateService.Execute:output_type -> stubborn.v1.ExecuteResponse
+	2,  // 12: stubborn.v1.DelegateService.ExecuteStream:output_type -> stubborn.v1.ExecuteStreamResponse
+	11, // [11:13] is the sub-list for method output_type
+	9,  // [9:11] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_delegate_proto_init() }

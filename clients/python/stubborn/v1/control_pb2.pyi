@@ -1,4 +1,5 @@
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from stubborn.v1 import delegate_pb2 as _delegate_pb2
 from google.protobuf.internal import containers as _containers
@@ -200,7 +201,7 @@ class ControlSpec(_message.Message):
     def __init__(self, retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ...) -> None: ...
 
 class ControlState(_message.Message):
-    __slots__ = ["attempt_log", "attempts", "control", "create_time", "end_time", "failure_history", "options", "presets", "result", "run_id", "status", "status_reason", "status_reason_code", "task_brief", "tenant", "traceparent", "update_time", "winner"]
+    __slots__ = ["attempt_log", "attempts", "control", "create_time", "end_time", "failure_history", "model_params", "options", "presets", "result", "run_id", "status", "status_reason", "status_reason_code", "task_brief", "task_messages", "tenant", "traceparent", "update_time", "winner"]
     class PresetsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +215,7 @@ class ControlState(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     FAILURE_HISTORY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PARAMS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     PRESETS_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +224,7 @@ class ControlState(_message.Message):
     STATUS_REASON_CODE_FIELD_NUMBER: _ClassVar[int]
     STATUS_REASON_FIELD_NUMBER: _ClassVar[int]
     TASK_BRIEF_FIELD_NUMBER: _ClassVar[int]
+    TASK_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +235,7 @@ class ControlState(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     end_time: _timestamp_pb2.Timestamp
     failure_history: _containers.RepeatedCompositeFieldContainer[FailureRecord]
+    model_params: _struct_pb2.Struct
     options: RunOptions
     presets: _containers.MessageMap[str, ControlSpec]
     result: _delegate_pb2.Result
@@ -240,11 +244,12 @@ class ControlState(_message.Message):
     status_reason: str
     status_reason_code: StatusReason
     task_brief: str
+    task_messages: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
     tenant: str
     traceparent: str
     update_time: _timestamp_pb2.Timestamp
     winner: str
-    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., winner: _Optional[str] = ..., attempts: _Optional[int] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., attempt_log: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., task_brief: _Optional[str] = ..., control: _Optional[_Union[ControlSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., status_reason: _Optional[str] = ..., status_reason_code: _Optional[_Union[StatusReason, str]] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ..., tenant: _Optional[str] = ..., presets: _Optional[_Mapping[str, ControlSpec]] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., winner: _Optional[str] = ..., attempts: _Optional[int] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., attempt_log: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., task_brief: _Optional[str] = ..., control: _Optional[_Union[ControlSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., status_reason: _Optional[str] = ..., status_reason_code: _Optional[_Union[StatusReason, str]] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ..., tenant: _Optional[str] = ..., presets: _Optional[_Mapping[str, ControlSpec]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class DecideRunRequest(_message.Message):
     __slots__ = ["decision", "run_id"]
@@ -548,20 +553,24 @@ class RunOptions(_message.Message):
     def __init__(self, idempotency_key: _Optional[str] = ..., run_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., attempt_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., judge: _Optional[str] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ["fallback_chain", "options", "race", "retry", "retry_with_learning", "task_brief"]
+    __slots__ = ["fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]
     FALLBACK_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PARAMS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     RACE_FIELD_NUMBER: _ClassVar[int]
     RETRY_FIELD_NUMBER: _ClassVar[int]
     RETRY_WITH_LEARNING_FIELD_NUMBER: _ClassVar[int]
     TASK_BRIEF_FIELD_NUMBER: _ClassVar[int]
+    TASK_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     fallback_chain: FallbackChainSpec
+    model_params: _struct_pb2.Struct
     options: RunOptions
     race: RaceSpec
     retry: RetrySpec
     retry_with_learning: RetryWithLearningSpec
     task_brief: str
-    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ...) -> None: ...
+    task_messages: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class RunResponse(_message.Message):
     __slots__ = ["event"]
@@ -604,20 +613,24 @@ class RunSummary(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., control: _Optional[str] = ..., delegates: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[RunStatus, str]] = ..., attempts: _Optional[int] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., winner: _Optional[str] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
-    __slots__ = ["fallback_chain", "options", "race", "retry", "retry_with_learning", "task_brief"]
+    __slots__ = ["fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]
     FALLBACK_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PARAMS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     RACE_FIELD_NUMBER: _ClassVar[int]
     RETRY_FIELD_NUMBER: _ClassVar[int]
     RETRY_WITH_LEARNING_FIELD_NUMBER: _ClassVar[int]
     TASK_BRIEF_FIELD_NUMBER: _ClassVar[int]
+    TASK_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     fallback_chain: FallbackChainSpec
+    model_params: _struct_pb2.Struct
     options: RunOptions
     race: RaceSpec
     retry: RetrySpec
     retry_with_learning: RetryWithLearningSpec
     task_brief: str
-    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ...) -> None: ...
+    task_messages: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class StartRunResponse(_message.Message):
     __slots__ = ["run_id", "state"]

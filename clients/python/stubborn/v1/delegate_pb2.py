@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astubborn/v1/delegate.proto\x12\x0bstubborn.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xc7\x01\n\x0e\x45xecuteRequest\x12\r\n\x05\x62rief\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12;\n\x08metadata\x18\x05 \x03(\x0b\x32).stubborn.v1.ExecuteRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd3\x01\n\x14\x45xecuteStreamRequest\x12\r\n\x05\x62rief\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x41\n\x08metadata\x18\x05 \x03(\x0b\x32/.stubborn.v1.ExecuteStreamRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\\\n\x15\x45xecuteStreamResponse\x12\x14\n\ntext_delta\x18\x01 \x01(\tH\x00\x12%\n\x06result\x18\x02 \x01(\x0b\x32\x13.stubborn.v1.ResultH\x00\x42\x06\n\x04kind\"6\n\x0f\x45xecuteResponse\x12#\n\x06result\x18\x01 \x01(\x0b\x32\x13.stubborn.v1.Result\"<\n\x06Result\x12\x0c\n\x04text\x18\x01 \x01(\t\x12$\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\"%\n\x0eUpstreamStatus\x12\x13\n\x0bhttp_status\x18\x01 \x01(\x05\x32\xb1\x01\n\x0f\x44\x65legateService\x12\x44\n\x07\x45xecute\x12\x1b.stubborn.v1.ExecuteRequest\x1a\x1c.stubborn.v1.ExecuteResponse\x12X\n\rExecuteStream\x12!.stubborn.v1.ExecuteStreamRequest\x1a\".stubborn.v1.ExecuteStreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astubborn/v1/delegate.proto\x12\x0bstubborn.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xa1\x02\n\x0e\x45xecuteRequest\x12\r\n\x05\x62rief\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12;\n\x08metadata\x18\x05 \x03(\x0b\x32).stubborn.v1.ExecuteRequest.MetadataEntry\x12)\n\x08messages\x18\x06 \x03(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x0cmodel_params\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xad\x02\n\x14\x45xecuteStreamRequest\x12\r\n\x05\x62rief\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x41\n\x08metadata\x18\x05 \x03(\x0b\x32/.stubborn.v1.ExecuteStreamRequest.MetadataEntry\x12)\n\x08messages\x18\x06 \x03(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x0cmodel_params\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\\\n\x15\x45xecuteStreamResponse\x12\x14\n\ntext_delta\x18\x01 \x01(\tH\x00\x12%\n\x06result\x18\x02 \x01(\x0b\x32\x13.stubborn.v1.ResultH\x00\x42\x06\n\x04kind\"6\n\x0f\x45xecuteResponse\x12#\n\x06result\x18\x01 \x01(\x0b\x32\x13.stubborn.v1.Result\"<\n\x06Result\x12\x0c\n\x04text\x18\x01 \x01(\t\x12$\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\"%\n\x0eUpstreamStatus\x12\x13\n\x0bhttp_status\x18\x01 \x01(\x05\x32\xb1\x01\n\x0f\x44\x65legateService\x12\x44\n\x07\x45xecute\x12\x1b.stubborn.v1.ExecuteRequest\x1a\x1c.stubborn.v1.ExecuteResponse\x12X\n\rExecuteStream\x12!.stubborn.v1.ExecuteStreamRequest\x1a\".stubborn.v1.ExecuteStreamResponse0\x01\x62\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stubborn.v1.delegate_pb2', globals())
@@ -26,21 +26,21 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _EXECUTESTREAMREQUEST_METADATAENTRY._options = None
   _EXECUTESTREAMREQUEST_METADATAENTRY._serialized_options = b'8\001'
   _EXECUTEREQUEST._serialized_start=74
-  _EXECUTEREQUEST._serialized_end=273
-  _EXECUTEREQUEST_METADATAENTRY._serialized_start=226
-  _EXECUTEREQUEST_METADATAENTRY._serialized_end=273
-  _EXECUTESTREAMREQUEST._serialized_start=276
-  _EXECUTESTREAMREQUEST._serialized_end=487
-  _EXECUTESTREAMREQUEST_METADATAENTRY._serialized_start=226
-  _EXECUTESTREAMREQUEST_METADATAENTRY._serialized_end=273
-  _EXECUTESTREAMRESPONSE._serialized_start=489
-  _EXECUTESTREAMRESPONSE._serialized_end=581
-  _EXECUTERESPONSE._serialized_start=583
-  _EXECUTERESPONSE._serialized_end=637
-  _RESULT._serialized_start=639
-  _RESULT._serialized_end=699
-  _UPSTREAMSTATUS._serialized_start=701
-  _UPSTREAMSTATUS._serialized_end=738
-  _DELEGATESERVICE._serialized_start=741
-  _DELEGATESERVICE._serialized_end=918
+  _EXECUTEREQUEST._serialized_end=363
+  _EXECUTEREQUEST_METADATAENTRY._serialized_start=316
+  _EXECUTEREQUEST_METADATAENTRY._serialized_end=363
+  _EXECUTESTREAMREQUEST._serialized_start=366
+  _EXECUTESTREAMREQUEST._serialized_end=667
+  _EXECUTESTREAMREQUEST_METADATAENTRY._serialized_start=316
+  _EXECUTESTREAMREQUEST_METADATAENTRY._serialized_end=363
+  _EXECUTESTREAMRESPONSE._serialized_start=669
+  _EXECUTESTREAMRESPONSE._serialized_end=761
+  _EXECUTERESPONSE._serialized_start=763
+  _EXECUTERESPONSE._serialized_end=817
+  _RESULT._serialized_start=819
+  _RESULT._serialized_end=879
+  _UPSTREAMSTATUS._serialized_start=881
+  _UPSTREAMSTATUS._serialized_end=918
+  _DELEGATESERVICE._serialized_start=921
+  _DELEGATESERVICE._serialized_end=1098
 # @@protoc_insertion_point(module_scope)

@@ -2,12 +2,12 @@ from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Mapping as _Mapping, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ["attempt", "brief", "idempotency_key", "metadata", "run_id"]
+    __slots__ = ["attempt", "brief", "idempotency_key", "messages", "metadata", "model_params", "run_id"]
     class MetadataEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -18,14 +18,18 @@ class ExecuteRequest(_message.Message):
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     BRIEF_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PARAMS_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     brief: str
     idempotency_key: str
+    messages: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
     metadata: _containers.ScalarMap[str, str]
+    model_params: _struct_pb2.Struct
     run_id: str
-    def __init__(self, brief: _Optional[str] = ..., run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, brief: _Optional[str] = ..., run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
     __slots__ = ["result"]
@@ -34,7 +38,7 @@ class ExecuteResponse(_message.Message):
     def __init__(self, result: _Optional[_Union[Result, _Mapping]] = ...) -> None: ...
 
 class ExecuteStreamRequest(_message.Message):
-    __slots__ = ["attempt", "brief", "idempotency_key", "metadata", "run_id"]
+    __slots__ = ["attempt", "brief", "idempotency_key", "messages", "metadata", "model_params", "run_id"]
     class MetadataEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -45,14 +49,18 @@ class ExecuteStreamRequest(_message.Message):
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     BRIEF_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PARAMS_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     brief: str
     idempotency_key: str
+    messages: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
     metadata: _containers.ScalarMap[str, str]
+    model_params: _struct_pb2.Struct
     run_id: str
-    def __init__(self, brief: _Optional[str] = ..., run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, brief: _Optional[str] = ..., run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class ExecuteStreamResponse(_message.Message):
     __slots__ = ["result", "text_delta"]

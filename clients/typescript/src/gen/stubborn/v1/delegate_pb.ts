@@ -6,13 +6,13 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Value } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
-import type { Message } from "@bufbuild/protobuf";
+import type { JsonObject, Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file stubborn/v1/delegate.proto.
  */
 export const file_stubborn_v1_delegate: GenFile = /*@__PURE__*/
-  fileDesc("ChpzdHViYm9ybi92MS9kZWxlZ2F0ZS5wcm90bxILc3R1YmJvcm4udjEixwEKDkV4ZWN1dGVSZXF1ZXN0Eg0KBWJyaWVmGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIPCgdhdHRlbXB0GAMgASgFEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRI7CghtZXRhZGF0YRgFIAMoCzIpLnN0dWJib3JuLnYxLkV4ZWN1dGVSZXF1ZXN0Lk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBItMBChRFeGVjdXRlU3RyZWFtUmVxdWVzdBINCgVicmllZhgBIAEoCRIOCgZydW5faWQYAiABKAkSDwoHYXR0ZW1wdBgDIAEoBRIXCg9pZGVtcG90ZW5jeV9rZXkYBCABKAkSQQoIbWV0YWRhdGEYBSADKAsyLy5zdHViYm9ybi52MS5FeGVjdXRlU3RyZWFtUmVxdWVzdC5NZXRhZGF0YUVudHJ5Gi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJcChVFeGVjdXRlU3RyZWFtUmVzcG9uc2USFAoKdGV4dF9kZWx0YRgBIAEoCUgAEiUKBnJlc3VsdBgCIAEoCzITLnN0dWJib3JuLnYxLlJlc3VsdEgAQgYKBGtpbmQiNgoPRXhlY3V0ZVJlc3BvbnNlEiMKBnJlc3VsdBgBIAEoCzITLnN0dWJib3JuLnYxLlJlc3VsdCI8CgZSZXN1bHQSDAoEdGV4dBgBIAEoCRIkCgRkYXRhGAIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlIiUKDlVwc3RyZWFtU3RhdHVzEhMKC2h0dHBfc3RhdHVzGAEgASgFMrEBCg9EZWxlZ2F0ZVNlcnZpY2USRAoHRXhlY3V0ZRIbLnN0dWJib3JuLnYxLkV4ZWN1dGVSZXF1ZXN0Ghwuc3R1YmJvcm4udjEuRXhlY3V0ZVJlc3BvbnNlElgKDUV4ZWN1dGVTdHJlYW0SIS5zdHViYm9ybi52MS5FeGVjdXRlU3RyZWFtUmVxdWVzdBoiLnN0dWJib3JuLnYxLkV4ZWN1dGVTdHJlYW1SZXNwb25zZTABYgZwcm90bzM", [file_google_protobuf_struct]);
+  fileDesc("ChpzdHViYm9ybi92MS9kZWxlZ2F0ZS5wcm90bxILc3R1YmJvcm4udjEioQIKDkV4ZWN1dGVSZXF1ZXN0Eg0KBWJyaWVmGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIPCgdhdHRlbXB0GAMgASgFEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRI7CghtZXRhZGF0YRgFIAMoCzIpLnN0dWJib3JuLnYxLkV4ZWN1dGVSZXF1ZXN0Lk1ldGFkYXRhRW50cnkSKQoIbWVzc2FnZXMYBiADKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei0KDG1vZGVsX3BhcmFtcxgHIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIq0CChRFeGVjdXRlU3RyZWFtUmVxdWVzdBINCgVicmllZhgBIAEoCRIOCgZydW5faWQYAiABKAkSDwoHYXR0ZW1wdBgDIAEoBRIXCg9pZGVtcG90ZW5jeV9rZXkYBCABKAkSQQoIbWV0YWRhdGEYBSADKAsyLy5zdHViYm9ybi52MS5FeGVjdXRlU3RyZWFtUmVxdWVzdC5NZXRhZGF0YUVudHJ5EikKCG1lc3NhZ2VzGAYgAygLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBItCgxtb2RlbF9wYXJhbXMYByABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Gi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJcChVFeGVjdXRlU3RyZWFtUmVzcG9uc2USFAoKdGV4dF9kZWx0YRgBIAEoCUgAEiUKBnJlc3VsdBgCIAEoCzITLnN0dWJib3JuLnYxLlJlc3VsdEgAQgYKBGtpbmQiNgoPRXhlY3V0ZVJlc3BvbnNlEiMKBnJlc3VsdBgBIAEoCzITLnN0dWJib3JuLnYxLlJlc3VsdCI8CgZSZXN1bHQSDAoEdGV4dBgBIAEoCRIkCgRkYXRhGAIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlIiUKDlVwc3RyZWFtU3RhdHVzEhMKC2h0dHBfc3RhdHVzGAEgASgFMrEBCg9EZWxlZ2F0ZVNlcnZpY2USRAoHRXhlY3V0ZRIbLnN0dWJib3JuLnYxLkV4ZWN1dGVSZXF1ZXN0Ghwuc3R1YmJvcm4udjEuRXhlY3V0ZVJlc3BvbnNlElgKDUV4ZWN1dGVTdHJlYW0SIS5zdHViYm9ybi52MS5FeGVjdXRlU3RyZWFtUmVxdWVzdBoiLnN0dWJib3JuLnYxLkV4ZWN1dGVTdHJlYW1SZXNwb25zZTABYgZwcm90bzM", [file_google_protobuf_struct]);
 
 /**
  * ExecuteRequest is one attempt sent to a delegate.
@@ -58,6 +58,23 @@ export type ExecuteRequest = Message<"stubborn.v1.ExecuteRequest"> & {
    * @generated from field: map<string, string> metadata = 5;
    */
   metadata: { [key: string]: string };
+
+  /**
+   * The run's task as a conversation (RunRequest.task_messages), with
+   * retry-with-learning's failure history appended to the last user
+   * message as it is to the brief. Empty for a run of a brief alone: the
+   * brief is then the task.
+   *
+   * @generated from field: repeated google.protobuf.Struct messages = 6;
+   */
+  messages: JsonObject[];
+
+  /**
+   * The run's model parameters (RunRequest.model_params). Unset means none.
+   *
+   * @generated from field: google.protobuf.Struct model_params = 7;
+   */
+  modelParams?: JsonObject | undefined;
 };
 
 /**
@@ -108,6 +125,20 @@ export type ExecuteStreamRequest = Message<"stubborn.v1.ExecuteStreamRequest"> &
    * @generated from field: map<string, string> metadata = 5;
    */
   metadata: { [key: string]: string };
+
+  /**
+   * As ExecuteRequest.messages.
+   *
+   * @generated from field: repeated google.protobuf.Struct messages = 6;
+   */
+  messages: JsonObject[];
+
+  /**
+   * As ExecuteRequest.model_params.
+   *
+   * @generated from field: google.protobuf.Struct model_params = 7;
+   */
+  modelParams?: JsonObject | undefined;
 };
 
 /**
