@@ -202,9 +202,19 @@ checkclients: $(BUF) $(PROTOC_GEN_ES) ## Fail if protoc warns on the protos or t
 	if ((stale)); then echo 'clients/ is stale: run make clients' >&2; exit 1; fi
 
 .PHONY: testclients
-testclients: checkclients checkconsole ## checkclients, checkconsole, tsc, then the packages, the kit's tests and the examples against live servers.
+testclients: checkclients checkconsole ## checkclients, checkconsole, tsc, then the packages, the kit's tests and the examples against live servers, then testfrontdoor.
 	cd clients/typescript && node_modules/.bin/tsc --noEmit
 	bash clients/run-examples.sh
+	bash clients/check-frontdoor.sh
+
+# The OpenAI-compatible front door (issue 34) driven by the official openai
+# npm package (clients/frontdoor-node, npm ci from its package-lock.json) and
+# OpenAI Go SDK (clients/frontdoor-go, a Go module of its own like
+# bench/temporal, so openai-go stays out of go.mod), over fake model servers,
+# each in its own process: clients/check-frontdoor.sh. testclients runs it.
+.PHONY: testfrontdoor
+testfrontdoor: ## The front door under the official openai npm package and openai-go SDK (clients/check-frontdoor.sh).
+	bash clients/check-frontdoor.sh
 
 $(PROTOC_GEN_ES): clients/typescript/package-lock.json
 	cd clients/typescript && npm ci --no-audit --no-fund

@@ -267,6 +267,12 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		grpcError(w, err)
 		return
 	}
+	if ie, ok := errors.AsType[*interrupted](err); ok {
+		// The answer the client has began with a failed attempt: its
+		// stream ends with an error naming the run, which goes on.
+		a.streamError(ie.Error())
+		return
+	}
 	if end == nil && a.runID != "" {
 		// The client went away, or the stream broke: the run is let go
 		// of only if it goes on.
@@ -280,6 +286,12 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	a.finish(end)
 }
+
+// interrupted is why a stream whose answer began ends early: its attempt
+// failed.
+type interrupted struct{ msg string }
+
+func (e *interrupted) Error() string { return e.msg }
 
 // answering is one chat request's answer as its run goes: what reached
 // the client, and what is held.
@@ -352,8 +364,8 @@ func (a *answering) finished(f *stubbornv1.AttemptFinished) error {
 	ok := f.GetAttempt().GetOutcome() == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED
 	switch {
 	case !ok && a.sentBy == n:
-		return fmt.Errorf("attempt %d failed after its answer began (%s); the run goes on without this stream: stubborn watch %s",
-			n, controls.Cut(f.GetAttempt().GetError().GetMessage(), 300), a.runID)
+		return &interrupted{fmt.Sprintf("attempt %d failed after its answer began (%s); the run goes on without this stream: stubborn watch %s",
+			n, controls.Cut(f.GetAttempt().GetError().GetMessage(), 300), a.runID)}
 	case ok && held != nil && a.req.Stream && a.sentBy == 0 && f.GetAttempt().GetPath() == "":
 		a.sentBy = n
 		a.chunk(held.String())
