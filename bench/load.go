@@ -38,6 +38,34 @@ type LoadResult struct {
 	BytesPerOp  float64 `json:"bytes_per_op"`
 	FirstError  string  `json:"first_error,omitempty"`
 
+	// The streaming scenarios (streaming.go), over every counted call: the
+	// time from the request to the first and to the last text received
+	// (P50us and P99us are the whole call's), the text's bytes and the
+	// messages that carried it per call, those messages per second of
+	// streaming, the runs with more attempt_output events than the
+	// coalescing allows (outputBound) and the calls these are of.
+	TTFOP50us        float64 `json:"ttfo_p50_us,omitempty"`
+	TTFOP99us        float64 `json:"ttfo_p99_us,omitempty"`
+	TTLOP50us        float64 `json:"ttlo_p50_us,omitempty"`
+	TTLOP99us        float64 `json:"ttlo_p99_us,omitempty"`
+	OutputBytesPerOp float64 `json:"output_bytes_per_op,omitempty"`
+	OutputMsgsPerOp  float64 `json:"output_msgs_per_op,omitempty"`
+	OutputMsgsPerSec float64 `json:"output_msgs_per_sec,omitempty"`
+	OverBound        int64   `json:"over_bound,omitempty"`
+	StreamedCalls    int64   `json:"streamed_calls,omitempty"`
+	// WindowBytes is the text a streaming client received within its
+	// measured window (window); ServerCPUusPerKB and DelegateCPUusPerKB
+	// the server's and the delegate's CPU time per 1,000 bytes of it.
+	WindowBytes        int64   `json:"window_bytes,omitempty"`
+	ServerCPUusPerKB   float64 `json:"server_cpu_us_per_kb,omitempty"`
+	DelegateCPUusPerKB float64 `json:"delegate_cpu_us_per_kb,omitempty"`
+	// TTFOSplitP50us: through Stubborn, the median of each part of a run's
+	// time to first output (streamSample.Split).
+	TTFOSplitP50us []float64 `json:"ttfo_split_p50_us,omitempty"`
+	// Samples are a streaming client's calls, each as it saw it: from the
+	// client to the bench only (merged by mergeStreaming, then dropped).
+	Samples []streamSample `json:"samples,omitempty"`
+
 	// The shipped scenarios (shipped.go), each process on its own, from
 	// /proc: there, CPUusPerOp is the sum of these and the client's, and
 	// AllocsPerOp and BytesPerOp are 0 (not measured across processes).
@@ -89,7 +117,13 @@ func (m *measured) add(n measured) {
 // runLoad runs op from conc goroutines for warmup+dur. Only calls that start
 // after the warmup and end before the deadline are counted, so throughput is
 // counted calls / dur.
-func runLoad(ctx context.Context, conc int, warmup, dur time.Duration, fn op) (m measured) {
+func runLoad(ctx context.Context, conc int, warmup, dur time.Duration, fn op) measured {
+	return runLoadWith(ctx, conc, warmup, dur, func(ctx context.Context) (func(), error) { return nil, fn(ctx) })
+}
+
+// runLoadWith is runLoad for a call that returns, besides its error, a
+// function to call if the call is counted (nil: none).
+func runLoadWith(ctx context.Context, conc int, warmup, dur time.Duration, fn func(context.Context) (func(), error)) (m measured) {
 	start := time.Now()
 	from, end := start.Add(warmup), start.Add(warmup+dur)
 	ctx, cancel := context.WithDeadline(ctx, end.Add(30*time.Second))
@@ -120,7 +154,7 @@ func runLoad(ctx context.Context, conc int, warmup, dur time.Duration, fn op) (m
 				if !t0.Before(end) || ctx.Err() != nil {
 					return
 				}
-				err := fn(ctx)
+				keep, err := fn(ctx)
 				t1 := time.Now()
 				if t0.Before(from) || t1.After(end) {
 					continue
@@ -133,6 +167,9 @@ func runLoad(ctx context.Context, conc int, warmup, dur time.Duration, fn op) (m
 					continue
 				}
 				w.lat = append(w.lat, t1.Sub(t0))
+				if keep != nil {
+					keep()
+				}
 			}
 		})
 	}

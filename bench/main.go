@@ -23,6 +23,12 @@
 // Stubborn server each. Stubborn's scenarios run once per -store (memory,
 // embedded-interval, embedded-always: see stores in fixture.go).
 //
+// The streaming scenarios (issue #33; streaming.go), "-scenarios
+// streaming", measure streamed output the same way: time to first and to
+// last output through `stubborn serve` beside the same streaming delegate
+// called directly (a gRPC delegate streaming with delegatekit.Send, and an
+// OpenAI-shaped SSE server as an openai delegate), each in its own process.
+//
 // The shipped scenarios (issue #21; shipped.go) are 1–4 as users run them,
 // each piece in its own process: proc-direct, proc-proxy, proc-run and
 // proc-retry ("-scenarios shipped" for all four; not in the default set).
@@ -42,6 +48,7 @@
 //	go run ./bench -duration 5s -concurrency 1,32
 //	go run ./bench -json run1.json ...; go run ./bench -median run1.json,run2.json,run3.json
 //	go run ./bench -scenarios shipped -store memory,embedded-interval -json s1.json
+//	go run ./bench -scenarios streaming -store memory,embedded-interval -slice 1s -json t1.json
 package main
 
 import (
@@ -74,6 +81,9 @@ type Report struct {
 	// Ratios are computed from Load, within one run: its measurements are
 	// interleaved, so other load on the machine weighs on both sides.
 	Ratios []Ratio `json:"ratios"`
+	// Streaming compares the streaming scenarios with their direct calls,
+	// from Load like Ratios (streaming.go).
+	Streaming []StreamRow `json:"streaming,omitempty"`
 	// Runs is how many runs the figures are the medians of.
 	Runs int `json:"runs"`
 }
@@ -113,6 +123,8 @@ type options struct {
 	root, temporalDir     string
 	serveFlags            []string
 	procWarmup, retryWait time.Duration
+	// The streaming scenarios' answer.
+	stream streamShape
 }
 
 func main() { os.Exit(exitCode(run)) }
@@ -143,7 +155,8 @@ func run(ctx context.Context) error {
 	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "load measurements take turns in slices of this length")
 	flag.StringVar(&conc, "concurrency", "1,32", "comma-separated numbers of concurrent callers for scenarios 1–4")
 	flag.StringVar(&storeList, "store", "memory", "comma-separated run stores for Stubborn's scenarios (have: "+storeNames()+")")
-	flag.StringVar(&scen, "scenarios", strings.Join(scenarioNames, ","), "comma-separated scenarios to run; the shipped ones, each process on its own, are "+strings.Join(shippedNames, ",")+" (shipped: all four)")
+	flag.StringVar(&scen, "scenarios", strings.Join(scenarioNames, ","), "comma-separated scenarios to run; the shipped ones, each process on its own, are "+strings.Join(shippedNames, ",")+" (shipped: all four) and the streaming ones "+strings.Join(streamingNames, ",")+" (streaming: all four)")
+	o.stream.flags(flag.CommandLine, "stream-")
 	flag.StringVar(&o.root, "root", ".", "shipped scenarios: Stubborn's module root, where cmd/stubborn is built from")
 	flag.DurationVar(&o.procWarmup, "proc-warmup", 250*time.Millisecond, "shipped scenarios: unmeasured warm-up of each slice's client process (a new process and connection)")
 	flag.DurationVar(&o.retryWait, "retry-wait", 0, "shipped scenarios: proc-retry's base_wait and max_wait (full jitter: each wait is drawn from [0, this]); 1ms to match the Temporal peer's retry3")
@@ -194,10 +207,14 @@ func run(ctx context.Context) error {
 			for _, n := range shippedNames {
 				o.scenarios[n] = true
 			}
-		case slices.Contains(scenarioNames, s) || slices.Contains(shippedNames, s):
+		case s == "streaming":
+			for _, n := range streamingNames {
+				o.scenarios[n] = true
+			}
+		case slices.Contains(scenarioNames, s) || slices.Contains(shippedNames, s) || slices.Contains(streamingNames, s):
 			o.scenarios[s] = true
 		default:
-			return fmt.Errorf("-scenarios: unknown scenario %q (have %s, %s, shipped)", s, strings.Join(scenarioNames, ","), strings.Join(shippedNames, ","))
+			return fmt.Errorf("-scenarios: unknown scenario %q (have %s, %s, shipped, %s, streaming)", s, strings.Join(scenarioNames, ","), strings.Join(shippedNames, ","), strings.Join(streamingNames, ","))
 		}
 	}
 	o.serveFlags = strings.Fields(serveFlags)
@@ -206,6 +223,9 @@ func run(ctx context.Context) error {
 	}
 	if o.watchAttempts < 1 || o.watchers < 1 || o.watchConns < 1 || o.waitingRuns < 1 {
 		return errors.New("-watchers, -watch-conns, -watch-attempts and -waiting must be at least 1")
+	}
+	if err := o.stream.check(); err != nil {
+		return err
 	}
 
 	if o.cpuProfile != "" && o.idleProfile != "" {
@@ -271,7 +291,8 @@ func measure(ctx context.Context, o options) (*Report, error) {
 			return nil, err
 		}
 	}
-	if o.temporalDir != "" || slices.ContainsFunc(shippedNames, func(s string) bool { return o.scenarios[s] }) {
+	procScenario := func(s string) bool { return o.scenarios[s] }
+	if o.temporalDir != "" || slices.ContainsFunc(shippedNames, procScenario) || slices.ContainsFunc(streamingNames, procScenario) {
 		load, err := runShipped(ctx, o)
 		if err != nil {
 			return nil, fmt.Errorf("shipped: %w", err)
@@ -279,6 +300,7 @@ func measure(ctx context.Context, o options) (*Report, error) {
 		rep.Load = append(rep.Load, load...)
 	}
 	rep.Ratios = ratios(rep.Load)
+	rep.Streaming = streamRows(rep.Load)
 	return rep, nil
 }
 

@@ -49,6 +49,11 @@ func printReport(w io.Writer, rep *Report, what string) {
 		within = fmt.Sprintf("median of the %d runs' own ratios", rep.Runs)
 	}
 	printRatios(w, rep.Ratios, within)
+	streamWhat := "one run"
+	if rep.Runs > 1 {
+		streamWhat = fmt.Sprintf("medians of the %d runs' own figures and differences", rep.Runs)
+	}
+	printStreaming(w, rep.Streaming, streamWhat)
 
 	if len(rep.Waiting) > 0 {
 		fmt.Fprintln(w, "### Runs waiting in backoff")
@@ -150,6 +155,30 @@ func printShipped(w io.Writer, load []LoadResult) {
 	proxyHi, _ := find("proc-proxy", "", hi)
 	fmt.Fprintln(w, "### Shipped binary, each piece in its own process (issue 21)")
 	fmt.Fprintln(w)
+	if slices.ContainsFunc(load, func(r LoadResult) bool { return !streaming(r.Scenario) }) {
+		printIssue21(w, lo, hi, find, proxyLo, proxyHi)
+	}
+	fmt.Fprintln(w, "CPU/op: each process's CPU time (/proc) over the calls counted in its windows; all = client + server + worker + delegate. Streaming scenarios: p50 and p99 are the whole call's (see the streamed output table).")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| scenario | store | concurrency | ops/s | p50 | p99 | CPU/op all | server | worker | delegate | client | server max RSS | errors |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, r := range load {
+		store := r.Store
+		if store == "" {
+			store = "–"
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n",
+			r.Scenario, store, r.Concurrency, r.OpsPerSec, usStr(r.P50us), usStr(r.P99us), orDash(r.CPUusPerOp, usStr),
+			orDash(r.ServerCPUusPerOp, usStr), orDash(r.WorkerCPUusPerOp, usStr), orDash(r.DelegateCPUusPerOp, usStr), orDash(r.ClientCPUusPerOp, usStr),
+			orDash(float64(r.ServerRSSBytes), bytesStr), r.Errors)
+	}
+	fmt.Fprintln(w)
+	printErrors(w, load)
+}
+
+// printIssue21 prints issue #21's table: p50 at the lowest concurrency,
+// throughput at the highest, against the proxy.
+func printIssue21(w io.Writer, lo, hi int, find func(sc, store string, c int) (LoadResult, bool), proxyLo, proxyHi LoadResult) {
 	fmt.Fprintf(w, "| same run, loopback | p50 at concurrency %d | throughput at concurrency %d | server CPU/op at %d | server max RSS |\n", lo, hi, hi)
 	fmt.Fprintln(w, "|---|--:|--:|--:|--:|")
 	for _, row := range shippedRows {
@@ -174,22 +203,6 @@ func printShipped(w io.Writer, load []LoadResult) {
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", row.label, p50, tput, orDash(h.ServerCPUusPerOp, usStr), orDash(float64(max(l.ServerRSSBytes, h.ServerRSSBytes)), bytesStr))
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "CPU/op: each process's CPU time (/proc) over the calls counted in its windows; all = client + server + worker + delegate.")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| scenario | store | concurrency | ops/s | p50 | p99 | CPU/op all | server | worker | delegate | client | server max RSS | errors |")
-	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-	for _, r := range load {
-		store := r.Store
-		if store == "" {
-			store = "–"
-		}
-		fmt.Fprintf(w, "| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n",
-			r.Scenario, store, r.Concurrency, r.OpsPerSec, usStr(r.P50us), usStr(r.P99us), orDash(r.CPUusPerOp, usStr),
-			orDash(r.ServerCPUusPerOp, usStr), orDash(r.WorkerCPUusPerOp, usStr), orDash(r.DelegateCPUusPerOp, usStr), orDash(r.ClientCPUusPerOp, usStr),
-			orDash(float64(r.ServerRSSBytes), bytesStr), r.Errors)
-	}
-	fmt.Fprintln(w)
-	printErrors(w, load)
 }
 
 // orDash is f(v), or "–" for 0: not measured, or no such process.
@@ -233,7 +246,9 @@ func medianOf(files []string) (*Report, error) {
 		// Each run's own ratios, with today's targets (a file's are those
 		// of the bench that wrote it, if any).
 		r.Ratios = ratios(r.Load)
+		r.Streaming = streamRows(r.Load)
 	}
+	out.Streaming = medianStreamRows(reps)
 	for _, base := range reps[0].Ratios {
 		vs := collect(reps, func(r *Report) []Ratio { return r.Ratios }, base.key(), Ratio.key)
 		m := base
@@ -300,6 +315,30 @@ func medianLoad(r LoadResult, vs []LoadResult) LoadResult {
 	r.WorkerRSSBytes = int64(median(vs, func(v LoadResult) float64 { return float64(v.WorkerRSSBytes) }))
 	r.DelegateCPUusPerOp = median(vs, func(v LoadResult) float64 { return v.DelegateCPUusPerOp })
 	r.ClientCPUusPerOp = median(vs, func(v LoadResult) float64 { return v.ClientCPUusPerOp })
+	r.TTFOP50us = median(vs, func(v LoadResult) float64 { return v.TTFOP50us })
+	r.TTFOP99us = median(vs, func(v LoadResult) float64 { return v.TTFOP99us })
+	r.TTLOP50us = median(vs, func(v LoadResult) float64 { return v.TTLOP50us })
+	r.TTLOP99us = median(vs, func(v LoadResult) float64 { return v.TTLOP99us })
+	r.OutputBytesPerOp = median(vs, func(v LoadResult) float64 { return v.OutputBytesPerOp })
+	r.OutputMsgsPerOp = median(vs, func(v LoadResult) float64 { return v.OutputMsgsPerOp })
+	r.OutputMsgsPerSec = median(vs, func(v LoadResult) float64 { return v.OutputMsgsPerSec })
+	r.OverBound = int64(median(vs, func(v LoadResult) float64 { return float64(v.OverBound) }))
+	r.StreamedCalls = int64(median(vs, func(v LoadResult) float64 { return float64(v.StreamedCalls) }))
+	r.WindowBytes = int64(median(vs, func(v LoadResult) float64 { return float64(v.WindowBytes) }))
+	r.ServerCPUusPerKB = median(vs, func(v LoadResult) float64 { return v.ServerCPUusPerKB })
+	r.DelegateCPUusPerKB = median(vs, func(v LoadResult) float64 { return v.DelegateCPUusPerKB })
+	if len(r.TTFOSplitP50us) > 0 {
+		split := make([]float64, len(r.TTFOSplitP50us))
+		for i := range split {
+			split[i] = median(vs, func(v LoadResult) float64 {
+				if i < len(v.TTFOSplitP50us) {
+					return v.TTFOSplitP50us[i]
+				}
+				return 0
+			})
+		}
+		r.TTFOSplitP50us = split
+	}
 	r.FirstError = ""
 	return r
 }

@@ -28,11 +28,19 @@ import (
 //   - client -target ADDR -scenario direct|proxy|run|retry -concurrency N
 //     -duration D -warmup W [-retry-wait D]: runs scenario 1–4's closed loop
 //     against ADDR and prints one JSON line, a LoadResult (its cpu_us_per_op
-//     and allocations are the client process's own).
+//     and allocations are the client process's own);
+//   - stream-delegate and sse-model [-pieces N -piece-bytes B -pace D]: the
+//     streaming scenarios' delegates (streaming.go), a gRPC delegate
+//     (delegatekit, ExecuteStream) and an OpenAI-shaped SSE server; each
+//     prints "READY <address>" (the SSE model: its base URL);
+//   - client -scenario stream-direct|stream-sse|stream-run|stream-run-sse
+//     [-pieces N -piece-bytes B -pace D]: a streaming scenario's closed loop
+//     (the SSE scenario's -target is the SSE model's base URL); its JSON
+//     line also has each counted call's streamSample.
 //
-// delegate and proxy serve until they get SIGINT or SIGTERM or, with
-// -exit-on-eof (as the bench starts them), their stdin closes: the bench
-// stopped or died.
+// delegate, proxy, stream-delegate and sse-model serve until they get
+// SIGINT or SIGTERM or, with -exit-on-eof (as the bench starts them), their
+// stdin closes: the bench stopped or died.
 
 // roleArgs says whether args (without the program name) ask for a role.
 func roleArgs(args []string) bool {
@@ -49,14 +57,19 @@ func runRole(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 	dur := fs.Duration("duration", time.Second, "client: measured time")
 	warmup := fs.Duration("warmup", 0, "client: unmeasured warm-up before it")
 	retryWait := fs.Duration("retry-wait", 0, "client, retry: base_wait and max_wait of the retry")
-	exitOnEOF := fs.Bool("exit-on-eof", false, "delegate, proxy: exit when stdin closes")
+	exitOnEOF := fs.Bool("exit-on-eof", false, "delegate, proxy, stream-delegate, sse-model: exit when stdin closes")
+	shape := defaultStreamShape
+	shape.flags(fs, "")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *role != "delegate" && *target == "" {
+	serves := *role == "delegate" || *role == "stream-delegate" || *role == "sse-model"
+	if !serves && *target == "" {
 		return fmt.Errorf("-role %s needs -target", *role)
 	}
 	switch *role {
+	case "stream-delegate", "sse-model":
+		return serveStreamer(ctx, *role, shape, stdin, stdout, *exitOnEOF)
 	case "delegate":
 		echo, echoAddr, err := serveDelegate(demo.Echo{})
 		if err != nil {
@@ -89,6 +102,9 @@ func runRole(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 		if *conc < 1 || *dur <= 0 || *warmup < 0 {
 			return errors.New("-concurrency and -duration must be positive, -warmup not negative")
 		}
+		if streaming("proc-" + *scenario) {
+			return streamClient(ctx, *target, *scenario, *conc, *warmup, *dur, shape, stdout)
+		}
 		conn, err := dial(*target)
 		if err != nil {
 			return err
@@ -101,7 +117,7 @@ func runRole(ctx context.Context, args []string, stdin io.Reader, stdout io.Writ
 		m := runLoad(ctx, *conc, *warmup, *dur, fn)
 		return json.NewEncoder(stdout).Encode(summarize("proc-"+*scenario, "", *conc, m))
 	}
-	return fmt.Errorf("-role: unknown role %q (have delegate, proxy, client)", *role)
+	return fmt.Errorf("-role: unknown role %q (have delegate, proxy, client, stream-delegate, sse-model)", *role)
 }
 
 // clientOp is scenario's op over conn.

@@ -52,13 +52,19 @@ type shippedCase struct {
 	// server and worker are the processes between the client and the
 	// delegate, whose CPU and memory are reported (nil: none).
 	server, worker *child
+	// delegate is the delegate process whose CPU is reported, when not
+	// the bench's delegate (the streaming scenarios').
+	delegate *child
 
 	slices []LoadResult
 	// CPU time of server, worker and the delegate over the sampled
 	// windows, and the calls the clients counted, scaled to those windows.
 	cpu       [3]time.Duration
 	windowOps float64
-	rss       [2]int64 // peak RSS of server and worker
+	// windowBytes is the text the streaming clients received in those
+	// windows (window), scaled like windowOps.
+	windowBytes float64
+	rss         [2]int64 // peak RSS of server and worker
 }
 
 func (sc *shippedCase) String() string {
@@ -70,9 +76,9 @@ func (sc *shippedCase) String() string {
 
 // shippedTarget is what a shippedCase measures, at every concurrency.
 type shippedTarget struct {
-	scenario, store string
-	client          []string
-	server, worker  *child
+	scenario, store          string
+	client                   []string
+	server, worker, delegate *child
 }
 
 // runShipped measures the shipped scenarios o selects, interleaved like
@@ -121,6 +127,10 @@ func runShipped(ctx context.Context, o options) ([]LoadResult, error) {
 	client := func(target, scenario string) []string {
 		return []string{self, "-role", "client", "-target", target, "-scenario", scenario, "-retry-wait", o.retryWait.String()}
 	}
+	streamers, err := startStreamers(o, self, start)
+	if err != nil {
+		return nil, err
+	}
 
 	var targets []shippedTarget
 	if o.scenarios["proc-direct"] {
@@ -136,7 +146,8 @@ func runShipped(ctx context.Context, o options) ([]LoadResult, error) {
 		}
 		targets = append(targets, shippedTarget{scenario: "proc-proxy", client: client(f[0], "proxy"), server: px})
 	}
-	if o.scenarios["proc-run"] || o.scenarios["proc-retry"] {
+	targets = append(targets, streamers.directTargets(o, client)...)
+	if o.scenarios["proc-run"] || o.scenarios["proc-retry"] || o.scenarios["proc-stream-run"] || o.scenarios["proc-stream-run-sse"] {
 		bin := filepath.Join(tmp, "stubborn")
 		progress("shipped: go build -o %s ./cmd/stubborn (in %s)", bin, o.root)
 		if _, err := os.Stat(filepath.Join(o.root, "cmd", "stubborn")); err != nil {
@@ -146,7 +157,7 @@ func runShipped(ctx context.Context, o options) ([]LoadResult, error) {
 			return nil, err
 		}
 		cfg := filepath.Join(tmp, "stubborn.yaml")
-		if err := os.WriteFile(cfg, serveConfig(echoAddr, flakyAddr), 0o600); err != nil {
+		if err := os.WriteFile(cfg, append(serveConfig(echoAddr, flakyAddr), streamers.config()...), 0o600); err != nil {
 			return nil, err
 		}
 		for _, store := range o.stores {
@@ -178,6 +189,7 @@ func runShipped(ctx context.Context, o options) ([]LoadResult, error) {
 			if o.scenarios["proc-retry"] {
 				targets = append(targets, shippedTarget{scenario: "proc-retry", store: store, client: client(addr, "retry"), server: s})
 			}
+			targets = append(targets, streamers.runTargets(o, client, s, store, addr)...)
 		}
 	}
 	if o.temporalDir != "" {
@@ -191,7 +203,7 @@ func runShipped(ctx context.Context, o options) ([]LoadResult, error) {
 	var cases []*shippedCase
 	for _, c := range o.concurrency {
 		for _, t := range targets {
-			cases = append(cases, &shippedCase{scenario: t.scenario, store: t.store, conc: c, client: t.client, server: t.server, worker: t.worker})
+			cases = append(cases, &shippedCase{scenario: t.scenario, store: t.store, conc: c, client: t.client, server: t.server, worker: t.worker, delegate: t.delegate})
 		}
 	}
 	if len(cases) == 0 {
@@ -216,7 +228,9 @@ func runShipped(ctx context.Context, o options) ([]LoadResult, error) {
 	}
 	out := make([]LoadResult, 0, len(cases))
 	for _, sc := range cases {
-		out = append(out, sc.result(slice))
+		r := sc.result(slice)
+		mergeStreaming(&r, sc.slices, o.serveFlags)
+		out = append(out, r)
 	}
 	return out, nil
 }
@@ -278,6 +292,9 @@ func waitServing(ctx context.Context, s *child, addr string, timeout time.Durati
 // over the client's measured window and keeps the result; without, it only
 // checks that no call failed (a warm-up).
 func (sc *shippedCase) measure(ctx context.Context, delegate *child, warmup, dur time.Duration, record bool) error {
+	if sc.delegate != nil {
+		delegate = sc.delegate
+	}
 	procs := []*child{sc.server, sc.worker, delegate}
 	for _, p := range procs {
 		if p == nil {
@@ -329,6 +346,7 @@ func (sc *shippedCase) measure(ctx context.Context, delegate *child, warmup, dur
 		sc.cpu[i] += after[i] - before[i]
 	}
 	sc.windowOps += float64(r.Ops) * window.Seconds() / dur.Seconds()
+	sc.windowBytes += float64(r.WindowBytes) * window.Seconds() / dur.Seconds()
 	for i, p := range procs[:2] {
 		if p == nil {
 			continue
@@ -384,6 +402,10 @@ func (sc *shippedCase) result(slice time.Duration) LoadResult {
 		r.DelegateCPUusPerOp = us(sc.cpu[2]) / sc.windowOps
 	}
 	r.CPUusPerOp = r.ClientCPUusPerOp + r.ServerCPUusPerOp + r.WorkerCPUusPerOp + r.DelegateCPUusPerOp
+	if sc.windowBytes > 0 {
+		r.ServerCPUusPerKB = us(sc.cpu[0]) / (sc.windowBytes / 1000)
+		r.DelegateCPUusPerKB = us(sc.cpu[2]) / (sc.windowBytes / 1000)
+	}
 	r.ServerRSSBytes, r.WorkerRSSBytes = sc.rss[0], sc.rss[1]
 	return r
 }

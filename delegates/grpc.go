@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -194,6 +195,12 @@ func (g *grpcTransport) stream(ctx context.Context, req *stubbornv1.ExecuteReque
 			if res.GetText() == "" {
 				res.Text = s.joined()
 			}
+			// The stream ends after its result: read that end, so the
+			// call ends OK (its span too) rather than cancelled; a
+			// delegate that does not end it is cut after drainWait.
+			t := time.AfterFunc(drainWait, cancel)
+			_, _ = st.Recv()
+			t.Stop()
 			return res, nil, false
 		}
 	}
@@ -219,6 +226,9 @@ func (g *grpcTransport) serving(ctx context.Context) health {
 }
 
 func (g *grpcTransport) close() error { return g.conn.Close() }
+
+// drainWait bounds the wait for a stream's end after its result.
+const drainWait = 250 * time.Millisecond
 
 // doesNotStream reports whether ce is a server's answer that it has no
 // ExecuteStream: UNIMPLEMENTED in the words gRPC servers use for a method
