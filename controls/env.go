@@ -308,6 +308,10 @@ type Env struct {
 	// Guards admit each live call to a delegate (circuit breakers,
 	// bulkheads, rate limits). Nil means every call goes.
 	Guards Guards
+	// NeverAsk makes every retry control of the run, nested ones too,
+	// fail when its retries run out instead of asking a person
+	// (RunOptions.never_ask).
+	NeverAsk bool
 }
 
 func (e *Env) clock() Clock {

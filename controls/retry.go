@@ -124,7 +124,7 @@ func newRetry(env *Env, taskBrief string, spec *stubbornv1.RetrySpec) retry {
 		base:            durationOr(spec.GetBaseWait().AsDuration(), spec.GetBaseWait() != nil, DefaultRetryBaseWait),
 		maxWait:         durationOr(spec.GetMaxWait().AsDuration(), spec.GetMaxWait() != nil, DefaultRetryMaxWait),
 		decisionTimeout: spec.GetDecisionTimeout().AsDuration(), // unset: 0, wait for ever
-		ask:             spec.GetOnExhausted() != stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL,
+		ask:             spec.GetOnExhausted() != stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL && !env.NeverAsk,
 	}
 	r.retryOn = spec.GetRetryOn()
 	if r.retryOn == nil {

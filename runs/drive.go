@@ -72,6 +72,7 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		Presets:   presets,
 		Budgets:   deps.Budgets,
 		Guards:    deps.Guards,
+		NeverAsk:  snapshot.GetOptions().GetNeverAsk(),
 		Tracker:   tr,
 		Clock:     m.clock(r),
 		Rand:      m.rand(r),

@@ -210,7 +210,7 @@ func (f *frontDoor) runRequest(ctx context.Context, req *chatRequest, key string
 		return nil, err
 	}
 	// The brief is the messages' text (task_messages): the server makes it.
-	run := &stubbornv1.RunRequest{TaskMessages: req.messages, ModelParams: req.params, Options: &stubbornv1.RunOptions{IdempotencyKey: key}}
+	run := &stubbornv1.RunRequest{TaskMessages: req.messages, ModelParams: req.params, Options: &stubbornv1.RunOptions{IdempotencyKey: key, NeverAsk: true}}
 	for _, p := range list.GetPresets() {
 		if p.GetName() != req.Model {
 			continue

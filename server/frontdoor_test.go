@@ -71,6 +71,7 @@ func frontDoorEnv(t *testing.T, su setup) (*env, string) {
 		delegates.Preset{Name: "judged", Spec: &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{
 			Chain: []string{"bad", "good"}, FailureWhen: `result.text.contains("refuse")`}}}},
 		delegates.Preset{Name: "asks", Spec: &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "busy", Attempts: new(int32(0))}}}},
+		delegates.Preset{Name: "wrapper", Spec: &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"asks", "good"}}}}},
 	)
 	e := startWith(t, su)
 	h, err := e.st.HTTPHandler()
@@ -295,4 +296,20 @@ func TestTheWholeConversationReachesTheModel(t *testing.T) {
 	history := strings.TrimPrefix(controls.EnrichBrief(brief, []*stubbornv1.FailureRecord{{Summary: "Error: HTTP 500 Internal Server Error: model crashed", Reason: "HTTP 500 Internal Server Error: model crashed"}}), brief)
 	assert.Equal(t, map[string]any{"type": "text", "text": history}, parts[1], "the contract's text, byte for byte")
 	assert.Equal(t, first[1], second[1])
+}
+
+// TestAFrontDoorRunNeverWaitsForAPerson: a nested preset's retry that
+// would ask fails instead (never_ask), and its chain answers.
+func TestAFrontDoorRunNeverWaitsForAPerson(t *testing.T) {
+	_, base := frontDoorEnv(t, setup{})
+	resp := postChat(t, base, "", `{"model": "wrapper", "messages": [{"role": "user", "content": "x"}]}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var c struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&c))
+	require.Len(t, c.Choices, 1)
+	assert.Equal(t, "The answer is 42.", c.Choices[0].Message.Content)
 }

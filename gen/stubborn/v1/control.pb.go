@@ -1446,7 +1446,13 @@ type RunOptions struct {
 	// How long a streamed attempt may go between two outputs once it has
 	// begun ("stalled: no output for 5s after 41 chunks"). Unset or zero means
 	// the delegate's configured idle_timeout (none by default). At most 24 h.
-	IdleTimeout   *durationpb.Duration `protobuf:"bytes,7,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	IdleTimeout *durationpb.Duration `protobuf:"bytes,7,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	// The run never waits for a person: a retry control whose retries run
+	// out ends the run as with on_exhausted ON_EXHAUSTED_FAIL, its own and
+	// every nested preset's alike. false means each retry's on_exhausted
+	// decides. The OpenAI-compatible front door sets it: no HTTP request
+	// waits for a decision.
+	NeverAsk      bool `protobuf:"varint,8,opt,name=never_ask,json=neverAsk,proto3" json:"never_ask,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1528,6 +1534,13 @@ func (x *RunOptions) GetIdleTimeout() *durationpb.Duration {
 		return x.IdleTimeout
 	}
 	return nil
+}
+
+func (x *RunOptions) GetNeverAsk() bool {
+	if x != nil {
+		return x.NeverAsk
+	}
+	return false
 }
 
 // RunRequest starts a run and streams it. Exactly one of retry,
@@ -4793,7 +4806,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\vaccept_when\x18\x03 \x01(\tR\n" +
 	"acceptWhen\x12:\n" +
 	"\vhedge_delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"hedgeDelay\"\xd6\x03\n" +
+	"hedgeDelay\"\xf3\x03\n" +
 	"\n" +
 	"RunOptions\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12:\n" +
@@ -4803,7 +4816,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\bmetadata\x18\x04 \x03(\v2%.stubborn.v1.RunOptions.MetadataEntryR\bmetadata\x12\x14\n" +
 	"\x05judge\x18\x05 \x01(\tR\x05judge\x12K\n" +
 	"\x14first_output_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x12firstOutputTimeout\x12<\n" +
-	"\fidle_timeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x1a;\n" +
+	"\fidle_timeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12\x1b\n" +
+	"\tnever_ask\x18\b \x01(\bR\bneverAsk\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcc\x03\n" +

@@ -528,7 +528,7 @@ class RunFinished(_message.Message):
     def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
 
 class RunOptions(_message.Message):
-    __slots__ = ["attempt_timeout", "first_output_timeout", "idempotency_key", "idle_timeout", "judge", "metadata", "run_timeout"]
+    __slots__ = ["attempt_timeout", "first_output_timeout", "idempotency_key", "idle_timeout", "judge", "metadata", "never_ask", "run_timeout"]
     class MetadataEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -542,6 +542,7 @@ class RunOptions(_message.Message):
     IDLE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     JUDGE_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    NEVER_ASK_FIELD_NUMBER: _ClassVar[int]
     RUN_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     attempt_timeout: _duration_pb2.Duration
     first_output_timeout: _duration_pb2.Duration
@@ -549,8 +550,9 @@ class RunOptions(_message.Message):
     idle_timeout: _duration_pb2.Duration
     judge: str
     metadata: _containers.ScalarMap[str, str]
+    never_ask: bool
     run_timeout: _duration_pb2.Duration
-    def __init__(self, idempotency_key: _Optional[str] = ..., run_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., attempt_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., judge: _Optional[str] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, idempotency_key: _Optional[str] = ..., run_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., attempt_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., judge: _Optional[str] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., never_ask: bool = ...) -> None: ...
 
 class RunRequest(_message.Message):
     __slots__ = ["fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]
