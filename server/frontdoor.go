@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -155,7 +156,14 @@ type chatRequest struct {
 
 	messages []*structpb.Struct
 	params   *structpb.Struct
+	// criteria are the request's "stubborn" field: failure_criteria and
+	// failure_when (a chain's, retry-with-learning's), acceptance_criteria
+	// and accept_when (a race's), set on the run's control.
+	criteria map[string]string
 }
+
+// criteriaKeys are the keys of a request's "stubborn" field.
+var criteriaKeys = []string{"failure_criteria", "failure_when", "acceptance_criteria", "accept_when"}
 
 // parseChat reads a Chat Completions request body.
 func parseChat(body []byte) (*chatRequest, error) {
@@ -182,7 +190,21 @@ func parseChat(body []byte) (*chatRequest, error) {
 		}
 		req.messages = append(req.messages, st)
 	}
-	for _, k := range []string{"model", "messages", "stream", "stream_options"} {
+	if ext, ok := all["stubborn"]; ok {
+		m, isObject := ext.(map[string]any)
+		if !isObject {
+			return nil, errors.New(`stubborn: must be an object of failure_criteria, failure_when, acceptance_criteria, accept_when`)
+		}
+		req.criteria = map[string]string{}
+		for k, v := range m {
+			text, isText := v.(string)
+			if !isText || !slices.Contains(criteriaKeys, k) {
+				return nil, fmt.Errorf("stubborn.%s: not one of failure_criteria, failure_when, acceptance_criteria, accept_when (strings)", controls.Cut(k, 64))
+			}
+			req.criteria[k] = text
+		}
+	}
+	for _, k := range []string{"model", "messages", "stream", "stream_options", "stubborn"} {
 		delete(all, k)
 	}
 	if len(all) > 0 {
@@ -226,15 +248,46 @@ func (f *frontDoor) runRequest(ctx context.Context, req *chatRequest, key string
 		case *stubbornv1.ControlSpec_Race:
 			run.Race = k.Race
 		}
-		return run, nil
+		return withCriteria(run, req.criteria)
 	}
 	for _, d := range list.GetDelegates() {
 		if d.GetName() == req.Model {
 			run.FallbackChain = &stubbornv1.FallbackChainSpec{Chain: []string{req.Model}}
-			return run, nil
+			return withCriteria(run, req.criteria)
 		}
 	}
 	return nil, status.Errorf(codes.NotFound, "model: %q is no preset or delegate you may use (GET /v1/models lists them)", controls.Cut(req.Model, 128))
+}
+
+// withCriteria sets a request's criteria (its "stubborn" field) on run's
+// control; the server judges them as any run's (a judge, CEL).
+func withCriteria(run *stubbornv1.RunRequest, c map[string]string) (*stubbornv1.RunRequest, error) {
+	if len(c) == 0 {
+		return run, nil
+	}
+	bad := func(kind string) error {
+		return status.Errorf(codes.InvalidArgument, "stubborn: the model's control (%s) does not take these criteria: failure_criteria and failure_when go to a fallback chain or retry-with-learning, acceptance_criteria and accept_when to a race", kind)
+	}
+	switch {
+	case run.GetFallbackChain() != nil && c["acceptance_criteria"] == "" && c["accept_when"] == "":
+		run.FallbackChain.FailureCriteria, run.FallbackChain.FailureWhen = c["failure_criteria"], c["failure_when"]
+	case run.GetRetryWithLearning() != nil && c["acceptance_criteria"] == "" && c["accept_when"] == "":
+		run.RetryWithLearning.FailureCriteria, run.RetryWithLearning.FailureWhen = c["failure_criteria"], c["failure_when"]
+	case run.GetRace() != nil && c["failure_criteria"] == "" && c["failure_when"] == "":
+		run.Race.AcceptanceCriteria, run.Race.AcceptWhen = c["acceptance_criteria"], c["accept_when"]
+	default:
+		kind := "retry"
+		switch {
+		case run.GetRetryWithLearning() != nil:
+			kind = "retry_with_learning"
+		case run.GetRace() != nil:
+			kind = "race"
+		case run.GetFallbackChain() != nil:
+			kind = "fallback_chain"
+		}
+		return nil, bad(kind)
+	}
+	return run, nil
 }
 
 func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {

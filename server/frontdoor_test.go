@@ -313,3 +313,31 @@ func TestAFrontDoorRunNeverWaitsForAPerson(t *testing.T) {
 	require.Len(t, c.Choices, 1)
 	assert.Equal(t, "The answer is 42.", c.Choices[0].Message.Content)
 }
+
+// TestARejectedAnswerIsNeverStreamedThroughTheFrontDoor: a request's own
+// criteria (its "stubborn" field) are the run's: the refusal streamed by
+// the first model is held, rejected and never reaches the client.
+func TestARejectedAnswerIsNeverStreamedThroughTheFrontDoor(t *testing.T) {
+	e, base := frontDoorEnv(t, setup{presets: []delegates.Preset{{Name: "pair", Spec: &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"bad", "good"}}}}}}})
+	resp := postChat(t, base, "", `{"model": "pair", "stream": true, "stubborn": {"failure_when": "result.text.contains('refuse')"},
+		"messages": [{"role": "user", "content": "Will you?"}]}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	chunks, done := sseData(t, resp)
+	require.True(t, done)
+	assert.Equal(t, "The answer is 42.", contentOf(chunks))
+	got, err := e.client.GetRun(testCtx(t), &stubbornv1.GetRunRequest{RunId: resp.Header.Get("Stubborn-Run-Id")})
+	require.NoError(t, err)
+	require.Len(t, got.GetState().GetAttemptLog(), 2)
+	assert.Equal(t, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED, got.GetState().GetAttemptLog()[0].GetOutcome())
+
+	for body, field := range map[string]string{
+		`{"model": "asks", "stubborn": {"failure_when": "true"}, "messages": [{"role": "user", "content": "x"}]}`:  "does not take these criteria",
+		`{"model": "pair", "stubborn": {"judge": "x"}, "messages": [{"role": "user", "content": "x"}]}`:            "stubborn.judge",
+		`{"model": "pair", "stubborn": {"failure_when": "(("}, "messages": [{"role": "user", "content": "x"}]}`: "failure_when",
+	} {
+		resp := postChat(t, base, "", body)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, body)
+		b, _ := io.ReadAll(resp.Body)
+		assert.Contains(t, string(b), field, body)
+	}
+}
