@@ -331,9 +331,9 @@ func TestARejectedAnswerIsNeverStreamedThroughTheFrontDoor(t *testing.T) {
 	assert.Equal(t, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED, got.GetState().GetAttemptLog()[0].GetOutcome())
 
 	for body, field := range map[string]string{
-		`{"model": "asks", "stubborn": {"failure_when": "true"}, "messages": [{"role": "user", "content": "x"}]}`:  "does not take these criteria",
-		`{"model": "pair", "stubborn": {"judge": "x"}, "messages": [{"role": "user", "content": "x"}]}`:            "stubborn.judge",
-		`{"model": "pair", "stubborn": {"failure_when": "(("}, "messages": [{"role": "user", "content": "x"}]}`: "failure_when",
+		`{"model": "asks", "stubborn": {"failure_when": "true"}, "messages": [{"role": "user", "content": "x"}]}`: "does not take these criteria",
+		`{"model": "pair", "stubborn": {"judge": "x"}, "messages": [{"role": "user", "content": "x"}]}`:           "stubborn.judge",
+		`{"model": "pair", "stubborn": {"failure_when": "(("}, "messages": [{"role": "user", "content": "x"}]}`:   "failure_when",
 	} {
 		resp := postChat(t, base, "", body)
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, body)
