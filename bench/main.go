@@ -155,7 +155,7 @@ func run(ctx context.Context) error {
 	flag.DurationVar(&o.slice, "slice", 500*time.Millisecond, "load measurements take turns in slices of this length")
 	flag.StringVar(&conc, "concurrency", "1,32", "comma-separated numbers of concurrent callers for scenarios 1–4")
 	flag.StringVar(&storeList, "store", "memory", "comma-separated run stores for Stubborn's scenarios (have: "+storeNames()+")")
-	flag.StringVar(&scen, "scenarios", strings.Join(scenarioNames, ","), "comma-separated scenarios to run; the shipped ones, each process on its own, are "+strings.Join(shippedNames, ",")+" (shipped: all four) and the streaming ones "+strings.Join(streamingNames, ",")+" (streaming: all four)")
+	flag.StringVar(&scen, "scenarios", strings.Join(scenarioNames, ","), "comma-separated scenarios to run; the shipped ones, each process on its own, are "+strings.Join(shippedNames, ",")+" (shipped: all four) and the streaming ones "+strings.Join(streamingNames, ",")+" (streaming: all four) and the front door's "+strings.Join(frontDoorNames, ",")+" (frontdoor: these and proc-stream-sse)")
 	o.stream.flags(flag.CommandLine, "stream-")
 	flag.StringVar(&o.root, "root", ".", "shipped scenarios: Stubborn's module root, where cmd/stubborn is built from")
 	flag.DurationVar(&o.procWarmup, "proc-warmup", 250*time.Millisecond, "shipped scenarios: unmeasured warm-up of each slice's client process (a new process and connection)")
@@ -211,10 +211,14 @@ func run(ctx context.Context) error {
 			for _, n := range streamingNames {
 				o.scenarios[n] = true
 			}
-		case slices.Contains(scenarioNames, s) || slices.Contains(shippedNames, s) || slices.Contains(streamingNames, s):
+		case s == "frontdoor":
+			for _, n := range frontDoorGroup {
+				o.scenarios[n] = true
+			}
+		case slices.Contains(scenarioNames, s) || slices.Contains(shippedNames, s) || slices.Contains(streamingNames, s) || slices.Contains(frontDoorNames, s):
 			o.scenarios[s] = true
 		default:
-			return fmt.Errorf("-scenarios: unknown scenario %q (have %s, %s, shipped, %s, streaming)", s, strings.Join(scenarioNames, ","), strings.Join(shippedNames, ","), strings.Join(streamingNames, ","))
+			return fmt.Errorf("-scenarios: unknown scenario %q (have %s, %s, shipped, %s, streaming, %s, frontdoor)", s, strings.Join(scenarioNames, ","), strings.Join(shippedNames, ","), strings.Join(streamingNames, ","), strings.Join(frontDoorNames, ","))
 		}
 	}
 	o.serveFlags = strings.Fields(serveFlags)
@@ -292,7 +296,7 @@ func measure(ctx context.Context, o options) (*Report, error) {
 		}
 	}
 	procScenario := func(s string) bool { return o.scenarios[s] }
-	if o.temporalDir != "" || slices.ContainsFunc(shippedNames, procScenario) || slices.ContainsFunc(streamingNames, procScenario) {
+	if o.temporalDir != "" || slices.ContainsFunc(shippedNames, procScenario) || slices.ContainsFunc(streamingNames, procScenario) || slices.ContainsFunc(frontDoorNames, procScenario) {
 		load, err := runShipped(ctx, o)
 		if err != nil {
 			return nil, fmt.Errorf("shipped: %w", err)

@@ -54,6 +54,7 @@ func printReport(w io.Writer, rep *Report, what string) {
 		streamWhat = fmt.Sprintf("medians of the %d runs' own figures and differences", rep.Runs)
 	}
 	printStreaming(w, rep.Streaming, streamWhat)
+	printFrontDoor(w, rep.Load)
 
 	if len(rep.Waiting) > 0 {
 		fmt.Fprintln(w, "### Runs waiting in backoff")

@@ -147,7 +147,7 @@ func runShipped(ctx context.Context, o options) ([]LoadResult, error) {
 		targets = append(targets, shippedTarget{scenario: "proc-proxy", client: client(f[0], "proxy"), server: px})
 	}
 	targets = append(targets, streamers.directTargets(o, client)...)
-	if o.scenarios["proc-run"] || o.scenarios["proc-retry"] || o.scenarios["proc-stream-run"] || o.scenarios["proc-stream-run-sse"] {
+	if o.scenarios["proc-run"] || o.scenarios["proc-retry"] || o.scenarios["proc-stream-run"] || o.scenarios["proc-stream-run-sse"] || wantsFrontDoor(o) {
 		bin := filepath.Join(tmp, "stubborn")
 		progress("shipped: go build -o %s ./cmd/stubborn (in %s)", bin, o.root)
 		if _, err := os.Stat(filepath.Join(o.root, "cmd", "stubborn")); err != nil {
@@ -168,6 +168,14 @@ func runShipped(ctx context.Context, o options) ([]LoadResult, error) {
 			args := []string{"serve", "-config", cfg, "-listen", "127.0.0.1:0"}
 			if store != "memory" {
 				args = append(args, "-data-dir", filepath.Join(tmp, "data-"+store))
+			}
+			var httpBase string
+			if wantsFrontDoor(o) {
+				hl, err := freeHTTPListen()
+				if err != nil {
+					return nil, err
+				}
+				args, httpBase = append(args, "-http-listen", hl), "http://"+hl+"/v1"
 			}
 			args = append(append(args, storeFlags...), o.serveFlags...)
 			progress("shipped: stubborn %s", strings.Join(args, " "))
@@ -190,6 +198,12 @@ func runShipped(ctx context.Context, o options) ([]LoadResult, error) {
 				targets = append(targets, shippedTarget{scenario: "proc-retry", store: store, client: client(addr, "retry"), server: s})
 			}
 			targets = append(targets, streamers.runTargets(o, client, s, store, addr)...)
+			if httpBase != "" {
+				if err := waitHTTP(ctx, s, httpBase, time.Minute); err != nil {
+					return nil, err
+				}
+				targets = append(targets, streamers.frontDoorTargets(o, client, s, store, httpBase)...)
+			}
 		}
 	}
 	if o.temporalDir != "" {

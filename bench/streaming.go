@@ -132,7 +132,10 @@ func (s streamShape) stream(ctx context.Context, send func(i int) error) error {
 }
 
 // streaming says whether scenario is a streaming one.
-func streaming(scenario string) bool { return slices.Contains(streamingNames, scenario) }
+// (The front door's scenarios, frontdoor.go, are measured the same way.)
+func streaming(scenario string) bool {
+	return slices.Contains(streamingNames, scenario) || slices.Contains(frontDoorNames, scenario)
+}
 
 // streamProcs are the streaming delegates' processes.
 type streamProcs struct {
@@ -144,7 +147,8 @@ type streamProcs struct {
 // selects a streaming scenario (nil otherwise), with start (runShipped's:
 // they are stopped with its other children).
 func startStreamers(o options, self string, start func(spec childSpec, ready string, timeout time.Duration) (*child, []string, error)) (*streamProcs, error) {
-	if !slices.ContainsFunc(streamingNames, func(s string) bool { return o.scenarios[s] }) {
+	if !slices.ContainsFunc(streamingNames, func(s string) bool { return o.scenarios[s] }) &&
+		!slices.ContainsFunc(frontDoorNames, func(s string) bool { return o.scenarios[s] }) {
 		return nil, nil
 	}
 	var p streamProcs
@@ -188,6 +192,9 @@ func (p *streamProcs) directTargets(o options, client func(target, scenario stri
 	}
 	if o.scenarios["proc-stream-sse"] {
 		out = append(out, shippedTarget{scenario: "proc-stream-sse", client: append(client(p.sseAt, "stream-sse"), o.stream.args()...), delegate: p.sse})
+	}
+	if o.scenarios["proc-sse-plain"] {
+		out = append(out, shippedTarget{scenario: "proc-sse-plain", client: append(client(p.sseAt, "sse-plain"), o.stream.args()...), delegate: p.sse})
 	}
 	return out
 }
@@ -261,14 +268,17 @@ func (s streamShape) execute(ctx context.Context, _ *stubbornv1.ExecuteRequest) 
 	return nil, err
 }
 
-// sseModel serves OpenAI's Chat Completions API, streaming only: each
-// piece is one SSE event (a chat.completion.chunk with the piece as its
-// delta's content), then one with finish_reason, one with the usage and
-// data: [DONE]. The events are encoded once.
+// sseModel serves OpenAI's Chat Completions API: streamed, each piece is
+// one SSE event (a chat.completion.chunk with the piece as its delta's
+// content), then one with finish_reason, one with the usage and data:
+// [DONE]; not streamed (the front door's proc-sse-plain), one
+// chat.completion with the whole text, sent when the last piece would be.
+// The answers are encoded once.
 type sseModel struct {
 	shape  streamShape
 	events [][]byte // one a piece
 	tail   []byte   // finish_reason, usage, [DONE]
+	whole  []byte   // the chat.completion
 }
 
 func newSSEModel(sh streamShape) *sseModel {
@@ -303,6 +313,15 @@ func newSSEModel(sh streamShape) *sseModel {
 	m.tail = append(m.tail, chunk(ev{ID: "bench", Object: "chat.completion.chunk", Model: "bench", Choices: []choice{},
 		Usage: map[string]int{"prompt_tokens": 8, "completion_tokens": sh.pieces, "total_tokens": 8 + sh.pieces}})...)
 	m.tail = append(m.tail, "data: [DONE]\n\n"...)
+	var err error
+	m.whole, err = json.Marshal(map[string]any{
+		"id": "bench", "object": "chat.completion", "model": "bench",
+		"choices": []any{map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": sh.text()}, "finish_reason": "stop"}},
+		"usage":   map[string]int{"prompt_tokens": 8, "completion_tokens": sh.pieces, "total_tokens": 8 + sh.pieces},
+	})
+	if err != nil {
+		panic(err)
+	}
 	return m
 }
 
@@ -314,8 +333,16 @@ func (m *sseModel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Stream bool `json:"stream"`
 	}
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || !req.Stream {
-		http.Error(w, `{"error":{"message":"bench: stream: true only"}}`, http.StatusBadRequest)
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+		http.Error(w, `{"error":{"message":"bench: not a Chat Completions request"}}`, http.StatusBadRequest)
+		return
+	}
+	if !req.Stream {
+		// The whole answer when the streamed one would end.
+		if m.shape.stream(r.Context(), func(int) error { return nil }) == nil {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(m.whole)
+		}
 		return
 	}
 	fl, ok := w.(http.Flusher)
@@ -401,9 +428,13 @@ func streamClient(ctx context.Context, target, scenario string, conc int, warmup
 	win := &window{from: time.Now().Add(warmup)}
 	win.end = win.from.Add(dur)
 	var fn streamOp
-	if scenario == "stream-sse" {
-		fn = sseOp(target, conc, sh, win)
-	} else {
+	switch scenario {
+	case "stream-sse", "frontdoor-stream":
+		// The model: the SSE model's own name, or the delegate over it.
+		fn = sseOp(target, frontDoorModel(scenario), conc, sh, win)
+	case "sse-plain", "frontdoor":
+		fn = plainOp(target, frontDoorModel(scenario), conc, sh, win)
+	default:
 		conn, err := dial(target)
 		if err != nil {
 			return err
@@ -505,14 +536,12 @@ func (s *streamSample) whole(got, want string) error {
 
 // sseOp is proc-stream-sse's call: a Chat Completions request with stream:
 // true, as Stubborn's openai kind sends it, its events read to [DONE].
-func sseOp(base string, conc int, sh streamShape, win *window) streamOp {
+func sseOp(base, model string, conc int, sh streamShape, win *window) streamOp {
 	want := sh.text()
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = max(conc, 2)
-	hc := &http.Client{Transport: tr}
+	hc := chatClient(conc)
 	url := strings.TrimSuffix(base, "/") + "/chat/completions"
 	body, _ := json.Marshal(map[string]any{
-		"model": "bench", "messages": []map[string]string{{"role": "user", "content": brief}},
+		"model": model, "messages": []map[string]string{{"role": "user", "content": brief}},
 		"stream": true, "stream_options": map[string]bool{"include_usage": true},
 	})
 	return func(ctx context.Context) (streamSample, error) {

@@ -33,7 +33,9 @@ func checkStreamed(t *testing.T, r LoadResult) {
 	// after the request came.
 	assert.GreaterOrEqual(t, r.TTLOP50us, us(time.Duration(smokeShape.pieces-1)*smokeShape.pace), r.Scenario)
 	assert.Equal(t, float64(len(smokeShape.text())), r.OutputBytesPerOp, "%s: every call got the whole text", r.Scenario)
-	assert.Positive(t, r.OutputMsgsPerSec, r.Scenario)
+	if r.Scenario != "proc-sse-plain" && r.Scenario != "proc-frontdoor" {
+		assert.Positive(t, r.OutputMsgsPerSec, r.Scenario) // (an answer in one piece streams over no time)
+	}
 	assert.Zero(t, r.OverBound, r.Scenario)
 	assert.Empty(t, r.Samples, "%s: the samples stay between the client and the bench", r.Scenario)
 }
@@ -50,7 +52,7 @@ func TestStreamingScenariosDirect(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	o := options{
-		scenarios:   map[string]bool{"proc-stream-direct": true, "proc-stream-sse": true},
+		scenarios:   map[string]bool{"proc-stream-direct": true, "proc-stream-sse": true, "proc-sse-plain": true},
 		concurrency: []int{2},
 		duration:    400 * time.Millisecond, slice: 400 * time.Millisecond,
 		warmup: 100 * time.Millisecond, procWarmup: 50 * time.Millisecond,
@@ -62,12 +64,16 @@ func TestStreamingScenariosDirect(t *testing.T) {
 	for _, r := range load {
 		got = append(got, r.Scenario)
 		checkStreamed(t, r)
-		assert.Equal(t, float64(smokeShape.pieces), r.OutputMsgsPerOp, "%s: one message a piece", r.Scenario)
+		if r.Scenario == "proc-sse-plain" {
+			assert.Equal(t, 1.0, r.OutputMsgsPerOp, "%s: the whole answer at once", r.Scenario)
+		} else {
+			assert.Equal(t, float64(smokeShape.pieces), r.OutputMsgsPerOp, "%s: one message a piece", r.Scenario)
+		}
 		// (CPU time is read in ticks of 10 ms: a short window may see none.)
 		assert.GreaterOrEqual(t, r.DelegateCPUusPerKB, 0.0, r.Scenario)
 		assert.Zero(t, r.ServerRSSBytes, "%s: no process between the client and the delegate", r.Scenario)
 	}
-	assert.Equal(t, []string{"proc-stream-direct", "proc-stream-sse"}, got)
+	assert.Equal(t, []string{"proc-stream-direct", "proc-stream-sse", "proc-sse-plain"}, got)
 	assert.Empty(t, children(t))
 	left, err := os.ReadDir(tmp)
 	require.NoError(t, err)
@@ -114,9 +120,22 @@ func TestStreamingThroughStubborn(t *testing.T) {
 	require.NoError(t, err)
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop(5 * time.Second)
+	// The front door, as serve -http-listen serves it.
+	h, err := srv.HTTPHandler()
+	require.NoError(t, err)
+	hlis, err := listen()
+	require.NoError(t, err)
+	hs := server.NewHTTPServer(h)
+	go func() { _ = hs.Serve(hlis) }()
+	defer hs.Close()
+	door := "http://" + hlis.Addr().String() + "/v1"
 
-	for _, sc := range []string{"stream-run", "stream-run-sse"} {
-		args := append([]string{"-role", "client", "-target", lis.Addr().String(), "-scenario", sc,
+	for _, sc := range []string{"stream-run", "stream-run-sse", "frontdoor", "frontdoor-stream"} {
+		target := lis.Addr().String()
+		if strings.HasPrefix(sc, "frontdoor") {
+			target = door
+		}
+		args := append([]string{"-role", "client", "-target", target, "-scenario", sc,
 			"-concurrency", "2", "-duration", "300ms", "-warmup", "50ms"}, smokeShape.args()...)
 		c, err := startChild(ctx, childSpec{name: sc, path: self, args: args})
 		require.NoError(t, err)
@@ -130,6 +149,9 @@ func TestStreamingThroughStubborn(t *testing.T) {
 		merged := LoadResult{Scenario: r.Scenario, Errors: r.Errors, FirstError: r.FirstError}
 		mergeStreaming(&merged, []LoadResult{r}, nil)
 		checkStreamed(t, merged)
+		if strings.HasPrefix(sc, "frontdoor") {
+			continue // no run events: chunks (or one answer)
+		}
 		// The first piece at once, the rest within one flush interval
 		// (the answer takes 8 ms) and at the call's end.
 		assert.GreaterOrEqual(t, merged.OutputMsgsPerOp, 1.0, sc)
