@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/delegates"
@@ -56,6 +57,23 @@ func TestEveryInputIsBoundedAtSubmission(t *testing.T) {
 	withOptions := func(o *stubbornv1.RunOptions) *stubbornv1.StartRunRequest {
 		return echo(&stubbornv1.StartRunRequest{Options: o})
 	}
+	msg := func(role, content string) *structpb.Struct {
+		return &structpb.Struct{Fields: map[string]*structpb.Value{"role": structpb.NewStringValue(role), "content": structpb.NewStringValue(content)}}
+	}
+	withMessages := func(m ...*structpb.Struct) *stubbornv1.StartRunRequest {
+		return &stubbornv1.StartRunRequest{TaskMessages: m, FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}}}
+	}
+	withBrief := func(r *stubbornv1.StartRunRequest) *stubbornv1.StartRunRequest {
+		r.TaskBrief = "x" // its own brief: only the messages' size is over
+		return r
+	}
+	manyMessages := func(n int) []*structpb.Struct {
+		out := make([]*structpb.Struct, n)
+		for i := range out {
+			out[i] = msg("user", "x")
+		}
+		return out
+	}
 	metadata := func(n int, key func(i int) string, value string) map[string]string {
 		md := make(map[string]string, n)
 		for i := range n {
@@ -95,6 +113,14 @@ func TestEveryInputIsBoundedAtSubmission(t *testing.T) {
 		{"race.candidates[1] with a newline", echo(&stubbornv1.StartRunRequest{Race: &stubbornv1.RaceSpec{Candidates: []string{"echo", "echo\n"}}}), codes.InvalidArgument, "race.candidates[1]", "no whitespace"},
 		{"options.judge at 128 bytes", withOptions(&stubbornv1.RunOptions{Judge: name(128)}), codes.NotFound, "options.judge", "is not in the registry"},
 		{"options.judge over", withOptions(&stubbornv1.RunOptions{Judge: name(129)}), codes.InvalidArgument, "options.judge", "more than the limit of 128"},
+
+		// Conversations: roles, content shapes, count and size.
+		{"task_messages alone", withMessages(msg("user", "hi")), codes.OK, "", ""},
+		{"task_messages with a bad role", withMessages(msg("root", "hi")), codes.InvalidArgument, "task_messages[0].role", "must be one of"},
+		{"task_messages with numeric content", withMessages(&structpb.Struct{Fields: map[string]*structpb.Value{"role": structpb.NewStringValue("user"), "content": structpb.NewNumberValue(1)}}, msg("user", "hi")), codes.InvalidArgument, "task_messages[0].content", "must be a string"},
+		{"task_messages without text", withMessages(msg("user", "")), codes.InvalidArgument, "task_messages", "have no text"},
+		{"task_messages over 1000", withMessages(manyMessages(1001)...), codes.InvalidArgument, "task_messages", "has 1001 messages, more than the limit of 1000"},
+		{"task_messages over 4 briefs", withBrief(withMessages(msg("user", strings.Repeat("a", 60<<10)), msg("assistant", strings.Repeat("b", 60<<10)), msg("user", strings.Repeat("c", 60<<10)), msg("user", strings.Repeat("d", 60<<10)), msg("user", strings.Repeat("e", 60<<10)))), codes.InvalidArgument, "task_messages", "more than the limit of 262144"},
 
 		// Stall timeouts: 0 to 24 h.
 		{"options.first_output_timeout at 24h", withOptions(&stubbornv1.RunOptions{FirstOutputTimeout: durationpb.New(24 * time.Hour)}), codes.OK, "", ""},
