@@ -38,6 +38,7 @@ import (
 // frontDoor serves the OpenAI-compatible routes.
 type frontDoor struct {
 	client stubbornv1.ControlServiceClient
+	svc    *Service
 	now    func() time.Time
 }
 
@@ -56,7 +57,7 @@ func newFrontDoor(s *Stubborn) (*frontDoor, func(), error) {
 		_ = lis.Close()
 		return nil, nil, err
 	}
-	return &frontDoor{client: stubbornv1.NewControlServiceClient(conn), now: time.Now},
+	return &frontDoor{client: stubbornv1.NewControlServiceClient(conn), svc: s.svc, now: time.Now},
 		func() { _ = conn.Close(); _ = lis.Close() }, nil
 }
 
@@ -148,11 +149,9 @@ func (f *frontDoor) models(w http.ResponseWriter, r *http.Request) {
 // the fields it acts on, and the messages and the other fields (the model
 // parameters: tools, response_format, temperature, …) as they came.
 type chatRequest struct {
-	Model         string `json:"model"`
-	Stream        bool   `json:"stream"`
-	StreamOptions *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
+	Model        string
+	Stream       bool
+	IncludeUsage bool // stream_options.include_usage
 
 	messages []*structpb.Struct
 	params   *structpb.Struct
@@ -165,15 +164,39 @@ type chatRequest struct {
 // criteriaKeys are the keys of a request's "stubborn" field.
 var criteriaKeys = []string{"failure_criteria", "failure_when", "acceptance_criteria", "accept_when"}
 
-// parseChat reads a Chat Completions request body.
+// parseChat reads a Chat Completions request body: one decoding, whose
+// fields the front door acts on are taken out and checked, the rest kept
+// as the model parameters.
 func parseChat(body []byte) (*chatRequest, error) {
-	var req chatRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, err
-	}
 	var all map[string]any
 	if err := json.Unmarshal(body, &all); err != nil {
 		return nil, err
+	}
+	if all == nil {
+		return nil, errors.New("the body must be a JSON object")
+	}
+	req := &chatRequest{}
+	var ok bool
+	if v, set := all["model"]; set {
+		if req.Model, ok = v.(string); !ok {
+			return nil, errors.New("model: must be a string")
+		}
+	}
+	if v, set := all["stream"]; set && v != nil {
+		if req.Stream, ok = v.(bool); !ok {
+			return nil, errors.New("stream: must be true or false")
+		}
+	}
+	if v, set := all["stream_options"]; set && v != nil {
+		o, isObject := v.(map[string]any)
+		if !isObject {
+			return nil, errors.New("stream_options: must be an object")
+		}
+		if u, set := o["include_usage"]; set && u != nil {
+			if req.IncludeUsage, ok = u.(bool); !ok {
+				return nil, errors.New("stream_options.include_usage: must be true or false")
+			}
+		}
 	}
 	list, ok := all["messages"].([]any)
 	if !ok && all["messages"] != nil {
@@ -214,49 +237,69 @@ func parseChat(body []byte) (*chatRequest, error) {
 		}
 		req.params = p
 	}
-	return &req, nil
+	return req, nil
 }
 
 // runRequest is the run a chat request makes: the preset's control, or a
 // fallback chain of the one delegate the model names. A retry that would
 // ask a person fails instead: no HTTP request waits for one.
-func (f *frontDoor) runRequest(ctx context.Context, req *chatRequest, key string) (*stubbornv1.RunRequest, error) {
+func (f *frontDoor) runRequest(r *http.Request, req *chatRequest) (*stubbornv1.RunRequest, error) {
 	if req.Model == "" {
 		return nil, status.Error(codes.InvalidArgument, "model: required: a preset or a delegate (GET /v1/models lists them)")
 	}
 	if len(req.messages) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "messages: at least one message is required")
 	}
-	list, err := f.client.ListDelegates(ctx, &stubbornv1.ListDelegatesRequest{})
+	spec, isPreset, err := f.model(r, req.Model)
 	if err != nil {
 		return nil, err
 	}
 	// The brief is the messages' text (task_messages): the server makes it.
-	run := &stubbornv1.RunRequest{TaskMessages: req.messages, ModelParams: req.params, Options: &stubbornv1.RunOptions{IdempotencyKey: key, NeverAsk: true}}
-	for _, p := range list.GetPresets() {
-		if p.GetName() != req.Model {
-			continue
-		}
-		switch k := proto.CloneOf(p.GetSpec()).GetKind().(type) {
-		case *stubbornv1.ControlSpec_Retry:
-			k.Retry.OnExhausted = stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL
-			run.Retry = k.Retry
-		case *stubbornv1.ControlSpec_RetryWithLearning:
-			run.RetryWithLearning = k.RetryWithLearning
-		case *stubbornv1.ControlSpec_FallbackChain:
-			run.FallbackChain = k.FallbackChain
-		case *stubbornv1.ControlSpec_Race:
-			run.Race = k.Race
-		}
+	run := &stubbornv1.RunRequest{TaskMessages: req.messages, ModelParams: req.params,
+		Options: &stubbornv1.RunOptions{IdempotencyKey: r.Header.Get("Idempotency-Key"), NeverAsk: true}}
+	if !isPreset {
+		run.FallbackChain = &stubbornv1.FallbackChainSpec{Chain: []string{req.Model}}
 		return withCriteria(run, req.criteria)
 	}
-	for _, d := range list.GetDelegates() {
-		if d.GetName() == req.Model {
-			run.FallbackChain = &stubbornv1.FallbackChainSpec{Chain: []string{req.Model}}
-			return withCriteria(run, req.criteria)
+	switch k := proto.CloneOf(spec).GetKind().(type) {
+	case *stubbornv1.ControlSpec_Retry:
+		k.Retry.OnExhausted = stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL
+		run.Retry = k.Retry
+	case *stubbornv1.ControlSpec_RetryWithLearning:
+		run.RetryWithLearning = k.RetryWithLearning
+	case *stubbornv1.ControlSpec_FallbackChain:
+		run.FallbackChain = k.FallbackChain
+	case *stubbornv1.ControlSpec_Race:
+		run.Race = k.Race
+	}
+	return withCriteria(run, req.criteria)
+}
+
+// model looks a request's model up in the current registry, as the
+// caller's tenant sees it (what ListDelegates lists to it): a preset's
+// control, or a delegate. It authenticates r's bearer token as the gRPC
+// API does, in process (the Run call that follows authenticates it
+// again, through the interceptors): the lookup costs no round trip.
+func (f *frontDoor) model(r *http.Request, name string) (spec *stubbornv1.ControlSpec, isPreset bool, err error) {
+	reg := f.svc.regs.current()
+	ctx := r.Context()
+	if a := r.Header.Values("Authorization"); len(a) > 0 {
+		ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", a[0]))
+	}
+	if reg.authn != nil {
+		if ctx, err = reg.authn.Authenticate(ctx); err != nil {
+			return nil, false, err
 		}
 	}
-	return nil, status.Errorf(codes.NotFound, "model: %q is no preset or delegate you may use (GET /v1/models lists them)", controls.Cut(req.Model, 128))
+	if reg.pool != nil && reg.policy(ctx).val.known(name) {
+		if spec, ok := reg.pool.Preset(name); ok {
+			return spec, true, nil
+		}
+		if _, ok := reg.pool.Lookup(name); ok {
+			return nil, false, nil
+		}
+	}
+	return nil, false, status.Errorf(codes.NotFound, "model: %q is no preset or delegate you may use (GET /v1/models lists them)", controls.Cut(name, 128))
 }
 
 // withCriteria sets a request's criteria (its "stubborn" field) on run's
@@ -302,7 +345,7 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := callContext(r)
-	run, err := f.runRequest(ctx, req, r.Header.Get("Idempotency-Key"))
+	run, err := f.runRequest(r, req)
 	if err != nil {
 		grpcError(w, err)
 		return
@@ -441,11 +484,12 @@ func (a *answering) head(contentType string, code int) {
 	a.w.WriteHeader(code)
 }
 
-// event writes one server-sent event of v.
-func (a *answering) event(v any) {
+// event writes one server-sent event of v, and sends it unless more
+// follow at once.
+func (a *answering) event(v any, more bool) {
 	b, _ := json.Marshal(v)
-	_, _ = fmt.Fprintf(a.w, "data: %s\n\n", b)
-	if fl, ok := a.w.(http.Flusher); ok {
+	_, _ = a.w.Write(append(append(append(make([]byte, 0, len(b)+8), "data: "...), b...), "\n\n"...))
+	if fl, ok := a.w.(http.Flusher); ok && !more {
 		fl.Flush()
 	}
 }
@@ -455,26 +499,51 @@ func (a *answering) event(v any) {
 func (a *answering) chunk(text string) {
 	if !a.started {
 		a.head("text/event-stream", http.StatusOK)
-		a.event(a.chunkOf(map[string]any{"role": "assistant", "content": ""}, nil))
+		a.event(a.chunkOf(chatDelta{Role: "assistant"}, nil), text != "")
 	}
 	if text == "" {
 		return
 	}
 	a.sent.WriteString(text)
-	a.event(a.chunkOf(map[string]any{"content": text}, nil))
+	a.event(a.chunkOf(chatDelta{Content: &text}, nil), false)
 }
 
-func (a *answering) chunkOf(delta map[string]any, finish any) map[string]any {
-	return map[string]any{
-		"id": a.runID, "object": "chat.completion.chunk", "created": a.f.now().Unix(), "model": a.req.Model,
-		"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}},
+// chatChunk is a chat.completion.chunk of one choice (or, with usage,
+// of none).
+type chatChunk struct {
+	ID      string        `json:"id"`
+	Object  string        `json:"object"`
+	Created int64         `json:"created"`
+	Model   string        `json:"model"`
+	Choices []chunkChoice `json:"choices"`
+	Usage   any           `json:"usage,omitempty"`
+}
+
+type chunkChoice struct {
+	Index        int       `json:"index"`
+	Delta        chatDelta `json:"delta"`
+	FinishReason *string   `json:"finish_reason"`
+}
+
+// chatDelta is a chunk's delta: the role, then content pieces. A role
+// chunk's content is "" (as OpenAI sends it); the last chunk's is absent.
+type chatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+func (a *answering) chunkOf(delta chatDelta, finish *string) chatChunk {
+	if delta.Role != "" && delta.Content == nil {
+		delta.Content = new("")
 	}
+	return chatChunk{ID: a.runID, Object: "chat.completion.chunk", Created: a.f.now().Unix(), Model: a.req.Model,
+		Choices: []chunkChoice{{Delta: delta, FinishReason: finish}}}
 }
 
 // streamError ends a stream whose answer began with an OpenAI-shaped
 // error event naming the run.
 func (a *answering) streamError(msg string) {
-	a.event(map[string]any{"error": map[string]any{"message": msg, "type": "server_error", "code": "stream_interrupted", "param": nil, "run_id": a.runID}})
+	a.event(map[string]any{"error": map[string]any{"message": msg, "type": "server_error", "code": "stream_interrupted", "param": nil, "run_id": a.runID}}, false)
 }
 
 // usage sums what every attempt of st reported using, as Chat
@@ -549,12 +618,9 @@ func (a *answering) finish(st *stubbornv1.ControlState) {
 	// What the client has not had of the answer: all of it, or the rest
 	// of what the answering attempt streamed.
 	a.chunk(strings.TrimPrefix(text, a.sent.String()))
-	a.event(a.chunkOf(map[string]any{}, finishReason(st)))
-	if a.req.StreamOptions != nil && a.req.StreamOptions.IncludeUsage {
-		a.event(map[string]any{
-			"id": a.runID, "object": "chat.completion.chunk", "created": a.f.now().Unix(), "model": a.req.Model,
-			"choices": []any{}, "usage": all,
-		})
+	a.event(a.chunkOf(chatDelta{}, new(finishReason(st))), true)
+	if a.req.IncludeUsage {
+		a.event(chatChunk{ID: a.runID, Object: "chat.completion.chunk", Created: a.f.now().Unix(), Model: a.req.Model, Choices: []chunkChoice{}, Usage: all}, true)
 	}
 	_, _ = io.WriteString(a.w, "data: [DONE]\n\n")
 }

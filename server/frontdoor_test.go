@@ -22,7 +22,7 @@ import (
 
 // chatModel is a Chat Completions server: it fails with code (when not
 // 200), or answers words, streamed when asked.
-func chatModel(t *testing.T, code int, words ...string) string {
+func chatModel(t testing.TB, code int, words ...string) string {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
@@ -56,7 +56,7 @@ func chatModel(t *testing.T, code int, words ...string) string {
 
 // frontDoorEnv is a server with model delegates behind fake model servers
 // and presets over them, and its HTTP listener.
-func frontDoorEnv(t *testing.T, su setup) (*env, string) {
+func frontDoorEnv(t testing.TB, su setup) (*env, string) {
 	t.Helper()
 	model := func(name, url string) delegates.Delegate {
 		return delegates.Delegate{Name: name, OpenAI: &delegates.OpenAI{ModelAPI: delegates.ModelAPI{BaseURL: url, Model: "m"}}, ReadOnly: true, Timeout: delegates.Duration(time.Minute)}
@@ -339,5 +339,61 @@ func TestARejectedAnswerIsNeverStreamedThroughTheFrontDoor(t *testing.T) {
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, body)
 		b, _ := io.ReadAll(resp.Body)
 		assert.Contains(t, string(b), field, body)
+	}
+}
+
+// TestAModelOutsideTheTenantsListIsUnknownToIt: the front door's model
+// lookup sees what ListDelegates lists to the tenant, no more: a preset
+// or delegate outside the tenant's list is 404, as an unknown one is, and
+// /v1/models does not list it.
+func TestAModelOutsideTheTenantsListIsUnknownToIt(t *testing.T) {
+	_, base := frontDoorEnv(t, setup{tenants: []delegates.Tenant{
+		{Name: "acme", TokenSHA256: []string{delegates.HashToken("acme-token")}, Delegates: []string{"good"}},
+		{Name: "other", TokenSHA256: []string{delegates.HashToken("other-token")}},
+	}})
+	for _, model := range []string{"smart", "busy", "nope"} {
+		resp := postChat(t, base, "acme-token", `{"model": "`+model+`", "messages": [{"role": "user", "content": "x"}]}`)
+		assert.Equal(t, http.StatusNotFound, resp.StatusCode, model)
+	}
+	resp := postChat(t, base, "acme-token", `{"model": "good", "messages": [{"role": "user", "content": "x"}]}`)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	resp = postChat(t, base, "other-token", `{"model": "smart", "messages": [{"role": "user", "content": "x"}]}`)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "a tenant without a list may use every model")
+
+	req, err := http.NewRequestWithContext(testCtx(t), http.MethodGet, base+"/v1/models", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer acme-token")
+	mresp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer mresp.Body.Close()
+	var list struct {
+		Data []struct{ ID string } `json:"data"`
+	}
+	require.NoError(t, json.NewDecoder(mresp.Body).Decode(&list))
+	require.Len(t, list.Data, 1)
+	assert.Equal(t, "good", list.Data[0].ID)
+}
+
+// TestAChatRequestOfTheWrongShapeNamesItsField: the fields the front door
+// acts on are checked, each error naming its field.
+func TestAChatRequestOfTheWrongShapeNamesItsField(t *testing.T) {
+	_, base := frontDoorEnv(t, setup{})
+	for body, field := range map[string]string{
+		`{"model": 5, "messages": [{"role": "user", "content": "x"}]}`:                                              "model: must be a string",
+		`{"model": "good", "stream": "yes", "messages": [{"role": "user", "content": "x"}]}`:                        "stream: must be true or false",
+		`{"model": "good", "stream_options": [], "messages": [{"role": "user", "content": "x"}]}`:                   "stream_options: must be an object",
+		`{"model": "good", "stream_options": {"include_usage": 1}, "messages": [{"role": "user", "content": "x"}]}`: "stream_options.include_usage: must be true or false",
+		`{"model": "good", "messages": {"role": "user"}}`:                                                           "messages: must be an array",
+		`{"model": "good", "messages": ["hi"]}`:                                                                     "messages[0]: must be an object",
+		`[1, 2]`:                                                                                                    "cannot unmarshal array",
+		`null`:                                                                                                      "must be a JSON object",
+	} {
+		resp := postChat(t, base, "", body)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, body)
+		var e struct {
+			Error struct{ Message, Code string } `json:"error"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&e), body)
+		assert.Contains(t, e.Error.Message, field, body)
 	}
 }

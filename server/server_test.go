@@ -121,7 +121,7 @@ func start(t *testing.T, limits delegates.Limits) *env {
 	return startWith(t, setup{limits: limits})
 }
 
-func startWith(t *testing.T, su setup) *env {
+func startWith(t testing.TB, su setup) *env {
 	t.Helper()
 	limits := su.limits
 	e := &env{slow: &demo.Slow{Delay: time.Minute}, gate: newGate()}
@@ -187,7 +187,7 @@ func startWith(t *testing.T, su setup) *env {
 	return e
 }
 
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
@@ -670,14 +670,14 @@ func TestPanicInHandlerIsInternal(t *testing.T) {
 
 // jetStreamStore returns a JetStream store on an embedded NATS server of
 // its own.
-func jetStreamStore(t *testing.T) *runs.JetStream {
+func jetStreamStore(t testing.TB) *runs.JetStream {
 	t.Helper()
 	return jetStreamStores(t, 1)[0]
 }
 
 // jetStreamStores returns n JetStream stores on one embedded NATS server,
 // each on a connection of its own: the stores of n replicas.
-func jetStreamStores(t *testing.T, n int) []*runs.JetStream {
+func jetStreamStores(t testing.TB, n int) []*runs.JetStream {
 	t.Helper()
 	ns, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
 	require.NoError(t, err)
