@@ -43,7 +43,8 @@ trap cleanup EXIT
 # The SDKs read these whatever they are told; nothing here may come from the
 # caller's environment.
 unset OPENAI_API_KEY OPENAI_BASE_URL OPENAI_ORG_ID OPENAI_PROJECT_ID OPENAI_CUSTOM_HEADERS \
-  OPENAI_ADMIN_KEY OPENAI_WEBHOOK_SECRET OPENAI_LOG STUBBORN_ADDR STUBBORN_TOKEN
+  OPENAI_ADMIN_KEY OPENAI_WEBHOOK_SECRET OPENAI_LOG STUBBORN_ADDR STUBBORN_TOKEN \
+  ANTHROPIC_API_KEY ANTHROPIC_AUTH_TOKEN ANTHROPIC_BASE_URL ANTHROPIC_CUSTOM_HEADERS ANTHROPIC_LOG ANTHROPIC_WEBHOOK_SIGNING_KEY
 
 # wait_for SECONDS COMMAND...: runs COMMAND every 0.1s until it succeeds.
 wait_for() {
@@ -67,7 +68,7 @@ stubborn=$work/stubborn
   go build -o "$work/frontdoor-go" .
 )
 (cd clients/frontdoor-node && npm ci --no-audit --no-fund --loglevel=error)
-node -e 'const v = require("./clients/frontdoor-node/node_modules/openai/package.json").version; console.log("openai (npm)", v, "on node", process.version)'
+node -e 'const v = (p) => require("./clients/frontdoor-node/node_modules/" + p + "/package.json").version; console.log("openai (npm)", v("openai"), "and @anthropic-ai/sdk", v("@anthropic-ai/sdk"), "on node", process.version)'
 (cd clients/frontdoor-go && go list -m -f 'openai-go {{.Version}}' github.com/openai/openai-go/v3)
 
 # The fake models; sets url_MODE.
@@ -84,6 +85,7 @@ app_token=$("$stubborn" token | tee "$work/app.token" | sed -n 's/^token: *//p')
 app_hash=$(sed -n 's/^token_sha256: *//p' "$work/app.token")
 node_token=$("$stubborn" token | tee "$work/node.token" | sed -n 's/^token: *//p')
 go_token=$("$stubborn" token | tee "$work/go.token" | sed -n 's/^token: *//p')
+anthropic_token=$("$stubborn" token | tee "$work/anthropic.token" | sed -n 's/^token: *//p')
 hash() { printf '%s\n' "$1" | "$stubborn" token -hash; }
 [[ $(hash "$app_token") == "$app_hash" ]] || { echo "FAIL: stubborn token -hash disagrees with stubborn token" >&2; exit 1; }
 
@@ -111,6 +113,9 @@ tenants:
     limits: {run_starts_per_second: 0.001}
   - name: limited-go
     token_sha256: [$(hash "$go_token")]
+    limits: {run_starts_per_second: 0.001}
+  - name: limited-anthropic
+    token_sha256: [$(hash "$anthropic_token")]
     limits: {run_starts_per_second: 0.001}
 EOF
 
@@ -161,6 +166,7 @@ EOF
 }
 sdk openai-node "$node_token" node clients/frontdoor-node/check.mjs
 sdk openai-go "$go_token" "$work/frontdoor-go"
+sdk anthropic-node "$anthropic_token" node clients/frontdoor-node/anthropic.mjs
 
 if ((failed)); then
   for f in serve busy good breaks throttle stall; do
@@ -168,4 +174,4 @@ if ((failed)); then
   done
   exit 1
 fi
-echo "== front door: the openai npm package and openai-go passed in $((SECONDS - start))s"
+echo "== front door: the openai npm package, openai-go and @anthropic-ai/sdk passed in $((SECONDS - start))s"

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/delegates"
@@ -335,4 +336,36 @@ func TestHTTPKindsConfigErrors(t *testing.T) {
 			assert.NotContains(t, err.Error(), "hunter2", "a header's value is never quoted")
 		})
 	}
+}
+
+// TestAnAnthropicDelegateTakesTheParametersItsAPIHas: of a conversation's
+// model parameters (Chat Completions' names), an anthropic delegate sends
+// those the Messages API has, in its names, and no other.
+func TestAnAnthropicDelegateTakesTheParametersItsAPIHas(t *testing.T) {
+	f := newFakeHTTP(t, reply(200, map[string]string{"Content-Type": "application/json"}, `{
+		"type": "message", "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn"}`))
+	p := poolFrom(t, fmt.Sprintf(`
+delegates:
+  - name: claude
+    anthropic: {base_url: "%s", model: claude-x, system: "Be kind.", temperature: 0.5}
+`, f.URL))
+	user, err := structpb.NewStruct(map[string]any{"role": "user", "content": "Hi"})
+	require.NoError(t, err)
+	system, err := structpb.NewStruct(map[string]any{"role": "system", "content": "Be brief."})
+	require.NoError(t, err)
+	params, err := structpb.NewStruct(map[string]any{
+		"max_completion_tokens": 77, "temperature": 0.1, "top_p": 0.9, "stop": []any{"END", "STOP"}, "user": "u-1",
+		"seed": 4, "response_format": map[string]any{"type": "json_object"}, "tools": []any{},
+	})
+	require.NoError(t, err)
+	_, err = p.Call(testCtx(t), controls.Call{Delegate: "claude", Brief: "Hi", TaskBrief: "Hi", Task: true,
+		Messages: []*structpb.Struct{system, user}, ModelParams: params})
+	require.NoError(t, err)
+	var sent map[string]any
+	require.NoError(t, json.Unmarshal(f.last(t).body, &sent))
+	assert.Equal(t, map[string]any{
+		"model": "claude-x", "max_tokens": 77.0, "temperature": 0.1, "top_p": 0.9,
+		"system": "Be kind.\n\nBe brief.", "stop_sequences": []any{"END", "STOP"}, "metadata": map[string]any{"user_id": "u-1"},
+		"messages": []any{map[string]any{"role": "user", "content": "Hi"}}, "stream": true, // stream: auto
+	}, sent)
 }

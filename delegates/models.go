@@ -294,7 +294,7 @@ func (t *anthropicTransport) call(ctx context.Context, c controls.Call, s *strea
 	}
 	var sent any = body
 	if msgs := messagesOf(c); len(msgs) > 0 {
-		sent = anthropicConversation(body, msgs)
+		sent = anthropicConversation(body, msgs, modelParamsOf(c))
 	}
 	req, err := jsonRequest(ctx, t.url, sent, c)
 	if err != nil {
@@ -422,9 +422,12 @@ func modelResult(text string, data map[string]any) (*stubbornv1.Result, error) {
 // conversation: its system and developer messages' text after the
 // entry's system prompt, its user and assistant messages with their
 // content as it is (a string, or parts: text parts are the same shape in
-// both APIs); tool messages and the model parameters are not sent (the
-// two APIs' tools differ).
-func anthropicConversation(body anthropicRequest, msgs []*structpb.Struct) map[string]any {
+// both APIs); of the model parameters (Chat Completions' names), those
+// the Messages API has too: max_tokens (or max_completion_tokens),
+// temperature and top_p over the entry's, stop as stop_sequences, user
+// as metadata.user_id. Tool messages and the other parameters are not
+// sent (the two APIs' tools differ).
+func anthropicConversation(body anthropicRequest, msgs []*structpb.Struct, params *structpb.Struct) map[string]any {
 	system := []string{}
 	if body.System != "" {
 		system = append(system, body.System)
@@ -447,6 +450,26 @@ func anthropicConversation(body anthropicRequest, msgs []*structpb.Struct) map[s
 	}
 	if body.Temperature != nil {
 		out["temperature"] = *body.Temperature
+	}
+	p := params.GetFields()
+	for _, k := range []string{"max_completion_tokens", "max_tokens"} {
+		if n := p[k].GetNumberValue(); n >= 1 {
+			out["max_tokens"] = int64(n)
+		}
+	}
+	for _, k := range []string{"temperature", "top_p"} {
+		if v, ok := p[k].GetKind().(*structpb.Value_NumberValue); ok {
+			out[k] = v.NumberValue
+		}
+	}
+	switch stop := p["stop"].GetKind().(type) {
+	case *structpb.Value_StringValue:
+		out["stop_sequences"] = []string{stop.StringValue}
+	case *structpb.Value_ListValue:
+		out["stop_sequences"] = stop.ListValue.AsSlice()
+	}
+	if user := p["user"].GetStringValue(); user != "" {
+		out["metadata"] = map[string]any{"user_id": user}
 	}
 	if body.Stream {
 		out["stream"] = true

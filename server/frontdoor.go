@@ -27,13 +27,16 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// The OpenAI-compatible front door (README, "An OpenAI-compatible front
-// door"): POST /v1/chat/completions and GET /v1/models on the HTTP
-// listener. Each request is a run of the ControlService, made through an
-// in-process gRPC connection to the same server, so it goes through the
-// same interceptors as any other call: the caller's bearer token (the
-// SDK's API key) is its tenant's, and the tenant's limits, validation and
-// logging apply.
+// The model front doors (README, "Model front doors"): OpenAI's Chat
+// Completions (POST /v1/chat/completions, frontdoor_openai.go) and
+// Anthropic's Messages (POST /v1/messages, frontdoor_anthropic.go), and
+// GET /v1/models, on the HTTP listener. Each request is a run of the
+// ControlService, made through an in-process gRPC connection to the same
+// server, so it goes through the same interceptors as any other call: the
+// caller's bearer token (the SDK's API key) is its tenant's, and the
+// tenant's limits, validation and logging apply. This file is what the two
+// doors share: the model lookup, the run, and the answer as it goes (what
+// is streamed, what is held); a dialect writes it in its API's shape.
 
 // frontDoor serves the OpenAI-compatible routes.
 type frontDoor struct {
@@ -61,37 +64,59 @@ func newFrontDoor(s *Stubborn) (*frontDoor, func(), error) {
 		func() { _ = conn.Close(); _ = lis.Close() }, nil
 }
 
+// credential is r's caller's credential as gRPC's authorization
+// metadata: its Authorization header (OpenAI's SDKs send the API key as
+// a bearer token), else its X-Api-Key (Anthropic's SDKs) as a bearer
+// token. Empty means none.
+func credential(r *http.Request) string {
+	if a := r.Header.Values("Authorization"); len(a) > 0 {
+		return a[0]
+	}
+	if k := r.Header.Get("X-Api-Key"); k != "" {
+		return "Bearer " + k
+	}
+	return ""
+}
+
 // callContext is r's context for an in-process call on behalf of r's
-// caller: its Authorization header, and nothing else of r's, goes along.
+// caller: its credential, and nothing else of r's, goes along.
 func callContext(r *http.Request) context.Context {
 	ctx := r.Context()
-	if a := r.Header.Values("Authorization"); len(a) > 0 {
-		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", a[0])
+	if c := credential(r); c != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", c)
 	}
 	return ctx
 }
 
-// openAIError writes an error in OpenAI's shape with the HTTP status an
-// SDK maps to its own error class. Errors about what Stubborn already
-// retried carry x-should-retry: false, so an SDK's own retries do not
-// multiply Stubborn's.
-func openAIError(w http.ResponseWriter, httpStatus int, kind, code, msg string, retried bool, retryAfter time.Duration) {
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	if retried {
-		h.Set("X-Should-Retry", "false")
-	}
-	if retryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(int((retryAfter+time.Second-1)/time.Second)))
-	}
-	w.WriteHeader(httpStatus)
-	body, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": kind, "code": code, "param": nil}})
-	_, _ = w.Write(body)
+// failure is an error answer of a door: the HTTP status an SDK maps to
+// its own error class, and the headers its retries read; the dialect
+// writes its body.
+type failure struct {
+	status int
+	// code is the error's code in OpenAI's terms (invalid_request,
+	// model_not_found, run_failed, …); the Anthropic dialect names it by
+	// status.
+	code string
+	msg  string
+	// retried is set for what Stubborn already retried: x-should-retry:
+	// false, so an SDK's own retries (408/409/429/5xx by default) do not
+	// multiply Stubborn's.
+	retried bool
+	// retryAfter, when set, is the Retry-After header (whole seconds,
+	// rounded up).
+	retryAfter time.Duration
 }
 
-// grpcError writes err, a status of the ControlService, as the HTTP error
-// an OpenAI SDK expects.
-func grpcError(w http.ResponseWriter, err error) {
+// badRequest is a 400 of code.
+func badRequest(code, msg string) failure {
+	return failure{status: http.StatusBadRequest, code: code, msg: msg}
+}
+
+// failureOf is err, a status of the ControlService, as the failure an
+// SDK expects: 400 invalid, 401, 403, 404 (an unknown model), 429 with
+// Retry-After (a tenant's limit; at least a second), 503 (Retry-After at a
+// circuit breaker's cooldown's end, when it says), 500 for the rest.
+func failureOf(err error) failure {
 	st := status.Convert(err)
 	var retryAfter time.Duration
 	for _, d := range st.Details() {
@@ -99,59 +124,116 @@ func grpcError(w http.ResponseWriter, err error) {
 			retryAfter = ri.GetRetryDelay().AsDuration()
 		}
 	}
-	msg := st.Message()
+	f := failure{msg: st.Message()}
 	switch st.Code() {
 	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
-		openAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", msg, false, 0)
+		f.status, f.code = http.StatusBadRequest, "invalid_request"
 	case codes.Unauthenticated:
-		openAIError(w, http.StatusUnauthorized, "authentication_error", "invalid_api_key", msg, false, 0)
+		f.status, f.code = http.StatusUnauthorized, "invalid_api_key"
 	case codes.PermissionDenied:
-		openAIError(w, http.StatusForbidden, "permission_error", "permission_denied", msg, false, 0)
+		f.status, f.code = http.StatusForbidden, "permission_denied"
 	case codes.NotFound:
-		openAIError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", msg, false, 0)
+		f.status, f.code = http.StatusNotFound, "model_not_found"
 	case codes.ResourceExhausted:
-		openAIError(w, http.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", msg, false, max(retryAfter, time.Second))
+		f.status, f.code, f.retryAfter = http.StatusTooManyRequests, "rate_limit_exceeded", max(retryAfter, time.Second)
 	case codes.Unavailable:
-		openAIError(w, http.StatusServiceUnavailable, "server_error", "unavailable", msg, false, retryAfter)
+		f.status, f.code, f.retryAfter = http.StatusServiceUnavailable, "unavailable", retryAfter
 	default:
-		openAIError(w, http.StatusInternalServerError, "server_error", "internal_error", msg, false, 0)
+		f.status, f.code = http.StatusInternalServerError, "internal_error"
 	}
+	return f
 }
 
-// models lists the delegates and presets the caller may name.
+// fail writes f in d's shape.
+func fail(w http.ResponseWriter, d dialect, f failure) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if f.retried {
+		h.Set("X-Should-Retry", "false")
+	}
+	if f.retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(int((f.retryAfter+time.Second-1)/time.Second)))
+	}
+	w.WriteHeader(f.status)
+	body, _ := json.Marshal(d.errorBody(f))
+	_, _ = w.Write(body)
+}
+
+// A dialect is one door's API: how it reads a request, and writes its
+// answer, its stream and its errors.
+type dialect interface {
+	// parse reads a request's body.
+	parse(body []byte) (*doorRequest, error)
+	// errorBody is f's JSON body.
+	errorBody(f failure) any
+	// begin writes a stream's opening events, before its first text.
+	begin(a *answering)
+	// delta writes a piece of the answer's text.
+	delta(a *answering, text string)
+	// end writes a stream's last events once its run succeeded.
+	end(a *answering, st *stubbornv1.ControlState)
+	// whole is the answer of a request that does not stream.
+	whole(a *answering, st *stubbornv1.ControlState) any
+	// streamError ends a stream whose answer began with an error event
+	// naming the run (msg does).
+	streamError(a *answering, msg string)
+}
+
+// models lists the delegates and presets the caller may name, in a list
+// that both APIs' SDKs read: OpenAI's fields (object, created, owned_by)
+// and Anthropic's (type, display_name, created_at; has_more, first_id,
+// last_id) side by side. Its errors are in the shape of the SDK that asks
+// (an Anthropic SDK sends anthropic-version).
 func (f *frontDoor) models(w http.ResponseWriter, r *http.Request) {
+	var d dialect = openAIDialect{}
+	if r.Header.Get("Anthropic-Version") != "" {
+		d = anthropicDialect{}
+	}
 	resp, err := f.client.ListDelegates(callContext(r), &stubbornv1.ListDelegatesRequest{})
 	if err != nil {
-		grpcError(w, err)
+		fail(w, d, failureOf(err))
 		return
 	}
 	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
+		ID          string `json:"id"`
+		Object      string `json:"object"`
+		Created     int64  `json:"created"`
+		OwnedBy     string `json:"owned_by"`
+		Type        string `json:"type"`
+		DisplayName string `json:"display_name"`
+		CreatedAt   string `json:"created_at"`
 	}
 	list := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
+		Object  string  `json:"object"`
+		Data    []model `json:"data"`
+		HasMore bool    `json:"has_more"`
+		FirstID *string `json:"first_id"`
+		LastID  *string `json:"last_id"`
 	}{Object: "list", Data: []model{}}
+	add := func(name, owner string) {
+		list.Data = append(list.Data, model{ID: name, Object: "model", OwnedBy: owner, Type: "model", DisplayName: name, CreatedAt: time.Unix(0, 0).UTC().Format(time.RFC3339)})
+	}
 	for _, p := range resp.GetPresets() {
-		list.Data = append(list.Data, model{ID: p.GetName(), Object: "model", OwnedBy: "stubborn-preset"})
+		add(p.GetName(), "stubborn-preset")
 	}
 	for _, d := range resp.GetDelegates() {
-		list.Data = append(list.Data, model{ID: d.GetName(), Object: "model", OwnedBy: "stubborn-" + d.GetKind()})
+		add(d.GetName(), "stubborn-"+d.GetKind())
+	}
+	if n := len(list.Data); n > 0 {
+		list.FirstID, list.LastID = &list.Data[0].ID, &list.Data[n-1].ID
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(list)
 }
 
-// chatRequest is what the front door reads of a Chat Completions request:
-// the fields it acts on, and the messages and the other fields (the model
-// parameters: tools, response_format, temperature, …) as they came.
-type chatRequest struct {
+// doorRequest is a door's request in the run's terms: the model, whether
+// to stream, the conversation (its messages in Chat Completions' shape:
+// role and content, a string or parts) and the model parameters (in Chat
+// Completions' names: temperature, max_tokens, stop, tools, …).
+type doorRequest struct {
 	Model        string
 	Stream       bool
-	IncludeUsage bool // stream_options.include_usage
+	IncludeUsage bool // OpenAI's stream_options.include_usage
 
 	messages []*structpb.Struct
 	params   *structpb.Struct
@@ -164,10 +246,29 @@ type chatRequest struct {
 // criteriaKeys are the keys of a request's "stubborn" field.
 var criteriaKeys = []string{"failure_criteria", "failure_when", "acceptance_criteria", "accept_when"}
 
-// parseChat reads a Chat Completions request body: one decoding, whose
-// fields the front door acts on are taken out and checked, the rest kept
-// as the model parameters.
-func parseChat(body []byte) (*chatRequest, error) {
+// parseCriteria reads a request's "stubborn" field, when it has one.
+func parseCriteria(all map[string]any) (map[string]string, error) {
+	ext, ok := all["stubborn"]
+	if !ok {
+		return nil, nil
+	}
+	m, isObject := ext.(map[string]any)
+	if !isObject {
+		return nil, errors.New(`stubborn: must be an object of failure_criteria, failure_when, acceptance_criteria, accept_when`)
+	}
+	c := map[string]string{}
+	for k, v := range m {
+		text, isText := v.(string)
+		if !isText || !slices.Contains(criteriaKeys, k) {
+			return nil, fmt.Errorf("stubborn.%s: not one of failure_criteria, failure_when, acceptance_criteria, accept_when (strings)", controls.Cut(k, 64))
+		}
+		c[k] = text
+	}
+	return c, nil
+}
+
+// jsonObject decodes a request's body, which must be a JSON object.
+func jsonObject(body []byte) (map[string]any, error) {
 	var all map[string]any
 	if err := json.Unmarshal(body, &all); err != nil {
 		return nil, err
@@ -175,33 +276,43 @@ func parseChat(body []byte) (*chatRequest, error) {
 	if all == nil {
 		return nil, errors.New("the body must be a JSON object")
 	}
-	req := &chatRequest{}
-	var ok bool
-	if v, set := all["model"]; set {
-		if req.Model, ok = v.(string); !ok {
-			return nil, errors.New("model: must be a string")
-		}
+	return all, nil
+}
+
+// boolField is all[key] when it is a bool; absent and null are false.
+func boolField(all map[string]any, key string) (bool, error) {
+	v, set := all[key]
+	if !set || v == nil {
+		return false, nil
 	}
-	if v, set := all["stream"]; set && v != nil {
-		if req.Stream, ok = v.(bool); !ok {
-			return nil, errors.New("stream: must be true or false")
-		}
+	b, ok := v.(bool)
+	if !ok {
+		return false, fmt.Errorf("%s: must be true or false", key)
 	}
-	if v, set := all["stream_options"]; set && v != nil {
-		o, isObject := v.(map[string]any)
-		if !isObject {
-			return nil, errors.New("stream_options: must be an object")
-		}
-		if u, set := o["include_usage"]; set && u != nil {
-			if req.IncludeUsage, ok = u.(bool); !ok {
-				return nil, errors.New("stream_options.include_usage: must be true or false")
-			}
-		}
+	return b, nil
+}
+
+// stringField is all[key] when it is a string; absent is "".
+func stringField(all map[string]any, key string) (string, error) {
+	v, set := all[key]
+	if !set {
+		return "", nil
 	}
-	list, ok := all["messages"].([]any)
-	if !ok && all["messages"] != nil {
+	s, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("%s: must be a string", key)
+	}
+	return s, nil
+}
+
+// structMessages are a request's messages (a JSON array of objects) as
+// structs, each as it came.
+func structMessages(v any) ([]*structpb.Struct, error) {
+	list, ok := v.([]any)
+	if !ok && v != nil {
 		return nil, errors.New("messages: must be an array of messages")
 	}
+	out := make([]*structpb.Struct, 0, len(list)+1)
 	for i, m := range list {
 		obj, ok := m.(map[string]any)
 		if !ok {
@@ -211,39 +322,15 @@ func parseChat(body []byte) (*chatRequest, error) {
 		if err != nil {
 			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
-		req.messages = append(req.messages, st)
+		out = append(out, st)
 	}
-	if ext, ok := all["stubborn"]; ok {
-		m, isObject := ext.(map[string]any)
-		if !isObject {
-			return nil, errors.New(`stubborn: must be an object of failure_criteria, failure_when, acceptance_criteria, accept_when`)
-		}
-		req.criteria = map[string]string{}
-		for k, v := range m {
-			text, isText := v.(string)
-			if !isText || !slices.Contains(criteriaKeys, k) {
-				return nil, fmt.Errorf("stubborn.%s: not one of failure_criteria, failure_when, acceptance_criteria, accept_when (strings)", controls.Cut(k, 64))
-			}
-			req.criteria[k] = text
-		}
-	}
-	for _, k := range []string{"model", "messages", "stream", "stream_options", "stubborn"} {
-		delete(all, k)
-	}
-	if len(all) > 0 {
-		p, err := structpb.NewStruct(all)
-		if err != nil {
-			return nil, err
-		}
-		req.params = p
-	}
-	return req, nil
+	return out, nil
 }
 
-// runRequest is the run a chat request makes: the preset's control, or a
+// runRequest is the run a door's request makes: the preset's control, or a
 // fallback chain of the one delegate the model names. A retry that would
 // ask a person fails instead: no HTTP request waits for one.
-func (f *frontDoor) runRequest(r *http.Request, req *chatRequest) (*stubbornv1.RunRequest, error) {
+func (f *frontDoor) runRequest(r *http.Request, req *doorRequest) (*stubbornv1.RunRequest, error) {
 	if req.Model == "" {
 		return nil, status.Error(codes.InvalidArgument, "model: required: a preset or a delegate (GET /v1/models lists them)")
 	}
@@ -283,8 +370,8 @@ func (f *frontDoor) runRequest(r *http.Request, req *chatRequest) (*stubbornv1.R
 func (f *frontDoor) model(r *http.Request, name string) (spec *stubbornv1.ControlSpec, isPreset bool, err error) {
 	reg := f.svc.regs.current()
 	ctx := r.Context()
-	if a := r.Header.Values("Authorization"); len(a) > 0 {
-		ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", a[0]))
+	if c := credential(r); c != "" {
+		ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", c))
 	}
 	if reg.authn != nil {
 		if ctx, err = reg.authn.Authenticate(ctx); err != nil {
@@ -333,40 +420,42 @@ func withCriteria(run *stubbornv1.RunRequest, c map[string]string) (*stubbornv1.
 	return run, nil
 }
 
-func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
+// serve answers a door's request in d's terms: the request read, the
+// model looked up, the run made, its answer streamed or whole.
+func (f *frontDoor) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	body, err := io.ReadAll(r.Body) // bounded: boundBody read it already
 	if err != nil {
-		openAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_body", "reading the body: "+controls.Cut(err.Error(), 200), false, 0)
+		fail(w, d, badRequest("invalid_body", "reading the body: "+controls.Cut(err.Error(), 200)))
 		return
 	}
-	req, err := parseChat(body)
+	req, err := d.parse(body)
 	if err != nil {
-		openAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "the body is not a Chat Completions request: "+controls.Cut(err.Error(), 200), false, 0)
+		fail(w, d, badRequest("invalid_json", controls.Cut(err.Error(), 300)))
 		return
 	}
 	ctx := callContext(r)
 	run, err := f.runRequest(r, req)
 	if err != nil {
-		grpcError(w, err)
+		fail(w, d, failureOf(err))
 		return
 	}
 	// The run's own context: the request's end (the client hung up, or
 	// the answer is out) cancels the run unless it has finished.
 	stream, err := f.client.Run(ctx, run)
 	if err != nil {
-		grpcError(w, err)
+		fail(w, d, failureOf(err))
 		return
 	}
-	a := &answering{f: f, w: w, req: req, race: run.GetRace() != nil, held: map[int32]*strings.Builder{}}
+	a := &answering{f: f, d: d, w: w, req: req, race: run.GetRace() != nil, held: map[int32]*strings.Builder{}}
 	end, err := a.follow(stream)
 	if err != nil && a.runID == "" {
-		grpcError(w, err)
+		fail(w, d, failureOf(err))
 		return
 	}
 	if ie, ok := errors.AsType[*interrupted](err); ok {
 		// The answer the client has began with a failed attempt: its
 		// stream ends with an error naming the run, which goes on.
-		a.streamError(ie.Error())
+		d.streamError(a, ie.Error())
 		return
 	}
 	if end == nil && a.runID != "" {
@@ -376,7 +465,7 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		_, _ = f.client.CancelRun(cctx, &stubbornv1.CancelRunRequest{RunId: a.runID})
 		if a.started {
-			a.streamError(fmt.Sprintf("the run %s stopped before its answer: %v", a.runID, err))
+			d.streamError(a, fmt.Sprintf("the run %s stopped before its answer: %v", a.runID, err))
 		}
 		return
 	}
@@ -389,12 +478,13 @@ type interrupted struct{ msg string }
 
 func (e *interrupted) Error() string { return e.msg }
 
-// answering is one chat request's answer as its run goes: what reached
+// answering is one door request's answer as its run goes: what reached
 // the client, and what is held.
 type answering struct {
 	f     *frontDoor
+	d     dialect
 	w     http.ResponseWriter
-	req   *chatRequest
+	req   *doorRequest
 	race  bool
 	runID string
 
@@ -484,70 +574,61 @@ func (a *answering) head(contentType string, code int) {
 	a.w.WriteHeader(code)
 }
 
-// event writes one server-sent event of v, and sends it unless more
-// follow at once.
-func (a *answering) event(v any, more bool) {
+// sse writes one server-sent event of v (named, when name is set), and
+// sends it unless more follow at once.
+func (a *answering) sse(name string, v any, more bool) {
 	b, _ := json.Marshal(v)
-	_, _ = a.w.Write(append(append(append(make([]byte, 0, len(b)+8), "data: "...), b...), "\n\n"...))
+	out := make([]byte, 0, len(b)+len(name)+16)
+	if name != "" {
+		out = append(append(append(out, "event: "...), name...), '\n')
+	}
+	_, _ = a.w.Write(append(append(append(out, "data: "...), b...), "\n\n"...))
 	if fl, ok := a.w.(http.Flusher); ok && !more {
 		fl.Flush()
 	}
 }
 
-// chunk streams text as a chat.completion.chunk, the head and a first
-// chunk with the role before the first.
+// chunk streams a piece of the answer: the head and the dialect's opening
+// events before the first.
 func (a *answering) chunk(text string) {
 	if !a.started {
 		a.head("text/event-stream", http.StatusOK)
-		a.event(a.chunkOf(chatDelta{Role: "assistant"}, nil), text != "")
+		a.d.begin(a)
 	}
 	if text == "" {
 		return
 	}
 	a.sent.WriteString(text)
-	a.event(a.chunkOf(chatDelta{Content: &text}, nil), false)
+	a.d.delta(a, text)
 }
 
-// chatChunk is a chat.completion.chunk of one choice (or, with usage,
-// of none).
-type chatChunk struct {
-	ID      string        `json:"id"`
-	Object  string        `json:"object"`
-	Created int64         `json:"created"`
-	Model   string        `json:"model"`
-	Choices []chunkChoice `json:"choices"`
-	Usage   any           `json:"usage,omitempty"`
-}
-
-type chunkChoice struct {
-	Index        int       `json:"index"`
-	Delta        chatDelta `json:"delta"`
-	FinishReason *string   `json:"finish_reason"`
-}
-
-// chatDelta is a chunk's delta: the role, then content pieces. A role
-// chunk's content is "" (as OpenAI sends it); the last chunk's is absent.
-type chatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
-}
-
-func (a *answering) chunkOf(delta chatDelta, finish *string) chatChunk {
-	if delta.Role != "" && delta.Content == nil {
-		delta.Content = new("")
+// finish answers with the run's end: the answer (or the stream's last
+// events), or the error of a run that did not succeed.
+func (a *answering) finish(st *stubbornv1.ControlState) {
+	if st.GetStatus() != stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED {
+		msg := fmt.Sprintf("run %s ended %s: %s", a.runID, strings.TrimPrefix(st.GetStatus().String(), "RUN_STATUS_"), st.GetStatusReason())
+		if a.started {
+			a.d.streamError(a, msg)
+			return
+		}
+		a.w.Header().Set("Stubborn-Run-Id", a.runID)
+		fail(a.w, a.d, failure{status: http.StatusServiceUnavailable, code: "run_failed", msg: msg, retried: true})
+		return
 	}
-	return chatChunk{ID: a.runID, Object: "chat.completion.chunk", Created: a.f.now().Unix(), Model: a.req.Model,
-		Choices: []chunkChoice{{Delta: delta, FinishReason: finish}}}
+	if !a.req.Stream {
+		a.head("application/json", http.StatusOK)
+		_ = json.NewEncoder(a.w).Encode(a.d.whole(a, st))
+		return
+	}
+	// What the client has not had of the answer: all of it, or the rest
+	// of what the answering attempt streamed.
+	a.chunk(strings.TrimPrefix(st.GetResult().GetText(), a.sent.String()))
+	a.d.end(a, st)
 }
 
-// streamError ends a stream whose answer began with an OpenAI-shaped
-// error event naming the run.
-func (a *answering) streamError(msg string) {
-	a.event(map[string]any{"error": map[string]any{"message": msg, "type": "server_error", "code": "stream_interrupted", "param": nil, "run_id": a.runID}}, false)
-}
-
-// usage sums what every attempt of st reported using, as Chat
-// Completions usage, and returns the winner's own too.
+// usage sums what every attempt of st reported using (either API's
+// names), and returns the winner's own too: prompt, completion and total
+// tokens.
 func usage(st *stubbornv1.ControlState) (all, winner map[string]int64) {
 	all = map[string]int64{"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 	for _, at := range st.GetAttemptLog() {
@@ -571,56 +652,20 @@ func usage(st *stubbornv1.ControlState) (all, winner map[string]int64) {
 	return all, winner
 }
 
-// finishReason is the winner's finish reason (a model's), else "stop".
-func finishReason(st *stubbornv1.ControlState) string {
+// stopReason is the winner's own reason to stop (a model's finish_reason
+// or stop_reason), empty when it gave none.
+func stopReason(st *stubbornv1.ControlState) string {
 	f := st.GetResult().GetData().GetStructValue().GetFields()
 	for _, k := range []string{"finish_reason", "stop_reason"} {
 		if s := f[k].GetStringValue(); s != "" {
-			if s == "end_turn" || s == "stop_sequence" {
-				return "stop"
-			}
-			if s == "max_tokens" {
-				return "length"
-			}
 			return s
 		}
 	}
-	return "stop"
+	return ""
 }
 
-// finish answers with the run's end: the completion (or the stream's
-// last chunks), or the error of a run that did not succeed.
-func (a *answering) finish(st *stubbornv1.ControlState) {
-	if st.GetStatus() != stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED {
-		msg := fmt.Sprintf("run %s ended %s: %s", a.runID, strings.TrimPrefix(st.GetStatus().String(), "RUN_STATUS_"), st.GetStatusReason())
-		if a.started {
-			a.streamError(msg)
-			return
-		}
-		a.w.Header().Set("Stubborn-Run-Id", a.runID)
-		openAIError(a.w, http.StatusServiceUnavailable, "server_error", "run_failed", msg, true, 0)
-		return
-	}
-	all, winner := usage(st)
-	text := st.GetResult().GetText()
-	if !a.req.Stream {
-		a.head("application/json", http.StatusOK)
-		_ = json.NewEncoder(a.w).Encode(map[string]any{
-			"id": a.runID, "object": "chat.completion", "created": a.f.now().Unix(), "model": a.req.Model,
-			"choices": []any{map[string]any{
-				"index": 0, "message": map[string]any{"role": "assistant", "content": text}, "finish_reason": finishReason(st),
-			}},
-			"usage":    all,
-			"stubborn": map[string]any{"run_id": a.runID, "winner": st.GetWinner(), "attempts": st.GetAttempts(), "winner_usage": winner},
-		})
-		return
-	}
-	// What the client has not had of the answer: all of it, or the rest
-	// of what the answering attempt streamed.
-	a.chunk(strings.TrimPrefix(text, a.sent.String()))
-	a.event(a.chunkOf(chatDelta{}, new(finishReason(st))), true)
-	if a.req.IncludeUsage {
-		a.event(chatChunk{ID: a.runID, Object: "chat.completion.chunk", Created: a.f.now().Unix(), Model: a.req.Model, Choices: []chunkChoice{}, Usage: all}, true)
-	}
-	_, _ = io.WriteString(a.w, "data: [DONE]\n\n")
+// stubbornPart is what an answer tells of its run beside the API's own
+// fields.
+func (a *answering) stubbornPart(st *stubbornv1.ControlState, winner map[string]int64) map[string]any {
+	return map[string]any{"run_id": a.runID, "winner": st.GetWinner(), "attempts": st.GetAttempts(), "winner_usage": winner}
 }

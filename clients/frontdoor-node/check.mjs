@@ -12,43 +12,10 @@
 // It prints one line per check, and "run nonstreamed|streamed ID" for the
 // runs the script then reads back with `stubborn get`.
 import OpenAI from "openai";
+import { CheckError, check, env as envOf, expectAPIError as expectError, hits, want } from "./lib.mjs";
 
-const want = "The answer is 42.";
-
-function env(name) {
-  const v = process.env[name];
-  if (!v) {
-    console.error(`FAIL: openai (node): ${name} is not set`);
-    process.exit(2);
-  }
-  return v;
-}
-
-class CheckError extends Error {}
-function check(ok, msg) {
-  if (!ok) throw new CheckError(msg);
-}
-
-// expectAPIError awaits p, which must reject with the SDK's own class for
-// the status, with the error code.
-async function expectAPIError(what, p, cls, status, code) {
-  try {
-    const got = await p;
-    throw new CheckError(`${what}: answered ${JSON.stringify(got).slice(0, 300)}, want ${cls.name} ${status}`);
-  } catch (err) {
-    if (err instanceof CheckError) throw err;
-    check(err instanceof cls, `${what}: got ${err?.constructor?.name}: ${err?.message}, want ${cls.name}`);
-    check(err.status === status && err.code === code && err.message,
-      `${what}: got ${cls.name} ${err.status} code ${JSON.stringify(err.code)} message ${JSON.stringify(err.message)}, want ${status} ${code}`);
-    return err;
-  }
-}
-
-async function hits(url) {
-  const resp = await fetch(url);
-  check(resp.ok, `the fake model's hits: ${resp.status}`);
-  return (await resp.json()).hits;
-}
+const expectAPIError = (what, p, cls, status, value) => expectError(what, p, cls, status, "code", value);
+const env = (name) => envOf("openai (node)", name);
 
 const messages = [
   { role: "system", content: "Be brief." },

@@ -1,0 +1,153 @@
+// Drives Stubborn's Messages door (POST /v1/messages) with the official
+// `@anthropic-ai/sdk` npm package (pinned in package.json and
+// package-lock.json), changed in nothing but its base URL and API key, over
+// the same OpenAI-shaped fake models and presets as check.mjs: the door
+// runs the chain whatever the delegates' kind. clients/check-frontdoor.sh
+// starts the servers and runs it with:
+//
+//   FRONTDOOR_BASE_URL           http://127.0.0.1:PORT/v1 (the SDK's base URL is without /v1)
+//   FRONTDOOR_API_KEY            a tenant's bearer token (sent as X-Api-Key)
+//   FRONTDOOR_LIMITED_API_KEY    the token of a tenant with one run start, then 429
+//   FRONTDOOR_THROTTLE_HITS_URL  the throttling fake model's /hits
+//
+// It prints one line per check, and "run nonstreamed|streamed ID" for the
+// runs the script then reads back with `stubborn get`.
+import Anthropic from "@anthropic-ai/sdk";
+import { CheckError, check, env as envOf, expectAPIError as expectError, hits, want } from "./lib.mjs";
+
+const expectAPIError = (what, p, cls, status, value) => expectError(what, p, cls, status, "type", value);
+const env = (name) => envOf("@anthropic-ai/sdk", name);
+
+const request = { max_tokens: 256, system: "Be brief.", messages: [{ role: "user", content: "What is it?" }] };
+
+async function main() {
+  const baseURL = env("FRONTDOOR_BASE_URL").replace(/\/v1$/, "");
+  const apiKey = env("FRONTDOOR_API_KEY");
+  const limitedKey = env("FRONTDOOR_LIMITED_API_KEY");
+  const hitsURL = env("FRONTDOOR_THROTTLE_HITS_URL");
+
+  // The change an app makes: the base URL and the API key.
+  const client = new Anthropic({ baseURL, apiKey, timeout: 30_000 });
+
+  // GET /v1/models lists the presets and the delegates.
+  const ids = [];
+  for await (const m of client.models.list()) ids.push(m.id);
+  for (const m of ["smart", "patient", "brittle", "throttled", "good"]) {
+    check(ids.includes(m), `models.list: ${m} missing from ${JSON.stringify(ids)}`);
+  }
+  console.log(`ok: models.list lists ${ids.join(", ")}`);
+
+  // Not streamed: the chain's first model answers 503, the second answers.
+  {
+    const { data: m, response } = await client.messages.create({ model: "smart", ...request }).withResponse();
+    const runID = response.headers.get("stubborn-run-id");
+    const text = m.content.map((b) => (b.type === "text" ? b.text : "")).join("");
+    check(text === want && m.content.length === 1, `messages.create(smart): content ${JSON.stringify(m.content)}, want one text block ${JSON.stringify(want)}`);
+    check(runID && m.id === runID, `messages.create(smart): id ${m.id}, header Stubborn-Run-Id ${runID}: want the run id in both`);
+    check(m.type === "message" && m.role === "assistant" && m.model === "smart" && m.stop_reason === "end_turn",
+      `messages.create(smart): ${JSON.stringify(m)}`);
+    check(m.usage?.input_tokens === 3 && m.usage?.output_tokens === 4, `messages.create(smart): usage ${JSON.stringify(m.usage)}, want 3 in, 4 out`);
+    console.log(`ok: messages.create(smart) = ${JSON.stringify(text)}, id = Stubborn-Run-Id = ${m.id}`);
+    console.log(`run nonstreamed ${m.id}`);
+  }
+
+  // Streamed with the SDK's stream helper (message_start … message_stop).
+  {
+    const stream = client.messages.stream({ model: "smart", ...request });
+    let pieces = 0;
+    stream.on("text", () => pieces++);
+    const final = await stream.finalMessage();
+    const text = final.content.map((b) => (b.type === "text" ? b.text : "")).join("");
+    check(text === want && pieces >= 2 && final.stop_reason === "end_turn" && final.usage?.output_tokens === 4,
+      `messages.stream(smart): ${JSON.stringify(final)} in ${pieces} pieces, want ${JSON.stringify(want)} in 2 or more, end_turn, 4 tokens out`);
+    console.log(`ok: messages.stream(smart).finalMessage() = ${JSON.stringify(text)} in ${pieces} pieces, id ${final.id}`);
+    console.log(`run streamed ${final.id}`);
+  }
+
+  // stream: true over a model that stalls: the second model's text.
+  {
+    const stream = await client.messages.create({ model: "patient", ...request, stream: true });
+    let text = "";
+    for await (const ev of stream) {
+      if (ev.type === "content_block_delta" && ev.delta.type === "text_delta") text += ev.delta.text;
+    }
+    check(text === want, `messages.create(patient, stream: true): ${JSON.stringify(text)}, want ${JSON.stringify(want)}`);
+    console.log(`ok: messages.create(patient, stream: true) = ${JSON.stringify(text)}`);
+  }
+
+  // The chain's first model drops its connection mid-answer: not streamed,
+  // the second model's answer; streamed, part of the first's, then an error
+  // event naming the run, which the SDK raises.
+  {
+    const m = await client.messages.create({ model: "brittle", ...request });
+    check(m.content[0]?.text === want, `messages.create(brittle): ${JSON.stringify(m)}, want ${JSON.stringify(want)}`);
+    console.log(`ok: messages.create(brittle) = ${JSON.stringify(want)}: nothing of the broken attempt`);
+    const { data: stream, response } = await client.messages.create({ model: "brittle", ...request, stream: true }).withResponse();
+    const runID = response.headers.get("stubborn-run-id");
+    let text = "";
+    try {
+      for await (const ev of stream) {
+        if (ev.type === "content_block_delta") text += ev.delta.text ?? "";
+      }
+      throw new CheckError(`stream(brittle): ended after ${JSON.stringify(text)} without an error`);
+    } catch (err) {
+      if (err instanceof CheckError) throw err;
+      check(err instanceof Anthropic.APIError && err.status === undefined && err.type === "api_error" && runID &&
+        err.error?.error?.run_id === runID && err.message.includes(runID),
+        `stream(brittle): after ${JSON.stringify(text)}: got ${err?.constructor?.name} ${err?.message} (${JSON.stringify(err?.error)}), want Anthropic.APIError naming the run ${runID}`);
+    }
+    check(text && text !== want && want.startsWith(text), `stream(brittle): before the error: ${JSON.stringify(text)}, want the start of ${JSON.stringify(want)}`);
+    console.log(`ok: messages.create(brittle, stream: true): ${JSON.stringify(text)}, then Anthropic.APIError naming the run ${runID}`);
+  }
+
+  // A wrong API key: 401.
+  const bad = new Anthropic({ baseURL, apiKey: "sk-ant-not-a-stubborn-token", maxRetries: 0 });
+  await expectAPIError("wrong API key", bad.messages.create({ model: "smart", ...request }), Anthropic.AuthenticationError, 401, "authentication_error");
+  console.log("ok: a wrong API key is Anthropic.AuthenticationError 401");
+
+  // An unknown model: 404.
+  await expectAPIError("unknown model", client.messages.create({ model: "no-such-model", ...request }), Anthropic.NotFoundError, 404, "not_found_error");
+  console.log("ok: an unknown model is Anthropic.NotFoundError 404");
+
+  // A field the door does not take: 400 naming it.
+  {
+    const err = await expectAPIError("tools", client.messages.create({ model: "smart", ...request, tools: [{ name: "f", input_schema: { type: "object" } }] }),
+      Anthropic.BadRequestError, 400, "invalid_request_error");
+    check(err.message.includes("tools"), `tools: ${err.message}, want it named`);
+    console.log("ok: tools are Anthropic.BadRequestError 400 naming the field");
+  }
+
+  // Retries ran out (the model only answers 429): 503, x-should-retry
+  // false, so the SDK (2 retries by default) sends it once.
+  {
+    const before = await hits(hitsURL);
+    const err = await expectAPIError("throttled", client.messages.create({ model: "throttled", ...request }), Anthropic.InternalServerError, 503, "api_error");
+    check(err.headers.get("x-should-retry") === "false" && err.headers.get("stubborn-run-id"),
+      `throttled: headers x-should-retry ${err.headers.get("x-should-retry")} stubborn-run-id ${err.headers.get("stubborn-run-id")}, want false and the run`);
+    const sent = (await hits(hitsURL)) - before;
+    check(sent === 2, `throttled: the 429 model got ${sent} requests, want 2 (Stubborn's try and retry, the SDK's request once)`);
+    console.log(`ok: retries exhausted is Anthropic.InternalServerError 503, x-should-retry false, sent once (the model saw ${sent} attempts)`);
+  }
+
+  // The tenant's run_starts_per_second: its one start, then 429.
+  {
+    const limited = new Anthropic({ baseURL, apiKey: limitedKey, maxRetries: 0 });
+    const first = await limited.messages.create({ model: "good", ...request });
+    check(first.content[0]?.text === want, `limited tenant, first run: ${JSON.stringify(first)}`);
+    const err = await expectAPIError("limited tenant, second run", limited.messages.create({ model: "good", ...request }), Anthropic.RateLimitError, 429, "rate_limit_error");
+    check(err.headers.get("retry-after"), "limited tenant: a 429 without Retry-After");
+    console.log(`ok: over the tenant's rate is Anthropic.RateLimitError 429, Retry-After ${err.headers.get("retry-after")}`);
+  }
+}
+
+try {
+  await main();
+  console.log("@anthropic-ai/sdk: all checks passed");
+} catch (err) {
+  if (err instanceof Anthropic.APIError) {
+    console.error(`FAIL: @anthropic-ai/sdk: ${err.constructor.name}${err.status ? " " + err.status : ""}: ${err.message}`);
+  } else {
+    console.error(`FAIL: @anthropic-ai/sdk: ${err instanceof CheckError ? err.message : err?.stack ?? err}`);
+  }
+  process.exit(1);
+}
