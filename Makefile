@@ -71,6 +71,7 @@ FUZZTIME ?= 10000x
 FUZZ_TARGETS := \
 	./server:FuzzValidateRunRequest \
 	./server:FuzzAPI:3000x \
+	./server:FuzzDoorParse \
 	./delegates:FuzzParse \
 	./controls:FuzzCompileExpr \
 	./controls:FuzzJudgeAnswer \
