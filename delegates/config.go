@@ -160,7 +160,10 @@ type Delegate struct {
 	Anthropic *Anthropic `yaml:"anthropic,omitempty"`
 	// Idempotent says a repeated call has no further side effect.
 	Idempotent bool `yaml:"idempotent,omitempty"`
-	// ReadOnly says a call has no side effect at all.
+	// ReadOnly says a call has no side effect at all. In a config file,
+	// the model kinds (OpenAI, Anthropic) are read-only unless the entry
+	// sets read_only (modelsReadOnly): a model's answer has no side effect
+	// of its own, so retry may retry a 429.
 	ReadOnly bool `yaml:"read_only,omitempty"`
 	// Timeout is the per-attempt timeout; zero means DefaultTimeout. A run
 	// may override it per attempt (controls.Call.AttemptTimeout).
@@ -279,6 +282,9 @@ func parse(b []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
 		return nil, err
 	}
 	cfg.keys = keys
+	if err := cfg.modelsReadOnly(b); err != nil {
+		return nil, err
+	}
 	cfg.applyDefaults()
 	if err := cfg.validate(lookupEnv); err != nil {
 		return nil, err
@@ -310,6 +316,28 @@ func topKeys(b []byte) (map[string]bool, error) {
 		}
 	}
 	return keys, errors.Join(errs...)
+}
+
+// modelsReadOnly makes the model kinds' entries of b that do not set
+// read_only read-only: a chat completion or a message has no side effect
+// of its own (tools are the caller's to run), so the retry control retries
+// a model's 429 and 5xx unless the entry says read_only: false.
+func (c *Config) modelsReadOnly(b []byte) error {
+	var sets struct {
+		Delegates []struct {
+			ReadOnly *bool `yaml:"read_only"`
+		} `yaml:"delegates"`
+	}
+	if err := yaml.Unmarshal(b, &sets); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	for i := range c.Delegates {
+		d := &c.Delegates[i]
+		if (d.OpenAI != nil || d.Anthropic != nil) && i < len(sets.Delegates) && sets.Delegates[i].ReadOnly == nil {
+			d.ReadOnly = true
+		}
+	}
+	return nil
 }
 
 func isNull(n *yaml.Node) bool {

@@ -369,3 +369,25 @@ delegates:
 		"messages": []any{map[string]any{"role": "user", "content": "Hi"}}, "stream": true, // stream: auto
 	}, sent)
 }
+
+// TestModelKindsAreReadOnlyUnlessTheEntrySays: an openai or anthropic
+// entry that does not set read_only is read-only (retry retries its 429);
+// read_only: false keeps it not; the other kinds keep the old default.
+func TestModelKindsAreReadOnlyUnlessTheEntrySays(t *testing.T) {
+	cfg, err := delegates.Parse([]byte(`
+delegates:
+  - {name: gpt, openai: {base_url: "http://127.0.0.1:1/v1", model: m}}
+  - {name: claude, anthropic: {base_url: "http://127.0.0.1:1", model: m}}
+  - {name: gpt-tools, openai: {base_url: "http://127.0.0.1:1/v1", model: m}, read_only: false}
+  - {name: gpt-idem, openai: {base_url: "http://127.0.0.1:1/v1", model: m}, idempotent: true}
+  - {name: api, http: {url: "http://127.0.0.1:1"}}
+  - {name: svc, target: "127.0.0.1:1"}
+`))
+	require.NoError(t, err)
+	got := map[string]bool{}
+	for _, d := range cfg.Delegates {
+		got[d.Name] = d.ReadOnly
+		assert.Equal(t, d.ReadOnly, d.Info().ReadOnly, d.Name)
+	}
+	assert.Equal(t, map[string]bool{"gpt": true, "claude": true, "gpt-tools": false, "gpt-idem": true, "api": false, "svc": false}, got)
+}
