@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -49,9 +50,10 @@ namespace {
 // The gRPC status code's name, as google.rpc.Code numbers them.
 std::string CodeName(int code) {
   static const char* const kNames[] = {
-      "OK",        "CANCELLED",         "UNKNOWN",        "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
-      "OUT_OF_RANGE", "UNIMPLEMENTED",    "INTERNAL",       "UNAVAILABLE",      "DATA_LOSS",         "UNAUTHENTICATED",
+      "OK",           "CANCELLED",         "UNKNOWN",            "INVALID_ARGUMENT",    "DEADLINE_EXCEEDED",
+      "NOT_FOUND",    "ALREADY_EXISTS",    "PERMISSION_DENIED",  "RESOURCE_EXHAUSTED",  "FAILED_PRECONDITION",
+      "ABORTED",      "OUT_OF_RANGE",      "UNIMPLEMENTED",      "INTERNAL",            "UNAVAILABLE",
+      "DATA_LOSS",    "UNAUTHENTICATED",
   };
   if (code >= 0 && code < static_cast<int>(std::size(kNames))) return kNames[code];
   return std::to_string(code);
@@ -255,12 +257,12 @@ class Printer {
   }
 
   int64_t last_seq_ = 0;
-  std::optional<Key> block_;            // the open block, if any
-  int64_t first_ = 0, last_ = 0;        // the open block's first and last seq
-  int64_t bytes_ = 0;                   // the open block's bytes
-  std::string margin_;                  // what starts each later line of the block
-  bool line_open_ = false;              // the block's last line has yet to end
-  std::map<Key, int64_t> printed_;      // bytes of each attempt's text printed
+  std::optional<Key> block_;        // the open block, if any
+  int64_t first_ = 0, last_ = 0;    // the open block's first and last seq
+  int64_t bytes_ = 0;               // the open block's bytes
+  std::string margin_;              // what starts each later line of the block
+  bool line_open_ = false;          // the block's last line has yet to end
+  std::map<Key, int64_t> printed_;  // bytes of each attempt's text printed
 };
 
 [[noreturn]] void Fail(const std::string& what, const grpc::Status& status, const std::string& addr) {
