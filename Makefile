@@ -203,7 +203,7 @@ checkclients: $(BUF) $(PROTOC_GEN_ES) ## Fail if protoc warns on the protos or t
 	if ((stale)); then echo 'clients/ is stale: run make clients' >&2; exit 1; fi
 
 .PHONY: testclients
-testclients: checkclients checkconsole ## checkclients, checkconsole, tsc, then the packages, the kit's tests and the examples against live servers, then testfrontdoor.
+testclients: checkclients checkconsole ## checkclients, checkconsole, tsc, then the packages, the kit's tests and the examples (Python, TypeScript, Ruby, C++) against live servers, then testfrontdoor.
 	cd clients/typescript && node_modules/.bin/tsc --noEmit
 	bash clients/run-examples.sh
 	bash clients/check-frontdoor.sh

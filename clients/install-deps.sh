@@ -3,15 +3,19 @@
 # Debian's protoc 3.21 with the well-known .proto files, the gRPC Python plugin
 # and the Python runtime (python3-grpcio, python3-protobuf), what installs
 # clients/python as a package into a venv without PyPI (python3-venv,
-# python3-setuptools and python3-wheel, the build backend), and the npm
-# packages pinned in clients/typescript/package-lock.json. Node.js 20 and npm
-# come with the machine. apt-get runs only when a package is missing, and
-# needs root.
+# python3-setuptools and python3-wheel, the build backend), the Ruby client's
+# runtime (ruby-grpc, ruby-google-protobuf; grpc_ruby_plugin is in
+# protobuf-compiler-grpc), what builds the C++ client (libgrpc++-dev, g++,
+# pkg-config, make; grpc_cpp_plugin likewise), and the npm packages pinned
+# in clients/typescript/package-lock.json. Node.js 20 and npm come with the
+# machine. apt-get runs only when a package is missing, and needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(protobuf-compiler libprotobuf-dev protobuf-compiler-grpc python3-grpcio python3-protobuf
-  python3-venv python3-setuptools python3-wheel)
+  python3-venv python3-setuptools python3-wheel
+  ruby-grpc ruby-google-protobuf
+  libgrpc++-dev g++ pkg-config make)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
@@ -30,3 +34,5 @@ command -v node >/dev/null || { echo "clients/install-deps.sh: node (20 or later
 
 protoc --version
 node --version
+ruby --version
+echo "grpc++ $(pkg-config --modversion grpc++), $(g++ --version | head -1)"

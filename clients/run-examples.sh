@@ -22,6 +22,12 @@
 #   5. the client example, with tsx from the source;
 #   6. the npm package: `npm pack`, installed into a scratch project that
 #      type-checks and runs a run (typescript/test-package.sh).
+# Ruby and C++, generated from proto/ here (not committed; their build
+# output is git-ignored and rebuilt only when proto/ or the example changes):
+#   7. the Ruby client example (clients/ruby, `make` then ruby), its address
+#      from STUBBORN_ADDR;
+#   8. the C++ client example (clients/cpp, `make` builds build/example).
+# Every client example's output is checked by check-example-output.sh.
 # Each gets its own fresh `stubborn serve` (and `stubborn delegates`:
 # flaky-api counts its calls per process) on free loopback ports; everything
 # started here is stopped on exit.
@@ -81,13 +87,20 @@ stop_server() {
   pids=()
 }
 
-# run_example NAME COMMAND...: runs the client example against a fresh
-# server, shows its output as it comes, and checks it.
+# run_example [-env] NAME COMMAND...: runs the client example against a
+# fresh server, shows its output as it comes, and checks it. The example is
+# given the server's address with --addr, or with -env in STUBBORN_ADDR.
 run_example() {
+  local from_env=0
+  [[ $1 == -env ]] && { from_env=1; shift; }
   local name=$1; shift
   start_server "$name"
   local start=$SECONDS status=0
-  timeout 60 "$@" --addr "$addr" | tee "$work/$name.out" || status=$?
+  if ((from_env)); then
+    STUBBORN_ADDR=$addr timeout 60 "$@" | tee "$work/$name.out" || status=$?
+  else
+    timeout 60 "$@" --addr "$addr" | tee "$work/$name.out" || status=$?
+  fi
   stop_server
   if ((status != 0)); then
     echo "FAIL: $name example exited $status" >&2
@@ -237,5 +250,20 @@ bash clients/typescript/test-package.sh "$addr"
 stop_server
 echo "== typescript package passed in $((SECONDS - start))s"
 passed=$((passed + 1))
+
+# 7. The Ruby client example: the client generated from proto/ into
+# clients/ruby/lib (make -C clients/ruby: protoc and grpc_ruby_plugin), run
+# by Debian's ruby over ruby-grpc, the address in STUBBORN_ADDR.
+echo "== ruby client: generated into clients/ruby/lib"
+make -s -C clients/ruby
+run_example -env ruby ruby clients/ruby/example.rb
+
+# 8. The C++ client example: the client generated from proto/ into
+# clients/cpp/build/gen and compiled with the example against Debian's
+# libgrpc++ (make -C clients/cpp, pkg-config), before its server starts.
+start=$SECONDS
+make -s -C clients/cpp -j2
+echo "== cpp client: generated and built into clients/cpp/build in $((SECONDS - start))s"
+run_example cpp clients/cpp/build/example
 
 echo "$passed passed, 0 failed"
