@@ -121,6 +121,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		}
 		return nil, fmt.Errorf("embedded NATS: %s", reason)
 	}
+	log.reportRecovery()
 	nc, err := nats.Connect(nats.DefaultURL, nats.InProcessServer(ns), nats.Name("stubborn"),
 		nats.ReconnectWait(embeddedReconnectWait), nats.MaxReconnects(embeddedReconnects))
 	if err != nil {

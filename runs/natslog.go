@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,7 +24,9 @@ import (
 // stream=<name>; one that says a block file is damaged (see damageWords)
 // is an ERROR that reads "store damaged: stream <name>: …", whatever level
 // nats-server gave it (it says so at Warn, and then goes on without the
-// messages it could not read).
+// messages it could not read). A line that says a saved state is older
+// than its blocks (recoveryWords: what every crash leaves, rebuilt with
+// nothing lost) goes to Debug, and the start says it in one INFO line.
 //
 // A fatal error does not end the process, as nats-server's own logger
 // would: the first one is kept for StartEmbedded to return (nats-server
@@ -34,6 +38,9 @@ type natsLogger struct {
 	fatal string // the first Fatalf's line; guarded by mu
 	// damage says a line said a block file is damaged.
 	damage atomic.Bool
+	// rebuilt are the streams whose state a start rebuilt from their
+	// blocks (recoveryWords), by name; guarded by mu.
+	rebuilt map[string]int
 }
 
 var _ server.Logger = (*natsLogger)(nil)
@@ -59,6 +66,16 @@ func (n *natsLogger) Tracef(format string, v ...any)  { n.put(slog.LevelDebug, f
 var damageWords = []string{
 	"corrupt", "checksum", "sanity check", "overrun", "inconsistency",
 	"could not locate msg block", "loadBlock error", "lost",
+}
+
+// recoveryWords are the words of nats-server's file store warnings
+// (v2.15) that say its saved state (index.db, the TTL and scheduling
+// state) is older than its blocks, as after a crash or a kill, and that it
+// rebuilds that state from the blocks: what every unclean stop leaves, and
+// nothing lost. They go to Debug, and a start says them in one INFO line
+// (reportRecovery). A line that also has a damage word stays an ERROR.
+var recoveryWords = []string{
+	"stream state outdated", "errored: prior state file", "state is outdated; attempting to recover",
 }
 
 // storeLine splits a file store's line into its stream and the rest.
@@ -104,12 +121,42 @@ func (n *natsLogger) put(level slog.Level, format string, v []any) {
 		n.log.Error(fmt.Sprintf("store damaged: stream %s: %s", stream, rest), "stream", stream)
 		return
 	}
+	if level == slog.LevelWarn && containsAny(rest, recoveryWords) {
+		n.mu.Lock()
+		if n.rebuilt == nil {
+			n.rebuilt = map[string]int{}
+		}
+		n.rebuilt[stream]++
+		n.mu.Unlock()
+		level = slog.LevelDebug
+	}
 	n.log.Log(ctx, level, line, "stream", stream)
 }
 
-func damaged(s string) bool {
+// reportRecovery writes, once the server is ready, one INFO line naming
+// the streams whose state it rebuilt from their blocks, if any: the
+// normal recovery after an unclean stop. Damage, if any, was an ERROR
+// already.
+func (n *natsLogger) reportRecovery() {
+	n.mu.Lock()
+	streams := slices.Sorted(maps.Keys(n.rebuilt))
+	n.mu.Unlock()
+	if len(streams) == 0 {
+		return
+	}
+	msg := "recovered after an unclean stop: the store rebuilt its saved state from its blocks, nothing lost"
+	if n.damage.Load() {
+		msg = "recovered after an unclean stop: the store rebuilt its saved state from its blocks (and found damage: see the ERROR lines)"
+	}
+	n.log.Info(msg, "streams", streams)
+}
+
+func damaged(s string) bool { return containsAny(s, damageWords) }
+
+// containsAny reports whether s has one of words, whatever their case.
+func containsAny(s string, words []string) bool {
 	s = strings.ToLower(s)
-	for _, w := range damageWords {
+	for _, w := range words {
 		if strings.Contains(s, strings.ToLower(w)) {
 			return true
 		}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,4 +124,60 @@ func TestEmbeddedJetStreamThatCannotStartSaysWhy(t *testing.T) {
 	assert.Contains(t, err.Error(), "Can't start JetStream")
 	_, ok := h.Find(slog.LevelError, "Can't start JetStream")
 	assert.True(t, ok, "logged: %v", h.Lines(slog.LevelWarn))
+}
+
+// TestAStaleSavedStateIsOneInfoLineNotWarnings: after an unclean stop, a
+// stream's saved state (index.db) is older than its blocks, and nats-server
+// rebuilds it from them with WARNs that sound alarming ("Stream state
+// outdated …", "Recovering stream state from index errored: prior state
+// file"). Nothing is lost: the start says so in one INFO line naming the
+// stream, with nothing at WARN or above, and the damage check finds
+// nothing; every message is there.
+func TestAStaleSavedStateIsOneInfoLineNotWarnings(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	publish := func(n int) {
+		e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: dir})
+		require.NoError(t, err)
+		defer e.Close()
+		js, err := jetstream.New(e.Conn)
+		require.NoError(t, err)
+		_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}, Storage: jetstream.FileStorage})
+		require.NoError(t, err)
+		for i := range n {
+			_, err := js.Publish(ctx, fmt.Sprintf("t.%d", i), []byte("x"))
+			require.NoError(t, err)
+		}
+	}
+	index := filepath.Join(dir, "jetstream", "$G", "streams", "T", "msgs", "index.db")
+	publish(10) // a clean stop writes the saved state
+	saved, err := os.ReadFile(index)
+	require.NoError(t, err)
+	publish(10)
+	require.NoError(t, os.WriteFile(index, saved, 0o600)) // as if the second stop never wrote it
+
+	h, logger := runs.NewCapturedLogs()
+	e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: dir, Logger: logger})
+	require.NoError(t, err)
+	defer e.Close()
+	rebuilt := false
+	for _, l := range h.Lines(slog.LevelDebug) {
+		rebuilt = rebuilt || (l.Level == slog.LevelDebug && l.Attrs["stream"] == "T" && strings.Contains(l.Msg, "will rebuild"))
+	}
+	require.True(t, rebuilt, "nats-server rebuilt the stale state (the case under test): %v", h.Lines(slog.LevelDebug))
+	assert.Empty(t, h.Lines(slog.LevelWarn), "a rebuild after an unclean stop is no warning")
+	l, ok := h.Find(slog.LevelInfo, "recovered after an unclean stop")
+	require.True(t, ok, "%v", h.Lines(slog.LevelInfo))
+	assert.Contains(t, l.Msg, "nothing lost")
+	assert.Equal(t, "[T]", fmt.Sprint(l.Attrs["streams"]))
+	assert.False(t, e.Damaged())
+	js, err := jetstream.New(e.Conn)
+	require.NoError(t, err)
+	st, err := js.Stream(ctx, "T")
+	require.NoError(t, err)
+	info, err := st.Info(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(20), info.State.Msgs)
 }
