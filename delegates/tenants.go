@@ -48,6 +48,12 @@ type Tenant struct {
 	// config's limits; set ones apply besides them, so a tenant gets the
 	// smaller of the two.
 	Limits Limits `yaml:"limits,omitempty"`
+	// DefaultRuns makes the tenant the owner of the default tenant's
+	// runs: those started while the server had no tenants, which no
+	// tenant would see otherwise (one awaiting a decision included). It
+	// sees, lists, follows, decides, cancels and deletes them as its own.
+	// At most one tenant sets it.
+	DefaultRuns bool `yaml:"default_runs,omitempty"`
 }
 
 // HashToken returns the hex SHA-256 digest of a bearer token, as
@@ -109,6 +115,7 @@ func (c *Config) validateTenants(names map[string]bool, bad func(string, ...any)
 	seen := map[string]int{}
 	tokens := map[string]int{}
 	idents := map[string]int{}
+	defaultRuns := -1
 	for i, t := range c.Tenants {
 		where := fmt.Sprintf("tenants[%d]", i)
 		switch {
@@ -123,6 +130,12 @@ func (c *Config) validateTenants(names map[string]bool, bad func(string, ...any)
 			} else {
 				seen[t.Name] = i
 			}
+		}
+		if t.DefaultRuns {
+			if defaultRuns >= 0 {
+				bad("%s.default_runs: tenants[%d] has the default tenant's runs already: one tenant may", where, defaultRuns)
+			}
+			defaultRuns = i
 		}
 		if len(t.TokenSHA256)+len(t.CertCommonNames)+len(t.CertURIs) == 0 {
 			bad("%s: no credential: set token_sha256, cert_common_names or cert_uris", where)

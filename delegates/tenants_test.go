@@ -52,12 +52,14 @@ func TestParseTenantErrors(t *testing.T) {
 		"unknown deleg.": {"tenants: [{name: a, cert_common_names: [c], delegates: [nope]}]", `tenants[0] ("a").delegates[0]: "nope" is not a delegate or preset`},
 		"negative":       {"tenants: [{name: a, cert_common_names: [c], limits: {max_concurrent_runs: -1}}]", `tenants[0] ("a").limits.max_concurrent_runs: must not be negative`},
 		"nan rate":       {"limits: {run_starts_per_second: .nan}", "limits.run_starts_per_second: must be a non-negative number"},
-		"inf rate":       {"limits: {run_starts_per_second: .inf}", "limits.run_starts_per_second: must be a non-negative number"},
-		"burst no rate":  {"limits: {run_start_burst: 3}", "limits.run_start_burst: needs run_starts_per_second"},
-		"unknown key":    {"tenants:\n  - name: a\n    tokens: [x]\n", `tenants[0] ("a").tokens: unknown field (line 3)`},
-		"tls cert only":  {"delegates: [{name: d, target: x, tls: {cert: c.pem}}]", `delegates[0] ("d"): tls: cert and key go together`},
-		"tls bad key":    {"delegates:\n  - name: d\n    target: x\n    tls:\n      ca: c.pem\n      sni: x\n", `delegates[0] ("d").tls.sni: unknown field (line 6)`},
-		"tls not bool":   {"delegates: [{name: d, target: x, tls: maybe}]", "tls must be true, false or a mapping"},
+		"two own the default runs": {"tenants: [{name: a, cert_uris: [u], default_runs: true}, {name: b, cert_uris: [v], default_runs: true}]",
+			`tenants[1] ("b").default_runs: tenants[0] has the default tenant's runs already: one tenant may`},
+		"inf rate":      {"limits: {run_starts_per_second: .inf}", "limits.run_starts_per_second: must be a non-negative number"},
+		"burst no rate": {"limits: {run_start_burst: 3}", "limits.run_start_burst: needs run_starts_per_second"},
+		"unknown key":   {"tenants:\n  - name: a\n    tokens: [x]\n", `tenants[0] ("a").tokens: unknown field (line 3)`},
+		"tls cert only": {"delegates: [{name: d, target: x, tls: {cert: c.pem}}]", `delegates[0] ("d"): tls: cert and key go together`},
+		"tls bad key":   {"delegates:\n  - name: d\n    target: x\n    tls:\n      ca: c.pem\n      sni: x\n", `delegates[0] ("d").tls.sni: unknown field (line 6)`},
+		"tls not bool":  {"delegates: [{name: d, target: x, tls: maybe}]", "tls must be true, false or a mapping"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := delegates.Parse([]byte(tt.src))

@@ -402,10 +402,14 @@ func parseIndexEntry(v []byte, tenant string) (*stubbornv1.RunSummary, bool) {
 }
 
 // FollowSummaries calls fn with nil once it follows, then with the
-// summary of each run of tenant as the index is written, until ctx ends
+// summary of each run of tenants as the index is written, until ctx ends
 // or fn fails, whichever replica drives the run.
-func (s *JetStream) FollowSummaries(ctx context.Context, tenant string, fn func(*stubbornv1.RunSummary) error) error {
-	w, err := s.index.kv.Watch(ctx, indexTenant(tenant)+".*", jetstream.UpdatesOnly(), jetstream.IgnoreDeletes())
+func (s *JetStream) FollowSummaries(ctx context.Context, tenants []string, fn func(*stubbornv1.RunSummary) error) error {
+	keys := make([]string, len(tenants))
+	for i, t := range tenants {
+		keys[i] = indexTenant(t) + ".*"
+	}
+	w, err := s.index.kv.WatchFiltered(ctx, keys, jetstream.UpdatesOnly(), jetstream.IgnoreDeletes())
 	if err != nil {
 		return err
 	}
@@ -424,9 +428,11 @@ func (s *JetStream) FollowSummaries(ctx context.Context, tenant string, fn func(
 			if e == nil {
 				continue
 			}
-			if sum, ok := parseIndexEntry(e.Value(), tenant); ok {
-				if err := fn(sum); err != nil {
-					return err
+			for _, tenant := range tenants {
+				if sum, ok := parseIndexEntry(e.Value(), tenant); ok {
+					if err := fn(sum); err != nil {
+						return err
+					}
 				}
 			}
 		}

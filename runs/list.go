@@ -47,7 +47,7 @@ func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageTok
 	if err != nil {
 		return nil, "", err
 	}
-	tenant := TenantFrom(ctx)
+	tenants := Owners(ctx)
 	if idx, ok := m.store.(summaryIndex); ok {
 		// The runs in flight on other servers, and those this store is
 		// indexing, that the index may not have yet (it lags by
@@ -57,11 +57,13 @@ func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageTok
 		// between the two reads was in neither).
 		claimed := map[string]listKey{}
 		if cl, ok := m.store.(claimLister); ok {
-			if err := cl.claimedRuns(ctx, tenant, func(id string, k listKey) { claimed[id] = k }); err != nil {
-				return nil, "", err
+			for _, tenant := range tenants {
+				if err := cl.claimedRuns(ctx, tenant, func(id string, k listKey) { claimed[id] = k }); err != nil {
+					return nil, "", err
+				}
 			}
 		}
-		byID, ok, err := m.indexedSummaries(ctx, idx, tenant)
+		byID, ok, err := m.indexedSummaries(ctx, idx, tenants)
 		if err != nil {
 			return nil, "", err
 		}
@@ -83,24 +85,26 @@ func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageTok
 					keys[id] = k
 				}
 			}
-			return m.pageOfStates(ctx, tenant, candidates(keys, after), f, after, pageSize)
+			return m.pageOfStates(ctx, candidates(keys, after), f, after, pageSize)
 		}
 	}
 	if tr, ok := m.store.(tenantRunLister); ok {
 		keys := map[string]listKey{}
-		if err := tr.tenantRuns(ctx, tenant, func(id string, k listKey) { keys[id] = k }); err != nil {
-			return nil, "", err
+		for _, tenant := range tenants {
+			if err := tr.tenantRuns(ctx, tenant, func(id string, k listKey) { keys[id] = k }); err != nil {
+				return nil, "", err
+			}
 		}
-		for _, id := range m.localIDs(tenant) {
+		for _, id := range m.localIDs(tenants) {
 			if r := m.local(id); r != nil && !r.isLost() {
 				if cur, err := r.snapshot(); err == nil {
 					keys[id] = keyOf(cur)
 				}
 			}
 		}
-		return m.pageOfStates(ctx, tenant, candidates(keys, after), f, after, pageSize)
+		return m.pageOfStates(ctx, candidates(keys, after), f, after, pageSize)
 	}
-	return m.listScanning(ctx, tenant, f, after, pageSize)
+	return m.listScanning(ctx, f, after, pageSize)
 }
 
 // listCandidate is a run that may be on a page: its id and its key.
@@ -140,7 +144,7 @@ type tenantRunLister interface {
 // before the first). A run gone meanwhile, unreadable (logged), or no
 // longer passing f is left out. The token is the last run's key when
 // candidates remain.
-func (m *Manager) pageOfStates(ctx context.Context, tenant string, cands []listCandidate, f Filter, after *listKey, pageSize int) ([]*stubbornv1.ControlState, string, error) {
+func (m *Manager) pageOfStates(ctx context.Context, cands []listCandidate, f Filter, after *listKey, pageSize int) ([]*stubbornv1.ControlState, string, error) {
 	slices.SortFunc(cands, func(a, b listCandidate) int { return b.key.compare(a.key) })
 	var page []*stubbornv1.ControlState
 	size := 0
@@ -158,7 +162,7 @@ func (m *Manager) pageOfStates(ctx context.Context, tenant string, cands []listC
 		case err != nil:
 			return nil, "", err
 		}
-		if st.GetTenant() != tenant || !f.matches(st) || (after != nil && !after.before(keyOf(st))) {
+		if !owns(ctx, st.GetTenant()) || !f.matches(st) || (after != nil && !after.before(keyOf(st))) {
 			continue
 		}
 		st = controls.BoundState(st, controls.MaxStateBytes)
@@ -184,11 +188,11 @@ func (m *Manager) listedState(ctx context.Context, id string) (*stubbornv1.Contr
 // listScanning is ListWhere over a store that indexes nothing (Memory):
 // its states streamed, another tenant's dropped before anything is kept,
 // and at most the best pageSize kept.
-func (m *Manager) listScanning(ctx context.Context, tenant string, f Filter, after *listKey, pageSize int) ([]*stubbornv1.ControlState, string, error) {
+func (m *Manager) listScanning(ctx context.Context, f Filter, after *listKey, pageSize int) ([]*stubbornv1.ControlState, string, error) {
 	var kept []*stubbornv1.ControlState // newest first, at most pageSize
 	more := false
 	if err := m.store.States(ctx, func(st *stubbornv1.ControlState) bool {
-		if st.GetTenant() != tenant {
+		if !owns(ctx, st.GetTenant()) {
 			return true // another tenant's: not there, as far as ctx can tell
 		}
 		if r := m.local(st.GetRunId()); r != nil && !r.isLost() {
@@ -263,9 +267,9 @@ type summaryIndex interface {
 	// false says the index is not to be trusted yet.
 	Summaries(ctx context.Context, tenant string, fn func(*stubbornv1.RunSummary) bool) (ok bool, err error)
 	// FollowSummaries calls fn with nil once it follows, then with each
-	// of tenant's runs' summaries as they change, until ctx ends or fn
+	// of tenants' runs' summaries as they change, until ctx ends or fn
 	// fails.
-	FollowSummaries(ctx context.Context, tenant string, fn func(*stubbornv1.RunSummary) error) error
+	FollowSummaries(ctx context.Context, tenants []string, fn func(*stubbornv1.RunSummary) error) error
 }
 
 // ListSummaries is ListWhere's runs as summaries (Summary). With a store
@@ -281,8 +285,7 @@ func (m *Manager) ListSummaries(ctx context.Context, f Filter, pageSize int, pag
 	if err != nil {
 		return nil, "", err
 	}
-	tenant := TenantFrom(ctx)
-	byID, ok, err := m.indexedSummaries(ctx, idx, tenant)
+	byID, ok, err := m.indexedSummaries(ctx, idx, Owners(ctx))
 	if err != nil {
 		return nil, "", err
 	}
@@ -299,20 +302,22 @@ func (m *Manager) ListSummaries(ctx context.Context, f Filter, pageSize int, pag
 	return page, next, nil
 }
 
-// indexedSummaries returns the summaries of tenant's runs by id, from the
-// index, the runs driven here that the index may have behind (not
+// indexedSummaries returns the summaries of tenants' runs by id, from
+// the index, the runs driven here that the index may have behind (not
 // finished there: a finished run's summary is its last) as fresh as their
 // drivers know them. ok false: the index is not ready.
-func (m *Manager) indexedSummaries(ctx context.Context, idx summaryIndex, tenant string) (map[string]*stubbornv1.RunSummary, bool, error) {
+func (m *Manager) indexedSummaries(ctx context.Context, idx summaryIndex, tenants []string) (map[string]*stubbornv1.RunSummary, bool, error) {
 	byID := map[string]*stubbornv1.RunSummary{}
-	ok, err := idx.Summaries(ctx, tenant, func(sum *stubbornv1.RunSummary) bool {
-		byID[sum.GetRunId()] = sum
-		return true
-	})
-	if err != nil || !ok {
-		return nil, ok, err
+	for _, tenant := range tenants {
+		ok, err := idx.Summaries(ctx, tenant, func(sum *stubbornv1.RunSummary) bool {
+			byID[sum.GetRunId()] = sum
+			return true
+		})
+		if err != nil || !ok {
+			return nil, ok, err
+		}
 	}
-	for _, id := range m.localIDs(tenant) {
+	for _, id := range m.localIDs(tenants) {
 		if sum, ok := byID[id]; ok && isTerminal(sum.GetStatus()) {
 			continue
 		}
@@ -347,20 +352,20 @@ func (m *Manager) FollowSummaries(ctx context.Context, fn func(*stubbornv1.RunSu
 	if !ok {
 		return ErrNoIndex
 	}
-	return idx.FollowSummaries(ctx, TenantFrom(ctx), fn)
+	return idx.FollowSummaries(ctx, Owners(ctx), fn)
 }
 
 // ErrNoIndex: the store keeps no index of the runs' summaries.
 var ErrNoIndex = errors.New("the run store keeps no index of runs")
 
-// localIDs returns the ids of tenant's runs that this server drives or
+// localIDs returns the ids of tenants' runs that this server drives or
 // drove.
-func (m *Manager) localIDs(tenant string) []string {
+func (m *Manager) localIDs(tenants []string) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var ids []string
 	for id, r := range m.runs {
-		if r.tenant == tenant {
+		if slices.Contains(tenants, r.tenant) {
 			ids = append(ids, id)
 		}
 	}

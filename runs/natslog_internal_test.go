@@ -28,11 +28,16 @@ func TestNATSLoggerLevels(t *testing.T) {
 		{"error", func(n *natsLogger) { n.Errorf("JetStream out of %s", "resources") }, slog.LevelError, "JetStream out of resources", ""},
 		{"fatal", func(n *natsLogger) { n.Fatalf("Can't start JetStream: %v", "no space") }, slog.LevelError, "Can't start JetStream: no space", ""},
 		{
-			"store warning after a crash keeps its level",
+			"a rebuild after a crash is debug (the start says it in one INFO line)",
 			func(n *natsLogger) {
 				n.Warnf("Filestore [STUBBORN_EVENTS] %s", "Stream state outdated, last block has additional entries, will rebuild")
 			},
-			slog.LevelWarn, "Filestore [STUBBORN_EVENTS] Stream state outdated, last block has additional entries, will rebuild", "STUBBORN_EVENTS",
+			slog.LevelDebug, "Filestore [STUBBORN_EVENTS] Stream state outdated, last block has additional entries, will rebuild", "STUBBORN_EVENTS",
+		},
+		{
+			"another store warning keeps its level",
+			func(n *natsLogger) { n.Warnf("Filestore [STUBBORN_EVENTS] WriteFullState took %v (%d bytes)", "2s", 10) },
+			slog.LevelWarn, "Filestore [STUBBORN_EVENTS] WriteFullState took 2s (10 bytes)", "STUBBORN_EVENTS",
 		},
 		{
 			"damaged record",

@@ -3,6 +3,7 @@ package runs
 import (
 	"context"
 	"fmt"
+	"slices"
 )
 
 // Every run belongs to the tenant that started it (ControlState.tenant),
@@ -30,6 +31,32 @@ func TenantFrom(ctx context.Context) string {
 	return t
 }
 
+type defaultRunsKey struct{}
+
+// WithDefaultRuns returns a child of ctx whose tenant also owns the
+// default tenant's runs: those started while the server had no tenants
+// (a config's tenant with default_runs). It sees, lists, follows, decides,
+// cancels and deletes them as its own; the runs it starts are its own.
+func WithDefaultRuns(ctx context.Context) context.Context {
+	return context.WithValue(ctx, defaultRunsKey{}, true)
+}
+
+// Owners returns the tenants whose runs ctx owns: its own, and the
+// default tenant "" after it when ctx took the default tenant's runs
+// (WithDefaultRuns).
+func Owners(ctx context.Context) []string {
+	t := TenantFrom(ctx)
+	if adopted, _ := ctx.Value(defaultRunsKey{}).(bool); adopted && t != "" {
+		return []string{t, ""}
+	}
+	return []string{t}
+}
+
+// owns reports whether a run of tenant owner is ctx's.
+func owns(ctx context.Context, owner string) bool {
+	return slices.Contains(Owners(ctx), owner)
+}
+
 // notFound is the error for a run that does not exist, or that exists but
 // belongs to another tenant: word for word what the stores say about an
 // unknown id.
@@ -40,7 +67,7 @@ func notFound(id string) error {
 // visible returns notFound unless a run of tenant owner may be seen from
 // ctx.
 func visible(ctx context.Context, id, owner string) error {
-	if owner != TenantFrom(ctx) {
+	if !owns(ctx, owner) {
 		return notFound(id)
 	}
 	return nil

@@ -37,6 +37,9 @@ type Authenticator struct {
 	tokens map[string]string // hex SHA-256 → tenant
 	cns    map[string]string // certificate subject CN → tenant
 	uris   map[string]string // certificate URI SAN → tenant
+	// defaultRuns is the tenant that owns the default tenant's runs
+	// (delegates.Tenant.DefaultRuns); "" none.
+	defaultRuns string
 }
 
 // NewAuthenticator returns the Authenticator of a config's tenants (which
@@ -53,6 +56,9 @@ func NewAuthenticator(tenants []delegates.Tenant) *Authenticator {
 		for _, u := range t.CertURIs {
 			a.uris[u] = t.Name
 		}
+		if t.DefaultRuns {
+			a.defaultRuns = t.Name
+		}
 	}
 	return a
 }
@@ -68,7 +74,30 @@ func (a *Authenticator) Authenticate(ctx context.Context) (context.Context, erro
 	if err != nil {
 		return nil, err
 	}
-	return withTenant(ctx, tenant), nil
+	return a.runsOf(withTenant(ctx, tenant), tenant), nil
+}
+
+// ownersOf returns the tenants whose runs ctx's credentials see
+// (runs.Owners of the context Authenticate makes); a nil a (no tenants)
+// sees the default tenant's.
+func (a *Authenticator) ownersOf(ctx context.Context) ([]string, error) {
+	if a == nil {
+		return []string{""}, nil
+	}
+	tenant, err := a.tenantOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return runs.Owners(a.runsOf(runs.WithTenant(context.Background(), tenant), tenant)), nil
+}
+
+// runsOf is ctx, on behalf of tenant, with the default tenant's runs when
+// tenant has them.
+func (a *Authenticator) runsOf(ctx context.Context, tenant string) context.Context {
+	if tenant != "" && tenant == a.defaultRuns {
+		return runs.WithDefaultRuns(ctx)
+	}
+	return ctx
 }
 
 // tenantOf returns the tenant ctx's credentials authenticate as

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -35,9 +36,10 @@ type runFeed struct {
 }
 
 type feedSub struct {
-	tenant string
-	filter runs.Filter
-	c      chan *stubbornv1.RunSummary
+	// tenants are the tenants whose runs it follows (runs.Owners).
+	tenants []string
+	filter  runs.Filter
+	c       chan *stubbornv1.RunSummary
 	// overflow is closed when c was full: the stream ends.
 	overflow chan struct{}
 	once     sync.Once
@@ -45,8 +47,8 @@ type feedSub struct {
 
 func newRunFeed() *runFeed { return &runFeed{subs: map[*feedSub]struct{}{}} }
 
-func newFeedSub(tenant string, filter runs.Filter) *feedSub {
-	return &feedSub{tenant: tenant, filter: filter, c: make(chan *stubbornv1.RunSummary, feedBuffer), overflow: make(chan struct{})}
+func newFeedSub(tenants []string, filter runs.Filter) *feedSub {
+	return &feedSub{tenants: tenants, filter: filter, c: make(chan *stubbornv1.RunSummary, feedBuffer), overflow: make(chan struct{})}
 }
 
 // offer queues sum for the stream, or ends the stream when it is too far
@@ -82,7 +84,7 @@ func (f *runFeed) publish(tenant string, sum *stubbornv1.RunSummary) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for s := range f.subs {
-		if s.tenant == tenant && s.filter.MatchesSummary(sum) {
+		if slices.Contains(s.tenants, tenant) && s.filter.MatchesSummary(sum) {
 			s.offer(sum)
 		}
 	}
@@ -176,8 +178,7 @@ func (s *Service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.Server
 	}
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	tenant := runs.TenantFrom(ctx)
-	sub := newFeedSub(tenant, f)
+	sub := newFeedSub(runs.Owners(ctx), f)
 	// The store's index follows every replica's runs; without one (the
 	// memory store) the runs driven here are followed.
 	followed := make(chan error, 1)

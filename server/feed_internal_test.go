@@ -13,7 +13,7 @@ import (
 // for; another tenant's runs and filtered-out runs never reach it.
 func TestRunFeedNeverBlocks(t *testing.T) {
 	f := newRunFeed()
-	sub := newFeedSub("a", runs.Filter{Control: "retry"})
+	sub := newFeedSub([]string{"a"}, runs.Filter{Control: "retry"})
 	cancel := f.subscribe(sub)
 	defer cancel()
 	retry := &stubbornv1.RunSummary{RunId: "r", Control: "retry"}

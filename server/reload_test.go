@@ -275,3 +275,80 @@ func TestReloadAfterStop(t *testing.T) {
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "stopped")
 }
+
+// TestTurningTenantsOnKeepsTheEarlierRunsOwned: runs started while the
+// server had no tenants (one awaiting a decision) belong to the default
+// tenant. Once tenants are configured, the tenant with default_runs owns
+// them: it lists, gets, follows and decides them as its own, besides its
+// own runs; another tenant sees none of them. Moving default_runs away in
+// a reload ends its streams. On the memory store and on JetStream (whose
+// listing reads the index by tenant).
+func TestTurningTenantsOnKeepsTheEarlierRunsOwned(t *testing.T) {
+	for _, js := range []bool{false, true} {
+		t.Run(map[bool]string{false: "memory", true: "jetstream"}[js], func(t *testing.T) {
+			e := startWith(t, setup{jetstream: js})
+			ctx := testCtx(t)
+			earlier := awaiting(t, ctx, e.client)
+
+			tenants := twoTenants(delegates.Limits{}, delegates.Limits{})
+			tenants[0].DefaultRuns = true
+			require.NoError(t, e.st.Reload(with(e.cfg, func(c *delegates.Config) { c.Tenants = tenants })))
+			a, b := as(ctx, tokenA), as(ctx, tokenB)
+			follow, err := e.client.WatchRuns(a, &stubbornv1.WatchRunsRequest{})
+			require.NoError(t, err)
+			first, err := follow.Recv()
+			require.NoError(t, err)
+			require.Nil(t, first.GetRun(), "following")
+			own := awaiting(t, a, e.client)
+
+			got, err := e.client.GetRun(a, &stubbornv1.GetRunRequest{RunId: earlier})
+			require.NoError(t, err, "a owns the default tenant's runs")
+			assert.Equal(t, "", got.GetState().GetTenant(), "the run keeps its tenant")
+			_, err = e.client.GetRun(b, &stubbornv1.GetRunRequest{RunId: earlier})
+			assert.Equal(t, codes.NotFound, status.Code(err), "b does not: %v", err)
+			_, err = e.client.GetRun(b, &stubbornv1.GetRunRequest{RunId: own})
+			assert.Equal(t, codes.NotFound, status.Code(err))
+
+			listed := func(ctx context.Context) []string {
+				var ids []string
+				require.Eventually(t, func() bool {
+					resp, err := e.client.ListRuns(ctx, &stubbornv1.ListRunsRequest{})
+					require.NoError(t, err)
+					ids = ids[:0]
+					for _, r := range resp.GetRuns() {
+						ids = append(ids, r.GetRunId())
+					}
+					return len(ids) == 2 || ctx == b
+				}, 10*time.Second, 10*time.Millisecond, "%v", ids)
+				return ids
+			}
+			assert.ElementsMatch(t, []string{earlier, own}, listed(a))
+			assert.Empty(t, listed(b))
+
+			_, err = e.client.DecideRun(b, &stubbornv1.DecideRunRequest{RunId: earlier, Decision: stubbornv1.Decision_DECISION_FAIL})
+			assert.Equal(t, codes.NotFound, status.Code(err))
+			_, err = e.client.DecideRun(a, &stubbornv1.DecideRunRequest{RunId: earlier, Decision: stubbornv1.Decision_DECISION_FAIL})
+			require.NoError(t, err, "a decides the earlier run")
+			seen := map[string]bool{}
+			for !seen[earlier] {
+				m, err := follow.Recv()
+				require.NoError(t, err)
+				seen[m.GetRun().GetRunId()] = true
+			}
+
+			// default_runs moved to b: a's stream ends, b owns the run.
+			tenants[0].DefaultRuns, tenants[1].DefaultRuns = false, true
+			require.NoError(t, e.st.Reload(with(e.cfg, func(c *delegates.Config) { c.Tenants = tenants })))
+			for {
+				if _, err = follow.Recv(); err != nil {
+					break
+				}
+			}
+			assert.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+			_, err = e.client.GetRun(a, &stubbornv1.GetRunRequest{RunId: earlier})
+			assert.Equal(t, codes.NotFound, status.Code(err))
+			_, err = e.client.GetRun(b, &stubbornv1.GetRunRequest{RunId: earlier})
+			assert.NoError(t, err)
+		})
+	}
+}

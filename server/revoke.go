@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 
@@ -41,14 +42,11 @@ func reauthenticate(ctx context.Context, reg *registry) error {
 	if !ok || by == reg {
 		return nil
 	}
-	tenant := ""
-	if reg.authn != nil {
-		var err error
-		if tenant, err = reg.authn.tenantOf(ctx); err != nil {
-			return err
-		}
+	owners, err := reg.authn.ownersOf(ctx)
+	if err != nil {
+		return err
 	}
-	if tenant != runs.TenantFrom(ctx) {
+	if !slices.Equal(owners, runs.Owners(ctx)) {
 		return status.Error(codes.Unauthenticated, errRevoked.Error())
 	}
 	return nil
@@ -64,10 +62,12 @@ type liveStreams struct {
 }
 
 // liveStream is one: the context it was authenticated by (its metadata and
-// peer), the tenant it was authenticated as, and how to end it.
+// peer), the tenants whose runs it was authenticated to see (runs.Owners:
+// its tenant's, and the default tenant's if its tenant has them), and how
+// to end it.
 type liveStream struct {
 	ctx    context.Context
-	tenant string
+	owners []string
 	cancel context.CancelCauseFunc
 }
 
@@ -87,17 +87,15 @@ func (l *liveStreams) remove(ls *liveStream) {
 }
 
 // revoke ends every stream whose credentials authn (nil: no tenants, every
-// caller the default tenant) no longer authenticates as the same tenant.
+// caller the default tenant) no longer authenticates as the same tenant,
+// with the same runs (a reload that moved default_runs).
 func (l *liveStreams) revoke(authn *Authenticator) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
 	for ls := range l.set {
-		tenant, err := "", error(nil)
-		if authn != nil {
-			tenant, err = authn.tenantOf(ls.ctx)
-		}
-		if err != nil || tenant != ls.tenant {
+		owners, err := authn.ownersOf(ls.ctx)
+		if err != nil || !slices.Equal(owners, ls.owners) {
 			ls.cancel(errRevoked)
 			delete(l.set, ls)
 			n++
@@ -116,7 +114,7 @@ func (s *Service) revocable(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	}
 	ctx, cancel := context.WithCancelCause(ss.Context())
 	defer cancel(nil)
-	ls := &liveStream{ctx: ss.Context(), tenant: runs.TenantFrom(ss.Context()), cancel: cancel}
+	ls := &liveStream{ctx: ss.Context(), owners: runs.Owners(ss.Context()), cancel: cancel}
 	s.streams.add(ls)
 	defer s.streams.remove(ls)
 	// A reload between the authentication and add is not in revoke's
