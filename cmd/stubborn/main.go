@@ -61,7 +61,15 @@ func run(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 		fmt.Fprint(os.Stderr, usage)
 		return 2, nil
 	}
-	cmd, rest := args[0], args[1:]
+	code, err := command(ctx, args[0], args[1:], stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0, nil // -h: parseFlags printed the flags
+	}
+	return code, err
+}
+
+// command runs one of stubborn's commands.
+func command(ctx context.Context, cmd string, rest []string, stdout io.Writer) (int, error) {
 	switch cmd {
 	case "serve":
 		return cmdServe(ctx, rest)
@@ -87,11 +95,6 @@ func run(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	}
 	fmt.Fprint(os.Stderr, usage)
 	return 2, fmt.Errorf("unknown command %q", cmd)
-}
-
-// newFlagSet returns a flag set that reports errors instead of exiting.
-func newFlagSet(name string) *flag.FlagSet {
-	return flag.NewFlagSet(name, flag.ContinueOnError)
 }
 
 // newLogger returns serve's logger on stderr; with flushEvery > 0 through
@@ -164,7 +167,7 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 	c := &serveConfig{}
 	c.sec.register(fs)
 	c.store.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	c.listen, c.metricsListen, c.httpListen, c.pprofListen = *listen, *metricsListen, *httpListen, *pprofListen
@@ -310,7 +313,13 @@ func serveHTTP(s *server.Stubborn, lis net.Listener, c *serveConfig) (stop func(
 				"addr", lis.Addr().String())
 		}
 	}
-	return serveHandler(h, lis, c, "http api serving", ""), nil
+	stop = serveHandler(h, lis, c, "http api serving", "")
+	scheme := "http"
+	if c.sec.tc != nil {
+		scheme = "https"
+	}
+	c.logger.Info("web console serving", "url", scheme+"://"+lis.Addr().String()+"/")
+	return stop, nil
 }
 
 // serveHandler serves h on lis (over TLS when serve has it) until the
