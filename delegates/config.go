@@ -227,11 +227,15 @@ func (d Duration) String() string { return time.Duration(d).String() }
 // UnmarshalYAML parses a scalar with time.ParseDuration.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode {
-		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: a duration must be a string such as \"5s\"", n.Line)}}
+		return nodeError(n, "", n.Line, `a duration must be a string such as "5s"`)
 	}
 	v, err := time.ParseDuration(n.Value)
 	if err != nil {
-		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: invalid duration %q: use Go duration syntax such as 500ms, 5s, 1m30s", n.Line, n.Value)}}
+		msg := fmt.Sprintf("invalid duration %q: use Go duration syntax such as 500ms, 5s, 1m30s", n.Value)
+		if _, nerr := strconv.ParseFloat(n.Value, 64); nerr == nil {
+			msg = fmt.Sprintf("invalid duration %q: durations need a unit, such as %ss", n.Value, n.Value)
+		}
+		return nodeError(n, "", n.Line, msg)
 	}
 	*d = Duration(v)
 	return nil
@@ -432,7 +436,13 @@ func (c *Config) validate(lookupEnv func(string) (string, bool)) error {
 var yamlLine = regexp.MustCompile(`^line (\d+): (.*)$`)
 
 // yamlUnknownField matches yaml.v3's wording for an unknown key.
-var yamlUnknownField = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
+var yamlUnknownField = regexp.MustCompile(`^field (\S+) not found in type (\S+)$`)
+
+// yamlNodeError matches nodeError's errors (after yamlLine's "line N: ").
+var yamlNodeError = regexp.MustCompile(`^at (\d+):(\d+)(?: (\S+))?: (.*)$`)
+
+// yamlBadValue matches yaml.v3's wording for a value of the wrong type.
+var yamlBadValue = regexp.MustCompile("^cannot unmarshal \\S+ `(.*)` into ")
 
 // decodeError rewrites a yaml decoding error so that each problem names the
 // entry and field it is about (for example `delegates[1] ("search").tmeout:
@@ -455,12 +465,30 @@ func decodeError(src []byte, err error) error {
 		}
 		line, _ := strconv.Atoi(m[1])
 		msg, key := m[2], ""
+		var path string
+		ok := false
 		if u := yamlUnknownField.FindStringSubmatch(msg); u != nil {
-			msg, key = "unknown field", u[1]
+			msg, key = "unknown field"+didYouMean(u[1], u[2]), u[1]
+		}
+		if ne := yamlNodeError.FindStringSubmatch(msg); ne != nil {
+			// About a node (a duration's value, a preset), which names
+			// where it is, not which key it is under.
+			l, _ := strconv.Atoi(ne[1])
+			c, _ := strconv.Atoi(ne[2])
+			if path, ok = locateAt(&root, l, c); ok && ne[3] != "" {
+				path += "." + ne[3]
+			}
+			msg = ne[4]
+		}
+		if bv := yamlBadValue.FindStringSubmatch(msg); bv != nil && !ok {
+			// The key whose value it is, not the first on its line.
+			path, ok = locateValue(&root, line, bv[1])
 		}
 		// The unknown key itself, even when it shares its line with others
 		// ({name: a, tmeout: 5s}); else the first key on the line.
-		path, ok := locate(&root, line, "", key)
+		if !ok {
+			path, ok = locate(&root, line, "", key)
+		}
 		if !ok && key != "" {
 			path, ok = locate(&root, line, "", "")
 		}
