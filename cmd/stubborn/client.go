@@ -204,7 +204,7 @@ func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 		return 1, err
 	}
 	if h, herr := stream.Header(); herr == nil && len(h.Get(server.ReplayHeader)) > 0 {
-		fmt.Fprintf(os.Stderr, "stubborn: -idempotency-key %q already started a run: nothing new started, following that run from its start\n", req.GetOptions().GetIdempotencyKey())
+		fmt.Fprintf(stderr, "stubborn: -idempotency-key %q already started a run: nothing new started, following that run from its start\n", req.GetOptions().GetIdempotencyKey())
 	}
 	p := printer{w: stdout, json: *asJSON, addr: cf.addr}
 	st, err := client.follow(ctx, "", streamEventsOf(stream), &p)
@@ -216,7 +216,7 @@ func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 		if cerr != nil {
 			return 1, fmt.Errorf("cancelling run %s: %w", p.runID, cerr)
 		}
-		printState(os.Stderr, res.GetState(), false)
+		printState(stderr, res.GetState(), false)
 		return 130, nil
 	}
 	if interrupted && *cancelOnInterrupt {
@@ -224,11 +224,11 @@ func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	}
 	if interrupted {
 		// The run is the server's, and goes on.
-		fmt.Fprintf(os.Stderr, "stopped following run %s, which goes on on the server; %s, or cancel it with `stubborn cancel%s %s`\n",
+		fmt.Fprintf(stderr, "stopped following run %s, which goes on on the server; %s, or cancel it with `stubborn cancel%s %s`\n",
 			p.runID, p.followAgain(), p.addrFlag(), p.runID)
 		if more, stop := moreInterrupts(); more != nil {
 			defer stop()
-			fmt.Fprintf(os.Stderr, "press Ctrl-C again within %s to cancel it\n", secondInterruptWait)
+			fmt.Fprintf(stderr, "press Ctrl-C again within %s to cancel it\n", secondInterruptWait)
 			select {
 			case <-more:
 				return cancelRun()
@@ -285,7 +285,7 @@ func cmdWatch(ctx context.Context, args []string, stdout io.Writer) (int, error)
 	}
 	if err != nil && ctx.Err() != nil {
 		// Ctrl-C: the run goes on.
-		fmt.Fprintf(os.Stderr, "stopped following run %s, which goes on on the server; %s\n", id, p.followAgain())
+		fmt.Fprintf(stderr, "stopped following run %s, which goes on on the server; %s\n", id, p.followAgain())
 		return 130, nil
 	}
 	if err != nil {
@@ -299,7 +299,7 @@ func cmdWatch(ctx context.Context, args []string, stdout io.Writer) (int, error)
 			return 1, err
 		}
 		st = res.GetState()
-		fmt.Fprintf(os.Stderr, "run %s: %s, no events after seq %d\n", id, statusName(st.GetStatus()), *after)
+		fmt.Fprintf(stderr, "run %s: %s, no events after seq %d\n", id, statusName(st.GetStatus()), *after)
 	}
 	return exitCode(st), nil
 }

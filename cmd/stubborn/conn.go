@@ -28,6 +28,10 @@ const defaultWait = 10 * time.Second
 // under them to come back (a restart), at least -wait.
 const reattachWait = time.Minute
 
+// stderr is where client commands write what is not their output: that
+// they wait for a server, hints. Tests replace it.
+var stderr io.Writer = os.Stderr
+
 // clientFlags are the flags every client command has.
 type clientFlags struct {
 	addr string
@@ -50,8 +54,6 @@ type client struct {
 	stubbornv1.ControlServiceClient
 	conn *grpc.ClientConn
 	addr string
-	// stderr is where it says that it waits for the server.
-	stderr io.Writer
 }
 
 // connect dials the server at f.addr with the credentials the environment
@@ -75,7 +77,7 @@ func dial(addr string) (*client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &client{addr: addr, stderr: os.Stderr}
+	c := &client{addr: addr}
 	opts = append(opts,
 		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 			return c.explain(invoker(ctx, method, req, reply, cc, opts...))
@@ -117,7 +119,7 @@ func (c *client) waitReady(ctx context.Context, wait time.Duration, what string)
 				if what == "" {
 					what = fmt.Sprintf("no server answers on %s yet: waiting up to %s for one (-wait)", c.addr, wait.Round(time.Second))
 				}
-				fmt.Fprintf(c.stderr, "stubborn: %s\n", what)
+				fmt.Fprintf(stderr, "stubborn: %s\n", what)
 			}
 		case connectivity.Shutdown:
 			return false
@@ -188,7 +190,7 @@ func (c *client) explain(err error) error {
 		msg = "cancelled"
 	case codes.DeadlineExceeded:
 		msg = "no answer in time: " + msg
-	case codes.InvalidArgument, codes.AlreadyExists, codes.FailedPrecondition:
+	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition, codes.OK:
 		// The server's messages name the field and what is wrong.
 	default:
 		if w := codeWords(st.Code()); !strings.Contains(strings.ToLower(msg), w) {

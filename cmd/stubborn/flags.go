@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -41,8 +40,8 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return nil
 	}
 	if errors.Is(err, flag.ErrHelp) {
-		fs.SetOutput(os.Stderr)
-		fmt.Fprintf(os.Stderr, "Usage of stubborn %s:\n", fs.Name())
+		fs.SetOutput(stderr)
+		fmt.Fprintf(stderr, "Usage of stubborn %s:\n", fs.Name())
 		fs.PrintDefaults()
 		fs.SetOutput(io.Discard)
 		return err

@@ -40,16 +40,21 @@ func streamEventsOf[T any, PT interface {
 // over) after an event named the run, follow waits for a server to
 // answer again, up to reattachWait, and follows the run on from the last
 // event seen (WatchRun after_seq), as often as that happens. When none
-// answers, its error says how to follow the run again.
+// answers, its error says how to follow the run again. It says on stderr
+// that it waits, and that it follows the run again (at the first event).
 func (c *client) follow(ctx context.Context, id string, next events, p *printer) (*stubbornv1.ControlState, error) {
 	// A stream that ends in the middle of an attempt's text ends its line.
 	defer p.endOutput()
 	var final *stubbornv1.ControlState
 	var lost time.Time // when the stream broke; zero while it goes
+	tries := 0         // streams opened since, none of which gave an event
 	for {
 		ev, err := next()
 		if err == nil {
-			lost = time.Time{}
+			if !lost.IsZero() {
+				fmt.Fprintf(stderr, "stubborn: following run %s again, after seq %d\n", id, p.lastSeq)
+			}
+			lost, tries = time.Time{}, 0
 			p.event(ev)
 			if f := ev.GetRunFinished(); f != nil {
 				final = f.GetState()
@@ -85,20 +90,20 @@ func (c *client) follow(ctx context.Context, id string, next events, p *printer)
 			}
 			return final, fmt.Errorf("%w; follow the run again with `stubborn watch%s %s -after %d` once a server is back", err, p.addrFlag(), id, p.lastSeq)
 		}
+		if tries++; tries > 1 {
+			// The server answered, and the stream broke again at once (a
+			// server stopping, its store not back yet): not at once again.
+			select {
+			case <-time.After(time.Second):
+			case <-ctx.Done():
+				return final, ctx.Err()
+			}
+		}
 		stream, werr := c.WatchRun(ctx, &stubbornv1.WatchRunRequest{RunId: id, AfterSeq: p.lastSeq})
 		if werr != nil {
 			next = func() (*stubbornv1.RunEvent, error) { return nil, werr }
-			if status.Code(werr) == codes.Unavailable {
-				// Ready, and still unavailable (its store not back yet):
-				// not at once again.
-				select {
-				case <-time.After(time.Second):
-				case <-ctx.Done():
-				}
-			}
 			continue
 		}
-		fmt.Fprintf(c.stderr, "stubborn: following run %s again, after seq %d\n", id, p.lastSeq)
 		next = streamEventsOf(stream)
 	}
 }
