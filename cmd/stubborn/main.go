@@ -37,13 +37,14 @@ Usage:
   stubborn cancel RUN_ID
   stubborn decide RUN_ID retry|fail
   stubborn delete RUN_ID [cancel]   forget a finished run now (cancel: cancel it first if it runs)
-  stubborn registry   the delegates and presets the server lets you name (kind, health, idempotent, presets' specs)
+  stubborn registry [-json]   the delegates and presets the server lets you name (kind, health, idempotent, presets' specs)
   stubborn delegates [-listen HOST:FIRST_PORT]   serve the demo delegates
   stubborn demo   [-exit] [-http-listen ADDR]   a server, demo delegates, live runs and the web console in one process, until Ctrl-C (-exit: once the runs end)
   stubborn token  [-hash]   a new bearer token and its SHA-256 for a tenant's token_sha256 (-hash: hash stdin's)
 
 Clients (run, watch, get, list, cancel, decide, delete, registry) read STUBBORN_ADDR (the default of -addr), STUBBORN_TOKEN (a bearer token) and, for TLS,
-STUBBORN_TLS_CA, STUBBORN_TLS_SERVER_NAME, STUBBORN_TLS_CERT and STUBBORN_TLS_KEY from the environment.
+STUBBORN_TLS_CA, STUBBORN_TLS_SERVER_NAME, STUBBORN_TLS_CERT and STUBBORN_TLS_KEY from the environment. They wait up to -wait (10s) for a server
+that is starting; run and watch follow a run on across a server restart. Each command's flags: stubborn COMMAND -h.
 `
 
 func main() {
