@@ -66,9 +66,16 @@ func connect(ctx context.Context, f clientFlags) (*client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.waitReady(ctx, f.wait, "")
+	if !c.waitReady(ctx, f.wait, "") && ctx.Err() != nil {
+		c.close()
+		return nil, errInterrupted
+	}
 	return c, nil
 }
+
+// errInterrupted ends a client command interrupted (Ctrl-C) while it
+// waited for a server: exit 130, with nothing more to say.
+var errInterrupted = errors.New("interrupted")
 
 // dial connects to a Stubborn server, with the credentials the environment
 // gives (clientOptions); its calls' errors are worded by explain.

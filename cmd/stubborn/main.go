@@ -63,8 +63,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 		return 2, nil
 	}
 	code, err := command(ctx, args[0], args[1:], stdout)
-	if errors.Is(err, flag.ErrHelp) {
+	switch {
+	case errors.Is(err, flag.ErrHelp):
 		return 0, nil // -h: parseFlags printed the flags
+	case errors.Is(err, errInterrupted):
+		return 130, nil
 	}
 	return code, err
 }

@@ -123,6 +123,15 @@ func TestClientWaitsForAStartingServer(t *testing.T) {
 	assert.Contains(t, res.out, `run finished: SUCCEEDED after 1 attempt(s), winner echo, result "echo: hi"`)
 
 	nobody := freeAddr(t)
+	// Ctrl-C while it waits: 130, nothing more to say.
+	wctx, interrupt := context.WithCancel(ctx)
+	waiting := goCLI(wctx, &syncBuffer{}, "get", "run_x", "-addr", nobody, "-wait", "1m")
+	require.Eventually(t, func() bool { return strings.Contains(errs.String(), "no server answers on "+nobody) }, 30*time.Second, 10*time.Millisecond)
+	interrupt()
+	res = <-waiting
+	assert.NoError(t, res.err)
+	assert.Equal(t, 130, res.code)
+
 	res = cliOnce("list", "-addr", nobody, "-wait", "0")
 	assert.Equal(t, 1, res.code)
 	require.Error(t, res.err)
