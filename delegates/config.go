@@ -487,10 +487,10 @@ func decodeError(src []byte, err error) error {
 		// The unknown key itself, even when it shares its line with others
 		// ({name: a, tmeout: 5s}); else the first key on the line.
 		if !ok {
-			path, ok = locate(&root, line, "", key)
+			path, ok = locate(&root, line, key)
 		}
 		if !ok && key != "" {
-			path, ok = locate(&root, line, "", "")
+			path, ok = locate(&root, line, "")
 		}
 		if !ok || path == "" {
 			path = "config"
@@ -502,50 +502,23 @@ func decodeError(src []byte, err error) error {
 
 // locate returns the path (such as `delegates[1] ("search").timeout`) of the
 // node on the given line of a parsed document: of the key named key when
-// it is not empty, else of the first key on the line.
-func locate(n *yaml.Node, line int, path, key string) (string, bool) {
-	switch n.Kind {
-	case yaml.DocumentNode:
-		for _, c := range n.Content {
-			if p, ok := locate(c, line, path, key); ok {
-				return p, true
-			}
-		}
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			p := k.Value
-			if path != "" {
-				p = path + "." + k.Value
-			}
-			if k.Line == line && (key == "" || k.Value == key) {
-				return p, true
-			}
-			if within(v, line) {
-				if sub, ok := locate(v, line, p, key); ok {
-					return sub, true
-				}
-				if key == "" {
-					return p, true
-				}
-			}
-		}
-	case yaml.SequenceNode:
-		for i, item := range n.Content {
-			if !within(item, line) {
-				continue
-			}
-			p := fmt.Sprintf("%s[%d]", path, i)
-			if name := mappingValue(item, "name"); name != "" {
-				p += fmt.Sprintf(" (%q)", name)
-			}
-			if sub, ok := locate(item, line, p, key); ok {
-				return sub, true
-			}
-			return p, true
-		}
+// it is not empty, else of the first key on the line, else of the
+// innermost entry that holds the line.
+func locate(root *yaml.Node, line int, key string) (string, bool) {
+	onLine := func(_ string, k, _ *yaml.Node) bool {
+		return k != nil && k.Line == line && (key == "" || k.Value == key)
 	}
-	return "", false
+	if p, ok := locateBy(root, "", onLine); ok || key != "" {
+		return p, ok
+	}
+	holder := ""
+	locateBy(root, "", func(path string, _, v *yaml.Node) bool {
+		if within(v, line) {
+			holder = path
+		}
+		return false
+	})
+	return holder, holder != ""
 }
 
 // within says whether line falls between n's first and last line.

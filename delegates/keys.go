@@ -35,8 +35,8 @@ func unknownKey(k *yaml.Node, typ string) string {
 
 // locateBy returns the path (such as `delegates[1] ("search").timeout`)
 // of the first node, outermost first, that match accepts: a mapping's
-// value (k its key) or a list's entry (k nil).
-func locateBy(n *yaml.Node, path string, match func(k, v *yaml.Node) bool) (string, bool) {
+// value (k its key) or a list's entry (k nil), at path.
+func locateBy(n *yaml.Node, path string, match func(path string, k, v *yaml.Node) bool) (string, bool) {
 	switch n.Kind {
 	case yaml.DocumentNode:
 		for _, c := range n.Content {
@@ -51,7 +51,7 @@ func locateBy(n *yaml.Node, path string, match func(k, v *yaml.Node) bool) (stri
 			if path != "" {
 				p = path + "." + k.Value
 			}
-			if match(k, v) {
+			if match(p, k, v) {
 				return p, true
 			}
 			if sub, ok := locateBy(v, p, match); ok {
@@ -64,7 +64,7 @@ func locateBy(n *yaml.Node, path string, match func(k, v *yaml.Node) bool) (stri
 			if name := mappingValue(item, "name"); name != "" {
 				p += fmt.Sprintf(" (%q)", name)
 			}
-			if match(nil, item) {
+			if match(p, nil, item) {
 				return p, true
 			}
 			if sub, ok := locateBy(item, p, match); ok {
@@ -77,14 +77,14 @@ func locateBy(n *yaml.Node, path string, match func(k, v *yaml.Node) bool) (stri
 
 // locateAt returns the path of the node at line and column.
 func locateAt(root *yaml.Node, line, column int) (string, bool) {
-	return locateBy(root, "", func(_, v *yaml.Node) bool { return v.Line == line && v.Column == column })
+	return locateBy(root, "", func(_ string, _, v *yaml.Node) bool { return v.Line == line && v.Column == column })
 }
 
 // locateValue returns the path of the key whose scalar value, on line,
 // is value (or, when it ends with "...", begins with what is before).
 func locateValue(root *yaml.Node, line int, value string) (string, bool) {
 	prefix, cut := strings.CutSuffix(value, "...")
-	return locateBy(root, "", func(k, v *yaml.Node) bool {
+	return locateBy(root, "", func(_ string, k, v *yaml.Node) bool {
 		return k != nil && v.Kind == yaml.ScalarNode && v.Line == line &&
 			(v.Value == value || cut && strings.HasPrefix(v.Value, prefix))
 	})
