@@ -48,9 +48,11 @@ func (c *client) follow(ctx context.Context, id string, next events, p *printer)
 	var final *stubbornv1.ControlState
 	var lost time.Time // when the stream broke; zero while it goes
 	tries := 0         // streams opened since, none of which gave an event
+	seen := false      // whether any event came
 	for {
 		ev, err := next()
 		if err == nil {
+			seen = true
 			if !lost.IsZero() {
 				fmt.Fprintf(stderr, "stubborn: following run %s again, after seq %d\n", id, p.lastSeq)
 			}
@@ -65,7 +67,7 @@ func (c *client) follow(ctx context.Context, id string, next events, p *printer)
 			id = p.runID
 		}
 		if errors.Is(err, io.EOF) {
-			if final != nil || id == "" || p.runID == "" {
+			if final != nil || id == "" || !seen {
 				return final, nil
 			}
 			// No run_finished: the run ended before -after, or the server
