@@ -230,11 +230,15 @@ func (d Duration) String() string { return time.Duration(d).String() }
 // UnmarshalYAML parses a scalar with time.ParseDuration.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode {
-		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: a duration must be a string such as \"5s\"", n.Line)}}
+		return nodeError(n, "", n.Line, `a duration must be a string such as "5s"`)
 	}
 	v, err := time.ParseDuration(n.Value)
 	if err != nil {
-		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: invalid duration %q: use Go duration syntax such as 500ms, 5s, 1m30s", n.Line, n.Value)}}
+		msg := fmt.Sprintf("invalid duration %q: use Go duration syntax such as 500ms, 5s, 1m30s", n.Value)
+		if _, nerr := strconv.ParseFloat(n.Value, 64); nerr == nil {
+			msg = fmt.Sprintf("invalid duration %q: durations need a unit, such as %ss", n.Value, n.Value)
+		}
+		return nodeError(n, "", n.Line, msg)
 	}
 	*d = Duration(v)
 	return nil
@@ -460,7 +464,13 @@ func (c *Config) validate(lookupEnv func(string) (string, bool)) error {
 var yamlLine = regexp.MustCompile(`^line (\d+): (.*)$`)
 
 // yamlUnknownField matches yaml.v3's wording for an unknown key.
-var yamlUnknownField = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
+var yamlUnknownField = regexp.MustCompile(`^field (\S+) not found in type (\S+)$`)
+
+// yamlNodeError matches nodeError's errors (after yamlLine's "line N: ").
+var yamlNodeError = regexp.MustCompile(`^at (\d+):(\d+)(?: (\S+))?: (.*)$`)
+
+// yamlBadValue matches yaml.v3's wording for a value of the wrong type.
+var yamlBadValue = regexp.MustCompile("^cannot unmarshal \\S+ `(.*)` into ")
 
 // decodeError rewrites a yaml decoding error so that each problem names the
 // entry and field it is about (for example `delegates[1] ("search").tmeout:
@@ -483,14 +493,32 @@ func decodeError(src []byte, err error) error {
 		}
 		line, _ := strconv.Atoi(m[1])
 		msg, key := m[2], ""
+		var path string
+		ok := false
 		if u := yamlUnknownField.FindStringSubmatch(msg); u != nil {
-			msg, key = "unknown field", u[1]
+			msg, key = "unknown field"+didYouMean(u[1], u[2]), u[1]
+		}
+		if ne := yamlNodeError.FindStringSubmatch(msg); ne != nil {
+			// About a node (a duration's value, a preset), which names
+			// where it is, not which key it is under.
+			l, _ := strconv.Atoi(ne[1])
+			c, _ := strconv.Atoi(ne[2])
+			if path, ok = locateAt(&root, l, c); ok && ne[3] != "" {
+				path += "." + ne[3]
+			}
+			msg = ne[4]
+		}
+		if bv := yamlBadValue.FindStringSubmatch(msg); bv != nil && !ok {
+			// The key whose value it is, not the first on its line.
+			path, ok = locateValue(&root, line, bv[1])
 		}
 		// The unknown key itself, even when it shares its line with others
 		// ({name: a, tmeout: 5s}); else the first key on the line.
-		path, ok := locate(&root, line, "", key)
+		if !ok {
+			path, ok = locate(&root, line, key)
+		}
 		if !ok && key != "" {
-			path, ok = locate(&root, line, "", "")
+			path, ok = locate(&root, line, "")
 		}
 		if !ok || path == "" {
 			path = "config"
@@ -502,50 +530,23 @@ func decodeError(src []byte, err error) error {
 
 // locate returns the path (such as `delegates[1] ("search").timeout`) of the
 // node on the given line of a parsed document: of the key named key when
-// it is not empty, else of the first key on the line.
-func locate(n *yaml.Node, line int, path, key string) (string, bool) {
-	switch n.Kind {
-	case yaml.DocumentNode:
-		for _, c := range n.Content {
-			if p, ok := locate(c, line, path, key); ok {
-				return p, true
-			}
-		}
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			p := k.Value
-			if path != "" {
-				p = path + "." + k.Value
-			}
-			if k.Line == line && (key == "" || k.Value == key) {
-				return p, true
-			}
-			if within(v, line) {
-				if sub, ok := locate(v, line, p, key); ok {
-					return sub, true
-				}
-				if key == "" {
-					return p, true
-				}
-			}
-		}
-	case yaml.SequenceNode:
-		for i, item := range n.Content {
-			if !within(item, line) {
-				continue
-			}
-			p := fmt.Sprintf("%s[%d]", path, i)
-			if name := mappingValue(item, "name"); name != "" {
-				p += fmt.Sprintf(" (%q)", name)
-			}
-			if sub, ok := locate(item, line, p, key); ok {
-				return sub, true
-			}
-			return p, true
-		}
+// it is not empty, else of the first key on the line, else of the
+// innermost entry that holds the line.
+func locate(root *yaml.Node, line int, key string) (string, bool) {
+	onLine := func(_ string, k, _ *yaml.Node) bool {
+		return k != nil && k.Line == line && (key == "" || k.Value == key)
 	}
-	return "", false
+	if p, ok := locateBy(root, "", onLine); ok || key != "" {
+		return p, ok
+	}
+	holder := ""
+	locateBy(root, "", func(path string, _, v *yaml.Node) bool {
+		if within(v, line) {
+			holder = path
+		}
+		return false
+	})
+	return holder, holder != ""
 }
 
 // within says whether line falls between n's first and last line.

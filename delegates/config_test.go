@@ -181,22 +181,44 @@ func TestParseErrors(t *testing.T) {
 		{
 			name: "unknown delegate key",
 			src:  "delegates:\n  - name: a\n    target: x:1\n  - name: b\n    target: x:2\n    tmeout: 5s\n",
-			want: []string{`delegates[1] ("b").tmeout: unknown field (line 6)`},
+			want: []string{`delegates[1] ("b").tmeout: unknown field (did you mean "timeout"?) (line 6)`},
 		},
 		{
 			name: "unknown top-level key",
 			src:  "judge: \"\"\npresetz: {}\n",
-			want: []string{`presetz: unknown field (line 2)`},
+			want: []string{`presetz: unknown field (did you mean "presets"?) (line 2)`},
 		},
 		{
 			name: "unknown limits key",
 			src:  "limits:\n  max_attempt: 3\n",
-			want: []string{`limits.max_attempt: unknown field (line 2)`},
+			want: []string{`limits.max_attempt: unknown field (did you mean "max_attempts"?) (line 2)`},
 		},
 		{
 			name: "bad duration",
 			src:  "delegates:\n  - name: a\n    target: x:1\n    timeout: 5 seconds\n",
 			want: []string{`delegates[0] ("a").timeout: invalid duration "5 seconds"`, "(line 4)"},
+		},
+		{
+			// Issue 35: the error named the first key on the line.
+			name: "bad duration on a one-line entry",
+			src:  "delegates:\n  - {name: e, target: x:1, timeout: 5}\n",
+			want: []string{`delegates[0] ("e").timeout: invalid duration "5": durations need a unit, such as 5s (line 2)`},
+		},
+		{
+			name: "wrong type on a one-line entry",
+			src:  "delegates:\n  - {name: e, target: x:1, max_concurrent: lots}\n",
+			want: []string{"delegates[0] (\"e\").max_concurrent: cannot unmarshal !!str `lots` into int (line 2)"},
+		},
+		{
+			name: "misspelt key, nested",
+			src:  "delegates:\n  - name: e\n    target: x:1\n    circuit_breaker: {consecutive_failure: 5}\n    idempotant: true\n",
+			want: []string{`delegates[0] ("e").circuit_breaker.consecutive_failure: unknown field (did you mean "consecutive_failures"?) (line 4)`,
+				`delegates[0] ("e").idempotant: unknown field (did you mean "idempotent"?) (line 5)`},
+		},
+		{
+			name: "unknown key far from any",
+			src:  "delegates:\n  - {name: e, target: x:1, colour: red}\n",
+			want: []string{`delegates[0] ("e").colour: unknown field (line 2)`},
 		},
 		{
 			name: "bad max_wait",

@@ -33,3 +33,44 @@ func CheckName(name string) error {
 	}
 	return nil
 }
+
+// Closest returns the candidate nearest to s, for a "did you mean": one
+// within an edit distance of a third of s's length and at most 2 (see
+// EditDistance), the first of the nearest; "" when none is that close.
+func Closest(s string, candidates []string) string {
+	best, bestD := "", min(2, len(s)/3)+1
+	for _, c := range candidates {
+		if d := EditDistance(s, c); d < bestD {
+			best, bestD = c, d
+		}
+	}
+	return best
+}
+
+// EditDistance is the distance of a and b in edits of a byte (insert,
+// delete, replace, or swap two neighbours: "ecoh" is 1 from "echo"; the
+// optimal string alignment distance). It takes time len(a)×len(b): for
+// names and keys, which are short.
+func EditDistance(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
+}

@@ -50,3 +50,25 @@ func TestCheckName(t *testing.T) {
 		})
 	}
 }
+
+// Closest guesses the name meant: within a third of its length and 2
+// edits, a swap of two neighbours counting one; nothing when none is
+// that close.
+func TestClosest(t *testing.T) {
+	names := []string{"echo", "control", "idempotent", "read_only", "delegates"}
+	for s, want := range map[string]string{
+		"ecoh":       "echo",
+		"contrl":     "control",
+		"idempotant": "idempotent",
+		"readonly":   "read_only",
+		"delegate":   "delegates",
+		"ech":        "echo", // 3 letters: 1 edit
+		"ec":         "",     // 2 letters: none
+		"colour":     "",
+		"":           "",
+	} {
+		assert.Equal(t, want, delegates.Closest(s, names), "%q", s)
+	}
+	assert.Equal(t, 1, delegates.EditDistance("ecoh", "echo"))
+	assert.Equal(t, 3, delegates.EditDistance("", "abc"))
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -33,74 +35,100 @@ type Preset struct {
 	Spec *stubbornv1.ControlSpec
 }
 
-// controlKeys are the YAML keys of the four controls, in ControlSpec order.
-var controlKeys = []string{"retry", "retry_with_learning", "fallback_chain", "race"}
+// controlKeys are the YAML keys of the four controls, in ControlSpec order,
+// and controlMessages their messages.
+var (
+	controlKeys     = []string{"retry", "retry_with_learning", "fallback_chain", "race"}
+	controlMessages = []proto.Message{&stubbornv1.RetrySpec{}, &stubbornv1.RetryWithLearningSpec{}, &stubbornv1.FallbackChainSpec{}, &stubbornv1.RaceSpec{}}
+)
 
-// UnmarshalYAML reads a preset: its name and exactly one control.
+// UnmarshalYAML reads a preset: its name and exactly one control. Its
+// errors name the key they are about (presets[2] ("p").retry.max_wait).
 func (p *Preset) UnmarshalYAML(n *yaml.Node) error {
 	var raw map[string]any
 	if err := n.Decode(&raw); err != nil {
 		return err
 	}
-	// An error is reported at the line of the control's key when there is
-	// one, so that it names presets[i].retry, say, rather than the name.
-	line := n.Line
-	fail := func(format string, args ...any) error {
-		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: preset %q: %s", line, p.Name, fmt.Sprintf(format, args...))}}
-	}
 	name, _ := raw["name"].(string)
 	p.Name = name
 	var found []string
-	for k := range raw {
-		switch {
-		case k == "name":
-		case isControlKey(k):
-			found = append(found, k)
+	var unknown []string
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		switch k := n.Content[i]; {
+		case k.Value == "name":
+		case isControlKey(k.Value):
+			found = append(found, k.Value)
 		default:
-			return fail("unknown field %q (want name and one of %s)", k, strings.Join(controlKeys, ", "))
+			unknown = append(unknown, unknownKey(k, "delegates.Preset"))
 		}
+	}
+	if len(unknown) > 0 {
+		return &yaml.TypeError{Errors: unknown}
 	}
 	if len(found) != 1 {
-		return fail("needs exactly one of %s, got %d", strings.Join(controlKeys, ", "), len(found))
+		return nodeError(n, "", n.Line, fmt.Sprintf("needs exactly one of %s, got %d", strings.Join(controlKeys, ", "), len(found)))
 	}
 	key := found[0]
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if n.Content[i].Value == key {
-			line = n.Content[i].Line
+	keyNode, body := mappingEntry(n, key)
+	fail := func(sub string, line int, format string, args ...any) error {
+		if sub != "" {
+			sub = "." + sub
+		}
+		return nodeError(n, key+sub, line, fmt.Sprintf(format, args...))
+	}
+	fields, ok := raw[key].(map[string]any)
+	if !ok || body.Kind != yaml.MappingNode {
+		return fail("", keyNode.Line, "must be a mapping")
+	}
+	msg := controlMessages[slices.Index(controlKeys, key)].ProtoReflect().New().Interface()
+	desc := msg.ProtoReflect().Descriptor()
+	for i := 0; i+1 < len(body.Content); i += 2 {
+		k := body.Content[i]
+		if desc.Fields().ByName(protoreflect.Name(k.Value)) == nil && desc.Fields().ByJSONName(k.Value) == nil {
+			unknown = append(unknown, unknownKey(k, string(desc.FullName())))
 		}
 	}
-	body, ok := raw[key].(map[string]any)
-	if !ok {
-		return fail("%s: must be a mapping", key)
+	if len(unknown) > 0 {
+		return &yaml.TypeError{Errors: unknown}
 	}
-	if err := normalize(body); err != nil {
-		return fail("%s.%v", key, err)
+	if field, err := normalize(fields); err != nil {
+		line := keyNode.Line
+		if k, _ := mappingEntry(body, field); k != nil {
+			line = k.Line
+		}
+		return fail(field, line, "%v", err)
 	}
-	js, err := json.Marshal(body)
+	js, err := json.Marshal(fields)
 	if err != nil {
-		return fail("%s: %v", key, err)
-	}
-	spec := &stubbornv1.ControlSpec{}
-	var msg proto.Message
-	switch key {
-	case "retry":
-		m := &stubbornv1.RetrySpec{}
-		spec.Kind, msg = &stubbornv1.ControlSpec_Retry{Retry: m}, m
-	case "retry_with_learning":
-		m := &stubbornv1.RetryWithLearningSpec{}
-		spec.Kind, msg = &stubbornv1.ControlSpec_RetryWithLearning{RetryWithLearning: m}, m
-	case "fallback_chain":
-		m := &stubbornv1.FallbackChainSpec{}
-		spec.Kind, msg = &stubbornv1.ControlSpec_FallbackChain{FallbackChain: m}, m
-	case "race":
-		m := &stubbornv1.RaceSpec{}
-		spec.Kind, msg = &stubbornv1.ControlSpec_Race{Race: m}, m
+		return fail("", keyNode.Line, "%v", err)
 	}
 	if err := protojson.Unmarshal(js, msg); err != nil {
-		return fail("%s: %v", key, err)
+		return fail("", keyNode.Line, "%v", err)
+	}
+	spec := &stubbornv1.ControlSpec{}
+	switch m := msg.(type) {
+	case *stubbornv1.RetrySpec:
+		spec.Kind = &stubbornv1.ControlSpec_Retry{Retry: m}
+	case *stubbornv1.RetryWithLearningSpec:
+		spec.Kind = &stubbornv1.ControlSpec_RetryWithLearning{RetryWithLearning: m}
+	case *stubbornv1.FallbackChainSpec:
+		spec.Kind = &stubbornv1.ControlSpec_FallbackChain{FallbackChain: m}
+	case *stubbornv1.RaceSpec:
+		spec.Kind = &stubbornv1.ControlSpec_Race{Race: m}
 	}
 	p.Spec = spec
 	return nil
+}
+
+// mappingEntry returns the key and value nodes of key in mapping n, or
+// nils.
+func mappingEntry(n *yaml.Node, key string) (k, v *yaml.Node) {
+	for i := 0; n.Kind == yaml.MappingNode && i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i], n.Content[i+1]
+		}
+	}
+	return nil, nil
 }
 
 // MarshalYAML writes the preset back in the form UnmarshalYAML reads
@@ -118,29 +146,22 @@ func (p Preset) MarshalYAML() (any, error) {
 	return body, nil
 }
 
-func isControlKey(k string) bool {
-	for _, c := range controlKeys {
-		if k == c {
-			return true
-		}
-	}
-	return false
-}
+func isControlKey(k string) bool { return slices.Contains(controlKeys, k) }
 
 // normalize rewrites the YAML conveniences into protojson: Go durations
 // ("100ms") for the *_wait, *_timeout and *_delay fields, and on_exhausted
-// ask/fail.
-func normalize(body map[string]any) error {
+// ask/fail. An error names the field it is about.
+func normalize(body map[string]any) (field string, err error) {
 	for k, v := range body {
 		switch {
 		case strings.HasSuffix(k, "_wait") || strings.HasSuffix(k, "_timeout") || strings.HasSuffix(k, "_delay"):
 			s, ok := v.(string)
 			if !ok {
-				return fmt.Errorf("%s: a duration must be a string such as \"500ms\"", k)
+				return k, fmt.Errorf("a duration must be a string such as \"500ms\"")
 			}
 			d, err := time.ParseDuration(s)
 			if err != nil {
-				return fmt.Errorf("%s: invalid duration %q", k, s)
+				return k, fmt.Errorf("invalid duration %q", s)
 			}
 			body[k] = strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s"
 		case k == "on_exhausted":
@@ -151,12 +172,12 @@ func normalize(body map[string]any) error {
 				u = "ON_EXHAUSTED_" + u
 			}
 			if _, ok := stubbornv1.OnExhausted_value[u]; !ok || u == "ON_EXHAUSTED_UNSPECIFIED" {
-				return fmt.Errorf("%s: must be ask or fail (or ON_EXHAUSTED_ASK, ON_EXHAUSTED_FAIL), got %v", k, v)
+				return k, fmt.Errorf("must be ask or fail (or ON_EXHAUSTED_ASK, ON_EXHAUSTED_FAIL), got %v", v)
 			}
 			body[k] = u
 		}
 	}
-	return nil
+	return "", nil
 }
 
 // References returns the delegate or preset names a control spec calls.

@@ -63,7 +63,7 @@ func TestPresetsRejected(t *testing.T) {
 		{"an unknown reference", `
   - {name: p, fallback_chain: {chain: [a, nope]}}`, `"nope" is neither a delegate nor a preset`},
 		{"two controls", `
-  - {name: p, retry: {target: a}, race: {candidates: [a]}}`, "needs exactly one of"},
+  - {name: p, retry: {target: a}, race: {candidates: [a]}}`, `presets[0] ("p"): needs exactly one of retry, retry_with_learning, fallback_chain, race, got 2 (line 4)`},
 		{"no control", `
   - {name: p}`, "needs exactly one of"},
 		{"a name taken by a delegate", `
@@ -72,9 +72,21 @@ func TestPresetsRejected(t *testing.T) {
   - {name: p, retry: {target: a}}
   - {name: p, retry: {target: a}}`, "duplicate preset"},
 		{"an unknown field", `
-  - {name: p, retry: {target: a, tries: 3}}`, "tries"},
+  - {name: p, retry: {target: a, tries: 3}}`, `presets[0] ("p").retry.tries: unknown field (line 4)`},
+		{"a misspelt field", `
+  - {name: p, retry: {target: a, attempt: 3}}`, `presets[0] ("p").retry.attempt: unknown field (did you mean "attempts"?) (line 4)`},
 		{"a bad duration", `
-  - {name: p, retry: {target: a, max_wait: soon}}`, `invalid duration "soon"`},
+  - {name: p, retry: {target: a, max_wait: soon}}`, `presets[0] ("p").retry.max_wait: invalid duration "soon" (line 4)`},
+		// Issue 35: these named the preset's name.
+		{"a delegate's key in a preset", `
+  - {name: a2, retry: {target: a}}
+  - name: web503
+    http: {url: "http://x"}`, `presets[1] ("web503").http: unknown field (a delegate's key: a preset is a name and one of retry, retry_with_learning, fallback_chain, race; is this entry meant for delegates?) (line 6)`},
+		{"a bad duration, written as blocks", `
+  - name: p
+    retry:
+      target: a
+      base_wait: 5`, `presets[0] ("p").retry.base_wait: a duration must be a string such as "500ms" (line 7)`},
 		{"a negative hedge_delay", `
   - {name: p, race: {candidates: [a], hedge_delay: -1s}}`, "race.hedge_delay must not be negative"},
 		{"criteria in a preset", `
@@ -105,5 +117,5 @@ func TestPresetOnExhaustedSpellings(t *testing.T) {
 	}
 	_, err := parse("never")
 	require.Error(t, err)
-	assert.ErrorContains(t, err, `presets[0] ("p").retry: preset "p": retry.on_exhausted: must be ask or fail (or ON_EXHAUSTED_ASK, ON_EXHAUSTED_FAIL), got never (line 5)`)
+	assert.ErrorContains(t, err, `presets[0] ("p").retry.on_exhausted: must be ask or fail (or ON_EXHAUSTED_ASK, ON_EXHAUSTED_FAIL), got never (line 5)`)
 }

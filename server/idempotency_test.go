@@ -9,11 +9,14 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/server"
 )
 
 // A caller that starts a run again with its idempotency key (it timed out,
@@ -28,17 +31,23 @@ func TestAnIdempotencyKeyNamesOneRun(t *testing.T) {
 			TaskBrief: "charge order 42", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}},
 			Options: &stubbornv1.RunOptions{IdempotencyKey: "order-42", Metadata: map[string]string{"attempt": "1"}},
 		}
-		first, err := e.client.StartRun(ctx, req)
+		var firstHeader, againHeader metadata.MD
+		first, err := e.client.StartRun(ctx, req, grpc.Header(&firstHeader))
 		require.NoError(t, err)
+		assert.Empty(t, firstHeader.Get(server.ReplayHeader), "a new run is no replay")
 		runToEnd(t, ctx, e.client, first.GetRunId())
 		req.Options.Metadata["attempt"] = "2" // metadata is not the request
-		again, err := e.client.StartRun(ctx, req)
+		again, err := e.client.StartRun(ctx, req, grpc.Header(&againHeader))
 		require.NoError(t, err)
 		assert.Equal(t, first.GetRunId(), again.GetRunId())
+		assert.Equal(t, []string{"true"}, againHeader.Get(server.ReplayHeader), "the caller learns that nothing new started")
 		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, again.GetState().GetStatus(), "its current state")
 
 		stream, err := e.client.Run(ctx, &stubbornv1.RunRequest{TaskBrief: req.TaskBrief, FallbackChain: req.FallbackChain, Options: req.Options})
 		require.NoError(t, err)
+		h, err := stream.Header()
+		require.NoError(t, err)
+		assert.Equal(t, []string{"true"}, h.Get(server.ReplayHeader))
 		var seqs []int64
 		for {
 			m, err := stream.Recv()

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -272,9 +273,19 @@ func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	if existing {
+		// The caller learns that nothing new started (the CLI says so).
+		// A call that is not gRPC's (the front door) has no header.
+		_ = grpc.SetHeader(ctx, metadata.Pairs(ReplayHeader, "true"))
+	}
 	logging.AddFields(ctx, logging.Fields{"run_id", st.GetRunId()}) // for the call's log line
 	return st, nil
 }
+
+// ReplayHeader is the response header of a Run or StartRun call whose
+// options.idempotency_key named a run already started: its value is
+// "true", and the call started nothing (it replays or returns that run).
+const ReplayHeader = "stubborn-idempotency-replay"
 
 // WatchRun streams a run's events after after_seq, then live ones.
 func (s *Service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerStreamingServer[stubbornv1.WatchRunResponse]) error {

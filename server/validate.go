@@ -229,53 +229,21 @@ type validator struct {
 }
 
 // didYouMean is " (did you mean "x"?)" for the known name closest to
-// name, when one is close (an edit distance of at most a third of its
-// length, and 2), else "".
+// name, when one is close (delegates.Closest), else "".
 func (val *validator) didYouMean(name string) string {
 	if val.names == nil {
 		return ""
 	}
-	best, bestD := "", min(2, len(name)/3)+1
+	var known []string
 	for _, n := range val.names() {
-		if !val.known(n) {
-			continue // another tenant's: not named
-		}
-		if d := editDistance(name, n); d < bestD {
-			best, bestD = n, d
+		if val.known(n) { // another tenant's is not named
+			known = append(known, n)
 		}
 	}
-	if best == "" {
-		return ""
+	if best := delegates.Closest(name, known); best != "" {
+		return fmt.Sprintf(" (did you mean %q?)", best)
 	}
-	return fmt.Sprintf(" (did you mean %q?)", best)
-}
-
-// editDistance is the distance of a and b in edits of a byte (insert,
-// delete, replace, or swap two neighbours: "ecoh" is 1 from "echo"; the
-// optimal string alignment distance). Names are short
-// (delegates.CheckName bounds them).
-func editDistance(a, b string) int {
-	d := make([][]int, len(a)+1)
-	for i := range d {
-		d[i] = make([]int, len(b)+1)
-		d[i][0] = i
-	}
-	for j := range d[0] {
-		d[0][j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
-			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
-				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
-			}
-		}
-	}
-	return d[len(a)][len(b)]
+	return ""
 }
 
 // runSpec checks a run request and returns the control it selects. Unknown

@@ -128,7 +128,7 @@ func TestClientCommandsAsTyped(t *testing.T) {
 	assert.Equal(t, "run "+id+": deleted\n", out)
 	_, code, err = cli("get", id)
 	assert.Equal(t, 1, code)
-	assert.ErrorContains(t, err, "NotFound")
+	assert.ErrorContains(t, err, "run not found")
 }
 
 // The config reloads when its file changes (written in place or renamed
@@ -171,6 +171,9 @@ func TestServeReloadsConfig(t *testing.T) {
 	require.NoError(t, os.WriteFile(tmp, []byte(two), 0o600))
 	require.NoError(t, os.Rename(tmp, config))
 	logged("config reloaded", "the file changed", 1)
+	s.mu.Lock()
+	assert.Contains(t, s.logs.String(), `"delegates_added":["again"],"delegates_removed":null,"delegates_changed":null`)
+	s.mu.Unlock()
 	out, code, err := cli("run", "-brief", "hi", "-delegates", "again")
 	require.NoError(t, err)
 	assert.Equal(t, 0, code)
@@ -190,12 +193,17 @@ func TestServeReloadsConfig(t *testing.T) {
 	require.NoError(t, s.cmd.Process.Signal(syscall.SIGHUP))
 	logged("config not reloaded: keeping the one in use", "SIGHUP", 1)
 
-	// Fixed, without "again": new runs naming it are NOT_FOUND.
-	require.NoError(t, os.WriteFile(config, []byte(one), 0o600))
+	// Fixed, without "again", and echo changed: new runs naming again
+	// are NOT_FOUND, and the log says what changed.
+	changed := strings.Replace(one, "idempotent: true", "idempotent: true, timeout: 7s", 1)
+	require.NoError(t, os.WriteFile(config, []byte(changed), 0o600))
 	logged("config reloaded", "the file changed", 2)
+	s.mu.Lock()
+	assert.Contains(t, s.logs.String(), `"delegates_added":null,"delegates_removed":["again"],"delegates_changed":["echo"]`)
+	s.mu.Unlock()
 	_, code, err = cli("run", "-brief", "hi", "-delegates", "again")
 	assert.Equal(t, 1, code)
-	assert.ErrorContains(t, err, "NotFound")
+	assert.ErrorContains(t, err, `delegate "again" is not in the registry`)
 	require.NoError(t, s.cmd.Process.Signal(syscall.SIGHUP))
 	logged("config reloaded", "SIGHUP", 1)
 	out, _, err = cli("registry")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,39 +11,17 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/server"
 )
 
 const defaultAddr = "127.0.0.1:7300"
-
-// addrFlag registers a client command's -addr: STUBBORN_ADDR, else
-// defaultAddr, unless given.
-func addrFlag(fs *flag.FlagSet) *string {
-	def := defaultAddr
-	if env := os.Getenv("STUBBORN_ADDR"); env != "" {
-		def = env
-	}
-	return fs.String("addr", def, "Stubborn server address (STUBBORN_ADDR sets the default)")
-}
-
-// dial connects to a Stubborn server, with the credentials the environment
-// gives (clientOptions).
-func dial(addr string) (stubbornv1.ControlServiceClient, func(), error) {
-	opts, err := clientOptions(addr, os.Getenv)
-	if err != nil {
-		return nil, nil, err
-	}
-	conn, err := grpc.NewClient(addr, opts...)
-	if err != nil {
-		return nil, nil, err
-	}
-	return stubbornv1.NewControlServiceClient(conn), func() { _ = conn.Close() }, nil
-}
 
 // runFlags are the flags of `stubborn run` that build a RunRequest.
 type runFlags struct {
@@ -133,6 +110,9 @@ func (f *runFlags) build(stdin io.Reader) (*stubbornv1.RunRequest, error) {
 	// Enum values in short form or the .proto's, any case: retry_with_learning,
 	// RETRY-WITH-LEARNING; fail, ON_EXHAUSTED_FAIL.
 	control := strings.ReplaceAll(strings.ToLower(f.control), "_", "-")
+	if err := f.checkNames(control); err != nil {
+		return nil, err
+	}
 	switch control {
 	case "retry":
 		r := &stubbornv1.RetrySpec{Target: f.target}
@@ -173,31 +153,23 @@ func (f *runFlags) build(stdin io.Reader) (*stubbornv1.RunRequest, error) {
 	return req, nil
 }
 
-func ptr[T any](v T) *T { return &v }
-
-// follow prints a run's stream until it ends and returns the final state.
-func follow[T any, PT interface {
-	*T
-	GetEvent() *stubbornv1.RunEvent
-}](stream grpc.ServerStreamingClient[T], p *printer) (*stubbornv1.ControlState, error) {
-	// A stream that ends in the middle of an attempt's text ends its line.
-	defer p.endOutput()
-	var final *stubbornv1.ControlState
-	for {
-		msg, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return final, nil
+// checkNames refuses the flag of the other kind of control: a retry
+// names its delegate with -target, a chain or a race with -delegates.
+func (f *runFlags) checkNames(control string) error {
+	switch control {
+	case "retry", "retry-with-learning":
+		if f.target == "" && f.list != "" {
+			return fmt.Errorf("-control %s names its one delegate with -target, not -delegates (which is for fallback-chain and race): -target %s", control, strings.Split(f.list, ",")[0])
 		}
-		if err != nil {
-			return final, err
-		}
-		ev := PT(msg).GetEvent()
-		p.event(ev)
-		if f := ev.GetRunFinished(); f != nil {
-			final = f.GetState()
+	case "fallback-chain", "race":
+		if f.list == "" && f.target != "" {
+			return fmt.Errorf("-control %s names its delegates with -delegates, not -target (which is for retry and retry-with-learning): -delegates %s", control, f.target)
 		}
 	}
+	return nil
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // exitCode is 0 for a succeeded run, 1 otherwise.
 func exitCode(st *stubbornv1.ControlState) int {
@@ -209,29 +181,33 @@ func exitCode(st *stubbornv1.ControlState) int {
 
 func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	fs := newFlagSet("run")
-	addr := addrFlag(fs)
+	var cf clientFlags
+	cf.register(fs)
 	asJSON := fs.Bool("json", false, "print events as protojson lines")
 	cancelOnInterrupt := fs.Bool("cancel-on-interrupt", false, "on Ctrl-C, cancel the run too (without it the run goes on on the server)")
 	var f runFlags
 	f.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return 2, err
 	}
 	req, err := f.build(os.Stdin)
 	if err != nil {
 		return 2, err
 	}
-	client, closeConn, err := dial(*addr)
+	client, err := connect(ctx, cf)
 	if err != nil {
 		return 1, err
 	}
-	defer closeConn()
+	defer client.close()
 	stream, err := client.Run(ctx, req)
 	if err != nil {
 		return 1, err
 	}
-	p := printer{w: stdout, json: *asJSON, addr: *addr}
-	st, err := follow(stream, &p)
+	if h, herr := stream.Header(); herr == nil && len(h.Get(server.ReplayHeader)) > 0 {
+		fmt.Fprintf(stderr, "stubborn: -idempotency-key %q already started a run: nothing new started, following that run from its start\n", req.GetOptions().GetIdempotencyKey())
+	}
+	p := printer{w: stdout, json: *asJSON, addr: cf.addr}
+	st, err := client.follow(ctx, "", streamEventsOf(stream), &p)
 	interrupted := err != nil && ctx.Err() != nil && p.runID != ""
 	cancelRun := func() (int, error) {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -240,7 +216,7 @@ func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 		if cerr != nil {
 			return 1, fmt.Errorf("cancelling run %s: %w", p.runID, cerr)
 		}
-		printState(os.Stderr, res.GetState(), false)
+		printState(stderr, res.GetState(), false)
 		return 130, nil
 	}
 	if interrupted && *cancelOnInterrupt {
@@ -248,11 +224,11 @@ func cmdRun(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	}
 	if interrupted {
 		// The run is the server's, and goes on.
-		fmt.Fprintf(os.Stderr, "stopped following run %s, which goes on on the server; follow it again with `stubborn watch%s %s -after %d`, or cancel it with `stubborn cancel%s %s`\n",
-			p.runID, p.addrFlag(), p.runID, p.lastSeq, p.addrFlag(), p.runID)
+		fmt.Fprintf(stderr, "stopped following run %s, which goes on on the server; %s, or cancel it with `stubborn cancel%s %s`\n",
+			p.runID, p.followAgain(), p.addrFlag(), p.runID)
 		if more, stop := moreInterrupts(); more != nil {
 			defer stop()
-			fmt.Fprintf(os.Stderr, "press Ctrl-C again within %s to cancel it\n", secondInterruptWait)
+			fmt.Fprintf(stderr, "press Ctrl-C again within %s to cancel it\n", secondInterruptWait)
 			select {
 			case <-more:
 				return cancelRun()
@@ -288,23 +264,30 @@ func defaultMoreInterrupts() (more <-chan os.Signal, stop func()) {
 
 func cmdWatch(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	fs := newFlagSet("watch")
-	addr := addrFlag(fs)
+	var cf clientFlags
+	cf.register(fs)
 	after := fs.Int64("after", 0, "only events after this seq")
 	asJSON := fs.Bool("json", false, "print events as protojson lines")
 	id, _, err := parseWithID(fs, args)
 	if err != nil {
 		return 2, err
 	}
-	client, closeConn, err := dial(*addr)
+	client, err := connect(ctx, cf)
 	if err != nil {
 		return 1, err
 	}
-	defer closeConn()
+	defer client.close()
+	p := printer{w: stdout, json: *asJSON, addr: cf.addr, runID: id, lastSeq: *after}
 	stream, err := client.WatchRun(ctx, &stubbornv1.WatchRunRequest{RunId: id, AfterSeq: *after})
-	if err != nil {
-		return 1, err
+	var st *stubbornv1.ControlState
+	if err == nil {
+		st, err = client.follow(ctx, id, streamEventsOf(stream), &p)
 	}
-	st, err := follow(stream, &printer{w: stdout, json: *asJSON, addr: *addr})
+	if err != nil && ctx.Err() != nil {
+		// Ctrl-C: the run goes on.
+		fmt.Fprintf(stderr, "stopped following run %s, which goes on on the server; %s\n", id, p.followAgain())
+		return 130, nil
+	}
 	if err != nil {
 		return 1, err
 	}
@@ -316,25 +299,51 @@ func cmdWatch(ctx context.Context, args []string, stdout io.Writer) (int, error)
 			return 1, err
 		}
 		st = res.GetState()
-		fmt.Fprintf(os.Stderr, "run %s: %s, no events after seq %d\n", id, statusName(st.GetStatus()), *after)
+		fmt.Fprintf(stderr, "run %s: %s, no events after seq %d\n", id, statusName(st.GetStatus()), *after)
 	}
 	return exitCode(st), nil
 }
 
-// cmdUnary runs get, cancel and decide, which print the run's state.
+// decideWait is how long `decide RUN fail` waits for the run to end, to
+// print how it ended.
+const decideWait = 10 * time.Second
+
+// cmdUnary runs get, cancel, decide and delete, which print the run's
+// state (delete that it is gone).
 func cmdUnary(ctx context.Context, name string, args []string, stdout io.Writer) (int, error) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	addr := addrFlag(fs)
+	fs := newFlagSet(name)
+	var cf clientFlags
+	cf.register(fs)
 	asJSON := fs.Bool("json", false, "print the run's whole state as protojson")
 	id, rest, err := parseWithID(fs, args)
 	if err != nil {
 		return 2, err
 	}
-	client, closeConn, err := dial(*addr)
+	var decision stubbornv1.Decision
+	switch name {
+	case "delete":
+		if len(rest) > 1 || len(rest) == 1 && rest[0] != "cancel" {
+			return 2, fmt.Errorf("usage: stubborn delete RUN_ID [cancel]")
+		}
+	case "decide":
+		answer := ""
+		if len(rest) > 0 {
+			answer = rest[0]
+		}
+		switch strings.ToLower(answer) {
+		case "retry":
+			decision = stubbornv1.Decision_DECISION_RETRY
+		case "fail":
+			decision = stubbornv1.Decision_DECISION_FAIL
+		default:
+			return 2, fmt.Errorf("usage: stubborn decide RUN_ID retry|fail")
+		}
+	}
+	client, err := connect(ctx, cf)
 	if err != nil {
 		return 1, err
 	}
-	defer closeConn()
+	defer client.close()
 	var st *stubbornv1.ControlState
 	switch name {
 	case "get":
@@ -346,35 +355,27 @@ func cmdUnary(ctx context.Context, name string, args []string, stdout io.Writer)
 		res, err = client.CancelRun(ctx, &stubbornv1.CancelRunRequest{RunId: id})
 		st = res.GetState()
 	case "delete":
-		cancel := len(rest) > 0 && rest[0] == "cancel"
-		if len(rest) > 0 && !cancel {
-			return 2, fmt.Errorf("usage: stubborn delete RUN_ID [cancel]")
-		}
+		cancel := len(rest) == 1
 		if _, err = client.DeleteRun(ctx, &stubbornv1.DeleteRunRequest{RunId: id, Cancel: cancel}); err != nil {
-			return 1, err
+			if status.Code(err) == codes.FailedPrecondition && !cancel {
+				err = fmt.Errorf("%w: `stubborn delete%s %s cancel` cancels it and deletes it", err, (&printer{addr: cf.addr}).addrFlag(), id)
+			}
+			return 1, runError(err)
 		}
 		fmt.Fprintf(stdout, "run %s: deleted\n", id)
 		return 0, nil
 	case "decide":
-		d := stubbornv1.Decision_DECISION_UNSPECIFIED
-		answer := ""
-		if len(rest) > 0 {
-			answer = rest[0]
-		}
-		switch strings.ToLower(answer) {
-		case "retry":
-			d = stubbornv1.Decision_DECISION_RETRY
-		case "fail":
-			d = stubbornv1.Decision_DECISION_FAIL
-		default:
-			return 2, fmt.Errorf("usage: stubborn decide RUN_ID retry|fail")
-		}
 		var res *stubbornv1.DecideRunResponse
-		res, err = client.DecideRun(ctx, &stubbornv1.DecideRunRequest{RunId: id, Decision: d})
+		res, err = client.DecideRun(ctx, &stubbornv1.DecideRunRequest{RunId: id, Decision: decision})
 		st = res.GetState()
+		if err == nil && decision == stubbornv1.Decision_DECISION_FAIL && !finished(st) {
+			// The run ends at once: say how, rather than the status it
+			// had when the decision was taken.
+			st = client.awaitEnd(ctx, st, decideWait)
+		}
 	}
 	if err != nil {
-		return 1, err
+		return 1, runError(err)
 	}
 	if !*asJSON {
 		printState(stdout, st, name == "get")
@@ -388,13 +389,47 @@ func cmdUnary(ctx context.Context, name string, args []string, stdout io.Writer)
 	return 0, nil
 }
 
+// runError adds to a call's error about a run what a person may want to
+// know: a run not found may be gone, or not theirs.
+func runError(err error) error {
+	if status.Code(err) == codes.NotFound {
+		return fmt.Errorf("%w (it may have been deleted, or be another tenant's)", err)
+	}
+	return err
+}
+
+// awaitEnd waits up to wait for the run of st to end, and returns its
+// final state; st, or the last state read, when it has not ended by then.
+func (c *client) awaitEnd(ctx context.Context, st *stubbornv1.ControlState, wait time.Duration) *stubbornv1.ControlState {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	stream, err := c.WatchRun(ctx, &stubbornv1.WatchRunRequest{RunId: st.GetRunId()})
+	if err != nil {
+		return st
+	}
+	for {
+		res, err := stream.Recv()
+		if err != nil {
+			break
+		}
+		if f := res.GetEvent().GetRunFinished(); f != nil {
+			return f.GetState()
+		}
+	}
+	if res, err := c.GetRun(ctx, &stubbornv1.GetRunRequest{RunId: st.GetRunId()}); err == nil {
+		return res.GetState()
+	}
+	return st
+}
+
 func cmdList(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	fs := newFlagSet("list")
-	addr := addrFlag(fs)
+	var cf clientFlags
+	cf.register(fs)
 	statusFlag := fs.String("status", "", "only runs with this status: "+strings.Join(statusNames(), ", "))
 	limit := fs.Int("limit", 50, "how many runs to list, newest first (at most 1000 a page; pages are followed)")
 	all := fs.Bool("all", false, "list every run (no -limit)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return 2, err
 	}
 	if *all {
@@ -411,11 +446,11 @@ func cmdList(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 		}
 		filter = stubbornv1.RunStatus(v)
 	}
-	client, closeConn, err := dial(*addr)
+	client, err := connect(ctx, cf)
 	if err != nil {
 		return 1, err
 	}
-	defer closeConn()
+	defer client.close()
 	listed, token := 0, ""
 	for {
 		res, err := client.ListRuns(ctx, &stubbornv1.ListRunsRequest{Status: filter, View: stubbornv1.RunView_RUN_VIEW_SUMMARY, PageSize: int32(min(*limit-listed, 1000)), PageToken: token})
@@ -459,7 +494,7 @@ func statusNames() []string {
 func parseWithID(fs *flag.FlagSet, args []string) (string, []string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseFlags(fs, args); err != nil {
 			return "", nil, err
 		}
 		if fs.NArg() == 0 {
@@ -525,18 +560,28 @@ func streamTraits(d *stubbornv1.DelegateDescription) []string {
 
 func cmdRegistry(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	fs := newFlagSet("registry")
-	addr := addrFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	var cf clientFlags
+	cf.register(fs)
+	asJSON := fs.Bool("json", false, "print the whole ListDelegatesResponse as protojson")
+	if err := parseFlags(fs, args); err != nil {
 		return 2, err
 	}
-	client, closeConn, err := dial(*addr)
+	client, err := connect(ctx, cf)
 	if err != nil {
 		return 1, err
 	}
-	defer closeConn()
+	defer client.close()
 	res, err := client.ListDelegates(ctx, &stubbornv1.ListDelegatesRequest{})
 	if err != nil {
 		return 1, err
+	}
+	if *asJSON {
+		b, err := protojson.MarshalOptions{Multiline: true}.Marshal(res)
+		if err != nil {
+			return 1, err
+		}
+		fmt.Fprintf(stdout, "%s\n", b)
+		return 0, nil
 	}
 	if len(res.GetDelegates()) == 0 && len(res.GetPresets()) == 0 {
 		fmt.Fprintln(stdout, "no delegates or presets")

@@ -104,7 +104,7 @@ func cmdDelegates(ctx context.Context, args []string, stdout io.Writer) (int, er
 	fs := newFlagSet("delegates")
 	listen := fs.String("listen", "127.0.0.1:7400", "host and first port; each demo delegate takes the next port")
 	latency := fs.Duration("latency", 300*time.Millisecond, "how long each demo answer takes")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return 2, err
 	}
 	host, portText, err := net.SplitHostPort(*listen)
@@ -165,7 +165,7 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	asJSON := fs.Bool("json", false, "print events as protojson lines")
 	exit := fs.Bool("exit", false, "exit once the demo runs have ended, instead of serving the console until interrupted")
 	httpListen := fs.String("http-listen", demoHTTPListen, "loopback address to serve the web console and the HTTP API on (when the default is taken, any free port)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return 2, err
 	}
 	httpSet := false
@@ -212,14 +212,19 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	// included.
 	defer stopServer()
 
-	client, closeConn, err := dial(lis.Addr().String())
+	client, err := dial(lis.Addr().String())
 	if err != nil {
 		return 1, err
 	}
-	defer closeConn()
+	defer client.close()
 
-	fmt.Fprintf(stdout, "Console: %s (open it to follow the runs below live)\n", consoleURL)
-	fmt.Fprintf(stdout, "Stubborn demo: server on %s, demo delegates echo, flaky and flaky-api (each fails its first 2 calls), down (health NOT_SERVING), search-backup (always fails), storyteller (streams its answer, stalls once), unreachable (nothing listens).\n", lis.Addr())
+	api := lis.Addr().String()
+	if *exit {
+		fmt.Fprintf(stdout, "Console: %s (up only while the runs below play: `stubborn demo` without -exit keeps it up)\n", consoleURL)
+	} else {
+		fmt.Fprintf(stdout, "Console: %s (open it to follow the runs below live)\n", consoleURL)
+	}
+	fmt.Fprintf(stdout, "Stubborn demo: API on %s (gRPC: from another shell, `stubborn list -addr %s`), demo delegates echo, flaky and flaky-api (each fails its first 2 calls), down (health NOT_SERVING), search-backup (always fails), storyteller (streams its answer, stalls once), unreachable (nothing listens).\n", api, api)
 	failed, interrupted, err := playDemoRuns(ctx, client, stdout, *asJSON)
 	if err != nil {
 		return 1, err
@@ -238,7 +243,7 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	}
 
 	leaveRunForPerson(ctx, client, stdout, consoleURL)
-	fmt.Fprintf(stdout, "\nServing the console on %s and the API on %s (gRPC) until interrupted: press Ctrl-C to stop.\n", consoleURL, lis.Addr())
+	fmt.Fprintf(stdout, "\nServing the console on %s and the API on %s (gRPC: `stubborn list -addr %s`) until interrupted: press Ctrl-C to stop.\n", consoleURL, api, api)
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "\nStopping.")
 	if failed != nil {
@@ -273,7 +278,7 @@ func demoHTTP(s *server.Stubborn, listen string, set bool, logger *slog.Logger) 
 // playDemoRuns runs the demo's runs one after the other, printing their
 // events. failed says which run did not end as it should; interrupted that
 // ctx ended meanwhile.
-func playDemoRuns(ctx context.Context, client stubbornv1.ControlServiceClient, stdout io.Writer, asJSON bool) (failed error, interrupted bool, err error) {
+func playDemoRuns(ctx context.Context, client *client, stdout io.Writer, asJSON bool) (failed error, interrupted bool, err error) {
 	demoRuns := []demoRun{
 		{
 			title: "fallback-chain [down, unreachable, search-backup, echo]: down is skipped on its health check, unreachable refuses the connection, search-backup fails, echo wins",
@@ -318,7 +323,7 @@ func playDemoRuns(ctx context.Context, client stubbornv1.ControlServiceClient, s
 		if err != nil {
 			return nil, false, err
 		}
-		st, err := follow(stream, &printer{w: stdout, json: asJSON})
+		st, err := client.follow(ctx, "", streamEventsOf(stream), &printer{w: stdout, json: asJSON})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, true, nil

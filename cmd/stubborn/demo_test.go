@@ -63,6 +63,16 @@ func TestDemoServesConsoleUntilInterrupted(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(out.String(), "press Ctrl-C to stop") }, 30*time.Second, 10*time.Millisecond, out.String())
 	assert.Contains(t, out.String(), "Demo finished: every run ended as expected.")
 	assert.Regexp(t, `A fifth run awaits your decision .*: http://\S+/#/runs/run_\S+`, out.String())
+	assert.Contains(t, out.String(), "(open it to follow the runs below live)")
+
+	// The -addr hint it prints works.
+	hint := regexp.MustCompile("Serving the console on \\S+ and the API on \\S+ \\(gRPC: `stubborn (list -addr \\S+)`\\)").FindStringSubmatch(out.String())
+	require.NotNil(t, hint, out.String())
+	var listed bytes.Buffer
+	code, err := run(ctx, strings.Fields(hint[1]), &listed)
+	require.NoError(t, err)
+	assert.Equal(t, 0, code)
+	assert.Equal(t, 5, strings.Count(listed.String(), "run_"), listed.String())
 
 	// The console's page.
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/", nil)

@@ -31,6 +31,7 @@ func TestServeHTTPListenAnswersCurl(t *testing.T) {
 	require.NoError(t, os.WriteFile(cfg, fmt.Appendf(nil, "delegates:\n  - {name: echo, target: %q}\n", lis.Addr()), 0o600))
 	s := startServer(t, "-memory", "-config", cfg, "-listen", "127.0.0.1:0", "-http-listen", "127.0.0.1:0")
 	base := s.loggedURL(t, "http api serving")
+	assert.Equal(t, base+"/", s.loggedURL(t, "web console serving"), "serve logs the console's URL")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -37,13 +37,14 @@ Usage:
   stubborn cancel RUN_ID
   stubborn decide RUN_ID retry|fail
   stubborn delete RUN_ID [cancel]   forget a finished run now (cancel: cancel it first if it runs)
-  stubborn registry   the delegates and presets the server lets you name (kind, health, idempotent, presets' specs)
+  stubborn registry [-json]   the delegates and presets the server lets you name (kind, health, idempotent, presets' specs)
   stubborn delegates [-listen HOST:FIRST_PORT]   serve the demo delegates
   stubborn demo   [-exit] [-http-listen ADDR]   a server, demo delegates, live runs and the web console in one process, until Ctrl-C (-exit: once the runs end)
   stubborn token  [-hash]   a new bearer token and its SHA-256 for a tenant's token_sha256 (-hash: hash stdin's)
 
 Clients (run, watch, get, list, cancel, decide, delete, registry) read STUBBORN_ADDR (the default of -addr), STUBBORN_TOKEN (a bearer token) and, for TLS,
-STUBBORN_TLS_CA, STUBBORN_TLS_SERVER_NAME, STUBBORN_TLS_CERT and STUBBORN_TLS_KEY from the environment.
+STUBBORN_TLS_CA, STUBBORN_TLS_SERVER_NAME, STUBBORN_TLS_CERT and STUBBORN_TLS_KEY from the environment. They wait up to -wait (10s) for a server
+that is starting; run and watch follow a run on across a server restart. Each command's flags: stubborn COMMAND -h.
 `
 
 func main() {
@@ -61,7 +62,18 @@ func run(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 		fmt.Fprint(os.Stderr, usage)
 		return 2, nil
 	}
-	cmd, rest := args[0], args[1:]
+	code, err := command(ctx, args[0], args[1:], stdout)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0, nil // -h: parseFlags printed the flags
+	case errors.Is(err, errInterrupted):
+		return 130, nil
+	}
+	return code, err
+}
+
+// command runs one of stubborn's commands.
+func command(ctx context.Context, cmd string, rest []string, stdout io.Writer) (int, error) {
 	switch cmd {
 	case "serve":
 		return cmdServe(ctx, rest)
@@ -87,11 +99,6 @@ func run(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	}
 	fmt.Fprint(os.Stderr, usage)
 	return 2, fmt.Errorf("unknown command %q", cmd)
-}
-
-// newFlagSet returns a flag set that reports errors instead of exiting.
-func newFlagSet(name string) *flag.FlagSet {
-	return flag.NewFlagSet(name, flag.ContinueOnError)
 }
 
 // newLogger returns serve's logger on stderr; with flushEvery > 0 through
@@ -164,7 +171,7 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 	c := &serveConfig{}
 	c.sec.register(fs)
 	c.store.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	c.listen, c.metricsListen, c.httpListen, c.pprofListen = *listen, *metricsListen, *httpListen, *pprofListen
@@ -310,7 +317,13 @@ func serveHTTP(s *server.Stubborn, lis net.Listener, c *serveConfig) (stop func(
 				"addr", lis.Addr().String())
 		}
 	}
-	return serveHandler(h, lis, c, "http api serving", ""), nil
+	stop = serveHandler(h, lis, c, "http api serving", "")
+	scheme := "http"
+	if c.sec.tc != nil {
+		scheme = "https"
+	}
+	c.logger.Info("web console serving", "url", scheme+"://"+lis.Addr().String()+"/")
+	return stop, nil
 }
 
 // serveHandler serves h on lis (over TLS when serve has it) until the

@@ -44,7 +44,9 @@ func TestDemoRunsEndToEnd(t *testing.T) {
 	require.NoError(t, err, out.String())
 	assert.Equal(t, 0, code)
 	text := out.String()
-	assert.Regexp(t, `^Console: http://127\.0\.0\.1:\d+/ `, text, "the console's URL comes first")
+	assert.Regexp(t, `^Console: http://127\.0\.0\.1:\d+/ \(up only while the runs below play`, text, "the console's URL comes first; with -exit, no invitation to open it")
+	assert.NotContains(t, text, "open it")
+	assert.Regexp(t, "API on (127\\.0\\.0\\.1:\\d+) \\(gRPC: from another shell, `stubborn list -addr 127\\.0\\.0\\.1:\\d+`\\)", text)
 	for _, want := range []string{
 		"attempt 1 ← down: SKIPPED",
 		"attempt 3 ← search-backup: ERROR",
@@ -141,7 +143,7 @@ func TestPrintSaysWhyARaceCandidateStarted(t *testing.T) {
 		attempt(1, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE),
 		attempt(2, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY),
 	}}, true)
-	assert.Contains(t, out.String(), "#2 d: UNSPECIFIED (started after the hedge delay)")
+	assert.Contains(t, out.String(), "#2 d: running (started after the hedge delay)", "an attempt in flight has no outcome yet")
 }
 
 // streamEvents builds the events of a run for the printer tests: seq

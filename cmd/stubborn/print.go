@@ -427,7 +427,11 @@ func printState(w io.Writer, st *stubbornv1.ControlState, whole bool) {
 	fmt.Fprintf(w, "  control   %s\n", summaryName(sum))
 	fmt.Fprintf(w, "  attempts  %d\n", st.GetAttempts())
 	for _, a := range st.GetAttemptLog() {
-		line := fmt.Sprintf("    #%d %s%s: %s", a.GetNumber(), pathPrefix(a.GetPath()), a.GetDelegate(), strings.TrimPrefix(a.GetOutcome().String(), "ATTEMPT_OUTCOME_"))
+		outcome := outcomeName(a.GetOutcome())
+		if a.GetOutcome() == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_UNSPECIFIED && a.GetEndTime() == nil {
+			outcome = "running" // in flight: it has no outcome yet
+		}
+		line := fmt.Sprintf("    #%d %s%s: %s", a.GetNumber(), pathPrefix(a.GetPath()), a.GetDelegate(), outcome)
 		if e := a.GetError(); e != nil {
 			line += fmt.Sprintf(" %s %s", codes.Code(e.GetCode()), quote(e.GetMessage(), errorQuote))
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/stubbornhq/stubborn/delegates"
 )
@@ -73,14 +74,20 @@ func (r *reloader) reload(why string, force bool) {
 	// the next change, even if only a file it names (a TLS CA) changed.
 	r.sum = sum
 	added, removed := diffNames(delegateNames(r.current), delegateNames(cfg))
+	var changed, pAdded, pRemoved, pChanged []string
+	if r.current != nil {
+		changed = changedNames(r.current.Delegates, cfg.Delegates, func(d delegates.Delegate) string { return d.Name })
+		pAdded, pRemoved = diffNames(namesOf(r.current.Presets, presetName), namesOf(cfg.Presets, presetName))
+		pChanged = changedNames(r.current.Presets, cfg.Presets, presetName)
+	}
 	tAdded, tRemoved := diffNames(tenantNames(r.current), tenantNames(cfg))
 	if len(cfg.Tenants) == 0 && r.current != nil && len(r.current.Tenants) > 0 {
 		r.logger.Warn("config reloaded with tenants: []: authentication is off, every caller is the default tenant", "config", r.path, "tenants_removed", tRemoved)
 	}
 	r.current = cfg
 	r.logger.Info("config reloaded", "config", r.path, "why", why,
-		"delegates", len(cfg.Delegates), "delegates_added", added, "delegates_removed", removed,
-		"presets", len(cfg.Presets), "tenants", len(cfg.Tenants), "tenants_added", tAdded, "tenants_removed", tRemoved)
+		"delegates", len(cfg.Delegates), "delegates_added", added, "delegates_removed", removed, "delegates_changed", changed,
+		"presets", len(cfg.Presets), "presets_added", pAdded, "presets_removed", pRemoved, "presets_changed", pChanged, "tenants", len(cfg.Tenants), "tenants_added", tAdded, "tenants_removed", tRemoved)
 }
 
 // notifyHUP catches SIGHUP, which would end the process by default, from
@@ -192,4 +199,30 @@ func diffNames(a, b []string) (added, removed []string) {
 		}
 	}
 	return added, removed
+}
+
+func presetName(p delegates.Preset) string { return p.Name }
+
+// changedNames returns the names of the items in both a and b whose
+// settings differ: written as YAML (their exported settings, as the file
+// has them), they are not the same.
+func changedNames[T any](a, b []T, name func(T) string) []string {
+	was := make(map[string][]byte, len(a))
+	for _, it := range a {
+		y, err := yaml.Marshal(it)
+		if err == nil {
+			was[name(it)] = y
+		}
+	}
+	var changed []string
+	for _, it := range b {
+		old, ok := was[name(it)]
+		if !ok {
+			continue
+		}
+		if y, err := yaml.Marshal(it); err != nil || !bytes.Equal(y, old) {
+			changed = append(changed, name(it))
+		}
+	}
+	return changed
 }

@@ -18,7 +18,7 @@ import (
 func cmdToken(args []string, stdin io.Reader, stdout io.Writer) (int, error) {
 	fs := newFlagSet("token")
 	hash := fs.Bool("hash", false, "print the SHA-256 of each token read from stdin (one a line) instead of making one")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return 2, err
 	}
 	if *hash {

@@ -43,6 +43,7 @@ func TestWatchPastTheEndEndsAtOnce(t *testing.T) {
 			require.NoError(t, os.WriteFile(config, fmt.Appendf(nil, "delegates:\n  - {name: echo, target: %q}\n", lis.Addr()), 0o600))
 			args := append([]string{"-config", config, "-listen", "127.0.0.1:0", "-data-dir", filepath.Join(dir, "data")}, store...)
 			srv := startServer(t, args...)
+			errs := captureStderr(t)
 
 			cli := func(args ...string) (string, int, error) {
 				var out bytes.Buffer
@@ -99,6 +100,7 @@ func TestWatchPastTheEndEndsAtOnce(t *testing.T) {
 					assert.Equal(t, 0, code, "watch -after %d of a succeeded run: %s", after, out)
 					if after >= last {
 						assert.Empty(t, out, "watch -after %d: no events", after)
+						assert.Contains(t, errs.String(), fmt.Sprintf("run %s: SUCCEEDED, no events after seq %d\n", id, after))
 					}
 				}
 			}
