@@ -36,7 +36,9 @@ func TestNATSLoggerLevels(t *testing.T) {
 		},
 		{
 			"another store warning keeps its level",
-			func(n *natsLogger) { n.Warnf("Filestore [STUBBORN_EVENTS] WriteFullState took %v (%d bytes)", "2s", 10) },
+			func(n *natsLogger) {
+				n.Warnf("Filestore [STUBBORN_EVENTS] WriteFullState took %v (%d bytes)", "2s", 10)
+			},
 			slog.LevelWarn, "Filestore [STUBBORN_EVENTS] WriteFullState took 2s (10 bytes)", "STUBBORN_EVENTS",
 		},
 		{
