@@ -253,9 +253,21 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("delegates config: %w", err)
 	}
-	cfg, err := Parse(b)
+	cfg, err := ParseAt(b, path)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseAt is Parse of b, the content of the file at path: the relative
+// paths it names (delegates' tls ca, cert, key) are read from path's
+// directory, as Load reads them (a reload reads the file itself, then
+// parses it here).
+func ParseAt(b []byte, path string) (*Config, error) {
+	cfg, err := Parse(b)
+	if err != nil {
+		return nil, err
 	}
 	for i := range cfg.Delegates {
 		cfg.Delegates[i].TLS.resolve(filepath.Dir(path))

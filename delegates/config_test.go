@@ -281,3 +281,20 @@ func TestLoad(t *testing.T) {
 	_, err = delegates.Load(filepath.Join(dir, "missing.yaml"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
+
+// TestParseAtReadsRelativePathsFromTheFilesDirectory: a reload parses the
+// file's bytes with ParseAt, which resolves a delegate's relative tls
+// paths against the file's directory as Load does; absolute ones stay.
+func TestParseAtReadsRelativePathsFromTheFilesDirectory(t *testing.T) {
+	src := []byte(`delegates: [{name: d, target: "127.0.0.1:1", tls: {ca: certs/ca.pem, cert: /abs/c.pem, key: /abs/k.pem}}]`)
+	cfg, err := delegates.ParseAt(src, "/etc/stubborn/stubborn.yaml")
+	require.NoError(t, err)
+	assert.Equal(t, "/etc/stubborn/certs/ca.pem", cfg.Delegates[0].TLS.CA)
+	assert.Equal(t, "/abs/c.pem", cfg.Delegates[0].TLS.Cert)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "stubborn.yaml")
+	require.NoError(t, os.WriteFile(path, src, 0o600))
+	loaded, err := delegates.Load(path)
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(dir, "certs/ca.pem"), loaded.Delegates[0].TLS.CA)
+}

@@ -54,7 +54,7 @@ func (r *reloader) reload(why string, force bool) {
 	if !force && bytes.Equal(sum[:], r.sum[:]) {
 		return
 	}
-	cfg, err := delegates.Parse(b)
+	cfg, err := delegates.ParseAt(b, r.path) // tls paths relative to the file, as at the start
 	if err == nil {
 		// Never loosen by accident: a file cut short, or without its
 		// delegates or tenants, is refused (delegates.Config.CheckReplaces).
