@@ -21,6 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -366,7 +367,7 @@ func (s *Service) GetRun(ctx context.Context, req *stubbornv1.GetRunRequest) (*s
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &stubbornv1.GetRunResponse{State: st}, nil
+	return &stubbornv1.GetRunResponse{State: st, ServerTime: timestamppb.New(s.runs.Now())}, nil
 }
 
 // ListRuns pages through runs, newest first.
@@ -400,13 +401,13 @@ func (s *Service) ListRuns(ctx context.Context, req *stubbornv1.ListRunsRequest)
 		if err != nil {
 			return nil, toStatus(err)
 		}
-		return &stubbornv1.ListRunsResponse{Summaries: sums, NextPageToken: next}, nil
+		return &stubbornv1.ListRunsResponse{Summaries: sums, NextPageToken: next, ServerTime: timestamppb.New(s.runs.Now())}, nil
 	}
 	list, next, err := s.runs.ListWhere(ctx, f, size, req.GetPageToken())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &stubbornv1.ListRunsResponse{Runs: list, NextPageToken: next}, nil
+	return &stubbornv1.ListRunsResponse{Runs: list, NextPageToken: next, ServerTime: timestamppb.New(s.runs.Now())}, nil
 }
 
 // controlNames are the values of a control filter.
