@@ -2853,7 +2853,8 @@ type DelegateFailure struct {
 	Time *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
 	// The gRPC status code (google.rpc.Code numbering), as AttemptError.code.
 	Code int32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
-	// The status message, cut to 300 bytes (at a character boundary).
+	// The status message; one over 300 bytes is cut there (at a character
+	// boundary) and ends saying how many bytes were cut.
 	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	// The run that made the call. Empty when unknown.
 	RunId string `protobuf:"bytes,4,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
