@@ -105,6 +105,11 @@ func TestListDelegatesShowsBreakerRateUseAndFailures(t *testing.T) {
 	m := describeDelegate(t, ctx, e.client, "model")
 	assert.EqualValues(t, 1, m.GetRequestsLastMinute())
 	assert.EqualValues(t, 42, m.GetTokensLastMinute())
+	list, err := e.client.ListDelegates(ctx, &stubbornv1.ListDelegatesRequest{})
+	require.NoError(t, err)
+	require.NotNil(t, list.GetServerTime())
+	assert.False(t, list.GetServerTime().AsTime().After(clock.Now()))
+	assert.False(t, list.GetServerTime().AsTime().Before(fails[0].GetTime().AsTime()))
 	// No rate limit: nothing counted.
 	assert.EqualValues(t, 0, d.GetRequestsLastMinute())
 }

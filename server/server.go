@@ -518,7 +518,7 @@ func toStatus(err error) error {
 
 // ListDelegates lists the delegates and presets ctx's tenant may name.
 func (s *Service) ListDelegates(ctx context.Context, _ *stubbornv1.ListDelegatesRequest) (*stubbornv1.ListDelegatesResponse, error) {
-	resp := &stubbornv1.ListDelegatesResponse{}
+	resp := &stubbornv1.ListDelegatesResponse{ServerTime: timestamppb.New(s.runs.Now())}
 	reg := s.regs.current()
 	if reg.describe == nil {
 		return resp, nil

@@ -2567,7 +2567,10 @@ type ListDelegatesResponse struct {
 	// The delegates, in the config's order.
 	Delegates []*DelegateDescription `protobuf:"bytes,1,rep,name=delegates,proto3" json:"delegates,omitempty"`
 	// The presets, in the config's order.
-	Presets       []*PresetDescription `protobuf:"bytes,2,rep,name=presets,proto3" json:"presets,omitempty"`
+	Presets []*PresetDescription `protobuf:"bytes,2,rep,name=presets,proto3" json:"presets,omitempty"`
+	// The server's clock when it answered: what circuit_breaker_open_until
+	// and recent_failures' times compare with.
+	ServerTime    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2612,6 +2615,13 @@ func (x *ListDelegatesResponse) GetDelegates() []*DelegateDescription {
 func (x *ListDelegatesResponse) GetPresets() []*PresetDescription {
 	if x != nil {
 		return x.Presets
+	}
+	return nil
+}
+
+func (x *ListDelegatesResponse) GetServerTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ServerTime
 	}
 	return nil
 }
@@ -5052,10 +5062,12 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\bdelegate\x18\x03 \x01(\tR\bdelegate\">\n" +
 	"\x11WatchRunsResponse\x12)\n" +
 	"\x03run\x18\x01 \x01(\v2\x17.stubborn.v1.RunSummaryR\x03run\"\x16\n" +
-	"\x14ListDelegatesRequest\"\x91\x01\n" +
+	"\x14ListDelegatesRequest\"\xce\x01\n" +
 	"\x15ListDelegatesResponse\x12>\n" +
 	"\tdelegates\x18\x01 \x03(\v2 .stubborn.v1.DelegateDescriptionR\tdelegates\x128\n" +
-	"\apresets\x18\x02 \x03(\v2\x1e.stubborn.v1.PresetDescriptionR\apresets\"\xd2\a\n" +
+	"\apresets\x18\x02 \x03(\v2\x1e.stubborn.v1.PresetDescriptionR\apresets\x12;\n" +
+	"\vserver_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"serverTime\"\xd2\a\n" +
 	"\x13DelegateDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1e\n" +
@@ -5467,97 +5479,98 @@ var file_stubborn_v1_control_proto_depIdxs = []int32{
 	27,  // 40: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
 	33,  // 41: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
 	35,  // 42: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	60,  // 43: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
-	11,  // 44: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
-	10,  // 45: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
-	13,  // 46: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
-	60,  // 47: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
-	60,  // 48: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
-	62,  // 49: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
-	34,  // 50: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
-	62,  // 51: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
-	42,  // 52: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	43,  // 53: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,   // 54: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	43,  // 55: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	12,  // 56: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 57: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 58: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 59: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	0,   // 60: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	63,  // 61: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	46,  // 62: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	45,  // 63: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	42,  // 64: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	17,  // 65: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	8,   // 66: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	62,  // 67: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	62,  // 68: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	62,  // 69: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	59,  // 70: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
-	61,  // 71: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
-	61,  // 72: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
-	60,  // 73: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	6,   // 74: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
-	62,  // 75: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	62,  // 76: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,   // 77: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	63,  // 78: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	44,  // 79: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	60,  // 80: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	4,   // 81: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
-	7,   // 82: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	5,   // 83: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	62,  // 84: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	0,   // 85: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
-	48,  // 86: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	49,  // 87: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	50,  // 88: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	52,  // 89: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	53,  // 90: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	54,  // 91: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	55,  // 92: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	57,  // 93: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	56,  // 94: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	51,  // 95: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
-	43,  // 96: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	45,  // 97: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	45,  // 98: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	46,  // 99: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	60,  // 100: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	62,  // 101: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	60,  // 102: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	46,  // 103: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	62,  // 104: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	8,   // 105: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,   // 106: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	43,  // 107: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	42,  // 108: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
-	18,  // 109: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	20,  // 110: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	22,  // 111: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	24,  // 112: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	26,  // 113: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	29,  // 114: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	31,  // 115: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	36,  // 116: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	40,  // 117: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	38,  // 118: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	19,  // 119: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	21,  // 120: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	23,  // 121: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	25,  // 122: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	28,  // 123: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	30,  // 124: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	32,  // 125: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	37,  // 126: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	41,  // 127: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	39,  // 128: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	119, // [119:129] is the sub-list for method output_type
-	109, // [109:119] is the sub-list for method input_type
-	109, // [109:109] is the sub-list for extension type_name
-	109, // [109:109] is the sub-list for extension extendee
-	0,   // [0:109] is the sub-list for field type_name
+	62,  // 43: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
+	60,  // 44: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	11,  // 45: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
+	10,  // 46: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
+	13,  // 47: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
+	60,  // 48: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
+	60,  // 49: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
+	62,  // 50: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
+	34,  // 51: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
+	62,  // 52: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
+	42,  // 53: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	43,  // 54: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,   // 55: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	43,  // 56: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	12,  // 57: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	14,  // 58: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	15,  // 59: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	16,  // 60: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	0,   // 61: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	63,  // 62: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	46,  // 63: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	45,  // 64: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	42,  // 65: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	17,  // 66: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	8,   // 67: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	62,  // 68: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	62,  // 69: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	62,  // 70: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	59,  // 71: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
+	61,  // 72: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
+	61,  // 73: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
+	60,  // 74: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	6,   // 75: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
+	62,  // 76: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	62,  // 77: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,   // 78: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	63,  // 79: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	44,  // 80: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	60,  // 81: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,   // 82: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
+	7,   // 83: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	5,   // 84: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	62,  // 85: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	0,   // 86: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
+	48,  // 87: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	49,  // 88: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	50,  // 89: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	52,  // 90: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	53,  // 91: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	54,  // 92: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	55,  // 93: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	57,  // 94: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	56,  // 95: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	51,  // 96: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
+	43,  // 97: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	45,  // 98: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	45,  // 99: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	46,  // 100: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	60,  // 101: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	62,  // 102: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	60,  // 103: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	46,  // 104: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	62,  // 105: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 106: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 107: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	43,  // 108: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	42,  // 109: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
+	18,  // 110: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	20,  // 111: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	22,  // 112: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	24,  // 113: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	26,  // 114: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	29,  // 115: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	31,  // 116: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	36,  // 117: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	40,  // 118: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	38,  // 119: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	19,  // 120: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	21,  // 121: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	23,  // 122: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	25,  // 123: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	28,  // 124: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	30,  // 125: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	32,  // 126: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	37,  // 127: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	41,  // 128: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	39,  // 129: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	120, // [120:130] is the sub-list for method output_type
+	110, // [110:120] is the sub-list for method input_type
+	110, // [110:110] is the sub-list for extension type_name
+	110, // [110:110] is the sub-list for extension extendee
+	0,   // [0:110] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }

@@ -418,12 +418,14 @@ class ListDelegatesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListDelegatesResponse(_message.Message):
-    __slots__ = ["delegates", "presets"]
+    __slots__ = ["delegates", "presets", "server_time"]
     DELEGATES_FIELD_NUMBER: _ClassVar[int]
     PRESETS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
     delegates: _containers.RepeatedCompositeFieldContainer[DelegateDescription]
     presets: _containers.RepeatedCompositeFieldContainer[PresetDescription]
-    def __init__(self, delegates: _Optional[_Iterable[_Union[DelegateDescription, _Mapping]]] = ..., presets: _Optional[_Iterable[_Union[PresetDescription, _Mapping]]] = ...) -> None: ...
+    server_time: _timestamp_pb2.Timestamp
+    def __init__(self, delegates: _Optional[_Iterable[_Union[DelegateDescription, _Mapping]]] = ..., presets: _Optional[_Iterable[_Union[PresetDescription, _Mapping]]] = ..., server_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
     __slots__ = ["control", "delegate", "page_size", "page_token", "status", "view"]
