@@ -21,6 +21,7 @@ import { durMs, enumName, fmtMs, fmtTime, shortName, tsMs } from "./format";
 import type { Page } from "./main";
 import { sleep, statusBadge, terminal } from "./shared";
 import { resultText, startReasons, Timeline } from "./timeline";
+import { ServerClock } from "./clock";
 
 export function runPage(id: string): Page {
   const ac = new AbortController();
@@ -29,11 +30,11 @@ export function runPage(id: string): Page {
   let status = RunStatus.UNSPECIFIED;
   let state: ControlState | undefined;
   let snapshotAt = 0;
-  // lead is how far the browser's clock is ahead of the server's, as the
-  // live events tell (Infinity until one came): countdowns to a time the
-  // server set (a backoff's end) are counted on the server's clock.
-  let lead = Infinity;
-  const serverNow = () => Date.now() - (Number.isFinite(lead) ? lead : 0);
+  // The server's clock (GetRun's server_time, bounded by the events):
+  // what a wait or an attempt in progress is measured to, and countdowns
+  // to a time the server set (a backoff's end) are counted on.
+  const clock = new ServerClock();
+  const serverNow = () => clock.now();
   let lastSeq = 0n;
   // The run's own control's attempts seen (a nested preset's are not
   // counted, as in ControlState.attempts), and where the page shows them.
@@ -170,16 +171,12 @@ export function runPage(id: string): Page {
     // attempt holds that).
     events.push(ev.kind.case === "attemptOutput" ? outputPreview(ev) : ev);
     if (eventsBox.open) eventList.append(eventLine(events[events.length - 1]));
-    const t = tsMs(ev.time) ?? Date.now();
+    const t = tsMs(ev.time) ?? serverNow();
     // Events older than the snapshot GetRun gave replay history: the
     // status they imply is past.
     const current = t >= snapshotAt;
-    if (current && ev.time) {
-      // The server's clock: an event received as it happens says how far
-      // the browser's is ahead (plus the trip, which the smallest
-      // difference seen holds least of).
-      lead = Math.min(lead, Date.now() - t);
-    }
+    // An event newer than the snapshot came as it happened.
+    if (ev.time) clock.event(t, t > snapshotAt);
     const k = ev.kind;
     switch (k.case) {
       case "runStarted":
@@ -270,7 +267,9 @@ export function runPage(id: string): Page {
 
   async function load(): Promise<void> {
     try {
+      const sent = Date.now();
       const res = await api.getRun({ runId: id }, { signal });
+      clock.answer(sent, Date.now(), tsMs(res.serverTime));
       if (res.state) {
         snapshotAt = tsMs(res.state.updateTime) ?? 0;
         showState(res.state);

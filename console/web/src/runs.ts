@@ -12,6 +12,7 @@ import { api, describe, errorCode, isAbort } from "./api";
 import { attr, h, text } from "./dom";
 import { enumName, fmtMs, fmtTime, isoTime, tsMs } from "./format";
 import type { Page } from "./main";
+import { ServerClock } from "./clock";
 import { controlNames, loadDelegates, sleep, statusBadge, terminal } from "./shared";
 
 interface Row {
@@ -32,6 +33,8 @@ export function runsPage(q: URLSearchParams): Page {
   const delegate = q.get("delegate") ?? "";
 
   const rows = new Map<string, Row>();
+  // Ages are counted on the server's clock (ListRuns' server_time).
+  const clock = new ServerClock();
   const tbody = h("tbody");
   const table = h("table", { class: "runs", "data-testid": "runs" },
     h("caption", { class: "visually-hidden" }, "Runs, newest first"),
@@ -98,7 +101,7 @@ export function runsPage(q: URLSearchParams): Page {
     text(cells[2], s.delegates.join(", "));
     cells[3].replaceChildren(statusBadge(s.status), s.winner ? h("span", { class: "winner" }, " ★ " + s.winner) : "");
     text(cells[4], String(s.attempts));
-    tickRow(r, Date.now());
+    tickRow(r, clock.now());
   }
 
   function tickRow(r: Row, now: number): void {
@@ -167,7 +170,9 @@ export function runsPage(q: URLSearchParams): Page {
 
   async function list(token: string): Promise<void> {
     try {
+      const sent = Date.now();
       const res = await api.listRuns({ view: RunView.SUMMARY, pageSize, pageToken: token, status, control, delegate }, { signal });
+      clock.answer(sent, Date.now(), tsMs(res.serverTime));
       // The first page listed again (on a reconnect) does not move the
       // token once later pages are loaded.
       if (token) {
@@ -269,7 +274,7 @@ export function runsPage(q: URLSearchParams): Page {
 
   void follow();
   const timer = setInterval(() => {
-    const now = Date.now();
+    const now = clock.now();
     for (const r of rows.values()) tickRow(r, now);
   }, 1000);
 

@@ -454,7 +454,7 @@ export class Timeline {
   decisionRequested(path: string, evTime: number): void {
     const lane = this.atPath.get(path) ?? this.lanes.values().next().value;
     if (!lane) return;
-    const el = h("div", { class: "await", title: "awaiting a decision" }, h("span", null, "awaiting decision"));
+    const el = h("div", { class: "await", "data-testid": "await", title: "awaiting a decision" }, h("span", null, "awaiting decision"));
     lane.track.append(el);
     const s: Span = { el, start: evTime };
     this.place(el, evTime, evTime);
