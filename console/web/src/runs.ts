@@ -8,7 +8,7 @@ import {
   RunView,
   type RunSummary,
 } from "../../../clients/typescript/src/gen/stubborn/v1/control_pb.js";
-import { api, describe, errorCode, isAbort } from "./api";
+import { api, describe, errorCode, isAbort, report } from "./api";
 import { attr, h, text } from "./dom";
 import { enumName, fmtMs, fmtTime, isoTime, tsMs } from "./format";
 import type { Page } from "./main";
@@ -39,7 +39,7 @@ export function runsPage(q: URLSearchParams): Page {
   const table = h("table", { class: "runs", "data-testid": "runs" },
     h("caption", { class: "visually-hidden" }, "Runs, newest first"),
     h("thead", null, h("tr", null,
-      h("th", { scope: "col" }, "Run"), h("th", { scope: "col" }, "Control"), h("th", { scope: "col" }, "Delegates"),
+      h("th", { scope: "col" }, "Run"), h("th", { scope: "col" }, "Brief"), h("th", { scope: "col" }, "Control"), h("th", { scope: "col" }, "Delegates"),
       h("th", { scope: "col" }, "Status"), h("th", { scope: "col", class: "num" }, "Attempts"),
       h("th", { scope: "col" }, "Age"), h("th", { scope: "col" }, "Duration"))),
     tbody);
@@ -97,10 +97,12 @@ export function runsPage(q: URLSearchParams): Page {
     const s = r.sum;
     attr(r.tr, "data-status", enumName(RunStatusSchema, s.status));
     const cells = r.tr.cells;
-    text(cells[1], controlNames[s.control] ?? s.control);
-    text(cells[2], s.delegates.join(", "));
-    cells[3].replaceChildren(statusBadge(s.status), s.winner ? h("span", { class: "winner" }, " ★ " + s.winner) : "");
-    text(cells[4], String(s.attempts));
+    text(cells[1], s.brief);
+    attr(cells[1], "title", s.brief);
+    text(cells[2], controlNames[s.control] ?? s.control);
+    text(cells[3], s.delegates.join(", "));
+    cells[4].replaceChildren(statusBadge(s.status), s.winner ? h("span", { class: "winner" }, " ★ " + s.winner) : "");
+    text(cells[5], String(s.attempts));
     tickRow(r, clock.now());
   }
 
@@ -117,7 +119,7 @@ export function runsPage(q: URLSearchParams): Page {
     const dur = h("span");
     const tr = h("tr", { "data-testid": "run-row", "data-run-id": id, class: "run" },
       h("td", null, h("a", { href: "#/runs/" + encodeURIComponent(id) }, id)),
-      h("td"), h("td"), h("td"), h("td", { class: "num" }), h("td", null, age), h("td", null, dur));
+      h("td", { class: "brief", "data-testid": "brief" }), h("td"), h("td"), h("td"), h("td", { class: "num" }), h("td", null, age), h("td", null, dur));
     tr.addEventListener("click", (e) => {
       if ((e.target as Element).closest("a")) return;
       location.hash = "#/runs/" + encodeURIComponent(id);
@@ -185,7 +187,7 @@ export function runsPage(q: URLSearchParams): Page {
       more.hidden = !nextToken;
       text(error, "");
     } catch (err) {
-      if (!isAbort(err)) text(error, "Listing runs: " + describe(err));
+      if (!isAbort(err)) report(error, "Listing runs: ", err);
     }
   }
 
@@ -229,7 +231,7 @@ export function runsPage(q: URLSearchParams): Page {
         if (relisted || signal.aborted) return;
         relisted = true;
         void list("").then(relistLoaded).catch((err) => {
-          if (!isAbort(err)) text(error, "Listing runs: " + describe(err));
+          if (!isAbort(err)) report(error, "Listing runs: ", err);
         }).then(() => {
           if (!failed) {
             text(live, "live");
@@ -253,7 +255,8 @@ export function runsPage(q: URLSearchParams): Page {
         const why = describe(err);
         relist();
         if (errorCode(err) === Code.Unauthenticated || errorCode(err) === Code.PermissionDenied) {
-          text(live, "not live: " + why);
+          // UNAUTHENTICATED: the token prompt says why.
+          text(live, errorCode(err) === Code.Unauthenticated ? "not live" : "not live: " + why);
           attr(live, "data-state", "down");
           return;
         }
