@@ -77,7 +77,7 @@ func TestConsoleReadable(t *testing.T) {
 	b.do("opening the runs page", 30*time.Second,
 		chromedp.Navigate(s.url+"/#/"),
 		chromedp.WaitVisible(chromedp.CSS(runRow+`[data-run-id="`+id+`"]`)))
-	cell := q(runRow+`[data-run-id="`+id+`"] [data-testid=brief]`)
+	cell := q(runRow + `[data-run-id="` + id + `"] [data-testid=brief]`)
 	if got := eval[string](b, cell+`.textContent`); got != brief[:80]+"…" {
 		t.Errorf("the brief column reads %q", got)
 	}
