@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
@@ -336,7 +338,7 @@ func TestConsoleCircuitBreaker(t *testing.T) {
 		chromedp.Navigate(s.url+"/#/runs/"+second),
 		chromedp.WaitVisible(chromedp.CSS(runPage+`[data-run-id="`+second+`"]`)))
 	b.waitJS("the skip by the breaker", q(detail+` .src-circuit-breaker`)+`?.textContent === 'circuit breaker'`, 10*time.Second)
-	if got := eval[string](b, q(detail)+`.textContent`); !strings.Contains(got, "circuit breaker open (1 transient failures in a row)") || !strings.Contains(got, "SKIPPED") {
+	if got := eval[string](b, q(detail)+`.textContent`); !strings.Contains(got, "circuit breaker open (1 transient failures in a row)") || !strings.Contains(got, "Skipped") {
 		t.Errorf("attempt 1 of the second run shows %q", got)
 	}
 	if ex := b.log.Exceptions(); len(ex) > 0 {
@@ -370,12 +372,23 @@ func TestConsoleTenants(t *testing.T) {
 		return res.GetRunId()
 	}
 	a1, a2, b1 := start(tokenA, "a one"), start(tokenA, "a two"), start(tokenB, "b one")
+	// What the server says without a token: the prompt says it, once,
+	// however many of the page's calls were refused.
+	_, err := s.client.ListRuns(ctx, &stubbornv1.ListRunsRequest{})
+	if status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("ListRuns without a token: %v, want UNAUTHENTICATED", err)
+	}
+	refusal := status.Convert(err).Message()
 
 	signIn := func(tb *tab, token string, want ...string) {
 		t.Helper()
 		tb.do("opening the console", 30*time.Second,
 			chromedp.Navigate(s.url+"/#/"),
 			chromedp.WaitVisible(chromedp.CSS(`[data-testid=token]`)))
+		tb.waitJS("the runs page's calls refused", q(`[data-testid=live][data-state=down]`), 10*time.Second)
+		if n := eval[int](tb, `document.body.innerText.split(`+js(refusal)+`).length - 1`); n != 1 {
+			t.Errorf("%s: the page says %q %d times, want once (the token prompt)", tb.name, refusal, n)
+		}
 		field := `input[data-testid=token], textarea[data-testid=token]`
 		if !eval[bool](tb, `!!`+q(field)) {
 			field = `[data-testid=token] input` // a container of the field

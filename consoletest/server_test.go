@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -46,7 +48,19 @@ type setup struct {
 	pages map[string]http.Handler
 	// configure, when set, changes the registry before the server starts.
 	configure func(*delegates.Config)
+	// clock, when set, is the server's clock (server.Config.Clock).
+	clock controls.Clock
 }
+
+// skewClock is the wall clock moved on by a skew the test sets: the
+// server's time jumps ahead as if that long had passed, while its sleeps
+// are real.
+type skewClock struct {
+	controls.RealClock
+	skew atomic.Int64 // nanoseconds
+}
+
+func (c *skewClock) Now() time.Time { return time.Now().Add(time.Duration(c.skew.Load())) }
 
 // startServer starts the delegates, the server and its HTTP listener; all
 // stop when the test ends (after a browser the test starts later).
@@ -68,7 +82,7 @@ func startServer(t *testing.T, su setup) *stack {
 	if su.configure != nil {
 		su.configure(cfg)
 	}
-	st, err := server.New(server.Config{Registry: cfg, Logger: slog.New(slog.DiscardHandler), Seed: su.seed})
+	st, err := server.New(server.Config{Registry: cfg, Logger: slog.New(slog.DiscardHandler), Seed: su.seed, Clock: su.clock})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func (w Wording) field() string {
 // JudgeBrief is the brief the judge gets for a result, byte for byte the
 // reference's evalBrief for the control's wording.
 func JudgeBrief(w Wording, criteria string, r *stubbornv1.Result) string {
-	result := firstChars(ResultString(r), JudgeResultChars)
+	result := FirstChars(ResultString(r), JudgeResultChars)
 	switch w {
 	case WordingFallbackChain:
 		return "Does this result satisfy the failure criteria?\n\nCriteria: \"" + criteria + "\"\n\nResult:\n" + result +
@@ -103,7 +103,7 @@ func (j *Judge) Check(ctx context.Context, attempt int32, _ string, r *stubbornv
 	value, reason, ok := readJudgeAnswer(j.Wording, answer)
 	if !ok {
 		return Verdict{Note: fmt.Sprintf("judge %q's answer could not be read, so the result was accepted (fail open): %q",
-			j.Name, firstChars(answer, 200))}, nil
+			j.Name, FirstChars(answer, 200))}, nil
 	}
 	failed := value
 	if j.Wording == WordingRace {

@@ -121,7 +121,7 @@ func analyse(ctx context.Context, env *Env, analyst, taskBrief string, rec *stub
 			rec.AnalysisError = fmt.Sprintf("analyst %q gave no advice (empty answer)", analyst)
 			return
 		}
-		rec.Analysis = Cut(firstChars(advice, AnalystAdviceChars), MaxReasonBytes)
+		rec.Analysis = Cut(FirstChars(advice, AnalystAdviceChars), MaxReasonBytes)
 	}
 }
 

@@ -241,7 +241,7 @@ func (r *racer) win(first finish) Outcome {
 			r.fail(f.index, f.a)
 		default:
 			f.a.failed, f.a.reason = true, "lost a tie to an earlier candidate"
-			f.a.summary = firstChars(ResultString(f.a.result), 200)
+			f.a.summary = FirstChars(ResultString(f.a.result), 200)
 			f.a.outcome = stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED
 			r.fail(f.index, f.a)
 		}

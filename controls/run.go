@@ -114,9 +114,9 @@ func ResultString(r *stubbornv1.Result) string {
 	return string(b)
 }
 
-// firstChars returns the first n characters (not bytes) of s, like the
+// FirstChars returns the first n characters (not bytes) of s, like the
 // reference's String.slice(0, n).
-func firstChars(s string, n int) string {
+func FirstChars(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
@@ -233,7 +233,7 @@ func judge(ctx context.Context, env *Env, n int32, delegate string, res *stubbor
 	v, jerr := env.check(ctx, n, delegate, res)
 	rejected := attemptResult{
 		outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED,
-		result:  res, failed: true, summary: firstChars(ResultString(res), 200),
+		result:  res, failed: true, summary: FirstChars(ResultString(res), 200),
 	}
 	switch {
 	case jerr != nil:

@@ -275,6 +275,22 @@ func (b *breaker) State() BreakerState {
 	return b.state
 }
 
+// openUntil returns when the open breaker's cooldown ends, or ok false
+// when it is not open within its cooldown.
+func (b *breaker) openUntil() (until time.Time, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.openUntilLocked()
+}
+
+func (b *breaker) openUntilLocked() (until time.Time, ok bool) {
+	if b.state != BreakerOpen {
+		return time.Time{}, false
+	}
+	until = b.openedAt.Add(b.cfg.Cooldown.Std())
+	return until, b.now().Before(until)
+}
+
 // reason says why it last opened; "" if it never did.
 func (b *breaker) reason() string {
 	b.mu.Lock()
@@ -288,11 +304,8 @@ func (b *breaker) reason() string {
 func (b *breaker) openNow() (why string, open bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.state != BreakerOpen {
-		return "", false
-	}
-	until := b.openedAt.Add(b.cfg.Cooldown.Std())
-	if !b.now().Before(until) {
+	until, open := b.openUntilLocked()
+	if !open {
 		return "", false
 	}
 	return b.openWhy(until), true

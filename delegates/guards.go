@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -380,7 +381,7 @@ func (g *Guards) describe(name string, d *stubbornv1.DelegateDescription) {
 	if gd == nil {
 		return
 	}
-	_, br, bulk, _ := gd.parts()
+	_, br, bulk, rate := gd.parts()
 	if br != nil {
 		switch br.State() {
 		case BreakerOpen:
@@ -391,9 +392,15 @@ func (g *Guards) describe(name string, d *stubbornv1.DelegateDescription) {
 			d.CircuitBreaker = stubbornv1.BreakerState_BREAKER_STATE_CLOSED
 		}
 		d.CircuitBreakerReason = br.reason()
+		if until, open := br.openUntil(); open {
+			d.CircuitBreakerOpenUntil = timestamppb.New(until)
+		}
 	}
 	if bulk != nil {
 		d.InFlight = int32(bulk.load())
+	}
+	if rate != nil {
+		d.RequestsLastMinute, d.TokensLastMinute = rate.usage(g.clock.Now())
 	}
 }
 

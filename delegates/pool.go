@@ -53,6 +53,9 @@ type Pool struct {
 	wrapHTTP func(http.RoundTripper) http.RoundTripper
 	// guards are the server's, for Describe (nil: none).
 	guards *Guards
+	// failures are the server's record of failed calls, for Describe
+	// (nil: none).
+	failures *Failures
 
 	mu     sync.Mutex
 	health map[string]healthAnswer
@@ -97,6 +100,9 @@ type PoolOptions struct {
 	// Guards, when set, are the delegates' guards, whose state Describe
 	// reports (the caller configures them: Guards.Configure).
 	Guards *Guards
+	// Failures, when set, are the delegates' recent failures, which
+	// Describe reports (the caller records them: Failures.Record).
+	Failures *Failures
 	// Previous, when set, is the pool this one replaces (a reload): what
 	// it knew of an unchanged delegate's health is kept.
 	Previous *Pool
@@ -108,6 +114,7 @@ func NewPoolWith(cfg *Config, o PoolOptions) (*Pool, error) {
 	p := &Pool{
 		wrapHTTP: o.HTTPTransport,
 		guards:   o.Guards,
+		failures: o.Failures,
 		byKey:    make(map[string]*entry, len(cfg.Delegates)),
 		presets:  make(map[string]*stubbornv1.ControlSpec, len(cfg.Presets)),
 		health:   make(map[string]healthAnswer),
@@ -340,7 +347,8 @@ const HealthSeenFor = 5 * time.Minute
 
 // Describe returns the registry for ListDelegates, in config order: each
 // delegate with its kind, declarations, timeout and health as last seen
-// (within HealthSeenFor), and each preset with its spec.
+// (within HealthSeenFor), its guards' state and its recent failures (when
+// the pool has them: PoolOptions), and each preset with its spec.
 func (p *Pool) Describe() ([]*stubbornv1.DelegateDescription, []*stubbornv1.PresetDescription) {
 	ds := make([]*stubbornv1.DelegateDescription, 0, len(p.order))
 	now := p.now()
@@ -372,6 +380,11 @@ func (p *Pool) Describe() ([]*stubbornv1.DelegateDescription, []*stubbornv1.Pres
 	if p.guards != nil {
 		for _, d := range ds {
 			p.guards.describe(d.GetName(), d)
+		}
+	}
+	if p.failures != nil {
+		for _, d := range ds {
+			d.RecentFailures = p.failures.Recent(d.GetName())
 		}
 	}
 	ps := make([]*stubbornv1.PresetDescription, 0, len(p.presetOrder))

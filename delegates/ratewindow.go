@@ -61,6 +61,21 @@ func (w *rateWindow) take(now time.Time) (ok bool, wait time.Duration) {
 	return false, 0
 }
 
+// usage returns the requests and tokens counted within the window as of
+// now: what take weighs the next request against.
+func (w *rateWindow) usage(now time.Time) (reqs, tokens int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	sec := now.Unix()
+	for _, s := range w.slots {
+		if s.sec > sec-rateSlots && s.sec <= sec {
+			reqs += s.reqs
+			tokens += s.tokens
+		}
+	}
+	return reqs, tokens
+}
+
 func (w *rateWindow) fits(reqs, tokens int64) bool {
 	return (w.rpm == 0 || reqs < w.rpm) && (w.tpm == 0 || tokens < w.tpm)
 }

@@ -264,6 +264,10 @@ func (m *Manager) isClosed() bool {
 // Owner returns this server's name among those sharing the store.
 func (m *Manager) Owner() string { return m.owner }
 
+// Now returns the time on the clock the runs' events and states are
+// stamped with (Config.Clock).
+func (m *Manager) Now() time.Time { return m.cfg.Clock.Now() }
+
 // Close stops the manager. With CancelOnClose every run is cancelled and
 // ends CANCELLED; otherwise runs are left where they are, to be taken over
 // by another server, or by the next start on the same store.

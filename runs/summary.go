@@ -39,7 +39,21 @@ func Summary(st *stubbornv1.ControlState) *stubbornv1.RunSummary {
 		CreateTime: st.GetCreateTime(),
 		UpdateTime: st.GetUpdateTime(),
 		Winner:     st.GetWinner(),
+		Brief:      BriefStart(st.GetTaskBrief()),
 	}
+}
+
+// SummaryBriefChars is how many characters of a run's brief its summary
+// keeps (RunSummary.brief).
+const SummaryBriefChars = 80
+
+// BriefStart is RunSummary.brief of a run whose task brief is brief: its
+// first SummaryBriefChars characters, "…" appended when it is longer.
+func BriefStart(brief string) string {
+	if start := controls.FirstChars(brief, SummaryBriefChars); len(start) < len(brief) {
+		return start + "…"
+	}
+	return brief
 }
 
 // MatchesSummary reports whether a run's summary passes f.

@@ -107,7 +107,7 @@ func (o feedObserver) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.
 		ctx, see = o.inner.ObserveRun(runCtx, reqCtx, st, resumed)
 	}
 	r := &feedRun{
-		tenant: st.GetTenant(), id: st.GetRunId(), spec: st.GetControl(), created: st.GetCreateTime(),
+		tenant: st.GetTenant(), id: st.GetRunId(), brief: runs.BriefStart(st.GetTaskBrief()), spec: st.GetControl(), created: st.GetCreateTime(),
 		status: st.GetStatus(), attempts: st.GetAttempts(), updated: st.GetUpdateTime(), winner: st.GetWinner(),
 	}
 	o.f.publishRun(r)
@@ -132,6 +132,7 @@ func (f *runFeed) publishRun(r *feedRun) {
 // feedRun is what the feed keeps of a run between its events.
 type feedRun struct {
 	tenant, id       string
+	brief            string // RunSummary.brief
 	spec             *stubbornv1.ControlSpec
 	created, updated *timestamppb.Timestamp
 	status           stubbornv1.RunStatus
@@ -141,7 +142,7 @@ type feedRun struct {
 
 func (r *feedRun) summary() *stubbornv1.RunSummary {
 	return &stubbornv1.RunSummary{
-		RunId: r.id, Control: controls.ControlName(r.spec), Delegates: controls.Named(r.spec),
+		RunId: r.id, Control: controls.ControlName(r.spec), Delegates: controls.Named(r.spec), Brief: r.brief,
 		Status: r.status, Attempts: r.attempts, CreateTime: r.created, UpdateTime: r.updated, Winner: r.winner,
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -377,7 +378,7 @@ func (s *Service) GetRun(ctx context.Context, req *stubbornv1.GetRunRequest) (*s
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &stubbornv1.GetRunResponse{State: st}, nil
+	return &stubbornv1.GetRunResponse{State: st, ServerTime: timestamppb.New(s.runs.Now())}, nil
 }
 
 // ListRuns pages through runs, newest first.
@@ -411,13 +412,13 @@ func (s *Service) ListRuns(ctx context.Context, req *stubbornv1.ListRunsRequest)
 		if err != nil {
 			return nil, toStatus(err)
 		}
-		return &stubbornv1.ListRunsResponse{Summaries: sums, NextPageToken: next}, nil
+		return &stubbornv1.ListRunsResponse{Summaries: sums, NextPageToken: next, ServerTime: timestamppb.New(s.runs.Now())}, nil
 	}
 	list, next, err := s.runs.ListWhere(ctx, f, size, req.GetPageToken())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &stubbornv1.ListRunsResponse{Runs: list, NextPageToken: next}, nil
+	return &stubbornv1.ListRunsResponse{Runs: list, NextPageToken: next, ServerTime: timestamppb.New(s.runs.Now())}, nil
 }
 
 // controlNames are the values of a control filter.
@@ -528,7 +529,7 @@ func toStatus(err error) error {
 
 // ListDelegates lists the delegates and presets ctx's tenant may name.
 func (s *Service) ListDelegates(ctx context.Context, _ *stubbornv1.ListDelegatesRequest) (*stubbornv1.ListDelegatesResponse, error) {
-	resp := &stubbornv1.ListDelegatesResponse{}
+	resp := &stubbornv1.ListDelegatesResponse{ServerTime: timestamppb.New(s.runs.Now())}
 	reg := s.regs.current()
 	if reg.describe == nil {
 		return resp, nil

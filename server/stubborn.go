@@ -60,8 +60,11 @@ type Stubborn struct {
 	svc    *Service
 	tel    *telemetry.Telemetry
 	guards *delegates.Guards
-	dial   []grpc.DialOption
-	logger *slog.Logger
+	// failures keeps the delegates' recent failed calls (ListDelegates),
+	// across reloads like guards.
+	failures *delegates.Failures
+	dial     []grpc.DialOption
+	logger   *slog.Logger
 	// reloadMu makes reloads one at a time.
 	reloadMu sync.Mutex
 	// door is the OpenAI-compatible front door (frontdoor.go), made by the
@@ -93,7 +96,7 @@ func New(cfg Config) (*Stubborn, error) {
 		logger = slog.Default()
 	}
 	s := &Stubborn{
-		tel: tel, logger: logger, guards: delegates.NewGuards(cfg.Clock),
+		tel: tel, logger: logger, guards: delegates.NewGuards(cfg.Clock), failures: delegates.NewFailures(cfg.Clock),
 		dial: append([]grpc.DialOption{grpc.WithStatsHandler(tel.ClientHandler())}, cfg.DialOptions...),
 	}
 	s.guards.OnTransition = func(delegate string, t delegates.Transition) {
@@ -157,12 +160,15 @@ func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, Opti
 	if prev != nil {
 		prevPool = prev.pool
 	}
-	pool, err := delegates.NewPoolWith(cfg, delegates.PoolOptions{Dial: s.dial, HTTPTransport: s.tel.HTTPTransport, Guards: s.guards, Previous: prevPool})
+	pool, err := delegates.NewPoolWith(cfg, delegates.PoolOptions{
+		Dial: s.dial, HTTPTransport: s.tel.HTTPTransport, Guards: s.guards, Failures: s.failures, Previous: prevPool,
+	})
 	if err != nil {
 		return nil, Options{}, err
 	}
-	// Each attempt's call runs inside the attempt's span.
-	calls := s.tel.Delegates(pool)
+	// Each attempt's call runs inside the attempt's span; its failure is
+	// kept for ListDelegates.
+	calls := s.failures.Record(s.tel.Delegates(pool))
 	var budgets controls.Budgets
 	if b := cfg.RetryBudget; b != nil {
 		if prev != nil && reflect.DeepEqual(prev.cfg.RetryBudget, b) {

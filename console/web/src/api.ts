@@ -3,6 +3,7 @@
 
 import { Code, ConnectError, createClient, type Client, type Interceptor } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-web";
+import { text } from "./dom";
 import { ControlService } from "../../../clients/typescript/src/gen/stubborn/v1/control_pb.js";
 
 const tokenKey = "stubborn.token";
@@ -72,6 +73,14 @@ export function describe(err: unknown): string {
     return "unavailable: the server cannot be reached (" + e.rawMessage + ")";
   }
   return codeName(e.code) + ": " + e.rawMessage;
+}
+
+// report writes what went wrong in a call into el, after prefix; nothing
+// for UNAUTHENTICATED, which the token prompt says (once, not once a
+// page's call).
+export function report(el: Element, prefix: string, err: unknown): void {
+  const msg = describe(err);
+  text(el, errorCode(err) === Code.Unauthenticated ? "" : prefix + msg);
 }
 
 export function errorCode(err: unknown): Code {

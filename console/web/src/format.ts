@@ -13,6 +13,13 @@ export function shortName(e: DescEnum, n: number): string {
   return e.value[n]?.localName ?? String(n);
 }
 
+// words is a value as people read it: "Awaiting decision" for
+// RUN_STATUS_AWAITING_DECISION.
+export function words(e: DescEnum, n: number): string {
+  const w = shortName(e, n).replace(/_/g, " ").toLowerCase();
+  return w.charAt(0).toUpperCase() + w.slice(1);
+}
+
 export function tsMs(t: Pick<Timestamp, "seconds" | "nanos"> | undefined): number | undefined {
   if (!t) return undefined;
   return Number(t.seconds) * 1000 + t.nanos / 1e6;
@@ -23,10 +30,12 @@ export function durMs(d: Pick<Duration, "seconds" | "nanos"> | undefined): numbe
   return Number(d.seconds) * 1000 + d.nanos / 1e6;
 }
 
-// fmtMs writes a duration shortly: 850ms, 2.4s, 3m05s, 2h10m, 3d4h.
+// fmtMs writes a duration shortly: 0.25ms, 850ms, 2.4s, 3m05s, 2h10m, 3d4h.
 export function fmtMs(ms: number): string {
   if (!isFinite(ms)) return "–";
   if (ms < 0) ms = 0;
+  // Under a millisecond: the hundredths (a call answered on loopback).
+  if (ms > 0 && ms < 1) return ms < 0.01 ? "<0.01ms" : +ms.toFixed(2) + "ms";
   if (ms < 1000) return Math.round(ms) + "ms";
   const s = ms / 1000;
   if (s < 10) return s.toFixed(1) + "s";

@@ -1,8 +1,9 @@
 // The console: hash routes #/ (runs), #/runs/<id> (a run), #/start (the
-// form that starts one). Each page owns its element, its calls and its
+// form that starts one), #/delegates (the delegates and presets). Each page owns its element, its calls and its
 // timers, and gives them up in dispose when the route changes.
 
 import { getToken, setToken, setUnauthenticatedHandler } from "./api";
+import { delegatesPage } from "./delegates";
 import { h } from "./dom";
 import { runPage } from "./run";
 import { runsPage } from "./runs";
@@ -41,6 +42,9 @@ function route(): void {
   } else if (path === "/start") {
     current = startPage(params);
     nav = "start";
+  } else if (path === "/delegates") {
+    current = delegatesPage();
+    nav = "delegates";
   } else {
     current = notFound(path);
   }

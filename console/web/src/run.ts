@@ -15,12 +15,13 @@ import {
   type RunEvent,
   type RunOptions,
 } from "../../../clients/typescript/src/gen/stubborn/v1/control_pb.js";
-import { api, describe, errorCode, isAbort } from "./api";
+import { api, describe, errorCode, isAbort, report } from "./api";
 import { attr, h, text } from "./dom";
-import { durMs, enumName, fmtMs, fmtTime, shortName, tsMs } from "./format";
+import { durMs, enumName, fmtMs, fmtTime, shortName, tsMs, words } from "./format";
 import type { Page } from "./main";
 import { sleep, statusBadge, terminal } from "./shared";
 import { resultText, startReasons, Timeline } from "./timeline";
+import { ServerClock } from "./clock";
 
 export function runPage(id: string): Page {
   const ac = new AbortController();
@@ -29,11 +30,11 @@ export function runPage(id: string): Page {
   let status = RunStatus.UNSPECIFIED;
   let state: ControlState | undefined;
   let snapshotAt = 0;
-  // lead is how far the browser's clock is ahead of the server's, as the
-  // live events tell (Infinity until one came): countdowns to a time the
-  // server set (a backoff's end) are counted on the server's clock.
-  let lead = Infinity;
-  const serverNow = () => Date.now() - (Number.isFinite(lead) ? lead : 0);
+  // The server's clock (GetRun's server_time, bounded by the events):
+  // what a wait or an attempt in progress is measured to, and countdowns
+  // to a time the server set (a backoff's end) are counted on.
+  const clock = new ServerClock();
+  const serverNow = () => clock.now();
   let lastSeq = 0n;
   // The run's own control's attempts seen (a nested preset's are not
   // counted, as in ControlState.attempts), and where the page shows them.
@@ -78,9 +79,10 @@ export function runPage(id: string): Page {
     const changed = s !== status;
     status = s;
     attr(el, "data-status", enumName(RunStatusSchema, s));
-    // The enum's name, as data-status has it: what a script reading the
-    // page compares, and what the API's JSON says.
-    text(statusEl, enumName(RunStatusSchema, s));
+    // In words; data-status and the title have the enum's name (what a
+    // script reading the page compares, and what the API's JSON says).
+    text(statusEl, words(RunStatusSchema, s));
+    attr(statusEl, "title", enumName(RunStatusSchema, s));
     statusEl.className = "badge s-" + shortName(RunStatusSchema, s);
     if (changed) renderActions();
   }
@@ -144,7 +146,7 @@ export function runPage(id: string): Page {
       // Worded as of the answer, which the run's own status (above, live)
       // soon overtakes.
       text(actionResult, what + ": done at " + new Date().toLocaleTimeString() +
-        (st ? "; the run was " + shortName(RunStatusSchema, st.status) + " then" : "") +
+        (st ? "; the run was " + words(RunStatusSchema, st.status).toLowerCase() + " then" : "") +
         (st?.statusReason ? " (" + st.statusReason + ")" : "") + ".");
       actionResult.classList.add("ok");
       if (st && (tsMs(st.updateTime) ?? 0) >= snapshotAt) {
@@ -154,7 +156,7 @@ export function runPage(id: string): Page {
       }
     } catch (err) {
       if (isAbort(err)) return;
-      text(actionResult, what + " failed: " + describe(err));
+      report(actionResult, what + " failed: ", err);
       actionResult.classList.add("error");
     }
     for (const b of actions.querySelectorAll("button")) b.disabled = false;
@@ -170,16 +172,12 @@ export function runPage(id: string): Page {
     // attempt holds that).
     events.push(ev.kind.case === "attemptOutput" ? outputPreview(ev) : ev);
     if (eventsBox.open) eventList.append(eventLine(events[events.length - 1]));
-    const t = tsMs(ev.time) ?? Date.now();
+    const t = tsMs(ev.time) ?? serverNow();
     // Events older than the snapshot GetRun gave replay history: the
     // status they imply is past.
     const current = t >= snapshotAt;
-    if (current && ev.time) {
-      // The server's clock: an event received as it happens says how far
-      // the browser's is ahead (plus the trip, which the smallest
-      // difference seen holds least of).
-      lead = Math.min(lead, Date.now() - t);
-    }
+    // An event newer than the snapshot came as it happened.
+    if (ev.time) clock.event(t, t > snapshotAt);
     const k = ev.kind;
     switch (k.case) {
       case "runStarted":
@@ -203,7 +201,13 @@ export function runPage(id: string): Page {
         tl.output(k.value);
         break;
       case "failureAnalyzed":
-        if (k.value.failure) tl.failure(k.value.failure, k.value.willRetry);
+        if (k.value.failure) {
+          // In the run's own fallback chain, the next delegate is the one
+          // after the attempts made so far (a skip is an attempt too).
+          const c = state?.control?.kind;
+          const next = !ev.path && c?.case === "fallbackChain" ? c.value.chain[topAttempts] : undefined;
+          tl.failure(k.value.failure, k.value.willRetry, next);
+        }
         break;
       case "backoffScheduled":
         tl.backoff(ev.path, k.value, t);
@@ -214,7 +218,7 @@ export function runPage(id: string): Page {
         if (current) waitUntil = { kind: "decision", at: tsMs(k.value.deadline), reason: k.value.reason };
         break;
       case "decisionReceived":
-        tl.decisionReceived(ev.path, t, "decided " + shortName(DecisionSchema, k.value.decision));
+        tl.decisionReceived(ev.path, t, "decided " + words(DecisionSchema, k.value.decision).toLowerCase());
         if (current) waitUntil = undefined;
         break;
       case "runFinished": {
@@ -244,7 +248,7 @@ export function runPage(id: string): Page {
     if (st.winner) parts.push(h("p", { class: "winner" }, "★ Winner: ", h("strong", null, st.winner)));
     if (st.statusReason) parts.push(h("p", null, "Ended ", statusBadge(st.status), " — ", st.statusReason));
     parts.push(h("pre", { class: "result-text" + (st.result ? "" : " none"), "data-testid": "result" },
-      st.result ? (r || "(an empty answer)") : "No result (" + shortName(RunStatusSchema, st.status) + ")"));
+      st.result ? (r || "(an empty answer)") : "No result (" + words(RunStatusSchema, st.status).toLowerCase() + ")"));
     resultSection.replaceChildren(...parts);
     resultSection.hidden = false;
   }
@@ -270,7 +274,9 @@ export function runPage(id: string): Page {
 
   async function load(): Promise<void> {
     try {
+      const sent = Date.now();
       const res = await api.getRun({ runId: id }, { signal });
+      clock.answer(sent, Date.now(), tsMs(res.serverTime));
       if (res.state) {
         snapshotAt = tsMs(res.state.updateTime) ?? 0;
         showState(res.state);
@@ -278,7 +284,7 @@ export function runPage(id: string): Page {
       }
     } catch (err) {
       if (isAbort(err)) return;
-      text(error, describe(err));
+      report(error, "", err);
       const c = errorCode(err);
       if (c === Code.NotFound || c === Code.InvalidArgument || c === Code.Unauthenticated || c === Code.PermissionDenied) {
         if (c === Code.NotFound) text(error, "No run " + id + " here (" + describe(err) + ").");
@@ -308,7 +314,7 @@ export function runPage(id: string): Page {
       } catch (err) {
         if (isAbort(err) || signal.aborted) return;
         const c = errorCode(err);
-        text(error, "Following the run: " + describe(err));
+        report(error, "Following the run: ", err);
         if (c === Code.NotFound || c === Code.InvalidArgument || c === Code.Unauthenticated || c === Code.PermissionDenied) {
           text(live, "not following");
           live.dataset.state = "down";

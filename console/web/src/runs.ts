@@ -8,10 +8,11 @@ import {
   RunView,
   type RunSummary,
 } from "../../../clients/typescript/src/gen/stubborn/v1/control_pb.js";
-import { api, describe, errorCode, isAbort } from "./api";
+import { api, describe, errorCode, isAbort, report } from "./api";
 import { attr, h, text } from "./dom";
 import { enumName, fmtMs, fmtTime, isoTime, tsMs } from "./format";
 import type { Page } from "./main";
+import { ServerClock } from "./clock";
 import { controlNames, loadDelegates, sleep, statusBadge, terminal } from "./shared";
 
 interface Row {
@@ -32,11 +33,13 @@ export function runsPage(q: URLSearchParams): Page {
   const delegate = q.get("delegate") ?? "";
 
   const rows = new Map<string, Row>();
+  // Ages are counted on the server's clock (ListRuns' server_time).
+  const clock = new ServerClock();
   const tbody = h("tbody");
   const table = h("table", { class: "runs", "data-testid": "runs" },
     h("caption", { class: "visually-hidden" }, "Runs, newest first"),
     h("thead", null, h("tr", null,
-      h("th", { scope: "col" }, "Run"), h("th", { scope: "col" }, "Control"), h("th", { scope: "col" }, "Delegates"),
+      h("th", { scope: "col" }, "Run"), h("th", { scope: "col" }, "Brief"), h("th", { scope: "col" }, "Control"), h("th", { scope: "col" }, "Delegates"),
       h("th", { scope: "col" }, "Status"), h("th", { scope: "col", class: "num" }, "Attempts"),
       h("th", { scope: "col" }, "Age"), h("th", { scope: "col" }, "Duration"))),
     tbody);
@@ -94,11 +97,13 @@ export function runsPage(q: URLSearchParams): Page {
     const s = r.sum;
     attr(r.tr, "data-status", enumName(RunStatusSchema, s.status));
     const cells = r.tr.cells;
-    text(cells[1], controlNames[s.control] ?? s.control);
-    text(cells[2], s.delegates.join(", "));
-    cells[3].replaceChildren(statusBadge(s.status), s.winner ? h("span", { class: "winner" }, " ★ " + s.winner) : "");
-    text(cells[4], String(s.attempts));
-    tickRow(r, Date.now());
+    text(cells[1], s.brief);
+    attr(cells[1], "title", s.brief);
+    text(cells[2], controlNames[s.control] ?? s.control);
+    text(cells[3], s.delegates.join(", "));
+    cells[4].replaceChildren(statusBadge(s.status), s.winner ? h("span", { class: "winner" }, " ★ " + s.winner) : "");
+    text(cells[5], String(s.attempts));
+    tickRow(r, clock.now());
   }
 
   function tickRow(r: Row, now: number): void {
@@ -114,7 +119,7 @@ export function runsPage(q: URLSearchParams): Page {
     const dur = h("span");
     const tr = h("tr", { "data-testid": "run-row", "data-run-id": id, class: "run" },
       h("td", null, h("a", { href: "#/runs/" + encodeURIComponent(id) }, id)),
-      h("td"), h("td"), h("td"), h("td", { class: "num" }), h("td", null, age), h("td", null, dur));
+      h("td", { class: "brief", "data-testid": "brief" }), h("td"), h("td"), h("td"), h("td", { class: "num" }), h("td", null, age), h("td", null, dur));
     tr.addEventListener("click", (e) => {
       if ((e.target as Element).closest("a")) return;
       location.hash = "#/runs/" + encodeURIComponent(id);
@@ -167,7 +172,9 @@ export function runsPage(q: URLSearchParams): Page {
 
   async function list(token: string): Promise<void> {
     try {
+      const sent = Date.now();
       const res = await api.listRuns({ view: RunView.SUMMARY, pageSize, pageToken: token, status, control, delegate }, { signal });
+      clock.answer(sent, Date.now(), tsMs(res.serverTime));
       // The first page listed again (on a reconnect) does not move the
       // token once later pages are loaded.
       if (token) {
@@ -180,7 +187,7 @@ export function runsPage(q: URLSearchParams): Page {
       more.hidden = !nextToken;
       text(error, "");
     } catch (err) {
-      if (!isAbort(err)) text(error, "Listing runs: " + describe(err));
+      if (!isAbort(err)) report(error, "Listing runs: ", err);
     }
   }
 
@@ -224,7 +231,7 @@ export function runsPage(q: URLSearchParams): Page {
         if (relisted || signal.aborted) return;
         relisted = true;
         void list("").then(relistLoaded).catch((err) => {
-          if (!isAbort(err)) text(error, "Listing runs: " + describe(err));
+          if (!isAbort(err)) report(error, "Listing runs: ", err);
         }).then(() => {
           if (!failed) {
             text(live, "live");
@@ -248,7 +255,8 @@ export function runsPage(q: URLSearchParams): Page {
         const why = describe(err);
         relist();
         if (errorCode(err) === Code.Unauthenticated || errorCode(err) === Code.PermissionDenied) {
-          text(live, "not live: " + why);
+          // UNAUTHENTICATED: the token prompt says why.
+          text(live, errorCode(err) === Code.Unauthenticated ? "not live" : "not live: " + why);
           attr(live, "data-state", "down");
           return;
         }
@@ -269,7 +277,7 @@ export function runsPage(q: URLSearchParams): Page {
 
   void follow();
   const timer = setInterval(() => {
-    const now = Date.now();
+    const now = clock.now();
     for (const r of rows.values()) tickRow(r, now);
   }, 1000);
 

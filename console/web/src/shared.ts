@@ -1,13 +1,14 @@
 // What several pages use.
 
+import { Code } from "@connectrpc/connect";
 import {
   RunStatus,
   RunStatusSchema,
   type ListDelegatesResponse,
 } from "../../../clients/typescript/src/gen/stubborn/v1/control_pb.js";
-import { api, describe, isAbort } from "./api";
+import { api, describe, errorCode, isAbort } from "./api";
 import { h } from "./dom";
-import { enumName, shortName } from "./format";
+import { enumName, shortName, words } from "./format";
 
 // controlNames are the controls as ListRuns' filter and RunSummary name
 // them, and as people read them.
@@ -22,10 +23,10 @@ export function terminal(s: RunStatus): boolean {
   return s === RunStatus.SUCCEEDED || s === RunStatus.EXHAUSTED || s === RunStatus.FAILED || s === RunStatus.CANCELLED;
 }
 
-// statusBadge shows a run's status; its class (s-AWAITING_DECISION) colours it.
+// statusBadge shows a run's status in words ("Awaiting decision"); its
+// class (s-AWAITING_DECISION) colours it, its title is the enum's name.
 export function statusBadge(s: RunStatus): HTMLElement {
-  const short = shortName(RunStatusSchema, s);
-  return h("span", { class: "badge s-" + short, title: enumName(RunStatusSchema, s) }, short.replace(/_/g, " ").toLowerCase());
+  return h("span", { class: "badge s-" + shortName(RunStatusSchema, s), title: enumName(RunStatusSchema, s) }, words(RunStatusSchema, s));
 }
 
 // sleep waits ms, or less if signal aborts.
@@ -57,7 +58,8 @@ export async function loadDelegates(signal: AbortSignal, onError?: (msg: string)
     cached = undefined;
     if (!isAbort(err) && !signal.aborted) {
       const msg = describe(err);
-      onError?.(msg);
+      // UNAUTHENTICATED: the token prompt says it.
+      if (errorCode(err) !== Code.Unauthenticated) onError?.(msg);
     }
     return undefined;
   }

@@ -9,7 +9,7 @@ import {
   type ControlState,
   type StartRunRequestSchema,
 } from "../../../clients/typescript/src/gen/stubborn/v1/control_pb.js";
-import { api, describe, isAbort } from "./api";
+import { api, isAbort, report } from "./api";
 import { h, text } from "./dom";
 import { durMs, durationOf, fmtExact, fmtMs, parseDuration } from "./format";
 import type { Page } from "./main";
@@ -131,7 +131,7 @@ export function startPage(q: URLSearchParams): Page {
   const from = q.get("from");
   if (from) {
     api.getRun({ runId: from }, { signal }).then((res) => res.state && fill(res.state), (err) => {
-      if (!isAbort(err)) text(error, "Could not read run " + from + ": " + describe(err));
+      if (!isAbort(err)) report(error, "Could not read run " + from + ": ", err);
     });
   }
 
@@ -203,7 +203,7 @@ export function startPage(q: URLSearchParams): Page {
       const res = await api.startRun(req, { signal });
       location.hash = "#/runs/" + encodeURIComponent(res.runId);
     } catch (err) {
-      if (!isAbort(err)) text(error, describe(err));
+      if (!isAbort(err)) report(error, "", err);
     } finally {
       submit.disabled = false;
       text(submit, "Start run");

@@ -29,7 +29,7 @@ import type { Result } from "../../../clients/typescript/src/gen/stubborn/v1/del
 import { toJsonString } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { attr, h, text } from "./dom";
-import { durMs, enumName, fmtMs, shortName, tsMs } from "./format";
+import { durMs, enumName, fmtMs, shortName, tsMs, words } from "./format";
 
 interface Lane {
   key: string;
@@ -51,6 +51,9 @@ interface AttemptView {
   why: HTMLElement;
   failure?: FailureRecord;
   willRetry?: boolean;
+  // next is the delegate tried after this attempt failed, when known (the
+  // chain's next, then the attempt that followed on the same path).
+  next?: string;
   note: string;
   added: string;
   prevN?: number;
@@ -140,7 +143,7 @@ interface Span {
 }
 
 // gRPC codes by number, for AttemptError.code.
-const codes = [
+export const codes = [
   "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
   "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
   "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
@@ -198,6 +201,8 @@ export class Timeline {
   private readonly lanes = new Map<string, Lane>();
   private readonly attempts = new Map<number, AttemptView>();
   private readonly atPath = new Map<string, Lane>();
+  // lastAt is the latest attempt at each path.
+  private readonly lastAt = new Map<string, AttemptView>();
   private readonly spans: Span[] = [];
   private readonly waiting = new Map<string, Span>();
   private readonly growing = new Set<Output>();
@@ -263,6 +268,14 @@ export class Timeline {
     const v: AttemptView = { n: a.number, a, lane, start, bar, item, why, note: "", added, prevN: prev?.n };
     lane.last = v;
     this.atPath.set(a.path, lane);
+    // The attempt this one follows on its path, failed and retried: it
+    // now says who was tried next.
+    const before = this.lastAt.get(a.path);
+    this.lastAt.set(a.path, v);
+    if (before?.willRetry && before.next !== a.delegate) {
+      before.next = a.delegate;
+      this.renderItem(before);
+    }
     this.attempts.set(a.number, v);
     lane.track.append(bar);
     this.place(bar, start, start);
@@ -416,11 +429,14 @@ export class Timeline {
     text(v.bar.firstElementChild!, "#" + v.n + " stalled");
   }
 
-  failure(f: FailureRecord, willRetry: boolean): void {
+  // failure marks an attempt failed; next, when the caller knows it (a
+  // fallback chain's next delegate), is who is tried after it.
+  failure(f: FailureRecord, willRetry: boolean, next?: string): void {
     const v = this.attempts.get(f.attempt);
     if (!v) return;
     v.failure = f;
     v.willRetry = willRetry;
+    if (willRetry && next && !v.next) v.next = next;
     const src = sourceLabels[f.source];
     if (src) {
       v.bar.dataset.source = src;
@@ -454,7 +470,7 @@ export class Timeline {
   decisionRequested(path: string, evTime: number): void {
     const lane = this.atPath.get(path) ?? this.lanes.values().next().value;
     if (!lane) return;
-    const el = h("div", { class: "await", title: "awaiting a decision" }, h("span", null, "awaiting decision"));
+    const el = h("div", { class: "await", "data-testid": "await", title: "awaiting a decision" }, h("span", null, "awaiting decision"));
     lane.track.append(el);
     const s: Span = { el, start: evTime };
     this.place(el, evTime, evTime);
@@ -575,11 +591,12 @@ export class Timeline {
     const a = v.a;
     const f = v.failure;
     const outcome = a.outcome === AttemptOutcome.UNSPECIFIED ? "RUNNING" : shortName(AttemptOutcomeSchema, a.outcome);
+    const outcomeWords = a.outcome === AttemptOutcome.UNSPECIFIED ? "Running" : words(AttemptOutcomeSchema, a.outcome);
     const head = h("div", { class: "head" },
       h("button", { type: "button", class: "link n", onclick: () => this.select(v.n) }, "#" + v.n),
       h("span", { class: "who" }, a.delegate),
       a.path ? h("span", { class: "path" }, a.path) : null,
-      h("span", { class: "badge o-" + outcome }, outcome),
+      h("span", { class: "badge o-" + outcome, title: outcomeName(a.outcome) }, outcomeWords),
       stalled(a, f) ? h("span", { class: "badge stalled", "data-testid": "stalled", title: "no output within the first output or idle timeout" }, "stalled") : null,
       v.end !== undefined ? h("span", { class: "dur" }, fmtMs(v.end - v.start)) : null,
       durMs(a.waitBefore) > 0 ? h("span", { class: "wait" }, "after a " + fmtMs(durMs(a.waitBefore)) + " backoff") : null,
@@ -590,7 +607,8 @@ export class Timeline {
       lines.push(h("div", { class: "why" },
         h("span", { class: "src src-" + src.replaceAll(" ", "-") }, src), " ", f.reason,
         f.transient ? h("span", { class: "tag" }, "transient") : null,
-        v.willRetry ? h("span", { class: "tag" }, "another attempt follows") : null,
+        v.willRetry ? h("span", { class: "tag", "data-testid": "follows" }, v.next && v.next !== a.delegate ?
+          "the next delegate, " + v.next + ", is tried" : "another attempt follows") : null,
         f.notRetriedReason ? h("span", { class: "not-retried" }, " · not retried: " + f.notRetriedReason) :
           f.notRetriedCode !== NotRetried.UNSPECIFIED ? h("span", { class: "not-retried" }, " · not retried") : null));
       if (f.analysis) lines.push(h("div", { class: "advice" }, h("strong", null, "Analyst: "), f.analysis));

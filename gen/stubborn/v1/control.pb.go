@@ -2067,7 +2067,12 @@ func (x *GetRunRequest) GetRunId() string {
 type GetRunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The current state.
-	State         *ControlState `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	State *ControlState `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	// The server's clock when it answered. A client measures what is going
+	// on (a wait for a decision, an attempt in flight: from its start to
+	// now) against this, not against its own clock, which may be off, nor
+	// against update_time, the last change, which may be long past.
+	ServerTime    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2105,6 +2110,13 @@ func (*GetRunResponse) Descriptor() ([]byte, []int) {
 func (x *GetRunResponse) GetState() *ControlState {
 	if x != nil {
 		return x.State
+	}
+	return nil
+}
+
+func (x *GetRunResponse) GetServerTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ServerTime
 	}
 	return nil
 }
@@ -2224,7 +2236,11 @@ type RunSummary struct {
 	// When the run's state last changed.
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
 	// The delegate whose result the run returned, once it has.
-	Winner        string `protobuf:"bytes,8,opt,name=winner,proto3" json:"winner,omitempty"`
+	Winner string `protobuf:"bytes,8,opt,name=winner,proto3" json:"winner,omitempty"`
+	// The start of the run's task brief (at most 80 characters, cut at a
+	// character boundary, "…" appended when cut), to tell runs apart. Empty
+	// for a run listed before this field existed.
+	Brief         string `protobuf:"bytes,9,opt,name=brief,proto3" json:"brief,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2315,6 +2331,13 @@ func (x *RunSummary) GetWinner() string {
 	return ""
 }
 
+func (x *RunSummary) GetBrief() string {
+	if x != nil {
+		return x.Brief
+	}
+	return ""
+}
+
 // ListRunsResponse is one page of runs.
 type ListRunsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2324,7 +2347,10 @@ type ListRunsResponse struct {
 	// Pass as page_token for the next page. Empty means this is the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	// The runs on this page, newest first, with view RUN_VIEW_SUMMARY.
-	Summaries     []*RunSummary `protobuf:"bytes,3,rep,name=summaries,proto3" json:"summaries,omitempty"`
+	Summaries []*RunSummary `protobuf:"bytes,3,rep,name=summaries,proto3" json:"summaries,omitempty"`
+	// The server's clock when it answered: how old the runs are is
+	// server_time minus their create_time.
+	ServerTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2376,6 +2402,13 @@ func (x *ListRunsResponse) GetNextPageToken() string {
 func (x *ListRunsResponse) GetSummaries() []*RunSummary {
 	if x != nil {
 		return x.Summaries
+	}
+	return nil
+}
+
+func (x *ListRunsResponse) GetServerTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ServerTime
 	}
 	return nil
 }
@@ -2534,7 +2567,10 @@ type ListDelegatesResponse struct {
 	// The delegates, in the config's order.
 	Delegates []*DelegateDescription `protobuf:"bytes,1,rep,name=delegates,proto3" json:"delegates,omitempty"`
 	// The presets, in the config's order.
-	Presets       []*PresetDescription `protobuf:"bytes,2,rep,name=presets,proto3" json:"presets,omitempty"`
+	Presets []*PresetDescription `protobuf:"bytes,2,rep,name=presets,proto3" json:"presets,omitempty"`
+	// The server's clock when it answered: what circuit_breaker_open_until
+	// and recent_failures' times compare with.
+	ServerTime    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2583,6 +2619,13 @@ func (x *ListDelegatesResponse) GetPresets() []*PresetDescription {
 	return nil
 }
 
+func (x *ListDelegatesResponse) GetServerTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ServerTime
+	}
+	return nil
+}
+
 // DelegateDescription is one delegate of the registry.
 type DelegateDescription struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2624,9 +2667,23 @@ type DelegateDescription struct {
 	IdleTimeout *durationpb.Duration `protobuf:"bytes,15,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	// Whether calls to it stream their output: "auto" (a gRPC delegate: try
 	// ExecuteStream, fall back to Execute), "on" or "off".
-	Stream        string `protobuf:"bytes,16,opt,name=stream,proto3" json:"stream,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Stream string `protobuf:"bytes,16,opt,name=stream,proto3" json:"stream,omitempty"`
+	// Until when its open circuit breaker refuses calls (then it lets probes
+	// through: half-open). Unset unless circuit_breaker is
+	// BREAKER_STATE_OPEN.
+	CircuitBreakerOpenUntil *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=circuit_breaker_open_until,json=circuitBreakerOpenUntil,proto3" json:"circuit_breaker_open_until,omitempty"`
+	// Requests let through to it from this server within the last minute,
+	// as its rate limit counts them, when it has requests_per_minute or
+	// tokens_per_minute; else 0.
+	RequestsLastMinute int64 `protobuf:"varint,18,opt,name=requests_last_minute,json=requestsLastMinute,proto3" json:"requests_last_minute,omitempty"`
+	// Model tokens its answers reported using within the last minute, as
+	// its rate limit counts them, when it has tokens_per_minute; else 0.
+	TokensLastMinute int64 `protobuf:"varint,19,opt,name=tokens_last_minute,json=tokensLastMinute,proto3" json:"tokens_last_minute,omitempty"`
+	// Its latest failed calls from this server, newest first (at most 10,
+	// kept in memory: a restart forgets them).
+	RecentFailures []*DelegateFailure `protobuf:"bytes,20,rep,name=recent_failures,json=recentFailures,proto3" json:"recent_failures,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *DelegateDescription) Reset() {
@@ -2771,6 +2828,118 @@ func (x *DelegateDescription) GetStream() string {
 	return ""
 }
 
+func (x *DelegateDescription) GetCircuitBreakerOpenUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CircuitBreakerOpenUntil
+	}
+	return nil
+}
+
+func (x *DelegateDescription) GetRequestsLastMinute() int64 {
+	if x != nil {
+		return x.RequestsLastMinute
+	}
+	return 0
+}
+
+func (x *DelegateDescription) GetTokensLastMinute() int64 {
+	if x != nil {
+		return x.TokensLastMinute
+	}
+	return 0
+}
+
+func (x *DelegateDescription) GetRecentFailures() []*DelegateFailure {
+	if x != nil {
+		return x.RecentFailures
+	}
+	return nil
+}
+
+// DelegateFailure is one failed call to a delegate.
+type DelegateFailure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When the call ended.
+	Time *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	// The gRPC status code (google.rpc.Code numbering), as AttemptError.code.
+	Code int32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	// The status message; one over 300 bytes is cut there (at a character
+	// boundary) and ends saying how many bytes were cut.
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// The run that made the call. Empty when unknown.
+	RunId string `protobuf:"bytes,4,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The attempt of that run the call was made for (a judge's or an
+	// analyst's call: the attempt it was about). 0 when unknown.
+	Attempt       int32 `protobuf:"varint,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DelegateFailure) Reset() {
+	*x = DelegateFailure{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DelegateFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DelegateFailure) ProtoMessage() {}
+
+func (x *DelegateFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DelegateFailure.ProtoReflect.Descriptor instead.
+func (*DelegateFailure) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *DelegateFailure) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *DelegateFailure) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *DelegateFailure) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *DelegateFailure) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *DelegateFailure) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
 // PresetDescription is one preset of the registry.
 type PresetDescription struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2784,7 +2953,7 @@ type PresetDescription struct {
 
 func (x *PresetDescription) Reset() {
 	*x = PresetDescription{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[22]
+	mi := &file_stubborn_v1_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2796,7 +2965,7 @@ func (x *PresetDescription) String() string {
 func (*PresetDescription) ProtoMessage() {}
 
 func (x *PresetDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[22]
+	mi := &file_stubborn_v1_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2809,7 +2978,7 @@ func (x *PresetDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PresetDescription.ProtoReflect.Descriptor instead.
 func (*PresetDescription) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{22}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PresetDescription) GetName() string {
@@ -2837,7 +3006,7 @@ type CancelRunRequest struct {
 
 func (x *CancelRunRequest) Reset() {
 	*x = CancelRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[23]
+	mi := &file_stubborn_v1_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2849,7 +3018,7 @@ func (x *CancelRunRequest) String() string {
 func (*CancelRunRequest) ProtoMessage() {}
 
 func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[23]
+	mi := &file_stubborn_v1_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2862,7 +3031,7 @@ func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
 func (*CancelRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{23}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CancelRunRequest) GetRunId() string {
@@ -2884,7 +3053,7 @@ type CancelRunResponse struct {
 
 func (x *CancelRunResponse) Reset() {
 	*x = CancelRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	mi := &file_stubborn_v1_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2896,7 +3065,7 @@ func (x *CancelRunResponse) String() string {
 func (*CancelRunResponse) ProtoMessage() {}
 
 func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	mi := &file_stubborn_v1_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2909,7 +3078,7 @@ func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
 func (*CancelRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{24}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CancelRunResponse) GetState() *ControlState {
@@ -2933,7 +3102,7 @@ type DeleteRunRequest struct {
 
 func (x *DeleteRunRequest) Reset() {
 	*x = DeleteRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	mi := &file_stubborn_v1_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2945,7 +3114,7 @@ func (x *DeleteRunRequest) String() string {
 func (*DeleteRunRequest) ProtoMessage() {}
 
 func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	mi := &file_stubborn_v1_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2958,7 +3127,7 @@ func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{25}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeleteRunRequest) GetRunId() string {
@@ -2984,7 +3153,7 @@ type DeleteRunResponse struct {
 
 func (x *DeleteRunResponse) Reset() {
 	*x = DeleteRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[26]
+	mi := &file_stubborn_v1_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2996,7 +3165,7 @@ func (x *DeleteRunResponse) String() string {
 func (*DeleteRunResponse) ProtoMessage() {}
 
 func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[26]
+	mi := &file_stubborn_v1_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3009,7 +3178,7 @@ func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{26}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{27}
 }
 
 // DecideRunRequest answers a run awaiting a decision.
@@ -3025,7 +3194,7 @@ type DecideRunRequest struct {
 
 func (x *DecideRunRequest) Reset() {
 	*x = DecideRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[27]
+	mi := &file_stubborn_v1_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3037,7 +3206,7 @@ func (x *DecideRunRequest) String() string {
 func (*DecideRunRequest) ProtoMessage() {}
 
 func (x *DecideRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[27]
+	mi := &file_stubborn_v1_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3050,7 +3219,7 @@ func (x *DecideRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRunRequest.ProtoReflect.Descriptor instead.
 func (*DecideRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{27}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DecideRunRequest) GetRunId() string {
@@ -3078,7 +3247,7 @@ type DecideRunResponse struct {
 
 func (x *DecideRunResponse) Reset() {
 	*x = DecideRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[28]
+	mi := &file_stubborn_v1_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3090,7 +3259,7 @@ func (x *DecideRunResponse) String() string {
 func (*DecideRunResponse) ProtoMessage() {}
 
 func (x *DecideRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[28]
+	mi := &file_stubborn_v1_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3103,7 +3272,7 @@ func (x *DecideRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRunResponse.ProtoReflect.Descriptor instead.
 func (*DecideRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{28}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DecideRunResponse) GetState() *ControlState {
@@ -3131,7 +3300,7 @@ type ControlSpec struct {
 
 func (x *ControlSpec) Reset() {
 	*x = ControlSpec{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[29]
+	mi := &file_stubborn_v1_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3143,7 +3312,7 @@ func (x *ControlSpec) String() string {
 func (*ControlSpec) ProtoMessage() {}
 
 func (x *ControlSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[29]
+	mi := &file_stubborn_v1_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3156,7 +3325,7 @@ func (x *ControlSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlSpec.ProtoReflect.Descriptor instead.
 func (*ControlSpec) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{29}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ControlSpec) GetKind() isControlSpec_Kind {
@@ -3304,7 +3473,7 @@ type ControlState struct {
 
 func (x *ControlState) Reset() {
 	*x = ControlState{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[30]
+	mi := &file_stubborn_v1_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3316,7 +3485,7 @@ func (x *ControlState) String() string {
 func (*ControlState) ProtoMessage() {}
 
 func (x *ControlState) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[30]
+	mi := &file_stubborn_v1_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3329,7 +3498,7 @@ func (x *ControlState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlState.ProtoReflect.Descriptor instead.
 func (*ControlState) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{30}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ControlState) GetRunId() string {
@@ -3500,7 +3669,7 @@ type AttemptError struct {
 
 func (x *AttemptError) Reset() {
 	*x = AttemptError{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[31]
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3512,7 +3681,7 @@ func (x *AttemptError) String() string {
 func (*AttemptError) ProtoMessage() {}
 
 func (x *AttemptError) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[31]
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3525,7 +3694,7 @@ func (x *AttemptError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptError.ProtoReflect.Descriptor instead.
 func (*AttemptError) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{31}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AttemptError) GetCode() int32 {
@@ -3615,7 +3784,7 @@ type Attempt struct {
 
 func (x *Attempt) Reset() {
 	*x = Attempt{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3627,7 +3796,7 @@ func (x *Attempt) String() string {
 func (*Attempt) ProtoMessage() {}
 
 func (x *Attempt) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3640,7 +3809,7 @@ func (x *Attempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attempt.ProtoReflect.Descriptor instead.
 func (*Attempt) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Attempt) GetNumber() int32 {
@@ -3765,7 +3934,7 @@ type FailureRecord struct {
 
 func (x *FailureRecord) Reset() {
 	*x = FailureRecord{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[33]
+	mi := &file_stubborn_v1_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3777,7 +3946,7 @@ func (x *FailureRecord) String() string {
 func (*FailureRecord) ProtoMessage() {}
 
 func (x *FailureRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[33]
+	mi := &file_stubborn_v1_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3790,7 +3959,7 @@ func (x *FailureRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureRecord.ProtoReflect.Descriptor instead.
 func (*FailureRecord) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{33}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *FailureRecord) GetAttempt() int32 {
@@ -3910,7 +4079,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[34]
+	mi := &file_stubborn_v1_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3922,7 +4091,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[34]
+	mi := &file_stubborn_v1_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3935,7 +4104,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{34}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -4155,7 +4324,7 @@ type RunStarted struct {
 
 func (x *RunStarted) Reset() {
 	*x = RunStarted{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[35]
+	mi := &file_stubborn_v1_control_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4167,7 +4336,7 @@ func (x *RunStarted) String() string {
 func (*RunStarted) ProtoMessage() {}
 
 func (x *RunStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[35]
+	mi := &file_stubborn_v1_control_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4180,7 +4349,7 @@ func (x *RunStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStarted.ProtoReflect.Descriptor instead.
 func (*RunStarted) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{35}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RunStarted) GetState() *ControlState {
@@ -4201,7 +4370,7 @@ type AttemptStarted struct {
 
 func (x *AttemptStarted) Reset() {
 	*x = AttemptStarted{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[36]
+	mi := &file_stubborn_v1_control_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4213,7 +4382,7 @@ func (x *AttemptStarted) String() string {
 func (*AttemptStarted) ProtoMessage() {}
 
 func (x *AttemptStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[36]
+	mi := &file_stubborn_v1_control_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4226,7 +4395,7 @@ func (x *AttemptStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptStarted.ProtoReflect.Descriptor instead.
 func (*AttemptStarted) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{36}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AttemptStarted) GetAttempt() *Attempt {
@@ -4257,7 +4426,7 @@ type AttemptFinished struct {
 
 func (x *AttemptFinished) Reset() {
 	*x = AttemptFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[37]
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4269,7 +4438,7 @@ func (x *AttemptFinished) String() string {
 func (*AttemptFinished) ProtoMessage() {}
 
 func (x *AttemptFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[37]
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4282,7 +4451,7 @@ func (x *AttemptFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptFinished.ProtoReflect.Descriptor instead.
 func (*AttemptFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{37}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *AttemptFinished) GetAttempt() *Attempt {
@@ -4340,7 +4509,7 @@ type AttemptOutput struct {
 
 func (x *AttemptOutput) Reset() {
 	*x = AttemptOutput{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4352,7 +4521,7 @@ func (x *AttemptOutput) String() string {
 func (*AttemptOutput) ProtoMessage() {}
 
 func (x *AttemptOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4365,7 +4534,7 @@ func (x *AttemptOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptOutput.ProtoReflect.Descriptor instead.
 func (*AttemptOutput) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{38}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AttemptOutput) GetAttempt() int32 {
@@ -4413,7 +4582,7 @@ type FailureAnalyzed struct {
 
 func (x *FailureAnalyzed) Reset() {
 	*x = FailureAnalyzed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[39]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4425,7 +4594,7 @@ func (x *FailureAnalyzed) String() string {
 func (*FailureAnalyzed) ProtoMessage() {}
 
 func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[39]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4438,7 +4607,7 @@ func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureAnalyzed.ProtoReflect.Descriptor instead.
 func (*FailureAnalyzed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{39}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *FailureAnalyzed) GetFailure() *FailureRecord {
@@ -4481,7 +4650,7 @@ type BackoffScheduled struct {
 
 func (x *BackoffScheduled) Reset() {
 	*x = BackoffScheduled{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[40]
+	mi := &file_stubborn_v1_control_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4493,7 +4662,7 @@ func (x *BackoffScheduled) String() string {
 func (*BackoffScheduled) ProtoMessage() {}
 
 func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[40]
+	mi := &file_stubborn_v1_control_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4506,7 +4675,7 @@ func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackoffScheduled.ProtoReflect.Descriptor instead.
 func (*BackoffScheduled) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{40}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *BackoffScheduled) GetNextAttempt() int32 {
@@ -4564,7 +4733,7 @@ type DecisionRequested struct {
 
 func (x *DecisionRequested) Reset() {
 	*x = DecisionRequested{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[41]
+	mi := &file_stubborn_v1_control_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4576,7 +4745,7 @@ func (x *DecisionRequested) String() string {
 func (*DecisionRequested) ProtoMessage() {}
 
 func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[41]
+	mi := &file_stubborn_v1_control_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4589,7 +4758,7 @@ func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionRequested.ProtoReflect.Descriptor instead.
 func (*DecisionRequested) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{41}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DecisionRequested) GetReason() string {
@@ -4631,7 +4800,7 @@ type DecisionReceived struct {
 
 func (x *DecisionReceived) Reset() {
 	*x = DecisionReceived{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[42]
+	mi := &file_stubborn_v1_control_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4643,7 +4812,7 @@ func (x *DecisionReceived) String() string {
 func (*DecisionReceived) ProtoMessage() {}
 
 func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[42]
+	mi := &file_stubborn_v1_control_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4656,7 +4825,7 @@ func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionReceived.ProtoReflect.Descriptor instead.
 func (*DecisionReceived) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{42}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DecisionReceived) GetDecision() Decision {
@@ -4680,7 +4849,7 @@ type RunResumed struct {
 
 func (x *RunResumed) Reset() {
 	*x = RunResumed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[43]
+	mi := &file_stubborn_v1_control_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4692,7 +4861,7 @@ func (x *RunResumed) String() string {
 func (*RunResumed) ProtoMessage() {}
 
 func (x *RunResumed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[43]
+	mi := &file_stubborn_v1_control_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4705,7 +4874,7 @@ func (x *RunResumed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResumed.ProtoReflect.Descriptor instead.
 func (*RunResumed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{43}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RunResumed) GetOwner() string {
@@ -4733,7 +4902,7 @@ type RunFinished struct {
 
 func (x *RunFinished) Reset() {
 	*x = RunFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[44]
+	mi := &file_stubborn_v1_control_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4745,7 +4914,7 @@ func (x *RunFinished) String() string {
 func (*RunFinished) ProtoMessage() {}
 
 func (x *RunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[44]
+	mi := &file_stubborn_v1_control_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4758,7 +4927,7 @@ func (x *RunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFinished.ProtoReflect.Descriptor instead.
 func (*RunFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{44}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RunFinished) GetState() *ControlState {
@@ -4855,9 +5024,11 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x05event\x18\x01 \x01(\v2\x15.stubborn.v1.RunEventR\x05event\x12-\n" +
 	"\x06events\x18\x02 \x03(\v2\x15.stubborn.v1.RunEventR\x06events\"&\n" +
 	"\rGetRunRequest\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\"A\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\"~\n" +
 	"\x0eGetRunResponse\x12/\n" +
-	"\x05state\x18\x01 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"\xdd\x01\n" +
+	"\x05state\x18\x01 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\x12;\n" +
+	"\vserver_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"serverTime\"\xdd\x01\n" +
 	"\x0fListRunsRequest\x12.\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
@@ -4865,7 +5036,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\x12(\n" +
 	"\x04view\x18\x04 \x01(\x0e2\x14.stubborn.v1.RunViewR\x04view\x12\x18\n" +
 	"\acontrol\x18\x05 \x01(\tR\acontrol\x12\x1a\n" +
-	"\bdelegate\x18\x06 \x01(\tR\bdelegate\"\xb9\x02\n" +
+	"\bdelegate\x18\x06 \x01(\tR\bdelegate\"\xcf\x02\n" +
 	"\n" +
 	"RunSummary\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
@@ -4877,21 +5048,26 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12\x16\n" +
-	"\x06winner\x18\b \x01(\tR\x06winner\"\xa0\x01\n" +
+	"\x06winner\x18\b \x01(\tR\x06winner\x12\x14\n" +
+	"\x05brief\x18\t \x01(\tR\x05brief\"\xdd\x01\n" +
 	"\x10ListRunsResponse\x12-\n" +
 	"\x04runs\x18\x01 \x03(\v2\x19.stubborn.v1.ControlStateR\x04runs\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x125\n" +
-	"\tsummaries\x18\x03 \x03(\v2\x17.stubborn.v1.RunSummaryR\tsummaries\"x\n" +
+	"\tsummaries\x18\x03 \x03(\v2\x17.stubborn.v1.RunSummaryR\tsummaries\x12;\n" +
+	"\vserver_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"serverTime\"x\n" +
 	"\x10WatchRunsRequest\x12.\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12\x18\n" +
 	"\acontrol\x18\x02 \x01(\tR\acontrol\x12\x1a\n" +
 	"\bdelegate\x18\x03 \x01(\tR\bdelegate\">\n" +
 	"\x11WatchRunsResponse\x12)\n" +
 	"\x03run\x18\x01 \x01(\v2\x17.stubborn.v1.RunSummaryR\x03run\"\x16\n" +
-	"\x14ListDelegatesRequest\"\x91\x01\n" +
+	"\x14ListDelegatesRequest\"\xce\x01\n" +
 	"\x15ListDelegatesResponse\x12>\n" +
 	"\tdelegates\x18\x01 \x03(\v2 .stubborn.v1.DelegateDescriptionR\tdelegates\x128\n" +
-	"\apresets\x18\x02 \x03(\v2\x1e.stubborn.v1.PresetDescriptionR\apresets\"\xd2\x05\n" +
+	"\apresets\x18\x02 \x03(\v2\x1e.stubborn.v1.PresetDescriptionR\apresets\x12;\n" +
+	"\vserver_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"serverTime\"\xd2\a\n" +
 	"\x13DelegateDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1e\n" +
@@ -4911,7 +5087,17 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\bretry_on\x18\r \x01(\v2\x14.stubborn.v1.RetryOnR\aretryOn\x12K\n" +
 	"\x14first_output_timeout\x18\x0e \x01(\v2\x19.google.protobuf.DurationR\x12firstOutputTimeout\x12<\n" +
 	"\fidle_timeout\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12\x16\n" +
-	"\x06stream\x18\x10 \x01(\tR\x06stream\"U\n" +
+	"\x06stream\x18\x10 \x01(\tR\x06stream\x12W\n" +
+	"\x1acircuit_breaker_open_until\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\x17circuitBreakerOpenUntil\x120\n" +
+	"\x14requests_last_minute\x18\x12 \x01(\x03R\x12requestsLastMinute\x12,\n" +
+	"\x12tokens_last_minute\x18\x13 \x01(\x03R\x10tokensLastMinute\x12E\n" +
+	"\x0frecent_failures\x18\x14 \x03(\v2\x1c.stubborn.v1.DelegateFailureR\x0erecentFailures\"\xa0\x01\n" +
+	"\x0fDelegateFailure\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x15\n" +
+	"\x06run_id\x18\x04 \x01(\tR\x05runId\x12\x18\n" +
+	"\aattempt\x18\x05 \x01(\x05R\aattempt\"U\n" +
 	"\x11PresetDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12,\n" +
 	"\x04spec\x18\x02 \x01(\v2\x18.stubborn.v1.ControlSpecR\x04spec\")\n" +
@@ -5182,7 +5368,7 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
 	(OnExhausted)(0),              // 1: stubborn.v1.OnExhausted
@@ -5218,166 +5404,173 @@ var file_stubborn_v1_control_proto_goTypes = []any{
 	(*ListDelegatesRequest)(nil),  // 31: stubborn.v1.ListDelegatesRequest
 	(*ListDelegatesResponse)(nil), // 32: stubborn.v1.ListDelegatesResponse
 	(*DelegateDescription)(nil),   // 33: stubborn.v1.DelegateDescription
-	(*PresetDescription)(nil),     // 34: stubborn.v1.PresetDescription
-	(*CancelRunRequest)(nil),      // 35: stubborn.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 36: stubborn.v1.CancelRunResponse
-	(*DeleteRunRequest)(nil),      // 37: stubborn.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 38: stubborn.v1.DeleteRunResponse
-	(*DecideRunRequest)(nil),      // 39: stubborn.v1.DecideRunRequest
-	(*DecideRunResponse)(nil),     // 40: stubborn.v1.DecideRunResponse
-	(*ControlSpec)(nil),           // 41: stubborn.v1.ControlSpec
-	(*ControlState)(nil),          // 42: stubborn.v1.ControlState
-	(*AttemptError)(nil),          // 43: stubborn.v1.AttemptError
-	(*Attempt)(nil),               // 44: stubborn.v1.Attempt
-	(*FailureRecord)(nil),         // 45: stubborn.v1.FailureRecord
-	(*RunEvent)(nil),              // 46: stubborn.v1.RunEvent
-	(*RunStarted)(nil),            // 47: stubborn.v1.RunStarted
-	(*AttemptStarted)(nil),        // 48: stubborn.v1.AttemptStarted
-	(*AttemptFinished)(nil),       // 49: stubborn.v1.AttemptFinished
-	(*AttemptOutput)(nil),         // 50: stubborn.v1.AttemptOutput
-	(*FailureAnalyzed)(nil),       // 51: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 52: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 53: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 54: stubborn.v1.DecisionReceived
-	(*RunResumed)(nil),            // 55: stubborn.v1.RunResumed
-	(*RunFinished)(nil),           // 56: stubborn.v1.RunFinished
-	nil,                           // 57: stubborn.v1.RunOptions.MetadataEntry
-	nil,                           // 58: stubborn.v1.ControlState.PresetsEntry
-	(*durationpb.Duration)(nil),   // 59: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 60: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 61: google.protobuf.Timestamp
-	(*Result)(nil),                // 62: stubborn.v1.Result
+	(*DelegateFailure)(nil),       // 34: stubborn.v1.DelegateFailure
+	(*PresetDescription)(nil),     // 35: stubborn.v1.PresetDescription
+	(*CancelRunRequest)(nil),      // 36: stubborn.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 37: stubborn.v1.CancelRunResponse
+	(*DeleteRunRequest)(nil),      // 38: stubborn.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 39: stubborn.v1.DeleteRunResponse
+	(*DecideRunRequest)(nil),      // 40: stubborn.v1.DecideRunRequest
+	(*DecideRunResponse)(nil),     // 41: stubborn.v1.DecideRunResponse
+	(*ControlSpec)(nil),           // 42: stubborn.v1.ControlSpec
+	(*ControlState)(nil),          // 43: stubborn.v1.ControlState
+	(*AttemptError)(nil),          // 44: stubborn.v1.AttemptError
+	(*Attempt)(nil),               // 45: stubborn.v1.Attempt
+	(*FailureRecord)(nil),         // 46: stubborn.v1.FailureRecord
+	(*RunEvent)(nil),              // 47: stubborn.v1.RunEvent
+	(*RunStarted)(nil),            // 48: stubborn.v1.RunStarted
+	(*AttemptStarted)(nil),        // 49: stubborn.v1.AttemptStarted
+	(*AttemptFinished)(nil),       // 50: stubborn.v1.AttemptFinished
+	(*AttemptOutput)(nil),         // 51: stubborn.v1.AttemptOutput
+	(*FailureAnalyzed)(nil),       // 52: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 53: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 54: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 55: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 56: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 57: stubborn.v1.RunFinished
+	nil,                           // 58: stubborn.v1.RunOptions.MetadataEntry
+	nil,                           // 59: stubborn.v1.ControlState.PresetsEntry
+	(*durationpb.Duration)(nil),   // 60: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 61: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 62: google.protobuf.Timestamp
+	(*Result)(nil),                // 63: stubborn.v1.Result
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	59,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	60,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,   // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	59,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	59,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	60,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	60,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
 	13,  // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
-	59,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
-	59,  // 6: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	59,  // 7: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	57,  // 8: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
-	59,  // 9: stubborn.v1.RunOptions.first_output_timeout:type_name -> google.protobuf.Duration
-	59,  // 10: stubborn.v1.RunOptions.idle_timeout:type_name -> google.protobuf.Duration
+	60,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
+	60,  // 6: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	60,  // 7: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	58,  // 8: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	60,  // 9: stubborn.v1.RunOptions.first_output_timeout:type_name -> google.protobuf.Duration
+	60,  // 10: stubborn.v1.RunOptions.idle_timeout:type_name -> google.protobuf.Duration
 	12,  // 11: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
 	14,  // 12: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
 	15,  // 13: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
 	16,  // 14: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
 	17,  // 15: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	60,  // 16: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
-	60,  // 17: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
-	46,  // 18: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	61,  // 16: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
+	61,  // 17: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
+	47,  // 18: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
 	12,  // 19: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
 	14,  // 20: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
 	15,  // 21: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
 	16,  // 22: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
 	17,  // 23: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	60,  // 24: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
-	60,  // 25: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
-	42,  // 26: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	46,  // 27: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	46,  // 28: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	42,  // 29: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
-	0,   // 30: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	9,   // 31: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
-	0,   // 32: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	61,  // 33: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	61,  // 34: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
-	42,  // 35: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	27,  // 36: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
-	0,   // 37: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	27,  // 38: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
-	33,  // 39: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
-	34,  // 40: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	59,  // 41: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
-	11,  // 42: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
-	10,  // 43: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
-	13,  // 44: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
-	59,  // 45: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
-	59,  // 46: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
-	41,  // 47: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	42,  // 48: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,   // 49: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	42,  // 50: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	12,  // 51: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 52: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 53: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 54: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	0,   // 55: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	62,  // 56: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	45,  // 57: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	44,  // 58: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	41,  // 59: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	17,  // 60: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	8,   // 61: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	61,  // 62: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	61,  // 63: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	61,  // 64: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	58,  // 65: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
-	60,  // 66: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
-	60,  // 67: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
-	59,  // 68: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	6,   // 69: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
-	61,  // 70: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	61,  // 71: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,   // 72: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	62,  // 73: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	43,  // 74: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	59,  // 75: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	4,   // 76: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
-	7,   // 77: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	5,   // 78: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	61,  // 79: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	0,   // 80: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
-	47,  // 81: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	48,  // 82: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	49,  // 83: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	51,  // 84: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	52,  // 85: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	53,  // 86: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	54,  // 87: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	56,  // 88: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	55,  // 89: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	50,  // 90: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
-	42,  // 91: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	44,  // 92: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	44,  // 93: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	45,  // 94: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	59,  // 95: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	61,  // 96: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	59,  // 97: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	45,  // 98: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	61,  // 99: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	8,   // 100: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,   // 101: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	42,  // 102: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	41,  // 103: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
-	18,  // 104: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	20,  // 105: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	22,  // 106: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	24,  // 107: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	26,  // 108: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	29,  // 109: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	31,  // 110: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	35,  // 111: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	39,  // 112: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	37,  // 113: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	19,  // 114: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	21,  // 115: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	23,  // 116: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	25,  // 117: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	28,  // 118: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	30,  // 119: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	32,  // 120: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	36,  // 121: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	40,  // 122: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	38,  // 123: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	114, // [114:124] is the sub-list for method output_type
-	104, // [104:114] is the sub-list for method input_type
-	104, // [104:104] is the sub-list for extension type_name
-	104, // [104:104] is the sub-list for extension extendee
-	0,   // [0:104] is the sub-list for field type_name
+	61,  // 24: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
+	61,  // 25: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
+	43,  // 26: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	47,  // 27: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	47,  // 28: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	43,  // 29: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	62,  // 30: stubborn.v1.GetRunResponse.server_time:type_name -> google.protobuf.Timestamp
+	0,   // 31: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	9,   // 32: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
+	0,   // 33: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
+	62,  // 34: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	62,  // 35: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	43,  // 36: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	27,  // 37: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
+	62,  // 38: stubborn.v1.ListRunsResponse.server_time:type_name -> google.protobuf.Timestamp
+	0,   // 39: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	27,  // 40: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
+	33,  // 41: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
+	35,  // 42: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
+	62,  // 43: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
+	60,  // 44: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	11,  // 45: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
+	10,  // 46: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
+	13,  // 47: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
+	60,  // 48: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
+	60,  // 49: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
+	62,  // 50: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
+	34,  // 51: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
+	62,  // 52: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
+	42,  // 53: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	43,  // 54: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,   // 55: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	43,  // 56: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	12,  // 57: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	14,  // 58: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	15,  // 59: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	16,  // 60: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	0,   // 61: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	63,  // 62: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	46,  // 63: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	45,  // 64: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	42,  // 65: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	17,  // 66: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	8,   // 67: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	62,  // 68: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	62,  // 69: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	62,  // 70: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	59,  // 71: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
+	61,  // 72: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
+	61,  // 73: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
+	60,  // 74: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	6,   // 75: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
+	62,  // 76: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	62,  // 77: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,   // 78: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	63,  // 79: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	44,  // 80: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	60,  // 81: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,   // 82: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
+	7,   // 83: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	5,   // 84: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	62,  // 85: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	0,   // 86: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
+	48,  // 87: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	49,  // 88: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	50,  // 89: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	52,  // 90: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	53,  // 91: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	54,  // 92: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	55,  // 93: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	57,  // 94: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	56,  // 95: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	51,  // 96: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
+	43,  // 97: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	45,  // 98: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	45,  // 99: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	46,  // 100: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	60,  // 101: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	62,  // 102: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	60,  // 103: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	46,  // 104: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	62,  // 105: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 106: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 107: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	43,  // 108: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	42,  // 109: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
+	18,  // 110: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	20,  // 111: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	22,  // 112: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	24,  // 113: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	26,  // 114: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	29,  // 115: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	31,  // 116: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	36,  // 117: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	40,  // 118: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	38,  // 119: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	19,  // 120: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	21,  // 121: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	23,  // 122: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	25,  // 123: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	28,  // 124: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	30,  // 125: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	32,  // 126: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	37,  // 127: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	41,  // 128: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	39,  // 129: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	120, // [120:130] is the sub-list for method output_type
+	110, // [110:120] is the sub-list for method input_type
+	110, // [110:110] is the sub-list for extension type_name
+	110, // [110:110] is the sub-list for extension extendee
+	0,   // [0:110] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -5388,13 +5581,13 @@ func file_stubborn_v1_control_proto_init() {
 	file_stubborn_v1_delegate_proto_init()
 	file_stubborn_v1_control_proto_msgTypes[0].OneofWrappers = []any{}
 	file_stubborn_v1_control_proto_msgTypes[2].OneofWrappers = []any{}
-	file_stubborn_v1_control_proto_msgTypes[29].OneofWrappers = []any{
+	file_stubborn_v1_control_proto_msgTypes[30].OneofWrappers = []any{
 		(*ControlSpec_Retry)(nil),
 		(*ControlSpec_RetryWithLearning)(nil),
 		(*ControlSpec_FallbackChain)(nil),
 		(*ControlSpec_Race)(nil),
 	}
-	file_stubborn_v1_control_proto_msgTypes[34].OneofWrappers = []any{
+	file_stubborn_v1_control_proto_msgTypes[35].OneofWrappers = []any{
 		(*RunEvent_RunStarted)(nil),
 		(*RunEvent_AttemptStarted)(nil),
 		(*RunEvent_AttemptFinished)(nil),
@@ -5412,7 +5605,7 @@ func file_stubborn_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   47,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

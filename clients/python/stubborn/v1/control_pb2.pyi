@@ -284,8 +284,9 @@ class DecisionRequested(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., deadline: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., reason_code: _Optional[_Union[StatusReason, str]] = ...) -> None: ...
 
 class DelegateDescription(_message.Message):
-    __slots__ = ["circuit_breaker", "circuit_breaker_reason", "first_output_timeout", "health", "idempotent", "idle_timeout", "in_flight", "kind", "max_concurrent", "name", "read_only", "requests_per_minute", "retry_on", "stream", "timeout", "tokens_per_minute"]
+    __slots__ = ["circuit_breaker", "circuit_breaker_open_until", "circuit_breaker_reason", "first_output_timeout", "health", "idempotent", "idle_timeout", "in_flight", "kind", "max_concurrent", "name", "read_only", "recent_failures", "requests_last_minute", "requests_per_minute", "retry_on", "stream", "timeout", "tokens_last_minute", "tokens_per_minute"]
     CIRCUIT_BREAKER_FIELD_NUMBER: _ClassVar[int]
+    CIRCUIT_BREAKER_OPEN_UNTIL_FIELD_NUMBER: _ClassVar[int]
     CIRCUIT_BREAKER_REASON_FIELD_NUMBER: _ClassVar[int]
     FIRST_OUTPUT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
@@ -296,12 +297,16 @@ class DelegateDescription(_message.Message):
     MAX_CONCURRENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    RECENT_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_LAST_MINUTE_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     RETRY_ON_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_LAST_MINUTE_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     circuit_breaker: BreakerState
+    circuit_breaker_open_until: _timestamp_pb2.Timestamp
     circuit_breaker_reason: str
     first_output_timeout: _duration_pb2.Duration
     health: DelegateHealth
@@ -312,12 +317,29 @@ class DelegateDescription(_message.Message):
     max_concurrent: int
     name: str
     read_only: bool
+    recent_failures: _containers.RepeatedCompositeFieldContainer[DelegateFailure]
+    requests_last_minute: int
     requests_per_minute: int
     retry_on: RetryOn
     stream: str
     timeout: _duration_pb2.Duration
+    tokens_last_minute: int
     tokens_per_minute: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ..., circuit_breaker: _Optional[_Union[BreakerState, str]] = ..., circuit_breaker_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., retry_on: _Optional[_Union[RetryOn, _Mapping]] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., stream: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ..., circuit_breaker: _Optional[_Union[BreakerState, str]] = ..., circuit_breaker_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., retry_on: _Optional[_Union[RetryOn, _Mapping]] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., stream: _Optional[str] = ..., circuit_breaker_open_until: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., recent_failures: _Optional[_Iterable[_Union[DelegateFailure, _Mapping]]] = ...) -> None: ...
+
+class DelegateFailure(_message.Message):
+    __slots__ = ["attempt", "code", "message", "run_id", "time"]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    code: int
+    message: str
+    run_id: str
+    time: _timestamp_pb2.Timestamp
+    def __init__(self, time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., run_id: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class DeleteRunRequest(_message.Message):
     __slots__ = ["cancel", "run_id"]
@@ -384,22 +406,26 @@ class GetRunRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class GetRunResponse(_message.Message):
-    __slots__ = ["state"]
+    __slots__ = ["server_time", "state"]
+    SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    server_time: _timestamp_pb2.Timestamp
     state: ControlState
-    def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
+    def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ..., server_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListDelegatesRequest(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
 
 class ListDelegatesResponse(_message.Message):
-    __slots__ = ["delegates", "presets"]
+    __slots__ = ["delegates", "presets", "server_time"]
     DELEGATES_FIELD_NUMBER: _ClassVar[int]
     PRESETS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
     delegates: _containers.RepeatedCompositeFieldContainer[DelegateDescription]
     presets: _containers.RepeatedCompositeFieldContainer[PresetDescription]
-    def __init__(self, delegates: _Optional[_Iterable[_Union[DelegateDescription, _Mapping]]] = ..., presets: _Optional[_Iterable[_Union[PresetDescription, _Mapping]]] = ...) -> None: ...
+    server_time: _timestamp_pb2.Timestamp
+    def __init__(self, delegates: _Optional[_Iterable[_Union[DelegateDescription, _Mapping]]] = ..., presets: _Optional[_Iterable[_Union[PresetDescription, _Mapping]]] = ..., server_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
     __slots__ = ["control", "delegate", "page_size", "page_token", "status", "view"]
@@ -418,14 +444,16 @@ class ListRunsRequest(_message.Message):
     def __init__(self, status: _Optional[_Union[RunStatus, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., view: _Optional[_Union[RunView, str]] = ..., control: _Optional[str] = ..., delegate: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
-    __slots__ = ["next_page_token", "runs", "summaries"]
+    __slots__ = ["next_page_token", "runs", "server_time", "summaries"]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
     SUMMARIES_FIELD_NUMBER: _ClassVar[int]
     next_page_token: str
     runs: _containers.RepeatedCompositeFieldContainer[ControlState]
+    server_time: _timestamp_pb2.Timestamp
     summaries: _containers.RepeatedCompositeFieldContainer[RunSummary]
-    def __init__(self, runs: _Optional[_Iterable[_Union[ControlState, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., summaries: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ...) -> None: ...
+    def __init__(self, runs: _Optional[_Iterable[_Union[ControlState, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., summaries: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., server_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class PresetDescription(_message.Message):
     __slots__ = ["name", "spec"]
@@ -595,8 +623,9 @@ class RunStarted(_message.Message):
     def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
 
 class RunSummary(_message.Message):
-    __slots__ = ["attempts", "control", "create_time", "delegates", "run_id", "status", "update_time", "winner"]
+    __slots__ = ["attempts", "brief", "control", "create_time", "delegates", "run_id", "status", "update_time", "winner"]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    BRIEF_FIELD_NUMBER: _ClassVar[int]
     CONTROL_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     DELEGATES_FIELD_NUMBER: _ClassVar[int]
@@ -605,6 +634,7 @@ class RunSummary(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     WINNER_FIELD_NUMBER: _ClassVar[int]
     attempts: int
+    brief: str
     control: str
     create_time: _timestamp_pb2.Timestamp
     delegates: _containers.RepeatedScalarFieldContainer[str]
@@ -612,7 +642,7 @@ class RunSummary(_message.Message):
     status: RunStatus
     update_time: _timestamp_pb2.Timestamp
     winner: str
-    def __init__(self, run_id: _Optional[str] = ..., control: _Optional[str] = ..., delegates: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[RunStatus, str]] = ..., attempts: _Optional[int] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., winner: _Optional[str] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., control: _Optional[str] = ..., delegates: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[RunStatus, str]] = ..., attempts: _Optional[int] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., winner: _Optional[str] = ..., brief: _Optional[str] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
     __slots__ = ["fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]

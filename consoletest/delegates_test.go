@@ -1,0 +1,108 @@
+//go:build browser
+
+package consoletest
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/stubbornhq/stubborn/delegates"
+	"github.com/stubbornhq/stubborn/delegates/demo"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+)
+
+// The Delegates page lists every delegate and preset, and follows them
+// live (no reload): a delegate whose circuit breaker a failure opened
+// shows it open, until when, and why, and the failure among its recent
+// ones, with its code and its run; a delegate's rate use and bulkhead
+// show what its calls took.
+func TestConsoleDelegatesPage(t *testing.T) {
+	s := startServer(t, setup{
+		delegates: map[string]stubbornv1.DelegateServiceServer{
+			"fragile": demo.Down{},
+			"echo":    demo.Echo{},
+		},
+		configure: func(c *delegates.Config) {
+			for i := range c.Delegates {
+				switch c.Delegates[i].Name {
+				case "fragile":
+					c.Delegates[i].CircuitBreaker = &delegates.CircuitBreaker{ConsecutiveFailures: 1, Cooldown: delegates.Duration(time.Hour)}
+				case "echo":
+					c.Delegates[i].RequestsPerMinute = 100
+					c.Delegates[i].MaxConcurrent = 4
+				}
+			}
+			c.Presets = append(c.Presets, delegates.Preset{Name: "sturdy", Spec: &stubbornv1.ControlSpec{
+				Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"fragile", "echo"}}},
+			}})
+		},
+	})
+	ctx := testCtx(t)
+	b := newBrowser(t)
+	fragile := `[data-testid=delegate-row][data-delegate=fragile]`
+	echo := `[data-testid=delegate-row][data-delegate=echo]`
+	b.do("opening the delegates page", 30*time.Second,
+		chromedp.Navigate(s.url+"/#/delegates"),
+		chromedp.WaitVisible(chromedp.CSS(fragile)),
+		chromedp.WaitVisible(chromedp.CSS(echo)))
+	b.waitJS("the preset", q(`[data-testid=preset][data-preset=sturdy]`)+`?.textContent.includes('fragile → echo')`, 5*time.Second)
+	if got := eval[string](b, q(fragile+` [data-testid=breaker]`)+`.getAttribute('data-state')`); got != "BREAKER_STATE_CLOSED" {
+		t.Errorf("fragile's breaker shows %s before any call, want BREAKER_STATE_CLOSED", got)
+	}
+	if n := eval[int](b, qa(fragile+` [data-testid=failure]`)+`.length`); n != 0 {
+		t.Errorf("fragile shows %d failures before any call", n)
+	}
+	loads := b.seen().Loads
+
+	res, err := s.client.StartRun(ctx, &stubbornv1.StartRunRequest{TaskBrief: "open it", Retry: &stubbornv1.RetrySpec{
+		Target: "fragile", Attempts: new(int32), OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.GetRunId()
+	s.waitStatus(t, ctx, id, stubbornv1.RunStatus_RUN_STATUS_FAILED, 10*time.Second)
+	for range 3 {
+		r, err := s.client.StartRun(ctx, &stubbornv1.StartRunRequest{TaskBrief: "count me", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.waitStatus(t, ctx, r.GetRunId(), stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, 10*time.Second)
+	}
+
+	b.waitJS("fragile's breaker open", q(fragile+` [data-testid=breaker][data-state=BREAKER_STATE_OPEN]`), 10*time.Second)
+	b.waitJS("fragile's failure", q(fragile+` [data-testid=failure]`), 5*time.Second)
+	until := eval[string](b, q(fragile+` [data-testid=breaker-until]`)+`?.textContent ?? ''`)
+	if !strings.HasPrefix(until, "until ") || !strings.Contains(until, "(in 59m") {
+		t.Errorf("fragile's breaker says %q, want until a time, in 59m…", until)
+	}
+	if got := eval[string](b, q(fragile+` [data-testid=breaker-reason]`)+`?.textContent ?? ''`); got != "1 transient failures in a row" {
+		t.Errorf("fragile's breaker's reason is %q", got)
+	}
+	failure := eval[string](b, q(fragile+` [data-testid=failure]`)+`.textContent`)
+	for _, want := range []string{"UNAVAILABLE", "down: not serving", id + " attempt 1", "ago"} {
+		if !strings.Contains(failure, want) {
+			t.Errorf("fragile's failure reads %q, want %q in it", failure, want)
+		}
+	}
+	if got := eval[string](b, q(fragile+` [data-testid=failure] a`)+`.getAttribute('href')`); got != "#/runs/"+id {
+		t.Errorf("the failure links to %q, want its run", got)
+	}
+	b.waitJS("echo's rate use", q(echo+` [data-testid=rate-requests]`)+`?.textContent === '3 of 100 requests'`, 10*time.Second)
+	if got := eval[string](b, q(echo+` [data-testid=in-flight]`)+`.textContent`); got != "0 of 4" {
+		t.Errorf("echo's calls in flight read %q, want 0 of 4", got)
+	}
+	if n := eval[int](b, qa(echo+` [data-testid=failure]`)+`.length`); n != 0 {
+		t.Errorf("echo shows %d failures", n)
+	}
+	if w := b.seen(); w.Loads != loads {
+		t.Errorf("the page was loaded %d times, want %d (live updates, no reload)", w.Loads, loads)
+	}
+	b.screenshot("console-delegates.png")
+	if ex := b.log.Exceptions(); len(ex) > 0 {
+		t.Errorf("uncaught exceptions: %q", ex)
+	}
+}
