@@ -3,6 +3,7 @@ package delegates
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -36,8 +37,16 @@ type Failures struct {
 // failureRing holds a delegate's latest failures; next is where the next
 // one goes once it is full.
 type failureRing struct {
-	items []*stubbornv1.DelegateFailure
+	items []tenantFailure
 	next  int
+}
+
+// tenantFailure is a failure and the tenant of the run whose call it was:
+// a tenant is shown its own runs' failures only (their run ids and
+// messages are its business).
+type tenantFailure struct {
+	tenant string
+	f      *stubbornv1.DelegateFailure
 }
 
 // NewFailures returns an empty record on clock (nil: the wall clock).
@@ -48,27 +57,29 @@ func NewFailures(clock controls.Clock) *Failures {
 	return &Failures{clock: clock, byName: map[string]*failureRing{}}
 }
 
-// Record returns d, keeping the failures of the calls made through it.
-func (f *Failures) Record(d controls.Delegates) controls.Delegates {
-	return recordFailures{Delegates: d, f: f}
+// Record returns d, keeping the failures of the calls made through it,
+// each with the tenant tenantOf reads from the call's context (the run's).
+func (f *Failures) Record(d controls.Delegates, tenantOf func(context.Context) string) controls.Delegates {
+	return recordFailures{Delegates: d, f: f, tenantOf: tenantOf}
 }
 
 type recordFailures struct {
 	controls.Delegates
-	f *Failures
+	f        *Failures
+	tenantOf func(context.Context) string
 }
 
 func (r recordFailures) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
 	res, err := r.Delegates.Call(ctx, c)
 	if err != nil && ctx.Err() == nil {
-		r.f.add(c, err)
+		r.f.add(r.tenantOf(ctx), c, err)
 	}
 	return res, err
 }
 
-// add keeps call c's failure err, unless Stubborn refused the call or it
-// was cancelled.
-func (f *Failures) add(c controls.Call, err error) {
+// add keeps call c's failure err, of a run of tenant, unless Stubborn
+// refused the call or it was cancelled.
+func (f *Failures) add(tenant string, c controls.Call, err error) {
 	code := codes.Unknown
 	var ce *controls.CallError
 	if errors.As(err, &ce) {
@@ -91,16 +102,18 @@ func (f *Failures) add(c controls.Call, err error) {
 		ring = &failureRing{}
 		f.byName[c.Delegate] = ring
 	}
+	tf := tenantFailure{tenant: tenant, f: rec}
 	if len(ring.items) < MaxRecentFailures {
-		ring.items = append(ring.items, rec)
+		ring.items = append(ring.items, tf)
 		return
 	}
-	ring.items[ring.next] = rec
+	ring.items[ring.next] = tf
 	ring.next = (ring.next + 1) % MaxRecentFailures
 }
 
-// Recent returns the delegate's latest failures, newest first.
-func (f *Failures) Recent(name string) []*stubbornv1.DelegateFailure {
+// Recent returns the delegate's latest failures of runs of tenants,
+// newest first.
+func (f *Failures) Recent(name string, tenants []string) []*stubbornv1.DelegateFailure {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	ring := f.byName[name]
@@ -111,7 +124,9 @@ func (f *Failures) Recent(name string) []*stubbornv1.DelegateFailure {
 	out := make([]*stubbornv1.DelegateFailure, 0, n)
 	// The newest is just before next (which wraps to the oldest once full).
 	for i := 1; i <= n; i++ {
-		out = append(out, ring.items[(ring.next-i+n)%n])
+		if it := ring.items[(ring.next-i+n)%n]; slices.Contains(tenants, it.tenant) {
+			out = append(out, it.f)
+		}
 	}
 	return out
 }

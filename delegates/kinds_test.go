@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -354,7 +355,7 @@ delegates:
 	system, err := structpb.NewStruct(map[string]any{"role": "system", "content": "Be brief."})
 	require.NoError(t, err)
 	params, err := structpb.NewStruct(map[string]any{
-		"max_completion_tokens": 77, "temperature": 0.1, "top_p": 0.9, "stop": []any{"END", "STOP"}, "user": "u-1",
+		"max_completion_tokens": 77, "temperature": 0.1, "top_p": 0.9, "stop": []any{"END", 5, "STOP"}, "user": "u-1",
 		"seed": 4, "response_format": map[string]any{"type": "json_object"}, "tools": []any{},
 	})
 	require.NoError(t, err)
@@ -390,4 +391,21 @@ delegates:
 		assert.Equal(t, d.ReadOnly, d.Info().ReadOnly, d.Name)
 	}
 	assert.Equal(t, map[string]bool{"gpt": true, "claude": true, "gpt-tools": false, "gpt-idem": true, "api": false, "svc": false}, got)
+}
+
+// TestAnAnthropicDelegatesMaxTokensIsBounded: a max_tokens past int32 (a
+// JSON number may be 1e300) is sent as the largest int32, not a wrapped
+// negative number.
+func TestAnAnthropicDelegatesMaxTokensIsBounded(t *testing.T) {
+	f := newFakeHTTP(t, reply(200, map[string]string{"Content-Type": "application/json"}, `{"type": "message", "content": [{"type": "text", "text": "ok"}]}`))
+	p := poolFrom(t, fmt.Sprintf("delegates: [{name: claude, anthropic: {base_url: %q, model: m}, stream: \"off\"}]", f.URL))
+	user, err := structpb.NewStruct(map[string]any{"role": "user", "content": "Hi"})
+	require.NoError(t, err)
+	params, err := structpb.NewStruct(map[string]any{"max_tokens": 1e300})
+	require.NoError(t, err)
+	_, err = p.Call(testCtx(t), controls.Call{Delegate: "claude", Brief: "Hi", TaskBrief: "Hi", Task: true, Messages: []*structpb.Struct{user}, ModelParams: params})
+	require.NoError(t, err)
+	var sent map[string]any
+	require.NoError(t, json.Unmarshal(f.last(t).body, &sent))
+	assert.InDelta(t, float64(math.MaxInt32), sent["max_tokens"], 0)
 }

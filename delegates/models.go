@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"math"
 	"net/http"
 	"strings"
 
@@ -454,7 +455,7 @@ func anthropicConversation(body anthropicRequest, msgs []*structpb.Struct, param
 	p := params.GetFields()
 	for _, k := range []string{"max_completion_tokens", "max_tokens"} {
 		if n := p[k].GetNumberValue(); n >= 1 {
-			out["max_tokens"] = int64(n)
+			out["max_tokens"] = int64(min(n, math.MaxInt32)) // a JSON number may be 1e300
 		}
 	}
 	for _, k := range []string{"temperature", "top_p"} {
@@ -466,7 +467,15 @@ func anthropicConversation(body anthropicRequest, msgs []*structpb.Struct, param
 	case *structpb.Value_StringValue:
 		out["stop_sequences"] = []string{stop.StringValue}
 	case *structpb.Value_ListValue:
-		out["stop_sequences"] = stop.ListValue.AsSlice()
+		var seqs []string // strings only: the API takes no other
+		for _, v := range stop.ListValue.GetValues() {
+			if t, ok := v.GetKind().(*structpb.Value_StringValue); ok {
+				seqs = append(seqs, t.StringValue)
+			}
+		}
+		if len(seqs) > 0 {
+			out["stop_sequences"] = seqs
+		}
 	}
 	if user := p["user"].GetStringValue(); user != "" {
 		out["metadata"] = map[string]any{"user_id": user}

@@ -342,13 +342,22 @@ func (p *Pool) Serving(ctx context.Context, name string) bool {
 	return h != healthNotServing
 }
 
+// RecentFailures returns the delegate's latest failed calls of runs of
+// tenants (when the pool keeps them: PoolOptions.Failures), newest first.
+func (p *Pool) RecentFailures(name string, tenants []string) []*stubbornv1.DelegateFailure {
+	if p.failures == nil {
+		return nil
+	}
+	return p.failures.Recent(name, tenants)
+}
+
 // HealthSeenFor is how long ListDelegates reports a health answer as seen.
 const HealthSeenFor = 5 * time.Minute
 
 // Describe returns the registry for ListDelegates, in config order: each
 // delegate with its kind, declarations, timeout and health as last seen
-// (within HealthSeenFor), its guards' state and its recent failures (when
-// the pool has them: PoolOptions), and each preset with its spec.
+// (within HealthSeenFor) and its guards' state, and each preset with its
+// spec. Recent failures are a tenant's own: RecentFailures.
 func (p *Pool) Describe() ([]*stubbornv1.DelegateDescription, []*stubbornv1.PresetDescription) {
 	ds := make([]*stubbornv1.DelegateDescription, 0, len(p.order))
 	now := p.now()
@@ -380,11 +389,6 @@ func (p *Pool) Describe() ([]*stubbornv1.DelegateDescription, []*stubbornv1.Pres
 	if p.guards != nil {
 		for _, d := range ds {
 			p.guards.describe(d.GetName(), d)
-		}
-	}
-	if p.failures != nil {
-		for _, d := range ds {
-			d.RecentFailures = p.failures.Recent(d.GetName())
 		}
 	}
 	ps := make([]*stubbornv1.PresetDescription, 0, len(p.presetOrder))

@@ -21,6 +21,9 @@ import (
 // this one, ends in its wait, and drive leaves the run waiting on park's
 // timer, holding no goroutine.
 func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state *stubbornv1.ControlState, replay bool, resumedBecause string) {
+	// The run's calls are on behalf of its tenant (TenantFrom): what the
+	// server keeps of them (a delegate's recent failures) is the tenant's.
+	ctx = WithTenant(ctx, r.tenant)
 	runCtx := ctx
 	defer func() {
 		if w := r.takeEvicted(); w != nil {

@@ -98,6 +98,8 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		return nil, fmt.Errorf("embedded NATS: %w", err)
 	}
 	log := newNATSLogger(cfg.Logger)
+	// Whether it starts or not, the start says what it rebuilt.
+	defer log.reportRecovery()
 	ns.SetLoggerV2(log, false, false, false)
 	ns.Start()
 	// A server that met a fatal error (nats-server goes on after one)
@@ -121,7 +123,6 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		}
 		return nil, fmt.Errorf("embedded NATS: %s", reason)
 	}
-	log.reportRecovery()
 	nc, err := nats.Connect(nats.DefaultURL, nats.InProcessServer(ns), nats.Name("stubborn"),
 		nats.ReconnectWait(embeddedReconnectWait), nats.MaxReconnects(embeddedReconnects))
 	if err != nil {

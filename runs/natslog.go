@@ -41,6 +41,9 @@ type natsLogger struct {
 	// rebuilt are the streams whose state a start rebuilt from their
 	// blocks (recoveryWords), by name; guarded by mu.
 	rebuilt map[string]int
+	// reported says the start is over (reportRecovery): a recovery line
+	// after it keeps its level.
+	reported atomic.Bool
 }
 
 var _ server.Logger = (*natsLogger)(nil)
@@ -121,7 +124,7 @@ func (n *natsLogger) put(level slog.Level, format string, v []any) {
 		n.log.Error(fmt.Sprintf("store damaged: stream %s: %s", stream, rest), "stream", stream)
 		return
 	}
-	if level == slog.LevelWarn && containsAny(rest, recoveryWords) {
+	if level == slog.LevelWarn && !n.reported.Load() && containsAny(rest, recoveryWords) {
 		n.mu.Lock()
 		if n.rebuilt == nil {
 			n.rebuilt = map[string]int{}
@@ -133,11 +136,12 @@ func (n *natsLogger) put(level slog.Level, format string, v []any) {
 	n.log.Log(ctx, level, line, "stream", stream)
 }
 
-// reportRecovery writes, once the server is ready, one INFO line naming
-// the streams whose state it rebuilt from their blocks, if any: the
-// normal recovery after an unclean stop. Damage, if any, was an ERROR
-// already.
+// reportRecovery writes, once the start is over (ready or not), one INFO
+// line naming the streams whose state it rebuilt from their blocks, if
+// any: the normal recovery after an unclean stop. Damage, if any, was an
+// ERROR already. Recovery lines after it keep their WARN.
 func (n *natsLogger) reportRecovery() {
+	n.reported.Store(true)
 	n.mu.Lock()
 	streams := slices.Sorted(maps.Keys(n.rebuilt))
 	n.mu.Unlock()

@@ -157,3 +157,32 @@ func TestServerTimeAndSummaryBrief(t *testing.T) {
 		assert.Equal(t, want, s.GetBrief())
 	}
 }
+
+// TestADelegatesRecentFailuresAreItsCallersOwn: a failure of tenant a's
+// run (its run id, its message) is listed to a, not to b, which may use
+// the same delegate.
+func TestADelegatesRecentFailuresAreItsCallersOwn(t *testing.T) {
+	e := startWith(t, setup{tenants: twoTenants(delegates.Limits{}, delegates.Limits{})})
+	ctx := testCtx(t)
+	zero := int32(0)
+	stream, err := e.client.Run(as(ctx, tokenA), &stubbornv1.RunRequest{TaskBrief: "x", Retry: &stubbornv1.RetrySpec{
+		Target: "down", Attempts: &zero, OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL}})
+	require.NoError(t, err)
+	evs := collect(t, stream)
+	runID := evs[0].GetRunId()
+	failuresOf := func(token string) []*stubbornv1.DelegateFailure {
+		resp, err := e.client.ListDelegates(as(ctx, token), &stubbornv1.ListDelegatesRequest{})
+		require.NoError(t, err)
+		for _, d := range resp.GetDelegates() {
+			if d.GetName() == "down" {
+				return d.GetRecentFailures()
+			}
+		}
+		t.Fatal("down is not listed")
+		return nil
+	}
+	got := failuresOf(tokenA)
+	require.Len(t, got, 1)
+	assert.Equal(t, runID, got[0].GetRunId())
+	assert.Empty(t, failuresOf(tokenB), "b sees none of a's runs' failures")
+}

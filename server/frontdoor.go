@@ -113,9 +113,11 @@ func badRequest(code, msg string) failure {
 }
 
 // failureOf is err, a status of the ControlService, as the failure an
-// SDK expects: 400 invalid, 401, 403, 404 (an unknown model), 429 with
-// Retry-After (a tenant's limit; at least a second), 503 (Retry-After at a
-// circuit breaker's cooldown's end, when it says), 500 for the rest.
+// SDK expects: 400 invalid, 401, 403, 404 (an unknown model), 409 (an
+// Idempotency-Key used for another request, x-should-retry: false), 429
+// with Retry-After (a tenant's limit; at least a second), 503 (Retry-After
+// at a circuit breaker's cooldown's end, when it says), 504, 500 for the
+// rest.
 func failureOf(err error) failure {
 	st := status.Convert(err)
 	var retryAfter time.Duration
@@ -138,6 +140,12 @@ func failureOf(err error) failure {
 		f.status, f.code, f.retryAfter = http.StatusTooManyRequests, "rate_limit_exceeded", max(retryAfter, time.Second)
 	case codes.Unavailable:
 		f.status, f.code, f.retryAfter = http.StatusServiceUnavailable, "unavailable", retryAfter
+	case codes.AlreadyExists:
+		// An Idempotency-Key already used for another request: the
+		// same request again is the same conflict.
+		f.status, f.code, f.retried = http.StatusConflict, "idempotency_key_conflict", true
+	case codes.DeadlineExceeded:
+		f.status, f.code = http.StatusGatewayTimeout, "timeout"
 	default:
 		f.status, f.code = http.StatusInternalServerError, "internal_error"
 	}
@@ -330,14 +338,14 @@ func structMessages(v any) ([]*structpb.Struct, error) {
 // runRequest is the run a door's request makes: the preset's control, or a
 // fallback chain of the one delegate the model names. A retry that would
 // ask a person fails instead: no HTTP request waits for one.
-func (f *frontDoor) runRequest(r *http.Request, req *doorRequest) (*stubbornv1.RunRequest, error) {
+func (f *frontDoor) runRequest(r *http.Request, who context.Context, reg *registry, req *doorRequest) (*stubbornv1.RunRequest, error) {
 	if req.Model == "" {
 		return nil, status.Error(codes.InvalidArgument, "model: required: a preset or a delegate (GET /v1/models lists them)")
 	}
 	if len(req.messages) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "messages: at least one message is required")
 	}
-	spec, isPreset, err := f.model(r, req.Model)
+	spec, isPreset, err := model(who, reg, req.Model)
 	if err != nil {
 		return nil, err
 	}
@@ -362,22 +370,30 @@ func (f *frontDoor) runRequest(r *http.Request, req *doorRequest) (*stubbornv1.R
 	return withCriteria(run, req.criteria)
 }
 
-// model looks a request's model up in the current registry, as the
-// caller's tenant sees it (what ListDelegates lists to it): a preset's
-// control, or a delegate. It authenticates r's bearer token as the gRPC
-// API does, in process (the Run call that follows authenticates it
-// again, through the interceptors): the lookup costs no round trip.
-func (f *frontDoor) model(r *http.Request, name string) (spec *stubbornv1.ControlSpec, isPreset bool, err error) {
+// caller authenticates r's credential as the gRPC API does, in process
+// (the Run call that follows authenticates it again, through the
+// interceptors): ctx on behalf of its tenant, and the registry that
+// judged it. The front door does it before it reads a body: a caller
+// without credentials costs no decoding.
+func (f *frontDoor) caller(r *http.Request) (context.Context, *registry, error) {
 	reg := f.svc.regs.current()
 	ctx := r.Context()
 	if c := credential(r); c != "" {
 		ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", c))
 	}
 	if reg.authn != nil {
+		var err error
 		if ctx, err = reg.authn.Authenticate(ctx); err != nil {
-			return nil, false, err
+			return nil, nil, err
 		}
 	}
+	return ctx, reg, nil
+}
+
+// model looks a request's model up in reg, as the caller's tenant (ctx,
+// from caller) sees it (what ListDelegates lists to it): a preset's
+// control, or a delegate. The lookup costs no round trip.
+func model(ctx context.Context, reg *registry, name string) (spec *stubbornv1.ControlSpec, isPreset bool, err error) {
 	if reg.pool != nil && reg.policy(ctx).val.known(name) {
 		if spec, ok := reg.pool.Preset(name); ok {
 			return spec, true, nil
@@ -423,6 +439,11 @@ func withCriteria(run *stubbornv1.RunRequest, c map[string]string) (*stubbornv1.
 // serve answers a door's request in d's terms: the request read, the
 // model looked up, the run made, its answer streamed or whole.
 func (f *frontDoor) serve(w http.ResponseWriter, r *http.Request, d dialect) {
+	who, reg, err := f.caller(r)
+	if err != nil {
+		fail(w, d, failureOf(err))
+		return
+	}
 	body, err := io.ReadAll(r.Body) // bounded: boundBody read it already
 	if err != nil {
 		fail(w, d, badRequest("invalid_body", "reading the body: "+controls.Cut(err.Error(), 200)))
@@ -434,7 +455,7 @@ func (f *frontDoor) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 		return
 	}
 	ctx := callContext(r)
-	run, err := f.runRequest(r, req)
+	run, err := f.runRequest(r, who, reg, req)
 	if err != nil {
 		fail(w, d, failureOf(err))
 		return
@@ -459,14 +480,25 @@ func (f *frontDoor) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 		return
 	}
 	if end == nil && a.runID != "" {
-		// The client went away, or the stream broke: the run is let go
-		// of only if it goes on.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_, _ = f.client.CancelRun(cctx, &stubbornv1.CancelRunRequest{RunId: a.runID})
-		if a.started {
-			d.streamError(a, fmt.Sprintf("the run %s stopped before its answer: %v", a.runID, err))
+		if r.Context().Err() != nil {
+			// The client hung up: its run is cancelled.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_, _ = f.client.CancelRun(cctx, &stubbornv1.CancelRunRequest{RunId: a.runID})
+			return
 		}
+		// The run's stream broke (a reload took the credentials away,
+		// the server stops): the run goes on, and the answer says so,
+		// naming it.
+		msg := fmt.Sprintf("the run %s goes on, but its answer stopped coming here: %s (stubborn watch %s)", a.runID, status.Convert(err).Message(), a.runID)
+		if a.started {
+			d.streamError(a, msg)
+			return
+		}
+		fl := failureOf(err)
+		fl.msg = msg
+		w.Header().Set("Stubborn-Run-Id", a.runID)
+		fail(w, d, fl)
 		return
 	}
 	a.finish(end)

@@ -73,6 +73,9 @@ func (anthropicDialect) parse(body []byte) (*doorRequest, error) {
 			return nil, fmt.Errorf("messages[%d].role: must be user or assistant (the system prompt is the system field)", i)
 		}
 	}
+	if len(msgs) == 0 {
+		return nil, errors.New("messages: at least one message is required")
+	}
 	if system != "" {
 		sm, _ := structpb.NewStruct(map[string]any{"role": "system", "content": system})
 		msgs = append([]*structpb.Struct{sm}, msgs...)
@@ -162,7 +165,7 @@ func messagesParams(all map[string]any) (map[string]any, error) {
 func (anthropicDialect) errorBody(f failure) any {
 	kind := "api_error"
 	switch {
-	case f.status == http.StatusBadRequest:
+	case f.status == http.StatusBadRequest, f.status == http.StatusConflict:
 		kind = "invalid_request_error"
 	case f.status == http.StatusUnauthorized:
 		kind = "authentication_error"
@@ -170,6 +173,8 @@ func (anthropicDialect) errorBody(f failure) any {
 		kind = "permission_error"
 	case f.status == http.StatusNotFound:
 		kind = "not_found_error"
+	case f.status == http.StatusGatewayTimeout:
+		kind = "timeout_error"
 	case f.status == http.StatusTooManyRequests:
 		kind = "rate_limit_error"
 	case f.code == "unavailable":

@@ -151,6 +151,7 @@ func TestTheMessagesDoorSpeaksAnthropicErrors(t *testing.T) {
 		{"ak", `{"model": "smart", "max_tokens": 10, "messages": [{"role": "system", "content": "x"}]}`, "invalid_request_error", "messages[0].role: must be user or assistant", http.StatusBadRequest},
 		{"ak", `{"model": "smart", "system": [{"type": "image"}], "messages": [{"role": "user", "content": "x"}]}`, "invalid_request_error", "system[0]: must be a text block", http.StatusBadRequest},
 		{"ak", `{"model": "smart", "max_tokens": "ten", "messages": [{"role": "user", "content": "x"}]}`, "invalid_request_error", "max_tokens: must be a number", http.StatusBadRequest},
+		{"ak", `{"model": "smart", "system": "only a system prompt"}`, "invalid_request_error", "messages: at least one message is required", http.StatusBadRequest},
 		{"ak", `{"model": "smart", "stop_sequences": "END", "messages": [{"role": "user", "content": "x"}]}`, "invalid_request_error", "stop_sequences: must be an array of strings", http.StatusBadRequest},
 		{"ak", `{"model": "asks", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}`, "api_error", "ended FAILED", http.StatusServiceUnavailable},
 	} {

@@ -397,3 +397,27 @@ func TestAChatRequestOfTheWrongShapeNamesItsField(t *testing.T) {
 		assert.Contains(t, e.Error.Message, field, body)
 	}
 }
+
+// TestAnIdempotencyKeyForAnotherRequestIsAConflict: the same
+// Idempotency-Key answers the same run again; with another request it is
+// a 409 that the SDKs do not retry (x-should-retry: false).
+func TestAnIdempotencyKeyForAnotherRequestIsAConflict(t *testing.T) {
+	_, base := frontDoorEnv(t, setup{})
+	post := func(body string) *http.Response {
+		req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", "k-1")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = resp.Body.Close() })
+		return resp
+	}
+	first := post(`{"model": "good", "messages": [{"role": "user", "content": "x"}]}`)
+	require.Equal(t, http.StatusOK, first.StatusCode)
+	again := post(`{"model": "good", "messages": [{"role": "user", "content": "x"}]}`)
+	require.Equal(t, http.StatusOK, again.StatusCode)
+	assert.Equal(t, first.Header.Get("Stubborn-Run-Id"), again.Header.Get("Stubborn-Run-Id"), "the same run")
+	other := post(`{"model": "good", "messages": [{"role": "user", "content": "y"}]}`)
+	assert.Equal(t, http.StatusConflict, other.StatusCode)
+	assert.Equal(t, "false", other.Header.Get("X-Should-Retry"))
+}

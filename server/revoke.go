@@ -46,10 +46,23 @@ func reauthenticate(ctx context.Context, reg *registry) error {
 	if err != nil {
 		return err
 	}
-	if !slices.Equal(owners, runs.Owners(ctx)) {
+	if !stillOwns(owners, runs.Owners(ctx)) {
 		return status.Error(codes.Unauthenticated, errRevoked.Error())
 	}
 	return nil
+}
+
+// stillOwns reports whether owners, what credentials see after a reload,
+// keep every tenant of had, what they saw before: a stream goes on when
+// its caller gained the default tenant's runs, and ends when it lost them
+// or is another tenant now.
+func stillOwns(owners, had []string) bool {
+	for _, t := range had {
+		if !slices.Contains(owners, t) {
+			return false
+		}
+	}
+	return true
 }
 
 // errRevoked ends a stream whose credentials a reload took away.
@@ -88,14 +101,15 @@ func (l *liveStreams) remove(ls *liveStream) {
 
 // revoke ends every stream whose credentials authn (nil: no tenants, every
 // caller the default tenant) no longer authenticates as the same tenant,
-// with the same runs (a reload that moved default_runs).
+// or whose tenant lost the default tenant's runs (a reload that moved
+// default_runs away).
 func (l *liveStreams) revoke(authn *Authenticator) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
 	for ls := range l.set {
 		owners, err := authn.ownersOf(ls.ctx)
-		if err != nil || !slices.Equal(owners, ls.owners) {
+		if err != nil || !stillOwns(owners, ls.owners) {
 			ls.cancel(errRevoked)
 			delete(l.set, ls)
 			n++

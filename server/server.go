@@ -527,7 +527,8 @@ func toStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-// ListDelegates lists the delegates and presets ctx's tenant may name.
+// ListDelegates lists the delegates and presets ctx's tenant may name,
+// each delegate with the recent failures of ctx's tenant's runs.
 func (s *Service) ListDelegates(ctx context.Context, _ *stubbornv1.ListDelegatesRequest) (*stubbornv1.ListDelegatesResponse, error) {
 	resp := &stubbornv1.ListDelegatesResponse{ServerTime: timestamppb.New(s.runs.Now())}
 	reg := s.regs.current()
@@ -538,6 +539,11 @@ func (s *Service) ListDelegates(ctx context.Context, _ *stubbornv1.ListDelegates
 	ds, ps := reg.describe()
 	for _, d := range ds {
 		if known(d.GetName()) {
+			if reg.pool != nil {
+				// The caller's own runs' failures: another tenant's run
+				// ids and messages are not its business.
+				d.RecentFailures = reg.pool.RecentFailures(d.GetName(), runs.Owners(ctx))
+			}
 			resp.Delegates = append(resp.Delegates, d)
 		}
 	}

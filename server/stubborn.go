@@ -168,7 +168,7 @@ func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, Opti
 	}
 	// Each attempt's call runs inside the attempt's span; its failure is
 	// kept for ListDelegates.
-	calls := s.failures.Record(s.tel.Delegates(pool))
+	calls := s.failures.Record(s.tel.Delegates(pool), runs.TenantFrom) // the run's tenant (runs' drive puts it in the calls' context)
 	var budgets controls.Budgets
 	if b := cfg.RetryBudget; b != nil {
 		if prev != nil && reflect.DeepEqual(prev.cfg.RetryBudget, b) {
