@@ -8,6 +8,7 @@ import (
 	mrand "math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -105,9 +106,12 @@ type janitor struct {
 	ownersStream jetstream.Stream
 	indexStream  jetstream.Stream
 
-	cancel   context.CancelFunc // ends the loop; nil when there is none
-	done     chan struct{}      // closed when the loop has returned
-	kick     chan struct{}      // asks the loop for a pass now (admission, when full)
+	cancel context.CancelFunc // ends the loop; nil when there is none
+	done   chan struct{}      // closed when the loop has returned
+	kick   chan struct{}      // asks the loop for a pass now (admission, when full)
+	// urgent says the last kick is a write the stream refused for its
+	// size (roomFor): the pass does not wait out usedFresh first.
+	urgent   atomic.Bool
 	stopOnce sync.Once
 
 	mu      sync.Mutex
@@ -203,7 +207,7 @@ func (s *JetStream) purgeLoop(ctx context.Context, every time.Duration) {
 		case <-t.C:
 		case <-j.kick:
 			t.Stop()
-			if !sleep(ctx, usedFresh-time.Since(last)) {
+			if !j.urgent.Swap(false) && !sleep(ctx, usedFresh-time.Since(last)) {
 				return
 			}
 		}

@@ -57,6 +57,7 @@ const (
 // before every try: beats that land during an outage move it on.
 func (s *JetStream) write(ctx context.Context, try func(context.Context) error, landed func(context.Context) (bool, error)) error {
 	err := s.fenced(ctx, try)
+	s.roomFor(err)
 	if err == nil || !transient(err) || s.writeRetry <= 0 {
 		return err
 	}
@@ -90,6 +91,7 @@ func (s *JetStream) write(ctx context.Context, try func(context.Context) error, 
 		if err == nil {
 			return nil
 		}
+		s.roomFor(err)
 		if errors.Is(err, errFenced) {
 			return err
 		}
@@ -101,6 +103,25 @@ func (s *JetStream) write(ctx context.Context, try func(context.Context) error, 
 			}
 			return err
 		}
+	}
+}
+
+// roomFor asks the janitor for a pass now when err says the stream is
+// over its -max-bytes (a write admission let in, or one of a run in
+// flight, that meets a store grown meanwhile): the write is made again
+// while the pass purges finished runs, and nothing else would purge them
+// before the janitor's next pass (PurgeEvery) if no new run asks for
+// room. The pass starts at once: the write is made again for WriteRetry
+// only.
+func (s *JetStream) roomFor(err error) {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeStoreFailed || s.janitor.kick == nil {
+		return
+	}
+	s.janitor.urgent.Store(true)
+	select {
+	case s.janitor.kick <- struct{}{}:
+	default:
 	}
 }
 
