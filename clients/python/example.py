@@ -27,6 +27,7 @@ not the answer; the next attempt's output follows.
 """
 
 import argparse
+import os
 import sys
 import time
 
@@ -160,7 +161,11 @@ class Printer:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--addr", default="127.0.0.1:7300", help="Stubborn server (host:port)")
+    parser.add_argument(
+        "--addr",
+        default=os.environ.get("STUBBORN_ADDR") or "127.0.0.1:7300",
+        help="Stubborn server (host:port; STUBBORN_ADDR sets the default)",
+    )
     parser.add_argument("--target", default="flaky-api", help="delegate to retry")
     args = parser.parse_args()
 

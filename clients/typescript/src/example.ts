@@ -175,7 +175,7 @@ class Printer {
 async function main(): Promise<number> {
   const { values: args } = parseArgs({
     options: {
-      addr: { type: "string", default: "127.0.0.1:7300" },
+      addr: { type: "string", default: process.env.STUBBORN_ADDR || "127.0.0.1:7300" }, // STUBBORN_ADDR sets the default
       target: { type: "string", default: "flaky-api" },
     },
   });
