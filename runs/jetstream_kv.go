@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -575,17 +576,17 @@ func validKey(s string) bool {
 	return true
 }
 
-// tenantRuns calls fn with the id and key of every run of tenant, from
+// tenantRuns calls fn with the id and key of every run of tenants, from
 // what a cheap look at each stored record of a run says of it (peekListing:
 // its tenant and creation time, neither of which ever changes; the rest,
 // a result among it, left undecoded). Another tenant's runs are dropped
 // as they are read, before anything of them is kept: this is how the
 // full view of ListRuns finds a tenant's runs while the index is not
 // ready, without holding or decoding every run's state (issue 30).
-func (s *JetStream) tenantRuns(ctx context.Context, tenant string, fn func(runID string, key listKey)) error {
+func (s *JetStream) tenantRuns(ctx context.Context, tenants []string, fn func(runID string, key listKey)) error {
 	keys := map[string]listKey{}
 	see := func(runID string, state []byte) {
-		if id, t, k, ok := peekListing(state); ok && t == tenant && id == runID {
+		if id, t, k, ok := peekListing(state); ok && slices.Contains(tenants, t) && id == runID {
 			keys[runID] = k
 		}
 	}
@@ -615,18 +616,18 @@ func (s *JetStream) tenantRuns(ctx context.Context, tenant string, fn func(runID
 	return nil
 }
 
-// claimedRuns calls fn with the id and key of every run of tenant that
+// claimedRuns calls fn with the id and key of every run of tenants that
 // has a driver, from its claim, and of every run this store has yet to
 // index (peekListing: nothing of another tenant's
 // kept, no claim decoded whole).
-func (s *JetStream) claimedRuns(ctx context.Context, tenant string, fn func(runID string, key listKey)) error {
+func (s *JetStream) claimedRuns(ctx context.Context, tenants []string, fn func(runID string, key listKey)) error {
 	// And the runs this store has yet to index (a run that ended and let
 	// its claim go within indexDelay).
 	s.index.mu.Lock()
 	for _, m := range []map[string][][]byte{s.index.writing, s.index.pending} {
 		for id, q := range m {
 			if len(q) > 0 {
-				if rid, t, k, ok := peekListing(q[len(q)-1]); ok && t == tenant && rid == id {
+				if rid, t, k, ok := peekListing(q[len(q)-1]); ok && slices.Contains(tenants, t) && rid == id {
 					fn(id, k)
 				}
 			}
@@ -635,7 +636,7 @@ func (s *JetStream) claimedRuns(ctx context.Context, tenant string, fn func(runI
 	s.index.mu.Unlock()
 	return eachEntry(ctx, s.owners, jetstream.AllKeys, func(e jetstream.KeyValueEntry) (bool, error) {
 		_, state := parseOwnerEntry(e.Value())
-		if id, t, k, ok := peekListing(state); ok && t == tenant && id == e.Key() {
+		if id, t, k, ok := peekListing(state); ok && slices.Contains(tenants, t) && id == e.Key() {
 			fn(id, k)
 		}
 		return true, nil

@@ -57,10 +57,8 @@ func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageTok
 		// between the two reads was in neither).
 		claimed := map[string]listKey{}
 		if cl, ok := m.store.(claimLister); ok {
-			for _, tenant := range tenants {
-				if err := cl.claimedRuns(ctx, tenant, func(id string, k listKey) { claimed[id] = k }); err != nil {
-					return nil, "", err
-				}
+			if err := cl.claimedRuns(ctx, tenants, func(id string, k listKey) { claimed[id] = k }); err != nil {
+				return nil, "", err
 			}
 		}
 		byID, ok, err := m.indexedSummaries(ctx, idx, tenants)
@@ -90,10 +88,8 @@ func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageTok
 	}
 	if tr, ok := m.store.(tenantRunLister); ok {
 		keys := map[string]listKey{}
-		for _, tenant := range tenants {
-			if err := tr.tenantRuns(ctx, tenant, func(id string, k listKey) { keys[id] = k }); err != nil {
-				return nil, "", err
-			}
+		if err := tr.tenantRuns(ctx, tenants, func(id string, k listKey) { keys[id] = k }); err != nil {
+			return nil, "", err
 		}
 		for _, id := range m.localIDs(tenants) {
 			if r := m.local(id); r != nil && !r.isLost() {
@@ -127,7 +123,7 @@ func candidates(keys map[string]listKey, after *listKey) []listCandidate {
 // claimLister is a store that can list a tenant's runs that have a
 // driver, from their claims, without decoding them whole (JetStream).
 type claimLister interface {
-	claimedRuns(ctx context.Context, tenant string, fn func(runID string, key listKey)) error
+	claimedRuns(ctx context.Context, tenants []string, fn func(runID string, key listKey)) error
 }
 
 // tenantRunLister is a store that can list a tenant's run ids (and their
@@ -135,7 +131,7 @@ type claimLister interface {
 // dropped before anything of it is kept: the JetStream store, for
 // listings while its index is not ready.
 type tenantRunLister interface {
-	tenantRuns(ctx context.Context, tenant string, fn func(runID string, key listKey)) error
+	tenantRuns(ctx context.Context, tenants []string, fn func(runID string, key listKey)) error
 }
 
 // pageOfStates sorts cands newest first and reads their states one at a
