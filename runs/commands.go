@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -52,11 +53,79 @@ func (m *Manager) command(ctx context.Context, cmd *Command) (*stubbornv1.Contro
 		return m.handle(ctx, cmd)
 	}
 	st, err = m.store.Send(ctx, owner, cmd)
+	if errors.Is(err, errNotServing) && m.awaitTakeover(ctx, cmd.RunID, owner) {
+		return m.command(ctx, cmd) // to the run's next driver
+	}
 	if err != nil && !errors.Is(err, ErrNotAwaitingDecision) && !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	return st, err
 }
+
+// errNotServing is a store's Send error when no server serves the commands
+// of the run's driver: it stopped, and its runs are about to be taken over.
+var errNotServing = errors.New("no server serves the commands of the run's driver")
+
+// takeoverWait bounds how long a command waits for a run whose driver
+// stopped to be taken over, in leases: the dead driver's lease runs out,
+// then a scan takes the run over (a sixth of a lease later at most).
+const takeoverWait = 2
+
+// awaitTakeover waits, within ctx and takeoverWait leases, until the run
+// whose driver dead stopped serving has another driver (or none: it
+// ended), and reports whether it has. This server's scan is woken first:
+// the run may be this server's to take over.
+func (m *Manager) awaitTakeover(ctx context.Context, id, dead string) bool {
+	m.poke()
+	ctx, cancel := context.WithTimeout(ctx, takeoverWait*m.cfg.Lease)
+	defer cancel()
+	t := time.NewTicker(takeoverPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-m.ctx.Done():
+			return false
+		case <-t.C:
+		}
+		owner, err := m.store.Driver(ctx, id)
+		if err == nil && owner != dead {
+			return true
+		}
+	}
+}
+
+// awaitResumed waits, within ctx and takeoverWait leases, for a run that
+// the store says this server drives, but that it does not drive yet (it
+// is taking the run over, or driving again a run lost here), to be driven
+// here; it reports whether it is. It returns false at once when the store
+// names another driver.
+func (m *Manager) awaitResumed(ctx context.Context, id string) bool {
+	ctx, cancel := context.WithTimeout(ctx, takeoverWait*m.cfg.Lease)
+	defer cancel()
+	t := time.NewTicker(takeoverPoll)
+	defer t.Stop()
+	m.poke() // a run lost here is driven again by the scan
+	for {
+		if owner, err := m.store.Driver(ctx, id); err != nil || owner != m.owner {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-m.ctx.Done():
+			return false
+		case <-t.C:
+		}
+		if r := m.local(id); r != nil && !r.isLost() {
+			return true
+		}
+	}
+}
+
+// takeoverPoll is how often awaitTakeover asks the store for the driver.
+const takeoverPoll = 50 * time.Millisecond
 
 // handle carries out a command on a run this server drives, or on a
 // finished run.
@@ -68,6 +137,9 @@ func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.Control
 			return nil, err
 		}
 		if !isTerminal(st.GetStatus()) {
+			if m.awaitResumed(ctx, cmd.RunID) {
+				return m.handle(ctx, cmd)
+			}
 			return nil, fmt.Errorf("%w: run %s is driven by another server", ErrUnavailable, cmd.RunID)
 		}
 		if cmd.Cancel {

@@ -57,17 +57,30 @@ type Embedded struct {
 	Server *server.Server
 	Conn   *nats.Conn
 	log    *natsLogger
+	lock   *dirLock
 }
 
 // Damaged reports whether the server said a block file of a stream was
 // damaged or missing (logged as an ERROR "store damaged: …").
 func (e *Embedded) Damaged() bool { return e.log.damage.Load() }
 
-// StartEmbedded starts the in-process server and connects to it.
-func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
+// StartEmbedded starts the in-process server and connects to it. It first
+// locks the data directory, until Close or the process's end: while another
+// holds it, it fails at once with a *DirInUseError and touches nothing
+// there.
+func StartEmbedded(cfg EmbeddedConfig) (_ *Embedded, err error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("embedded NATS: a data directory is required")
 	}
+	lock, err := lockDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			lock.release()
+		}
+	}()
 	opts := &server.Options{
 		ServerName: "stubborn-embedded",
 		JetStream:  true,
@@ -129,7 +142,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("connecting to embedded NATS: %w", err)
 	}
-	return &Embedded{Server: ns, Conn: nc, log: log}, nil
+	return &Embedded{Server: ns, Conn: nc, log: log, lock: lock}, nil
 }
 
 // The in-process connection's reconnects: the server is in the process, so
@@ -145,4 +158,5 @@ func (e *Embedded) Close() {
 	e.Conn.Close()
 	e.Server.Shutdown()
 	e.Server.WaitForShutdown()
+	e.lock.release()
 }

@@ -538,6 +538,9 @@ func (s *JetStream) Send(ctx context.Context, owner string, cmd *Command) (*stub
 		return nil, err
 	}
 	msg, err := s.nc.RequestWithContext(ctx, commandSubject+owner, data)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil, fmt.Errorf("%w: %v", errNotServing, err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -249,8 +249,15 @@ func New(cfg Config) (*Manager, error) {
 	m.stopBeats = stopBeats
 	m.beating.Add(1)
 	go m.beat(beatCtx)
+	// The sole owner of its store (one that holds the embedded store's
+	// lock) knows that no other server drives the runs an earlier holder
+	// claimed: it drives them again before it answers a command or starts
+	// a run, so a decision sent the moment a restarted server answers is
+	// carried out, not refused while a dead process's lease runs out.
+	// What it could not take over now, the scan tries again at once.
+	soleLeft := cfg.SoleOwner && !m.takeOverOrphans(true, nil)
 	m.loops.Add(1)
-	go m.scan()
+	go m.scan(soleLeft || !cfg.SoleOwner)
 	return m, nil
 }
 

@@ -2,7 +2,6 @@ package runs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -418,7 +417,7 @@ func (s *Memory) Send(ctx context.Context, owner string, cmd *Command) (*stubbor
 	handle := s.servers[owner]
 	s.mu.Unlock()
 	if handle == nil {
-		return nil, errors.New("the server driving the run is not reachable")
+		return nil, errNotServing
 	}
 	return handle(ctx, cmd)
 }

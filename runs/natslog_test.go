@@ -113,13 +113,14 @@ func TestDamagedEventsStreamIsAnErrorNamingIt(t *testing.T) {
 // JetStream that cannot start (here: its directory is a file) as a fatal
 // error and goes on without JetStream; StartEmbedded fails with that
 // error and logs it. Before, it started, and the store failed later with
-// "nats: jetstream not enabled".
+// "nats: jetstream not enabled". (Its own directory, a file, is refused
+// before the server starts, by the data directory's lock.)
 func TestEmbeddedJetStreamThatCannotStartSaysWhy(t *testing.T) {
 	t.Parallel()
-	file := filepath.Join(t.TempDir(), "file")
-	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "jetstream"), nil, 0o600))
 	h, logger := runs.NewCapturedLogs()
-	_, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: file, Logger: logger})
+	_, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: dir, Logger: logger})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "Can't start JetStream")
 	_, ok := h.Find(slog.LevelError, "Can't start JetStream")

@@ -51,12 +51,13 @@ func (m *Manager) beat(ctx context.Context) {
 // runs (10,000 waiting runs on JetStream: ~2 % of a core each time), and
 // is done only then. Woken (poke), it also drives again the runs lost
 // here that the store says this server drives, and checks this server's
-// runs once its lease had lapsed (reclaim.go).
-func (m *Manager) scan() {
+// runs once its lease had lapsed (reclaim.go). first says whether the
+// first scan is still to be made (New made it for a sole owner).
+func (m *Manager) scan(first bool) {
 	defer m.loops.Done()
 	t := time.NewTicker(m.cfg.Lease / scanTicks)
 	defer t.Stop()
-	first, dirty := true, true
+	dirty := first
 	var seen map[string]bool
 	sinceFull := 0
 	for {

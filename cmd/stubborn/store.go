@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -106,6 +107,9 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 			DataDir: f.dataDir, Durability: runs.Durability(f.durability), SyncPeriod: f.syncPeriod,
 			Logger: logger,
 		})
+		if inUse := (*runs.DirInUseError)(nil); errors.As(err, &inUse) {
+			return rc, nil, nil, fmt.Errorf("%w; nothing in it was touched. Give this server another -data-dir, or run several servers on the same runs through a NATS cluster with -nats-url", err)
+		}
 		if err != nil {
 			return rc, nil, nil, err
 		}
