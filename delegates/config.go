@@ -9,6 +9,7 @@ package delegates
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -249,15 +250,22 @@ func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
 
 // Load reads and parses the delegates file at path.
 func Load(path string) (*Config, error) {
+	cfg, _, err := LoadSum(path)
+	return cfg, err
+}
+
+// LoadSum is Load, and the SHA-256 of the bytes it parsed: what a watch of
+// the file, armed later, compares the file with to see a change it missed.
+func LoadSum(path string) (*Config, [sha256.Size]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("delegates config: %w", err)
+		return nil, [sha256.Size]byte{}, fmt.Errorf("delegates config: %w", err)
 	}
 	cfg, err := ParseAt(b, path)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, [sha256.Size]byte{}, fmt.Errorf("%s: %w", path, err)
 	}
-	return cfg, nil
+	return cfg, sha256.Sum256(b), nil
 }
 
 // ParseAt is Parse of b, the content of the file at path: the relative

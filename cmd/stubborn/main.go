@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
@@ -144,9 +145,11 @@ type serveConfig struct {
 	// -watch-config.
 	configPath  string
 	watchConfig bool
-	sec         securityFlags
-	store       storeFlags
-	serverOpts  []grpc.ServerOption
+	// configSum is the SHA-256 of the config's bytes that were parsed.
+	configSum  [sha256.Size]byte
+	sec        securityFlags
+	store      storeFlags
+	serverOpts []grpc.ServerOption
 
 	// httpAllowedHosts are -http-allowed-hosts: the hosts the HTTP
 	// listener answers besides loopback and its own address.
@@ -201,7 +204,7 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 			_ = c.logs.Close()
 		}
 	}()
-	if c.registry, err = delegates.Load(*configPath); err != nil {
+	if c.registry, c.configSum, err = delegates.LoadSum(*configPath); err != nil {
 		return nil, err
 	}
 	if c.serverOpts, err = c.sec.serverOptions(c.registry); err != nil {
@@ -406,7 +409,7 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 	}
 	storeConn.attach(s.SetServing)
 	rl := &reloader{path: c.configPath, sec: &c.sec, logger: logger, apply: s.Reload}
-	defer rl.start(hup, c.registry, c.watchConfig)()
+	defer rl.start(hup, c.registry, c.configSum, c.watchConfig)()
 	if l.http != nil {
 		stopHTTP, err := serveHTTP(s, l.http, c)
 		if err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"crypto/sha256"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -82,12 +83,22 @@ func (r *reloader) reload(why string, force bool) {
 	}
 	tAdded, tRemoved := diffNames(tenantNames(r.current), tenantNames(cfg))
 	if len(cfg.Tenants) == 0 && r.current != nil && len(r.current.Tenants) > 0 {
-		r.logger.Warn("config reloaded with tenants: []: authentication is off, every caller is the default tenant", "config", r.path, "tenants_removed", tRemoved)
+		r.logger.Warn("config reloaded with tenants: []: authentication is off, every caller is the default tenant", "config", r.path, "tenants_removed", logNames(tRemoved))
 	}
 	r.current = cfg
 	r.logger.Info("config reloaded", "config", r.path, "why", why,
-		"delegates", len(cfg.Delegates), "delegates_added", added, "delegates_removed", removed, "delegates_changed", changed,
-		"presets", len(cfg.Presets), "presets_added", pAdded, "presets_removed", pRemoved, "presets_changed", pChanged, "tenants", len(cfg.Tenants), "tenants_added", tAdded, "tenants_removed", tRemoved)
+		"delegates", len(cfg.Delegates), "delegates_added", logNames(added), "delegates_removed", logNames(removed), "delegates_changed", logNames(changed),
+		"presets", len(cfg.Presets), "presets_added", logNames(pAdded), "presets_removed", logNames(pRemoved), "presets_changed", logNames(pChanged),
+		"tenants", len(cfg.Tenants), "tenants_added", logNames(tAdded), "tenants_removed", logNames(tRemoved))
+}
+
+// changed reports whether the file differs from what was last applied
+// (or cannot be read: the reload says why).
+func (r *reloader) changed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, err := os.ReadFile(r.path)
+	return err != nil || sha256.Sum256(b) != r.sum
 }
 
 // notifyHUP catches SIGHUP, which would end the process by default, from
@@ -102,14 +113,13 @@ func notifyHUP() (hup chan os.Signal, stop func()) {
 // start reloads on hup's signals and, when watch is set, on changes to the
 // file's directory (the directory, not the file: editors and Kubernetes
 // replace a file by a rename or a symlink swap, which a watch on the file
-// loses). initial is the config in use, read from the file. stop ends
-// both.
-func (r *reloader) start(hup <-chan os.Signal, initial *delegates.Config, watch bool) (stop func()) {
+// loses). initial is the config in use, parsed from the bytes whose
+// SHA-256 is sum. Once the watch is armed, the file is compared with those
+// bytes: a file written after they were read and before the watch was
+// armed is applied or refused like any later change. stop ends both.
+func (r *reloader) start(hup <-chan os.Signal, initial *delegates.Config, sum [sha256.Size]byte, watch bool) (stop func()) {
 	var err error
-	r.current = initial
-	if b, err := os.ReadFile(r.path); err == nil {
-		r.sum = sha256.Sum256(b)
-	}
+	r.current, r.sum = initial, sum
 	var events chan fsnotify.Event
 	var errs chan error
 	var w *fsnotify.Watcher
@@ -129,12 +139,15 @@ func (r *reloader) start(hup <-chan os.Signal, initial *delegates.Config, watch 
 		}
 	}
 	base := filepath.Base(r.path)
+	var settle <-chan time.Time
+	if events != nil && r.changed() {
+		settle = time.After(reloadSettle) // it may be written still
+	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		var settle <-chan time.Time
 		for {
 			select {
 			case <-hup:
@@ -162,6 +175,19 @@ func (r *reloader) start(hup <-chan os.Signal, initial *delegates.Config, watch 
 			_ = w.Close()
 		}
 	}
+}
+
+// maxLoggedNames bounds the names a log line lists: a reload that adds
+// 10,000 delegates is one line of a few hundred bytes, not 150 KB.
+const maxLoggedNames = 20
+
+// logNames is names for a log line: all of them up to maxLoggedNames,
+// else the first maxLoggedNames and how many more there are.
+func logNames(names []string) []string {
+	if len(names) <= maxLoggedNames {
+		return names
+	}
+	return append(slices.Clip(names[:maxLoggedNames]), fmt.Sprintf("… and %d more (%d in all)", len(names)-maxLoggedNames, len(names)))
 }
 
 func delegateNames(c *delegates.Config) []string {
