@@ -65,7 +65,9 @@ func TestAConfigBrokenWhileServeStartsIsRefusedAloud(t *testing.T) {
 	logs, applied := startReloader(t, config, func() {
 		require.NoError(t, os.WriteFile(config, []byte("delegates:\n  - {name: new, target: \n"), 0o600))
 	})
-	require.Eventually(t, func() bool { return strings.Contains(logs.String(), `"msg":"config not reloaded: keeping the one in use"`) }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), `"msg":"config not reloaded: keeping the one in use"`)
+	}, 30*time.Second, 10*time.Millisecond)
 	assert.Empty(t, applied)
 }
 
