@@ -297,6 +297,41 @@ func TestCommandsReachTheDriver(t *testing.T) {
 	}
 }
 
+// TestACommandWaitsForATakeover: a decision sent to a replica while the
+// run's driver has just died (its lease not yet run out) waits, within the
+// call's deadline, until the run is taken over and is carried out there;
+// before, it was refused UNAVAILABLE ("no responders") at once.
+func TestACommandWaitsForATakeover(t *testing.T) {
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			const lease = 300 * time.Millisecond
+			open := newStore(t, lease)
+			g := newGated(controls.DelegateInfo{Idempotent: true})
+			a, err := runs.New(runs.Config{Delegates: g, Store: open(), Lease: lease, Owner: "a"})
+			require.NoError(t, err)
+			b := newManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b"})
+			ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
+			st, err := a.Start(context.Background(), "ask", ask, nil)
+			require.NoError(t, err)
+			g.answer("ask", controlstest.Fail(codes.Unavailable, "busy"))
+			require.Eventually(t, func() bool {
+				got, err := b.Get(context.Background(), st.GetRunId())
+				return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
+			}, 10*time.Second, 5*time.Millisecond, "b sees the state a saved")
+
+			a.Kill()
+			g.answer("ask", controlstest.OK("after the takeover"))
+			ctx, cancel := context.WithTimeout(context.Background(), 20*lease)
+			defer cancel()
+			got, err := b.Decide(ctx, st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+			require.NoError(t, err, "the decision waits for b to take the run over")
+			assert.NotEqual(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus())
+			assert.True(t, b.Owns(st.GetRunId()))
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, b, st.GetRunId(), 0)).GetStatus())
+		})
+	}
+}
+
 // TestAClaimWithoutAJournalIsLetGo: a claim with neither journal nor state
 // (they expired) has nothing to resume from: the next server lets go of it
 // instead of failing to resume it at every scan.
