@@ -185,7 +185,10 @@ func (s *Service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.Server
 	followed := make(chan error, 1)
 	started := make(chan struct{})
 	go func() {
-		followed <- s.runs.FollowSummaries(ctx, func(sum *stubbornv1.RunSummary) error {
+		followed <- s.runs.FollowSummaries(ctx, func(sum *stubbornv1.RunSummary, deleted string) error {
+			if deleted != "" {
+				return nil // TODO
+			}
 			if sum == nil {
 				close(started)
 			} else if f.MatchesSummary(sum) {
