@@ -279,18 +279,26 @@ func (x *indexer) write(ctx context.Context, tenant string, sum *stubbornv1.RunS
 }
 
 // put writes entry v of run sum to key, unless the index has a newer one.
+//
+// A key whose last message is a purge marker belongs to a run deleted
+// (unindexDeleted, undeleted): it is never written again, so that no
+// summary of the run reaches the index's followers after its deletion.
+// (jetstream's Create would write over the marker: each write here
+// expects the key's subject to be empty, or at the revision it read.)
 func (x *indexer) put(ctx context.Context, key string, v []byte, tenant string, sum *stubbornv1.RunSummary) error {
 	// Most runs are indexed once (their end, or their start and their
 	// end): created at the first try, without a read before.
-	_, err := x.kv.Create(ctx, key, v)
-	if !errors.Is(err, jetstream.ErrKeyExists) {
+	_, err := x.kv.Update(ctx, key, v, 0)
+	if !conflict(err) {
 		return err
 	}
 	for range 3 {
 		e, err := x.kv.Get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
-			_, err = x.kv.Create(ctx, key, v)
+			// A marker (Get says not found, the subject is not empty),
+			// or the entry was purged meanwhile: tried again once read.
+			_, err = x.kv.Update(ctx, key, v, 0)
 		case err != nil:
 			return err
 		default:
@@ -300,16 +308,19 @@ func (x *indexer) put(ctx context.Context, key string, v []byte, tenant string, 
 			}
 			_, err = x.kv.Update(ctx, key, v, e.Revision())
 		}
-		if err == nil {
-			break
-		}
-		var apiErr *jetstream.APIError
-		if !errors.Is(err, jetstream.ErrKeyExists) && !(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence) {
+		if !conflict(err) {
 			return err
 		}
-		// Written meanwhile by another server: read again.
+		// Written meanwhile by another server, or deleted: read again.
 	}
-	return nil
+	return nil // deleted (or written by others each time: theirs stands)
+}
+
+// conflict reports whether err is a write's refusal for the key's
+// revision: another write came first.
+func conflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
 }
 
 // undeleted takes back the entry at key of run runID if the run has a
@@ -388,9 +399,15 @@ func (s *JetStream) reconcile(ctx context.Context) error {
 		case ok:
 			_, err = s.index.kv.Update(ctx, key, v, h.rev)
 		default:
-			_, err = s.index.kv.Create(ctx, key, v)
+			// Over a purge marker only if it is not a deleted run's
+			// (indexer.put): one left by a hand that damaged the index.
+			if _, err = s.index.kv.Update(ctx, key, v, 0); conflict(err) {
+				if gone, derr := s.deletedRun(ctx, st.GetRunId()); derr != nil || !gone {
+					_, err = s.index.kv.Create(ctx, key, v)
+				}
+			}
 		}
-		if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		if err != nil && !conflict(err) {
 			werr = err // a conflict is a newer write: left alone
 			return false
 		}
