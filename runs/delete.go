@@ -152,7 +152,7 @@ func (s *JetStream) DeleteRun(ctx context.Context, runID string) error {
 	if err := s.crashAt("tombstone"); err != nil {
 		return err
 	}
-	if err := s.purgeRecords(ctx, runID, 0, true); err != nil {
+	if err := s.purgeRecords(ctx, runID, 0, true, true); err != nil {
 		return err
 	}
 	return s.nc.Publish(forgetSubject, []byte(runID))

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +74,8 @@ func indexTenant(tenant string) string {
 type indexer struct {
 	kv  jetstream.KeyValue
 	log *slog.Logger
+	// deleted reads whether a run has a tombstone (JetStream.deletedRun).
+	deleted func(ctx context.Context, runID string) (bool, error)
 
 	mu sync.Mutex
 	// pending holds the states of each run not yet indexed, encoded, in
@@ -115,7 +118,7 @@ const indexRetry = time.Second
 // startIndexer starts the indexer of s's index, and its reconcile.
 func (s *JetStream) startIndexer(kv jetstream.KeyValue, log *slog.Logger) {
 	ctx, cancel := context.WithCancel(context.Background())
-	x := &indexer{kv: kv, log: log, pending: map[string][][]byte{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), reconciled: make(chan struct{})}
+	x := &indexer{kv: kv, log: log, deleted: s.deletedRun, pending: map[string][][]byte{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), reconciled: make(chan struct{})}
 	s.index = x
 	var wg sync.WaitGroup
 	// The summaries of the runs that change are written from the first,
@@ -255,26 +258,47 @@ func summaryOf(state []byte) (sum *stubbornv1.RunSummary, tenant string, ok bool
 // (newerIndexed): several servers write a run's summaries — the one that
 // lost it may write one it had queued after the one that took it over
 // wrote the run's end — and the index must end with the journal's.
+//
+// A summary written of a run deleted meanwhile is taken back (undeleted).
 func (x *indexer) write(ctx context.Context, tenant string, sum *stubbornv1.RunSummary) error {
 	v, err := indexEntry(tenant, sum)
 	if err != nil {
 		return nil // nothing to index
 	}
 	key := indexKey(tenant, sum.GetRunId())
+	if err := x.put(ctx, key, v, tenant, sum); err != nil {
+		return err
+	}
+	if err := x.undeleted(ctx, key, sum.GetRunId()); err != nil {
+		return err
+	}
+	if x.failing.CompareAndSwap(true, false) {
+		x.log.Info("run index: writing it works again")
+	}
+	return nil
+}
+
+// put writes entry v of run sum to key, unless the index has a newer one.
+//
+// A key whose last message is a purge marker belongs to a run deleted
+// (unindexDeleted, undeleted): it is never written again, so that no
+// summary of the run reaches the index's followers after its deletion.
+// (jetstream's Create would write over the marker: each write here
+// expects the key's subject to be empty, or at the revision it read.)
+func (x *indexer) put(ctx context.Context, key string, v []byte, tenant string, sum *stubbornv1.RunSummary) error {
 	// Most runs are indexed once (their end, or their start and their
 	// end): created at the first try, without a read before.
-	_, err = x.kv.Create(ctx, key, v)
-	if !errors.Is(err, jetstream.ErrKeyExists) {
-		if err == nil && x.failing.CompareAndSwap(true, false) {
-			x.log.Info("run index: writing it works again")
-		}
+	_, err := x.kv.Update(ctx, key, v, 0)
+	if !conflict(err) {
 		return err
 	}
 	for range 3 {
 		e, err := x.kv.Get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
-			_, err = x.kv.Create(ctx, key, v)
+			// A marker (Get says not found, the subject is not empty),
+			// or the entry was purged meanwhile: tried again once read.
+			_, err = x.kv.Update(ctx, key, v, 0)
 		case err != nil:
 			return err
 		default:
@@ -284,19 +308,36 @@ func (x *indexer) write(ctx context.Context, tenant string, sum *stubbornv1.RunS
 			}
 			_, err = x.kv.Update(ctx, key, v, e.Revision())
 		}
-		if err == nil {
-			break
-		}
-		var apiErr *jetstream.APIError
-		if !errors.Is(err, jetstream.ErrKeyExists) && !(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence) {
+		if !conflict(err) {
 			return err
 		}
-		// Written meanwhile by another server: read again.
+		// Written meanwhile by another server, or deleted: read again.
 	}
-	if x.failing.CompareAndSwap(true, false) {
-		x.log.Info("run index: writing it works again")
+	return nil // deleted (or written by others each time: theirs stands)
+}
+
+// conflict reports whether err is a write's refusal for the key's
+// revision: another write came first.
+func conflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}
+
+// undeleted takes back the entry at key of run runID if the run has a
+// tombstone. Any write of a run's summary may come after its deletion
+// purged the index: a state noted before it (a cancelled run's end,
+// written as the deletion waited for its driver to let go), an end a
+// takeover scan read (indexEnd), the start's reconcile. DeleteRun writes
+// the tombstone before it purges, and a writer reads it after it wrote:
+// either the purge comes after the write, or the read sees the
+// tombstone. The purge marker left tells the index's followers the run
+// is gone (FollowSummaries), after the summary they were just sent.
+func (x *indexer) undeleted(ctx context.Context, key, runID string) error {
+	gone, err := x.deleted(ctx, runID)
+	if err != nil || !gone {
+		return err
 	}
-	return nil
+	return x.kv.Purge(ctx, key)
 }
 
 // newerIndexed reports whether have, the summary indexed, is newer than
@@ -358,11 +399,24 @@ func (s *JetStream) reconcile(ctx context.Context) error {
 		case ok:
 			_, err = s.index.kv.Update(ctx, key, v, h.rev)
 		default:
-			_, err = s.index.kv.Create(ctx, key, v)
+			// Over a purge marker only if it is not a deleted run's
+			// (indexer.put): one left by a hand that damaged the index.
+			if _, err = s.index.kv.Update(ctx, key, v, 0); conflict(err) {
+				if gone, derr := s.deletedRun(ctx, st.GetRunId()); derr != nil || !gone {
+					_, err = s.index.kv.Create(ctx, key, v)
+				}
+			}
 		}
-		if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		if err != nil && !conflict(err) {
 			werr = err // a conflict is a newer write: left alone
 			return false
+		}
+		if err == nil {
+			// A run deleted since its state was read (indexer.undeleted).
+			if err := s.index.undeleted(ctx, key, st.GetRunId()); err != nil {
+				werr = err
+				return false
+			}
 		}
 		return true
 	}); err != nil {
@@ -401,20 +455,21 @@ func parseIndexEntry(v []byte, tenant string) (*stubbornv1.RunSummary, bool) {
 	return sum, true
 }
 
-// FollowSummaries calls fn with nil once it follows, then with the
-// summary of each run of tenants as the index is written, until ctx ends
-// or fn fails, whichever replica drives the run.
-func (s *JetStream) FollowSummaries(ctx context.Context, tenants []string, fn func(*stubbornv1.RunSummary) error) error {
+// FollowSummaries calls fn with nil and "" once it follows, then with the
+// summary of each run of tenants as the index is written, or with the id
+// of a run deleted (the deletion's purge marker: deleteIndexed), until
+// ctx ends or fn fails, whichever replica drives the run.
+func (s *JetStream) FollowSummaries(ctx context.Context, tenants []string, fn func(sum *stubbornv1.RunSummary, deleted string) error) error {
 	keys := make([]string, len(tenants))
 	for i, t := range tenants {
 		keys[i] = indexTenant(t) + ".*"
 	}
-	w, err := s.index.kv.WatchFiltered(ctx, keys, jetstream.UpdatesOnly(), jetstream.IgnoreDeletes())
+	w, err := s.index.kv.WatchFiltered(ctx, keys, jetstream.UpdatesOnly())
 	if err != nil {
 		return err
 	}
 	defer func() { _ = w.Stop() }()
-	if err := fn(nil); err != nil {
+	if err := fn(nil, ""); err != nil {
 		return err
 	}
 	for {
@@ -428,9 +483,19 @@ func (s *JetStream) FollowSummaries(ctx context.Context, tenants []string, fn fu
 			if e == nil {
 				continue
 			}
+			if e.Operation() != jetstream.KeyValuePut {
+				// A marker has no value to tell its tenant by: its key's
+				// hash, which the watch's filter matched, does.
+				if _, id, ok := strings.Cut(e.Key(), "."); ok {
+					if err := fn(nil, id); err != nil {
+						return err
+					}
+				}
+				continue
+			}
 			for _, tenant := range tenants {
 				if sum, ok := parseIndexEntry(e.Value(), tenant); ok {
-					if err := fn(sum); err != nil {
+					if err := fn(sum, ""); err != nil {
 						return err
 					}
 				}

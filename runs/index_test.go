@@ -62,7 +62,10 @@ func TestTheIndexListsATenantsRunsOfEveryReplica(t *testing.T) {
 		started  = make(chan struct{})
 	)
 	go func() {
-		done <- mA.FollowSummaries(followCtx, func(s *stubbornv1.RunSummary) error {
+		done <- mA.FollowSummaries(followCtx, func(s *stubbornv1.RunSummary, deleted string) error {
+			if deleted != "" {
+				return nil
+			}
 			if s == nil {
 				close(started)
 				return nil

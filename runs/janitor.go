@@ -254,6 +254,8 @@ func (s *JetStream) purge(ctx context.Context, now time.Time) (int, error) {
 	}{
 		{s.janitor.statesStream, statesBucket, true},
 		{s.janitor.ownersStream, ownersBucket, false},
+		// The markers deleted runs leave (unindexDeleted).
+		{s.janitor.indexStream, indexBucket, false},
 	} {
 		m, err := s.purgeLeftovers(ctx, b.stream, b.bucket, cutoff, b.state)
 		n += m
@@ -343,7 +345,7 @@ func (s *JetStream) purgeRun(ctx context.Context, runID string, seq uint64) (boo
 	}
 	// A NATS server older than 2.11: the purge marker Release left does
 	// not expire.
-	if err := s.purgeRecords(ctx, runID, seq, s.markerTTL == 0); err != nil {
+	if err := s.purgeRecords(ctx, runID, seq, s.markerTTL == 0, false); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -354,18 +356,30 @@ func (s *JetStream) purgeRun(ctx context.Context, runID string, seq uint64) (boo
 // its state, its owner entry or marker if owner, and its journal up to
 // stream sequence seq (0: all of it; else up to the run_finished that was
 // read, and nothing written after).
-func (s *JetStream) purgeRecords(ctx context.Context, runID string, seq uint64, owner bool) error {
+//
+// A run deleted (DeleteRun, and again redoDeletes) leaves a purge marker
+// in the index instead of nothing: the index's followers are told of the
+// deletion (FollowSummaries). A run the janitor purges leaves none.
+func (s *JetStream) purgeRecords(ctx context.Context, runID string, seq uint64, owner, deleted bool) error {
 	if validKey(runID) {
+		if deleted {
+			if err := s.unindexDeleted(ctx, runID); err != nil {
+				return fmt.Errorf("run %s: purging its summary: %w", runID, err)
+			}
+		}
 		for _, p := range []struct {
 			stream        jetstream.Stream
 			subject, what string
 			skip          bool
 		}{
-			{s.janitor.indexStream, kvSubject(indexBucket, "*."+runID), "summary", false},
+			{s.janitor.indexStream, kvSubject(indexBucket, "*."+runID), "summary", deleted},
 			{s.janitor.statesStream, kvSubject(statesBucket, runID), "state", false},
 			{s.janitor.ownersStream, kvSubject(ownersBucket, runID), "owner's entry", !owner},
 		} {
 			if p.skip {
+				if err := s.crashAt(p.what); err != nil {
+					return err
+				}
 				continue
 			}
 			if err := p.stream.Purge(ctx, jetstream.WithPurgeSubject(p.subject)); err != nil {
@@ -390,6 +404,22 @@ func (s *JetStream) purgeRecords(ctx context.Context, runID string, seq uint64, 
 	delete(s.last, runID)
 	s.mu.Unlock()
 	return nil
+}
+
+// unindexDeleted replaces deleted run runID's summary in the index with a
+// purge marker (a rollup: the summaries before it go), if it has one.
+func (s *JetStream) unindexDeleted(ctx context.Context, runID string) error {
+	prefix := kvSubject(indexBucket, "")
+	msg, err := s.janitor.indexStream.GetLastMsgForSubject(ctx, prefix+"*."+runID)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return nil // never indexed, or purged already
+	case err != nil:
+		return err
+	case msg.Header.Get(kvOperation) != "":
+		return nil // its marker, from the deletion before a crash
+	}
+	return s.index.kv.Purge(ctx, strings.TrimPrefix(msg.Subject, prefix))
 }
 
 // held reports whether run runID has an owner entry.

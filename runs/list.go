@@ -262,10 +262,10 @@ type summaryIndex interface {
 	// Summaries calls fn with the summary of each of tenant's runs; ok
 	// false says the index is not to be trusted yet.
 	Summaries(ctx context.Context, tenant string, fn func(*stubbornv1.RunSummary) bool) (ok bool, err error)
-	// FollowSummaries calls fn with nil once it follows, then with each
-	// of tenants' runs' summaries as they change, until ctx ends or fn
-	// fails.
-	FollowSummaries(ctx context.Context, tenants []string, fn func(*stubbornv1.RunSummary) error) error
+	// FollowSummaries calls fn with nil and "" once it follows, then with
+	// each of tenants' runs' summaries as they change, or the id of one
+	// deleted, until ctx ends or fn fails.
+	FollowSummaries(ctx context.Context, tenants []string, fn func(sum *stubbornv1.RunSummary, deleted string) error) error
 }
 
 // ListSummaries is ListWhere's runs as summaries (Summary). With a store
@@ -339,11 +339,13 @@ func (m *Manager) summariesOfStates(ctx context.Context, f Filter, pageSize int,
 	return sums, next, nil
 }
 
-// FollowSummaries calls fn with nil once it follows, then with the
+// FollowSummaries calls fn with nil and "" once it follows, then with the
 // summary of each of ctx's tenant's runs as it starts and changes status,
-// on every server that shares the store, until ctx ends or fn fails. It returns ErrNoIndex at once when the store
-// keeps no index (the memory store: follow the runs driven here instead).
-func (m *Manager) FollowSummaries(ctx context.Context, fn func(*stubbornv1.RunSummary) error) error {
+// or with the id of one deleted (after any summary of it), on every
+// server that shares the store, until ctx ends or fn fails. It returns
+// ErrNoIndex at once when the store keeps no index (the memory store:
+// follow the runs driven here instead).
+func (m *Manager) FollowSummaries(ctx context.Context, fn func(sum *stubbornv1.RunSummary, deleted string) error) error {
 	idx, ok := m.store.(summaryIndex)
 	if !ok {
 		return ErrNoIndex

@@ -39,7 +39,7 @@ type feedSub struct {
 	// tenants are the tenants whose runs it follows (runs.Owners).
 	tenants []string
 	filter  runs.Filter
-	c       chan *stubbornv1.RunSummary
+	c       chan *stubbornv1.WatchRunsResponse
 	// overflow is closed when c was full: the stream ends.
 	overflow chan struct{}
 	once     sync.Once
@@ -48,14 +48,14 @@ type feedSub struct {
 func newRunFeed() *runFeed { return &runFeed{subs: map[*feedSub]struct{}{}} }
 
 func newFeedSub(tenants []string, filter runs.Filter) *feedSub {
-	return &feedSub{tenants: tenants, filter: filter, c: make(chan *stubbornv1.RunSummary, feedBuffer), overflow: make(chan struct{})}
+	return &feedSub{tenants: tenants, filter: filter, c: make(chan *stubbornv1.WatchRunsResponse, feedBuffer), overflow: make(chan struct{})}
 }
 
-// offer queues sum for the stream, or ends the stream when it is too far
+// offer queues msg for the stream, or ends the stream when it is too far
 // behind. It never blocks.
-func (s *feedSub) offer(sum *stubbornv1.RunSummary) {
+func (s *feedSub) offer(msg *stubbornv1.WatchRunsResponse) {
 	select {
-	case s.c <- sum:
+	case s.c <- msg:
 	default:
 		s.once.Do(func() { close(s.overflow) })
 	}
@@ -85,7 +85,20 @@ func (f *runFeed) publish(tenant string, sum *stubbornv1.RunSummary) {
 	defer f.mu.Unlock()
 	for s := range f.subs {
 		if slices.Contains(s.tenants, tenant) && s.filter.MatchesSummary(sum) {
-			s.offer(sum)
+			s.offer(&stubbornv1.WatchRunsResponse{Run: sum})
+		}
+	}
+}
+
+// publishDeleted tells every stream of tenants that run id was deleted,
+// whatever its filter (a deleted run has no status to match it). It never
+// blocks.
+func (f *runFeed) publishDeleted(tenants []string, id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for s := range f.subs {
+		if slices.ContainsFunc(tenants, func(t string) bool { return slices.Contains(s.tenants, t) }) {
+			s.offer(&stubbornv1.WatchRunsResponse{DeletedRunId: id})
 		}
 	}
 }
@@ -170,7 +183,7 @@ func (r *feedRun) advance(ev *stubbornv1.RunEvent) bool {
 }
 
 // WatchRuns streams the summaries of ctx's tenant's runs as they start and
-// change status on this server.
+// change status, and the ids of those deleted.
 func (s *Service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.ServerStreamingServer[stubbornv1.WatchRunsResponse]) error {
 	var v violations
 	f := checkFilter(&v, req.GetStatus(), req.GetControl(), req.GetDelegate())
@@ -185,11 +198,14 @@ func (s *Service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.Server
 	followed := make(chan error, 1)
 	started := make(chan struct{})
 	go func() {
-		followed <- s.runs.FollowSummaries(ctx, func(sum *stubbornv1.RunSummary) error {
-			if sum == nil {
+		followed <- s.runs.FollowSummaries(ctx, func(sum *stubbornv1.RunSummary, deleted string) error {
+			switch {
+			case deleted != "":
+				sub.offer(&stubbornv1.WatchRunsResponse{DeletedRunId: deleted})
+			case sum == nil:
 				close(started)
-			} else if f.MatchesSummary(sum) {
-				sub.offer(sum)
+			case f.MatchesSummary(sum):
+				sub.offer(&stubbornv1.WatchRunsResponse{Run: sum})
 			}
 			return nil
 		})
@@ -225,12 +241,12 @@ func (s *Service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.Server
 			case <-ctx.Done():
 				sent <- nil
 				return
-			case sum := <-sub.c:
+			case msg := <-sub.c:
 				if ctx.Err() != nil {
 					sent <- nil
 					return
 				}
-				if err := stream.Send(&stubbornv1.WatchRunsResponse{Run: sum}); err != nil {
+				if err := stream.Send(msg); err != nil {
 					sent <- err
 					return
 				}

@@ -462,6 +462,11 @@ func (s *Service) DeleteRun(ctx context.Context, req *stubbornv1.DeleteRunReques
 	if err := s.runs.Delete(ctx, req.GetRunId(), req.GetCancel()); err != nil {
 		return nil, toStatus(err)
 	}
+	// The streams that follow this server's runs (a store without an
+	// index); the store's index tells every replica's (FollowSummaries).
+	if s.feed != nil {
+		s.feed.publishDeleted(runs.Owners(ctx), req.GetRunId())
+	}
 	return &stubbornv1.DeleteRunResponse{}, nil
 }
 

@@ -33,6 +33,9 @@ export function runsPage(q: URLSearchParams): Page {
   const delegate = q.get("delegate") ?? "";
 
   const rows = new Map<string, Row>();
+  // deleted holds the runs WatchRuns said were deleted: a page listed
+  // before a deletion may still name the run when it arrives after it.
+  const deleted = new Set<string>();
   // Ages are counted on the server's clock (ListRuns' server_time).
   const clock = new ServerClock();
   const tbody = h("tbody");
@@ -133,6 +136,7 @@ export function runsPage(q: URLSearchParams): Page {
   // in its place by age (if that place is on the pages loaded), a run that
   // left the status filtered on leaves.
   function upsert(s: RunSummary, fromList: boolean): void {
+    if (deleted.has(s.runId)) return;
     const r = rows.get(s.runId);
     if (!matches(s)) {
       if (r) {
@@ -163,6 +167,17 @@ export function runsPage(q: URLSearchParams): Page {
     const row = newRow(s);
     rows.set(s.runId, row);
     tbody.insertBefore(row.tr, before);
+    updateEmpty();
+  }
+
+  // remove drops the row of run id, which was deleted, for good.
+  function remove(id: string): void {
+    deleted.add(id);
+    const r = rows.get(id);
+    if (r) {
+      r.tr.remove();
+      rows.delete(id);
+    }
     updateEmpty();
   }
 
@@ -246,7 +261,8 @@ export function runsPage(q: URLSearchParams): Page {
         for await (const res of stream) {
           relist();
           delay = 1000;
-          if (res.run) upsert(res.run, false);
+          if (res.deletedRunId) remove(res.deletedRunId);
+          else if (res.run) upsert(res.run, false);
         }
       } catch (err) {
         failed = true;

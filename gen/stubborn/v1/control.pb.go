@@ -2477,12 +2477,20 @@ func (x *WatchRunsRequest) GetDelegate() string {
 	return ""
 }
 
-// WatchRunsResponse is one run that started or changed status.
+// WatchRunsResponse is one run that started or changed status, or one
+// that was deleted. At most one of run and deleted_run_id is set; neither
+// is in the first message, which says the stream is following.
 type WatchRunsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The run, as it is now. Unset in the first message, which says the
-	// stream is following.
-	Run           *RunSummary `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	// The run, as it is now. Unset in the first message, and in a deletion.
+	Run *RunSummary `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	// The id of a run that DeleteRun deleted: remove it from the list. It
+	// comes after every summary the stream sent of the run, and no summary
+	// of it follows. It is sent whatever the request's filters, as a deleted
+	// run has no status left to match them: a client ignores the id of a
+	// run it does not list. Empty in every other message. A run that the
+	// server's retention purges is not announced.
+	DeletedRunId  string `protobuf:"bytes,2,opt,name=deleted_run_id,json=deletedRunId,proto3" json:"deleted_run_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2522,6 +2530,13 @@ func (x *WatchRunsResponse) GetRun() *RunSummary {
 		return x.Run
 	}
 	return nil
+}
+
+func (x *WatchRunsResponse) GetDeletedRunId() string {
+	if x != nil {
+		return x.DeletedRunId
+	}
+	return ""
 }
 
 // ListDelegatesRequest has no fields yet.
@@ -5059,9 +5074,10 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x10WatchRunsRequest\x12.\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12\x18\n" +
 	"\acontrol\x18\x02 \x01(\tR\acontrol\x12\x1a\n" +
-	"\bdelegate\x18\x03 \x01(\tR\bdelegate\">\n" +
+	"\bdelegate\x18\x03 \x01(\tR\bdelegate\"d\n" +
 	"\x11WatchRunsResponse\x12)\n" +
-	"\x03run\x18\x01 \x01(\v2\x17.stubborn.v1.RunSummaryR\x03run\"\x16\n" +
+	"\x03run\x18\x01 \x01(\v2\x17.stubborn.v1.RunSummaryR\x03run\x12$\n" +
+	"\x0edeleted_run_id\x18\x02 \x01(\tR\fdeletedRunId\"\x16\n" +
 	"\x14ListDelegatesRequest\"\xce\x01\n" +
 	"\x15ListDelegatesResponse\x12>\n" +
 	"\tdelegates\x18\x01 \x03(\v2 .stubborn.v1.DelegateDescriptionR\tdelegates\x128\n" +

@@ -67,9 +67,10 @@ type ControlServiceClient interface {
 	// falls behind: a stream whose caller leaves 1000 summaries waiting on
 	// the server (past what the connection's flow control holds) ends with
 	// RESOURCE_EXHAUSTED, "fell 1000 behind; reattach": call WatchRuns again
-	// and ListRuns for what was missed. On a JetStream store it follows the
-	// runs of every server that shares the store; on the memory store, those
-	// of the server it asks.
+	// and ListRuns for what was missed. A run deleted (DeleteRun) is
+	// announced by a message with its deleted_run_id. On a JetStream store it
+	// follows the runs of every server that shares the store; on the memory
+	// store, those of the server it asks.
 	WatchRuns(ctx context.Context, in *WatchRunsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchRunsResponse], error)
 	// ListDelegates lists the delegates and presets the caller may name in a
 	// run.
@@ -262,9 +263,10 @@ type ControlServiceServer interface {
 	// falls behind: a stream whose caller leaves 1000 summaries waiting on
 	// the server (past what the connection's flow control holds) ends with
 	// RESOURCE_EXHAUSTED, "fell 1000 behind; reattach": call WatchRuns again
-	// and ListRuns for what was missed. On a JetStream store it follows the
-	// runs of every server that shares the store; on the memory store, those
-	// of the server it asks.
+	// and ListRuns for what was missed. A run deleted (DeleteRun) is
+	// announced by a message with its deleted_run_id. On a JetStream store it
+	// follows the runs of every server that shares the store; on the memory
+	// store, those of the server it asks.
 	WatchRuns(*WatchRunsRequest, grpc.ServerStreamingServer[WatchRunsResponse]) error
 	// ListDelegates lists the delegates and presets the caller may name in a
 	// run.

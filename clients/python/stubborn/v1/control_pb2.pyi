@@ -701,10 +701,12 @@ class WatchRunsRequest(_message.Message):
     def __init__(self, status: _Optional[_Union[RunStatus, str]] = ..., control: _Optional[str] = ..., delegate: _Optional[str] = ...) -> None: ...
 
 class WatchRunsResponse(_message.Message):
-    __slots__ = ["run"]
+    __slots__ = ["deleted_run_id", "run"]
+    DELETED_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
+    deleted_run_id: str
     run: RunSummary
-    def __init__(self, run: _Optional[_Union[RunSummary, _Mapping]] = ...) -> None: ...
+    def __init__(self, run: _Optional[_Union[RunSummary, _Mapping]] = ..., deleted_run_id: _Optional[str] = ...) -> None: ...
 
 class RunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -134,9 +134,10 @@ class ControlServiceServicer(object):
         falls behind: a stream whose caller leaves 1000 summaries waiting on
         the server (past what the connection's flow control holds) ends with
         RESOURCE_EXHAUSTED, "fell 1000 behind; reattach": call WatchRuns again
-        and ListRuns for what was missed. On a JetStream store it follows the
-        runs of every server that shares the store; on the memory store, those
-        of the server it asks.
+        and ListRuns for what was missed. A run deleted (DeleteRun) is
+        announced by a message with its deleted_run_id. On a JetStream store it
+        follows the runs of every server that shares the store; on the memory
+        store, those of the server it asks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
