@@ -3,6 +3,7 @@ package delegates
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -32,6 +33,19 @@ var errStreamDone = errors.New("stream done")
 func cutShort(what string) *controls.CallError {
 	return &controls.CallError{Code: codes.Unavailable, Message: "the model's stream ended before " + what + ": the answer is cut short"}
 }
+
+// cutMidEvent is the error of a stream that ended in the middle of an
+// event: a last line without its newline, or (SSE) an event without the
+// blank line that ends it. The unfinished event is dropped unread, as the
+// WHATWG SSE grammar drops it: half a JSON value is a cut, not a model's
+// unreadable answer, and another try may give it all.
+func cutMidEvent() *controls.CallError {
+	return &controls.CallError{Code: codes.Unavailable, Message: "the stream ended in the middle of an event: the answer is cut short"}
+}
+
+// errMidEvent is what readEvents returns for a stream that ended in the
+// middle of an event; doStream makes it cutMidEvent.
+var errMidEvent = errors.New("the stream ended in the middle of an event")
 
 // event is one streamed event: its SSE event name ("" for NDJSON or an
 // unnamed event) and its data.
@@ -70,6 +84,9 @@ func (h *httpClient) doStream(req *http.Request, s *stream, format string, each 
 		if errors.Is(err, errStreamDone) {
 			return nil, nil
 		}
+		if errors.Is(err, errMidEvent) {
+			return nil, cutMidEvent()
+		}
 		if _, isCallError := errors.AsType[*controls.CallError](err); isCallError {
 			return nil, err
 		}
@@ -79,19 +96,34 @@ func (h *httpClient) doStream(req *http.Request, s *stream, format string, each 
 }
 
 // readEvents reads body as a stream of events in format, each line at
-// most maxLine bytes.
+// most maxLine bytes. A stream that ends in the middle of an event is
+// errMidEvent, that event unread: an SSE event without its blank line (or
+// a field line without its newline), an NDJSON line without its newline
+// that is not a whole JSON value (JSON Lines lets the last newline go).
 func readEvents(body io.Reader, format string, maxLine int, each func(event) error) error {
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 0, 4096), maxLine)
+	// unterminated: the line just scanned is the body's last and has no
+	// newline (bufio.ScanLines hides it).
+	unterminated := false
+	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
+		n, tok, err := bufio.ScanLines(data, atEOF)
+		unterminated = atEOF && tok != nil && bytes.IndexByte(data, '\n') < 0
+		return n, tok, err
+	})
 	var (
 		ev      event
 		hasData bool
+		pending bool // a field of an event not yet ended
 	)
 	for sc.Scan() {
 		line := sc.Bytes()
 		if format == formatNDJSON {
 			if len(bytes.TrimSpace(line)) == 0 {
 				continue
+			}
+			if unterminated && !json.Valid(line) {
+				return errMidEvent
 			}
 			if err := each(event{data: line}); err != nil {
 				return err
@@ -108,8 +140,11 @@ func readEvents(body io.Reader, format string, maxLine int, each func(event) err
 					return err
 				}
 			}
-			ev, hasData = event{}, false
+			ev, hasData, pending = event{}, false, false
 			continue
+		}
+		if unterminated && line[0] != ':' { // a comment carries nothing
+			return errMidEvent
 		}
 		field, value, _ := bytes.Cut(line, []byte(":"))
 		value = bytes.TrimPrefix(value, []byte(" "))
@@ -119,12 +154,13 @@ func readEvents(body io.Reader, format string, maxLine int, each func(event) err
 				ev.data = append(ev.data, '\n')
 			}
 			ev.data = append(ev.data, value...)
-			hasData = true
+			hasData, pending = true, true
 			if len(ev.data) > maxLine {
 				return resultTooLarge(maxLine-maxEventSlack, fmt.Sprintf("a streamed event is over %d bytes", maxLine))
 			}
 		case "event":
 			ev.name = string(value)
+			pending = true
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -133,8 +169,8 @@ func readEvents(body io.Reader, format string, maxLine int, each func(event) err
 		}
 		return err
 	}
-	if hasData {
-		return each(ev)
+	if pending {
+		return errMidEvent
 	}
 	return nil
 }

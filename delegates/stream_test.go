@@ -390,3 +390,73 @@ func TestAModelStreamCutShortFails(t *testing.T) {
 		assert.Equal(t, want, ce.Message, name)
 	}
 }
+
+// raw answers a stream of exactly body, of content type ct, and closes.
+func raw(ct, body string) func(http.ResponseWriter, *http.Request, int) {
+	return func(w http.ResponseWriter, _ *http.Request, _ int) {
+		w.Header().Set("Content-Type", ct)
+		_, _ = io.WriteString(w, body)
+	}
+}
+
+// A stream that ends mid-line, or with an event that has no blank line
+// after it, is cut short whatever the kind: the unfinished event is
+// dropped (as the WHATWG SSE grammar drops it), never parsed, and the
+// attempt fails transient so that retry may try again.
+func TestAModelStreamCutMidLineIsRetried(t *testing.T) {
+	const (
+		oaStart = "data: {\"choices\":[{\"delta\":{\"content\":\"Half\"}}]}\n\n"
+		oaStop  = "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"
+		anStart = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"c\"}}\n\n"
+	)
+	cuts := map[string]*fakeHTTP{
+		"openai mid-line":           newFakeHTTP(t, raw("text/event-stream", oaStart+`data: {"choices":[{"del`)),
+		"openai mid-usage":          newFakeHTTP(t, raw("text/event-stream", oaStart+oaStop+`data: {"choices":[],"usage":{"total_to`)),
+		"openai no blank line":      newFakeHTTP(t, raw("text/event-stream", oaStart+"data: {\"choices\":[{\"delta\":{\"content\":\" an\"}}]}\n")),
+		"anthropic mid-line":        newFakeHTTP(t, raw("text/event-stream", anStart+"event: content_block_delta\ndata: {\"type\":\"content_bl")),
+		"anthropic event, no data":  newFakeHTTP(t, raw("text/event-stream", anStart+"event: message_stop\n")),
+		"http sse mid-event":        newFakeHTTP(t, raw("text/event-stream", "data: Hel\n\ndata: lo")),
+		"http ndjson mid-line":      newFakeHTTP(t, raw("application/x-ndjson", "{\"response\":\"Hel\"}\n{\"respo")),
+		"http ndjson cut in number": newFakeHTTP(t, raw("application/x-ndjson", "{\"response\":\"Hel\"}\n{\"response\":\"lo\",\"n\":12")),
+	}
+	kind := func(name, url string) string {
+		switch {
+		case strings.HasPrefix(name, "openai"):
+			return fmt.Sprintf("openai: {base_url: %q, model: m}", url)
+		case strings.HasPrefix(name, "anthropic"):
+			return fmt.Sprintf("anthropic: {base_url: %q, model: c}", url)
+		case strings.HasPrefix(name, "http sse"):
+			return fmt.Sprintf("http: {url: %q, stream_format: sse}", url)
+		}
+		return fmt.Sprintf("http: {url: %q, stream_format: ndjson, delta_pointer: /response}", url)
+	}
+	var cfg strings.Builder
+	cfg.WriteString("delegates:\n")
+	names := map[string]string{}
+	i := 0
+	for name, f := range cuts {
+		i++
+		names[name] = fmt.Sprintf("d%d", i)
+		fmt.Fprintf(&cfg, "  - name: d%d\n    %s\n", i, kind(name, f.URL))
+	}
+	p := poolFrom(t, cfg.String())
+	for name := range cuts {
+		res, err := p.Call(testCtx(t), controls.Call{Delegate: names[name], Brief: "hi"})
+		require.Error(t, err, "%s: %v", name, res)
+		ce := callError(t, err)
+		assert.Equal(t, codes.Unavailable, ce.Code, name)
+		assert.Contains(t, ce.Message, "cut short", name)
+		transient, why := controls.Transient(ce)
+		assert.True(t, transient, "%s: %s", name, why)
+	}
+}
+
+// NDJSON (JSON Lines) may leave out the last newline: a last line that is
+// a whole JSON value is taken.
+func TestAnNDJSONStreamMayEndWithoutANewline(t *testing.T) {
+	f := newFakeHTTP(t, raw("application/x-ndjson", "{\"response\":\"Hel\"}\n{\"response\":\"lo\",\"done\":true}"))
+	p := poolFrom(t, fmt.Sprintf("delegates:\n  - name: nd\n    http: {url: %q, stream_format: ndjson, delta_pointer: /response}\n", f.URL))
+	res, err := p.Call(testCtx(t), controls.Call{Delegate: "nd", Brief: "hi"})
+	require.NoError(t, err)
+	assert.Equal(t, "Hello", res.GetText())
+}
