@@ -59,9 +59,7 @@ func (val *validator) checkConversation(v *violations, req runRequest) {
 		v.add("task_messages", "has %d messages, more than the limit of %d", len(msgs), maxTaskMessages)
 		return
 	}
-	size := proto.Size(req.GetModelParams())
 	for i, m := range msgs {
-		size += proto.Size(m)
 		f := m.GetFields()
 		if role := f["role"].GetStringValue(); !chatRoles[role] {
 			v.add(fmt.Sprintf("task_messages[%d]", i)+".role", "must be one of system, developer, user, assistant, tool")
@@ -72,9 +70,40 @@ func (val *validator) checkConversation(v *violations, req runRequest) {
 			v.add(fmt.Sprintf("task_messages[%d]", i)+".content", "must be a string, an array of parts, or null")
 		}
 	}
-	if limit := 4 * val.limits.MaxBriefBytes; size > limit {
-		v.add("task_messages", "with model_params is %d bytes, more than the limit of %d (4 times the brief's)", size, limit)
+	if size, limit := conversationSize(msgs, req.GetModelParams()), val.limits.conversationBytes(); size > limit {
+		v.add("task_messages", "with model_params is %d bytes, more than the limit of %d (%s)", size, limit, val.limits.conversationBound())
 	}
+}
+
+// maxConversationEventBytes bounds a conversation whatever max_brief_bytes
+// says: the run's first event (run_started) holds it and the brief made of
+// its text, no larger, within runs.MaxEventBytes; 64 KiB is left for the
+// rest (the control's spec, options).
+const maxConversationEventBytes = runs.MaxEventBytes/2 - 64<<10
+
+// conversationBytes is the largest conversation (messages and model
+// parameters, encoded) a run takes: 4 times the brief's bound, within what
+// an event holds.
+func (l Limits) conversationBytes() int {
+	return min(4*l.MaxBriefBytes, maxConversationEventBytes)
+}
+
+// conversationBound says which bound conversationBytes is.
+func (l Limits) conversationBound() string {
+	if 4*l.MaxBriefBytes <= maxConversationEventBytes {
+		return "4 times limits.max_brief_bytes"
+	}
+	return "what the run's first event holds: half of an event's 3 MiB, less 64 KiB"
+}
+
+// conversationSize is the encoded size of a conversation and its model
+// parameters, as conversationBytes bounds it.
+func conversationSize(msgs []*structpb.Struct, params *structpb.Struct) int {
+	size := proto.Size(params)
+	for _, m := range msgs {
+		size += proto.Size(m)
+	}
+	return size
 }
 
 // taskOf is the task a valid request asks: its brief (the messages' when

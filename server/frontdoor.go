@@ -98,6 +98,9 @@ type failure struct {
 	// status.
 	code string
 	msg  string
+	// param names the request's field at fault, when one is (OpenAI's
+	// error.param).
+	param string
 	// retried is set for what Stubborn already retried: x-should-retry:
 	// false, so an SDK's own retries (408/409/429/5xx by default) do not
 	// multiply Stubborn's.
@@ -150,6 +153,19 @@ func failureOf(err error) failure {
 		f.status, f.code = http.StatusInternalServerError, "internal_error"
 	}
 	return f
+}
+
+// refuseBodyAs is a door's answer to a body boundBody refuses (over
+// MaxHTTPBodyBytes, too slow, broken), in d's shape: an SDK reads its
+// error as it reads any of the door's.
+func refuseBodyAs(d dialect) func(http.ResponseWriter, *http.Request, int, string) {
+	return func(w http.ResponseWriter, _ *http.Request, status int, msg string) {
+		code := "invalid_body"
+		if status == http.StatusRequestEntityTooLarge {
+			code = "request_too_large"
+		}
+		fail(w, d, failure{status: status, code: code, msg: msg})
+	}
 }
 
 // fail writes f in d's shape.
@@ -452,6 +468,14 @@ func (f *frontDoor) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	req, err := d.parse(body)
 	if err != nil {
 		fail(w, d, badRequest("invalid_json", controls.Cut(err.Error(), 300)))
+		return
+	}
+	// A conversation the run cannot take is said in the door's terms
+	// (messages, not the run's task_messages) before any call.
+	if lim := reg.policy(who).limits; conversationSize(req.messages, req.params) > lim.conversationBytes() {
+		fail(w, d, failure{status: http.StatusBadRequest, code: "conversation_too_large", param: "messages",
+			msg: fmt.Sprintf("messages: the conversation with its parameters is %d bytes, more than the limit of %d (%s)",
+				conversationSize(req.messages, req.params), lim.conversationBytes(), lim.conversationBound())})
 		return
 	}
 	ctx := callContext(r)

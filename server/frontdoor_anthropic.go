@@ -165,8 +165,10 @@ func messagesParams(all map[string]any) (map[string]any, error) {
 func (anthropicDialect) errorBody(f failure) any {
 	kind := "api_error"
 	switch {
-	case f.status == http.StatusBadRequest, f.status == http.StatusConflict:
+	case f.status == http.StatusBadRequest, f.status == http.StatusConflict, f.status == http.StatusRequestTimeout:
 		kind = "invalid_request_error"
+	case f.status == http.StatusRequestEntityTooLarge:
+		kind = "request_too_large" // Anthropic's own type for its 413
 	case f.status == http.StatusUnauthorized:
 		kind = "authentication_error"
 	case f.status == http.StatusForbidden:

@@ -67,7 +67,7 @@ func (openAIDialect) parse(body []byte) (*doorRequest, error) {
 func (openAIDialect) errorBody(f failure) any {
 	kind := "server_error"
 	switch f.status {
-	case http.StatusBadRequest, http.StatusNotFound, http.StatusConflict:
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusConflict, http.StatusRequestTimeout, http.StatusRequestEntityTooLarge:
 		kind = "invalid_request_error"
 	case http.StatusUnauthorized:
 		kind = "authentication_error"
@@ -76,7 +76,11 @@ func (openAIDialect) errorBody(f failure) any {
 	case http.StatusTooManyRequests:
 		kind = "rate_limit_error"
 	}
-	return map[string]any{"error": map[string]any{"message": f.msg, "type": kind, "code": f.code, "param": nil}}
+	var param any
+	if f.param != "" {
+		param = f.param
+	}
+	return map[string]any{"error": map[string]any{"message": f.msg, "type": kind, "code": f.code, "param": param}}
 }
 
 // chatChunk is a chat.completion.chunk of one choice (or, with usage, of

@@ -94,12 +94,12 @@ func (s *Stubborn) HTTPHandler(allowedHosts ...string) (http.Handler, error) {
 		return nil, s.doorErr
 	}
 	mux := http.NewServeMux()
-	api := boundBody(normalContentType(connectByDefault(t)))
+	api := boundBody(normalContentType(connectByDefault(t)), refuseBody)
 	mux.Handle("/"+stubbornv1.ControlService_ServiceDesc.ServiceName+"/", api)
 	mux.Handle("/"+healthpb.Health_ServiceDesc.ServiceName+"/", api)
 	// The model front doors: OpenAI's and Anthropic's (frontdoor.go).
-	mux.Handle("POST /v1/chat/completions", boundBody(http.HandlerFunc(s.door.chatCompletions)))
-	mux.Handle("POST /v1/messages", boundBody(http.HandlerFunc(s.door.messages)))
+	mux.Handle("POST /v1/chat/completions", boundBody(http.HandlerFunc(s.door.chatCompletions), refuseBodyAs(openAIDialect{})))
+	mux.Handle("POST /v1/messages", boundBody(http.HandlerFunc(s.door.messages), refuseBodyAs(anthropicDialect{})))
 	mux.Handle("GET /v1/models", http.HandlerFunc(s.door.models))
 	// Everything else is the web console (index.html at "/", its assets;
 	// 404 for the rest), which calls the API above on the same origin.
@@ -180,11 +180,13 @@ func normalContentType(next http.Handler) http.Handler {
 // whole anyway), within HTTPBodyTimeout: a body that takes longer (short,
 // or dribbled) is answered HTTP 408 and its connection (HTTP/1.1) or
 // stream (HTTP/2) closed. The deadline is lifted once the body is read, so
-// a stream's response is not cut.
-func boundBody(next http.Handler) http.Handler {
+// a stream's response is not cut. refuse writes each refusal (413, 408,
+// 400) in the route's shape: the API's (refuseBody) or a model door's.
+func boundBody(next http.Handler, refuse func(w http.ResponseWriter, r *http.Request, status int, msg string)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > MaxHTTPBodyBytes {
-			tooLarge(w, r)
+			w.Header().Set("Connection", "close") // the rest of the body is not read
+			refuse(w, r, http.StatusRequestEntityTooLarge, bodyTooLarge)
 			return
 		}
 		if r.Body != nil && r.Body != http.NoBody {
@@ -196,17 +198,18 @@ func boundBody(next http.Handler) http.Handler {
 			if err != nil {
 				if errors.Is(err, os.ErrDeadlineExceeded) {
 					w.Header().Set("Connection", "close")
-					http.Error(w, fmt.Sprintf("reading the request body: not done in %v", HTTPBodyTimeout), http.StatusRequestTimeout)
+					refuse(w, r, http.StatusRequestTimeout, fmt.Sprintf("reading the request body: not done in %v", HTTPBodyTimeout))
 					return
 				}
 				// The client went away or broke the stream: nobody to
 				// answer, but say so.
-				http.Error(w, "reading the request body: "+err.Error(), http.StatusBadRequest)
+				refuse(w, r, http.StatusBadRequest, "reading the request body: "+err.Error())
 				return
 			}
 			_ = rc.SetReadDeadline(time.Time{})
 			if len(b) > MaxHTTPBodyBytes {
-				tooLarge(w, r)
+				w.Header().Set("Connection", "close")
+				refuse(w, r, http.StatusRequestEntityTooLarge, bodyTooLarge)
 				return
 			}
 			r.Body = io.NopCloser(bytes.NewReader(b))
@@ -216,14 +219,27 @@ func boundBody(next http.Handler) http.Handler {
 	})
 }
 
-// tooLarge answers a request over MaxHTTPBodyBytes with INVALID_ARGUMENT in
+// bodyTooLarge is what a request over MaxHTTPBodyBytes is told.
+var bodyTooLarge = fmt.Sprintf("request body over %d bytes (8 MiB): not retryable, send a smaller request", MaxHTTPBodyBytes)
+
+// refuseBody is the API's answer to a body boundBody refuses: over
+// MaxHTTPBodyBytes, apiTooLarge; else the status, in plain text.
+func refuseBody(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	if status == http.StatusRequestEntityTooLarge {
+		apiTooLarge(w, r)
+		return
+	}
+	http.Error(w, msg, status)
+}
+
+// apiTooLarge answers a request over MaxHTTPBodyBytes with INVALID_ARGUMENT in
 // its protocol: gRPC and gRPC-Web as a trailers-only response (HTTP 200,
 // grpc-status 3), a Connect stream as an end-of-stream message (HTTP 200),
 // and a Connect unary call, or anything else, as HTTP 413 with a Connect
 // error (connect clients read the code from the body). The connection is
 // closed after: the rest of the body is not read.
-func tooLarge(w http.ResponseWriter, r *http.Request) {
-	msg := fmt.Sprintf("request body over %d bytes (8 MiB): not retryable, send a smaller request", MaxHTTPBodyBytes)
+func apiTooLarge(w http.ResponseWriter, r *http.Request) {
+	msg := bodyTooLarge
 	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	h := w.Header()
 	h.Set("Connection", "close")
