@@ -165,7 +165,7 @@ func messagesParams(all map[string]any) (map[string]any, error) {
 func (anthropicDialect) errorBody(f failure) any {
 	kind := "api_error"
 	switch {
-	case f.status == http.StatusBadRequest, f.status == http.StatusConflict:
+	case f.status == http.StatusBadRequest, f.status == http.StatusConflict, f.status == http.StatusUnprocessableEntity:
 		kind = "invalid_request_error"
 	case f.status == http.StatusUnauthorized:
 		kind = "authentication_error"
