@@ -609,9 +609,9 @@ func (a *answering) afterCut(stream grpc.ServerStreamingClient[stubbornv1.RunRes
 	defer wait.Stop()
 	goesOn := func() *interrupted {
 		if a.lastStarted > cut.attempt {
-			return cut.then(fmt.Sprintf("the run goes on: attempt %d is answering (stubborn watch %s)", a.lastStarted, a.runID))
+			return cut.then(fmt.Sprintf("run %s goes on: attempt %d is answering (stubborn watch %s)", a.runID, a.lastStarted, a.runID))
 		}
-		return cut.then(fmt.Sprintf("the run goes on: attempt %d follows (stubborn watch %s)", a.lastStarted+1, a.runID))
+		return cut.then(fmt.Sprintf("run %s goes on: attempt %d follows (stubborn watch %s)", a.runID, a.lastStarted+1, a.runID))
 	}
 	for {
 		select {
@@ -625,17 +625,17 @@ func (a *answering) afterCut(stream grpc.ServerStreamingClient[stubbornv1.RunRes
 			case *stubbornv1.RunEvent_AttemptStarted:
 				a.lastStarted = max(a.lastStarted, k.AttemptStarted.GetAttempt().GetNumber())
 			case *stubbornv1.RunEvent_DecisionRequested:
-				return cut.then("the run waits for a decision: stubborn watch " + a.runID)
+				return cut.then("run " + a.runID + " waits for a decision: stubborn watch " + a.runID)
 			case *stubbornv1.RunEvent_RunFinished:
 				st := k.RunFinished.GetState()
 				if st.GetStatus() != stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED {
-					return cut.then("the run " + ending(st))
+					return cut.then("run " + a.runID + " " + ending(st))
 				}
 				get := "stubborn get " + a.runID + " has it"
 				if a.key != "" {
 					get = "the same request with its Idempotency-Key gets it"
 				}
-				return cut.then(fmt.Sprintf("the run succeeded with delegate %q's answer, which this stream cannot carry after another attempt's: %s", st.GetWinner(), get))
+				return cut.then(fmt.Sprintf("run %s succeeded with delegate %q's answer, which this stream cannot carry after another attempt's: %s", a.runID, st.GetWinner(), get))
 			}
 		}
 	}

@@ -209,7 +209,8 @@ func TestAnInterruptedStreamSaysWhatTheRunDid(t *testing.T) {
 	errs := streamErrors(chunks)
 	require.Len(t, errs, 1)
 	assert.Equal(t, "stream_interrupted", errs[0]["code"])
-	assert.Contains(t, errs[0]["message"], `the run succeeded with delegate "model-b"'s answer`)
+	assert.Contains(t, errs[0]["message"], `succeeded with delegate "model-b"'s answer`)
+	assert.Contains(t, errs[0]["message"], resp.Header.Get("Stubborn-Run-Id"), "the error names the run")
 
 	resp = postChat(t, base, "", `{"model": "dead-end", "stream": true, "messages": [{"role": "user", "content": "tell me"}]}`)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
@@ -219,9 +220,10 @@ func TestAnInterruptedStreamSaysWhatTheRunDid(t *testing.T) {
 	require.Len(t, errs, 1)
 	assert.Equal(t, "stream_interrupted", errs[0]["code"])
 	msg, _ := errs[0]["message"].(string)
-	assert.Contains(t, msg, "the run ended EXHAUSTED")
+	assert.Contains(t, msg, "ended EXHAUSTED")
 	assert.Contains(t, msg, "overloaded", "the last attempt's error")
 	assert.NotContains(t, msg, "goes on")
+	assert.Contains(t, msg, resp.Header.Get("Stubborn-Run-Id"), "the error names the run")
 
 	// The Messages door says it the same way.
 	resp = postMessages(t, base, "", `{"model": "dead-end", "stream": true, "max_tokens": 10, "messages": [{"role": "user", "content": "tell me"}]}`)
@@ -230,7 +232,7 @@ func TestAnInterruptedStreamSaysWhatTheRunDid(t *testing.T) {
 	require.NotEmpty(t, evs)
 	last := evs[len(evs)-1]
 	require.Equal(t, "error", last.name)
-	assert.Contains(t, last.data["error"].(map[string]any)["message"], "the run ended EXHAUSTED")
+	assert.Contains(t, last.data["error"].(map[string]any)["message"], "ended EXHAUSTED")
 }
 
 // TestAResendGetsTheRunsAnswer: a request resent with its Idempotency-Key
@@ -317,7 +319,7 @@ func TestAResendWhileTheRunGoesOnStreamsItsLiveAttempt(t *testing.T) {
 	chunks, _ := sseData(t, first)
 	errs := streamErrors(chunks)
 	require.Len(t, errs, 1, "the first stream was interrupted")
-	assert.Contains(t, errs[0]["message"], "the run goes on: attempt 2 is answering")
+	assert.Contains(t, errs[0]["message"], "goes on: attempt 2 is answering")
 	id := first.Header.Get("Stubborn-Run-Id")
 	// Attempt 2 is answering, held at its gate.
 	require.Eventually(t, func() bool {
