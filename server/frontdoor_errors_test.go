@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
@@ -61,13 +63,15 @@ func decodeOpenAIError(t *testing.T, resp *http.Response) openAIError {
 	return e
 }
 
-// postChatKeyed posts a Chat Completions request with an Idempotency-Key.
+// postChatKeyed posts a Chat Completions request with an Idempotency-Key,
+// as failoverEnv's tenant when base is its.
 func postChatKeyed(t *testing.T, base, key, body string) *http.Response {
 	t.Helper()
 	req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Authorization", "Bearer "+failoverToken)
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = resp.Body.Close() })
@@ -85,12 +89,17 @@ func streamErrors(chunks []map[string]any) []map[string]any {
 	return out
 }
 
+// asTenant is a context for a gRPC call as failoverEnv's tenant.
+func asTenant(t *testing.T) context.Context {
+	return metadata.AppendToOutgoingContext(testCtx(t), "authorization", "Bearer "+failoverToken)
+}
+
 // waitEnded waits for run id to end and returns its state.
 func waitEnded(t *testing.T, e *env, id string) *stubbornv1.ControlState {
 	t.Helper()
 	var st *stubbornv1.ControlState
 	require.Eventually(t, func() bool {
-		resp, err := e.client.GetRun(testCtx(t), &stubbornv1.GetRunRequest{RunId: id})
+		resp, err := e.client.GetRun(asTenant(t), &stubbornv1.GetRunRequest{RunId: id})
 		require.NoError(t, err)
 		st = resp.GetState()
 		return st.GetEndTime() != nil
@@ -169,6 +178,10 @@ func TestAModelsOwnErrorReachesTheApp(t *testing.T) {
 	}
 }
 
+// failoverToken is failoverEnv's tenant's token: a replay's look-up of
+// its run is the tenant's too.
+const failoverToken = "acme-token"
+
 // failoverEnv is the door over issue 33's mid-answer failover: model-a
 // streams three words and stalls (a transient failure after its answer
 // began), model-b answers through a gate (gatedSSE, when release is set)
@@ -182,6 +195,7 @@ func failoverEnv(t *testing.T, release <-chan struct{}) (*env, string) {
 		second = gatedSSE(t, 4, release).URL
 	}
 	return frontDoorEnv(t, setup{
+		tenants: []delegates.Tenant{{Name: "acme", TokenSHA256: []string{delegates.HashToken(failoverToken)}}},
 		extra:   map[string]stubbornv1.DelegateServiceServer{"model-a": stalls},
 		entries: []delegates.Delegate{openAIEntry("model-b", second)},
 		presets: []delegates.Preset{chain("failover", "model-a", "model-b"), chain("dead-end", "model-a", "busy")},
@@ -201,7 +215,7 @@ func failoverEnv(t *testing.T, release <-chan struct{}) (*env, string) {
 func TestAnInterruptedStreamSaysWhatTheRunDid(t *testing.T) {
 	_, base := failoverEnv(t, nil)
 
-	resp := postChat(t, base, "", `{"model": "failover", "stream": true, "messages": [{"role": "user", "content": "tell me"}]}`)
+	resp := postChat(t, base, failoverToken, `{"model": "failover", "stream": true, "messages": [{"role": "user", "content": "tell me"}]}`)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	chunks, done := sseData(t, resp)
 	assert.False(t, done)
@@ -212,7 +226,7 @@ func TestAnInterruptedStreamSaysWhatTheRunDid(t *testing.T) {
 	assert.Contains(t, errs[0]["message"], `succeeded with delegate "model-b"'s answer`)
 	assert.Contains(t, errs[0]["message"], resp.Header.Get("Stubborn-Run-Id"), "the error names the run")
 
-	resp = postChat(t, base, "", `{"model": "dead-end", "stream": true, "messages": [{"role": "user", "content": "tell me"}]}`)
+	resp = postChat(t, base, failoverToken, `{"model": "dead-end", "stream": true, "messages": [{"role": "user", "content": "tell me"}]}`)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	chunks, _ = sseData(t, resp)
 	assert.Equal(t, "Once upon a ", contentOf(chunks))
@@ -226,7 +240,7 @@ func TestAnInterruptedStreamSaysWhatTheRunDid(t *testing.T) {
 	assert.Contains(t, msg, resp.Header.Get("Stubborn-Run-Id"), "the error names the run")
 
 	// The Messages door says it the same way.
-	resp = postMessages(t, base, "", `{"model": "dead-end", "stream": true, "max_tokens": 10, "messages": [{"role": "user", "content": "tell me"}]}`)
+	resp = postMessages(t, base, failoverToken, `{"model": "dead-end", "stream": true, "max_tokens": 10, "messages": [{"role": "user", "content": "tell me"}]}`)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	evs := namedEvents(t, resp)
 	require.NotEmpty(t, evs)
@@ -288,8 +302,9 @@ func TestAResendOfAFailedRunGetsItsError(t *testing.T) {
 	}
 
 	// A model's 400: the same 400 again.
-	_, base = frontDoorEnv(t, setup{entries: []delegates.Delegate{openAIEntry("strict", failingModel(t, http.StatusBadRequest,
-		`{"error":{"message":"`+temperatureError+`","type":"invalid_request_error","param":"temperature","code":"decimal_above_max_value"}}`))}})
+	_, base = frontDoorEnv(t, setup{tenants: []delegates.Tenant{{Name: "acme", TokenSHA256: []string{delegates.HashToken(failoverToken)}}},
+		entries: []delegates.Delegate{openAIEntry("strict", failingModel(t, http.StatusBadRequest,
+			`{"error":{"message":"`+temperatureError+`","type":"invalid_request_error","param":"temperature","code":"decimal_above_max_value"}}`))}})
 	const bad = `{"model": "strict", "temperature": 5, "messages": [{"role": "user", "content": "x"}]}`
 	firstBad := postChatKeyed(t, base, "resend-3", bad)
 	require.Equal(t, http.StatusBadRequest, firstBad.StatusCode)
@@ -323,7 +338,7 @@ func TestAResendWhileTheRunGoesOnStreamsItsLiveAttempt(t *testing.T) {
 	id := first.Header.Get("Stubborn-Run-Id")
 	// Attempt 2 is answering, held at its gate.
 	require.Eventually(t, func() bool {
-		resp, err := e.client.GetRun(testCtx(t), &stubbornv1.GetRunRequest{RunId: id})
+		resp, err := e.client.GetRun(asTenant(t), &stubbornv1.GetRunRequest{RunId: id})
 		require.NoError(t, err)
 		return len(resp.GetState().GetAttemptLog()) == 2
 	}, 10*time.Second, 10*time.Millisecond)
