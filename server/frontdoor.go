@@ -491,7 +491,7 @@ func (f *frontDoor) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 		fail(w, d, failureOf(err))
 		return
 	}
-	a := &answering{f: f, d: d, w: w, req: req, race: run.GetRace() != nil, held: map[int32]*strings.Builder{}}
+	a := &answering{f: f, d: d, w: w, req: req, race: run.GetRace() != nil, key: run.GetOptions().GetIdempotencyKey(), held: map[int32]*strings.Builder{}}
 	end, err := a.follow(stream)
 	if err != nil && a.runID == "" {
 		fail(w, d, failureOf(err))
@@ -499,7 +499,7 @@ func (f *frontDoor) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	}
 	if ie, ok := errors.AsType[*interrupted](err); ok {
 		// The answer the client has began with a failed attempt: its
-		// stream ends with an error naming the run, which goes on.
+		// stream ends with an error naming the run and what it did next.
 		d.streamError(a, ie.Error())
 		return
 	}
@@ -530,9 +530,17 @@ func (f *frontDoor) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 
 // interrupted is why a stream whose answer began ends early: its attempt
 // failed.
-type interrupted struct{ msg string }
+type interrupted struct {
+	attempt int32
+	msg     string
+}
 
 func (e *interrupted) Error() string { return e.msg }
+
+// then is e completed with what the run did next.
+func (e *interrupted) then(next string) *interrupted {
+	return &interrupted{e.attempt, e.msg + "; " + next}
+}
 
 // answering is one door request's answer as its run goes: what reached
 // the client, and what is held.
@@ -542,18 +550,23 @@ type answering struct {
 	w     http.ResponseWriter
 	req   *doorRequest
 	race  bool
+	key   string // the request's Idempotency-Key, "" none
 	runID string
 
 	started bool  // the response's head is out
 	sentBy  int32 // the attempt whose text the client has, 0 none
 	sent    strings.Builder
 	held    map[int32]*strings.Builder // held output of attempts, by number
+
+	lastStarted int32          // the highest attempt number started
+	past        map[int32]bool // on a replay, the attempts that had ended before it
+	pastAll     bool           // on a replay whose past is unknown: every attempt's
 }
 
 // follow reads the run's events to its end, streaming output as it may.
 // It returns the final state, or nil and why the stream ended before.
 func (a *answering) follow(stream grpc.ServerStreamingClient[stubbornv1.RunResponse]) (*stubbornv1.ControlState, error) {
-	for {
+	for first := true; ; first = false {
 		resp, err := stream.Recv()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
@@ -565,12 +578,17 @@ func (a *answering) follow(stream grpc.ServerStreamingClient[stubbornv1.RunRespo
 		if a.runID == "" {
 			a.runID = ev.GetRunId()
 		}
+		if first {
+			a.replay(stream)
+		}
 		switch k := ev.GetKind().(type) {
+		case *stubbornv1.RunEvent_AttemptStarted:
+			a.lastStarted = max(a.lastStarted, k.AttemptStarted.GetAttempt().GetNumber())
 		case *stubbornv1.RunEvent_AttemptOutput:
 			a.output(k.AttemptOutput)
 		case *stubbornv1.RunEvent_AttemptFinished:
-			if err := a.finished(k.AttemptFinished); err != nil {
-				return nil, err
+			if cut := a.finished(k.AttemptFinished); cut != nil {
+				return nil, a.afterCut(stream, cut)
 			}
 		case *stubbornv1.RunEvent_RunFinished:
 			return k.RunFinished.GetState(), nil
@@ -578,12 +596,105 @@ func (a *answering) follow(stream grpc.ServerStreamingClient[stubbornv1.RunRespo
 	}
 }
 
+// cutWait is how long a stream whose attempt failed after its answer began
+// waits for its run to end, so that its error can say how it ended.
+const cutWait = 2 * time.Second
+
+// afterCut completes cut, the error of a stream whose attempt failed after
+// its answer began, with what the run does next: how it ended, if it ends
+// within cutWait (a chain's last delegate failing at once, say), else that
+// it goes on and with which attempt. The client cannot take another
+// attempt's answer after part of this one's; a resend with the same
+// Idempotency-Key gets the run's answer.
+func (a *answering) afterCut(stream grpc.ServerStreamingClient[stubbornv1.RunResponse], cut *interrupted) *interrupted {
+	type next struct {
+		ev  *stubbornv1.RunEvent
+		err error
+	}
+	evs := make(chan next)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		// Recv has no deadline of its own: the request's end (the door
+		// answers) cancels the stream, and this reader with it.
+		for {
+			resp, err := stream.Recv()
+			select {
+			case evs <- next{resp.GetEvent(), err}:
+			case <-stop:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	wait := time.NewTimer(cutWait)
+	defer wait.Stop()
+	goesOn := func() *interrupted {
+		if a.lastStarted > cut.attempt {
+			return cut.then(fmt.Sprintf("run %s goes on: attempt %d is answering (stubborn watch %s)", a.runID, a.lastStarted, a.runID))
+		}
+		return cut.then(fmt.Sprintf("run %s goes on: attempt %d follows (stubborn watch %s)", a.runID, a.lastStarted+1, a.runID))
+	}
+	for {
+		select {
+		case <-wait.C:
+			return goesOn()
+		case n := <-evs:
+			if n.err != nil {
+				return goesOn()
+			}
+			switch k := n.ev.GetKind().(type) {
+			case *stubbornv1.RunEvent_AttemptStarted:
+				a.lastStarted = max(a.lastStarted, k.AttemptStarted.GetAttempt().GetNumber())
+			case *stubbornv1.RunEvent_DecisionRequested:
+				return cut.then("run " + a.runID + " waits for a decision: stubborn watch " + a.runID)
+			case *stubbornv1.RunEvent_RunFinished:
+				st := k.RunFinished.GetState()
+				if st.GetStatus() != stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED {
+					return cut.then("run " + a.runID + " " + ending(st))
+				}
+				get := "stubborn get " + a.runID + " has it"
+				if a.key != "" {
+					get = "the same request with its Idempotency-Key gets it"
+				}
+				return cut.then(fmt.Sprintf("run %s succeeded with delegate %q's answer, which this stream cannot carry after another attempt's: %s", a.runID, st.GetWinner(), get))
+			}
+		}
+	}
+}
+
+// replay sees whether the run is one that an Idempotency-Key named again
+// (the server's replay header): its stream then begins with the run's
+// history, replayed from its first event. The attempts that had ended by
+// now are that history: their output is held like any output that may not
+// be the answer, and the accepted one's goes out when its end is replayed.
+// Attempts still in flight stream from their start, as on the first call.
+func (a *answering) replay(stream grpc.ServerStreamingClient[stubbornv1.RunResponse]) {
+	md, err := stream.Header()
+	if err != nil || len(md.Get(ReplayHeader)) == 0 {
+		return
+	}
+	a.past = map[int32]bool{}
+	got, err := a.f.client.GetRun(stream.Context(), &stubbornv1.GetRunRequest{RunId: a.runID})
+	if err != nil {
+		a.pastAll = true // no state to tell live from past: hold every attempt's output
+		return
+	}
+	for _, at := range got.GetState().GetAttemptLog() {
+		if at.GetOutcome() != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_UNSPECIFIED {
+			a.past[at.GetNumber()] = true
+		}
+	}
+}
+
 // output takes a piece of an attempt's text: to the client at once when it
 // may be the answer (the first attempt to stream, not provisional, not a
-// race's), else held until the attempt is accepted.
+// race's, not replayed history), else held until the attempt is accepted.
 func (a *answering) output(o *stubbornv1.AttemptOutput) {
 	n := o.GetAttempt()
-	if !a.req.Stream || o.GetProvisional() || a.race || (a.sentBy != 0 && a.sentBy != n) {
+	if !a.req.Stream || o.GetProvisional() || a.race || a.pastAll || a.past[n] || (a.sentBy != 0 && a.sentBy != n) {
 		h := a.held[n]
 		if h == nil {
 			h = &strings.Builder{}
@@ -598,16 +709,19 @@ func (a *answering) output(o *stubbornv1.AttemptOutput) {
 
 // finished sees an attempt's end: an accepted one's held text goes out; a
 // failed one's is dropped — unless the client has part of it, which ends
-// the answer with an error naming the run.
-func (a *answering) finished(f *stubbornv1.AttemptFinished) error {
+// the answer with an error naming the run (returned).
+func (a *answering) finished(f *stubbornv1.AttemptFinished) *interrupted {
 	n := f.GetAttempt().GetNumber()
 	held := a.held[n]
 	delete(a.held, n)
 	ok := f.GetAttempt().GetOutcome() == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED
 	switch {
 	case !ok && a.sentBy == n:
-		return &interrupted{fmt.Sprintf("attempt %d failed after its answer began (%s); the run goes on without this stream: stubborn watch %s",
-			n, controls.Cut(f.GetAttempt().GetError().GetMessage(), 300), a.runID)}
+		why := f.GetAttempt().GetError().GetMessage()
+		if why == "" {
+			why = strings.ToLower(strings.TrimPrefix(f.GetAttempt().GetOutcome().String(), "ATTEMPT_OUTCOME_"))
+		}
+		return &interrupted{n, fmt.Sprintf("attempt %d failed after its answer began (%s)", n, controls.Cut(why, 300))}
 	case ok && held != nil && a.req.Stream && a.sentBy == 0 && f.GetAttempt().GetPath() == "":
 		a.sentBy = n
 		a.chunk(held.String())
@@ -662,13 +776,13 @@ func (a *answering) chunk(text string) {
 // events), or the error of a run that did not succeed.
 func (a *answering) finish(st *stubbornv1.ControlState) {
 	if st.GetStatus() != stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED {
-		msg := fmt.Sprintf("run %s ended %s: %s", a.runID, strings.TrimPrefix(st.GetStatus().String(), "RUN_STATUS_"), st.GetStatusReason())
+		fl := runFailure(a.runID, st)
 		if a.started {
-			a.d.streamError(a, msg)
+			a.d.streamError(a, fl.msg)
 			return
 		}
 		a.w.Header().Set("Stubborn-Run-Id", a.runID)
-		fail(a.w, a.d, failure{status: http.StatusServiceUnavailable, code: "run_failed", msg: msg, retried: true})
+		fail(a.w, a.d, fl)
 		return
 	}
 	if !a.req.Stream {
@@ -680,6 +794,87 @@ func (a *answering) finish(st *stubbornv1.ControlState) {
 	// of what the answering attempt streamed.
 	a.chunk(strings.TrimPrefix(st.GetResult().GetText(), a.sent.String()))
 	a.d.end(a, st)
+}
+
+// runFailure is the door's answer to a run that ended without an answer
+// (st), by what ended it. The last failed attempt's upstream HTTP status
+// decides: a model's 400 or 422 is about the request, so the app gets that
+// status and the model's message (its SDK raises its own BadRequestError);
+// a delegate's 401, 403 or 404 is the operator's (a key, a configured
+// model), a 502 naming the delegate, which no retry fixes and which must
+// not look like the door's own 404 (an unknown model). Anything else is a
+// 503 that says why the run ended; Stubborn retried already.
+func runFailure(runID string, st *stubbornv1.ControlState) failure {
+	at := lastFailed(st)
+	e := at.GetError()
+	ended := st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED || st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_FAILED
+	if ended && e != nil && !e.GetRefused() {
+		switch hs := int(e.GetHttpStatus()); hs {
+		case http.StatusBadRequest, http.StatusUnprocessableEntity:
+			return failure{status: hs, code: "invalid_request",
+				msg: fmt.Sprintf("%s (delegate %q; run %s ended %s)", upstreamMessage(e.GetMessage()), at.GetDelegate(), runID, statusWord(st))}
+		case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
+			return failure{status: http.StatusBadGateway, code: "delegate_misconfigured", retried: true,
+				msg: fmt.Sprintf("delegate %q answered %d (%s): check its key and its configured model; run %s ended %s",
+					at.GetDelegate(), hs, controls.Cut(upstreamMessage(e.GetMessage()), 300), runID, statusWord(st))}
+		}
+	}
+	return failure{status: http.StatusServiceUnavailable, code: "run_failed", msg: "run " + runID + " " + ending(st), retried: true}
+}
+
+// ending says how a run ended and why, in words: its status, its reason,
+// and the last failure (what an attempt's error or a criterion said), so
+// that "all N delegates failed" is never all an app learns.
+func ending(st *stubbornv1.ControlState) string {
+	msg := "ended " + statusWord(st)
+	if r := st.GetStatusReason(); r != "" {
+		msg += ": " + r
+	}
+	if h := st.GetFailureHistory(); len(h) > 0 {
+		f := h[len(h)-1]
+		why := f.GetReason()
+		if why == "" {
+			why = f.GetSummary()
+		}
+		msg += fmt.Sprintf("; the last failure: attempt %d (delegate %q): %s", f.GetAttempt(), f.GetDelegate(), controls.Cut(why, 300))
+		if nr := f.GetNotRetriedReason(); nr != "" && !strings.Contains(msg, nr) {
+			msg += "; not retried: " + nr
+		}
+	}
+	return msg
+}
+
+// statusWord is st's status without its enum's prefix (EXHAUSTED, …).
+func statusWord(st *stubbornv1.ControlState) string {
+	return strings.TrimPrefix(st.GetStatus().String(), "RUN_STATUS_")
+}
+
+// lastFailed is st's last attempt (by number) that ended without success,
+// nil when none did.
+func lastFailed(st *stubbornv1.ControlState) *stubbornv1.Attempt {
+	var last *stubbornv1.Attempt
+	for _, at := range st.GetAttemptLog() {
+		switch at.GetOutcome() {
+		case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_UNSPECIFIED, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED:
+			continue
+		}
+		if last == nil || at.GetNumber() > last.GetNumber() {
+			last = at
+		}
+	}
+	return last
+}
+
+// upstreamMessage is an HTTP delegate's error message without the status
+// line that the delegate put before the model's own words ("HTTP 400 Bad
+// Request: …", delegates/http.go).
+func upstreamMessage(msg string) string {
+	if rest, ok := strings.CutPrefix(msg, "HTTP "); ok {
+		if _, m, ok := strings.Cut(rest, ": "); ok {
+			return m
+		}
+	}
+	return msg
 }
 
 // usage sums what every attempt of st reported using (either API's

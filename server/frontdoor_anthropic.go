@@ -165,7 +165,7 @@ func messagesParams(all map[string]any) (map[string]any, error) {
 func (anthropicDialect) errorBody(f failure) any {
 	kind := "api_error"
 	switch {
-	case f.status == http.StatusBadRequest, f.status == http.StatusConflict, f.status == http.StatusRequestTimeout:
+	case f.status == http.StatusBadRequest, f.status == http.StatusConflict, f.status == http.StatusRequestTimeout, f.status == http.StatusUnprocessableEntity:
 		kind = "invalid_request_error"
 	case f.status == http.StatusRequestEntityTooLarge:
 		kind = "request_too_large" // Anthropic's own type for its 413

@@ -67,7 +67,7 @@ func (openAIDialect) parse(body []byte) (*doorRequest, error) {
 func (openAIDialect) errorBody(f failure) any {
 	kind := "server_error"
 	switch f.status {
-	case http.StatusBadRequest, http.StatusNotFound, http.StatusConflict, http.StatusRequestTimeout, http.StatusRequestEntityTooLarge:
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusConflict, http.StatusRequestTimeout, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
 		kind = "invalid_request_error"
 	case http.StatusUnauthorized:
 		kind = "authentication_error"
