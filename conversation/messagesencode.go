@@ -55,7 +55,7 @@ func (Messages) EncodeRequest(c *stubbornv1.Conversation, e Entry, stream bool) 
 				block["is_error"] = true
 			}
 			if len(m.GetContent()) > 0 {
-				block["content"] = anthropicContent(m, own, true)
+				block["content"] = anthropicContent(m, own, false)
 			}
 			if turn == nil {
 				turn = map[string]any{"role": "user", "content": []any{}}
