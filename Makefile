@@ -72,6 +72,8 @@ FUZZ_TARGETS := \
 	./server:FuzzValidateRunRequest \
 	./server:FuzzAPI:3000x \
 	./server:FuzzDoorParse \
+	./conversation:FuzzChatRequest \
+	./conversation:FuzzMessagesRequest \
 	./delegates:FuzzParse \
 	./controls:FuzzCompileExpr \
 	./controls:FuzzJudgeAnswer \

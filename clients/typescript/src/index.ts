@@ -13,6 +13,7 @@ import { ControlService } from "./gen/stubborn/v1/control_pb.js";
 
 export * from "./gen/stubborn/v1/control_pb.js";
 export * from "./gen/stubborn/v1/delegate_pb.js";
+export * from "./gen/stubborn/v1/conversation_pb.js";
 
 /** A typed client of Stubborn's ControlService. */
 export type ControlClient = Client<typeof ControlService>;

@@ -1576,7 +1576,19 @@ type RunRequest struct {
 	// Parameters for model delegates, sent as they are beside the messages:
 	// Chat Completions fields such as tools, tool_choice, response_format,
 	// temperature, max_tokens, stop, seed, user. Unset means none.
-	ModelParams   *structpb.Struct `protobuf:"bytes,8,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
+	ModelParams *structpb.Struct `protobuf:"bytes,8,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
+	// The task as a typed conversation: messages with content parts, tool
+	// calls and tool results, and the model options (tools, tool_choice,
+	// response_format, sampling). Model delegates get it in their own API,
+	// translated (conversation.proto); a field a reachable delegate's API
+	// cannot carry is INVALID_ARGUMENT naming it and the delegate, unless
+	// conversation.drop_params allows leaving it out. gRPC delegates get it
+	// as ExecuteRequest.conversation. With it, task_brief may be empty, as
+	// with task_messages. Setting it and task_messages or model_params is
+	// INVALID_ARGUMENT naming both. Unset means the task is task_messages,
+	// else task_brief. At most 4 times the server's brief limit in bytes
+	// (encoded), 1000 messages and 128 tools.
+	Conversation  *Conversation `protobuf:"bytes,9,opt,name=conversation,proto3" json:"conversation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1667,6 +1679,13 @@ func (x *RunRequest) GetModelParams() *structpb.Struct {
 	return nil
 }
 
+func (x *RunRequest) GetConversation() *Conversation {
+	if x != nil {
+		return x.Conversation
+	}
+	return nil
+}
+
 // RunResponse is one event of the run started by Run.
 type RunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1744,7 +1763,9 @@ type StartRunRequest struct {
 	// Parameters for model delegates, sent as they are beside the messages:
 	// Chat Completions fields such as tools, tool_choice, response_format,
 	// temperature, max_tokens, stop, seed, user. Unset means none.
-	ModelParams   *structpb.Struct `protobuf:"bytes,8,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
+	ModelParams *structpb.Struct `protobuf:"bytes,8,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
+	// As RunRequest.conversation.
+	Conversation  *Conversation `protobuf:"bytes,9,opt,name=conversation,proto3" json:"conversation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1831,6 +1852,13 @@ func (x *StartRunRequest) GetTaskMessages() []*structpb.Struct {
 func (x *StartRunRequest) GetModelParams() *structpb.Struct {
 	if x != nil {
 		return x.ModelParams
+	}
+	return nil
+}
+
+func (x *StartRunRequest) GetConversation() *Conversation {
+	if x != nil {
+		return x.Conversation
 	}
 	return nil
 }
@@ -3481,7 +3509,11 @@ type ControlState struct {
 	// a run of a brief alone.
 	TaskMessages []*structpb.Struct `protobuf:"bytes,19,rep,name=task_messages,json=taskMessages,proto3" json:"task_messages,omitempty"`
 	// The run's model parameters (RunRequest.model_params). Unset means none.
-	ModelParams   *structpb.Struct `protobuf:"bytes,20,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
+	ModelParams *structpb.Struct `protobuf:"bytes,20,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
+	// The run's task as a typed conversation (RunRequest.conversation).
+	// Unset for a run of task_messages or a brief alone, and for runs
+	// accepted by a release before this field.
+	Conversation  *Conversation `protobuf:"bytes,21,opt,name=conversation,proto3" json:"conversation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3652,6 +3684,13 @@ func (x *ControlState) GetTaskMessages() []*structpb.Struct {
 func (x *ControlState) GetModelParams() *structpb.Struct {
 	if x != nil {
 		return x.ModelParams
+	}
+	return nil
+}
+
+func (x *ControlState) GetConversation() *Conversation {
+	if x != nil {
+		return x.Conversation
 	}
 	return nil
 }
@@ -4517,7 +4556,16 @@ type AttemptOutput struct {
 	// Failure criteria (a judge, a CEL rule) have yet to rule on the answer
 	// this text belongs to: show it as provisional until attempt_finished
 	// accepts it. false when the run has no failure criteria.
-	Provisional   bool `protobuf:"varint,4,opt,name=provisional,proto3" json:"provisional,omitempty"`
+	Provisional bool `protobuf:"varint,4,opt,name=provisional,proto3" json:"provisional,omitempty"`
+	// The pieces of the answer that are not choice 0's text: the text of
+	// the other choices (a request with n > 1) and every tool call's id,
+	// name and argument fragments, in the order the delegate streamed them
+	// (several fragments of one call coalesced into one). Each has its own
+	// offset (bytes of that choice's text, or of that call's arguments,
+	// before it), so a reader that resumes can tell what it has. text and
+	// offset above stay choice 0's text alone, whose pieces joined are the
+	// result's text. Empty when the piece is choice 0's text only.
+	Deltas        []*OutputDelta `protobuf:"bytes,5,rep,name=deltas,proto3" json:"deltas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4578,6 +4626,13 @@ func (x *AttemptOutput) GetProvisional() bool {
 		return x.Provisional
 	}
 	return false
+}
+
+func (x *AttemptOutput) GetDeltas() []*OutputDelta {
+	if x != nil {
+		return x.Deltas
+	}
+	return nil
 }
 
 // FailureAnalyzed records a failed attempt and what happens next.
@@ -4956,7 +5011,7 @@ var File_stubborn_v1_control_proto protoreflect.FileDescriptor
 
 const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"\x19stubborn/v1/control.proto\x12\vstubborn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1astubborn/v1/delegate.proto\"\xf3\x02\n" +
+	"\x19stubborn/v1/control.proto\x12\vstubborn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1estubborn/v1/conversation.proto\x1a\x1astubborn/v1/delegate.proto\"\xf3\x02\n" +
 	"\tRetrySpec\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\tR\x06target\x12\x1f\n" +
 	"\battempts\x18\x02 \x01(\x05H\x00R\battempts\x88\x01\x01\x124\n" +
@@ -5004,7 +5059,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\tnever_ask\x18\b \x01(\bR\bneverAsk\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcc\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x04\n" +
 	"\n" +
 	"RunRequest\x12\x1d\n" +
 	"\n" +
@@ -5015,9 +5070,10 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x04race\x18\x05 \x01(\v2\x15.stubborn.v1.RaceSpecR\x04race\x121\n" +
 	"\aoptions\x18\x06 \x01(\v2\x17.stubborn.v1.RunOptionsR\aoptions\x12<\n" +
 	"\rtask_messages\x18\a \x03(\v2\x17.google.protobuf.StructR\ftaskMessages\x12:\n" +
-	"\fmodel_params\x18\b \x01(\v2\x17.google.protobuf.StructR\vmodelParams\":\n" +
+	"\fmodel_params\x18\b \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x12=\n" +
+	"\fconversation\x18\t \x01(\v2\x19.stubborn.v1.ConversationR\fconversation\":\n" +
 	"\vRunResponse\x12+\n" +
-	"\x05event\x18\x01 \x01(\v2\x15.stubborn.v1.RunEventR\x05event\"\xd1\x03\n" +
+	"\x05event\x18\x01 \x01(\v2\x15.stubborn.v1.RunEventR\x05event\"\x90\x04\n" +
 	"\x0fStartRunRequest\x12\x1d\n" +
 	"\n" +
 	"task_brief\x18\x01 \x01(\tR\ttaskBrief\x12,\n" +
@@ -5027,7 +5083,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x04race\x18\x05 \x01(\v2\x15.stubborn.v1.RaceSpecR\x04race\x121\n" +
 	"\aoptions\x18\x06 \x01(\v2\x17.stubborn.v1.RunOptionsR\aoptions\x12<\n" +
 	"\rtask_messages\x18\a \x03(\v2\x17.google.protobuf.StructR\ftaskMessages\x12:\n" +
-	"\fmodel_params\x18\b \x01(\v2\x17.google.protobuf.StructR\vmodelParams\"Z\n" +
+	"\fmodel_params\x18\b \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x12=\n" +
+	"\fconversation\x18\t \x01(\v2\x19.stubborn.v1.ConversationR\fconversation\"Z\n" +
 	"\x10StartRunResponse\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12/\n" +
 	"\x05state\x18\x02 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"b\n" +
@@ -5135,7 +5192,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x13retry_with_learning\x18\x02 \x01(\v2\".stubborn.v1.RetryWithLearningSpecH\x00R\x11retryWithLearning\x12G\n" +
 	"\x0efallback_chain\x18\x03 \x01(\v2\x1e.stubborn.v1.FallbackChainSpecH\x00R\rfallbackChain\x12+\n" +
 	"\x04race\x18\x04 \x01(\v2\x15.stubborn.v1.RaceSpecH\x00R\x04raceB\x06\n" +
-	"\x04kind\"\xa3\b\n" +
+	"\x04kind\"\xe2\b\n" +
 	"\fControlState\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12+\n" +
@@ -5161,7 +5218,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x06tenant\x18\x10 \x01(\tR\x06tenant\x12@\n" +
 	"\apresets\x18\x12 \x03(\v2&.stubborn.v1.ControlState.PresetsEntryR\apresets\x12<\n" +
 	"\rtask_messages\x18\x13 \x03(\v2\x17.google.protobuf.StructR\ftaskMessages\x12:\n" +
-	"\fmodel_params\x18\x14 \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x1aT\n" +
+	"\fmodel_params\x18\x14 \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x12=\n" +
+	"\fconversation\x18\x15 \x01(\v2\x19.stubborn.v1.ConversationR\fconversation\x1aT\n" +
 	"\fPresetsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12.\n" +
 	"\x05value\x18\x02 \x01(\v2\x18.stubborn.v1.ControlSpecR\x05value:\x028\x01\"\x83\x02\n" +
@@ -5233,12 +5291,13 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\aattempt\x18\x01 \x01(\v2\x14.stubborn.v1.AttemptR\aattempt\x12\x12\n" +
 	"\x04note\x18\x02 \x01(\tR\x04note\x12)\n" +
 	"\x10output_discarded\x18\x03 \x01(\bR\x0foutputDiscarded\x12!\n" +
-	"\foutput_bytes\x18\x04 \x01(\x03R\voutputBytes\"w\n" +
+	"\foutput_bytes\x18\x04 \x01(\x03R\voutputBytes\"\xa9\x01\n" +
 	"\rAttemptOutput\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12 \n" +
-	"\vprovisional\x18\x04 \x01(\bR\vprovisional\"\x85\x01\n" +
+	"\vprovisional\x18\x04 \x01(\bR\vprovisional\x120\n" +
+	"\x06deltas\x18\x05 \x03(\v2\x18.stubborn.v1.OutputDeltaR\x06deltas\"\x85\x01\n" +
 	"\x0fFailureAnalyzed\x124\n" +
 	"\afailure\x18\x01 \x01(\v2\x1a.stubborn.v1.FailureRecordR\afailure\x12\x1d\n" +
 	"\n" +
@@ -5448,8 +5507,10 @@ var file_stubborn_v1_control_proto_goTypes = []any{
 	nil,                           // 59: stubborn.v1.ControlState.PresetsEntry
 	(*durationpb.Duration)(nil),   // 60: google.protobuf.Duration
 	(*structpb.Struct)(nil),       // 61: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 62: google.protobuf.Timestamp
-	(*Result)(nil),                // 63: stubborn.v1.Result
+	(*Conversation)(nil),          // 62: stubborn.v1.Conversation
+	(*timestamppb.Timestamp)(nil), // 63: google.protobuf.Timestamp
+	(*Result)(nil),                // 64: stubborn.v1.Result
+	(*OutputDelta)(nil),           // 65: stubborn.v1.OutputDelta
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
 	60,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
@@ -5470,123 +5531,127 @@ var file_stubborn_v1_control_proto_depIdxs = []int32{
 	17,  // 15: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
 	61,  // 16: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
 	61,  // 17: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
-	47,  // 18: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
-	12,  // 19: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 20: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 21: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 22: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
-	17,  // 23: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	61,  // 24: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
-	61,  // 25: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
-	43,  // 26: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	47,  // 27: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	47,  // 28: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	43,  // 29: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
-	62,  // 30: stubborn.v1.GetRunResponse.server_time:type_name -> google.protobuf.Timestamp
-	0,   // 31: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	9,   // 32: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
-	0,   // 33: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	62,  // 34: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	62,  // 35: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
-	43,  // 36: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	27,  // 37: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
-	62,  // 38: stubborn.v1.ListRunsResponse.server_time:type_name -> google.protobuf.Timestamp
-	0,   // 39: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	27,  // 40: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
-	33,  // 41: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
-	35,  // 42: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	62,  // 43: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
-	60,  // 44: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
-	11,  // 45: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
-	10,  // 46: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
-	13,  // 47: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
-	60,  // 48: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
-	60,  // 49: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
-	62,  // 50: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
-	34,  // 51: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
-	62,  // 52: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
-	42,  // 53: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	43,  // 54: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,   // 55: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	43,  // 56: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	12,  // 57: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 58: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 59: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 60: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	0,   // 61: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	63,  // 62: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	46,  // 63: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	45,  // 64: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	42,  // 65: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	17,  // 66: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	8,   // 67: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	62,  // 68: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	62,  // 69: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	62,  // 70: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	59,  // 71: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
-	61,  // 72: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
-	61,  // 73: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
-	60,  // 74: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	6,   // 75: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
-	62,  // 76: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	62,  // 77: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,   // 78: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	63,  // 79: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	44,  // 80: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	60,  // 81: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	4,   // 82: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
-	7,   // 83: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	5,   // 84: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	62,  // 85: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	0,   // 86: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
-	48,  // 87: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	49,  // 88: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	50,  // 89: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	52,  // 90: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	53,  // 91: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	54,  // 92: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	55,  // 93: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	57,  // 94: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	56,  // 95: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	51,  // 96: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
-	43,  // 97: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	45,  // 98: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	45,  // 99: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	46,  // 100: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	60,  // 101: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	62,  // 102: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	60,  // 103: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	46,  // 104: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	62,  // 105: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	8,   // 106: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,   // 107: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	43,  // 108: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	42,  // 109: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
-	18,  // 110: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	20,  // 111: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	22,  // 112: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	24,  // 113: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	26,  // 114: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	29,  // 115: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	31,  // 116: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	36,  // 117: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	40,  // 118: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	38,  // 119: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	19,  // 120: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	21,  // 121: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	23,  // 122: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	25,  // 123: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	28,  // 124: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	30,  // 125: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	32,  // 126: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	37,  // 127: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	41,  // 128: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	39,  // 129: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	120, // [120:130] is the sub-list for method output_type
-	110, // [110:120] is the sub-list for method input_type
-	110, // [110:110] is the sub-list for extension type_name
-	110, // [110:110] is the sub-list for extension extendee
-	0,   // [0:110] is the sub-list for field type_name
+	62,  // 18: stubborn.v1.RunRequest.conversation:type_name -> stubborn.v1.Conversation
+	47,  // 19: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	12,  // 20: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	14,  // 21: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	15,  // 22: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	16,  // 23: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
+	17,  // 24: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
+	61,  // 25: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
+	61,  // 26: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
+	62,  // 27: stubborn.v1.StartRunRequest.conversation:type_name -> stubborn.v1.Conversation
+	43,  // 28: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	47,  // 29: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	47,  // 30: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	43,  // 31: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	63,  // 32: stubborn.v1.GetRunResponse.server_time:type_name -> google.protobuf.Timestamp
+	0,   // 33: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	9,   // 34: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
+	0,   // 35: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
+	63,  // 36: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	63,  // 37: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	43,  // 38: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	27,  // 39: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
+	63,  // 40: stubborn.v1.ListRunsResponse.server_time:type_name -> google.protobuf.Timestamp
+	0,   // 41: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	27,  // 42: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
+	33,  // 43: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
+	35,  // 44: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
+	63,  // 45: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
+	60,  // 46: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	11,  // 47: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
+	10,  // 48: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
+	13,  // 49: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
+	60,  // 50: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
+	60,  // 51: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
+	63,  // 52: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
+	34,  // 53: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
+	63,  // 54: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
+	42,  // 55: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	43,  // 56: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,   // 57: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	43,  // 58: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	12,  // 59: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	14,  // 60: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	15,  // 61: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	16,  // 62: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	0,   // 63: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	64,  // 64: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	46,  // 65: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	45,  // 66: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	42,  // 67: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	17,  // 68: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	8,   // 69: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	63,  // 70: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	63,  // 71: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	63,  // 72: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	59,  // 73: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
+	61,  // 74: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
+	61,  // 75: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
+	62,  // 76: stubborn.v1.ControlState.conversation:type_name -> stubborn.v1.Conversation
+	60,  // 77: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	6,   // 78: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
+	63,  // 79: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	63,  // 80: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,   // 81: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	64,  // 82: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	44,  // 83: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	60,  // 84: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,   // 85: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
+	7,   // 86: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	5,   // 87: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	63,  // 88: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	0,   // 89: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
+	48,  // 90: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	49,  // 91: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	50,  // 92: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	52,  // 93: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	53,  // 94: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	54,  // 95: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	55,  // 96: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	57,  // 97: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	56,  // 98: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	51,  // 99: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
+	43,  // 100: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	45,  // 101: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	45,  // 102: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	65,  // 103: stubborn.v1.AttemptOutput.deltas:type_name -> stubborn.v1.OutputDelta
+	46,  // 104: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	60,  // 105: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	63,  // 106: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	60,  // 107: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	46,  // 108: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	63,  // 109: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 110: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 111: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	43,  // 112: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	42,  // 113: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
+	18,  // 114: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	20,  // 115: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	22,  // 116: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	24,  // 117: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	26,  // 118: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	29,  // 119: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	31,  // 120: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	36,  // 121: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	40,  // 122: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	38,  // 123: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	19,  // 124: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	21,  // 125: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	23,  // 126: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	25,  // 127: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	28,  // 128: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	30,  // 129: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	32,  // 130: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	37,  // 131: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	41,  // 132: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	39,  // 133: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	124, // [124:134] is the sub-list for method output_type
+	114, // [114:124] is the sub-list for method input_type
+	114, // [114:114] is the sub-list for extension type_name
+	114, // [114:114] is the sub-list for extension extendee
+	0,   // [0:114] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -5594,6 +5659,7 @@ func file_stubborn_v1_control_proto_init() {
 	if File_stubborn_v1_control_proto != nil {
 		return
 	}
+	file_stubborn_v1_conversation_proto_init()
 	file_stubborn_v1_delegate_proto_init()
 	file_stubborn_v1_control_proto_msgTypes[0].OneofWrappers = []any{}
 	file_stubborn_v1_control_proto_msgTypes[2].OneofWrappers = []any{}

@@ -45,7 +45,19 @@ type ExecuteRequest struct {
 	// brief is then the task.
 	Messages []*structpb.Struct `protobuf:"bytes,6,rep,name=messages,proto3" json:"messages,omitempty"`
 	// The run's model parameters (RunRequest.model_params). Unset means none.
-	ModelParams   *structpb.Struct `protobuf:"bytes,7,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
+	ModelParams *structpb.Struct `protobuf:"bytes,7,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
+	// The run's task as a typed conversation (RunRequest.conversation),
+	// with brief_addition already applied: appended to the last message
+	// when it is the user's, else as a new user message after it (after a
+	// tool result, the feedback is the user's next turn). Unset when the
+	// run has none; messages and model_params then say what they said
+	// before this field.
+	Conversation *Conversation `protobuf:"bytes,8,opt,name=conversation,proto3" json:"conversation,omitempty"`
+	// What the control added to the run's task for this attempt (retry-
+	// with-learning's failure history, starting with a blank line): brief is
+	// the run's task_brief followed by it. Empty for an attempt that gets
+	// the task as it is.
+	BriefAddition string `protobuf:"bytes,9,opt,name=brief_addition,json=briefAddition,proto3" json:"brief_addition,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -129,6 +141,20 @@ func (x *ExecuteRequest) GetModelParams() *structpb.Struct {
 	return nil
 }
 
+func (x *ExecuteRequest) GetConversation() *Conversation {
+	if x != nil {
+		return x.Conversation
+	}
+	return nil
+}
+
+func (x *ExecuteRequest) GetBriefAddition() string {
+	if x != nil {
+		return x.BriefAddition
+	}
+	return ""
+}
+
 // ExecuteStreamRequest is one attempt sent to a streaming delegate. Its
 // fields, numbers included, are ExecuteRequest's.
 type ExecuteStreamRequest struct {
@@ -146,7 +172,11 @@ type ExecuteStreamRequest struct {
 	// As ExecuteRequest.messages.
 	Messages []*structpb.Struct `protobuf:"bytes,6,rep,name=messages,proto3" json:"messages,omitempty"`
 	// As ExecuteRequest.model_params.
-	ModelParams   *structpb.Struct `protobuf:"bytes,7,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
+	ModelParams *structpb.Struct `protobuf:"bytes,7,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
+	// As ExecuteRequest.conversation.
+	Conversation *Conversation `protobuf:"bytes,8,opt,name=conversation,proto3" json:"conversation,omitempty"`
+	// As ExecuteRequest.brief_addition.
+	BriefAddition string `protobuf:"bytes,9,opt,name=brief_addition,json=briefAddition,proto3" json:"brief_addition,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -230,6 +260,20 @@ func (x *ExecuteStreamRequest) GetModelParams() *structpb.Struct {
 	return nil
 }
 
+func (x *ExecuteStreamRequest) GetConversation() *Conversation {
+	if x != nil {
+		return x.Conversation
+	}
+	return nil
+}
+
+func (x *ExecuteStreamRequest) GetBriefAddition() string {
+	if x != nil {
+		return x.BriefAddition
+	}
+	return ""
+}
+
 // ExecuteStreamResponse is one message of a streamed answer: any number of
 // text deltas, then exactly one result, last.
 type ExecuteStreamResponse struct {
@@ -240,6 +284,7 @@ type ExecuteStreamResponse struct {
 	//
 	//	*ExecuteStreamResponse_TextDelta
 	//	*ExecuteStreamResponse_Result
+	//	*ExecuteStreamResponse_Delta
 	Kind          isExecuteStreamResponse_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -300,6 +345,15 @@ func (x *ExecuteStreamResponse) GetResult() *Result {
 	return nil
 }
 
+func (x *ExecuteStreamResponse) GetDelta() *OutputDelta {
+	if x != nil {
+		if x, ok := x.Kind.(*ExecuteStreamResponse_Delta); ok {
+			return x.Delta
+		}
+	}
+	return nil
+}
+
 type isExecuteStreamResponse_Kind interface {
 	isExecuteStreamResponse_Kind()
 }
@@ -317,9 +371,19 @@ type ExecuteStreamResponse_Result struct {
 	Result *Result `protobuf:"bytes,2,opt,name=result,proto3,oneof"`
 }
 
+type ExecuteStreamResponse_Delta struct {
+	// The next piece of the answer that is not choice 0's text (text_delta
+	// is that): another choice's text, or a tool call's id, name or
+	// argument fragment. The result, when it has choices, says the whole
+	// answer whatever the deltas said.
+	Delta *OutputDelta `protobuf:"bytes,3,opt,name=delta,proto3,oneof"`
+}
+
 func (*ExecuteStreamResponse_TextDelta) isExecuteStreamResponse_Kind() {}
 
 func (*ExecuteStreamResponse_Result) isExecuteStreamResponse_Kind() {}
+
+func (*ExecuteStreamResponse_Delta) isExecuteStreamResponse_Kind() {}
 
 // ExecuteResponse is a successful attempt's answer.
 type ExecuteResponse struct {
@@ -375,7 +439,17 @@ type Result struct {
 	// The textual answer. Empty means the delegate returned no text.
 	Text string `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
 	// Structured data, if any. Unset means none.
-	Data          *structpb.Value `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Data *structpb.Value `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// A model's answers, one per choice (several when the request's n > 1),
+	// each an assistant message with its text, tool calls and finish reason.
+	// text is choice 0's text parts joined, so a reader of text alone reads
+	// the first answer. Empty for a delegate that is not a model.
+	Choices []*Choice `protobuf:"bytes,3,rep,name=choices,proto3" json:"choices,omitempty"`
+	// The tokens the model call used, as its API reported them. Unset means
+	// not reported.
+	Usage *Usage `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
+	// The model that answered, as its API named it. Empty means not said.
+	Model         string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -422,6 +496,27 @@ func (x *Result) GetData() *structpb.Value {
 		return x.Data
 	}
 	return nil
+}
+
+func (x *Result) GetChoices() []*Choice {
+	if x != nil {
+		return x.Choices
+	}
+	return nil
+}
+
+func (x *Result) GetUsage() *Usage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *Result) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
 }
 
 // UpstreamStatus is an error detail a delegate attaches to a failed Execute
@@ -478,7 +573,7 @@ var File_stubborn_v1_delegate_proto protoreflect.FileDescriptor
 
 const file_stubborn_v1_delegate_proto_rawDesc = "" +
 	"\n" +
-	"\x1astubborn/v1/delegate.proto\x12\vstubborn.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xf5\x02\n" +
+	"\x1astubborn/v1/delegate.proto\x12\vstubborn.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1estubborn/v1/conversation.proto\"\xdb\x03\n" +
 	"\x0eExecuteRequest\x12\x14\n" +
 	"\x05brief\x18\x01 \x01(\tR\x05brief\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x18\n" +
@@ -486,10 +581,12 @@ const file_stubborn_v1_delegate_proto_rawDesc = "" +
 	"\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\x12E\n" +
 	"\bmetadata\x18\x05 \x03(\v2).stubborn.v1.ExecuteRequest.MetadataEntryR\bmetadata\x123\n" +
 	"\bmessages\x18\x06 \x03(\v2\x17.google.protobuf.StructR\bmessages\x12:\n" +
-	"\fmodel_params\x18\a \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x1a;\n" +
+	"\fmodel_params\x18\a \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x12=\n" +
+	"\fconversation\x18\b \x01(\v2\x19.stubborn.v1.ConversationR\fconversation\x12%\n" +
+	"\x0ebrief_addition\x18\t \x01(\tR\rbriefAddition\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe7\x03\n" +
 	"\x14ExecuteStreamRequest\x12\x14\n" +
 	"\x05brief\x18\x01 \x01(\tR\x05brief\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x18\n" +
@@ -497,20 +594,26 @@ const file_stubborn_v1_delegate_proto_rawDesc = "" +
 	"\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\x12K\n" +
 	"\bmetadata\x18\x05 \x03(\v2/.stubborn.v1.ExecuteStreamRequest.MetadataEntryR\bmetadata\x123\n" +
 	"\bmessages\x18\x06 \x03(\v2\x17.google.protobuf.StructR\bmessages\x12:\n" +
-	"\fmodel_params\x18\a \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x1a;\n" +
+	"\fmodel_params\x18\a \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x12=\n" +
+	"\fconversation\x18\b \x01(\v2\x19.stubborn.v1.ConversationR\fconversation\x12%\n" +
+	"\x0ebrief_addition\x18\t \x01(\tR\rbriefAddition\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa1\x01\n" +
 	"\x15ExecuteStreamResponse\x12\x1f\n" +
 	"\n" +
 	"text_delta\x18\x01 \x01(\tH\x00R\ttextDelta\x12-\n" +
-	"\x06result\x18\x02 \x01(\v2\x13.stubborn.v1.ResultH\x00R\x06resultB\x06\n" +
+	"\x06result\x18\x02 \x01(\v2\x13.stubborn.v1.ResultH\x00R\x06result\x120\n" +
+	"\x05delta\x18\x03 \x01(\v2\x18.stubborn.v1.OutputDeltaH\x00R\x05deltaB\x06\n" +
 	"\x04kind\">\n" +
 	"\x0fExecuteResponse\x12+\n" +
-	"\x06result\x18\x01 \x01(\v2\x13.stubborn.v1.ResultR\x06result\"H\n" +
+	"\x06result\x18\x01 \x01(\v2\x13.stubborn.v1.ResultR\x06result\"\xb7\x01\n" +
 	"\x06Result\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12*\n" +
-	"\x04data\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x04data\"1\n" +
+	"\x04data\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x04data\x12-\n" +
+	"\achoices\x18\x03 \x03(\v2\x13.stubborn.v1.ChoiceR\achoices\x12(\n" +
+	"\x05usage\x18\x04 \x01(\v2\x12.stubborn.v1.UsageR\x05usage\x12\x14\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\"1\n" +
 	"\x0eUpstreamStatus\x12\x1f\n" +
 	"\vhttp_status\x18\x01 \x01(\x05R\n" +
 	"httpStatus2\xb1\x01\n" +
@@ -542,27 +645,36 @@ var file_stubborn_v1_delegate_proto_goTypes = []any{
 	nil,                           // 6: stubborn.v1.ExecuteRequest.MetadataEntry
 	nil,                           // 7: stubborn.v1.ExecuteStreamRequest.MetadataEntry
 	(*structpb.Struct)(nil),       // 8: google.protobuf.Struct
-	(*structpb.Value)(nil),        // 9: google.protobuf.Value
+	(*Conversation)(nil),          // 9: stubborn.v1.Conversation
+	(*OutputDelta)(nil),           // 10: stubborn.v1.OutputDelta
+	(*structpb.Value)(nil),        // 11: google.protobuf.Value
+	(*Choice)(nil),                // 12: stubborn.v1.Choice
+	(*Usage)(nil),                 // 13: stubborn.v1.Usage
 }
 var file_stubborn_v1_delegate_proto_depIdxs = []int32{
 	6,  // 0: stubborn.v1.ExecuteRequest.metadata:type_name -> stubborn.v1.ExecuteRequest.MetadataEntry
 	8,  // 1: stubborn.v1.ExecuteRequest.messages:type_name -> google.protobuf.Struct
 	8,  // 2: stubborn.v1.ExecuteRequest.model_params:type_name -> google.protobuf.Struct
-	7,  // 3: stubborn.v1.ExecuteStreamRequest.metadata:type_name -> stubborn.v1.ExecuteStreamRequest.MetadataEntry
-	8,  // 4: stubborn.v1.ExecuteStreamRequest.messages:type_name -> google.protobuf.Struct
-	8,  // 5: stubborn.v1.ExecuteStreamRequest.model_params:type_name -> google.protobuf.Struct
-	4,  // 6: stubborn.v1.ExecuteStreamResponse.result:type_name -> stubborn.v1.Result
-	4,  // 7: stubborn.v1.ExecuteResponse.result:type_name -> stubborn.v1.Result
-	9,  // 8: stubborn.v1.Result.data:type_name -> google.protobuf.Value
-	0,  // 9: stubborn.v1.DelegateService.Execute:input_type -> stubborn.v1.ExecuteRequest
-	1,  // 10: stubborn.v1.DelegateService.ExecuteStream:input_type -> stubborn.v1.ExecuteStreamRequest
-	3,  // 11: stubborn.v1.DelegateService.Execute:output_type -> stubborn.v1.ExecuteResponse
-	2,  // 12: stubborn.v1.DelegateService.ExecuteStream:output_type -> stubborn.v1.ExecuteStreamResponse
-	11, // [11:13] is the sub-list for method output_type
-	9,  // [9:11] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	9,  // 3: stubborn.v1.ExecuteRequest.conversation:type_name -> stubborn.v1.Conversation
+	7,  // 4: stubborn.v1.ExecuteStreamRequest.metadata:type_name -> stubborn.v1.ExecuteStreamRequest.MetadataEntry
+	8,  // 5: stubborn.v1.ExecuteStreamRequest.messages:type_name -> google.protobuf.Struct
+	8,  // 6: stubborn.v1.ExecuteStreamRequest.model_params:type_name -> google.protobuf.Struct
+	9,  // 7: stubborn.v1.ExecuteStreamRequest.conversation:type_name -> stubborn.v1.Conversation
+	4,  // 8: stubborn.v1.ExecuteStreamResponse.result:type_name -> stubborn.v1.Result
+	10, // 9: stubborn.v1.ExecuteStreamResponse.delta:type_name -> stubborn.v1.OutputDelta
+	4,  // 10: stubborn.v1.ExecuteResponse.result:type_name -> stubborn.v1.Result
+	11, // 11: stubborn.v1.Result.data:type_name -> google.protobuf.Value
+	12, // 12: stubborn.v1.Result.choices:type_name -> stubborn.v1.Choice
+	13, // 13: stubborn.v1.Result.usage:type_name -> stubborn.v1.Usage
+	0,  // 14: stubborn.v1.DelegateService.Execute:input_type -> stubborn.v1.ExecuteRequest
+	1,  // 15: stubborn.v1.DelegateService.ExecuteStream:input_type -> stubborn.v1.ExecuteStreamRequest
+	3,  // 16: stubborn.v1.DelegateService.Execute:output_type -> stubborn.v1.ExecuteResponse
+	2,  // 17: stubborn.v1.DelegateService.ExecuteStream:output_type -> stubborn.v1.ExecuteStreamResponse
+	16, // [16:18] is the sub-list for method output_type
+	14, // [14:16] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_delegate_proto_init() }
@@ -570,9 +682,11 @@ func file_stubborn_v1_delegate_proto_init() {
 	if File_stubborn_v1_delegate_proto != nil {
 		return
 	}
+	file_stubborn_v1_conversation_proto_init()
 	file_stubborn_v1_delegate_proto_msgTypes[2].OneofWrappers = []any{
 		(*ExecuteStreamResponse_TextDelta)(nil),
 		(*ExecuteStreamResponse_Result)(nil),
+		(*ExecuteStreamResponse_Delta)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

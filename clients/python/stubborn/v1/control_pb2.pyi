@@ -1,6 +1,7 @@
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from stubborn.v1 import conversation_pb2 as _conversation_pb2
 from stubborn.v1 import delegate_pb2 as _delegate_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -145,16 +146,18 @@ class AttemptFinished(_message.Message):
     def __init__(self, attempt: _Optional[_Union[Attempt, _Mapping]] = ..., note: _Optional[str] = ..., output_discarded: bool = ..., output_bytes: _Optional[int] = ...) -> None: ...
 
 class AttemptOutput(_message.Message):
-    __slots__ = ["attempt", "offset", "provisional", "text"]
+    __slots__ = ["attempt", "deltas", "offset", "provisional", "text"]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DELTAS_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     PROVISIONAL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     attempt: int
+    deltas: _containers.RepeatedCompositeFieldContainer[_conversation_pb2.OutputDelta]
     offset: int
     provisional: bool
     text: str
-    def __init__(self, attempt: _Optional[int] = ..., text: _Optional[str] = ..., offset: _Optional[int] = ..., provisional: bool = ...) -> None: ...
+    def __init__(self, attempt: _Optional[int] = ..., text: _Optional[str] = ..., offset: _Optional[int] = ..., provisional: bool = ..., deltas: _Optional[_Iterable[_Union[_conversation_pb2.OutputDelta, _Mapping]]] = ...) -> None: ...
 
 class AttemptStarted(_message.Message):
     __slots__ = ["attempt"]
@@ -201,7 +204,7 @@ class ControlSpec(_message.Message):
     def __init__(self, retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ...) -> None: ...
 
 class ControlState(_message.Message):
-    __slots__ = ["attempt_log", "attempts", "control", "create_time", "end_time", "failure_history", "model_params", "options", "presets", "result", "run_id", "status", "status_reason", "status_reason_code", "task_brief", "task_messages", "tenant", "traceparent", "update_time", "winner"]
+    __slots__ = ["attempt_log", "attempts", "control", "conversation", "create_time", "end_time", "failure_history", "model_params", "options", "presets", "result", "run_id", "status", "status_reason", "status_reason_code", "task_brief", "task_messages", "tenant", "traceparent", "update_time", "winner"]
     class PresetsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +215,7 @@ class ControlState(_message.Message):
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_LOG_FIELD_NUMBER: _ClassVar[int]
     CONTROL_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     FAILURE_HISTORY_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +236,7 @@ class ControlState(_message.Message):
     attempt_log: _containers.RepeatedCompositeFieldContainer[Attempt]
     attempts: int
     control: ControlSpec
+    conversation: _conversation_pb2.Conversation
     create_time: _timestamp_pb2.Timestamp
     end_time: _timestamp_pb2.Timestamp
     failure_history: _containers.RepeatedCompositeFieldContainer[FailureRecord]
@@ -249,7 +254,7 @@ class ControlState(_message.Message):
     traceparent: str
     update_time: _timestamp_pb2.Timestamp
     winner: str
-    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., winner: _Optional[str] = ..., attempts: _Optional[int] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., attempt_log: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., task_brief: _Optional[str] = ..., control: _Optional[_Union[ControlSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., status_reason: _Optional[str] = ..., status_reason_code: _Optional[_Union[StatusReason, str]] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ..., tenant: _Optional[str] = ..., presets: _Optional[_Mapping[str, ControlSpec]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., winner: _Optional[str] = ..., attempts: _Optional[int] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., attempt_log: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., task_brief: _Optional[str] = ..., control: _Optional[_Union[ControlSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., status_reason: _Optional[str] = ..., status_reason_code: _Optional[_Union[StatusReason, str]] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ..., tenant: _Optional[str] = ..., presets: _Optional[_Mapping[str, ControlSpec]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., conversation: _Optional[_Union[_conversation_pb2.Conversation, _Mapping]] = ...) -> None: ...
 
 class DecideRunRequest(_message.Message):
     __slots__ = ["decision", "run_id"]
@@ -583,7 +588,8 @@ class RunOptions(_message.Message):
     def __init__(self, idempotency_key: _Optional[str] = ..., run_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., attempt_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., judge: _Optional[str] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., never_ask: bool = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ["fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]
+    __slots__ = ["conversation", "fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_CHAIN_FIELD_NUMBER: _ClassVar[int]
     MODEL_PARAMS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -592,6 +598,7 @@ class RunRequest(_message.Message):
     RETRY_WITH_LEARNING_FIELD_NUMBER: _ClassVar[int]
     TASK_BRIEF_FIELD_NUMBER: _ClassVar[int]
     TASK_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    conversation: _conversation_pb2.Conversation
     fallback_chain: FallbackChainSpec
     model_params: _struct_pb2.Struct
     options: RunOptions
@@ -600,7 +607,7 @@ class RunRequest(_message.Message):
     retry_with_learning: RetryWithLearningSpec
     task_brief: str
     task_messages: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
-    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., conversation: _Optional[_Union[_conversation_pb2.Conversation, _Mapping]] = ...) -> None: ...
 
 class RunResponse(_message.Message):
     __slots__ = ["event"]
@@ -645,7 +652,8 @@ class RunSummary(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., control: _Optional[str] = ..., delegates: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[RunStatus, str]] = ..., attempts: _Optional[int] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., winner: _Optional[str] = ..., brief: _Optional[str] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
-    __slots__ = ["fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]
+    __slots__ = ["conversation", "fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_CHAIN_FIELD_NUMBER: _ClassVar[int]
     MODEL_PARAMS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -654,6 +662,7 @@ class StartRunRequest(_message.Message):
     RETRY_WITH_LEARNING_FIELD_NUMBER: _ClassVar[int]
     TASK_BRIEF_FIELD_NUMBER: _ClassVar[int]
     TASK_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    conversation: _conversation_pb2.Conversation
     fallback_chain: FallbackChainSpec
     model_params: _struct_pb2.Struct
     options: RunOptions
@@ -662,7 +671,7 @@ class StartRunRequest(_message.Message):
     retry_with_learning: RetryWithLearningSpec
     task_brief: str
     task_messages: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
-    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., conversation: _Optional[_Union[_conversation_pb2.Conversation, _Mapping]] = ...) -> None: ...
 
 class StartRunResponse(_message.Message):
     __slots__ = ["run_id", "state"]

@@ -12,9 +12,10 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
+from stubborn.v1 import conversation_pb2 as stubborn_dot_v1_dot_conversation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astubborn/v1/delegate.proto\x12\x0bstubborn.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xa1\x02\n\x0e\x45xecuteRequest\x12\r\n\x05\x62rief\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12;\n\x08metadata\x18\x05 \x03(\x0b\x32).stubborn.v1.ExecuteRequest.MetadataEntry\x12)\n\x08messages\x18\x06 \x03(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x0cmodel_params\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xad\x02\n\x14\x45xecuteStreamRequest\x12\r\n\x05\x62rief\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x41\n\x08metadata\x18\x05 \x03(\x0b\x32/.stubborn.v1.ExecuteStreamRequest.MetadataEntry\x12)\n\x08messages\x18\x06 \x03(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x0cmodel_params\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\\\n\x15\x45xecuteStreamResponse\x12\x14\n\ntext_delta\x18\x01 \x01(\tH\x00\x12%\n\x06result\x18\x02 \x01(\x0b\x32\x13.stubborn.v1.ResultH\x00\x42\x06\n\x04kind\"6\n\x0f\x45xecuteResponse\x12#\n\x06result\x18\x01 \x01(\x0b\x32\x13.stubborn.v1.Result\"<\n\x06Result\x12\x0c\n\x04text\x18\x01 \x01(\t\x12$\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\"%\n\x0eUpstreamStatus\x12\x13\n\x0bhttp_status\x18\x01 \x01(\x05\x32\xb1\x01\n\x0f\x44\x65legateService\x12\x44\n\x07\x45xecute\x12\x1b.stubborn.v1.ExecuteRequest\x1a\x1c.stubborn.v1.ExecuteResponse\x12X\n\rExecuteStream\x12!.stubborn.v1.ExecuteStreamRequest\x1a\".stubborn.v1.ExecuteStreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astubborn/v1/delegate.proto\x12\x0bstubborn.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1estubborn/v1/conversation.proto\"\xea\x02\n\x0e\x45xecuteRequest\x12\r\n\x05\x62rief\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12;\n\x08metadata\x18\x05 \x03(\x0b\x32).stubborn.v1.ExecuteRequest.MetadataEntry\x12)\n\x08messages\x18\x06 \x03(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x0cmodel_params\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12/\n\x0c\x63onversation\x18\x08 \x01(\x0b\x32\x19.stubborn.v1.Conversation\x12\x16\n\x0e\x62rief_addition\x18\t \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf6\x02\n\x14\x45xecuteStreamRequest\x12\r\n\x05\x62rief\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x41\n\x08metadata\x18\x05 \x03(\x0b\x32/.stubborn.v1.ExecuteStreamRequest.MetadataEntry\x12)\n\x08messages\x18\x06 \x03(\x0b\x32\x17.google.protobuf.Struct\x12-\n\x0cmodel_params\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12/\n\x0c\x63onversation\x18\x08 \x01(\x0b\x32\x19.stubborn.v1.Conversation\x12\x16\n\x0e\x62rief_addition\x18\t \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x87\x01\n\x15\x45xecuteStreamResponse\x12\x14\n\ntext_delta\x18\x01 \x01(\tH\x00\x12%\n\x06result\x18\x02 \x01(\x0b\x32\x13.stubborn.v1.ResultH\x00\x12)\n\x05\x64\x65lta\x18\x03 \x01(\x0b\x32\x18.stubborn.v1.OutputDeltaH\x00\x42\x06\n\x04kind\"6\n\x0f\x45xecuteResponse\x12#\n\x06result\x18\x01 \x01(\x0b\x32\x13.stubborn.v1.Result\"\x94\x01\n\x06Result\x12\x0c\n\x04text\x18\x01 \x01(\t\x12$\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12$\n\x07\x63hoices\x18\x03 \x03(\x0b\x32\x13.stubborn.v1.Choice\x12!\n\x05usage\x18\x04 \x01(\x0b\x32\x12.stubborn.v1.Usage\x12\r\n\x05model\x18\x05 \x01(\t\"%\n\x0eUpstreamStatus\x12\x13\n\x0bhttp_status\x18\x01 \x01(\x05\x32\xb1\x01\n\x0f\x44\x65legateService\x12\x44\n\x07\x45xecute\x12\x1b.stubborn.v1.ExecuteRequest\x1a\x1c.stubborn.v1.ExecuteResponse\x12X\n\rExecuteStream\x12!.stubborn.v1.ExecuteStreamRequest\x1a\".stubborn.v1.ExecuteStreamResponse0\x01\x62\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stubborn.v1.delegate_pb2', globals())
@@ -25,22 +26,22 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _EXECUTEREQUEST_METADATAENTRY._serialized_options = b'8\001'
   _EXECUTESTREAMREQUEST_METADATAENTRY._options = None
   _EXECUTESTREAMREQUEST_METADATAENTRY._serialized_options = b'8\001'
-  _EXECUTEREQUEST._serialized_start=74
-  _EXECUTEREQUEST._serialized_end=363
-  _EXECUTEREQUEST_METADATAENTRY._serialized_start=316
-  _EXECUTEREQUEST_METADATAENTRY._serialized_end=363
-  _EXECUTESTREAMREQUEST._serialized_start=366
-  _EXECUTESTREAMREQUEST._serialized_end=667
-  _EXECUTESTREAMREQUEST_METADATAENTRY._serialized_start=316
-  _EXECUTESTREAMREQUEST_METADATAENTRY._serialized_end=363
-  _EXECUTESTREAMRESPONSE._serialized_start=669
-  _EXECUTESTREAMRESPONSE._serialized_end=761
-  _EXECUTERESPONSE._serialized_start=763
-  _EXECUTERESPONSE._serialized_end=817
-  _RESULT._serialized_start=819
-  _RESULT._serialized_end=879
-  _UPSTREAMSTATUS._serialized_start=881
-  _UPSTREAMSTATUS._serialized_end=918
-  _DELEGATESERVICE._serialized_start=921
-  _DELEGATESERVICE._serialized_end=1098
+  _EXECUTEREQUEST._serialized_start=106
+  _EXECUTEREQUEST._serialized_end=468
+  _EXECUTEREQUEST_METADATAENTRY._serialized_start=421
+  _EXECUTEREQUEST_METADATAENTRY._serialized_end=468
+  _EXECUTESTREAMREQUEST._serialized_start=471
+  _EXECUTESTREAMREQUEST._serialized_end=845
+  _EXECUTESTREAMREQUEST_METADATAENTRY._serialized_start=421
+  _EXECUTESTREAMREQUEST_METADATAENTRY._serialized_end=468
+  _EXECUTESTREAMRESPONSE._serialized_start=848
+  _EXECUTESTREAMRESPONSE._serialized_end=983
+  _EXECUTERESPONSE._serialized_start=985
+  _EXECUTERESPONSE._serialized_end=1039
+  _RESULT._serialized_start=1042
+  _RESULT._serialized_end=1190
+  _UPSTREAMSTATUS._serialized_start=1192
+  _UPSTREAMSTATUS._serialized_end=1229
+  _DELEGATESERVICE._serialized_start=1232
+  _DELEGATESERVICE._serialized_end=1409
 # @@protoc_insertion_point(module_scope)

@@ -6,13 +6,15 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Value } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
+import type { Choice, Conversation, OutputDelta, Usage } from "./conversation_pb.js";
+import { file_stubborn_v1_conversation } from "./conversation_pb.js";
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file stubborn/v1/delegate.proto.
  */
 export const file_stubborn_v1_delegate: GenFile = /*@__PURE__*/
-  fileDesc("ChpzdHViYm9ybi92MS9kZWxlZ2F0ZS5wcm90bxILc3R1YmJvcm4udjEioQIKDkV4ZWN1dGVSZXF1ZXN0Eg0KBWJyaWVmGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIPCgdhdHRlbXB0GAMgASgFEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRI7CghtZXRhZGF0YRgFIAMoCzIpLnN0dWJib3JuLnYxLkV4ZWN1dGVSZXF1ZXN0Lk1ldGFkYXRhRW50cnkSKQoIbWVzc2FnZXMYBiADKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei0KDG1vZGVsX3BhcmFtcxgHIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIq0CChRFeGVjdXRlU3RyZWFtUmVxdWVzdBINCgVicmllZhgBIAEoCRIOCgZydW5faWQYAiABKAkSDwoHYXR0ZW1wdBgDIAEoBRIXCg9pZGVtcG90ZW5jeV9rZXkYBCABKAkSQQoIbWV0YWRhdGEYBSADKAsyLy5zdHViYm9ybi52MS5FeGVjdXRlU3RyZWFtUmVxdWVzdC5NZXRhZGF0YUVudHJ5EikKCG1lc3NhZ2VzGAYgAygLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBItCgxtb2RlbF9wYXJhbXMYByABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Gi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJcChVFeGVjdXRlU3RyZWFtUmVzcG9uc2USFAoKdGV4dF9kZWx0YRgBIAEoCUgAEiUKBnJlc3VsdBgCIAEoCzITLnN0dWJib3JuLnYxLlJlc3VsdEgAQgYKBGtpbmQiNgoPRXhlY3V0ZVJlc3BvbnNlEiMKBnJlc3VsdBgBIAEoCzITLnN0dWJib3JuLnYxLlJlc3VsdCI8CgZSZXN1bHQSDAoEdGV4dBgBIAEoCRIkCgRkYXRhGAIgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlIiUKDlVwc3RyZWFtU3RhdHVzEhMKC2h0dHBfc3RhdHVzGAEgASgFMrEBCg9EZWxlZ2F0ZVNlcnZpY2USRAoHRXhlY3V0ZRIbLnN0dWJib3JuLnYxLkV4ZWN1dGVSZXF1ZXN0Ghwuc3R1YmJvcm4udjEuRXhlY3V0ZVJlc3BvbnNlElgKDUV4ZWN1dGVTdHJlYW0SIS5zdHViYm9ybi52MS5FeGVjdXRlU3RyZWFtUmVxdWVzdBoiLnN0dWJib3JuLnYxLkV4ZWN1dGVTdHJlYW1SZXNwb25zZTABYgZwcm90bzM", [file_google_protobuf_struct]);
+  fileDesc("ChpzdHViYm9ybi92MS9kZWxlZ2F0ZS5wcm90bxILc3R1YmJvcm4udjEi6gIKDkV4ZWN1dGVSZXF1ZXN0Eg0KBWJyaWVmGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIPCgdhdHRlbXB0GAMgASgFEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRI7CghtZXRhZGF0YRgFIAMoCzIpLnN0dWJib3JuLnYxLkV4ZWN1dGVSZXF1ZXN0Lk1ldGFkYXRhRW50cnkSKQoIbWVzc2FnZXMYBiADKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei0KDG1vZGVsX3BhcmFtcxgHIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSLwoMY29udmVyc2F0aW9uGAggASgLMhkuc3R1YmJvcm4udjEuQ29udmVyc2F0aW9uEhYKDmJyaWVmX2FkZGl0aW9uGAkgASgJGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASL2AgoURXhlY3V0ZVN0cmVhbVJlcXVlc3QSDQoFYnJpZWYYASABKAkSDgoGcnVuX2lkGAIgASgJEg8KB2F0dGVtcHQYAyABKAUSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEkEKCG1ldGFkYXRhGAUgAygLMi8uc3R1YmJvcm4udjEuRXhlY3V0ZVN0cmVhbVJlcXVlc3QuTWV0YWRhdGFFbnRyeRIpCghtZXNzYWdlcxgGIAMoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSLQoMbW9kZWxfcGFyYW1zGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIvCgxjb252ZXJzYXRpb24YCCABKAsyGS5zdHViYm9ybi52MS5Db252ZXJzYXRpb24SFgoOYnJpZWZfYWRkaXRpb24YCSABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIocBChVFeGVjdXRlU3RyZWFtUmVzcG9uc2USFAoKdGV4dF9kZWx0YRgBIAEoCUgAEiUKBnJlc3VsdBgCIAEoCzITLnN0dWJib3JuLnYxLlJlc3VsdEgAEikKBWRlbHRhGAMgASgLMhguc3R1YmJvcm4udjEuT3V0cHV0RGVsdGFIAEIGCgRraW5kIjYKD0V4ZWN1dGVSZXNwb25zZRIjCgZyZXN1bHQYASABKAsyEy5zdHViYm9ybi52MS5SZXN1bHQilAEKBlJlc3VsdBIMCgR0ZXh0GAEgASgJEiQKBGRhdGEYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSJAoHY2hvaWNlcxgDIAMoCzITLnN0dWJib3JuLnYxLkNob2ljZRIhCgV1c2FnZRgEIAEoCzISLnN0dWJib3JuLnYxLlVzYWdlEg0KBW1vZGVsGAUgASgJIiUKDlVwc3RyZWFtU3RhdHVzEhMKC2h0dHBfc3RhdHVzGAEgASgFMrEBCg9EZWxlZ2F0ZVNlcnZpY2USRAoHRXhlY3V0ZRIbLnN0dWJib3JuLnYxLkV4ZWN1dGVSZXF1ZXN0Ghwuc3R1YmJvcm4udjEuRXhlY3V0ZVJlc3BvbnNlElgKDUV4ZWN1dGVTdHJlYW0SIS5zdHViYm9ybi52MS5FeGVjdXRlU3RyZWFtUmVxdWVzdBoiLnN0dWJib3JuLnYxLkV4ZWN1dGVTdHJlYW1SZXNwb25zZTABYgZwcm90bzM", [file_google_protobuf_struct, file_stubborn_v1_conversation]);
 
 /**
  * ExecuteRequest is one attempt sent to a delegate.
@@ -75,6 +77,28 @@ export type ExecuteRequest = Message<"stubborn.v1.ExecuteRequest"> & {
    * @generated from field: google.protobuf.Struct model_params = 7;
    */
   modelParams?: JsonObject | undefined;
+
+  /**
+   * The run's task as a typed conversation (RunRequest.conversation),
+   * with brief_addition already applied: appended to the last message
+   * when it is the user's, else as a new user message after it (after a
+   * tool result, the feedback is the user's next turn). Unset when the
+   * run has none; messages and model_params then say what they said
+   * before this field.
+   *
+   * @generated from field: stubborn.v1.Conversation conversation = 8;
+   */
+  conversation?: Conversation | undefined;
+
+  /**
+   * What the control added to the run's task for this attempt (retry-
+   * with-learning's failure history, starting with a blank line): brief is
+   * the run's task_brief followed by it. Empty for an attempt that gets
+   * the task as it is.
+   *
+   * @generated from field: string brief_addition = 9;
+   */
+  briefAddition: string;
 };
 
 /**
@@ -139,6 +163,20 @@ export type ExecuteStreamRequest = Message<"stubborn.v1.ExecuteStreamRequest"> &
    * @generated from field: google.protobuf.Struct model_params = 7;
    */
   modelParams?: JsonObject | undefined;
+
+  /**
+   * As ExecuteRequest.conversation.
+   *
+   * @generated from field: stubborn.v1.Conversation conversation = 8;
+   */
+  conversation?: Conversation | undefined;
+
+  /**
+   * As ExecuteRequest.brief_addition.
+   *
+   * @generated from field: string brief_addition = 9;
+   */
+  briefAddition: string;
 };
 
 /**
@@ -179,6 +217,17 @@ export type ExecuteStreamResponse = Message<"stubborn.v1.ExecuteStreamResponse">
      */
     value: Result;
     case: "result";
+  } | {
+    /**
+     * The next piece of the answer that is not choice 0's text (text_delta
+     * is that): another choice's text, or a tool call's id, name or
+     * argument fragment. The result, when it has choices, says the whole
+     * answer whatever the deltas said.
+     *
+     * @generated from field: stubborn.v1.OutputDelta delta = 3;
+     */
+    value: OutputDelta;
+    case: "delta";
   } | { case: undefined; value?: undefined };
 };
 
@@ -231,6 +280,31 @@ export type Result = Message<"stubborn.v1.Result"> & {
    * @generated from field: google.protobuf.Value data = 2;
    */
   data?: Value | undefined;
+
+  /**
+   * A model's answers, one per choice (several when the request's n > 1),
+   * each an assistant message with its text, tool calls and finish reason.
+   * text is choice 0's text parts joined, so a reader of text alone reads
+   * the first answer. Empty for a delegate that is not a model.
+   *
+   * @generated from field: repeated stubborn.v1.Choice choices = 3;
+   */
+  choices: Choice[];
+
+  /**
+   * The tokens the model call used, as its API reported them. Unset means
+   * not reported.
+   *
+   * @generated from field: stubborn.v1.Usage usage = 4;
+   */
+  usage?: Usage | undefined;
+
+  /**
+   * The model that answered, as its API named it. Empty means not said.
+   *
+   * @generated from field: string model = 5;
+   */
+  model: string;
 };
 
 /**
