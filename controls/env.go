@@ -43,10 +43,22 @@ type Call struct {
 
 	// TaskBrief, Messages and ModelParams are the run's task: its brief
 	// as the run was asked it (Brief may be enriched), and, for a
-	// conversation, its messages and model parameters (read only).
+	// conversation, its messages and model parameters (read only), as
+	// runs journaled before the typed conversation have them.
 	TaskBrief   string
 	Messages    []*structpb.Struct
 	ModelParams *structpb.Struct
+	// Conversation is the run's typed conversation (read only), when the
+	// run was asked one: a run has it or Messages and ModelParams, never
+	// both.
+	Conversation *stubbornv1.Conversation
+
+	// Added is what the control added to the run's brief to make Brief
+	// (retry-with-learning's failure history), set by the control that
+	// makes the call: Brief is TaskBrief followed by Added. A model
+	// delegate adds it to the conversation (to its last user message, or
+	// as a user message of its own after tool results).
+	Added string
 
 	// Task says the call is an attempt at the run's task (set by the
 	// control that makes it), not a judge's or an analyst's call about
@@ -57,8 +69,15 @@ type Call struct {
 	// streams makes it, piece by piece, in order, never two at once, and
 	// only while Call runs (so a piece never follows the call's answer).
 	// A control sets it (call); Delegates call it. Nil means nobody
-	// watches the output.
+	// watches the output. For a model's answer, the text is its first
+	// choice's text only (Result.text); Deltas carries the rest.
 	Output func(text string)
+	// Deltas, when set, is given what a model streams besides its first
+	// choice's text: the text of its other choices and every tool call's
+	// fragments (id and name with the first, then pieces of arguments),
+	// with Output's rules: in order, never at once with each other or
+	// with Output, only while Call runs. Set and nil with Output.
+	Deltas func(ds []*stubbornv1.OutputDelta)
 }
 
 // RunCall returns a Call with the run's fields of st set: RunID,
@@ -70,6 +89,7 @@ func RunCall(st *stubbornv1.ControlState) Call {
 		Metadata: o.GetMetadata(), AttemptTimeout: o.GetAttemptTimeout().AsDuration(),
 		FirstOutputTimeout: o.GetFirstOutputTimeout().AsDuration(), IdleTimeout: o.GetIdleTimeout().AsDuration(),
 		TaskBrief: st.GetTaskBrief(), Messages: st.GetTaskMessages(), ModelParams: st.GetModelParams(),
+		Conversation: st.GetConversation(),
 	}
 }
 
@@ -77,7 +97,7 @@ func RunCall(st *stubbornv1.ControlState) Call {
 func (c Call) WithRun(run Call) Call {
 	c.RunID, c.IdempotencyKey, c.Metadata, c.AttemptTimeout = run.RunID, run.IdempotencyKey, run.Metadata, run.AttemptTimeout
 	c.FirstOutputTimeout, c.IdleTimeout = run.FirstOutputTimeout, run.IdleTimeout
-	c.TaskBrief, c.Messages, c.ModelParams = run.TaskBrief, run.Messages, run.ModelParams
+	c.TaskBrief, c.Messages, c.ModelParams, c.Conversation = run.TaskBrief, run.Messages, run.ModelParams, run.Conversation
 	return c
 }
 
