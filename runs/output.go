@@ -25,7 +25,7 @@ const (
 // (Config.OutputFlushInterval, OutputFlushBytes): the first piece goes out
 // at once, then what came within each interval goes out together, no
 // event over max bytes (texts and tool calls' arguments cut between
-// characters). Pieces keep their order; adjacent fragments of one stream
+// characters; each delta's framing counted, deltaFraming). Pieces keep their order; adjacent fragments of one stream
 // (a choice's text, one of its tool calls) are merged into one. A timer
 // sends what waits when no piece follows; close sends the rest, before the
 // call returns, so every piece precedes the attempt's end.
@@ -40,7 +40,7 @@ type coalescer struct {
 
 	mu     sync.Mutex
 	buf    []*stubbornv1.OutputDelta
-	size   int       // bytes in buf (deltaSize)
+	size   int       // what buf costs an event (deltaSize)
 	last   time.Time // when output last went out
 	sent   bool      // some did
 	timer  *time.Timer
@@ -103,9 +103,28 @@ func streamOf(d *stubbornv1.OutputDelta) (deltaKey, bool) {
 	return deltaKey{}, false
 }
 
-// deltaSize is the bytes a delta carries: its text, or its call's id,
-// name and arguments.
+// deltaFraming is what a delta that goes out as one (any but choice 0's
+// text, which is the event's text) costs besides its texts: about its
+// encoding's tags, lengths, choice, index and offset. Counted against the
+// byte bound, so that an event's encoding stays near it however small its
+// pieces are.
+const deltaFraming = 24
+
+// deltaSize is the bytes a delta costs an event: its text, or its call's
+// id, name and arguments, and its framing when it goes out as a delta.
 func deltaSize(d *stubbornv1.OutputDelta) int {
+	if tc := d.GetToolCall(); tc != nil {
+		return deltaFraming + len(tc.GetId()) + len(tc.GetName()) + len(tc.GetArguments())
+	}
+	if d.GetChoice() != 0 {
+		return deltaFraming + len(d.GetText())
+	}
+	return len(d.GetText())
+}
+
+// payload is the bytes a delta carries: its text, or its call's id, name
+// and arguments.
+func payload(d *stubbornv1.OutputDelta) int {
 	if tc := d.GetToolCall(); tc != nil {
 		return len(tc.GetId()) + len(tc.GetName()) + len(tc.GetArguments())
 	}
@@ -117,28 +136,28 @@ func deltaSize(d *stubbornv1.OutputDelta) int {
 // hold c.mu.
 func (c *coalescer) pushLocked(d *stubbornv1.OutputDelta) {
 	key, ok := streamOf(d)
-	n := deltaSize(d)
-	if !ok || n == 0 {
+	if !ok || payload(d) == 0 {
 		return
 	}
-	c.size += n
 	if len(c.buf) > 0 {
 		if last := c.buf[len(c.buf)-1]; streamKeyOf(last) == key {
+			c.size -= deltaSize(last)
 			if tc := last.GetToolCall(); tc != nil {
 				add := d.GetToolCall()
 				tc.Arguments += add.GetArguments()
 				if tc.Id == "" && tc.Name == "" { // the first piece had neither
 					tc.Id, tc.Name = add.GetId(), add.GetName()
-				} else {
-					c.size -= len(add.GetId()) + len(add.GetName()) // the first's are kept
 				}
 			} else {
 				last.Kind = &stubbornv1.OutputDelta_Text{Text: last.GetText() + d.GetText()}
 			}
+			c.size += deltaSize(last)
 			return
 		}
 	}
-	c.buf = append(c.buf, copyDelta(d))
+	d = copyDelta(d)
+	c.size += deltaSize(d)
+	c.buf = append(c.buf, d)
 }
 
 func streamKeyOf(d *stubbornv1.OutputDelta) deltaKey {
@@ -166,32 +185,34 @@ func (c *coalescer) tick() {
 	}
 }
 
-// sendLocked sends up to n bytes of the buffer, in order, the piece that
-// would not fit whole cut before a character of its text or arguments (a
-// tool call's id and name never cut). When not even that fits, the first
-// character, or the first call's id and name, goes alone, over n.
+// sendLocked sends up to n bytes of the buffer (deltaSize), in order, the
+// piece that would not fit whole cut before a character of its text or
+// arguments (a tool call's id and name never cut). When not even that
+// fits, the first character, or the first call's id and name, goes alone,
+// over n.
 func (c *coalescer) sendLocked(n int) {
 	var ev []*stubbornv1.OutputDelta
 	for len(c.buf) > 0 && n > 0 {
 		d := c.buf[0]
 		if s := deltaSize(d); s <= n {
 			ev = append(ev, d)
-			c.buf, c.size, n = c.buf[1:], c.size-s, n-s
+			c.buf, n = c.buf[1:], n-s
 			continue
 		}
 		if head := cutDelta(d, n); head != nil {
 			ev = append(ev, head)
-			c.size -= deltaSize(head)
 		}
 		break
 	}
 	if len(ev) == 0 && len(c.buf) > 0 {
-		head := cutDelta(c.buf[0], 0)
-		c.size -= deltaSize(head)
-		if deltaSize(c.buf[0]) == 0 {
+		ev = append(ev, cutDelta(c.buf[0], 0))
+		if payload(c.buf[0]) == 0 {
 			c.buf = c.buf[1:]
 		}
-		ev = append(ev, head)
+	}
+	c.size = 0
+	for _, d := range c.buf {
+		c.size += deltaSize(d)
 	}
 	if len(c.buf) == 0 {
 		c.buf = nil // let the sent pieces go
@@ -200,10 +221,10 @@ func (c *coalescer) sendLocked(n int) {
 	c.out(ev)
 }
 
-// cutDelta takes from d what fits n bytes, cut between characters, and
-// leaves the rest in d; nil when nothing fits. n 0 takes the least that
-// can go: one character of text, or a call's id and name (or one
-// character of its arguments when it has neither).
+// cutDelta takes from d what fits n bytes (deltaSize), cut between
+// characters, and leaves the rest in d; nil when nothing fits. n 0 takes
+// the least that can go: one character of text, or a call's id and name
+// (or one character of its arguments when it has neither).
 func cutDelta(d *stubbornv1.OutputDelta, n int) *stubbornv1.OutputDelta {
 	cut := func(s string, n int) int {
 		if n >= len(s) {
@@ -216,17 +237,17 @@ func cutDelta(d *stubbornv1.OutputDelta, n int) *stubbornv1.OutputDelta {
 	}
 	least := n == 0
 	if tc := d.GetToolCall(); tc != nil {
-		head := len(tc.GetId()) + len(tc.GetName())
+		head := deltaFraming + len(tc.GetId()) + len(tc.GetName())
 		i := 0
 		switch {
-		case least && head == 0:
+		case least && head == deltaFraming:
 			_, i = utf8.DecodeRuneInString(tc.GetArguments())
 		case least:
 		case n < head:
 			return nil
 		default:
 			i = cut(tc.GetArguments(), n-head)
-			if i == 0 && head == 0 {
+			if i == 0 && head == deltaFraming {
 				return nil
 			}
 		}
@@ -237,9 +258,11 @@ func cutDelta(d *stubbornv1.OutputDelta, n int) *stubbornv1.OutputDelta {
 		return out
 	}
 	text := d.GetText()
-	i := cut(text, n)
+	i := 0
 	if least {
 		_, i = utf8.DecodeRuneInString(text)
+	} else if room := n - (deltaSize(d) - len(text)); room > 0 {
+		i = cut(text, room)
 	}
 	if i == 0 {
 		return nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -36,7 +37,10 @@ func (s *sink) out(ds []*stubbornv1.OutputDelta) {
 	s.sent = append(s.sent, text)
 	s.events = append(s.events, ds)
 	s.mu.Unlock()
-	s.got <- struct{}{}
+	select {
+	case s.got <- struct{}{}:
+	default: // nobody waits for so many
+	}
 }
 
 func (s *sink) all() []string {
@@ -140,7 +144,7 @@ func TestDeltasAreMergedByStreamAndKeepTheirOrder(t *testing.T) {
 
 func TestDeltasKeepTheByteBound(t *testing.T) {
 	s := newSink()
-	const max = 10
+	const max = deltaFraming + 10
 	c := newCoalescer(s.out, time.Hour, max)
 	args := `{"city":"Zürich","unit":"celsius"}`
 	c.deltas([]*stubbornv1.OutputDelta{textDelta(0, "héllo ✓✓")})
@@ -173,4 +177,32 @@ func TestDeltasKeepTheByteBound(t *testing.T) {
 	assert.Equal(t, "c1", id, "the id once")
 	assert.Equal(t, "get", name, "the name once")
 	assert.Equal(t, "ünïcode ✓✓✓ more", text2)
+}
+
+// However small and scattered the pieces, an event's encoding stays near
+// the bound: each delta's framing counts.
+func TestTinyDeltasKeepTheEventsEncodingNearTheBound(t *testing.T) {
+	s := newSink()
+	const max = 256
+	c := newCoalescer(s.out, time.Hour, max)
+	for i := range 2000 {
+		c.deltas([]*stubbornv1.OutputDelta{
+			callDelta(int32(i%3), int32(i%2), "", "", "x"),
+			textDelta(int32(i%3), "y"),
+		})
+	}
+	c.close()
+	require.NotEmpty(t, s.events)
+	for _, ev := range s.events {
+		o := &stubbornv1.AttemptOutput{Attempt: 1, Offset: 1 << 40}
+		for _, d := range ev {
+			if d.GetChoice() == 0 && d.GetToolCall() == nil {
+				o.Text += d.GetText()
+			} else {
+				d.Offset = 1 << 40
+				o.Deltas = append(o.Deltas, d)
+			}
+		}
+		assert.LessOrEqual(t, proto.Size(o), max+32, "%d deltas", len(o.Deltas))
+	}
 }
