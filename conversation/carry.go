@@ -83,7 +83,7 @@ func Carry(api stubbornv1.ConversationAPI, c *stubbornv1.Conversation, drop Drop
 			add(join(prefix, k), "a field of "+apiName(c.GetApi())+" that "+apiName(api)+" does not have")
 		}
 	}
-	o := c.GetOptions()
+	o := optionsOf(c)
 	extra("", o.GetExtra())
 	for i, t := range o.GetTools() {
 		extra(at("tools", i), t.GetExtra())
@@ -117,7 +117,7 @@ func apiName(api stubbornv1.ConversationAPI) string {
 }
 
 func carryChat(c *stubbornv1.Conversation, add func(field, why string)) {
-	if c.GetOptions().TopK != nil {
+	if optionsOf(c).TopK != nil {
 		add("top_k", "Chat Completions has no top_k")
 	}
 	for i, m := range c.GetMessages() {
@@ -140,7 +140,7 @@ func carryChat(c *stubbornv1.Conversation, add func(field, why string)) {
 var anthropicImageTypes = set("image/jpeg", "image/png", "image/gif", "image/webp")
 
 func carryMessages(c *stubbornv1.Conversation, add func(field, why string)) {
-	o := c.GetOptions()
+	o := optionsOf(c)
 	if o.GetN() > 1 {
 		add("n", "Anthropic answers one choice")
 	}
@@ -216,4 +216,14 @@ func imageSource(url string) map[string]any {
 		return nil
 	}
 	return map[string]any{"type": "base64", "media_type": mediaType, "data": data}
+}
+
+// optionsOf is c's options, or none set when it has none: a conversation
+// sent without options (a gRPC client may) is read like one with empty
+// options, never dereferenced as nil.
+func optionsOf(c *stubbornv1.Conversation) *stubbornv1.ModelOptions {
+	if o := c.GetOptions(); o != nil {
+		return o
+	}
+	return &stubbornv1.ModelOptions{}
 }

@@ -4,8 +4,10 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/stubbornhq/stubborn/conversation"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
 // Every field an API cannot carry is named, unless the request allows
@@ -67,4 +69,18 @@ func TestADropPathAllowsWhatIsUnderIt(t *testing.T) {
 	got := conversation.Carry(conversation.AnthropicMessages, c, conversation.Drop{Paths: []string{"tools"}})
 	assert.Equal(t, conversation.Problems{{Field: "n", Why: "Anthropic answers one choice"}}, got)
 	assert.EqualError(t, got, "cannot carry n: Anthropic answers one choice")
+}
+
+// TestAConversationWithoutOptionsIsReadAsEmptyOptions: a gRPC client may
+// send a conversation with no options at all; no codec reads it as nil.
+func TestAConversationWithoutOptionsIsReadAsEmptyOptions(t *testing.T) {
+	t.Parallel()
+	c := &stubbornv1.Conversation{Messages: []*stubbornv1.ChatMessage{{
+		Role: stubbornv1.ChatRole_CHAT_ROLE_USER, Content: []*stubbornv1.ContentPart{{Kind: &stubbornv1.ContentPart_Text{Text: "hi"}}},
+	}}}
+	for _, api := range []stubbornv1.ConversationAPI{conversation.ChatCompletions, conversation.AnthropicMessages} {
+		assert.Empty(t, conversation.Carry(api, c, conversation.Drop{}))
+		_, err := conversation.For(api).EncodeRequest(c, conversation.Entry{Model: "m"}, false)
+		require.NoError(t, err)
+	}
 }

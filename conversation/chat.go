@@ -418,7 +418,7 @@ func (Chat) EncodeRequest(c *stubbornv1.Conversation, e Entry, stream bool) ([]b
 		messages = append(messages, encodeChatMessage(m, own))
 	}
 	out["messages"] = messages
-	o := c.GetOptions()
+	o := optionsOf(c)
 	if own {
 		putExtra(out, o.GetExtra())
 	}

@@ -15,7 +15,7 @@ func (Messages) EncodeRequest(c *stubbornv1.Conversation, e Entry, stream bool) 
 		return nil, problems
 	}
 	own := c.GetApi() == AnthropicMessages
-	o := c.GetOptions()
+	o := optionsOf(c)
 	out := map[string]any{}
 	if own {
 		putExtra(out, o.GetExtra())

@@ -39,9 +39,11 @@ type ExecuteRequest struct {
 	// Free-form key/value pairs copied from the run's options. Empty map means
 	// none.
 	Metadata map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// The run's task as a conversation (RunRequest.task_messages), with
-	// retry-with-learning's failure history appended to the last user
-	// message as it is to the brief. Empty for a run of a brief alone: the
+	// The run's task as a conversation in the Chat Completions shape
+	// (RunRequest.task_messages, or the typed conversation rendered so),
+	// with retry-with-learning's failure history (brief_addition) appended
+	// to the last message when it is the user's, else as a user message of
+	// its own after the tool results. Empty for a run of a brief alone: the
 	// brief is then the task.
 	Messages []*structpb.Struct `protobuf:"bytes,6,rep,name=messages,proto3" json:"messages,omitempty"`
 	// The run's model parameters (RunRequest.model_params). Unset means none.
