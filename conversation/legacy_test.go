@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/stubbornhq/stubborn/conversation"
@@ -130,7 +130,7 @@ func TestToLegacy(t *testing.T) {
 	// place for (top_k, a tool result's is_error) is left out of the
 	// legacy Structs, whatever the conversation allows dropping.
 	conv := &stubbornv1.Conversation{Api: conversation.AnthropicMessages,
-		Options: &stubbornv1.ModelOptions{TopK: proto.Int64(5), Temperature: proto.Float64(0.3)},
+		Options:  &stubbornv1.ModelOptions{TopK: proto.Int64(5), Temperature: proto.Float64(0.3)},
 		Messages: []*stubbornv1.ChatMessage{{Role: stubbornv1.ChatRole_CHAT_ROLE_TOOL, ToolCallId: "toolu_1", IsError: true, Content: text("boom")}}}
 	msgs, ps, err := conversation.ToLegacy(conv)
 	require.NoError(t, err)
