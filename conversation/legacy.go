@@ -92,6 +92,9 @@ func ToLegacy(c *stubbornv1.Conversation) ([]*structpb.Struct, *structpb.Struct,
 	}
 	all := proto.CloneOf(c)
 	all.DropAllParams, all.DropParams = true, nil
+	if all.Options == nil {
+		all.Options = &stubbornv1.ModelOptions{} // the codec reads its fields
+	}
 	b, err := Chat{}.EncodeRequest(all, Entry{}, false)
 	if err != nil {
 		return nil, nil, err
