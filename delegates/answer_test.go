@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -384,4 +385,21 @@ func TestAGRPCDelegateGetsTheTypedConversation(t *testing.T) {
 	assert.Equal(t, added, sreq.GetBriefAddition())
 	assert.Equal(t, map[string]any{"role": "user", "content": "Hi" + added}, sreq.GetMessages()[0].AsMap())
 	assert.True(t, proto.Equal(params, sreq.GetModelParams()))
+}
+
+// TestAModelsTextCountsOnceTowardMaxResultBytes: a model's first choice's
+// text is in Result.text and in its choice; the answer is bounded by
+// max_result_bytes counting it once.
+func TestAModelsTextCountsOnceTowardMaxResultBytes(t *testing.T) {
+	answer := func(n int) string {
+		return `{"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("x", n) + `"},"finish_reason":"stop"}]}`
+	}
+	fits, over := newFakeHTTP(t, reply(200, map[string]string{"Content-Type": "application/json"}, answer(700))),
+		newFakeHTTP(t, reply(200, map[string]string{"Content-Type": "application/json"}, answer(1100)))
+	p := poolFrom(t, fmt.Sprintf("limits: {max_result_bytes: 1000}\ndelegates:\n  - {name: fits, openai: {base_url: %q, model: m}, stream: \"off\"}\n  - {name: over, openai: {base_url: %q, model: m}, stream: \"off\"}\n", fits.URL, over.URL))
+	res, err := p.Call(testCtx(t), controls.Call{Delegate: "fits", Brief: "b"})
+	require.NoError(t, err)
+	assert.Len(t, res.GetText(), 700)
+	_, err = p.Call(testCtx(t), controls.Call{Delegate: "over", Brief: "b"})
+	assert.Equal(t, codes.ResourceExhausted, callError(t, err).Code)
 }
