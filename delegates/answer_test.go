@@ -403,3 +403,37 @@ func TestAModelsTextCountsOnceTowardMaxResultBytes(t *testing.T) {
 	_, err = p.Call(testCtx(t), controls.Call{Delegate: "over", Brief: "b"})
 	assert.Equal(t, codes.ResourceExhausted, callError(t, err).Code)
 }
+
+// TestAFieldTheAPICannotCarryIsRefusedBeforeAnyCall: n = 2 to an anthropic
+// delegate is INVALID_ARGUMENT naming n and the delegate, not sent and not
+// retried; a conversation that allows dropping it is sent without it. A
+// conversation without options (a gRPC client's) is all defaults.
+func TestAFieldTheAPICannotCarryIsRefusedBeforeAnyCall(t *testing.T) {
+	f := newFakeHTTP(t, reply(200, map[string]string{"Content-Type": "application/json"},
+		`{"type":"message","model":"claude-x","content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn"}`))
+	p := poolFrom(t, fmt.Sprintf("delegates:\n  - {name: claude, anthropic: {base_url: %q, model: claude-x}, stream: \"off\"}\n", f.URL))
+	task := func(conv *stubbornv1.Conversation) controls.Call {
+		return controls.Call{Delegate: "claude", Brief: "Hi", TaskBrief: "Hi", Task: true, Conversation: conv}
+	}
+	_, err := p.Call(testCtx(t), task(chatConversation(t, `{"model":"x","messages":[{"role":"user","content":"Hi"}],"n":2}`)))
+	ce := callError(t, err)
+	assert.Equal(t, codes.InvalidArgument, ce.Code)
+	assert.True(t, ce.NotSent)
+	assert.True(t, ce.Refused, "no other try does better")
+	assert.Contains(t, ce.Message, "delegate claude")
+	assert.Contains(t, ce.Message, "n: ")
+	f.mu.Lock()
+	assert.Empty(t, f.reqs, "not sent")
+	f.mu.Unlock()
+
+	conv := chatConversation(t, `{"model":"x","messages":[{"role":"user","content":"Hi"}],"n":2}`)
+	conv.DropParams = []string{"n"}
+	_, err = p.Call(testCtx(t), task(conv))
+	require.NoError(t, err)
+	assert.NotContains(t, sentBody(t, f), "n")
+
+	_, err = p.Call(testCtx(t), task(&stubbornv1.Conversation{Messages: []*stubbornv1.ChatMessage{
+		{Role: stubbornv1.ChatRole_CHAT_ROLE_USER, Content: []*stubbornv1.ContentPart{{Kind: &stubbornv1.ContentPart_Text{Text: "Hi"}}}}}}))
+	require.NoError(t, err)
+	assert.Equal(t, []any{map[string]any{"role": "user", "content": "Hi"}}, sentBody(t, f)["messages"])
+}
