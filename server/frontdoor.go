@@ -333,7 +333,11 @@ func (f *frontDoor) runRequest(r *http.Request, who context.Context, reg *regist
 	if req.Model == "" {
 		return nil, status.Error(codes.InvalidArgument, "model: required: a preset or a delegate (GET /v1/models lists them)")
 	}
-	if len(req.conv.GetMessages()) == 0 {
+	if !slices.ContainsFunc(req.conv.GetMessages(), func(m *stubbornv1.ChatMessage) bool {
+		// The Messages API's system prompt is a message of the
+		// conversation, not one of the request's messages.
+		return req.conv.GetApi() != conversation.AnthropicMessages || m.GetRole() != stubbornv1.ChatRole_CHAT_ROLE_SYSTEM
+	}) {
 		return nil, status.Error(codes.InvalidArgument, "messages: at least one message is required")
 	}
 	spec, isPreset, err := model(who, reg, req.Model)
@@ -443,7 +447,7 @@ func (f *frontDoor) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	req, err := parseRequest(d.codec(), body)
 	if err != nil {
 		fl := badRequest("invalid_json", controls.Cut(err.Error(), 300))
-		if fe, ok := errors.AsType[*conversation.FieldError](err); ok {
+		if fe, ok := errors.AsType[*conversation.FieldError](err); ok && fe.Field != "" {
 			fl.code, fl.param = "invalid_request", controls.Cut(fe.Field, 128)
 		}
 		fail(w, d, fl)
