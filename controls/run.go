@@ -171,7 +171,8 @@ func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) 
 	}
 	// Provisional until judged: by the run's failure criteria, or, for a
 	// nested control's attempt, by the attempt that ran its preset.
-	c := Call{Delegate: delegate, Brief: brief, Attempt: n, Task: true, Output: env.Tracker.outputOf(n, env.Criteria != nil || env.Path != "")}
+	c := Call{Delegate: delegate, Brief: brief, Attempt: n, Task: true, Added: env.added}
+	c.Output, c.Deltas = env.Tracker.outputOf(n, env.Criteria != nil || env.Path != "")
 	if env.Guards == nil {
 		res, err = env.Delegates.Call(ctx, c)
 		return judge(ctx, env, n, delegate, res, err)
