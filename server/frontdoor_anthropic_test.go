@@ -175,7 +175,7 @@ func TestTheMessagesDoorSpeaksAnthropicErrors(t *testing.T) {
 
 // TestTheMessagesDoorReachesAnAnthropicDelegate: a Messages request through
 // the door reaches an anthropic delegate as a Messages request again, its
-// system prompt, messages and parameters in place.
+// system prompt (in the shape it came), messages and parameters in place.
 func TestTheMessagesDoorReachesAnAnthropicDelegate(t *testing.T) {
 	var (
 		mu   sync.Mutex
@@ -203,7 +203,7 @@ func TestTheMessagesDoorReachesAnAnthropicDelegate(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Equal(t, map[string]any{
-		"model": "claude-x", "max_tokens": 2.0, "temperature": 0.0, "system": "Answer in French.",
+		"model": "claude-x", "max_tokens": 2.0, "temperature": 0.0, "system": []any{map[string]any{"type": "text", "text": "Answer in French."}},
 		"stop_sequences": []any{"\n\n"}, "metadata": map[string]any{"user_id": "u7"}, "stream": true,
 		"messages": []any{
 			map[string]any{"role": "user", "content": "Hello"},
