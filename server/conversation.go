@@ -141,7 +141,7 @@ func (val *validator) checkTyped(v *violations, c *stubbornv1.Conversation) {
 			deep(f+".extra", t.GetExtra())
 		}
 	}
-	if o.N != nil && (o.GetN() < 1 || o.GetN() > conversation.MaxChoices) {
+	if o != nil && o.N != nil && (o.GetN() < 1 || o.GetN() > conversation.MaxChoices) {
 		v.add("conversation.options.n", "must be between 1 and %d, got %d", conversation.MaxChoices, o.GetN())
 	}
 	if n := len(o.GetStop()); n > conversation.MaxStops {
