@@ -12,24 +12,25 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// conversationOf is the conversation call c sends (README, "Conversations"):
-// for an attempt at a run's task, the run's conversation (typed, or read
-// from the legacy Structs of a run journaled before it) with what the
-// control added to the brief (c.Added); else, or for a run of a brief
-// alone, one user message of the brief. legacy says the conversation was
-// read from the Structs. An error is the CallError of a conversation that
-// cannot be read.
-func conversationOf(c controls.Call, delegate string) (conv *stubbornv1.Conversation, legacy bool, err error) {
+// conversationOf is the conversation a model delegate's call c sends
+// (README, "Conversations"): for an attempt at a run's task, the run's
+// conversation (typed, or read from the legacy Structs of a run journaled
+// with them) with what the control added to the brief (c.Added); else, or
+// for a run of a brief alone, one user message of the brief (which has
+// c.Added already). An error is the CallError of legacy Structs that do
+// not read.
+func conversationOf(c controls.Call, delegate string) (*stubbornv1.Conversation, error) {
+	var conv *stubbornv1.Conversation
 	switch {
 	case c.Task && c.Conversation != nil:
 		conv = c.Conversation
 	case c.Task && len(c.Messages) > 0:
+		var err error
 		if conv, err = conversation.FromLegacy(c.Messages, c.ModelParams); err != nil {
-			return nil, false, refusedConversation(delegate, err)
+			return nil, refusedConversation(delegate, err)
 		}
-		legacy = true
 	default:
-		return &stubbornv1.Conversation{Messages: []*stubbornv1.ChatMessage{userText(c.Brief)}, Options: &stubbornv1.ModelOptions{}}, false, nil
+		return &stubbornv1.Conversation{Messages: []*stubbornv1.ChatMessage{userText(c.Brief)}, Options: &stubbornv1.ModelOptions{}}, nil
 	}
 	conv = withAdded(conv, c.Added)
 	if conv.GetOptions() == nil {
@@ -40,7 +41,7 @@ func conversationOf(c controls.Call, delegate string) (conv *stubbornv1.Conversa
 		}
 		conv.Options = &stubbornv1.ModelOptions{}
 	}
-	return conv, legacy, nil
+	return conv, nil
 }
 
 // withAdded is conv with added (retry-with-learning's failure history,

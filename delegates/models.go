@@ -16,10 +16,11 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// The model kinds speak two small, stable JSON APIs directly, over the
-// same httpClient as the http kind, rather than through a vendor SDK: the
-// request and the fields read are a handful, every failure maps the same
-// way as an http delegate's (status, Retry-After, not sent, the size
+// The model kinds speak two stable JSON APIs directly, over the same
+// httpClient as the http kind, rather than through a vendor SDK: the wire
+// types are the conversation codecs the front doors use too (one
+// translation, one set of bounds), every failure maps the same way as an
+// http delegate's (status, Retry-After, not sent, the size
 // bound), and nothing but the config decides where a key is sent. (The
 // official OpenAI Go SDK reads OPENAI_API_KEY, OPENAI_BASE_URL and
 // OPENAI_CUSTOM_HEADERS from the environment whatever the caller sets,
@@ -40,7 +41,7 @@ func modelEntry(model, system string, temperature *float64, maxTokens int) conve
 // (conversationOf) over the entry's defaults. A field the API cannot carry
 // is c's INVALID_ARGUMENT, not sent.
 func encodeRequest(codec conversation.Codec, c controls.Call, e conversation.Entry, stream bool) ([]byte, error) {
-	conv, _, err := conversationOf(c, c.Delegate)
+	conv, err := conversationOf(c, c.Delegate)
 	if err != nil {
 		return nil, err
 	}
