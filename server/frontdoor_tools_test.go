@@ -322,7 +322,7 @@ func TestNTwoComesBackAsTwoChoices(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	var c struct {
 		Choices []struct {
-			Index   int                   `json:"index"`
+			Index   int                      `json:"index"`
 			Message struct{ Content string } `json:"message"`
 		} `json:"choices"`
 	}
