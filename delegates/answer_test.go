@@ -437,3 +437,19 @@ func TestAFieldTheAPICannotCarryIsRefusedBeforeAnyCall(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []any{map[string]any{"role": "user", "content": "Hi"}}, sentBody(t, f)["messages"])
 }
+
+// TestAModelAnswerWithADeepUsageIsRead: a usage nested past what the codecs
+// take does not fail the answer: the choices are read, and Result.data
+// keeps the usage (bounded by the pool like any data).
+func TestAModelAnswerWithADeepUsageIsRead(t *testing.T) {
+	deep := strings.Repeat(`{"a":`, 100) + "1" + strings.Repeat("}", 100)
+	f := newFakeHTTP(t, reply(200, map[string]string{"Content-Type": "application/json"},
+		`{"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"the answer"},"finish_reason":"stop"}],"usage":`+deep+`}`))
+	p := poolFrom(t, fmt.Sprintf("delegates:\n  - {name: gpt, openai: {base_url: %q, model: m}, stream: \"off\"}\n", f.URL))
+	res, err := p.Call(testCtx(t), controls.Call{Delegate: "gpt", Brief: "b"})
+	require.NoError(t, err)
+	assert.Equal(t, "the answer", res.GetText())
+	assert.Len(t, res.GetChoices(), 1)
+	assert.Equal(t, "stop", res.GetData().GetStructValue().GetFields()["finish_reason"].GetStringValue())
+	assert.NotNil(t, res.GetData().GetStructValue().GetFields()["usage"])
+}

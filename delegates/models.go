@@ -99,7 +99,7 @@ func (t *openAITransport) call(ctx context.Context, c controls.Call, s *stream) 
 		done  bool
 	)
 	a, err := t.doStream(req, s, formatSSE, func(ev event) error {
-		ds, end, err := dec.Next(conversation.Event{Name: ev.name, Data: ev.data})
+		ds, end, err := dec.Next(conversation.Event{Name: ev.name, Data: decodable(ev.data)})
 		var se *conversation.StreamError
 		switch {
 		case errors.As(err, &se):
@@ -184,7 +184,7 @@ func refusal(said string) *controls.CallError {
 
 // answer reads a Chat Completions answer that came whole.
 func (t *openAITransport) answer(a *answer) (*stubbornv1.Result, error) {
-	r, err := conversation.Chat{}.DecodeResponse(a.body)
+	r, err := conversation.Chat{}.DecodeResponse(decodable(a.body))
 	if err != nil {
 		return nil, unreadable("not a Chat Completions answer: %v", err)
 	}
@@ -196,6 +196,58 @@ func (t *openAITransport) answer(a *answer) (*stubbornv1.Result, error) {
 		return nil, refusal(first.GetMessage().GetRefusal())
 	}
 	return modelResult(r, map[string]any{"model": r.GetModel(), "finish_reason": first.GetNativeFinishReason(), "usage": rawUsage(a.body)})
+}
+
+// decodable is an answer's JSON body (or a streamed event's) as the codecs
+// read it: as it is, unless a field besides the answer itself (choices,
+// content) nests deeper than the codecs take; such a field (a broken or
+// hostile server's usage) is left out of what they read, rather than fail
+// the whole answer, and Result.data keeps it, bounded (BoundResult).
+func decodable(body []byte) []byte {
+	if depthWithin(body, conversation.MaxDepth) {
+		return body
+	}
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return body // the codec says what is wrong
+	}
+	for k, v := range top {
+		if k != "choices" && k != "content" && !depthWithin(v, conversation.MaxDepth-1) {
+			delete(top, k)
+		}
+	}
+	b, err := json.Marshal(top)
+	if err != nil {
+		return body
+	}
+	return b
+}
+
+// depthWithin says whether a JSON text nests at most max arrays and
+// objects, counted without decoding it (as the codecs count).
+func depthWithin(b []byte, max int) bool {
+	depth, inString, escaped := 0, false, false
+	for _, c := range b {
+		switch {
+		case escaped:
+			escaped = false
+		case inString:
+			if c == '\\' {
+				escaped = true
+			} else if c == '"' {
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			if depth++; depth > max {
+				return false
+			}
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return true
 }
 
 // rawUsage is an answer's usage as its API said it (Result.data keeps
@@ -260,7 +312,7 @@ func (t *anthropicTransport) call(ctx context.Context, c controls.Call, s *strea
 		done  bool
 	)
 	a, err := t.doStream(req, s, formatSSE, func(ev event) error {
-		ds, end, err := dec.Next(conversation.Event{Name: ev.name, Data: ev.data})
+		ds, end, err := dec.Next(conversation.Event{Name: ev.name, Data: decodable(ev.data)})
 		var se *conversation.StreamError
 		switch {
 		case errors.As(err, &se):
@@ -325,7 +377,7 @@ func (t *anthropicTransport) answer(a *answer) (*stubbornv1.Result, error) {
 	if head.Type != "message" {
 		return nil, unreadable("a Messages API answer of type %q, not \"message\"", controls.Cut(head.Type, 100))
 	}
-	r, err := conversation.Messages{}.DecodeResponse(a.body)
+	r, err := conversation.Messages{}.DecodeResponse(decodable(a.body))
 	if err != nil {
 		return nil, unreadable("not a Messages API answer: %v", err)
 	}
