@@ -161,16 +161,60 @@ func cutAttempt(a *stubbornv1.Attempt, n int) {
 	}
 }
 
-// cutResult cuts r's text to n bytes and drops its data when either is
-// longer.
+// cutResult cuts r's texts to n bytes (its text, its choices' texts,
+// refusals and tool calls' arguments) and drops its data and its
+// choices' extra fields when any of them is longer.
 func cutResult(r *stubbornv1.Result, n int) {
 	if r == nil {
 		return
 	}
-	if len(r.GetText()) > n || r.GetData() != nil && proto.Size(r.GetData()) > n {
-		r.Text = Cut(r.GetText(), n)
-		r.Data = nil
+	over := len(r.GetText()) > n || r.GetData() != nil && proto.Size(r.GetData()) > n
+	for _, c := range r.GetChoices() {
+		over = over || choiceOver(c.GetMessage(), n)
 	}
+	if !over {
+		return
+	}
+	r.Text = Cut(r.GetText(), n)
+	r.Data = nil
+	for _, c := range r.GetChoices() {
+		m := c.GetMessage()
+		if m == nil {
+			continue
+		}
+		m.Extra, m.Refusal = nil, Cut(m.GetRefusal(), n)
+		for _, p := range m.GetContent() {
+			p.Extra = nil
+			switch k := p.GetKind().(type) {
+			case *stubbornv1.ContentPart_Text:
+				k.Text = Cut(k.Text, n)
+			case *stubbornv1.ContentPart_Image:
+				k.Image.Url = Cut(k.Image.GetUrl(), n)
+			}
+		}
+		for _, tc := range m.GetToolCalls() {
+			tc.Arguments = Cut(tc.GetArguments(), n)
+		}
+	}
+}
+
+// choiceOver reports whether a text of m, or its extra fields, are over n
+// bytes.
+func choiceOver(m *stubbornv1.ChatMessage, n int) bool {
+	if len(m.GetRefusal()) > n || m.GetExtra() != nil && proto.Size(m.GetExtra()) > n {
+		return true
+	}
+	for _, p := range m.GetContent() {
+		if len(p.GetText()) > n || len(p.GetImage().GetUrl()) > n || p.GetExtra() != nil && proto.Size(p.GetExtra()) > n {
+			return true
+		}
+	}
+	for _, tc := range m.GetToolCalls() {
+		if len(tc.GetArguments()) > n {
+			return true
+		}
+	}
+	return false
 }
 
 func cutFailure(f *stubbornv1.FailureRecord, n int) {
@@ -183,21 +227,50 @@ func cutFailure(f *stubbornv1.FailureRecord, n int) {
 	f.NotRetriedReason = Cut(f.GetNotRetriedReason(), n)
 }
 
-// BoundResult returns r if its data nests at most MaxDataDepth objects
-// and lists deep (DataDepth). Otherwise it returns a copy whose data keeps
-// each object or list found at that depth as a string: its JSON text
-// (object keys sorted). Nothing of the answer is lost, and its shallow
-// fields (a model's finish_reason, say) stay where they were; a
-// delegate's answer is data, and refusing it for its shape would throw
-// away an answer that may have cost a model call (and be retried at that
-// cost again). r is not changed.
+// BoundResult returns r if its data, and its choices' extra fields, nest
+// at most MaxDataDepth objects and lists deep (DataDepth). Otherwise it
+// returns a copy whose data keeps each object or list found at that depth
+// as a string: its JSON text (object keys sorted). Nothing of the answer
+// is lost, and its shallow fields (a model's finish_reason, say) stay
+// where they were; a delegate's answer is data, and refusing it for its
+// shape would throw away an answer that may have cost a model call (and
+// be retried at that cost again). r is not changed.
 func BoundResult(r *stubbornv1.Result) *stubbornv1.Result {
-	if r.GetData() == nil || DataDepth(r.GetData()) <= MaxDataDepth {
+	deep := r.GetData() != nil && DataDepth(r.GetData()) > MaxDataDepth
+	for _, c := range r.GetChoices() {
+		eachExtra(c.GetMessage(), func(s *structpb.Struct) {
+			deep = deep || DataDepth(structpb.NewStructValue(s)) > MaxDataDepth
+		})
+	}
+	if !deep {
 		return r
 	}
 	out := proto.CloneOf(r)
-	out.Data = BoundValue(out.GetData(), MaxDataDepth)
+	if out.GetData() != nil {
+		out.Data = BoundValue(out.GetData(), MaxDataDepth)
+	}
+	for _, c := range out.GetChoices() {
+		eachExtra(c.GetMessage(), func(s *structpb.Struct) {
+			// Changed in place: the object itself is one level.
+			for k, f := range s.GetFields() {
+				s.Fields[k] = BoundValue(f, MaxDataDepth-1)
+			}
+		})
+	}
 	return out
+}
+
+// eachExtra calls f with each extra field (a Struct) of m and its parts
+// that is set.
+func eachExtra(m *stubbornv1.ChatMessage, f func(*structpb.Struct)) {
+	if m.GetExtra() != nil {
+		f(m.GetExtra())
+	}
+	for _, p := range m.GetContent() {
+		if p.GetExtra() != nil {
+			f(p.GetExtra())
+		}
+	}
 }
 
 // DataDepth is how many objects and lists v nests inside one another: 0

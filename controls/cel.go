@@ -28,7 +28,9 @@ const (
 )
 
 // celEnv declares what an expression may use: result (a stubborn.v1.Result,
-// so result.text is a string and result.data a JSON-like dyn), attempt and
+// so result.text is a string, result.data a JSON-like dyn, and a model's
+// answer is in result.choices, result.usage and result.model, as in
+// result.choices[0].message.tool_calls[0].name), attempt and
 // delegate, with the standard library and the strings extension, bounded
 // in memory (celbounds.go). It is built once: a cel.Env is safe for
 // concurrent use.
@@ -128,6 +130,18 @@ func checkInputs(delegate string, r *stubbornv1.Result) error {
 		if n := proto.Size(r.GetData()); n > MaxResultBytes {
 			return fmt.Errorf("%w: result.data is %d bytes, more than the limit of %d", ErrTooLarge, n, MaxResultBytes)
 		}
+	}
+	if len(r.GetChoices()) > 0 {
+		n := 0
+		for _, c := range r.GetChoices() {
+			n += proto.Size(c)
+		}
+		if n > MaxResultBytes {
+			return fmt.Errorf("%w: result.choices are %d bytes, more than the limit of %d", ErrTooLarge, n, MaxResultBytes)
+		}
+	}
+	if n := len(r.GetModel()); n > MaxResultBytes {
+		return fmt.Errorf("%w: result.model is %d bytes, more than the limit of %d", ErrTooLarge, n, MaxResultBytes)
 	}
 	if n := len(delegate); n > MaxDelegateNameBytes {
 		return fmt.Errorf("%w: the delegate's name is %d bytes, more than the limit of %d", ErrTooLarge, n, MaxDelegateNameBytes)

@@ -26,8 +26,9 @@ import (
 // evaluation, whatever the answer:
 //
 //  1. At submission, CompileExpr works out, with cel-go's cost estimator
-//     and the largest inputs (result.text and result.data of MaxResultBytes,
-//     delegate of MaxDelegateNameBytes), the largest value that each call
+//     and the largest inputs (result.text, result.data, result.choices
+//     and result.model of MaxResultBytes, delegate of
+//     MaxDelegateNameBytes), the largest value that each call
 //     which builds one (string concatenation, replace, join, split, format,
 //     strings.quote, string/bytes conversions) may return,
 //     and refuses an expression in which that may exceed CELMaxValueBytes.
@@ -53,8 +54,9 @@ import (
 // through before that: a few tens of MiB at most.
 const (
 	// MaxResultBytes is the largest result an expression is evaluated
-	// over: result.text of at most this many bytes, and result.data whose
-	// protobuf encoding is at most this many bytes. Over it, the
+	// over: result.text and result.model of at most this many bytes, and
+	// result.data, and result.choices together, whose protobuf encoding is
+	// at most this many bytes. Over it, the
 	// evaluation fails without starting (the attempt fails with the reason).
 	// Delegate answers are meant to be held to it before the criteria see
 	// them.
@@ -389,9 +391,9 @@ func regexInstructions(re *syntax.Regexp) uint64 {
 	}
 }
 
-// EstimateSize gives the inputs' largest sizes: result.text, result.data
-// and everything in it hold at most MaxResultBytes, delegate at most
-// MaxDelegateNameBytes.
+// EstimateSize gives the inputs' largest sizes: result.text,
+// result.model, result.data and result.choices and everything in them
+// hold at most MaxResultBytes, delegate at most MaxDelegateNameBytes.
 func (w *worstCase) EstimateSize(n cost.AstNode) *cost.SizeEstimate {
 	p := n.Path()
 	switch {
@@ -405,12 +407,15 @@ func (w *worstCase) EstimateSize(n cost.AstNode) *cost.SizeEstimate {
 	case len(p) == 1:
 		s := cost.RangedSizeEstimate(0, 2*MaxResultBytes)
 		return &s
-	case p[1] == "text":
+	case p[1] == "text", p[1] == "model" && len(p) == 2:
 		s := cost.RangedSizeEstimate(0, MaxResultBytes)
 		return &s
 	}
-	// result.data, or any part of it: a list or map of at most
-	// MaxResultBytes, whose elements and keys are no larger.
+	// result.data or result.choices (all of them together hold at most
+	// MaxResultBytes), or any part of them: a list or map of at most
+	// MaxResultBytes, whose elements and keys, and the strings in them
+	// (a choice's texts, a tool call's name and arguments), are no
+	// larger.
 	part := cost.RangedSizeEstimate(0, MaxResultBytes)
 	s := cost.MapSizeEstimate(part, part, part)
 	return &s

@@ -76,7 +76,10 @@ type Call struct {
 	// choice's text: the text of its other choices and every tool call's
 	// fragments (id and name with the first, then pieces of arguments),
 	// with Output's rules: in order, never at once with each other or
-	// with Output, only while Call runs. Set and nil with Output.
+	// with Output, only while Call runs. Set and nil with Output. A delta
+	// of choice 0's text is taken as text given to Output: a layer that
+	// gathers pieces (the run engine's coalescing) hands text and deltas
+	// over in one call, and they become one attempt_output event.
 	Deltas func(ds []*stubbornv1.OutputDelta)
 }
 
@@ -328,10 +331,26 @@ type Env struct {
 	// Guards admit each live call to a delegate (circuit breakers,
 	// bulkheads, rate limits). Nil means every call goes.
 	Guards Guards
+	// added is what enclosing controls added to the run's brief to make
+	// the brief this control's attempts start from (a retry-with-
+	// learning's history, for the preset it retries): a task call's Added
+	// starts with it. Empty for the run's own control.
+	added string
 	// NeverAsk makes every retry control of the run, nested ones too,
 	// fail when its retries run out instead of asking a person
 	// (RunOptions.never_ask).
 	NeverAsk bool
+}
+
+// adding returns e, or a copy of it whose calls add more to the run's
+// brief (Env.added).
+func (e *Env) adding(more string) *Env {
+	if more == "" {
+		return e
+	}
+	c := *e
+	c.added += more
+	return &c
 }
 
 func (e *Env) clock() Clock {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"google.golang.org/grpc/codes"
 
 	"github.com/stubbornhq/stubborn/controls"
@@ -165,7 +166,22 @@ func (f *fixture) end(t *testing.T, done <-chan ran) ran {
 	t.Helper()
 	r := recv(t, done, "the control to return")
 	checkCodes(t, r.out, r.state)
+	checkAdded(t, r.calls)
 	return r
+}
+
+// checkAdded checks that every task call's brief is the run's brief
+// followed by what the control added (Call.Added), which a model delegate
+// adds to the conversation.
+func checkAdded(t *testing.T, calls []controls.Call) {
+	t.Helper()
+	for _, c := range calls {
+		if c.Task {
+			assert.Equal(t, c.Brief, taskBrief+c.Added, "attempt %d to %s: Brief is the task brief followed by Added", c.Attempt, c.Delegate)
+		} else {
+			assert.Empty(t, c.Added, "call %d to %s is not a task call", c.Attempt, c.Delegate)
+		}
+	}
 }
 
 // endCodes are the codes (Outcome.Code, ControlState.status_reason_code)

@@ -33,12 +33,12 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 	target := spec.GetTarget()
 	var failures []*stubbornv1.FailureRecord
 
-	brief := taskBrief
+	brief, added := taskBrief, "" // brief is taskBrief followed by added
 	for i := 0; i < maxRetries; i++ {
 		if ctx.Err() != nil {
 			return stopped(ctx)
 		}
-		n, a := attempt(ctx, env, "target", target, brief, 0)
+		n, a := attempt(ctx, env.adding(added), "target", target, brief, 0)
 		if ctx.Err() != nil {
 			return stopped(ctx)
 		}
@@ -83,9 +83,10 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 			}
 		}
 		failures = append(failures, rec)
-		brief = ""
+		brief, added = "", ""
 		if willRetry {
-			brief = EnrichBrief(taskBrief, failures)
+			added = enrichment(failures)
+			brief = taskBrief + added
 		}
 		env.Tracker.Failure(rec, willRetry, brief)
 	}
@@ -129,11 +130,16 @@ func analyse(ctx context.Context, env *Env, analyst, taskBrief string, rec *stub
 // reference format, byte for byte. An analyst's advice, when a record has
 // one, follows that record's reason.
 func EnrichBrief(taskBrief string, failures []*stubbornv1.FailureRecord) string {
+	return taskBrief + enrichment(failures)
+}
+
+// enrichment is what EnrichBrief appends to the brief: empty for no
+// failures.
+func enrichment(failures []*stubbornv1.FailureRecord) string {
 	if len(failures) == 0 {
-		return taskBrief
+		return ""
 	}
 	var b strings.Builder
-	b.WriteString(taskBrief)
 	b.WriteString("\n\nPrior attempts failed. You MUST try a different approach.\n")
 	for i, f := range failures {
 		fmt.Fprintf(&b, "\nAttempt %d: %s\nFailure reason: %s\n", i+1, f.GetSummary(), f.GetReason())

@@ -149,8 +149,10 @@ func TestRetryWithLearningEnsures(t *testing.T) {
 				// the attempt number only as metadata.
 				assert.Equal(t, []controls.Call{
 					{Delegate: "target", Brief: taskBrief, Attempt: 1, Task: true},
-					{Delegate: "target", Brief: enriched(taskBrief, [2]string{"Error: one", "one"}), Attempt: 2, Task: true},
-					{Delegate: "target", Brief: enriched(taskBrief, [2]string{"Error: one", "one"}, [2]string{"Error: two", "two"}), Attempt: 3, Task: true},
+					{Delegate: "target", Brief: enriched(taskBrief, [2]string{"Error: one", "one"}), Attempt: 2, Task: true,
+						Added: strings.TrimPrefix(enriched(taskBrief, [2]string{"Error: one", "one"}), taskBrief)},
+					{Delegate: "target", Brief: enriched(taskBrief, [2]string{"Error: one", "one"}, [2]string{"Error: two", "two"}), Attempt: 3, Task: true,
+						Added: strings.TrimPrefix(enriched(taskBrief, [2]string{"Error: one", "one"}, [2]string{"Error: two", "two"}), taskBrief)},
 				}, r.calls)
 			},
 		},

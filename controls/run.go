@@ -1,7 +1,9 @@
 package controls
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -102,8 +104,19 @@ func exhausted(format string, args ...any) Outcome {
 }
 
 // ResultString is the reference contracts' String(result): the text, or the
-// structured data as JSON when there is no text.
+// structured data as JSON when there is no text. A model's answer with
+// tool calls (its first choice's, as its text is) reads as the text
+// followed, on a line of its own, by the calls as compact JSON,
+// [{"name":"get_weather","arguments":{"city":"Paris"}}], the arguments as
+// they are when they are JSON, else as a string: what a judge, an analyst
+// and a failure's summary read of an answer that is only tool calls.
 func ResultString(r *stubbornv1.Result) string {
+	if calls := toolCallsJSON(r); calls != "" {
+		if r.GetText() == "" {
+			return calls
+		}
+		return r.GetText() + "\n" + calls
+	}
 	if r.GetText() != "" || r.GetData() == nil {
 		return r.GetText()
 	}
@@ -112,6 +125,40 @@ func ResultString(r *stubbornv1.Result) string {
 		return ""
 	}
 	return string(b)
+}
+
+// toolCallsJSON is the tool calls of r's first choice as compact JSON
+// (ResultString), empty when it has none.
+func toolCallsJSON(r *stubbornv1.Result) string {
+	var calls []*stubbornv1.ToolCall
+	for _, c := range r.GetChoices() {
+		if c.GetIndex() == 0 {
+			calls = c.GetMessage().GetToolCalls()
+			break
+		}
+	}
+	if len(calls) == 0 {
+		return ""
+	}
+	type call struct {
+		Name      string `json:"name"`
+		Arguments any    `json:"arguments"`
+	}
+	out := make([]call, len(calls))
+	for i, c := range calls {
+		out[i] = call{Name: c.GetName(), Arguments: c.GetArguments()}
+		var b bytes.Buffer
+		if json.Valid([]byte(c.GetArguments())) && json.Compact(&b, []byte(c.GetArguments())) == nil {
+			out[i].Arguments = json.RawMessage(b.Bytes())
+		}
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // read by people and models, not pasted into HTML
+	if err := enc.Encode(out); err != nil {
+		return ""
+	}
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 // FirstChars returns the first n characters (not bytes) of s, like the
@@ -171,7 +218,8 @@ func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) 
 	}
 	// Provisional until judged: by the run's failure criteria, or, for a
 	// nested control's attempt, by the attempt that ran its preset.
-	c := Call{Delegate: delegate, Brief: brief, Attempt: n, Task: true, Output: env.Tracker.outputOf(n, env.Criteria != nil || env.Path != "")}
+	c := Call{Delegate: delegate, Brief: brief, Attempt: n, Task: true, Added: env.added}
+	c.Output, c.Deltas = env.Tracker.outputOf(n, env.Criteria != nil || env.Path != "")
 	if env.Guards == nil {
 		res, err = env.Delegates.Call(ctx, c)
 		return judge(ctx, env, n, delegate, res, err)

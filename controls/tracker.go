@@ -62,9 +62,9 @@ type Tracker struct {
 
 	stop func(error) // ends the run's control (Execute's), set once
 
-	// output is the bytes of text each attempt streamed so far
-	// (attempt_output), by attempt number; nil until one streams.
-	output map[int32]int64
+	// output is what each attempt streamed so far (attempt_output), by
+	// attempt number; nil until one streams.
+	output map[int32]*streamedOutput
 }
 
 // NondeterminismError is why a resumed run ended at a step its journal
@@ -121,7 +121,7 @@ func NewReplayTracker(state *stubbornv1.ControlState, clock Clock, rec Recorder,
 		for _, ev := range recorded {
 			Apply(state, proto.CloneOf(ev))
 			if o := ev.GetAttemptOutput(); o != nil {
-				t.streamed(o.GetAttempt(), o.GetOffset()+int64(len(o.GetText())))
+				t.streamed(o, false)
 			}
 		}
 	}
@@ -294,28 +294,61 @@ func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result 
 	if err != nil {
 		a.Error = attemptError(err)
 	}
-	out := t.output[n]
+	var out int64
+	streamed := false
+	if s := t.output[n]; s != nil {
+		out, streamed = s.text, s.text > 0 || s.deltas
+	}
 	t.fold(at, a.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptFinished{
 		AttemptFinished: &stubbornv1.AttemptFinished{
 			Attempt: a, Note: note,
-			OutputBytes: out, OutputDiscarded: out > 0 && outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED,
+			OutputBytes: out, OutputDiscarded: streamed && outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED,
 		},
 	}})
 }
 
-// outputOf returns what a delegate that streams gives attempt n's text to
-// (Call.Output): Output, for attempt n. provisional says failure criteria
-// will rule on the answer once it is whole.
-func (t *Tracker) outputOf(n int32, provisional bool) func(text string) {
-	return func(text string) { t.Output(n, text, provisional) }
+// outputOf returns what a delegate that streams gives attempt n's output
+// to (Call.Output and Call.Deltas): Piece, for attempt n. provisional
+// says failure criteria will rule on the answer once it is whole.
+func (t *Tracker) outputOf(n int32, provisional bool) (func(text string), func(ds []*stubbornv1.OutputDelta)) {
+	return func(text string) { t.Piece(n, text, nil, provisional) },
+		func(ds []*stubbornv1.OutputDelta) { t.Piece(n, "", ds, provisional) }
 }
 
 // Output emits attempt_output: attempt n, in flight, streamed text, which
-// follows what it streamed before. A piece of an attempt that has ended
-// (a race's loser, cancelled while a piece was on its way) or of one the
-// tracker never began is dropped: its end said what became of its output.
+// follows what it streamed before (Piece).
 func (t *Tracker) Output(n int32, text string, provisional bool) {
-	if text == "" {
+	t.Piece(n, text, nil, provisional)
+}
+
+// Piece emits attempt_output: attempt n, in flight, streamed text (its
+// first choice's) and deltas (the rest of its answer), which follow what
+// it streamed before; one event carries both. A delta of choice 0's text
+// joins text, after it (Call.Deltas). Each delta gets its offset: the
+// bytes its own stream (a choice's text, a tool call's arguments)
+// streamed before it. A piece of an attempt that has ended (a race's
+// loser, cancelled while a piece was on its way) or of one the tracker
+// never began is dropped: its end said what became of its output.
+func (t *Tracker) Piece(n int32, text string, ds []*stubbornv1.OutputDelta, provisional bool) {
+	var kept []*stubbornv1.OutputDelta
+	for _, d := range ds {
+		switch k := d.GetKind().(type) {
+		case *stubbornv1.OutputDelta_Text:
+			if d.GetChoice() == 0 {
+				text += k.Text
+			} else if k.Text != "" {
+				kept = append(kept, &stubbornv1.OutputDelta{Choice: d.GetChoice(), Kind: &stubbornv1.OutputDelta_Text{Text: k.Text}})
+			}
+		case *stubbornv1.OutputDelta_ToolCall:
+			tc := k.ToolCall
+			if tc.GetId() != "" || tc.GetName() != "" || tc.GetArguments() != "" {
+				kept = append(kept, &stubbornv1.OutputDelta{Choice: d.GetChoice(), Kind: &stubbornv1.OutputDelta_ToolCall{ToolCall: &stubbornv1.ToolCallDelta{
+					Index: tc.GetIndex(), Id: tc.GetId(), Name: tc.GetName(), Arguments: tc.GetArguments(),
+				}}})
+			}
+		}
+	}
+	if text == "" && len(kept) == 0 {
 		return
 	}
 	t.mu.Lock()
@@ -327,20 +360,67 @@ func (t *Tracker) Output(n int32, text string, provisional bool) {
 	if a.GetOutcome() != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_UNSPECIFIED {
 		return
 	}
-	offset := t.output[n]
-	t.streamed(n, offset+int64(len(text)))
-	t.fold(t.now(), a.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptOutput{
-		AttemptOutput: &stubbornv1.AttemptOutput{Attempt: n, Text: text, Offset: offset, Provisional: provisional},
-	}})
+	o := &stubbornv1.AttemptOutput{Attempt: n, Text: text, Provisional: provisional, Deltas: kept}
+	if text != "" {
+		o.Offset = t.streamedText(n)
+	}
+	t.streamed(o, true)
+	t.fold(t.now(), a.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptOutput{AttemptOutput: o}})
 }
 
-// streamed notes that attempt n has streamed bytes of text so far.
+// streamKey names one stream of an attempt's output besides its first
+// choice's text: a choice's text (call -1) or one of its tool calls'
+// arguments.
+type streamKey struct {
+	attempt, choice, call int32
+}
+
+// streamedOutput is what an attempt streamed so far.
+type streamedOutput struct {
+	text    int64 // bytes of its first choice's text
+	deltas  bool  // some deltas too
+	streams map[streamKey]int64
+}
+
+// streamedText returns the bytes of text attempt n streamed so far.
 // Callers hold t.mu, or own t.
-func (t *Tracker) streamed(n int32, bytes int64) {
-	if t.output == nil {
-		t.output = map[int32]int64{}
+func (t *Tracker) streamedText(n int32) int64 {
+	if s := t.output[n]; s != nil {
+		return s.text
 	}
-	t.output[n] = bytes
+	return 0
+}
+
+// streamed notes o, the attempt's next output, setting its deltas'
+// offsets when it is live, or taking them as they are (an event of the
+// journal, with o.Offset too). Callers hold t.mu, or own t.
+func (t *Tracker) streamed(o *stubbornv1.AttemptOutput, live bool) {
+	if t.output == nil {
+		t.output = map[int32]*streamedOutput{}
+	}
+	n := o.GetAttempt()
+	s := t.output[n]
+	if s == nil {
+		s = &streamedOutput{}
+		t.output[n] = s
+	}
+	if o.GetText() != "" {
+		s.text = o.GetOffset() + int64(len(o.GetText()))
+	}
+	for _, d := range o.GetDeltas() {
+		k, size := streamKey{n, d.GetChoice(), -1}, int64(len(d.GetText()))
+		if tc := d.GetToolCall(); tc != nil {
+			k.call, size = tc.GetIndex(), int64(len(tc.GetArguments()))
+		}
+		if s.streams == nil {
+			s.streams = map[streamKey]int64{}
+		}
+		if live {
+			d.Offset = s.streams[k]
+		}
+		s.streams[k] = d.GetOffset() + size
+		s.deltas = true
+	}
 }
 
 // Failure appends rec to the failure history and emits failure_analyzed.

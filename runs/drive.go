@@ -181,7 +181,7 @@ func holdCancel(run context.Context) (ctx context.Context, release, stop func())
 }
 
 // constantPart returns a new state with the fields of st that never change
-// once the run is accepted (id, brief, control, options, tenant, creation,
+// once the run is accepted (id, task, control, options, tenant, creation,
 // trace), sharing their messages, which nobody changes either.
 func constantPart(st *stubbornv1.ControlState) *stubbornv1.ControlState {
 	return &stubbornv1.ControlState{
@@ -189,6 +189,7 @@ func constantPart(st *stubbornv1.ControlState) *stubbornv1.ControlState {
 		TaskBrief:    st.GetTaskBrief(),
 		TaskMessages: st.GetTaskMessages(),
 		ModelParams:  st.GetModelParams(),
+		Conversation: st.GetConversation(),
 		Control:      st.GetControl(),
 		Options:      st.GetOptions(),
 		CreateTime:   st.GetCreateTime(),

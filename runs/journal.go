@@ -438,6 +438,26 @@ func (f flushing) Serving(ctx context.Context, name string) bool {
 	return f.Delegates.Serving(ctx, name)
 }
 
+// joined returns what hands a coalesced piece to output and deltas: all
+// of it to deltas (which takes choice 0's text as text, Call.Deltas), or
+// only choice 0's text to output when nobody watches deltas.
+func joined(output func(string), deltas func([]*stubbornv1.OutputDelta)) func([]*stubbornv1.OutputDelta) {
+	if deltas != nil {
+		return deltas
+	}
+	return func(ds []*stubbornv1.OutputDelta) {
+		text := ""
+		for _, d := range ds {
+			if d.GetChoice() == 0 {
+				text += d.GetText()
+			}
+		}
+		if text != "" {
+			output(text)
+		}
+	}
+}
+
 func (f flushing) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
 	f.r.flush()
 	f.r.calls.Add(1)
@@ -453,9 +473,9 @@ func (f flushing) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result
 		return nil, &controls.CallError{Code: codes.Aborted, Message: "not sent: " + errLost.Error(), NotSent: true, Refused: true}
 	}
 	if c.Output != nil {
-		co := newCoalescer(c.Output, f.r.outputWindow, f.r.outputBytes)
+		co := newCoalescer(joined(c.Output, c.Deltas), f.r.outputWindow, f.r.outputBytes)
 		defer co.close() // every piece is out before the answer is judged
-		c.Output = co.piece
+		c.Output, c.Deltas = co.piece, co.deltas
 	}
 	return f.Delegates.Call(ctx, c.WithRun(f.of))
 }

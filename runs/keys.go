@@ -92,13 +92,15 @@ func keyHash(tenant, key string) string {
 	return "k" + hex.EncodeToString(h.Sum(nil))
 }
 
-// requestHash is the hash of what a run request asks for: its brief,
-// control and options but their metadata.
+// requestHash is the hash of what a run request asks for: its task
+// (brief, messages and model parameters, or typed conversation), control
+// and options but their metadata.
 func requestHash(task Task, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (string, error) {
 	o := proto.CloneOf(opts)
 	o.Metadata = nil
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(&stubbornv1.ControlState{
-		TaskBrief: task.Brief, TaskMessages: task.Messages, ModelParams: task.ModelParams, Control: spec, Options: o,
+		TaskBrief: task.Brief, TaskMessages: task.Messages, ModelParams: task.ModelParams, Conversation: task.Conversation,
+		Control: spec, Options: o,
 	})
 	if err != nil {
 		return "", err

@@ -41,12 +41,14 @@ func (m *Manager) StartOnce(ctx context.Context, brief string, spec *stubbornv1.
 }
 
 // Task is what a run is asked to do: its brief and, for a conversation,
-// its messages and model parameters (ControlState.task_messages,
-// model_params). Read only.
+// either its typed conversation (ControlState.conversation) or its
+// messages and model parameters (ControlState.task_messages,
+// model_params), never both. Read only.
 type Task struct {
-	Brief       string
-	Messages    []*structpb.Struct
-	ModelParams *structpb.Struct
+	Brief        string
+	Messages     []*structpb.Struct
+	ModelParams  *structpb.Struct
+	Conversation *stubbornv1.Conversation
 }
 
 // StartTask is StartOnce for a task that may be a conversation.
@@ -92,6 +94,7 @@ func (m *Manager) start(ctx context.Context, id string, task Task, spec *stubbor
 		TaskBrief:    task.Brief,
 		TaskMessages: task.Messages,
 		ModelParams:  task.ModelParams,
+		Conversation: task.Conversation,
 		Control:      spec,
 		Options:      opts,
 		CreateTime:   timestamppb.New(now),

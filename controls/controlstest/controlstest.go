@@ -206,6 +206,12 @@ type Reply struct {
 	// reply (an answer, an error or a hang): a delegate that streams.
 	// The answer's text, when Text is empty, is the chunks joined.
 	Chunks []string
+	// Deltas are streamed to the call's Deltas, in order, after Chunks:
+	// a model that streams tool calls or several choices.
+	Deltas [][]*stubbornv1.OutputDelta
+	// Result, when set, is the answer (a model's, with choices), in
+	// place of Text.
+	Result *stubbornv1.Result
 }
 
 // Fail returns a Reply failing with a classified call error.
@@ -278,7 +284,7 @@ func (d *Delegates) CallsTo(name string) []controls.Call {
 func (d *Delegates) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
 	d.mu.Lock()
 	kept := c
-	kept.Output = nil // a function: calls are compared
+	kept.Output, kept.Deltas = nil, nil // functions: calls are compared
 	d.calls = append(d.calls, kept)
 	replies := d.script[c.Delegate]
 	var r Reply
@@ -298,6 +304,11 @@ func (d *Delegates) Call(ctx context.Context, c controls.Call) (*stubbornv1.Resu
 			c.Output(chunk)
 		}
 	}
+	for _, ds := range r.Deltas {
+		if c.Deltas != nil {
+			c.Deltas(ds)
+		}
+	}
 	if r.Text == "" && r.Err == nil {
 		r.Text = strings.Join(r.Chunks, "")
 	}
@@ -310,6 +321,8 @@ func (d *Delegates) Call(ctx context.Context, c controls.Call) (*stubbornv1.Resu
 		return nil, ctx.Err()
 	case r.Err != nil:
 		return nil, r.Err
+	case r.Result != nil:
+		return r.Result, nil
 	}
 	return &stubbornv1.Result{Text: r.Text}, nil
 }
