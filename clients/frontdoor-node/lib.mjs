@@ -97,3 +97,19 @@ export async function expectBadRequest(what, p, cls) {
     return err;
   }
 }
+
+// parts runs each [name, fn] of parts, also after one failed, so that a
+// run says every part that failed; then throws if any did.
+export async function parts(who, list) {
+  const failed = [];
+  for (const [name, fn] of list) {
+    try {
+      await fn();
+    } catch (err) {
+      const msg = err instanceof CheckError ? err.message : `${err?.constructor?.name}${err?.status ? " " + err.status : ""}: ${err?.message}`;
+      console.error(`FAIL: ${who}: ${name}: ${msg}`);
+      failed.push(name);
+    }
+  }
+  check(failed.length === 0, `${failed.length} of ${list.length} parts failed: ${failed.join("; ")}`);
+}
