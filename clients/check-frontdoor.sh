@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The OpenAI-compatible front door (issue 34) driven by clients nobody here
-# wrote: the official `openai` npm package (clients/frontdoor-node, pinned in
-# its package-lock.json, installed with npm ci) and the official OpenAI Go SDK
-# (clients/frontdoor-go, a Go module of its own, so openai-go and the cloud
-# SDKs it requires stay out of the main go.mod; its dependencies come through
-# the Go proxy), and the official `@anthropic-ai/sdk` npm package. Each is
-# changed in nothing but its base URL and API key.
+# The front doors (Chat Completions, Anthropic Messages) driven by clients
+# nobody here wrote: the official `openai` and `@anthropic-ai/sdk` npm
+# packages (clients/frontdoor-node, pinned in its package-lock.json,
+# installed with npm ci) and the official OpenAI Go SDK (clients/frontdoor-go,
+# a Go module of its own, so openai-go and the cloud SDKs it requires stay
+# out of the main go.mod; its dependencies come through the Go proxy). Each
+# is changed in nothing but its base URL and API key.
 #
 # Every server is a process of its own on loopback ports the kernel picks:
 # fake models (clients/frontdoor-go/fakemodel), each speaking both Chat
