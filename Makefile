@@ -210,13 +210,15 @@ testclients: checkclients checkconsole ## checkclients, checkconsole, tsc, then 
 	bash clients/run-examples.sh
 	bash clients/check-frontdoor.sh
 
-# The OpenAI-compatible front door (issue 34) driven by the official openai
-# npm package (clients/frontdoor-node, npm ci from its package-lock.json) and
-# OpenAI Go SDK (clients/frontdoor-go, a Go module of its own like
-# bench/temporal, so openai-go stays out of go.mod), over fake model servers,
-# each in its own process: clients/check-frontdoor.sh. testclients runs it.
+# The front doors (Chat Completions and Anthropic Messages) driven by the
+# official openai npm package and @anthropic-ai/sdk (clients/frontdoor-node,
+# npm ci from its package-lock.json) and OpenAI Go SDK (clients/frontdoor-go,
+# a Go module of its own like bench/temporal, so openai-go stays out of
+# go.mod), over fake models that speak both APIs (tool calls, choices, the
+# model's own errors), each in its own process, after the fake itself is
+# checked under the SDKs: clients/check-frontdoor.sh. testclients runs it.
 .PHONY: testfrontdoor
-testfrontdoor: ## The front door under the official openai npm package and openai-go SDK (clients/check-frontdoor.sh).
+testfrontdoor: ## The front doors under the official openai npm package, openai-go and @anthropic-ai/sdk (clients/check-frontdoor.sh).
 	bash clients/check-frontdoor.sh
 
 $(PROTOC_GEN_ES): clients/typescript/package-lock.json

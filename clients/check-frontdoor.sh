@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
-# The OpenAI-compatible front door (issue 34) driven by clients nobody here
-# wrote: the official `openai` npm package (clients/frontdoor-node, pinned in
-# its package-lock.json, installed with npm ci) and the official OpenAI Go SDK
-# (clients/frontdoor-go, a Go module of its own, so openai-go and the cloud
-# SDKs it requires stay out of the main go.mod; its dependencies come through
-# the Go proxy). Each is changed in nothing but its base URL and API key.
+# The front doors (Chat Completions, Anthropic Messages) driven by clients
+# nobody here wrote: the official `openai` and `@anthropic-ai/sdk` npm
+# packages (clients/frontdoor-node, pinned in its package-lock.json,
+# installed with npm ci) and the official OpenAI Go SDK (clients/frontdoor-go,
+# a Go module of its own, so openai-go and the cloud SDKs it requires stay
+# out of the main go.mod; its dependencies come through the Go proxy). Each
+# is changed in nothing but its base URL and API key.
 #
 # Every server is a process of its own on loopback ports the kernel picks:
-# five fake Chat Completions models (clients/frontdoor-go/fakemodel: busy
-# answers 503, good answers "The answer is 42." as JSON or streamed, breaks
-# drops the connection after "The answer ", throttle answers 429 with
-# Retry-After: 1, stall never answers), and `stubborn serve -memory
-# -http-listen` with `openai` delegates over them, the presets
-#   smart     = fallback_chain [busy, good]
-#   patient   = fallback_chain [stall, good]  (stall's first output is due in 500ms)
-#   brittle   = fallback_chain [breaks, good]
-#   throttled = retry of throttle, 1 retry, then fail
+# fake models (clients/frontdoor-go/fakemodel), each speaking both Chat
+# Completions and Anthropic Messages: busy answers 503, failing 500, good
+# "The answer is 42." as JSON or streamed (n choices in Chat Completions),
+# breaks drops the connection after "The answer ", throttle answers 429
+# with Retry-After: 1, stall never answers, tools calls get_weather and
+# answers its result with "It is sunny in Paris." (recording the result's
+# id at /last), rejects answers 400 about temperature. First the fake
+# itself goes under openai-go (go test ./fakemodel) and the Node SDKs
+# (clients/frontdoor-node/fake.mjs), without Stubborn. Then `stubborn serve
+# -memory -http-listen` with `openai` delegates over them (busy, good,
+# breaks, throttle, stall, failing, tools, rejects) and `anthropic` ones
+# (failing-anthropic, tools-anthropic, rejects-anthropic), the presets
+#   smart              = fallback_chain [busy, good]
+#   patient            = fallback_chain [stall, good]  (stall's first output is due in 500ms)
+#   brittle            = fallback_chain [breaks, good]
+#   throttled          = retry of throttle, 1 retry, then fail
+#   tools-to-anthropic = fallback_chain [failing, tools-anthropic]
+#   tools-to-openai    = fallback_chain [failing-anthropic, tools]
+#   choices            = fallback_chain [failing, good]
 # and two tenants: app (no limits) and a tenant per SDK with one run start
 # (run_starts_per_second 0.001: its burst is 1, the next start is 429).
 #
@@ -27,8 +38,16 @@
 # error event naming the run that the SDK raises as its own error; a wrong
 # key is the SDK's 401 error, an unknown model its 404; throttled is a 503
 # with x-should-retry: false that the SDK does not retry; the limited tenant's
-# second run is the SDK's 429 error with Retry-After. Then this script reads
-# the runs back with `stubborn get`: the 503, then good's answer.
+# second run is the SDK's 429 error with Retry-After. Then the model's whole
+# answer: the OpenAI SDKs' get_weather tool over tools-to-anthropic is
+# tool_calls with JSON arguments, plain and streamed, and the second turn's
+# role "tool" result reaches the anthropic model as a tool_result with the
+# same id; the Anthropic SDK's over tools-to-openai is a tool_use block, plain
+# and streamed, and its tool_result reaches the openai model with the same
+# id; n: 2 over choices is two choices with their own texts; a model's 400
+# (rejects, rejects-anthropic) is the SDK's BadRequestError with the model's
+# message. Then this script reads the runs back with `stubborn get`: the 503,
+# then good's answer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,6 +81,7 @@ stubborn=$work/stubborn
 (
   cd clients/frontdoor-go
   go vet ./...
+  go test -count=1 ./fakemodel # the fake under openai-go, without Stubborn
   out=$(gofmt -l .)
   [[ -z $out ]] || { printf 'gofmt needed in clients/frontdoor-go:\n%s\n' "$out" >&2; exit 1; }
   go build -o "$work/fakemodel" ./fakemodel
@@ -71,15 +91,30 @@ stubborn=$work/stubborn
 node -e 'const v = (p) => require("./clients/frontdoor-node/node_modules/" + p + "/package.json").version; console.log("openai (npm)", v("openai"), "and @anthropic-ai/sdk", v("@anthropic-ai/sdk"), "on node", process.version)'
 (cd clients/frontdoor-go && go list -m -f 'openai-go {{.Version}}' github.com/openai/openai-go/v3)
 
-# The fake models; sets url_MODE.
-for mode in busy good breaks throttle stall; do
-  "$work/fakemodel" -mode "$mode" >"$work/$mode.out" 2>"$work/$mode.log" &
+# The fake models, each serving both APIs; sets url_NAME.
+fakes=(busy good breaks throttle stall tools failing rejects)
+fake_args() {
+  case $1 in
+    failing) echo -mode busy -status 500 ;;
+    rejects) echo -mode bad-request ;;
+    *) echo -mode "$1" ;;
+  esac
+}
+for name in "${fakes[@]}"; do
+  # shellcheck disable=SC2046 # the flags are words
+  "$work/fakemodel" $(fake_args "$name") >"$work/$name.out" 2>"$work/$name.log" &
   pids+=($!)
 done
-for mode in busy good breaks throttle stall; do
-  wait_for 20 grep -q 'serving on' "$work/$mode.out" || { sed "s/^/  $mode: /" "$work/$mode.log" >&2; exit 1; }
-  declare "url_$mode=$(sed -n 's/.*serving on \(http:[^ ]*\).*/\1/p' "$work/$mode.out" | head -1)"
+for name in "${fakes[@]}"; do
+  wait_for 20 grep -q 'serving on' "$work/$name.out" || { sed "s/^/  $name: /" "$work/$name.log" >&2; exit 1; }
+  declare "url_$name=$(sed -n 's/.*serving on \(http:[^ ]*\).*/\1/p' "$work/$name.out" | head -1)"
 done
+
+# The fake itself under the SDKs, without Stubborn: what the scenarios
+# expect through the door is what the SDKs parse from the fake.
+echo "== front door: the fake models under the openai npm package and @anthropic-ai/sdk"
+FAKE_TOOLS_URL=$url_tools FAKE_GOOD_URL=$url_good FAKE_BAD_REQUEST_URL=$url_rejects timeout 60 node clients/frontdoor-node/fake.mjs ||
+  { for f in tools good rejects; do sed "s/^/  $f: /" "$work/$f.log" >&2; done; exit 1; }
 
 app_token=$("$stubborn" token | tee "$work/app.token" | sed -n 's/^token: *//p')
 app_hash=$(sed -n 's/^token_sha256: *//p' "$work/app.token")
@@ -96,6 +131,12 @@ delegates:
   - {name: breaks, openai: {base_url: "$url_breaks/v1", model: breaks-model}, read_only: true, timeout: 10s}
   - {name: throttle, openai: {base_url: "$url_throttle/v1", model: throttle-model}, read_only: true, timeout: 10s}
   - {name: stall, openai: {base_url: "$url_stall/v1", model: stall-model}, read_only: true, timeout: 10s, first_output_timeout: 500ms}
+  - {name: failing, openai: {base_url: "$url_failing/v1", model: failing-model}, read_only: true, timeout: 10s}
+  - {name: failing-anthropic, anthropic: {base_url: "$url_failing", model: failing-claude}, read_only: true, timeout: 10s}
+  - {name: tools, openai: {base_url: "$url_tools/v1", model: tools-model}, read_only: true, timeout: 10s}
+  - {name: tools-anthropic, anthropic: {base_url: "$url_tools", model: tools-claude}, read_only: true, timeout: 10s}
+  - {name: rejects, openai: {base_url: "$url_rejects/v1", model: rejects-model}, read_only: true, timeout: 10s}
+  - {name: rejects-anthropic, anthropic: {base_url: "$url_rejects", model: rejects-claude}, read_only: true, timeout: 10s}
 presets:
   - name: smart
     fallback_chain: {chain: [busy, good]}
@@ -105,6 +146,12 @@ presets:
     fallback_chain: {chain: [breaks, good]}
   - name: throttled
     retry: {target: throttle, attempts: 1, base_wait: 100ms, max_wait: 5s, on_exhausted: fail}
+  - name: tools-to-anthropic
+    fallback_chain: {chain: [failing, tools-anthropic]}
+  - name: tools-to-openai
+    fallback_chain: {chain: [failing-anthropic, tools]}
+  - name: choices
+    fallback_chain: {chain: [failing, good]}
 tenants:
   - name: app
     token_sha256: [$app_hash]
@@ -127,9 +174,9 @@ addr=$(sed -n 's/.*"stubborn serving".*"addr":"\([^"]*\)".*/\1/p' "$work/serve.l
 http=$(sed -n 's/.*"http api serving".*"url":"\([^"]*\)".*/\1/p' "$work/serve.log" | head -1)
 export STUBBORN_TOKEN=$app_token
 wait_for 20 "$stubborn" list -addr "$addr"
-echo "== front door: stubborn serve, gRPC $addr, HTTP $http; fake models busy $url_busy, good $url_good, breaks $url_breaks, throttle $url_throttle, stall $url_stall"
+echo "== front door: stubborn serve, gRPC $addr, HTTP $http; fake models$(for n in "${fakes[@]}"; do v=url_$n; printf ' %s %s' "$n" "${!v}"; done)"
 
-export FRONTDOOR_BASE_URL=$http/v1 FRONTDOOR_API_KEY=$app_token FRONTDOOR_THROTTLE_HITS_URL=$url_throttle/hits
+export FRONTDOOR_BASE_URL=$http/v1 FRONTDOOR_API_KEY=$app_token FRONTDOOR_THROTTLE_HITS_URL=$url_throttle/hits FRONTDOOR_TOOLS_URL=$url_tools
 failed=0
 sdk() {
   local name=$1 key=$2; shift 2
@@ -139,9 +186,9 @@ sdk() {
   if ((status != 0)); then
     echo "FAIL: $name exited $status" >&2
     failed=1
-    return
   fi
-  # The runs it made, read back over gRPC: the 503, then good's answer.
+  # The runs it made, read back over gRPC: the 503, then good's answer
+  # (also when a later check failed: what passed is said).
   local kind id
   for kind in nonstreamed streamed; do
     id=$(sed -n "s/^run $kind //p" "$work/$name.out")
@@ -162,14 +209,14 @@ EOF
       return
     fi
   done
-  echo "== front door: $name passed in $((SECONDS - t))s"
+  ((status != 0)) || echo "== front door: $name passed in $((SECONDS - t))s"
 }
 sdk openai-node "$node_token" node clients/frontdoor-node/check.mjs
 sdk openai-go "$go_token" "$work/frontdoor-go"
 sdk anthropic-node "$anthropic_token" node clients/frontdoor-node/anthropic.mjs
 
 if ((failed)); then
-  for f in serve busy good breaks throttle stall; do
+  for f in serve "${fakes[@]}"; do
     sed "s/^/  $f: /" "$work/$f.log" >&2
   done
   exit 1

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/conversation"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
@@ -114,9 +115,8 @@ func (g *grpcTransport) call(ctx context.Context, c controls.Call, s *stream) (*
 		Attempt:        c.Attempt,
 		IdempotencyKey: c.IdempotencyKey,
 		Metadata:       maps.Clone(c.Metadata),
-		Messages:       messagesOf(c),
-		ModelParams:    modelParamsOf(c),
 	}
+	setTask(req, c)
 	if s != nil && g.mayStream() {
 		res, err, unimplemented := g.stream(ctx, req, s)
 		if !unimplemented || g.mode == StreamOn {
@@ -134,6 +134,34 @@ func (g *grpcTransport) call(ctx context.Context, c controls.Call, s *stream) (*
 		return nil, g.callError(err, trailer, pr)
 	}
 	return resp.GetResult(), nil
+}
+
+// setTask sets the run's task on req for an attempt at it (c.Task): the
+// conversation, typed, with c.Added applied (withAdded), and what the
+// control added as brief_addition; and the legacy messages and
+// model_params, for delegates that read only them: a typed run's rendered
+// in their shape (conversation.ToLegacy), a run journaled with them as
+// they are (legacyMessagesOf). A gRPC delegate gets the conversation
+// whatever its fields: it is never refused here (its brief is its task).
+func setTask(req *stubbornv1.ExecuteRequest, c controls.Call) {
+	if !c.Task {
+		return
+	}
+	req.BriefAddition = c.Added
+	switch {
+	case c.Conversation != nil:
+		req.Conversation = withAdded(c.Conversation, c.Added)
+		// The rendering leaves out what Chat Completions cannot carry;
+		// it fails on no conversation a run can have.
+		req.Messages, req.ModelParams, _ = conversation.ToLegacy(req.Conversation)
+	case len(c.Messages) > 0:
+		req.Messages, req.ModelParams = legacyMessagesOf(c), c.ModelParams
+		if conv, err := conversation.FromLegacy(c.Messages, c.ModelParams); err == nil {
+			req.Conversation = withAdded(conv, c.Added)
+		}
+	default:
+		req.ModelParams = c.ModelParams
+	}
 }
 
 // callError is the CallError of a failed Execute or ExecuteStream.
@@ -164,6 +192,7 @@ func (g *grpcTransport) stream(ctx context.Context, req *stubbornv1.ExecuteReque
 		Brief: req.GetBrief(), RunId: req.GetRunId(), Attempt: req.GetAttempt(),
 		IdempotencyKey: req.GetIdempotencyKey(), Metadata: req.GetMetadata(),
 		Messages: req.GetMessages(), ModelParams: req.GetModelParams(),
+		Conversation: req.GetConversation(), BriefAddition: req.GetBriefAddition(),
 	}
 	st, err := g.client.ExecuteStream(ctx, sreq, grpc.Trailer(&trailer), grpc.Peer(&pr))
 	if err != nil {
@@ -185,6 +214,10 @@ func (g *grpcTransport) stream(ctx context.Context, req *stubbornv1.ExecuteReque
 		switch k := msg.GetKind().(type) {
 		case *stubbornv1.ExecuteStreamResponse_TextDelta:
 			if err := s.piece(k.TextDelta); err != nil {
+				return nil, err, false
+			}
+		case *stubbornv1.ExecuteStreamResponse_Delta:
+			if err := route(s, []*stubbornv1.OutputDelta{k.Delta}); err != nil {
 				return nil, err, false
 			}
 		case *stubbornv1.ExecuteStreamResponse_Result:

@@ -341,7 +341,9 @@ func TestHTTPKindsConfigErrors(t *testing.T) {
 
 // TestAnAnthropicDelegateTakesTheParametersItsAPIHas: of a conversation's
 // model parameters (Chat Completions' names), an anthropic delegate sends
-// those the Messages API has, in its names, and no other.
+// those the Messages API has, in its names; one it has not (seed,
+// response_format) is refused before any call, naming the field and the
+// delegate, never dropped.
 func TestAnAnthropicDelegateTakesTheParametersItsAPIHas(t *testing.T) {
 	f := newFakeHTTP(t, reply(200, map[string]string{"Content-Type": "application/json"}, `{
 		"type": "message", "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn"}`))
@@ -355,8 +357,7 @@ delegates:
 	system, err := structpb.NewStruct(map[string]any{"role": "system", "content": "Be brief."})
 	require.NoError(t, err)
 	params, err := structpb.NewStruct(map[string]any{
-		"max_completion_tokens": 77, "temperature": 0.1, "top_p": 0.9, "stop": []any{"END", 5, "STOP"}, "user": "u-1",
-		"seed": 4, "response_format": map[string]any{"type": "json_object"}, "tools": []any{},
+		"max_completion_tokens": 77, "temperature": 0.1, "top_p": 0.9, "stop": []any{"END", "STOP"}, "user": "u-1", "tools": []any{},
 	})
 	require.NoError(t, err)
 	_, err = p.Call(testCtx(t), controls.Call{Delegate: "claude", Brief: "Hi", TaskBrief: "Hi", Task: true,
@@ -369,6 +370,21 @@ delegates:
 		"system": "Be kind.\n\nBe brief.", "stop_sequences": []any{"END", "STOP"}, "metadata": map[string]any{"user_id": "u-1"},
 		"messages": []any{map[string]any{"role": "user", "content": "Hi"}}, "stream": true, // stream: auto
 	}, sent)
+
+	// What the Messages API has not, once silently left out, is refused.
+	params, err = structpb.NewStruct(map[string]any{"seed": 4, "response_format": map[string]any{"type": "json_object"}})
+	require.NoError(t, err)
+	_, err = p.Call(testCtx(t), controls.Call{Delegate: "claude", Brief: "Hi", TaskBrief: "Hi", Task: true,
+		Messages: []*structpb.Struct{user}, ModelParams: params})
+	ce := callError(t, err)
+	assert.Equal(t, codes.InvalidArgument, ce.Code)
+	assert.True(t, ce.NotSent)
+	assert.Contains(t, ce.Message, "delegate claude")
+	assert.Contains(t, ce.Message, "seed")
+	assert.Contains(t, ce.Message, "response_format")
+	f.mu.Lock()
+	assert.Len(t, f.reqs, 1, "the refused call is not sent")
+	f.mu.Unlock()
 }
 
 // TestModelKindsAreReadOnlyUnlessTheEntrySays: an openai or anthropic

@@ -2,10 +2,9 @@ package delegates
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
-	"math"
+	"errors"
 	"net/http"
 	"strings"
 
@@ -13,67 +12,48 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/conversation"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// The model kinds speak two small, stable JSON APIs directly, over the
-// same httpClient as the http kind, rather than through a vendor SDK: the
-// request and the fields read are a handful, every failure maps the same
-// way as an http delegate's (status, Retry-After, not sent, the size
+// The model kinds speak two stable JSON APIs directly, over the same
+// httpClient as the http kind, rather than through a vendor SDK: the wire
+// types are the conversation codecs the front doors use too (one
+// translation, one set of bounds), every failure maps the same way as an
+// http delegate's (status, Retry-After, not sent, the size
 // bound), and nothing but the config decides where a key is sent. (The
 // official OpenAI Go SDK reads OPENAI_API_KEY, OPENAI_BASE_URL and
 // OPENAI_CUSTOM_HEADERS from the environment whatever the caller sets,
 // with no public switch to turn that off, so a key meant for one endpoint
 // would reach a local one configured without a key.)
 
-// chatMessage is one message of a chat request.
-type chatMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+// The request and the answer are the conversation codecs' (package
+// conversation): the same types and the same translation as the front
+// doors', so what a door took is what the model is sent, and the model's
+// whole answer (every choice, its text and tool calls) is what comes back.
+
+// modelEntry is what an entry adds to every request of a model kind.
+func modelEntry(model, system string, temperature *float64, maxTokens int) conversation.Entry {
+	return conversation.Entry{Model: model, System: system, Temperature: temperature, MaxTokens: int64(maxTokens)}
 }
 
-// openAIRequest is a Chat Completions request.
-type openAIRequest struct {
-	Model       string        `json:"model"`
-	Messages    []chatMessage `json:"messages"`
-	Temperature *float64      `json:"temperature,omitempty"`
-	MaxTokens   int           `json:"max_tokens,omitempty"`
-	// Stream asks for Server-Sent Events, the last with the usage.
-	Stream        bool                 `json:"stream,omitempty"`
-	StreamOptions *openAIStreamOptions `json:"stream_options,omitempty"`
-}
-
-type openAIStreamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
-}
-
-// openAIChunk is what is read of one streamed Chat Completions chunk.
-type openAIChunk struct {
-	Model   string `json:"model"`
-	Choices []struct {
-		Delta struct {
-			Content string `json:"content"`
-			Refusal string `json:"refusal"`
-		} `json:"delta"`
-		FinishReason string `json:"finish_reason"`
-	} `json:"choices"`
-	Usage map[string]any `json:"usage"`
-	Error *struct {
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-// openAIAnswer is what is read of a Chat Completions answer.
-type openAIAnswer struct {
-	Model   string `json:"model"`
-	Choices []struct {
-		Message struct {
-			Content *string `json:"content"`
-			Refusal string  `json:"refusal"`
-		} `json:"message"`
-		FinishReason string `json:"finish_reason"`
-	} `json:"choices"`
-	Usage map[string]any `json:"usage"`
+// encodeRequest is the body of call c in codec's API: the conversation
+// (conversationOf) over the entry's defaults. A field the API cannot carry
+// is c's INVALID_ARGUMENT, not sent.
+func encodeRequest(codec conversation.Codec, c controls.Call, e conversation.Entry, stream bool) ([]byte, error) {
+	conv, err := conversationOf(c, c.Delegate)
+	if err != nil {
+		return nil, err
+	}
+	body, err := codec.EncodeRequest(conv, e, stream)
+	if err != nil {
+		var problems conversation.Problems
+		if errors.As(err, &problems) {
+			return nil, refusedConversation(c.Delegate, err)
+		}
+		return nil, &controls.CallError{Code: codes.Internal, Refused: true, NotSent: true, Message: err.Error()}
+	}
+	return body, nil
 }
 
 type openAITransport struct {
@@ -95,19 +75,11 @@ func newOpenAITransport(cfg *OpenAI, mode string, h *httpClient) *openAITranspor
 func (t *openAITransport) mayStream() bool { return t.stream }
 
 func (t *openAITransport) call(ctx context.Context, c controls.Call, s *stream) (*stubbornv1.Result, error) {
-	body := openAIRequest{Model: t.cfg.Model, Temperature: t.cfg.Temperature, MaxTokens: t.cfg.MaxTokens}
-	if t.cfg.System != "" {
-		body.Messages = append(body.Messages, chatMessage{Role: "system", Content: t.cfg.System})
+	body, err := encodeRequest(conversation.Chat{}, c, modelEntry(t.cfg.Model, t.cfg.System, t.cfg.Temperature, t.cfg.MaxTokens), t.stream)
+	if err != nil {
+		return nil, err
 	}
-	body.Messages = append(body.Messages, chatMessage{Role: "user", Content: c.Brief})
-	if t.stream {
-		body.Stream, body.StreamOptions = true, &openAIStreamOptions{IncludeUsage: true}
-	}
-	var sent any = body
-	if msgs := messagesOf(c); len(msgs) > 0 {
-		sent = t.conversation(body, msgs, modelParamsOf(c))
-	}
-	req, err := jsonRequest(ctx, t.url, sent, c)
+	req, err := jsonRequest(ctx, t.url, body, c)
 	if err != nil {
 		return nil, err
 	}
@@ -122,131 +94,174 @@ func (t *openAITransport) call(ctx context.Context, c controls.Call, s *stream) 
 		return t.answer(a)
 	}
 	var (
-		model, finish string
-		refusal       strings.Builder
-		usage         map[string]any
-		done          bool
+		dec   = conversation.Chat{}.NewStreamDecoder()
+		usage map[string]any
+		done  bool
 	)
 	a, err := t.doStream(req, s, formatSSE, func(ev event) error {
-		if string(ev.data) == "[DONE]" {
+		ds, end, err := dec.Next(conversation.Event{Name: ev.name, Data: decodable(ev.data)})
+		var se *conversation.StreamError
+		switch {
+		case errors.As(err, &se):
+			return &controls.CallError{Code: codes.Unavailable, Message: "the model's stream failed: " + controls.Cut(se.Message, maxErrorExcerpt)}
+		case err != nil:
+			return unreadable("not a Chat Completions chunk: %v", err)
+		case end:
 			done = true
 			return errStreamDone
 		}
-		var ch openAIChunk
-		if err := json.Unmarshal(ev.data, &ch); err != nil {
-			return unreadable("not a Chat Completions chunk: %v", err)
+		if bytes.Contains(ev.data, []byte(`"usage"`)) {
+			// The usage as the API said it, for Result.data (the last
+			// chunk has it).
+			var u struct {
+				Usage map[string]any `json:"usage"`
+			}
+			if json.Unmarshal(ev.data, &u) == nil && u.Usage != nil {
+				usage = u.Usage
+			}
 		}
-		if ch.Error != nil {
-			return &controls.CallError{Code: codes.Unavailable, Message: "the model's stream failed: " + controls.Cut(ch.Error.Message, maxErrorExcerpt)}
-		}
-		model = cmp.Or(ch.Model, model)
-		if ch.Usage != nil {
-			usage = ch.Usage
-		}
-		if len(ch.Choices) == 0 {
-			return nil
-		}
-		d := ch.Choices[0]
-		finish = cmp.Or(d.FinishReason, finish)
-		if refusal.Len() < maxErrorExcerpt {
-			refusal.WriteString(d.Delta.Refusal)
-		}
-		return s.piece(d.Delta.Content)
+		return route(s, ds)
 	})
 	switch {
 	case err != nil:
 		return nil, err
 	case a != nil:
 		return t.answer(a) // the server did not stream
+	}
+	r := dec.Result()
+	first := choice0(r)
+	finish := first.GetNativeFinishReason()
+	switch {
 	case !done && finish == "":
 		return nil, cutShort("its finish_reason or [DONE]")
-	case refusal.Len() > 0 && !s.streamed():
-		return nil, &controls.CallError{Code: codes.FailedPrecondition, Message: "the model refused: " + controls.Cut(refusal.String(), maxErrorExcerpt)}
+	case refused(first):
+		return nil, refusal(first.GetMessage().GetRefusal())
 	}
-	return modelResult(s.joined(), map[string]any{"model": model, "finish_reason": finish, "usage": usage})
+	return modelResult(r, map[string]any{"model": r.GetModel(), "finish_reason": finish, "usage": usage})
 }
 
-// conversation is the request for a run's conversation: its model
-// parameters as they are (tools, response_format, stop, seed, …), the
-// entry's temperature and max_tokens where they set none, the entry's
-// system prompt first, then the messages intact; the model and stream are
-// the entry's.
-func (t *openAITransport) conversation(body openAIRequest, msgs []*structpb.Struct, params *structpb.Struct) map[string]any {
-	out := params.AsMap()
-	if out == nil {
-		out = map[string]any{}
+// route passes a streamed answer's deltas on in order: the first choice's
+// text as the call's output (Output), the rest as its deltas (Deltas).
+func route(s *stream, ds []*stubbornv1.OutputDelta) error {
+	start := 0
+	for i, d := range ds {
+		if d.GetChoice() != 0 || d.GetToolCall() != nil {
+			continue
+		}
+		if err := s.delta(ds[start:i]); err != nil {
+			return err
+		}
+		if err := s.piece(d.GetText()); err != nil {
+			return err
+		}
+		start = i + 1
 	}
-	if _, set := out["temperature"]; !set && body.Temperature != nil {
-		out["temperature"] = *body.Temperature
+	return s.delta(ds[start:])
+}
+
+// choice0 is r's first choice (index 0), or nil.
+func choice0(r *stubbornv1.Result) *stubbornv1.Choice {
+	for _, c := range r.GetChoices() {
+		if c.GetIndex() == 0 {
+			return c
+		}
 	}
-	_, setMax := out["max_tokens"]
-	_, setMaxCompletion := out["max_completion_tokens"]
-	if !setMax && !setMaxCompletion && body.MaxTokens > 0 {
-		out["max_tokens"] = body.MaxTokens
-	}
-	messages := make([]any, 0, len(msgs)+1)
-	if t.cfg.System != "" {
-		messages = append(messages, map[string]any{"role": "system", "content": t.cfg.System})
-	}
-	for _, m := range msgs {
-		messages = append(messages, m.AsMap())
-	}
-	out["model"], out["messages"] = body.Model, messages
-	delete(out, "stream")
-	delete(out, "stream_options")
-	if body.Stream {
-		out["stream"], out["stream_options"] = true, map[string]any{"include_usage": true}
-	}
-	return out
+	return nil
+}
+
+// refused reports whether the first choice is a refusal and nothing else:
+// no text, no tool call.
+func refused(c *stubbornv1.Choice) bool {
+	m := c.GetMessage()
+	return m.GetRefusal() != "" && conversation.Text(m) == "" && len(m.GetToolCalls()) == 0
+}
+
+// refusal is the error of a model that refused to answer: no other try of
+// the same request does better.
+func refusal(said string) *controls.CallError {
+	return &controls.CallError{Code: codes.FailedPrecondition, Message: "the model refused: " + controls.Cut(said, maxErrorExcerpt)}
 }
 
 // answer reads a Chat Completions answer that came whole.
 func (t *openAITransport) answer(a *answer) (*stubbornv1.Result, error) {
-	var ans openAIAnswer
-	if err := json.Unmarshal(a.body, &ans); err != nil {
+	r, err := conversation.Chat{}.DecodeResponse(decodable(a.body))
+	if err != nil {
 		return nil, unreadable("not a Chat Completions answer: %v", err)
 	}
-	if len(ans.Choices) == 0 {
-		return nil, unreadable("a Chat Completions answer with no choices")
-	}
-	ch := ans.Choices[0]
-	text := ""
+	first := choice0(r)
 	switch {
-	case ch.Message.Content != nil:
-		text = *ch.Message.Content
-	case ch.Message.Refusal != "":
-		return nil, &controls.CallError{Code: codes.FailedPrecondition, Message: "the model refused: " + controls.Cut(ch.Message.Refusal, maxErrorExcerpt)}
+	case first == nil:
+		return nil, unreadable("a Chat Completions answer with no choices")
+	case refused(first):
+		return nil, refusal(first.GetMessage().GetRefusal())
 	}
-	return modelResult(text, map[string]any{"model": ans.Model, "finish_reason": ch.FinishReason, "usage": ans.Usage})
+	return modelResult(r, map[string]any{"model": r.GetModel(), "finish_reason": first.GetNativeFinishReason(), "usage": rawUsage(a.body)})
 }
 
-// anthropicRequest is a Messages API request.
-type anthropicRequest struct {
-	Model       string        `json:"model"`
-	MaxTokens   int           `json:"max_tokens"`
-	System      string        `json:"system,omitempty"`
-	Messages    []chatMessage `json:"messages"`
-	Temperature *float64      `json:"temperature,omitempty"`
-	Stream      bool          `json:"stream,omitempty"`
+// decodable is an answer's JSON body (or a streamed event's) as the codecs
+// read it: as it is, unless a field besides the answer itself (choices,
+// content) nests deeper than the codecs take; such a field (a broken or
+// hostile server's usage) is left out of what they read, rather than fail
+// the whole answer, and Result.data keeps it, bounded (BoundResult).
+func decodable(body []byte) []byte {
+	if depthWithin(body, conversation.MaxDepth) {
+		return body
+	}
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return body // the codec says what is wrong
+	}
+	for k, v := range top {
+		if k != "choices" && k != "content" && !depthWithin(v, conversation.MaxDepth-1) {
+			delete(top, k)
+		}
+	}
+	b, err := json.Marshal(top)
+	if err != nil {
+		return body
+	}
+	return b
 }
 
-// anthropicAnswer is what is read of a Messages API answer.
-type anthropicAnswer struct {
-	Type    string `json:"type"`
-	Model   string `json:"model"`
-	Content []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	} `json:"content"`
-	StopReason string         `json:"stop_reason"`
-	Usage      map[string]any `json:"usage"`
+// depthWithin says whether a JSON text nests at most max arrays and
+// objects, counted without decoding it (as the codecs count).
+func depthWithin(b []byte, max int) bool {
+	depth, inString, escaped := 0, false, false
+	for _, c := range b {
+		switch {
+		case escaped:
+			escaped = false
+		case inString:
+			if c == '\\' {
+				escaped = true
+			} else if c == '"' {
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			if depth++; depth > max {
+				return false
+			}
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return true
+}
+
+// rawUsage is an answer's usage as its API said it (Result.data keeps
+// that shape), or nil.
+func rawUsage(body []byte) map[string]any {
+	var u struct {
+		Usage map[string]any `json:"usage"`
+	}
+	_ = json.Unmarshal(body, &u)
+	return u.Usage
 }
 
 // anthropicVersion is the Messages API version the requests ask for.
 const anthropicVersion = "2023-06-01"
-
-// defaultAnthropicMaxTokens is max_tokens when the entry sets none.
-const defaultAnthropicMaxTokens = 1024
 
 type anthropicTransport struct {
 	*httpClient
@@ -264,40 +279,19 @@ func newAnthropicTransport(cfg *Anthropic, mode string, h *httpClient) *anthropi
 	}
 }
 
-// anthropicEvent is what is read of one streamed Messages API event.
-type anthropicEvent struct {
-	Type    string `json:"type"`
-	Message struct {
-		Model string         `json:"model"`
-		Usage map[string]any `json:"usage"`
-	} `json:"message"`
-	Delta struct {
-		Type       string `json:"type"`
-		Text       string `json:"text"`
-		StopReason string `json:"stop_reason"`
-	} `json:"delta"`
-	Usage map[string]any `json:"usage"`
-	Error struct {
-		Type    string `json:"type"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
 func (t *anthropicTransport) mayStream() bool { return t.stream }
 
+// anthropicUsageKeys are the usage counts Result.data keeps of a streamed
+// answer, merged from message_start and message_delta; no other key is
+// kept (a hostile stream's keys would pile up).
+var anthropicUsageKeys = []string{"input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"}
+
 func (t *anthropicTransport) call(ctx context.Context, c controls.Call, s *stream) (*stubbornv1.Result, error) {
-	body := anthropicRequest{
-		Model: t.cfg.Model, MaxTokens: t.cfg.MaxTokens, System: t.cfg.System, Temperature: t.cfg.Temperature,
-		Messages: []chatMessage{{Role: "user", Content: c.Brief}}, Stream: t.stream,
+	body, err := encodeRequest(conversation.Messages{}, c, modelEntry(t.cfg.Model, t.cfg.System, t.cfg.Temperature, t.cfg.MaxTokens), t.stream)
+	if err != nil {
+		return nil, err
 	}
-	if body.MaxTokens == 0 {
-		body.MaxTokens = defaultAnthropicMaxTokens
-	}
-	var sent any = body
-	if msgs := messagesOf(c); len(msgs) > 0 {
-		sent = anthropicConversation(body, msgs, modelParamsOf(c))
-	}
-	req, err := jsonRequest(ctx, t.url, sent, c)
+	req, err := jsonRequest(ctx, t.url, body, c)
 	if err != nil {
 		return nil, err
 	}
@@ -313,88 +307,86 @@ func (t *anthropicTransport) call(ctx context.Context, c controls.Call, s *strea
 		return t.answer(a)
 	}
 	var (
-		model, stop string
-		usage       = map[string]any{}
-		done        bool
+		dec   = conversation.Messages{}.NewStreamDecoder()
+		usage = map[string]any{}
+		done  bool
 	)
-	// A usage's counts, merged from message_start and message_delta; no
-	// other key is kept (a hostile stream's keys would pile up).
-	addUsage := func(u map[string]any) {
-		for _, k := range []string{"input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"} {
-			if v, ok := u[k]; ok {
-				usage[k] = v
-			}
-		}
-	}
 	a, err := t.doStream(req, s, formatSSE, func(ev event) error {
-		var e anthropicEvent
-		if err := json.Unmarshal(ev.data, &e); err != nil {
-			return unreadable("not a Messages API event: %v", err)
-		}
-		switch e.Type {
-		case "message_start":
-			model = e.Message.Model
-			addUsage(e.Message.Usage)
-		case "content_block_delta":
-			if e.Delta.Type == "text_delta" {
-				return s.piece(e.Delta.Text)
-			}
-		case "message_delta":
-			stop = cmp.Or(e.Delta.StopReason, stop)
-			addUsage(e.Usage)
-		case "message_stop":
-			done = true
-			return errStreamDone
-		case "error":
+		ds, end, err := dec.Next(conversation.Event{Name: ev.name, Data: decodable(ev.data)})
+		var se *conversation.StreamError
+		switch {
+		case errors.As(err, &se):
 			// overloaded_error, api_error: the service's trouble, worth
 			// another try; any other is the request's.
 			code := codes.FailedPrecondition
-			if e.Error.Type == "overloaded_error" || e.Error.Type == "api_error" {
+			if se.Type == "overloaded_error" || se.Type == "api_error" {
 				code = codes.Unavailable
 			}
-			return &controls.CallError{Code: code, Message: "the model's stream failed: " + controls.Cut(e.Error.Type+": "+e.Error.Message, maxErrorExcerpt)}
+			return &controls.CallError{Code: code, Message: "the model's stream failed: " + controls.Cut(se.Type+": "+se.Message, maxErrorExcerpt)}
+		case err != nil:
+			return unreadable("not a Messages API event: %v", err)
+		case end:
+			done = true
+			return errStreamDone
 		}
-		return nil
+		if bytes.Contains(ev.data, []byte(`"usage"`)) {
+			var e struct {
+				Message struct {
+					Usage map[string]any `json:"usage"`
+				} `json:"message"`
+				Usage map[string]any `json:"usage"`
+			}
+			if json.Unmarshal(ev.data, &e) == nil {
+				for _, u := range []map[string]any{e.Message.Usage, e.Usage} {
+					for _, k := range anthropicUsageKeys {
+						if v, ok := u[k]; ok {
+							usage[k] = v
+						}
+					}
+				}
+			}
+		}
+		return route(s, ds)
 	})
 	switch {
 	case err != nil:
 		return nil, err
 	case a != nil:
 		return t.answer(a) // the server did not stream
-	case !done && stop == "":
+	}
+	r := dec.Result()
+	stop := choice0(r).GetNativeFinishReason()
+	if !done && stop == "" {
 		return nil, cutShort("its stop_reason or message_stop")
 	}
 	if len(usage) == 0 {
 		usage = nil
 	}
-	return modelResult(s.joined(), map[string]any{"model": model, "stop_reason": stop, "usage": usage})
+	return modelResult(r, map[string]any{"model": r.GetModel(), "stop_reason": stop, "usage": usage})
 }
 
 // answer reads a Messages API answer that came whole.
 func (t *anthropicTransport) answer(a *answer) (*stubbornv1.Result, error) {
-	var ans anthropicAnswer
-	if err := json.Unmarshal(a.body, &ans); err != nil {
+	var head struct {
+		Type  string         `json:"type"`
+		Usage map[string]any `json:"usage"`
+	}
+	if err := json.Unmarshal(a.body, &head); err != nil {
 		return nil, unreadable("not a Messages API answer: %v", err)
 	}
-	if ans.Type != "message" {
-		return nil, unreadable("a Messages API answer of type %q, not \"message\"", controls.Cut(ans.Type, 100))
+	if head.Type != "message" {
+		return nil, unreadable("a Messages API answer of type %q, not \"message\"", controls.Cut(head.Type, 100))
 	}
-	var text strings.Builder
-	for _, b := range ans.Content {
-		if b.Type == "text" {
-			text.WriteString(b.Text)
-		}
+	r, err := conversation.Messages{}.DecodeResponse(decodable(a.body))
+	if err != nil {
+		return nil, unreadable("not a Messages API answer: %v", err)
 	}
-	return modelResult(text.String(), map[string]any{"model": ans.Model, "stop_reason": ans.StopReason, "usage": ans.Usage})
+	return modelResult(r, map[string]any{"model": r.GetModel(), "stop_reason": choice0(r).GetNativeFinishReason(), "usage": head.Usage})
 }
 
-// jsonRequest is a POST of body as JSON to url, with the call's headers.
-func jsonRequest(ctx context.Context, url string, body any, c controls.Call) (*http.Request, error) {
-	b, err := json.Marshal(body)
-	if err != nil {
-		return nil, &controls.CallError{Code: codes.Internal, Refused: true, Message: err.Error()}
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
+// jsonRequest is a POST of body (JSON) to url, with the call's headers.
+func jsonRequest(ctx context.Context, url string, body []byte, c controls.Call) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, &controls.CallError{Code: codes.FailedPrecondition, Refused: true, Message: err.Error()}
 	}
@@ -404,9 +396,10 @@ func jsonRequest(ctx context.Context, url string, body any, c controls.Call) (*h
 	return req, nil
 }
 
-// modelResult is a model's answer: its text, and what else it said
-// (model, finish reason, token usage) as data.
-func modelResult(text string, data map[string]any) (*stubbornv1.Result, error) {
+// modelResult is a model's answer r (its choices, text, usage and model)
+// with data: what else it said (model, finish reason, the API's own usage)
+// as Result.data has always had it.
+func modelResult(r *stubbornv1.Result, data map[string]any) (*stubbornv1.Result, error) {
 	for k, v := range data {
 		if m, isMap := v.(map[string]any); v == nil || v == "" || (isMap && m == nil) {
 			delete(data, k)
@@ -416,72 +409,7 @@ func modelResult(text string, data map[string]any) (*stubbornv1.Result, error) {
 	if err != nil {
 		return nil, unreadable("%v", err)
 	}
-	return &stubbornv1.Result{Text: strings.ToValidUTF8(text, "\uFFFD"), Data: d}, nil
-}
-
-// anthropicConversation is the Messages API request for a run's
-// conversation: its system and developer messages' text after the
-// entry's system prompt, its user and assistant messages with their
-// content as it is (a string, or parts: text parts are the same shape in
-// both APIs); of the model parameters (Chat Completions' names), those
-// the Messages API has too: max_tokens (or max_completion_tokens),
-// temperature and top_p over the entry's, stop as stop_sequences, user
-// as metadata.user_id. Tool messages and the other parameters are not
-// sent (the two APIs' tools differ).
-func anthropicConversation(body anthropicRequest, msgs []*structpb.Struct, params *structpb.Struct) map[string]any {
-	system := []string{}
-	if body.System != "" {
-		system = append(system, body.System)
-	}
-	messages := make([]any, 0, len(msgs))
-	for _, m := range msgs {
-		f := m.GetFields()
-		switch role := f["role"].GetStringValue(); role {
-		case "system", "developer":
-			if text := f["content"].GetStringValue(); text != "" {
-				system = append(system, text)
-			}
-		case "user", "assistant":
-			messages = append(messages, map[string]any{"role": role, "content": f["content"].AsInterface()})
-		}
-	}
-	out := map[string]any{"model": body.Model, "max_tokens": body.MaxTokens, "messages": messages}
-	if len(system) > 0 {
-		out["system"] = strings.Join(system, "\n\n")
-	}
-	if body.Temperature != nil {
-		out["temperature"] = *body.Temperature
-	}
-	p := params.GetFields()
-	for _, k := range []string{"max_completion_tokens", "max_tokens"} {
-		if n := p[k].GetNumberValue(); n >= 1 {
-			out["max_tokens"] = int64(min(n, math.MaxInt32)) // a JSON number may be 1e300
-		}
-	}
-	for _, k := range []string{"temperature", "top_p"} {
-		if v, ok := p[k].GetKind().(*structpb.Value_NumberValue); ok {
-			out[k] = v.NumberValue
-		}
-	}
-	switch stop := p["stop"].GetKind().(type) {
-	case *structpb.Value_StringValue:
-		out["stop_sequences"] = []string{stop.StringValue}
-	case *structpb.Value_ListValue:
-		var seqs []string // strings only: the API takes no other
-		for _, v := range stop.ListValue.GetValues() {
-			if t, ok := v.GetKind().(*structpb.Value_StringValue); ok {
-				seqs = append(seqs, t.StringValue)
-			}
-		}
-		if len(seqs) > 0 {
-			out["stop_sequences"] = seqs
-		}
-	}
-	if user := p["user"].GetStringValue(); user != "" {
-		out["metadata"] = map[string]any{"user_id": user}
-	}
-	if body.Stream {
-		out["stream"] = true
-	}
-	return out
+	r.Data = d
+	r.Text = strings.ToValidUTF8(r.GetText(), "\uFFFD")
+	return r, nil
 }

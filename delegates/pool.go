@@ -277,7 +277,11 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 	// the JSON an HTTP kind read): data nested past MaxDataDepth would
 	// make the run's records unreadable (issue 30).
 	r = controls.BoundResult(r)
-	if n := proto.Size(r); n > p.maxResult {
+	n := proto.Size(r)
+	if len(r.GetChoices()) > 0 {
+		n -= len(r.GetText()) // choice 0's text, carried twice, counts once
+	}
+	if n > p.maxResult {
 		return nil, p.resultTooLarge(n)
 	}
 	return r, nil

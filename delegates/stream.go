@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/stubbornhq/stubborn/controls"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
 // Stream settings of a delegate (registry `stream`).
@@ -43,6 +44,7 @@ const stallHead = 200
 // first_output_timeout, or none for idle_timeout after one.
 type stream struct {
 	out         func(string)
+	deltas      func([]*stubbornv1.OutputDelta)
 	max         int
 	first, idle time.Duration
 	cancel      context.CancelCauseFunc
@@ -52,6 +54,7 @@ type stream struct {
 	timer   *time.Timer
 	chunks  int
 	text    strings.Builder
+	other   int           // bytes of the deltas besides the text, bounded with it
 	firstAt time.Duration // since begun, once a piece came
 	last    time.Time     // when the last piece came
 	done    bool
@@ -68,7 +71,7 @@ func (e *stallError) Error() string { return e.msg }
 // its attempt timeout alone.
 func newStream(ctx context.Context, c controls.Call, max int, first, idle time.Duration) (context.Context, *stream) {
 	sctx, cancel := context.WithCancelCause(ctx)
-	return sctx, &stream{out: c.Output, max: max, first: first, idle: idle, cancel: cancel}
+	return sctx, &stream{out: c.Output, deltas: c.Deltas, max: max, first: first, idle: idle, cancel: cancel}
 }
 
 // begin starts the stall timers: the transport's request is on its way,
@@ -122,29 +125,67 @@ func head(text string, n int) string {
 	return text
 }
 
-// piece takes the next piece of text: it goes to the call's Output, and
-// rearms the idle timer. An error (the whole over max_result_bytes) ends
-// the call.
+// piece takes the next piece of text (a model's: its first choice's): it
+// goes to the call's Output, and rearms the idle timer. An error (the
+// whole over max_result_bytes) ends the call.
 func (s *stream) piece(text string) error {
 	if text == "" {
 		return nil
 	}
 	text = strings.ToValidUTF8(text, "\uFFFD")
-	s.mu.Lock()
-	if s.done {
-		s.mu.Unlock()
+	if ok, err := s.took(len(text), text); !ok || err != nil {
+		return err
+	}
+	if s.out != nil {
+		s.out(text)
+	}
+	return nil
+}
+
+// delta takes the next pieces of a model's answer besides its first
+// choice's text (other choices' text, tool calls' fragments): they go to
+// the call's Deltas, count toward max_result_bytes with the text, and
+// rearm the idle timer as text does.
+func (s *stream) delta(ds []*stubbornv1.OutputDelta) error {
+	n := 0
+	for _, d := range ds {
+		tc := d.GetToolCall()
+		n += len(d.GetText()) + len(tc.GetId()) + len(tc.GetName()) + len(tc.GetArguments())
+	}
+	if len(ds) == 0 {
 		return nil
 	}
-	if s.text.Len()+len(text) > s.max {
-		s.mu.Unlock()
-		return resultTooLarge(s.max, fmt.Sprintf("the streamed answer is over %d bytes", s.max))
+	if ok, err := s.took(n, ""); !ok || err != nil {
+		return err
+	}
+	if s.deltas != nil {
+		s.deltas(ds)
+	}
+	return nil
+}
+
+// took counts n more bytes of output (text, when it is the first
+// choice's text) and rearms the timers; ok is false once the stream is
+// done (nothing more is passed on).
+func (s *stream) took(n int, text string) (ok bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return false, nil
+	}
+	if s.text.Len()+s.other+n > s.max {
+		return false, resultTooLarge(s.max, fmt.Sprintf("the streamed answer is over %d bytes", s.max))
 	}
 	s.last = time.Now()
 	if s.chunks == 0 {
 		s.firstAt = s.last.Sub(s.begun)
 	}
 	s.chunks++
-	s.text.WriteString(text)
+	if text != "" {
+		s.text.WriteString(text)
+	} else {
+		s.other += n
+	}
 	switch {
 	case s.idle <= 0 && s.timer != nil:
 		s.timer.Stop()
@@ -153,11 +194,7 @@ func (s *stream) piece(text string) error {
 	case s.idle > 0:
 		s.timer.Reset(s.idle)
 	}
-	s.mu.Unlock()
-	if s.out != nil {
-		s.out(text)
-	}
-	return nil
+	return true, nil
 }
 
 // disarm stops the stall timers: the answer turned out not to stream (a

@@ -7,6 +7,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/conversation"
+	"github.com/stubbornhq/stubborn/delegates"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
 )
 
@@ -52,8 +56,20 @@ func conversationBrief(msgs []*structpb.Struct) string {
 }
 
 // checkConversation adds what is wrong with a request's messages and model
-// parameters to v.
+// parameters, or its typed conversation, to v.
 func (val *validator) checkConversation(v *violations, req runRequest) {
+	if c := req.GetConversation(); c != nil {
+		for _, other := range []struct {
+			name string
+			set  bool
+		}{{"task_messages", len(req.GetTaskMessages()) > 0}, {"model_params", req.GetModelParams() != nil}} {
+			if other.set {
+				v.add("conversation", "is set with %s: a run has its conversation typed (conversation) or as Structs (task_messages, model_params), not both", other.name)
+			}
+		}
+		val.checkTyped(v, c)
+		return
+	}
 	msgs := req.GetTaskMessages()
 	if len(msgs) > maxTaskMessages {
 		v.add("task_messages", "has %d messages, more than the limit of %d", len(msgs), maxTaskMessages)
@@ -70,9 +86,160 @@ func (val *validator) checkConversation(v *violations, req runRequest) {
 			v.add(fmt.Sprintf("task_messages[%d]", i)+".content", "must be a string, an array of parts, or null")
 		}
 	}
-	if size, limit := conversationSize(msgs, req.GetModelParams()), val.limits.conversationBytes(); size > limit {
+	if size, limit := conversationSize(msgs, req.GetModelParams(), nil), val.limits.conversationBytes(); size > limit {
 		v.add("task_messages", "with model_params is %d bytes, more than the limit of %d (%s)", size, limit, val.limits.conversationBound())
 	}
+}
+
+// checkTyped adds what is wrong with a typed conversation to v: its size,
+// the conversation package's bounds (what a door's decoder keeps, so that a
+// gRPC caller cannot send what no door would take), its roles.
+func (val *validator) checkTyped(v *violations, c *stubbornv1.Conversation) {
+	if size, limit := conversationSize(nil, nil, c), val.limits.conversationBytes(); size > limit {
+		v.add("conversation", "is %d bytes, more than the limit of %d (%s)", size, limit, val.limits.conversationBound())
+		return
+	}
+	msgs := c.GetMessages()
+	if len(msgs) == 0 {
+		v.add("conversation.messages", "must have at least one message")
+	}
+	if len(msgs) > conversation.MaxMessages {
+		v.add("conversation.messages", "has %d messages, more than the limit of %d", len(msgs), conversation.MaxMessages)
+		return
+	}
+	deep := func(field string, s *structpb.Struct) {
+		if s != nil && controls.DataDepth(structpb.NewStructValue(s)) > conversation.MaxDepth {
+			v.add(field, "nests more than %d objects and lists deep", conversation.MaxDepth)
+		}
+	}
+	for i, m := range msgs {
+		f := fmt.Sprintf("conversation.messages[%d]", i)
+		if _, ok := stubbornv1.ChatRole_name[int32(m.GetRole())]; !ok || m.GetRole() == stubbornv1.ChatRole_CHAT_ROLE_UNSPECIFIED {
+			v.add(f+".role", "must be one of SYSTEM, DEVELOPER, USER, ASSISTANT, TOOL")
+		}
+		if n := len(m.GetContent()); n > conversation.MaxParts {
+			v.add(f+".content", "has %d parts, more than the limit of %d", n, conversation.MaxParts)
+		}
+		if n := len(m.GetToolCalls()); n > conversation.MaxToolCalls {
+			v.add(f+".tool_calls", "has %d calls, more than the limit of %d", n, conversation.MaxToolCalls)
+		}
+		deep(f+".extra", m.GetExtra())
+		for j, p := range m.GetContent()[:min(len(m.GetContent()), conversation.MaxParts)] {
+			deep(fmt.Sprintf("%s.content[%d].extra", f, j), p.GetExtra())
+		}
+	}
+	o := c.GetOptions()
+	if n := len(o.GetTools()); n > conversation.MaxTools {
+		v.add("conversation.options.tools", "has %d tools, more than the limit of %d", n, conversation.MaxTools)
+	} else {
+		for i, t := range o.GetTools() {
+			f := fmt.Sprintf("conversation.options.tools[%d]", i)
+			if t.GetName() == "" {
+				v.add(f+".name", "must not be empty")
+			}
+			deep(f+".parameters", t.GetParameters())
+			deep(f+".extra", t.GetExtra())
+		}
+	}
+	if o != nil && o.N != nil && (o.GetN() < 1 || o.GetN() > conversation.MaxChoices) {
+		v.add("conversation.options.n", "must be between 1 and %d, got %d", conversation.MaxChoices, o.GetN())
+	}
+	if n := len(o.GetStop()); n > conversation.MaxStops {
+		v.add("conversation.options.stop", "has %d sequences, more than the limit of %d", n, conversation.MaxStops)
+	}
+	deep("conversation.options.response_format.schema", o.GetResponseFormat().GetSchema())
+	deep("conversation.options.extra", o.GetExtra())
+}
+
+// carry adds to v, for every delegate the control spec can reach (its
+// targets, chain members and candidates, through presets; not judges or
+// analysts, which are given the brief), each field of c that the
+// delegate's kind cannot carry and c does not allow dropping: openai takes
+// Chat Completions, anthropic the Messages API, grpc the conversation
+// whole, http the brief only (never refused).
+func (val *validator) carry(v *violations, c *stubbornv1.Conversation, spec *stubbornv1.ControlSpec) {
+	if c == nil || val.kindOf == nil {
+		return
+	}
+	drop := conversation.DropOf(c)
+	seen := map[string]bool{}
+	var visit func(spec *stubbornv1.ControlSpec, depth int)
+	visit = func(spec *stubbornv1.ControlSpec, depth int) {
+		for _, name := range reachable(spec) {
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			if val.presetOf != nil {
+				if p, ok := val.presetOf(name); ok {
+					if depth < maxPresetDepth {
+						visit(p, depth+1)
+					}
+					continue
+				}
+			}
+			kind := val.kindOf(name)
+			var api stubbornv1.ConversationAPI
+			switch kind {
+			case delegates.KindOpenAI:
+				api = conversation.ChatCompletions
+			case delegates.KindAnthropic:
+				api = conversation.AnthropicMessages
+			default:
+				continue
+			}
+			for _, u := range conversation.Carry(api, c, drop) {
+				v.add(conversationField(u.Field), "delegate %.128q (%s) cannot carry %s: %s", name, kind, u.Field, u.Why)
+			}
+		}
+	}
+	visit(spec, 0)
+}
+
+// maxPresetDepth bounds how deeply carry follows presets naming presets
+// (the config refuses cycles; this is a guard, not a rule).
+const maxPresetDepth = 16
+
+// reachable are the names spec calls with the run's task: a retry's target,
+// a chain's members, a race's candidates.
+func reachable(spec *stubbornv1.ControlSpec) []string {
+	switch k := spec.GetKind().(type) {
+	case *stubbornv1.ControlSpec_Retry:
+		return []string{k.Retry.GetTarget()}
+	case *stubbornv1.ControlSpec_RetryWithLearning:
+		return []string{k.RetryWithLearning.GetTarget()}
+	case *stubbornv1.ControlSpec_FallbackChain:
+		return k.FallbackChain.GetChain()
+	case *stubbornv1.ControlSpec_Race:
+		return k.Race.GetCandidates()
+	}
+	return nil
+}
+
+// conversationField is the request's field of a Carry path (a path into a
+// model API's body: "n", "tools[0].strict", "messages[2].content[0]").
+func conversationField(path string) string {
+	if path == "" {
+		return "conversation"
+	}
+	if strings.HasPrefix(path, "messages") {
+		return "conversation." + path
+	}
+	return "conversation.options." + path
+}
+
+// doorParam is the body's field of a request's field that
+// conversationField made, or of one checkTyped named; "" for another.
+func doorParam(field string) string {
+	for _, p := range []string{"conversation.options.", "conversation."} {
+		if rest, ok := strings.CutPrefix(field, p); ok {
+			return rest
+		}
+	}
+	if field == "conversation" {
+		return "messages"
+	}
+	return ""
 }
 
 // maxConversationEventBytes bounds a conversation whatever max_brief_bytes
@@ -97,19 +264,57 @@ func (l Limits) conversationBound() string {
 }
 
 // conversationSize is the encoded size of a conversation and its model
-// parameters, as conversationBytes bounds it.
-func conversationSize(msgs []*structpb.Struct, params *structpb.Struct) int {
-	size := proto.Size(params)
+// parameters (or of a typed conversation), as conversationBytes bounds it.
+func conversationSize(msgs []*structpb.Struct, params *structpb.Struct, c *stubbornv1.Conversation) int {
+	size := proto.Size(params) + proto.Size(c)
 	for _, m := range msgs {
 		size += proto.Size(m)
 	}
 	return size
 }
 
+// typedBrief is the brief of a run asked as a typed conversation
+// (RunRequest.conversation), for what reads a brief (a judge, an http
+// delegate, the run's listing): a lone user message's text, else each
+// message as "role: text", a blank line between them, with the tool calls
+// an assistant made ("→ get_weather#call_1({…})") and whose call a tool
+// message answers ("tool#call_1: …").
+func typedBrief(c *stubbornv1.Conversation) string {
+	msgs := c.GetMessages()
+	if len(msgs) == 1 && msgs[0].GetRole() == stubbornv1.ChatRole_CHAT_ROLE_USER && len(msgs[0].GetToolCalls()) == 0 {
+		return conversation.Text(msgs[0])
+	}
+	var b strings.Builder
+	for i, m := range msgs {
+		if i > 0 {
+			b.WriteString("\n\n")
+		}
+		b.WriteString(strings.ToLower(strings.TrimPrefix(m.GetRole().String(), "CHAT_ROLE_")))
+		if id := m.GetToolCallId(); id != "" {
+			b.WriteString("#" + id)
+		}
+		if m.GetIsError() {
+			b.WriteString(" (error)")
+		}
+		b.WriteString(": " + conversation.Text(m))
+		for _, call := range m.GetToolCalls() {
+			fmt.Fprintf(&b, "\n→ %s#%s(%s)", call.GetName(), call.GetId(), call.GetArguments())
+		}
+	}
+	return b.String()
+}
+
 // taskOf is the task a valid request asks: its brief (the messages' when
-// it has none), messages and model parameters.
+// it has none), messages and model parameters, or its typed conversation.
 func taskOf(req runRequest) runs.Task {
 	t := runs.Task{Brief: req.GetTaskBrief(), Messages: req.GetTaskMessages(), ModelParams: req.GetModelParams()}
+	if c := req.GetConversation(); c != nil {
+		t.Conversation = c
+		if strings.TrimSpace(t.Brief) == "" {
+			t.Brief = typedBrief(c)
+		}
+		return t
+	}
 	if strings.TrimSpace(t.Brief) == "" && len(t.Messages) > 0 {
 		t.Brief = conversationBrief(t.Messages)
 	}

@@ -21,9 +21,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/stubbornhq/stubborn/controls"
+	"github.com/stubbornhq/stubborn/conversation"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
@@ -133,6 +133,16 @@ func failureOf(err error) failure {
 	switch st.Code() {
 	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
 		f.status, f.code = http.StatusBadRequest, "invalid_request"
+		// A field of the conversation is named in the door's terms: the
+		// body's field (param), not the run request's.
+		for _, d := range st.Details() {
+			if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) > 0 {
+				if p := doorParam(br.GetFieldViolations()[0].GetField()); p != "" {
+					f.param = p
+					f.msg = strings.NewReplacer("conversation.options.", "", "conversation.messages", "messages").Replace(f.msg)
+				}
+			}
+		}
 	case codes.Unauthenticated:
 		f.status, f.code = http.StatusUnauthorized, "invalid_api_key"
 	case codes.PermissionDenied:
@@ -183,21 +193,21 @@ func fail(w http.ResponseWriter, d dialect, f failure) {
 	_, _ = w.Write(body)
 }
 
-// A dialect is one door's API: how it reads a request, and writes its
-// answer, its stream and its errors.
+// A dialect is one door's API: its codec (conversation.Chat or
+// conversation.Messages) reads the request and writes the answer, whole or
+// streamed; the dialect adds its errors and what the door tells beside the
+// answer.
 type dialect interface {
-	// parse reads a request's body.
-	parse(body []byte) (*doorRequest, error)
+	// codec is the API's codec.
+	codec() conversation.Codec
 	// errorBody is f's JSON body.
 	errorBody(f failure) any
-	// begin writes a stream's opening events, before its first text.
-	begin(a *answering)
-	// delta writes a piece of the answer's text.
-	delta(a *answering, text string)
-	// end writes a stream's last events once its run succeeded.
-	end(a *answering, st *stubbornv1.ControlState)
-	// whole is the answer of a request that does not stream.
-	whole(a *answering, st *stubbornv1.ControlState) any
+	// usage is a usage in the API's names (the stubborn field's
+	// winner_usage).
+	usage(u *stubbornv1.Usage) map[string]int64
+	// carried is what of ds the API's stream carries (the Messages API:
+	// choice 0's).
+	carried(ds []*stubbornv1.OutputDelta) []*stubbornv1.OutputDelta
 	// streamError ends a stream whose answer began with an error event
 	// naming the run (msg does).
 	streamError(a *answering, msg string)
@@ -251,104 +261,69 @@ func (f *frontDoor) models(w http.ResponseWriter, r *http.Request) {
 }
 
 // doorRequest is a door's request in the run's terms: the model, whether
-// to stream, the conversation (its messages in Chat Completions' shape:
-// role and content, a string or parts) and the model parameters (in Chat
-// Completions' names: temperature, max_tokens, stop, tools, …).
+// to stream, the typed conversation (decoded by the door's codec).
 type doorRequest struct {
 	Model        string
 	Stream       bool
 	IncludeUsage bool // OpenAI's stream_options.include_usage
 
-	messages []*structpb.Struct
-	params   *structpb.Struct
-	// criteria are the request's "stubborn" field: failure_criteria and
+	conv *stubbornv1.Conversation
+	// criteria are the request's "stubborn" field's failure_criteria and
 	// failure_when (a chain's, retry-with-learning's), acceptance_criteria
 	// and accept_when (a race's), set on the run's control.
 	criteria map[string]string
 }
 
-// criteriaKeys are the keys of a request's "stubborn" field.
+// criteriaKeys are the criteria a request's "stubborn" field may hold.
 var criteriaKeys = []string{"failure_criteria", "failure_when", "acceptance_criteria", "accept_when"}
 
-// parseCriteria reads a request's "stubborn" field, when it has one.
-func parseCriteria(all map[string]any) (map[string]string, error) {
-	ext, ok := all["stubborn"]
-	if !ok {
-		return nil, nil
-	}
-	m, isObject := ext.(map[string]any)
-	if !isObject {
-		return nil, errors.New(`stubborn: must be an object of failure_criteria, failure_when, acceptance_criteria, accept_when`)
-	}
-	c := map[string]string{}
-	for k, v := range m {
-		text, isText := v.(string)
-		if !isText || !slices.Contains(criteriaKeys, k) {
-			return nil, fmt.Errorf("stubborn.%s: not one of failure_criteria, failure_when, acceptance_criteria, accept_when (strings)", controls.Cut(k, 64))
-		}
-		c[k] = text
-	}
-	return c, nil
-}
+// stubbornKeys says what a request's "stubborn" field may hold.
+const stubbornKeys = "failure_criteria, failure_when, acceptance_criteria, accept_when (strings), drop_params (true, or a list of field paths)"
 
-// jsonObject decodes a request's body, which must be a JSON object.
-func jsonObject(body []byte) (map[string]any, error) {
-	var all map[string]any
-	if err := json.Unmarshal(body, &all); err != nil {
+// parseRequest reads a door's request body with codec: the typed
+// conversation, and the "stubborn" extension field: the criteria, and
+// drop_params, what the delegates may leave out of the request (true:
+// whatever a delegate cannot carry; a list: those fields and what is
+// under them).
+func parseRequest(codec conversation.Codec, body []byte) (*doorRequest, error) {
+	dec, err := codec.DecodeRequest(body)
+	if err != nil {
 		return nil, err
 	}
-	if all == nil {
-		return nil, errors.New("the body must be a JSON object")
+	req := &doorRequest{Model: dec.Model, Stream: dec.Stream, IncludeUsage: dec.IncludeUsage, conv: dec.Conversation}
+	if req.conv == nil {
+		req.conv = &stubbornv1.Conversation{}
 	}
-	return all, nil
-}
-
-// boolField is all[key] when it is a bool; absent and null are false.
-func boolField(all map[string]any, key string) (bool, error) {
-	v, set := all[key]
-	if !set || v == nil {
-		return false, nil
+	if dec.Stubborn == nil {
+		return req, nil
 	}
-	b, ok := v.(bool)
-	if !ok {
-		return false, fmt.Errorf("%s: must be true or false", key)
+	var ext map[string]json.RawMessage
+	if err := json.Unmarshal(dec.Stubborn, &ext); err != nil || ext == nil {
+		return nil, &conversation.FieldError{Field: "stubborn", Msg: "must be an object of " + stubbornKeys}
 	}
-	return b, nil
-}
-
-// stringField is all[key] when it is a string; absent is "".
-func stringField(all map[string]any, key string) (string, error) {
-	v, set := all[key]
-	if !set {
-		return "", nil
-	}
-	s, ok := v.(string)
-	if !ok {
-		return "", fmt.Errorf("%s: must be a string", key)
-	}
-	return s, nil
-}
-
-// structMessages are a request's messages (a JSON array of objects) as
-// structs, each as it came.
-func structMessages(v any) ([]*structpb.Struct, error) {
-	list, ok := v.([]any)
-	if !ok && v != nil {
-		return nil, errors.New("messages: must be an array of messages")
-	}
-	out := make([]*structpb.Struct, 0, len(list)+1)
-	for i, m := range list {
-		obj, ok := m.(map[string]any)
-		if !ok {
-			return nil, fmt.Errorf("messages[%d]: must be an object", i)
+	req.criteria = map[string]string{}
+	for k, v := range ext {
+		field := "stubborn." + controls.Cut(k, 64)
+		if k == "drop_params" {
+			var all bool
+			if json.Unmarshal(v, &all) == nil {
+				req.conv.DropAllParams = all
+				continue
+			}
+			var paths []string
+			if err := json.Unmarshal(v, &paths); err != nil || len(paths) > conversation.MaxTools+conversation.MaxMessages {
+				return nil, &conversation.FieldError{Field: field, Msg: "must be true, or a list of field paths (\"n\", \"response_format\", \"tools[0].strict\")"}
+			}
+			req.conv.DropParams = paths
+			continue
 		}
-		st, err := structpb.NewStruct(obj)
-		if err != nil {
-			return nil, fmt.Errorf("messages[%d]: %w", i, err)
+		var text string
+		if err := json.Unmarshal(v, &text); err != nil || !slices.Contains(criteriaKeys, k) {
+			return nil, &conversation.FieldError{Field: field, Msg: "not one of " + stubbornKeys}
 		}
-		out = append(out, st)
+		req.criteria[k] = text
 	}
-	return out, nil
+	return req, nil
 }
 
 // runRequest is the run a door's request makes: the preset's control, or a
@@ -358,15 +333,19 @@ func (f *frontDoor) runRequest(r *http.Request, who context.Context, reg *regist
 	if req.Model == "" {
 		return nil, status.Error(codes.InvalidArgument, "model: required: a preset or a delegate (GET /v1/models lists them)")
 	}
-	if len(req.messages) == 0 {
+	if !slices.ContainsFunc(req.conv.GetMessages(), func(m *stubbornv1.ChatMessage) bool {
+		// The Messages API's system prompt is a message of the
+		// conversation, not one of the request's messages.
+		return req.conv.GetApi() != conversation.AnthropicMessages || m.GetRole() != stubbornv1.ChatRole_CHAT_ROLE_SYSTEM
+	}) {
 		return nil, status.Error(codes.InvalidArgument, "messages: at least one message is required")
 	}
 	spec, isPreset, err := model(who, reg, req.Model)
 	if err != nil {
 		return nil, err
 	}
-	// The brief is the messages' text (task_messages): the server makes it.
-	run := &stubbornv1.RunRequest{TaskMessages: req.messages, ModelParams: req.params,
+	// The brief is the conversation's text: the server makes it.
+	run := &stubbornv1.RunRequest{Conversation: req.conv,
 		Options: &stubbornv1.RunOptions{IdempotencyKey: r.Header.Get("Idempotency-Key"), NeverAsk: true}}
 	if !isPreset {
 		run.FallbackChain = &stubbornv1.FallbackChainSpec{Chain: []string{req.Model}}
@@ -465,17 +444,21 @@ func (f *frontDoor) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 		fail(w, d, badRequest("invalid_body", "reading the body: "+controls.Cut(err.Error(), 200)))
 		return
 	}
-	req, err := d.parse(body)
+	req, err := parseRequest(d.codec(), body)
 	if err != nil {
-		fail(w, d, badRequest("invalid_json", controls.Cut(err.Error(), 300)))
+		fl := badRequest("invalid_json", controls.Cut(err.Error(), 300))
+		if fe, ok := errors.AsType[*conversation.FieldError](err); ok && fe.Field != "" {
+			fl.code, fl.param = "invalid_request", controls.Cut(fe.Field, 128)
+		}
+		fail(w, d, fl)
 		return
 	}
 	// A conversation the run cannot take is said in the door's terms
-	// (messages, not the run's task_messages) before any call.
-	if lim := reg.policy(who).limits; conversationSize(req.messages, req.params) > lim.conversationBytes() {
+	// (messages, not the run's conversation) before any call.
+	if lim, size := reg.policy(who).limits, conversationSize(nil, nil, req.conv); size > lim.conversationBytes() {
 		fail(w, d, failure{status: http.StatusBadRequest, code: "conversation_too_large", param: "messages",
 			msg: fmt.Sprintf("messages: the conversation with its parameters is %d bytes, more than the limit of %d (%s)",
-				conversationSize(req.messages, req.params), lim.conversationBytes(), lim.conversationBound())})
+				size, lim.conversationBytes(), lim.conversationBound())})
 		return
 	}
 	ctx := callContext(r)
@@ -491,7 +474,7 @@ func (f *frontDoor) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 		fail(w, d, failureOf(err))
 		return
 	}
-	a := &answering{f: f, d: d, w: w, req: req, race: run.GetRace() != nil, key: run.GetOptions().GetIdempotencyKey(), held: map[int32]*strings.Builder{}}
+	a := &answering{f: f, d: d, w: w, req: req, race: run.GetRace() != nil, key: run.GetOptions().GetIdempotencyKey(), held: map[int32][]*stubbornv1.OutputDelta{}}
 	end, err := a.follow(stream)
 	if err != nil && a.runID == "" {
 		fail(w, d, failureOf(err))
@@ -554,9 +537,11 @@ type answering struct {
 	runID string
 
 	started bool  // the response's head is out
-	sentBy  int32 // the attempt whose text the client has, 0 none
-	sent    strings.Builder
-	held    map[int32]*strings.Builder // held output of attempts, by number
+	sentBy  int32 // the attempt whose output the client has, 0 none
+	// enc writes the stream (made with its head); it knows what of each
+	// choice the client has.
+	enc  conversation.StreamEncoder
+	held map[int32][]*stubbornv1.OutputDelta // held output of attempts, by number
 
 	lastStarted int32          // the highest attempt number started
 	past        map[int32]bool // on a replay, the attempts that had ended before it
@@ -689,30 +674,40 @@ func (a *answering) replay(stream grpc.ServerStreamingClient[stubbornv1.RunRespo
 	}
 }
 
-// output takes a piece of an attempt's text: to the client at once when it
-// may be the answer (the first attempt to stream, not provisional, not a
-// race's, not replayed history), else held until the attempt is accepted.
+// output takes a piece of an attempt's output (its first choice's text,
+// and its deltas: other choices' text, tool-call fragments): to the client
+// at once when it may be the answer (the first attempt to stream, not
+// provisional, not a race's, not replayed history), else held until the
+// attempt is accepted.
 func (a *answering) output(o *stubbornv1.AttemptOutput) {
 	n := o.GetAttempt()
+	ds := deltasOf(o)
 	if !a.req.Stream || o.GetProvisional() || a.race || a.pastAll || a.past[n] || (a.sentBy != 0 && a.sentBy != n) {
-		h := a.held[n]
-		if h == nil {
-			h = &strings.Builder{}
-			a.held[n] = h
+		if a.req.Stream {
+			a.held[n] = append(a.held[n], ds...)
 		}
-		h.WriteString(o.GetText())
 		return
 	}
 	a.sentBy = n
-	a.chunk(o.GetText())
+	a.send(ds)
 }
 
-// finished sees an attempt's end: an accepted one's held text goes out; a
-// failed one's is dropped — unless the client has part of it, which ends
+// deltasOf is an AttemptOutput as deltas: its text (choice 0's), then the
+// rest.
+func deltasOf(o *stubbornv1.AttemptOutput) []*stubbornv1.OutputDelta {
+	ds := make([]*stubbornv1.OutputDelta, 0, 1+len(o.GetDeltas()))
+	if o.GetText() != "" {
+		ds = append(ds, &stubbornv1.OutputDelta{Kind: &stubbornv1.OutputDelta_Text{Text: o.GetText()}, Offset: o.GetOffset()})
+	}
+	return append(ds, o.GetDeltas()...)
+}
+
+// finished sees an attempt's end: an accepted one's held output goes out;
+// a failed one's is dropped — unless the client has part of it, which ends
 // the answer with an error naming the run (returned).
 func (a *answering) finished(f *stubbornv1.AttemptFinished) *interrupted {
 	n := f.GetAttempt().GetNumber()
-	held := a.held[n]
+	held, wasHeld := a.held[n]
 	delete(a.held, n)
 	ok := f.GetAttempt().GetOutcome() == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED
 	switch {
@@ -722,9 +717,9 @@ func (a *answering) finished(f *stubbornv1.AttemptFinished) *interrupted {
 			why = strings.ToLower(strings.TrimPrefix(f.GetAttempt().GetOutcome().String(), "ATTEMPT_OUTCOME_"))
 		}
 		return &interrupted{n, fmt.Sprintf("attempt %d failed after its answer began (%s)", n, controls.Cut(why, 300))}
-	case ok && held != nil && a.req.Stream && a.sentBy == 0 && f.GetAttempt().GetPath() == "":
+	case ok && wasHeld && a.req.Stream && a.sentBy == 0 && f.GetAttempt().GetPath() == "":
 		a.sentBy = n
-		a.chunk(held.String())
+		a.send(held)
 	}
 	return nil
 }
@@ -748,28 +743,38 @@ func (a *answering) head(contentType string, code int) {
 // sends it unless more follow at once.
 func (a *answering) sse(name string, v any, more bool) {
 	b, _ := json.Marshal(v)
-	out := make([]byte, 0, len(b)+len(name)+16)
-	if name != "" {
-		out = append(append(append(out, "event: "...), name...), '\n')
+	a.events([]conversation.Event{{Name: name, Data: b}}, more)
+}
+
+// events writes evs, and sends them unless more follow at once.
+func (a *answering) events(evs []conversation.Event, more bool) {
+	var out []byte
+	for _, ev := range evs {
+		out = ev.AppendSSE(out)
 	}
-	_, _ = a.w.Write(append(append(append(out, "data: "...), b...), "\n\n"...))
+	_, _ = a.w.Write(out)
 	if fl, ok := a.w.(http.Flusher); ok && !more {
 		fl.Flush()
 	}
 }
 
-// chunk streams a piece of the answer: the head and the dialect's opening
-// events before the first.
-func (a *answering) chunk(text string) {
+// meta is what the answer says about itself: the run's id, the model asked.
+func (a *answering) meta() conversation.Meta {
+	return conversation.Meta{ID: a.runID, Model: a.req.Model, Created: a.f.now().Unix(), IncludeUsage: a.req.IncludeUsage}
+}
+
+// send streams pieces of the answer: the head and the stream's opening
+// before the first.
+func (a *answering) send(ds []*stubbornv1.OutputDelta) {
 	if !a.started {
 		a.head("text/event-stream", http.StatusOK)
-		a.d.begin(a)
+		a.enc = a.d.codec().NewStreamEncoder(a.meta())
 	}
-	if text == "" {
-		return
+	evs, err := a.enc.Deltas(a.d.carried(ds))
+	if err != nil {
+		return // a delta the API has no place for (a choice past 0 on the Messages API): never sent
 	}
-	a.sent.WriteString(text)
-	a.d.delta(a, text)
+	a.events(evs, false)
 }
 
 // finish answers with the run's end: the answer (or the stream's last
@@ -785,15 +790,48 @@ func (a *answering) finish(st *stubbornv1.ControlState) {
 		fail(a.w, a.d, fl)
 		return
 	}
+	r, winner := answerOf(st)
 	if !a.req.Stream {
+		body, err := a.whole(r, st, winner)
+		if err != nil {
+			a.w.Header().Set("Stubborn-Run-Id", a.runID)
+			fail(a.w, a.d, failure{status: http.StatusBadGateway, code: "bad_answer", retried: true,
+				msg: fmt.Sprintf("run %s's answer cannot be written as this API's: %s", a.runID, controls.Cut(err.Error(), 300))})
+			return
+		}
 		a.head("application/json", http.StatusOK)
-		_ = json.NewEncoder(a.w).Encode(a.d.whole(a, st))
+		_, _ = a.w.Write(append(body, '\n'))
 		return
 	}
-	// What the client has not had of the answer: all of it, or the rest
-	// of what the answering attempt streamed.
-	a.chunk(strings.TrimPrefix(st.GetResult().GetText(), a.sent.String()))
-	a.d.end(a, st)
+	// What the client has not had of the answer (all of it, or the rest of
+	// what the answering attempt streamed), each choice's end, the usage.
+	a.send(nil)
+	evs, err := a.enc.End(r)
+	if err != nil {
+		a.d.streamError(a, fmt.Sprintf("run %s's answer cannot be written as this API's: %s", a.runID, controls.Cut(err.Error(), 300)))
+		return
+	}
+	a.events(evs, false)
+}
+
+// whole is the answer of a request that does not stream: the codec's, with
+// the run's id as its id, the usage of every attempt, and the stubborn
+// field (the run, its winner, attempts and the winner's own usage).
+func (a *answering) whole(r *stubbornv1.Result, st *stubbornv1.ControlState, winner *stubbornv1.Usage) ([]byte, error) {
+	b, err := a.d.codec().EncodeResponse(r, a.meta())
+	if err != nil {
+		return nil, err
+	}
+	var body map[string]json.RawMessage
+	if err := json.Unmarshal(b, &body); err != nil {
+		return nil, err
+	}
+	var wu map[string]int64
+	if winner != nil {
+		wu = a.d.usage(winner)
+	}
+	body["stubborn"], _ = json.Marshal(map[string]any{"run_id": a.runID, "winner": st.GetWinner(), "attempts": st.GetAttempts(), "winner_usage": wu})
+	return json.Marshal(body)
 }
 
 // runFailure is the door's answer to a run that ended without an answer
@@ -877,34 +915,71 @@ func upstreamMessage(msg string) string {
 	return msg
 }
 
-// usage sums what every attempt of st reported using (either API's
-// names), and returns the winner's own too: prompt, completion and total
-// tokens.
-func usage(st *stubbornv1.ControlState) (all, winner map[string]int64) {
-	all = map[string]int64{"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+// answerOf is the run's answer as the doors write it: the winner's
+// result (its choices, or its text as choice 0 with the reason to stop it
+// gave in its data), with the usage of every attempt summed; and the
+// winner's own usage (nil when it reported none).
+func answerOf(st *stubbornv1.ControlState) (r *stubbornv1.Result, winner *stubbornv1.Usage) {
+	r = proto.CloneOf(st.GetResult())
+	if r == nil {
+		r = &stubbornv1.Result{}
+	}
+	if len(r.GetChoices()) == 0 {
+		r.Choices = []*stubbornv1.Choice{{
+			Message: &stubbornv1.ChatMessage{Role: stubbornv1.ChatRole_CHAT_ROLE_ASSISTANT,
+				Content: []*stubbornv1.ContentPart{{Kind: &stubbornv1.ContentPart_Text{Text: r.GetText()}}}},
+			FinishReason: finishOf(stopReason(st)), NativeFinishReason: stopReason(st),
+		}}
+	}
+	all := &stubbornv1.Usage{}
 	for _, at := range st.GetAttemptLog() {
-		u := at.GetResult().GetData().GetStructValue().GetFields()["usage"].GetStructValue().GetFields()
+		u := usageOf(at.GetResult())
 		if u == nil {
 			continue
 		}
-		prompt := int64(u["prompt_tokens"].GetNumberValue() + u["input_tokens"].GetNumberValue())
-		completion := int64(u["completion_tokens"].GetNumberValue() + u["output_tokens"].GetNumberValue())
-		total := int64(u["total_tokens"].GetNumberValue())
-		if total == 0 {
-			total = prompt + completion
-		}
-		all["prompt_tokens"] += prompt
-		all["completion_tokens"] += completion
-		all["total_tokens"] += total
+		all.InputTokens += u.GetInputTokens()
+		all.OutputTokens += u.GetOutputTokens()
+		all.TotalTokens += u.GetTotalTokens()
+		all.CacheReadTokens += u.GetCacheReadTokens()
+		all.CacheWriteTokens += u.GetCacheWriteTokens()
+		all.ReasoningTokens += u.GetReasoningTokens()
 		if at.GetOutcome() == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED && at.GetDelegate() == st.GetWinner() {
-			winner = map[string]int64{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}
+			winner = u
 		}
 	}
-	return all, winner
+	r.Usage = all
+	return r, winner
 }
 
-// stopReason is the winner's own reason to stop (a model's finish_reason
-// or stop_reason), empty when it gave none.
+// usageOf is what an attempt's result reports using: its typed usage, else
+// the usage in its data (either API's names), total tokens made up when
+// absent; nil when it reports none.
+func usageOf(r *stubbornv1.Result) *stubbornv1.Usage {
+	if u := r.GetUsage(); u != nil {
+		u = proto.CloneOf(u)
+		if u.TotalTokens == 0 {
+			u.TotalTokens = u.InputTokens + u.OutputTokens
+		}
+		return u
+	}
+	f := r.GetData().GetStructValue().GetFields()["usage"].GetStructValue().GetFields()
+	if f == nil {
+		return nil
+	}
+	u := &stubbornv1.Usage{
+		InputTokens:  int64(f["prompt_tokens"].GetNumberValue() + f["input_tokens"].GetNumberValue()),
+		OutputTokens: int64(f["completion_tokens"].GetNumberValue() + f["output_tokens"].GetNumberValue()),
+		TotalTokens:  int64(f["total_tokens"].GetNumberValue()),
+	}
+	if u.TotalTokens == 0 {
+		u.TotalTokens = u.InputTokens + u.OutputTokens
+	}
+	return u
+}
+
+// stopReason is the winner's own reason to stop in its data (a model's
+// finish_reason or stop_reason), for a result without choices; empty when
+// it gave none.
 func stopReason(st *stubbornv1.ControlState) string {
 	f := st.GetResult().GetData().GetStructValue().GetFields()
 	for _, k := range []string{"finish_reason", "stop_reason"} {
@@ -915,8 +990,19 @@ func stopReason(st *stubbornv1.ControlState) string {
 	return ""
 }
 
-// stubbornPart is what an answer tells of its run beside the API's own
-// fields.
-func (a *answering) stubbornPart(st *stubbornv1.ControlState, winner map[string]int64) map[string]any {
-	return map[string]any{"run_id": a.runID, "winner": st.GetWinner(), "attempts": st.GetAttempts(), "winner_usage": winner}
+// finishOf is a reason to stop in either API's words as a FinishReason.
+func finishOf(s string) stubbornv1.FinishReason {
+	switch s {
+	case "length", "max_tokens":
+		return stubbornv1.FinishReason_FINISH_REASON_LENGTH
+	case "tool_calls", "function_call", "tool_use":
+		return stubbornv1.FinishReason_FINISH_REASON_TOOL_CALLS
+	case "content_filter", "refusal":
+		return stubbornv1.FinishReason_FINISH_REASON_CONTENT_FILTER
+	case "stop_sequence":
+		return stubbornv1.FinishReason_FINISH_REASON_STOP_SEQUENCE
+	case "pause_turn":
+		return stubbornv1.FinishReason_FINISH_REASON_PAUSE
+	}
+	return stubbornv1.FinishReason_FINISH_REASON_STOP
 }

@@ -89,11 +89,13 @@ func TestTheMessagesDoorAnswersThroughAPreset(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "good", got.GetState().GetWinner())
 	require.Len(t, got.GetState().GetAttemptLog(), 2, "the 503, then the answer")
-	msgs := got.GetState().GetTaskMessages()
+	conv := got.GetState().GetConversation()
+	msgs := conv.GetMessages()
 	require.Len(t, msgs, 2, "the system prompt is the conversation's first message")
-	assert.Equal(t, "system", msgs[0].GetFields()["role"].GetStringValue())
-	assert.Equal(t, "Be brief.", msgs[0].GetFields()["content"].GetStringValue())
-	assert.InDelta(t, 100, got.GetState().GetModelParams().GetFields()["max_tokens"].GetNumberValue(), 0)
+	assert.Equal(t, stubbornv1.ChatRole_CHAT_ROLE_SYSTEM, msgs[0].GetRole())
+	assert.Equal(t, "Be brief.", msgs[0].GetContent()[0].GetText())
+	assert.Equal(t, int64(100), conv.GetOptions().GetMaxTokens())
+	assert.Equal(t, stubbornv1.ConversationAPI_CONVERSATION_API_ANTHROPIC_MESSAGES, conv.GetApi())
 }
 
 func TestTheMessagesDoorStreamsTheAnsweringAttempt(t *testing.T) {
@@ -147,12 +149,12 @@ func TestTheMessagesDoorSpeaksAnthropicErrors(t *testing.T) {
 		{"", ok, "authentication_error", "no credentials", http.StatusUnauthorized},
 		{"wrong", ok, "authentication_error", "not valid", http.StatusUnauthorized},
 		{"ak", `{"model": "nope", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}`, "not_found_error", "nope", http.StatusNotFound},
-		{"ak", `{"model": "smart", "max_tokens": 10, "tools": [], "top_k": 3, "messages": [{"role": "user", "content": "x"}]}`, "invalid_request_error", "tools, top_k: not taken", http.StatusBadRequest},
-		{"ak", `{"model": "smart", "max_tokens": 10, "messages": [{"role": "system", "content": "x"}]}`, "invalid_request_error", "messages[0].role: must be user or assistant", http.StatusBadRequest},
-		{"ak", `{"model": "smart", "system": [{"type": "image"}], "messages": [{"role": "user", "content": "x"}]}`, "invalid_request_error", "system[0]: must be a text block", http.StatusBadRequest},
-		{"ak", `{"model": "smart", "max_tokens": "ten", "messages": [{"role": "user", "content": "x"}]}`, "invalid_request_error", "max_tokens: must be a number", http.StatusBadRequest},
+		{"ak", `{"model": "smart", "max_tokens": 10, "tools": [], "top_k": 3, "messages": [{"role": "user", "content": "x"}]}`, "invalid_request_error", `top_k: delegate "busy" (openai) cannot carry top_k`, http.StatusBadRequest},
+		{"ak", `{"model": "smart", "max_tokens": 10, "messages": [{"role": "system", "content": "x"}]}`, "invalid_request_error", `messages[0].role: "system" is not user or assistant`, http.StatusBadRequest},
+		{"ak", `{"model": "smart", "system": [{"type": "image"}], "messages": [{"role": "user", "content": "x"}]}`, "invalid_request_error", `system[0].type: "image" is not carried`, http.StatusBadRequest},
+		{"ak", `{"model": "smart", "max_tokens": "ten", "messages": [{"role": "user", "content": "x"}]}`, "invalid_request_error", "max_tokens: must be an integer", http.StatusBadRequest},
 		{"ak", `{"model": "smart", "system": "only a system prompt"}`, "invalid_request_error", "messages: at least one message is required", http.StatusBadRequest},
-		{"ak", `{"model": "smart", "stop_sequences": "END", "messages": [{"role": "user", "content": "x"}]}`, "invalid_request_error", "stop_sequences: must be an array of strings", http.StatusBadRequest},
+		{"ak", `{"model": "smart", "stop_sequences": [1], "messages": [{"role": "user", "content": "x"}]}`, "invalid_request_error", "stop_sequences[0]: must be a string", http.StatusBadRequest},
 		{"ak", `{"model": "asks", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}`, "api_error", "ended FAILED", http.StatusServiceUnavailable},
 	} {
 		resp := postMessages(t, base, tc.key, tc.body)
@@ -173,7 +175,7 @@ func TestTheMessagesDoorSpeaksAnthropicErrors(t *testing.T) {
 
 // TestTheMessagesDoorReachesAnAnthropicDelegate: a Messages request through
 // the door reaches an anthropic delegate as a Messages request again, its
-// system prompt, messages and parameters in place.
+// system prompt (in the shape it came), messages and parameters in place.
 func TestTheMessagesDoorReachesAnAnthropicDelegate(t *testing.T) {
 	var (
 		mu   sync.Mutex
@@ -201,7 +203,7 @@ func TestTheMessagesDoorReachesAnAnthropicDelegate(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Equal(t, map[string]any{
-		"model": "claude-x", "max_tokens": 2.0, "temperature": 0.0, "system": "Answer in French.",
+		"model": "claude-x", "max_tokens": 2.0, "temperature": 0.0, "system": []any{map[string]any{"type": "text", "text": "Answer in French."}},
 		"stop_sequences": []any{"\n\n"}, "metadata": map[string]any{"user_id": "u7"}, "stream": true,
 		"messages": []any{
 			map[string]any{"role": "user", "content": "Hello"},

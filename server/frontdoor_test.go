@@ -382,8 +382,8 @@ func TestAChatRequestOfTheWrongShapeNamesItsField(t *testing.T) {
 		`{"model": "good", "stream_options": {"include_usage": 1}, "messages": [{"role": "user", "content": "x"}]}`: "stream_options.include_usage: must be true or false",
 		`{"model": "good", "messages": {"role": "user"}}`:                                                           "messages: must be an array",
 		`{"model": "good", "messages": ["hi"]}`:                                                                     "messages[0]: must be an object",
-		`[1, 2]`:                                                                                                    "cannot unmarshal array",
-		`null`:                                                                                                      "must be a JSON object",
+		`[1, 2]`:                                                                                                    "must be a JSON object",
+		`null`:                                                                                                      "model: required",
 	} {
 		resp := postChat(t, base, "", body)
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, body)

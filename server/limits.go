@@ -121,7 +121,7 @@ func newPolicy(tenant string, own Limits, allowed []string, server *serverLevel,
 	}
 	return &policy{
 		who: fmt.Sprintf("tenant %q", tenant), subject: "tenant:" + tenant, tenant: tenant,
-		val:           validator{limits: merged, known: known, isDelegate: o.IsDelegate, hasJudge: o.HasJudge, names: registryNames(o.Describe)},
+		val:           validator{limits: merged, known: known, isDelegate: o.IsDelegate, hasJudge: o.HasJudge, kindOf: o.KindOf, presetOf: o.PresetOf, names: registryNames(o.Describe)},
 		limits:        merged,
 		maxConcurrent: own.MaxConcurrentRuns,
 		starts:        newStartLimiter(own),

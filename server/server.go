@@ -41,6 +41,12 @@ type Options struct {
 	IsDelegate func(name string) bool
 	// HasJudge says a default judge delegate is configured.
 	HasJudge bool
+	// KindOf returns a delegate's kind (delegates.KindOpenAI, …), "" for a
+	// preset or an unknown name; PresetOf a preset's control. With them a
+	// run's typed conversation is checked against every delegate it can
+	// reach (what each kind cannot carry is refused). Nil: not checked.
+	KindOf   func(name string) string
+	PresetOf func(name string) (*stubbornv1.ControlSpec, bool)
 	// Logger receives request logs and recovered panics. Nil means
 	// slog.Default().
 	Logger *slog.Logger

@@ -187,6 +187,11 @@ func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, Opti
 			return ok
 		},
 		HasJudge: cfg.Judge != "",
+		KindOf: func(name string) string {
+			d, _ := pool.Lookup(name)
+			return d.Kind()
+		},
+		PresetOf: pool.Preset,
 		Describe: pool.Describe,
 		// The authenticator is the current registry's: a reload may add
 		// tenants to a server that had none, or take them all away.

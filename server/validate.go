@@ -134,6 +134,7 @@ type runRequest interface {
 	GetOptions() *stubbornv1.RunOptions
 	GetTaskMessages() []*structpb.Struct
 	GetModelParams() *structpb.Struct
+	GetConversation() *stubbornv1.Conversation
 }
 
 // violations collects what is wrong with a request, field by field.
@@ -224,6 +225,11 @@ type validator struct {
 	// known.
 	isDelegate func(name string) bool
 	hasJudge   bool
+	// kindOf is a delegate's kind (delegates.KindOpenAI, …), "" for a
+	// preset or an unknown name; presetOf a preset's control. They say
+	// what a run's typed conversation reaches (carry). Nil: not checked.
+	kindOf   func(name string) string
+	presetOf func(name string) (*stubbornv1.ControlSpec, bool)
 	// names lists the registry's names, for "did you mean" (nil: none).
 	names func() []string
 }
@@ -252,11 +258,15 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 	var v violations
 	val.checkConversation(&v, req)
 	brief, field := req.GetTaskBrief(), "task_brief"
-	if strings.TrimSpace(brief) == "" && len(req.GetTaskMessages()) > 0 {
+	switch {
+	case strings.TrimSpace(brief) != "":
+	case req.GetConversation() != nil:
+		brief, field = taskOf(req).Brief, "conversation" // the brief is the conversation's text
+	case len(req.GetTaskMessages()) > 0:
 		brief, field = taskOf(req).Brief, "task_messages" // the brief is the messages' text
 	}
 	switch {
-	case strings.TrimSpace(brief) == "" && field == "task_messages":
+	case strings.TrimSpace(brief) == "" && field != "task_brief":
 		v.add(field, "have no text")
 	case strings.TrimSpace(brief) == "":
 		v.add(field, "must not be empty (or give task_messages)")
@@ -315,6 +325,12 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 		if n.direct && val.isDelegate != nil && !val.isDelegate(n.name) {
 			return nil, status.Errorf(codes.NotFound, "%s: %.128q is a preset, not a delegate in the registry: judges and analysts must be delegates", n.field, n.name)
 		}
+	}
+	// What the delegates cannot carry of the conversation, named before
+	// any call: none would get it, and an answer without it is wrong.
+	val.carry(&v, req.GetConversation(), spec)
+	if err := v.err(); err != nil {
+		return nil, err
 	}
 	return spec, nil
 }

@@ -410,3 +410,112 @@ func TestCELErrorsAreBounded(t *testing.T) {
 	assert.Equal(t, "a…", truncate("abcdef", 4))
 	assert.Equal(t, "…", truncate("éé", 3), "never half a character")
 }
+
+// TestATypedConversationIsCheckedAgainstEveryDelegateItReaches: a
+// RunRequest's conversation is refused with task_messages or model_params,
+// over its bounds, and for each field a delegate the control reaches
+// (targets, chain members, candidates, through presets; not judges or
+// analysts) cannot carry, naming the field and the delegate, unless the
+// conversation allows dropping it.
+func TestATypedConversationIsCheckedAgainstEveryDelegateItReaches(t *testing.T) {
+	t.Parallel()
+	kinds := map[string]string{"gpt": delegates.KindOpenAI, "claude": delegates.KindAnthropic, "svc": delegates.KindGRPC, "hook": delegates.KindHTTP}
+	chain := func(names ...string) *stubbornv1.ControlSpec {
+		return &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: names}}}
+	}
+	presets := map[string]*stubbornv1.ControlSpec{
+		"mixed": chain("gpt", "claude"),
+		"outer": {Kind: &stubbornv1.ControlSpec_Race{Race: &stubbornv1.RaceSpec{Candidates: []string{"svc", "mixed"}}}},
+	}
+	val := &validator{limits: DefaultLimits(), hasJudge: true,
+		known:    func(n string) bool { return kinds[n] != "" || presets[n] != nil },
+		kindOf:   func(n string) string { return kinds[n] },
+		presetOf: func(n string) (*stubbornv1.ControlSpec, bool) { p, ok := presets[n]; return p, ok },
+	}
+	user := func(text string) *stubbornv1.ChatMessage {
+		return &stubbornv1.ChatMessage{Role: stubbornv1.ChatRole_CHAT_ROLE_USER, Content: []*stubbornv1.ContentPart{{Kind: &stubbornv1.ContentPart_Text{Text: text}}}}
+	}
+	conv := func(o *stubbornv1.ModelOptions, msgs ...*stubbornv1.ChatMessage) *stubbornv1.Conversation {
+		if len(msgs) == 0 {
+			msgs = []*stubbornv1.ChatMessage{user("hi")}
+		}
+		return &stubbornv1.Conversation{Api: stubbornv1.ConversationAPI_CONVERSATION_API_CHAT_COMPLETIONS, Messages: msgs, Options: o}
+	}
+	nTwo := func() *stubbornv1.Conversation { return conv(&stubbornv1.ModelOptions{N: proto.Int32(2)}) }
+	retry := func(target string, c *stubbornv1.Conversation) *stubbornv1.RunRequest {
+		return &stubbornv1.RunRequest{Conversation: c, Retry: &stubbornv1.RetrySpec{Target: target}}
+	}
+	dropped := func(c *stubbornv1.Conversation, paths ...string) *stubbornv1.Conversation {
+		c.DropParams, c.DropAllParams = paths, len(paths) == 0
+		return c
+	}
+	many := make([]*stubbornv1.ChatMessage, 1001)
+	for i := range many {
+		many[i] = user("x")
+	}
+	tools := make([]*stubbornv1.Tool, 129)
+	for i := range tools {
+		tools[i] = &stubbornv1.Tool{Name: fmt.Sprint("t", i)}
+	}
+	for _, tc := range []struct {
+		name  string
+		req   *stubbornv1.RunRequest
+		field string // "": accepted
+		msg   string
+	}{
+		{"alone, to openai", retry("gpt", nTwo()), "", ""},
+		{"with task_messages", &stubbornv1.RunRequest{Conversation: conv(nil), TaskMessages: []*structpb.Struct{{}}, Retry: &stubbornv1.RetrySpec{Target: "gpt"}}, "conversation", "is set with task_messages"},
+		{"with model_params", &stubbornv1.RunRequest{Conversation: conv(nil), ModelParams: &structpb.Struct{}, Retry: &stubbornv1.RetrySpec{Target: "gpt"}}, "conversation", "is set with model_params"},
+		{"n to anthropic", retry("claude", nTwo()), "conversation.options.n", `delegate "claude" (anthropic) cannot carry n`},
+		{"n to anthropic through a preset", retry("mixed", nTwo()), "conversation.options.n", `delegate "claude" (anthropic) cannot carry n`},
+		{"n to anthropic through nested presets", retry("outer", nTwo()), "conversation.options.n", `delegate "claude" (anthropic)`},
+		{"n to a chain member", &stubbornv1.RunRequest{Conversation: nTwo(), FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"gpt", "claude"}}}, "conversation.options.n", `delegate "claude"`},
+		{"n to a race candidate", &stubbornv1.RunRequest{Conversation: nTwo(), Race: &stubbornv1.RaceSpec{Candidates: []string{"claude"}}}, "conversation.options.n", `delegate "claude"`},
+		{"n to a learning target", &stubbornv1.RunRequest{Conversation: nTwo(), RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: "claude"}}, "conversation.options.n", `delegate "claude"`},
+		{"a judge is not reached", &stubbornv1.RunRequest{Conversation: nTwo(), Retry: &stubbornv1.RetrySpec{Target: "gpt"}, Options: &stubbornv1.RunOptions{Judge: "claude"}}, "", ""},
+		{"an analyst is not reached", &stubbornv1.RunRequest{Conversation: nTwo(), RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: "gpt", Analyst: "claude"}}, "", ""},
+		{"grpc carries everything", retry("svc", conv(&stubbornv1.ModelOptions{N: proto.Int32(2), TopK: proto.Int64(3)})), "", ""},
+		{"http takes the brief", retry("hook", conv(&stubbornv1.ModelOptions{N: proto.Int32(2), TopK: proto.Int64(3)})), "", ""},
+		{"top_k to openai", retry("gpt", conv(&stubbornv1.ModelOptions{TopK: proto.Int64(3)})), "conversation.options.top_k", `delegate "gpt" (openai) cannot carry top_k`},
+		{"response_format to anthropic", retry("claude", conv(&stubbornv1.ModelOptions{ResponseFormat: &stubbornv1.ResponseFormat{Type: stubbornv1.ResponseFormatType_RESPONSE_FORMAT_TYPE_JSON_OBJECT}})), "conversation.options.response_format", "forced tool"},
+		{"n dropped by path", retry("claude", dropped(nTwo(), "n")), "", ""},
+		{"n dropped with all", retry("claude", dropped(nTwo())), "", ""},
+		{"another path dropped", retry("claude", dropped(nTwo(), "seed")), "conversation.options.n", `delegate "claude"`},
+		{"no messages", retry("gpt", &stubbornv1.Conversation{}), "conversation.messages", "at least one message"},
+		{"over the message count", retry("gpt", conv(nil, many...)), "conversation.messages", "more than the limit of 1000"},
+		{"over the tool count", retry("gpt", conv(&stubbornv1.ModelOptions{Tools: tools})), "conversation.options.tools", "more than the limit of 128"},
+		{"n over its bound", retry("gpt", conv(&stubbornv1.ModelOptions{N: proto.Int32(129)})), "conversation.options.n", "between 1 and 128"},
+		{"no role", retry("gpt", conv(nil, &stubbornv1.ChatMessage{Content: []*stubbornv1.ContentPart{{Kind: &stubbornv1.ContentPart_Text{Text: "x"}}}})), "conversation.messages[0].role", "must be one of"},
+		{"over its size", retry("gpt", conv(nil, user(strings.Repeat("x", 4*DefaultLimits().MaxBriefBytes+1)))), "conversation", "more than the limit of"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := val.runSpec(tc.req)
+			if tc.field == "" {
+				require.NoError(t, err)
+				return
+			}
+			assert.Contains(t, violated(t, err), tc.field)
+			assert.Contains(t, status.Convert(err).Message(), tc.msg)
+		})
+	}
+}
+
+// TestATypedConversationsBriefShowsItsToolCalls: the brief of a run asked
+// as a typed conversation (what a judge or an http delegate reads) shows
+// the assistant's tool calls and the tools' answers.
+func TestATypedConversationsBriefShowsItsToolCalls(t *testing.T) {
+	t.Parallel()
+	text := func(s string) []*stubbornv1.ContentPart {
+		return []*stubbornv1.ContentPart{{Kind: &stubbornv1.ContentPart_Text{Text: s}}}
+	}
+	c := &stubbornv1.Conversation{Messages: []*stubbornv1.ChatMessage{
+		{Role: stubbornv1.ChatRole_CHAT_ROLE_USER, Content: text("Weather in Paris?")},
+		{Role: stubbornv1.ChatRole_CHAT_ROLE_ASSISTANT, ToolCalls: []*stubbornv1.ToolCall{{Id: "call_1", Name: "get_weather", Arguments: `{"city":"Paris"}`}}},
+		{Role: stubbornv1.ChatRole_CHAT_ROLE_TOOL, ToolCallId: "call_1", Content: text("18°C"), IsError: true},
+	}}
+	assert.Equal(t, "user: Weather in Paris?\n\nassistant: \n→ get_weather#call_1({\"city\":\"Paris\"})\n\ntool#call_1 (error): 18°C", typedBrief(c))
+	task := taskOf(&stubbornv1.RunRequest{Conversation: c})
+	assert.Same(t, c, task.Conversation)
+	assert.Equal(t, typedBrief(c), task.Brief)
+	assert.Equal(t, "Hi", typedBrief(&stubbornv1.Conversation{Messages: []*stubbornv1.ChatMessage{{Role: stubbornv1.ChatRole_CHAT_ROLE_USER, Content: text("Hi")}}}))
+}

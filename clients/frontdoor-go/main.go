@@ -8,6 +8,7 @@
 //	FRONTDOOR_API_KEY            a tenant's bearer token
 //	FRONTDOOR_LIMITED_API_KEY    the token of a tenant with one run start, then 429
 //	FRONTDOOR_THROTTLE_HITS_URL  the throttling fake model's /hits
+//	FRONTDOOR_TOOLS_URL          the tool-calling fake model (its /last)
 //
 // It prints one line per check, and "run nonstreamed|streamed ID" for the
 // runs the script then reads back with `stubborn get`.
@@ -183,7 +184,7 @@ func run() error {
 		return errors.New("limited tenant: a 429 without Retry-After")
 	}
 	fmt.Printf("ok: over the tenant's rate is *openai.Error 429, Retry-After %s\n", apiErr.Response.Header.Get("Retry-After"))
-	return nil
+	return whole(ctx, client, env("FRONTDOOR_TOOLS_URL"))
 }
 
 // streamed streams p, checks the chunks and returns the run's id.

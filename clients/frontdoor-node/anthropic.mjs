@@ -1,19 +1,23 @@
 // Drives Stubborn's Messages door (POST /v1/messages) with the official
 // `@anthropic-ai/sdk` npm package (pinned in package.json and
 // package-lock.json), changed in nothing but its base URL and API key, over
-// the same OpenAI-shaped fake models and presets as check.mjs: the door
-// runs the chain whatever the delegates' kind. clients/check-frontdoor.sh
-// starts the servers and runs it with:
+// the same fake models and presets as check.mjs (the door runs the chain
+// whatever the delegates' kind), then tools over a chain whose answering
+// model speaks Chat Completions. clients/check-frontdoor.sh starts the
+// servers and runs it with:
 //
 //   FRONTDOOR_BASE_URL           http://127.0.0.1:PORT/v1 (the SDK's base URL is without /v1)
 //   FRONTDOOR_API_KEY            a tenant's bearer token (sent as X-Api-Key)
 //   FRONTDOOR_LIMITED_API_KEY    the token of a tenant with one run start, then 429
 //   FRONTDOOR_THROTTLE_HITS_URL  the throttling fake model's /hits
+//   FRONTDOOR_TOOLS_URL          the tool-calling fake model (its /last)
 //
 // It prints one line per check, and "run nonstreamed|streamed ID" for the
 // runs the script then reads back with `stubborn get`.
 import Anthropic from "@anthropic-ai/sdk";
-import { CheckError, check, env as envOf, expectAPIError as expectError, hits, want } from "./lib.mjs";
+import {
+  CheckError, check, checkToolUse, env as envOf, expectAPIError as expectError, expectBadRequest, hits, last, parts, sunny, want, weatherToolAnthropic,
+} from "./lib.mjs";
 
 const expectAPIError = (what, p, cls, status, value) => expectError(what, p, cls, status, "type", value);
 const env = (name) => envOf("@anthropic-ai/sdk", name);
@@ -109,14 +113,6 @@ async function main() {
   await expectAPIError("unknown model", client.messages.create({ model: "no-such-model", ...request }), Anthropic.NotFoundError, 404, "not_found_error");
   console.log("ok: an unknown model is Anthropic.NotFoundError 404");
 
-  // A field the door does not take: 400 naming it.
-  {
-    const err = await expectAPIError("tools", client.messages.create({ model: "smart", ...request, tools: [{ name: "f", input_schema: { type: "object" } }] }),
-      Anthropic.BadRequestError, 400, "invalid_request_error");
-    check(err.message.includes("tools"), `tools: ${err.message}, want it named`);
-    console.log("ok: tools are Anthropic.BadRequestError 400 naming the field");
-  }
-
   // Retries ran out (the model only answers 429): 503, x-should-retry
   // false, so the SDK (2 retries by default) sends it once.
   {
@@ -138,6 +134,56 @@ async function main() {
     check(err.headers.get("retry-after"), "limited tenant: a 429 without Retry-After");
     console.log(`ok: over the tenant's rate is Anthropic.RateLimitError 429, Retry-After ${err.headers.get("retry-after")}`);
   }
+
+  await whole(client, env("FRONTDOOR_TOOLS_URL"));
+}
+
+// whole checks the model's whole answer: tool use across providers, the
+// model's own 400; each part also when another failed.
+async function whole(client, toolsURL) {
+  const question = { role: "user", content: "What is the weather in Paris?" };
+  const req = { model: "tools-to-openai", max_tokens: 256, messages: [question], tools: [weatherToolAnthropic] };
+  await parts("@anthropic-ai/sdk", [
+    // A get_weather tool over tools-to-openai = fallback_chain [an
+    // anthropic model answering 500, an openai model answering
+    // tool_calls]: the app gets a tool_use block. The second turn, the
+    // tool_use and its tool_result back: the openai model gets a role
+    // "tool" message with the same id, the app its text, plain and
+    // streamed.
+    ["tool use, then the second turn", async () => {
+      const m = await client.messages.create(req);
+      const use = checkToolUse("messages.create(tools-to-openai)", m);
+      console.log(`ok: messages.create(tools-to-openai): tool_use ${use.name}(${JSON.stringify(use.input)}), id ${use.id}`);
+      const turn = { ...req, messages: [question, { role: "assistant", content: m.content },
+        { role: "user", content: [{ type: "tool_result", tool_use_id: use.id, content: '{"sky": "clear", "celsius": 21}' }] }] };
+      for (const streamed of [false, true]) {
+        const how = streamed ? "messages.stream(second turn).finalMessage()" : "messages.create(second turn)";
+        const answer = streamed ? await client.messages.stream(turn).finalMessage() : await client.messages.create(turn);
+        const text = answer.content.map((b) => (b.type === "text" ? b.text : "")).join("");
+        check(text === sunny && answer.stop_reason === "end_turn", `${how}: ${JSON.stringify(answer)}, want ${JSON.stringify(sunny)}, end_turn`);
+        const got = await last(toolsURL, "chat");
+        check(JSON.stringify(got.tool_result_ids) === JSON.stringify([use.id]) && got.tool_results?.[0]?.includes("clear"),
+          `${how}: the openai model got ${JSON.stringify(got)}, want a role "tool" message for ${use.id} with the tool's content`);
+        console.log(`ok: ${how} = ${JSON.stringify(sunny)}: the openai model got the tool result for ${use.id}`);
+      }
+    }],
+    // The same, through the SDK's stream helper.
+    ["tool use streamed", async () => {
+      const stream = client.messages.stream(req);
+      let fragments = 0;
+      stream.on("inputJson", () => fragments++);
+      const final = await stream.finalMessage();
+      const got = checkToolUse("messages.stream(tools-to-openai).finalMessage()", final);
+      check(fragments >= 1, `messages.stream(tools-to-openai): ${fragments} input_json_delta events`);
+      console.log(`ok: messages.stream(tools-to-openai).finalMessage(): tool_use ${got.name}(${JSON.stringify(got.input)}) from ${fragments} input_json_delta events`);
+    }],
+    // The model's own 400 (an openai model's, here): the SDK's
+    // BadRequestError with the model's message.
+    ["the model's 400", async () => {
+      const err = await expectBadRequest("messages.create(rejects)", client.messages.create({ model: "rejects", max_tokens: 256, messages: [question] }), Anthropic.BadRequestError);
+      console.log(`ok: the model's 400 is Anthropic.BadRequestError: ${err.message}`);
+    }],
+  ]);
 }
 
 try {

@@ -8,11 +8,14 @@
 //   FRONTDOOR_API_KEY            a tenant's bearer token
 //   FRONTDOOR_LIMITED_API_KEY    the token of a tenant with one run start, then 429
 //   FRONTDOOR_THROTTLE_HITS_URL  the throttling fake model's /hits
+//   FRONTDOOR_TOOLS_URL          the tool-calling fake model (its /last)
 //
 // It prints one line per check, and "run nonstreamed|streamed ID" for the
 // runs the script then reads back with `stubborn get`.
 import OpenAI from "openai";
-import { CheckError, check, env as envOf, expectAPIError as expectError, hits, want } from "./lib.mjs";
+import {
+  CheckError, check, checkToolCalls, env as envOf, expectAPIError as expectError, expectBadRequest, hits, last, parts, sunny, want, weatherTool,
+} from "./lib.mjs";
 
 const expectAPIError = (what, p, cls, status, value) => expectError(what, p, cls, status, "code", value);
 const env = (name) => envOf("openai (node)", name);
@@ -146,6 +149,70 @@ async function main() {
     check(err.headers.get("retry-after"), "limited tenant: a 429 without Retry-After");
     console.log(`ok: over the tenant's rate is OpenAI.RateLimitError 429, Retry-After ${err.headers.get("retry-after")}`);
   }
+
+  await whole(client, env("FRONTDOOR_TOOLS_URL"));
+}
+
+// whole checks the model's whole answer: tool calls across providers,
+// choices, the model's own 400; each part also when another failed.
+async function whole(client, toolsURL) {
+  const question = { role: "user", content: "What is the weather in Paris?" };
+  const req = { model: "tools-to-anthropic", messages: [question], tools: [weatherTool] };
+  await parts("openai (node)", [
+    // A get_weather tool over tools-to-anthropic = fallback_chain [an
+    // openai model answering 500, an anthropic model answering tool_use]:
+    // the app gets tool_calls. The second turn, the assistant's tool calls
+    // and the tool's result back: the anthropic model gets a tool_result
+    // with the call's id, the app its text, plain and streamed.
+    ["tool calls, then the second turn", async () => {
+      const c = await client.chat.completions.create(req);
+      check(c.choices.length === 1 && c.choices[0].finish_reason === "tool_calls",
+        `chat.completions.create(tools-to-anthropic): ${JSON.stringify(c.choices)}, want one choice with finish_reason tool_calls`);
+      const call = checkToolCalls("chat.completions.create(tools-to-anthropic)", c.choices[0].message);
+      console.log(`ok: chat.completions.create(tools-to-anthropic): tool_calls[0] = ${call.function.name}(${call.function.arguments}), id ${call.id}`);
+      const turn = { ...req, messages: [question, c.choices[0].message, { role: "tool", tool_call_id: call.id, content: '{"sky": "clear", "celsius": 21}' }] };
+      for (const streamed of [false, true]) {
+        const how = streamed ? "chat.completions.stream(second turn).finalChatCompletion()" : "chat.completions.create(second turn)";
+        const answer = streamed ? await client.chat.completions.stream(turn).finalChatCompletion() : await client.chat.completions.create(turn);
+        check(answer.choices[0]?.message?.content === sunny && answer.choices[0].finish_reason === "stop",
+          `${how}: ${JSON.stringify(answer.choices)}, want ${JSON.stringify(sunny)}, stop`);
+        const got = await last(toolsURL, "messages");
+        check(JSON.stringify(got.tool_result_ids) === JSON.stringify([call.id]) && got.tool_results?.[0]?.includes("clear"),
+          `${how}: the anthropic model got ${JSON.stringify(got)}, want a tool_result for ${call.id} with the tool's content`);
+        console.log(`ok: ${how} = ${JSON.stringify(sunny)}: the anthropic model got a tool_result for ${call.id}`);
+      }
+    }],
+    // The same, through the SDK's stream helper.
+    ["tool calls streamed", async () => {
+      const runner = client.chat.completions.stream(req);
+      let deltas = 0;
+      runner.on("chunk", (ch) => { if (ch.choices[0]?.delta?.tool_calls) deltas++; });
+      const final = await runner.finalChatCompletion();
+      const got = checkToolCalls("chat.completions.stream(tools-to-anthropic).finalChatCompletion()", final.choices[0]?.message);
+      check(final.choices[0].finish_reason === "tool_calls" && deltas >= 1,
+        `chat.completions.stream(tools-to-anthropic): finish_reason ${final.choices[0].finish_reason} after ${deltas} tool_calls deltas`);
+      console.log(`ok: chat.completions.stream(tools-to-anthropic).finalChatCompletion(): tool_calls[0] = ${got.function.name}(${got.function.arguments}) from ${deltas} deltas`);
+    }],
+    // n: 2 over choices = fallback_chain [a model answering 500, good]:
+    // two choices with their own texts, plain and streamed.
+    ["n: 2", async () => {
+      const wantTexts = JSON.stringify(["The answer is 42.", "The answer is 43."]);
+      const two = await client.chat.completions.create({ model: "choices", messages: [question], n: 2 });
+      const texts = JSON.stringify([...two.choices].sort((a, b) => a.index - b.index).map((ch) => ch.message.content));
+      check(texts === wantTexts, `chat.completions.create(choices, n: 2): ${JSON.stringify(two.choices)}, want ${wantTexts}`);
+      const final = await client.chat.completions.stream({ model: "choices", messages: [question], n: 2 }).finalChatCompletion();
+      const streamed = JSON.stringify(final.choices.map((ch) => ch.message.content));
+      check(streamed === wantTexts, `chat.completions.stream(choices, n: 2): ${JSON.stringify(final.choices)}, want ${wantTexts}`);
+      console.log(`ok: chat.completions.create(choices, n: 2) = ${texts}, the same streamed`);
+    }],
+    // The model's own 400 (an anthropic model's, here): the SDK's
+    // BadRequestError with the model's message.
+    ["the model's 400", async () => {
+      const err = await expectBadRequest("chat.completions.create(rejects-anthropic)",
+        client.chat.completions.create({ model: "rejects-anthropic", messages: [question], temperature: 1 }), OpenAI.BadRequestError);
+      console.log(`ok: the model's 400 is OpenAI.BadRequestError: ${err.message}`);
+    }],
+  ]);
 }
 
 try {
