@@ -168,7 +168,10 @@ export type RetryWithLearningSpec = Message<"stubborn.v1.RetryWithLearningSpec">
    *   Does this result satisfy the failure criteria? Criteria: "<criteria>"\n\nResult:\n<result>\n\nRespond with JSON: { "is_failure": true/false, "reason": "..." }
    *
    * where <result> is the first 2000 characters of the answer's text (its
-   * data as JSON when it has no text). The judge's answer is searched for a
+   * data as JSON when it has no text). A model's answer is judged by its
+   * first choice (choices[0], whose text is the result's text): its tool
+   * calls follow the text as compact JSON, [{"name":"get_weather",
+   * "arguments":{"city":"Paris"}}]. The judge's answer is searched for a
    * JSON object containing "is_failure" (from the first "{" to the last "}"
    * around it, as the reference does) and parsed:
    *
@@ -195,12 +198,15 @@ export type RetryWithLearningSpec = Message<"stubborn.v1.RetryWithLearningSpec">
   /**
    * CEL expression judging each answer, deterministically and without a
    * judge: true means the attempt failed, with the reason
-   * "failure_when is true: <expression>". Variables: result.text (string),
-   * result.data (dyn: Result.data as a JSON-like value, null when unset),
-   * attempt (int, the run-wide attempt number) and delegate (string). The
-   * standard CEL library and the strings extension are available. For
-   * example: result.text == "", result.text.contains("no results"),
-   * size(result.data.items) < 3.
+   * "failure_when is true: <expression>". Variables: result.text (string:
+   * a model's first choice's text), result.data (dyn: Result.data as a
+   * JSON-like value, null when unset), result.choices, result.usage and
+   * result.model (a model's whole answer, Result's fields), attempt (int,
+   * the run-wide attempt number) and delegate (string). The standard CEL
+   * library and the strings extension are available. For example:
+   * result.text == "", result.text.contains("no results"),
+   * size(result.data.items) < 3,
+   * result.choices[0].message.tool_calls[0].name == "get_weather".
    *
    * Compiled and type-checked at submission: an expression that does not
    * parse, names an unknown variable or field, is longer than 4096

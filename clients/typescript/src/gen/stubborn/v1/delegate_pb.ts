@@ -62,9 +62,11 @@ export type ExecuteRequest = Message<"stubborn.v1.ExecuteRequest"> & {
   metadata: { [key: string]: string };
 
   /**
-   * The run's task as a conversation (RunRequest.task_messages), with
-   * retry-with-learning's failure history appended to the last user
-   * message as it is to the brief. Empty for a run of a brief alone: the
+   * The run's task as a conversation in the Chat Completions shape
+   * (RunRequest.task_messages, or the typed conversation rendered so),
+   * with retry-with-learning's failure history (brief_addition) appended
+   * to the last message when it is the user's, else as a user message of
+   * its own after the tool results. Empty for a run of a brief alone: the
    * brief is then the task.
    *
    * @generated from field: repeated google.protobuf.Struct messages = 6;
