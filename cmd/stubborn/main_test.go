@@ -307,3 +307,17 @@ func TestUnknownCommand(t *testing.T) {
 	assert.Equal(t, 2, code)
 	assert.ErrorContains(t, err, "unknown command")
 }
+
+// TestAToolCallAnswerIsPrintedAsItsCalls: a model's answer of tool calls
+// alone has no text; `get`, `watch` and `run` print its calls, not "".
+func TestAToolCallAnswerIsPrintedAsItsCalls(t *testing.T) {
+	calls := &stubbornv1.Result{Choices: []*stubbornv1.Choice{{Message: &stubbornv1.ChatMessage{
+		Role:      stubbornv1.ChatRole_CHAT_ROLE_ASSISTANT,
+		ToolCalls: []*stubbornv1.ToolCall{{Id: "call_1", Name: "get_weather", Arguments: `{"city":"Paris"}`}},
+	}}}}
+	assert.Equal(t, `[{"name":"get_weather","arguments":{"city":"Paris"}}]`, answerText(calls))
+	assert.Equal(t, "plain", answerText(&stubbornv1.Result{Text: "plain"}))
+	var b strings.Builder
+	printState(&b, &stubbornv1.ControlState{RunId: "r", Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Result: calls}, true)
+	assert.Contains(t, b.String(), `get_weather`)
+}

@@ -187,7 +187,7 @@ func describe(ev *stubbornv1.RunEvent) string {
 			s += ", winner " + st.GetWinner()
 		}
 		if st.GetResult() != nil {
-			s += ", result " + quote(st.GetResult().GetText(), 80)
+			s += ", result " + quote(answerText(st.GetResult()), 80)
 		}
 		if st.GetStatusReason() != "" {
 			s += " (" + st.GetStatusReason() + ")"
@@ -195,6 +195,18 @@ func describe(ev *stubbornv1.RunEvent) string {
 		return s
 	}
 	return "unknown event"
+}
+
+// answerText is what a result reads as: its text, and a model's tool
+// calls after it as JSON (controls.ResultString), so that an answer of
+// tool calls alone is not printed as "".
+func answerText(r *stubbornv1.Result) string {
+	for _, c := range r.GetChoices() {
+		if c.GetIndex() == 0 && len(c.GetMessage().GetToolCalls()) > 0 {
+			return controls.ResultString(r)
+		}
+	}
+	return r.GetText()
 }
 
 // describeFinished renders attempt_finished. shown is the bytes of the
@@ -213,7 +225,7 @@ func describeFinished(f *stubbornv1.AttemptFinished, shown int64) string {
 		}
 		s += fmt.Sprintf(", its output above (%d bytes)", n)
 	case a.GetResult() != nil:
-		s += " " + quote(a.GetResult().GetText(), 80)
+		s += " " + quote(answerText(a.GetResult()), 80)
 	}
 	if n := f.GetNote(); n != "" {
 		s += " (" + n + ")"
@@ -458,7 +470,7 @@ func printState(w io.Writer, st *stubbornv1.ControlState, whole bool) {
 		fmt.Fprintf(w, "  winner    %s\n", st.GetWinner())
 	}
 	if st.GetResult() != nil {
-		fmt.Fprintf(w, "  result    %s\n", quote(st.GetResult().GetText(), errorQuote))
+		fmt.Fprintf(w, "  result    %s\n", quote(answerText(st.GetResult()), errorQuote))
 	}
 	fmt.Fprintln(w, "  (-json for the whole state: brief, options, each attempt's brief and result)")
 }
