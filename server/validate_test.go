@@ -416,7 +416,9 @@ func TestCELErrorsAreBounded(t *testing.T) {
 // over its bounds, and for each field a delegate the control reaches
 // (targets, chain members, candidates, through presets; not judges or
 // analysts) cannot carry, naming the field and the delegate, unless the
-// conversation allows dropping it.
+// conversation allows dropping it. A legacy request (task_messages,
+// model_params) is checked as the typed conversation it reads as, its
+// fields named as it has them.
 func TestATypedConversationIsCheckedAgainstEveryDelegateItReaches(t *testing.T) {
 	t.Parallel()
 	kinds := map[string]string{"gpt": delegates.KindOpenAI, "claude": delegates.KindAnthropic, "svc": delegates.KindGRPC, "hook": delegates.KindHTTP}
