@@ -91,8 +91,12 @@ func refusedConversation(delegate string, err error) *controls.CallError {
 
 // legacyMessagesOf is the legacy messages call c sends a gRPC delegate for
 // a run journaled with them: none unless c is an attempt at the run's
-// task; else the run's messages as they are, with c.Added where withAdded
-// puts it in a typed conversation.
+// task; else the run's messages, with c.Added where withAdded puts it in
+// the typed conversation they read as, rendered back (conversation.ToLegacy).
+// The messages before the last are the run's as they are, so a delegate
+// gets what it got before the typed conversation. Messages that do not
+// read (a run journaled before the server read them) go as they are:
+// brief_addition says what was added.
 func legacyMessagesOf(c controls.Call) []*structpb.Struct {
 	if !c.Task {
 		return nil
@@ -100,23 +104,16 @@ func legacyMessagesOf(c controls.Call) []*structpb.Struct {
 	if len(c.Messages) == 0 || c.Added == "" {
 		return c.Messages
 	}
-	out := make([]*structpb.Struct, len(c.Messages))
-	copy(out, c.Messages)
-	last := out[len(out)-1]
-	if last.GetFields()["role"].GetStringValue() != "user" {
-		m, _ := structpb.NewStruct(map[string]any{"role": "user", "content": strings.TrimPrefix(c.Added, "\n\n")})
-		return append(out, m)
+	conv, err := conversation.FromLegacy(c.Messages, c.ModelParams)
+	if err != nil {
+		return c.Messages
 	}
-	m := proto.CloneOf(last)
-	switch content := m.GetFields()["content"].GetKind().(type) {
-	case *structpb.Value_StringValue:
-		m.Fields["content"] = structpb.NewStringValue(content.StringValue + c.Added)
-	case *structpb.Value_ListValue:
-		part, _ := structpb.NewStruct(map[string]any{"type": "text", "text": c.Added})
-		content.ListValue.Values = append(content.ListValue.Values, structpb.NewStructValue(part))
-	default:
-		m.Fields["content"] = structpb.NewStringValue(c.Added)
+	rendered, _, err := conversation.ToLegacy(withAdded(conv, c.Added))
+	n := len(c.Messages)
+	if err != nil || len(rendered) < n {
+		return c.Messages
 	}
-	out[len(out)-1] = m
-	return out
+	// withAdded changes the last message or appends one: the rest of the
+	// rendering is the run's messages, read and written again.
+	return append(c.Messages[:n-1:n-1], rendered[n-1:]...)
 }

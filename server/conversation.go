@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -17,46 +18,62 @@ import (
 // maxTaskMessages bounds a conversation's messages.
 const maxTaskMessages = 1000
 
-// chatRoles are the roles a message may have.
-var chatRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
-
-// messageText is a message's text: its content, or its text parts joined.
-func messageText(m *structpb.Struct) string {
-	switch c := m.GetFields()["content"].GetKind().(type) {
-	case *structpb.Value_StringValue:
-		return c.StringValue
-	case *structpb.Value_ListValue:
-		var b strings.Builder
-		for _, p := range c.ListValue.GetValues() {
-			f := p.GetStructValue().GetFields()
-			if f["type"].GetStringValue() == "text" {
-				b.WriteString(f["text"].GetStringValue())
-			}
-		}
-		return b.String()
+// legacyConversation is the typed conversation of a request's legacy
+// Structs (task_messages and model_params, read as Chat Completions'
+// shapes: conversation.FromLegacy), so that they are checked, carried and
+// made a brief as a typed conversation is. nil, and FromLegacy's error,
+// when the request has no messages or they do not read; a request with
+// model_params and no messages has no conversation (its brief is its
+// task).
+func legacyConversation(req runRequest) (*stubbornv1.Conversation, error) {
+	if len(req.GetTaskMessages()) == 0 {
+		return nil, nil
 	}
-	return ""
+	return conversation.FromLegacy(req.GetTaskMessages(), req.GetModelParams())
 }
 
-// conversationBrief is the brief of a run asked as messages
-// (RunRequest.task_messages): a lone user message's text, else each
-// message as "role: text", a blank line between them.
-func conversationBrief(msgs []*structpb.Struct) string {
-	if len(msgs) == 1 && msgs[0].GetFields()["role"].GetStringValue() == "user" {
-		return messageText(msgs[0])
+// legacyField is the legacy request's field of a field named in the typed
+// conversation's terms (checkTyped's, or conversationField's): messages
+// are task_messages, options model_params. An extra field is the unknown
+// field itself, which the path cannot name: the object holding it is
+// named.
+func legacyField(field string) string {
+	field = strings.TrimSuffix(field, ".extra")
+	switch {
+	case field == "conversation", field == "conversation.options":
+		return map[string]string{"conversation": "task_messages", "conversation.options": "model_params"}[field]
+	case strings.HasPrefix(field, "conversation.messages"):
+		return "task_messages" + strings.TrimPrefix(field, "conversation.messages")
+	case strings.HasPrefix(field, "conversation.options."):
+		return "model_params." + strings.TrimPrefix(field, "conversation.options.")
 	}
-	var b strings.Builder
-	for i, m := range msgs {
-		if i > 0 {
-			b.WriteString("\n\n")
-		}
-		b.WriteString(m.GetFields()["role"].GetStringValue() + ": " + messageText(m))
+	return field
+}
+
+// legacyBodyField is the legacy request's field of a path into the Chat
+// Completions body the Structs make (a conversation.FieldError's).
+func legacyBodyField(path string) string {
+	switch {
+	case path == "":
+		return "task_messages"
+	case strings.HasPrefix(path, "messages"):
+		return "task_" + path
 	}
-	return b.String()
+	return "model_params." + path
+}
+
+// addLegacy adds typed's violations to v, each field named as the legacy
+// request has it (legacyField).
+func addLegacy(v, typed *violations) {
+	for _, f := range typed.list {
+		v.add(legacyField(f.GetField()), "%s", f.GetDescription())
+	}
 }
 
 // checkConversation adds what is wrong with a request's messages and model
-// parameters, or its typed conversation, to v.
+// parameters, or its typed conversation, to v. The legacy Structs are
+// checked as the typed conversation they read as, their fields named as
+// the request has them.
 func (val *validator) checkConversation(v *violations, req runRequest) {
 	if c := req.GetConversation(); c != nil {
 		for _, other := range []struct {
@@ -75,19 +92,25 @@ func (val *validator) checkConversation(v *violations, req runRequest) {
 		v.add("task_messages", "has %d messages, more than the limit of %d", len(msgs), maxTaskMessages)
 		return
 	}
-	for i, m := range msgs {
-		f := m.GetFields()
-		if role := f["role"].GetStringValue(); !chatRoles[role] {
-			v.add(fmt.Sprintf("task_messages[%d]", i)+".role", "must be one of system, developer, user, assistant, tool")
-		}
-		switch f["content"].GetKind().(type) {
-		case nil, *structpb.Value_StringValue, *structpb.Value_ListValue, *structpb.Value_NullValue:
-		default:
-			v.add(fmt.Sprintf("task_messages[%d]", i)+".content", "must be a string, an array of parts, or null")
-		}
-	}
+	// The Structs are journaled as they are: their size is bounded, not
+	// the typed form's.
 	if size, limit := conversationSize(msgs, req.GetModelParams(), nil), val.limits.conversationBytes(); size > limit {
 		v.add("task_messages", "with model_params is %d bytes, more than the limit of %d (%s)", size, limit, val.limits.conversationBound())
+		return
+	}
+	c, err := legacyConversation(req)
+	if err != nil {
+		if fe := (*conversation.FieldError)(nil); errors.As(err, &fe) {
+			v.add(legacyBodyField(fe.Field), "%s", fe.Msg)
+		} else {
+			v.add("task_messages", "%v", err)
+		}
+		return
+	}
+	if c != nil {
+		var typed violations
+		val.checkTyped(&typed, c)
+		addLegacy(v, &typed)
 	}
 }
 
@@ -157,8 +180,21 @@ func (val *validator) checkTyped(v *violations, c *stubbornv1.Conversation) {
 // delegate's kind cannot carry and c does not allow dropping: openai takes
 // Chat Completions, anthropic the Messages API, grpc the conversation
 // whole, http the brief only (never refused).
-func (val *validator) carry(v *violations, c *stubbornv1.Conversation, spec *stubbornv1.ControlSpec) {
-	if c == nil || val.kindOf == nil {
+func (val *validator) carry(v *violations, req runRequest, spec *stubbornv1.ControlSpec) {
+	if val.kindOf == nil {
+		return
+	}
+	field := conversationField
+	c := req.GetConversation()
+	if c == nil {
+		// A legacy request's conversation is carried as the typed one
+		// it reads as (what a model delegate sends), its fields named
+		// as the request has them. One that does not read is refused
+		// already.
+		c, _ = legacyConversation(req)
+		field = func(path string) string { return legacyField(conversationField(path)) }
+	}
+	if c == nil {
 		return
 	}
 	drop := conversation.DropOf(c)
@@ -189,7 +225,7 @@ func (val *validator) carry(v *violations, c *stubbornv1.Conversation, spec *stu
 				continue
 			}
 			for _, u := range conversation.Carry(api, c, drop) {
-				v.add(conversationField(u.Field), "delegate %.128q (%s) cannot carry %s: %s", name, kind, u.Field, u.Why)
+				v.add(field(u.Field), "delegate %.128q (%s) cannot carry %s: %s", name, kind, u.Field, u.Why)
 			}
 		}
 	}
@@ -273,8 +309,8 @@ func conversationSize(msgs []*structpb.Struct, params *structpb.Struct, c *stubb
 	return size
 }
 
-// typedBrief is the brief of a run asked as a typed conversation
-// (RunRequest.conversation), for what reads a brief (a judge, an http
+// typedBrief is the brief of a run asked as a conversation
+// (RunRequest.conversation, or the one its task_messages read as), for what reads a brief (a judge, an http
 // delegate, the run's listing): a lone user message's text, else each
 // message as "role: text", a blank line between them, with the tool calls
 // an assistant made ("→ get_weather#call_1({…})") and whose call a tool
@@ -304,8 +340,9 @@ func typedBrief(c *stubbornv1.Conversation) string {
 	return b.String()
 }
 
-// taskOf is the task a valid request asks: its brief (the messages' when
-// it has none), messages and model parameters, or its typed conversation.
+// taskOf is the task a valid request asks: its brief (when it has none,
+// its conversation's, typed or read from its messages), messages and model
+// parameters, or its typed conversation.
 func taskOf(req runRequest) runs.Task {
 	t := runs.Task{Brief: req.GetTaskBrief(), Messages: req.GetTaskMessages(), ModelParams: req.GetModelParams()}
 	if c := req.GetConversation(); c != nil {
@@ -315,8 +352,12 @@ func taskOf(req runRequest) runs.Task {
 		}
 		return t
 	}
-	if strings.TrimSpace(t.Brief) == "" && len(t.Messages) > 0 {
-		t.Brief = conversationBrief(t.Messages)
+	if strings.TrimSpace(t.Brief) == "" {
+		// Messages that do not read make no brief: the request is
+		// refused (checkConversation).
+		if c, err := legacyConversation(req); err == nil && c != nil {
+			t.Brief = typedBrief(c)
+		}
 	}
 	return t
 }

@@ -264,8 +264,12 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 		brief, field = taskOf(req).Brief, "conversation" // the brief is the conversation's text
 	case len(req.GetTaskMessages()) > 0:
 		brief, field = taskOf(req).Brief, "task_messages" // the brief is the messages' text
+		if _, err := legacyConversation(req); err != nil {
+			field = "" // messages that do not read have no brief: checkConversation said why
+		}
 	}
 	switch {
+	case field == "":
 	case strings.TrimSpace(brief) == "" && field != "task_brief":
 		v.add(field, "have no text")
 	case strings.TrimSpace(brief) == "":
@@ -328,7 +332,7 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 	}
 	// What the delegates cannot carry of the conversation, named before
 	// any call: none would get it, and an answer without it is wrong.
-	val.carry(&v, req.GetConversation(), spec)
+	val.carry(&v, req, spec)
 	if err := v.err(); err != nil {
 		return nil, err
 	}

@@ -116,7 +116,7 @@ func TestEveryInputIsBoundedAtSubmission(t *testing.T) {
 
 		// Conversations: roles, content shapes, count and size.
 		{"task_messages alone", withMessages(msg("user", "hi")), codes.OK, "", ""},
-		{"task_messages with a bad role", withMessages(msg("root", "hi")), codes.InvalidArgument, "task_messages[0].role", "must be one of"},
+		{"task_messages with a bad role", withMessages(msg("root", "hi")), codes.InvalidArgument, "task_messages[0].role", `"root" is not a role`},
 		{"task_messages with numeric content", withMessages(&structpb.Struct{Fields: map[string]*structpb.Value{"role": structpb.NewStringValue("user"), "content": structpb.NewNumberValue(1)}}, msg("user", "hi")), codes.InvalidArgument, "task_messages[0].content", "must be a string"},
 		{"task_messages without text", withMessages(msg("user", "")), codes.InvalidArgument, "task_messages", "have no text"},
 		{"task_messages over 1000", withMessages(manyMessages(1001)...), codes.InvalidArgument, "task_messages", "has 1001 messages, more than the limit of 1000"},
@@ -416,7 +416,9 @@ func TestCELErrorsAreBounded(t *testing.T) {
 // over its bounds, and for each field a delegate the control reaches
 // (targets, chain members, candidates, through presets; not judges or
 // analysts) cannot carry, naming the field and the delegate, unless the
-// conversation allows dropping it.
+// conversation allows dropping it. A legacy request (task_messages,
+// model_params) is checked as the typed conversation it reads as, its
+// fields named as it has them.
 func TestATypedConversationIsCheckedAgainstEveryDelegateItReaches(t *testing.T) {
 	t.Parallel()
 	kinds := map[string]string{"gpt": delegates.KindOpenAI, "claude": delegates.KindAnthropic, "svc": delegates.KindGRPC, "hook": delegates.KindHTTP}
@@ -448,6 +450,25 @@ func TestATypedConversationIsCheckedAgainstEveryDelegateItReaches(t *testing.T) 
 	dropped := func(c *stubbornv1.Conversation, paths ...string) *stubbornv1.Conversation {
 		c.DropParams, c.DropAllParams = paths, len(paths) == 0
 		return c
+	}
+	// A legacy request: its Structs read as the typed conversation, the
+	// fields named as the request has them.
+	legacy := func(target string, params map[string]any, msgs ...map[string]any) *stubbornv1.RunRequest {
+		if len(msgs) == 0 {
+			msgs = []map[string]any{{"role": "user", "content": "hi"}}
+		}
+		req := &stubbornv1.RunRequest{Retry: &stubbornv1.RetrySpec{Target: target}}
+		for _, m := range msgs {
+			s, err := structpb.NewStruct(m)
+			require.NoError(t, err)
+			req.TaskMessages = append(req.TaskMessages, s)
+		}
+		if params != nil {
+			var err error
+			req.ModelParams, err = structpb.NewStruct(params)
+			require.NoError(t, err)
+		}
+		return req
 	}
 	many := make([]*stubbornv1.ChatMessage, 1001)
 	for i := range many {
@@ -486,6 +507,15 @@ func TestATypedConversationIsCheckedAgainstEveryDelegateItReaches(t *testing.T) 
 		{"over the tool count", retry("gpt", conv(&stubbornv1.ModelOptions{Tools: tools})), "conversation.options.tools", "more than the limit of 128"},
 		{"n over its bound", retry("gpt", conv(&stubbornv1.ModelOptions{N: proto.Int32(129)})), "conversation.options.n", "between 1 and 128"},
 		{"no role", retry("gpt", conv(nil, &stubbornv1.ChatMessage{Content: []*stubbornv1.ContentPart{{Kind: &stubbornv1.ContentPart_Text{Text: "x"}}}})), "conversation.messages[0].role", "must be one of"},
+		{"legacy n to anthropic", legacy("claude", map[string]any{"n": 2}), "model_params.n", `delegate "claude" (anthropic) cannot carry n`},
+		{"legacy n to anthropic through a preset", legacy("mixed", map[string]any{"n": 2}), "model_params.n", `delegate "claude" (anthropic) cannot carry n`},
+		{"legacy n to openai", legacy("gpt", map[string]any{"n": 2}), "", ""},
+		{"legacy n to grpc", legacy("svc", map[string]any{"n": 2, "top_k": 3}), "", ""},
+		{"legacy n over its bound", legacy("gpt", map[string]any{"n": 129}), "model_params.n", "must be 1 to 128"},
+		{"legacy tool without a name", legacy("gpt", map[string]any{"tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": ""}}}}), "model_params.tools[0].function.name", "is required"},
+		{"legacy message name to anthropic", legacy("claude", nil, map[string]any{"role": "user", "content": "hi", "name": "bob"}), "task_messages[0].name", `delegate "claude" (anthropic) cannot carry`},
+		{"legacy extra parameter to anthropic", legacy("claude", map[string]any{"foo": "bar"}), "model_params.foo", `delegate "claude" (anthropic) cannot carry foo`},
+		{"legacy role", legacy("gpt", nil, map[string]any{"role": "root", "content": "hi"}), "task_messages[0].role", `"root" is not a role`},
 		{"over its size", retry("gpt", conv(nil, user(strings.Repeat("x", 4*DefaultLimits().MaxBriefBytes+1)))), "conversation", "more than the limit of"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
