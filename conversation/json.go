@@ -95,7 +95,12 @@ func integer(r json.RawMessage, field string) (*int64, error) {
 
 // depthOK says whether a JSON text nests at most MaxDepth arrays and objects
 // (controls.MaxDataDepth), counted without decoding it.
-func depthOK(b []byte) bool {
+func depthOK(b []byte) bool { return DepthWithin(b, MaxDepth) }
+
+// DepthWithin says whether a JSON text nests at most max arrays and
+// objects, counted without decoding it: what a codec refuses for its
+// depth, a caller can tell before it decodes.
+func DepthWithin(b []byte, max int) bool {
 	depth, inString, escaped := 0, false, false
 	for _, c := range b {
 		switch {
@@ -110,7 +115,7 @@ func depthOK(b []byte) bool {
 		case c == '"':
 			inString = true
 		case c == '{' || c == '[':
-			if depth++; depth > MaxDepth {
+			if depth++; depth > max {
 				return false
 			}
 		case c == '}' || c == ']':

@@ -204,7 +204,7 @@ func (t *openAITransport) answer(a *answer) (*stubbornv1.Result, error) {
 // hostile server's usage) is left out of what they read, rather than fail
 // the whole answer, and Result.data keeps it, bounded (BoundResult).
 func decodable(body []byte) []byte {
-	if depthWithin(body, conversation.MaxDepth) {
+	if conversation.DepthWithin(body, conversation.MaxDepth) {
 		return body
 	}
 	var top map[string]json.RawMessage
@@ -212,7 +212,7 @@ func decodable(body []byte) []byte {
 		return body // the codec says what is wrong
 	}
 	for k, v := range top {
-		if k != "choices" && k != "content" && !depthWithin(v, conversation.MaxDepth-1) {
+		if k != "choices" && k != "content" && !conversation.DepthWithin(v, conversation.MaxDepth-1) {
 			delete(top, k)
 		}
 	}
@@ -221,33 +221,6 @@ func decodable(body []byte) []byte {
 		return body
 	}
 	return b
-}
-
-// depthWithin says whether a JSON text nests at most max arrays and
-// objects, counted without decoding it (as the codecs count).
-func depthWithin(b []byte, max int) bool {
-	depth, inString, escaped := 0, false, false
-	for _, c := range b {
-		switch {
-		case escaped:
-			escaped = false
-		case inString:
-			if c == '\\' {
-				escaped = true
-			} else if c == '"' {
-				inString = false
-			}
-		case c == '"':
-			inString = true
-		case c == '{' || c == '[':
-			if depth++; depth > max {
-				return false
-			}
-		case c == '}' || c == ']':
-			depth--
-		}
-	}
-	return true
 }
 
 // rawUsage is an answer's usage as its API said it (Result.data keeps
