@@ -201,7 +201,7 @@ func (val *validator) carry(v *violations, req runRequest, spec *stubbornv1.Cont
 	seen := map[string]bool{}
 	var visit func(spec *stubbornv1.ControlSpec, depth int)
 	visit = func(spec *stubbornv1.ControlSpec, depth int) {
-		for _, name := range reachable(spec) {
+		for _, name := range delegates.References(spec) { // the names called with the run's task: not judges or analysts
 			if seen[name] {
 				continue
 			}
@@ -235,22 +235,6 @@ func (val *validator) carry(v *violations, req runRequest, spec *stubbornv1.Cont
 // maxPresetDepth bounds how deeply carry follows presets naming presets
 // (the config refuses cycles; this is a guard, not a rule).
 const maxPresetDepth = 16
-
-// reachable are the names spec calls with the run's task: a retry's target,
-// a chain's members, a race's candidates.
-func reachable(spec *stubbornv1.ControlSpec) []string {
-	switch k := spec.GetKind().(type) {
-	case *stubbornv1.ControlSpec_Retry:
-		return []string{k.Retry.GetTarget()}
-	case *stubbornv1.ControlSpec_RetryWithLearning:
-		return []string{k.RetryWithLearning.GetTarget()}
-	case *stubbornv1.ControlSpec_FallbackChain:
-		return k.FallbackChain.GetChain()
-	case *stubbornv1.ControlSpec_Race:
-		return k.Race.GetCandidates()
-	}
-	return nil
-}
 
 // conversationField is the request's field of a Carry path (a path into a
 // model API's body: "n", "tools[0].strict", "messages[2].content[0]").
