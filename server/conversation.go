@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -145,7 +146,13 @@ func (val *validator) checkTyped(v *violations, c *stubbornv1.Conversation) {
 		}
 		if n := len(m.GetToolCalls()); n > conversation.MaxToolCalls {
 			v.add(f+".tool_calls", "has %d calls, more than the limit of %d", n, conversation.MaxToolCalls)
+		} else {
+			for j, call := range m.GetToolCalls() {
+				checkToolName(v, fmt.Sprintf("%s.tool_calls[%d].name", f, j), call.GetName())
+				checkCallID(v, fmt.Sprintf("%s.tool_calls[%d].id", f, j), call.GetId())
+			}
 		}
+		checkCallID(v, f+".tool_call_id", m.GetToolCallId())
 		deep(f+".extra", m.GetExtra())
 		for j, p := range m.GetContent()[:min(len(m.GetContent()), conversation.MaxParts)] {
 			deep(fmt.Sprintf("%s.content[%d].extra", f, j), p.GetExtra())
@@ -157,12 +164,13 @@ func (val *validator) checkTyped(v *violations, c *stubbornv1.Conversation) {
 	} else {
 		for i, t := range o.GetTools() {
 			f := fmt.Sprintf("conversation.options.tools[%d]", i)
-			if t.GetName() == "" {
-				v.add(f+".name", "must not be empty")
-			}
+			checkToolName(v, f+".name", t.GetName())
 			deep(f+".parameters", t.GetParameters())
 			deep(f+".extra", t.GetExtra())
 		}
+	}
+	if name := o.GetToolChoice().GetName(); name != "" {
+		checkToolName(v, "conversation.options.tool_choice.name", name)
 	}
 	if o != nil && o.N != nil && (o.GetN() < 1 || o.GetN() > conversation.MaxChoices) {
 		v.add("conversation.options.n", "must be between 1 and %d, got %d", conversation.MaxChoices, o.GetN())
@@ -174,13 +182,45 @@ func (val *validator) checkTyped(v *violations, c *stubbornv1.Conversation) {
 	deep("conversation.options.extra", o.GetExtra())
 }
 
+// maxToolName is the longest tool name: both model APIs refuse a longer
+// one (^[a-zA-Z0-9_-]{1,64}$), so it is refused before any call.
+const maxToolName = 64
+
+// checkToolName adds to v what is wrong with a tool's (or a tool call's)
+// name: empty, over maxToolName, or a character outside [a-zA-Z0-9_-].
+func checkToolName(v *violations, field, name string) {
+	switch {
+	case name == "":
+		v.add(field, "must not be empty")
+	case len(name) > maxToolName:
+		v.add(field, "is %d bytes, more than the limit of %d", len(name), maxToolName)
+	default:
+		for i, r := range name {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+				v.add(field, "has %q at byte %d: a tool's name is letters, digits, _ and - (what OpenAI's and Anthropic's APIs take)", r, i)
+				return
+			}
+		}
+	}
+}
+
+// maxCallID bounds a tool call's id (and a tool message's tool_call_id):
+// providers' ids are tens of bytes; a longer one is no model's.
+const maxCallID = 256
+
+func checkCallID(v *violations, field, id string) {
+	if len(id) > maxCallID {
+		v.add(field, "is %d bytes, more than the limit of %d", len(id), maxCallID)
+	}
+}
+
 // carry adds to v, for every delegate the control spec can reach (its
 // targets, chain members and candidates, through presets; not judges or
 // analysts, which are given the brief), each field of c that the
 // delegate's kind cannot carry and c does not allow dropping: openai takes
 // Chat Completions, anthropic the Messages API, grpc the conversation
 // whole, http the brief only (never refused).
-func (val *validator) carry(v *violations, req runRequest, spec *stubbornv1.ControlSpec) {
+func (val *validator) carry(v *violations, req runRequest, spec *stubbornv1.ControlSpec, briefCut int) {
 	if val.kindOf == nil {
 		return
 	}
@@ -221,6 +261,12 @@ func (val *validator) carry(v *violations, req runRequest, spec *stubbornv1.Cont
 				api = conversation.ChatCompletions
 			case delegates.KindAnthropic:
 				api = conversation.AnthropicMessages
+			case delegates.KindHTTP:
+				if briefCut > 0 {
+					v.add(field(""), "is %d bytes as text, more than limits.max_brief_bytes (%d): delegate %.128q (http) gets the conversation as its brief, which would be cut; give it a task_brief, or a shorter conversation",
+						briefCut, val.limits.MaxBriefBytes, name)
+				}
+				continue
 			default:
 				continue
 			}
@@ -327,12 +373,12 @@ func typedBrief(c *stubbornv1.Conversation) string {
 // taskOf is the task a valid request asks: its brief (when it has none,
 // its conversation's, typed or read from its messages), messages and model
 // parameters, or its typed conversation.
-func taskOf(req runRequest) runs.Task {
+func taskOf(req runRequest, maxBrief int) runs.Task {
 	t := runs.Task{Brief: req.GetTaskBrief(), Messages: req.GetTaskMessages(), ModelParams: req.GetModelParams()}
 	if c := req.GetConversation(); c != nil {
 		t.Conversation = c
 		if strings.TrimSpace(t.Brief) == "" {
-			t.Brief = typedBrief(c)
+			t.Brief, _ = cutBrief(typedBrief(c), maxBrief)
 		}
 		return t
 	}
@@ -340,8 +386,30 @@ func taskOf(req runRequest) runs.Task {
 		// Messages that do not read make no brief: the request is
 		// refused (checkConversation).
 		if c, err := legacyConversation(req); err == nil && c != nil {
-			t.Brief = typedBrief(c)
+			t.Brief, _ = cutBrief(typedBrief(c), maxBrief)
 		}
 	}
 	return t
+}
+
+// cutBrief keeps a conversation's brief within max bytes (the conversation
+// itself may be up to 4 times that): a longer one keeps its end — the
+// latest turns, what a judge weighs — after a line saying how much of the
+// beginning is left out, cut between characters. cut says whether it was.
+// The model delegates get the conversation whole; a delegate that would get
+// only the cut brief (http) is refused (carry).
+func cutBrief(brief string, max int) (_ string, cut bool) {
+	if len(brief) <= max {
+		return brief, false
+	}
+	const note = "[the conversation's first %d bytes are left out of this brief]\n\n"
+	keep := max - len(fmt.Sprintf(note, len(brief)))
+	if keep <= 0 {
+		return brief[:0], true
+	}
+	from := len(brief) - keep
+	for from < len(brief) && !utf8.RuneStart(brief[from]) {
+		from++
+	}
+	return fmt.Sprintf(note, from) + brief[from:], true
 }

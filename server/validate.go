@@ -258,14 +258,26 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 	var v violations
 	val.checkConversation(&v, req)
 	brief, field := req.GetTaskBrief(), "task_brief"
+	briefCut := 0 // the length of a conversation's brief that is cut to the bound
 	switch {
 	case strings.TrimSpace(brief) != "":
-	case req.GetConversation() != nil:
-		brief, field = taskOf(req).Brief, "conversation" // the brief is the conversation's text
-	case len(req.GetTaskMessages()) > 0:
-		brief, field = taskOf(req).Brief, "task_messages" // the brief is the messages' text
-		if _, err := legacyConversation(req); err != nil {
-			field = "" // messages that do not read have no brief: checkConversation said why
+	case req.GetConversation() != nil || len(req.GetTaskMessages()) > 0:
+		// The brief is the conversation's text (typed, or what
+		// task_messages read as), cut to the bound as taskOf cuts it.
+		field = "conversation"
+		c := req.GetConversation()
+		if c == nil {
+			field = "task_messages"
+			var err error
+			if c, err = legacyConversation(req); err != nil {
+				field = "" // messages that do not read have no brief: checkConversation said why
+			}
+		}
+		if field != "" {
+			brief = typedBrief(c)
+			if len(brief) > val.limits.MaxBriefBytes {
+				briefCut = len(brief)
+			}
 		}
 	}
 	switch {
@@ -274,7 +286,7 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 		v.add(field, "have no text")
 	case strings.TrimSpace(brief) == "":
 		v.add(field, "must not be empty (or give task_messages)")
-	case len(brief) > val.limits.MaxBriefBytes:
+	case field == "task_brief" && len(brief) > val.limits.MaxBriefBytes:
 		v.add(field, "is %d bytes, more than the limit of %d", len(brief), val.limits.MaxBriefBytes)
 	}
 
@@ -332,7 +344,7 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 	}
 	// What the delegates cannot carry of the conversation, named before
 	// any call: none would get it, and an answer without it is wrong.
-	val.carry(&v, req, spec)
+	val.carry(&v, req, spec, briefCut)
 	if err := v.err(); err != nil {
 		return nil, err
 	}

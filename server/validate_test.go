@@ -470,6 +470,15 @@ func TestATypedConversationIsCheckedAgainstEveryDelegateItReaches(t *testing.T) 
 		}
 		return req
 	}
+	// A chat history of 100 KB (over max_brief_bytes, within the
+	// conversation's bound of 4 times that).
+	long := func() *stubbornv1.Conversation {
+		var msgs []*stubbornv1.ChatMessage
+		for range 10 {
+			msgs = append(msgs, user(strings.Repeat("y", 10000)), &stubbornv1.ChatMessage{Role: stubbornv1.ChatRole_CHAT_ROLE_ASSISTANT, Content: []*stubbornv1.ContentPart{{Kind: &stubbornv1.ContentPart_Text{Text: "ok"}}}})
+		}
+		return conv(nil, append(msgs, user("and the last question"))...)
+	}
 	many := make([]*stubbornv1.ChatMessage, 1001)
 	for i := range many {
 		many[i] = user("x")
@@ -516,6 +525,21 @@ func TestATypedConversationIsCheckedAgainstEveryDelegateItReaches(t *testing.T) 
 		{"legacy message name to anthropic", legacy("claude", nil, map[string]any{"role": "user", "content": "hi", "name": "bob"}), "task_messages[0].name", `delegate "claude" (anthropic) cannot carry`},
 		{"legacy extra parameter to anthropic", legacy("claude", map[string]any{"foo": "bar"}), "model_params.foo", `delegate "claude" (anthropic) cannot carry foo`},
 		{"legacy role", legacy("gpt", nil, map[string]any{"role": "root", "content": "hi"}), "task_messages[0].role", `"root" is not a role`},
+		{"a tool name over 64 bytes", retry("gpt", conv(&stubbornv1.ModelOptions{Tools: []*stubbornv1.Tool{{Name: strings.Repeat("n", 65)}}})), "conversation.options.tools[0].name", "65 bytes, more than the limit of 64"},
+		{"a 100,000-byte tool name", retry("gpt", conv(&stubbornv1.ModelOptions{Tools: []*stubbornv1.Tool{{Name: strings.Repeat("n", 100000)}}})), "conversation.options.tools[0].name", "more than the limit of 64"},
+		{"a tool name with a space", retry("claude", conv(&stubbornv1.ModelOptions{Tools: []*stubbornv1.Tool{{Name: "get weather"}}})), "conversation.options.tools[0].name", "letters, digits, _ and -"},
+		{"a tool named in tool_choice", retry("gpt", conv(&stubbornv1.ModelOptions{ToolChoice: &stubbornv1.ToolChoice{Name: "a.b"}})), "conversation.options.tool_choice.name", "has '.' at byte 1"},
+		{"a call's name", retry("gpt", conv(nil, user("hi"), &stubbornv1.ChatMessage{Role: stubbornv1.ChatRole_CHAT_ROLE_ASSISTANT, ToolCalls: []*stubbornv1.ToolCall{{Id: "c1", Name: strings.Repeat("n", 70)}}})), "conversation.messages[1].tool_calls[0].name", "more than the limit of 64"},
+		{"a call's id", retry("gpt", conv(nil, user("hi"), &stubbornv1.ChatMessage{Role: stubbornv1.ChatRole_CHAT_ROLE_ASSISTANT, ToolCalls: []*stubbornv1.ToolCall{{Id: strings.Repeat("i", 257), Name: "f"}}})), "conversation.messages[1].tool_calls[0].id", "more than the limit of 256"},
+		{"a tool result's id", retry("gpt", conv(nil, user("hi"), &stubbornv1.ChatMessage{Role: stubbornv1.ChatRole_CHAT_ROLE_TOOL, ToolCallId: strings.Repeat("i", 257)})), "conversation.messages[1].tool_call_id", "more than the limit of 256"},
+		{"legacy tool name over 64 bytes", legacy("gpt", map[string]any{"tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": strings.Repeat("n", 65)}}}}), "model_params.tools[0].name", "more than the limit of 64"},
+		{"a 64-byte tool name", retry("claude", conv(&stubbornv1.ModelOptions{Tools: []*stubbornv1.Tool{{Name: strings.Repeat("n", 64)}}})), "", ""},
+		{"a long history to openai", retry("gpt", long()), "", ""},
+		{"a long history to grpc", retry("svc", long()), "", ""},
+		{"a long history to http", retry("hook", long()), "conversation", `delegate "hook" (http) gets the conversation as its brief, which would be cut`},
+		{"a long history to http with a brief", &stubbornv1.RunRequest{TaskBrief: "Summarise.", Conversation: long(), Retry: &stubbornv1.RetrySpec{Target: "hook"}}, "", ""},
+		{"a long legacy history to http", legacy("hook", nil, map[string]any{"role": "user", "content": strings.Repeat("x", 70000)}), "task_messages", `delegate "hook" (http)`},
+		{"a long legacy history to openai", legacy("gpt", nil, map[string]any{"role": "user", "content": strings.Repeat("x", 70000)}), "", ""},
 		{"over its size", retry("gpt", conv(nil, user(strings.Repeat("x", 4*DefaultLimits().MaxBriefBytes+1)))), "conversation", "more than the limit of"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -544,8 +568,19 @@ func TestATypedConversationsBriefShowsItsToolCalls(t *testing.T) {
 		{Role: stubbornv1.ChatRole_CHAT_ROLE_TOOL, ToolCallId: "call_1", Content: text("18°C"), IsError: true},
 	}}
 	assert.Equal(t, "user: Weather in Paris?\n\nassistant: \n→ get_weather#call_1({\"city\":\"Paris\"})\n\ntool#call_1 (error): 18°C", typedBrief(c))
-	task := taskOf(&stubbornv1.RunRequest{Conversation: c})
+	task := taskOf(&stubbornv1.RunRequest{Conversation: c}, DefaultLimits().MaxBriefBytes)
 	assert.Same(t, c, task.Conversation)
 	assert.Equal(t, typedBrief(c), task.Brief)
+	// A brief over the bound keeps the conversation's end, whole
+	// characters, and says what it left out.
+	long := &stubbornv1.Conversation{Messages: []*stubbornv1.ChatMessage{
+		{Role: stubbornv1.ChatRole_CHAT_ROLE_USER, Content: text(strings.Repeat("é", 60000))},
+		{Role: stubbornv1.ChatRole_CHAT_ROLE_USER, Content: text("the last question")},
+	}}
+	brief := taskOf(&stubbornv1.RunRequest{Conversation: long}, 1000).Brief
+	assert.LessOrEqual(t, len(brief), 1000)
+	assert.True(t, utf8.ValidString(brief))
+	assert.True(t, strings.HasSuffix(brief, "user: the last question"), brief)
+	assert.Regexp(t, `^\[the conversation's first \d+ bytes are left out of this brief\]\n\n`, brief)
 	assert.Equal(t, "Hi", typedBrief(&stubbornv1.Conversation{Messages: []*stubbornv1.ChatMessage{{Role: stubbornv1.ChatRole_CHAT_ROLE_USER, Content: text("Hi")}}}))
 }
