@@ -121,6 +121,7 @@ type options struct {
 
 	// The shipped scenarios.
 	root, temporalDir     string
+	besideRoot            string // a second tree measured in the same rotation (-beside-root)
 	serveFlags            []string
 	procWarmup, retryWait time.Duration
 	// The streaming scenarios' answer.
@@ -158,6 +159,7 @@ func run(ctx context.Context) error {
 	flag.StringVar(&scen, "scenarios", strings.Join(scenarioNames, ","), "comma-separated scenarios to run; the shipped ones, each process on its own, are "+strings.Join(shippedNames, ",")+" (shipped: all four) and the streaming ones "+strings.Join(streamingNames, ",")+" (streaming: all four) and the front door's "+strings.Join(frontDoorNames, ",")+" (frontdoor: these and proc-stream-sse)")
 	o.stream.flags(flag.CommandLine, "stream-")
 	flag.StringVar(&o.root, "root", ".", "shipped scenarios: Stubborn's module root, where cmd/stubborn is built from")
+	flag.StringVar(&o.besideRoot, "beside-root", "", "shipped scenarios: a second module root (another commit's tree, e.g. a git worktree) whose `stubborn serve` is measured in the same rotation as -root's, slice by slice: its rows' store is named STORE@beside (before/after comparisons that share the machine's load)")
 	flag.DurationVar(&o.procWarmup, "proc-warmup", 250*time.Millisecond, "shipped scenarios: unmeasured warm-up of each slice's client process (a new process and connection)")
 	flag.DurationVar(&o.retryWait, "retry-wait", 0, "shipped scenarios: proc-retry's base_wait and max_wait (full jitter: each wait is drawn from [0, this]); 1ms to match the Temporal peer's retry3")
 	flag.StringVar(&serveFlags, "serve-flags", "", "shipped scenarios: more flags for every `stubborn serve`, split at spaces (e.g. \"-log-level warn\")")

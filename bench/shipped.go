@@ -148,61 +148,68 @@ func runShipped(ctx context.Context, o options) ([]LoadResult, error) {
 	}
 	targets = append(targets, streamers.directTargets(o, client)...)
 	if o.scenarios["proc-run"] || o.scenarios["proc-retry"] || o.scenarios["proc-stream-run"] || o.scenarios["proc-stream-run-sse"] || wantsFrontDoor(o) {
-		bin := filepath.Join(tmp, "stubborn")
-		progress("shipped: go build -o %s ./cmd/stubborn (in %s)", bin, o.root)
-		if _, err := os.Stat(filepath.Join(o.root, "cmd", "stubborn")); err != nil {
-			return nil, fmt.Errorf("-root %s is not Stubborn's module root (run the bench from it or pass -root): %w", o.root, err)
-		}
-		if err := goBuild(ctx, o.root, bin, "./cmd/stubborn"); err != nil {
-			return nil, err
-		}
 		cfg := filepath.Join(tmp, "stubborn.yaml")
 		if err := os.WriteFile(cfg, append(serveConfig(echoAddr, flakyAddr), streamers.config()...), 0o600); err != nil {
 			return nil, err
 		}
-		for _, store := range o.stores {
-			storeFlags, ok := serveStores[store]
-			if !ok {
-				return nil, fmt.Errorf("-store %s: no `stubborn serve` flags for it in serveStores", store)
+		trees := []struct{ root, flag, suffix string }{{o.root, "-root", ""}}
+		if o.besideRoot != "" {
+			trees = append(trees, struct{ root, flag, suffix string }{o.besideRoot, "-beside-root", "@beside"})
+		}
+		for i, tree := range trees {
+			bin := filepath.Join(tmp, fmt.Sprintf("stubborn%d", i))
+			progress("shipped: go build -o %s ./cmd/stubborn (in %s)", bin, tree.root)
+			if _, err := os.Stat(filepath.Join(tree.root, "cmd", "stubborn")); err != nil {
+				return nil, fmt.Errorf("%s %s is not Stubborn's module root (run the bench from it or pass -root): %w", tree.flag, tree.root, err)
 			}
-			args := []string{"serve", "-config", cfg, "-listen", "127.0.0.1:0"}
-			if store != "memory" {
-				args = append(args, "-data-dir", filepath.Join(tmp, "data-"+store))
+			if err := goBuild(ctx, tree.root, bin, "./cmd/stubborn"); err != nil {
+				return nil, err
 			}
-			var httpBase string
-			if wantsFrontDoor(o) {
-				hl, err := freeHTTPListen()
+			for _, storeName := range o.stores {
+				store := storeName + tree.suffix
+				storeFlags, ok := serveStores[storeName]
+				if !ok {
+					return nil, fmt.Errorf("-store %s: no `stubborn serve` flags for it in serveStores", storeName)
+				}
+				args := []string{"serve", "-config", cfg, "-listen", "127.0.0.1:0"}
+				if storeName != "memory" {
+					args = append(args, "-data-dir", filepath.Join(tmp, "data-"+store))
+				}
+				var httpBase string
+				if wantsFrontDoor(o) {
+					hl, err := freeHTTPListen()
+					if err != nil {
+						return nil, err
+					}
+					args, httpBase = append(args, "-http-listen", hl), "http://"+hl+"/v1"
+				}
+				args = append(append(args, storeFlags...), o.serveFlags...)
+				progress("shipped: stubborn %s", strings.Join(args, " "))
+				s, err := startChild(ctx, childSpec{name: "stubborn serve (" + store + ")", path: bin, args: args, watch: servingLog})
 				if err != nil {
 					return nil, err
 				}
-				args, httpBase = append(args, "-http-listen", hl), "http://"+hl+"/v1"
-			}
-			args = append(append(args, storeFlags...), o.serveFlags...)
-			progress("shipped: stubborn %s", strings.Join(args, " "))
-			s, err := startChild(ctx, childSpec{name: "stubborn serve (" + store + ")", path: bin, args: args, watch: servingLog})
-			if err != nil {
-				return nil, err
-			}
-			children = append(children, s)
-			addr, err := s.match(ctx, 2*time.Minute)
-			if err != nil {
-				return nil, err
-			}
-			if err := waitServing(ctx, s, addr, time.Minute); err != nil {
-				return nil, err
-			}
-			if o.scenarios["proc-run"] {
-				targets = append(targets, shippedTarget{scenario: "proc-run", store: store, client: client(addr, "run"), server: s})
-			}
-			if o.scenarios["proc-retry"] {
-				targets = append(targets, shippedTarget{scenario: "proc-retry", store: store, client: client(addr, "retry"), server: s})
-			}
-			targets = append(targets, streamers.runTargets(o, client, s, store, addr)...)
-			if httpBase != "" {
-				if err := waitHTTP(ctx, s, httpBase, time.Minute); err != nil {
+				children = append(children, s)
+				addr, err := s.match(ctx, 2*time.Minute)
+				if err != nil {
 					return nil, err
 				}
-				targets = append(targets, streamers.frontDoorTargets(o, client, s, store, httpBase)...)
+				if err := waitServing(ctx, s, addr, time.Minute); err != nil {
+					return nil, err
+				}
+				if o.scenarios["proc-run"] {
+					targets = append(targets, shippedTarget{scenario: "proc-run", store: store, client: client(addr, "run"), server: s})
+				}
+				if o.scenarios["proc-retry"] {
+					targets = append(targets, shippedTarget{scenario: "proc-retry", store: store, client: client(addr, "retry"), server: s})
+				}
+				targets = append(targets, streamers.runTargets(o, client, s, store, addr)...)
+				if httpBase != "" {
+					if err := waitHTTP(ctx, s, httpBase, time.Minute); err != nil {
+						return nil, err
+					}
+					targets = append(targets, streamers.frontDoorTargets(o, client, s, store, httpBase)...)
+				}
 			}
 		}
 	}
