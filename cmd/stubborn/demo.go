@@ -222,14 +222,17 @@ func cmdDelegates(ctx context.Context, args []string, stdout io.Writer) (int, er
 		return 1, err
 	}
 	defer stopModels()
-	fmt.Fprintln(stdout, "# demo delegates and fake models are serving; a config for `stubborn serve -config`:")
-	fmt.Fprintln(stdout, "delegates:")
+	// One write: a script that waits for a line of it reads it whole.
+	var cfg strings.Builder
+	cfg.WriteString("# demo delegates and fake models are serving; a config for `stubborn serve -config`:\ndelegates:\n")
 	for _, e := range append(entries, models...) {
-		fmt.Fprintln(stdout, configLine(e))
+		cfg.WriteString(configLine(e) + "\n")
 	}
-	fmt.Fprintln(stdout, "  - {name: unreachable, target: \"127.0.0.1:1\", timeout: 5s}")
-	fmt.Fprintln(stdout, "presets:")
-	fmt.Fprintln(stdout, "  - {name: smart, fallback_chain: {chain: [fake-down, fake-gpt]}}")
+	cfg.WriteString("  - {name: unreachable, target: \"127.0.0.1:1\", timeout: 5s}\n")
+	cfg.WriteString("presets:\n  - {name: smart, fallback_chain: {chain: [fake-down, fake-gpt]}}\n")
+	if _, err := io.WriteString(stdout, cfg.String()); err != nil {
+		return 1, err
+	}
 	<-ctx.Done()
 	return 0, nil
 }
