@@ -144,7 +144,7 @@ func TestDemoServesConsoleUntilInterrupted(t *testing.T) {
 func TestDemoHintsACommandThePersonHas(t *testing.T) {
 	for _, c := range []struct {
 		exe, arg0, want string
-		goRun          bool
+		goRun           bool
 	}{
 		{"/tmp/go-build2871/b001/exe/stubborn", "/tmp/go-build2871/b001/exe/stubborn", "go run ./cmd/stubborn", true},
 		{"/home/me/.cache/tmp/go-build99/b001/exe/stubborn", "stubborn", "go run ./cmd/stubborn", true},

@@ -137,7 +137,9 @@ func TestDelegatesAndServeAnswerSmart(t *testing.T) {
 	defer stop()
 	var out syncBuffer
 	done := goCLI(dctx, &out, "delegates", "-listen", "127.0.0.1:0", "-latency", "1ms")
-	require.Eventually(t, func() bool { return strings.Contains(out.String(), "fallback_chain: {chain: [fake-down, fake-gpt]}}\n") }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return strings.Contains(out.String(), "fallback_chain: {chain: [fake-down, fake-gpt]}}\n")
+	}, 20*time.Second, 10*time.Millisecond)
 	printed, err := delegates.Parse([]byte(out.String()))
 	require.NoError(t, err, out.String())
 	kinds := map[string]string{}
