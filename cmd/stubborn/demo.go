@@ -193,7 +193,7 @@ func configLine(e delegates.Delegate) string {
 
 func cmdDelegates(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	fs := newFlagSet("delegates")
-	listen := fs.String("listen", "127.0.0.1:7400", "host and first port; each demo delegate takes the next port")
+	listen := fs.String("listen", "127.0.0.1:7400", "host and first port; each demo delegate, then each fake model, takes the next port (port 0: any free ones)")
 	latency := fs.Duration("latency", 300*time.Millisecond, "how long each demo answer takes")
 	if err := parseFlags(fs, args); err != nil {
 		return 2, err
@@ -276,7 +276,7 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	latency := fs.Duration("latency", 300*time.Millisecond, "how long each demo delegate answer takes")
 	asJSON := fs.Bool("json", false, "print events as protojson lines")
 	exit := fs.Bool("exit", false, "exit once the demo runs have ended, instead of serving the console until interrupted")
-	httpListen := fs.String("http-listen", demoHTTPListen, "loopback address to serve the web console and the HTTP API on (when the default is taken, any free port)")
+	httpListen := fs.String("http-listen", demoHTTPListen, "loopback address to serve the web console, the model front doors and the HTTP API on (when the default is taken, any free port)")
 	if err := parseFlags(fs, args); err != nil {
 		return 2, err
 	}
