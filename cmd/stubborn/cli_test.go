@@ -14,8 +14,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/stubbornhq/stubborn/delegates/demo"
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
 // The client commands as a user types them: STUBBORN_ADDR instead of
@@ -63,6 +65,19 @@ func TestClientCommandsAsTyped(t *testing.T) {
 	out, _, err = cli("list")
 	require.NoError(t, err)
 	assert.Equal(t, 1, strings.Count(out, "\n"), "one run: %s", out)
+
+	// list -json: a RunSummary a line, in protojson's names.
+	out, code, err = cli("list", "-json")
+	require.NoError(t, err)
+	assert.Equal(t, 0, code)
+	var summary stubbornv1.RunSummary
+	require.NoError(t, protojson.Unmarshal([]byte(strings.TrimSuffix(out, "\n")), &summary), out)
+	assert.Equal(t, id, summary.GetRunId())
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, summary.GetStatus())
+	assert.Contains(t, out, `"runId":`)
+	out, _, err = cli("list", "-json", "-status", "failed")
+	require.NoError(t, err)
+	assert.Empty(t, out, "no runs: no lines")
 
 	out, _, err = cli("registry")
 	require.NoError(t, err)

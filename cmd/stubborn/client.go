@@ -56,8 +56,8 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.brief, "brief", "", "the task brief (required unless -request)")
 	fs.StringVar(&f.target, "target", "", "delegate for retry and retry-with-learning")
 	fs.StringVar(&f.list, "delegates", "", "comma-separated delegates for fallback-chain and race")
-	fs.IntVar(&f.attempts, "attempts", -1, "retry: RetrySpec.attempts, the retries after the first try; -1: the server's default, 6")
-	fs.IntVar(&f.maxRetries, "max-retries", 0, "retry-with-learning: max_retries, which counts every attempt, the first included; 0: the server's default, 3")
+	fs.IntVar(&f.attempts, "attempts", -1, "retry: the retries after the first try (RetrySpec.attempts; 2: at most 3 calls); -1: the server's default, 6")
+	fs.IntVar(&f.maxRetries, "max-retries", 0, "retry-with-learning: every attempt, the first included (max_retries; 3: at most 3 calls); 0: the server's default, 3")
 	fs.Var(&f.metadata, "metadata", "KEY=VALUE for options.metadata, sent to the delegates on every attempt (repeat for more)")
 	fs.DurationVar(&f.maxWait, "max-wait", 0, "retry: longest wait (default 60s)")
 	fs.DurationVar(&f.baseWait, "base-wait", 0, "retry: base of the backoff (default 1s)")
@@ -150,7 +150,39 @@ func (f *runFlags) build(stdin io.Reader) (*stubbornv1.RunRequest, error) {
 	default:
 		return nil, fmt.Errorf("-control must be retry, retry-with-learning, fallback-chain or race, got %q", f.control)
 	}
+	if err := f.checkComplete(control, names); err != nil {
+		return nil, err
+	}
 	return req, nil
+}
+
+// checkComplete says which flag a run without -request lacks, in the
+// flags' words: the server would name a proto field
+// (fallback_chain.chain), which the person did not type.
+func (f *runFlags) checkComplete(control string, names []string) error {
+	dflt := ""
+	if f.control == "fallback-chain" {
+		dflt = " (the default)"
+	}
+	switch control {
+	case "retry", "retry-with-learning":
+		if strings.TrimSpace(f.target) == "" {
+			return fmt.Errorf("run: -control %s needs -target DELEGATE, the delegate it calls again (or -control fallback-chain or race with -delegates a,b)", control)
+		}
+	case "fallback-chain", "race":
+		if len(names) == 0 {
+			return fmt.Errorf("run: -control %s%s needs -delegates a,b, the delegates it tries (or -control retry with -target for one delegate)", control, dflt)
+		}
+		for i, n := range names {
+			if strings.TrimSpace(n) == "" {
+				return fmt.Errorf("run: -delegates %q: name %d is empty", f.list, i+1)
+			}
+		}
+	}
+	if strings.TrimSpace(f.brief) == "" {
+		return fmt.Errorf("run: -brief TEXT is required, the task the delegates are given (or -request FILE, a whole RunRequest)")
+	}
+	return nil
 }
 
 // checkNames refuses the flag of the other kind of control: a retry
@@ -429,6 +461,7 @@ func cmdList(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	statusFlag := fs.String("status", "", "only runs with this status: "+strings.Join(statusNames(), ", "))
 	limit := fs.Int("limit", 50, "how many runs to list, newest first (at most 1000 a page; pages are followed)")
 	all := fs.Bool("all", false, "list every run (no -limit)")
+	asJSON := fs.Bool("json", false, "print each run's summary as a protojson line (RunSummary), newest first; nothing for no runs")
 	if err := parseFlags(fs, args); err != nil {
 		return 2, err
 	}
@@ -458,13 +491,29 @@ func cmdList(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 			return 1, err
 		}
 		for _, r := range res.GetSummaries() {
-			fmt.Fprintf(stdout, "%s  %-18s %-40s attempts=%d\n", r.GetRunId(), statusName(r.GetStatus()), summaryName(r), r.GetAttempts())
+			if *asJSON {
+				b, err := jsonLine.Marshal(r)
+				if err != nil {
+					return 1, err
+				}
+				fmt.Fprintf(stdout, "%s\n", b)
+			} else {
+				fmt.Fprintf(stdout, "%s  %-18s %-40s attempts=%d\n", r.GetRunId(), statusName(r.GetStatus()), summaryName(r), r.GetAttempts())
+			}
 			listed++
 		}
 		token = res.GetNextPageToken()
 		if token == "" || listed >= *limit {
 			break
 		}
+	}
+	if *asJSON {
+		// Every line of stdout is a run; what is said about the list goes
+		// to stderr.
+		if token != "" {
+			fmt.Fprintf(stderr, "stubborn: %d shown, newest first; there are more: -limit N or -all\n", listed)
+		}
+		return 0, nil
 	}
 	switch {
 	case listed == 0 && *statusFlag != "":

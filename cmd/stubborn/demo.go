@@ -7,8 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 	"github.com/stubbornhq/stubborn/delegatekit"
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
+	"github.com/stubbornhq/stubborn/fakemodel"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
 	"github.com/stubbornhq/stubborn/server"
@@ -100,9 +104,96 @@ func serveDemoDelegates(ctx context.Context, host string, firstPort int, latency
 	return entries, stop, nil
 }
 
+// fakeModel is one of the fake models the demo serves, and the model
+// delegate the registry declares over it.
+type fakeModel struct {
+	name     string
+	behavior fakemodel.Behavior
+	// kind is the delegate's API: delegates.KindOpenAI or KindAnthropic.
+	kind string
+}
+
+// fakeModels are the built-in fake models: one that fails, one that
+// streams, one that calls a tool (spoken to in Anthropic's API, so a Chat
+// Completions request at the door is translated both ways).
+var fakeModels = []fakeModel{
+	{name: "fake-down", behavior: fakemodel.Fails, kind: delegates.KindOpenAI},
+	{name: "fake-gpt", behavior: fakemodel.Streams, kind: delegates.KindOpenAI},
+	{name: "fake-weather", behavior: fakemodel.Tools, kind: delegates.KindAnthropic},
+}
+
+// fakeModelPace is the pause between two streamed pieces of a fake model's
+// answer: slow enough to watch a stream, quick enough for a test.
+const fakeModelPace = 50 * time.Millisecond
+
+// serveFakeModels serves each fake model on its own listener (port
+// firstPort, the next, …; 0: any free ones) until stop, which returns once
+// they have stopped, and returns the model delegates that reach them.
+func serveFakeModels(host string, firstPort int, pace time.Duration) ([]delegates.Delegate, func(), error) {
+	var (
+		entries []delegates.Delegate
+		servers []*http.Server
+		wg      sync.WaitGroup
+	)
+	stop := func() {
+		for _, s := range servers {
+			sctx, cancel := context.WithTimeout(context.Background(), demoGrace)
+			if s.Shutdown(sctx) != nil {
+				_ = s.Close()
+			}
+			cancel()
+		}
+		wg.Wait()
+	}
+	for i, m := range fakeModels {
+		port := 0
+		if firstPort > 0 {
+			port = firstPort + i
+		}
+		lis, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		s := &http.Server{Handler: fakemodel.New(m.behavior, pace), ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, s)
+		wg.Go(func() { _ = s.Serve(lis) })
+		entries = append(entries, fakeModelEntry(m, lis.Addr().String()))
+	}
+	return entries, stop, nil
+}
+
+// fakeModelEntry is the registry entry of m served at addr.
+func fakeModelEntry(m fakeModel, addr string) delegates.Delegate {
+	d := delegates.Delegate{Name: m.name, ReadOnly: true, Timeout: delegates.Duration(time.Minute)}
+	api := delegates.ModelAPI{BaseURL: "http://" + addr, Model: m.name}
+	if m.kind == delegates.KindAnthropic {
+		d.Anthropic = &delegates.Anthropic{ModelAPI: api}
+	} else {
+		api.BaseURL += "/v1"
+		d.OpenAI = &delegates.OpenAI{ModelAPI: api}
+	}
+	return d
+}
+
+// configLine is e as a line of stubborn.yaml's delegates.
+func configLine(e delegates.Delegate) string {
+	switch {
+	case e.OpenAI != nil:
+		return fmt.Sprintf("  - {name: %s, openai: {base_url: %q, model: %s}, timeout: 1m}", e.Name, e.OpenAI.BaseURL, e.OpenAI.Model)
+	case e.Anthropic != nil:
+		return fmt.Sprintf("  - {name: %s, anthropic: {base_url: %q, model: %s}, timeout: 1m}", e.Name, e.Anthropic.BaseURL, e.Anthropic.Model)
+	}
+	idle := ""
+	if e.IdleTimeout > 0 {
+		idle = ", idle_timeout: " + e.IdleTimeout.String()
+	}
+	return fmt.Sprintf("  - {name: %s, target: %q, idempotent: %t, timeout: 1m%s}", e.Name, e.Target, e.Idempotent, idle)
+}
+
 func cmdDelegates(ctx context.Context, args []string, stdout io.Writer) (int, error) {
 	fs := newFlagSet("delegates")
-	listen := fs.String("listen", "127.0.0.1:7400", "host and first port; each demo delegate takes the next port")
+	listen := fs.String("listen", "127.0.0.1:7400", "host and first port; each demo delegate, then each fake model, takes the next port (port 0: any free ones)")
 	latency := fs.Duration("latency", 300*time.Millisecond, "how long each demo answer takes")
 	if err := parseFlags(fs, args); err != nil {
 		return 2, err
@@ -120,16 +211,28 @@ func cmdDelegates(ctx context.Context, args []string, stdout io.Writer) (int, er
 		return 1, err
 	}
 	defer stop()
-	fmt.Fprintln(stdout, "# demo delegates are serving; a config for `stubborn serve -config`:")
-	fmt.Fprintln(stdout, "delegates:")
-	for _, e := range entries {
-		idle := ""
-		if e.IdleTimeout > 0 {
-			idle = ", idle_timeout: " + e.IdleTimeout.String()
-		}
-		fmt.Fprintf(stdout, "  - {name: %s, target: %q, idempotent: %t, timeout: 1m%s}\n", e.Name, e.Target, e.Idempotent, idle)
+	// The fake models take the ports after the demo delegates' (7407-7409
+	// by default, as stubborn.yaml says).
+	modelPort := 0
+	if port > 0 {
+		modelPort = port + len(entries)
 	}
-	fmt.Fprintln(stdout, "  - {name: unreachable, target: \"127.0.0.1:1\", timeout: 5s}")
+	models, stopModels, err := serveFakeModels(host, modelPort, fakeModelPace)
+	if err != nil {
+		return 1, err
+	}
+	defer stopModels()
+	// One write: a script that waits for a line of it reads it whole.
+	var cfg strings.Builder
+	cfg.WriteString("# demo delegates and fake models are serving; a config for `stubborn serve -config`:\ndelegates:\n")
+	for _, e := range append(entries, models...) {
+		cfg.WriteString(configLine(e) + "\n")
+	}
+	cfg.WriteString("  - {name: unreachable, target: \"127.0.0.1:1\", timeout: 5s}\n")
+	cfg.WriteString("presets:\n  - {name: smart, fallback_chain: {chain: [fake-down, fake-gpt]}}\n")
+	if _, err := io.WriteString(stdout, cfg.String()); err != nil {
+		return 1, err
+	}
 	<-ctx.Done()
 	return 0, nil
 }
@@ -156,7 +259,16 @@ func demoPresets() []delegates.Preset {
 		{Name: "careful-search", Spec: &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{
 			Chain: []string{"api-with-retry", "echo"},
 		}}}},
+		smartPreset(),
 	}
+}
+
+// smartPreset is the front door's example model: a fallback chain from a
+// model that fails to one that answers.
+func smartPreset() delegates.Preset {
+	return delegates.Preset{Name: "smart", Spec: &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{
+		Chain: []string{"fake-down", "fake-gpt"},
+	}}}}
 }
 
 func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) {
@@ -164,7 +276,7 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	latency := fs.Duration("latency", 300*time.Millisecond, "how long each demo delegate answer takes")
 	asJSON := fs.Bool("json", false, "print events as protojson lines")
 	exit := fs.Bool("exit", false, "exit once the demo runs have ended, instead of serving the console until interrupted")
-	httpListen := fs.String("http-listen", demoHTTPListen, "loopback address to serve the web console and the HTTP API on (when the default is taken, any free port)")
+	httpListen := fs.String("http-listen", demoHTTPListen, "loopback address to serve the web console, the model front doors and the HTTP API on (when the default is taken, any free port)")
 	if err := parseFlags(fs, args); err != nil {
 		return 2, err
 	}
@@ -175,7 +287,13 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 		return 1, err
 	}
 	defer stopDelegates()
+	models, stopModels, err := serveFakeModels("127.0.0.1", 0, fakeModelPace)
+	if err != nil {
+		return 1, err
+	}
+	defer stopModels()
 	entries = append(entries, delegates.Delegate{Name: "unreachable", Target: "127.0.0.1:1", Timeout: delegates.Duration(5 * time.Second)})
+	entries = append(entries, models...)
 	cfg := &delegates.Config{Delegates: entries, Presets: demoPresets()}
 	// The embedded default: runs kept in an in-process JetStream, here in a
 	// directory of its own that goes away with the demo.
@@ -224,7 +342,9 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	} else {
 		fmt.Fprintf(stdout, "Console: %s (open it to follow the runs below live)\n", consoleURL)
 	}
-	fmt.Fprintf(stdout, "Stubborn demo: API on %s (gRPC: from another shell, `stubborn list -addr %s`), demo delegates echo, flaky and flaky-api (each fails its first 2 calls), down (health NOT_SERVING), search-backup (always fails), storyteller (streams its answer, stalls once), unreachable (nothing listens).\n", api, api)
+	self := selfCommand()
+	fmt.Fprintf(stdout, "Stubborn demo: API on %s (gRPC: from another shell, `%s list -addr %s`%s), demo delegates echo, flaky and flaky-api (each fails its first 2 calls), down (health NOT_SERVING), search-backup (always fails), storyteller (streams its answer, stalls once), unreachable (nothing listens).\n", api, self.cmd, api, self.buildHint())
+	fmt.Fprintf(stdout, "Front door: fake models fake-down (always fails), fake-gpt (streams its answer) and fake-weather (calls get_weather), and the preset smart (fallback-chain [fake-down, fake-gpt]) answer OpenAI's and Anthropic's APIs on %s; try\n  %s\n", strings.TrimSuffix(consoleURL, "/"), doorCurl(consoleURL))
 	failed, interrupted, err := playDemoRuns(ctx, client, stdout, *asJSON)
 	if err != nil {
 		return 1, err
@@ -243,7 +363,7 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	}
 
 	leaveRunForPerson(ctx, client, stdout, consoleURL)
-	fmt.Fprintf(stdout, "\nServing the console on %s and the API on %s (gRPC: `stubborn list -addr %s`) until interrupted: press Ctrl-C to stop.\n", consoleURL, api, api)
+	fmt.Fprintf(stdout, "\nServing the console on %s, the front door (`%s`) and the API on %s (gRPC: `%s list -addr %s`) until interrupted: press Ctrl-C to stop.\n", consoleURL, doorCurl(consoleURL), api, self.cmd, api)
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "\nStopping.")
 	if failed != nil {
@@ -353,4 +473,58 @@ func leaveRunForPerson(ctx context.Context, client stubbornv1.ControlServiceClie
 	} else if ctx.Err() == nil {
 		fmt.Fprintf(stdout, "\nThe run that awaits a decision could not start: %v\n", err)
 	}
+}
+
+// doorCurl is a curl command that asks the front door at base (the
+// console's URL) for the preset smart.
+func doorCurl(base string) string {
+	return "curl -s " + strings.TrimSuffix(base, "/") + "/v1/chat/completions -H 'Content-Type: application/json' " +
+		`-d '{"model": "smart", "messages": [{"role": "user", "content": "What is the answer?"}]}'`
+}
+
+// self is how the person who started this process runs it again: the
+// command line the demo's hints start with.
+type self struct {
+	// cmd is the command: `go run ./cmd/stubborn` for a go run build, else
+	// the binary as it was invoked.
+	cmd string
+	// goRun says the binary is a go run build, which leaves no binary to run.
+	goRun bool
+}
+
+// buildHint is what a hint adds for a go run build: the one-line build
+// that makes the command shorter.
+func (s self) buildHint() string {
+	if !s.goRun {
+		return ""
+	}
+	return "; or build it once, `go build -o stubborn ./cmd/stubborn`, and run `./stubborn list -addr …`"
+}
+
+// selfCommand is self of this process.
+func selfCommand() self {
+	exe, _ := os.Executable()
+	return selfOf(exe, os.Args[0])
+}
+
+// selfOf is self of a process whose executable is exe (os.Executable, ""
+// when unknown) and which was invoked as arg0 (os.Args[0]). go run builds
+// into a go-build temporary directory (…/go-build123/b001/exe/stubborn)
+// and deletes it afterwards: the binary's path is no use to the person.
+func selfOf(exe, arg0 string) self {
+	if exe != "" && filepath.Base(filepath.Dir(exe)) == "exe" && strings.Contains(exe, string(filepath.Separator)+"go-build") {
+		return self{cmd: "go run ./cmd/stubborn", goRun: true}
+	}
+	if arg0 == "" {
+		arg0 = "stubborn"
+	}
+	return self{cmd: shellQuote(arg0)}
+}
+
+// shellQuote quotes s for a POSIX shell when it needs quoting.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./+:@%,=") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -65,11 +66,13 @@ func TestDemoServesConsoleUntilInterrupted(t *testing.T) {
 	assert.Regexp(t, `A fifth run awaits your decision .*: http://\S+/#/runs/run_\S+`, out.String())
 	assert.Contains(t, out.String(), "(open it to follow the runs below live)")
 
-	// The -addr hint it prints works.
-	hint := regexp.MustCompile("Serving the console on \\S+ and the API on \\S+ \\(gRPC: `stubborn (list -addr \\S+)`\\)").FindStringSubmatch(out.String())
+	// The -addr hint it prints works, and starts with the command that runs
+	// this binary (a test binary: its path as invoked).
+	hint := regexp.MustCompile("Serving the console on \\S+, the front door \\(`curl [^`]+`\\) and the API on \\S+ \\(gRPC: `(\\S+) (list -addr \\S+)`\\)").FindStringSubmatch(out.String())
 	require.NotNil(t, hint, out.String())
+	assert.Equal(t, os.Args[0], hint[1])
 	var listed bytes.Buffer
-	code, err := run(ctx, strings.Fields(hint[1]), &listed)
+	code, err := run(ctx, strings.Fields(hint[2]), &listed)
 	require.NoError(t, err)
 	assert.Equal(t, 0, code)
 	assert.Equal(t, 5, strings.Count(listed.String(), "run_"), listed.String())
@@ -133,4 +136,33 @@ func TestDemoServesConsoleUntilInterrupted(t *testing.T) {
 		t.Fatal("the demo did not stop when interrupted")
 	}
 	assert.Contains(t, out.String(), "Stopping.")
+}
+
+// The demo's hints start with a command the person has: the go run form
+// for a go run build (whose binary is deleted when it exits), else the
+// binary as it was invoked.
+func TestDemoHintsACommandThePersonHas(t *testing.T) {
+	for _, c := range []struct {
+		exe, arg0, want string
+		goRun           bool
+	}{
+		{"/tmp/go-build2871/b001/exe/stubborn", "/tmp/go-build2871/b001/exe/stubborn", "go run ./cmd/stubborn", true},
+		{"/home/me/.cache/tmp/go-build99/b001/exe/stubborn", "stubborn", "go run ./cmd/stubborn", true},
+		{"/home/me/stubborn/stubborn", "./stubborn", "./stubborn", false},
+		{"/usr/local/bin/stubborn", "stubborn", "stubborn", false},
+		{"/opt/my tools/stubborn", "/opt/my tools/stubborn", "'/opt/my tools/stubborn'", false},
+		// A binary someone keeps under a directory named exe is not a go
+		// run build.
+		{"/srv/exe/stubborn", "/srv/exe/stubborn", "/srv/exe/stubborn", false},
+		{"", "", "stubborn", false},
+	} {
+		got := selfOf(c.exe, c.arg0)
+		assert.Equal(t, c.want, got.cmd, c.exe)
+		assert.Equal(t, c.goRun, got.goRun, c.exe)
+		if c.goRun {
+			assert.Contains(t, got.buildHint(), "`go build -o stubborn ./cmd/stubborn`")
+		} else {
+			assert.Empty(t, got.buildHint())
+		}
+	}
 }

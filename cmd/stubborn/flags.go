@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,10 +41,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return nil
 	}
 	if errors.Is(err, flag.ErrHelp) {
-		fs.SetOutput(stderr)
-		fmt.Fprintf(stderr, "Usage of stubborn %s:\n", fs.Name())
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
+		printFlags(stderr, fs)
 		return err
 	}
 	return flagError(fs, err)
@@ -77,4 +75,114 @@ func flagError(fs *flag.FlagSet, err error) error {
 		}
 	}
 	return err
+}
+
+// flagGroup is a heading of a command's -h, what it says, and its flags in
+// the order shown.
+type flagGroup struct {
+	title, about string
+	names        []string
+}
+
+// helpOf is, for the commands whose -h groups their flags by purpose, what
+// it says first and the groups; the other commands list their flags
+// alphabetically, as the flag package does.
+var helpOf = map[string]struct {
+	intro  string
+	groups []flagGroup
+}{
+	"serve": {
+		intro: `Usage: stubborn serve [flags]
+
+Serves the gRPC API on -listen and, with -http-listen, the web console, the HTTP API (Connect, gRPC-Web, JSON) and the
+model front doors (OpenAI's POST /v1/chat/completions, Anthropic's POST /v1/messages) on a second address. Runs are kept in
+an embedded NATS JetStream under -data-dir unless -nats-url or -memory says otherwise.`,
+		groups: []flagGroup{
+			{title: "Configuration", names: []string{"config", "watch-config"}},
+			{title: "Listening", names: []string{"listen", "http-listen", "reflection"}},
+			{title: "Store", about: "Where runs are kept, and how they are written.", names: []string{
+				"data-dir", "nats-url", "memory", "durability", "sync-period", "replicas", "lease", "write-retry", "output-flush-interval", "output-flush-bytes",
+			}},
+			{title: "Security", about: "TLS, and the hosts the HTTP listener answers; tenants and their tokens are in the config.", names: []string{
+				"tls-cert", "tls-key", "tls-client-ca", "insecure", "http-allowed-hosts",
+			}},
+			{title: "Observability", about: "Logs, metrics and profiles; traces and metrics also go where the OTEL_* environment says.", names: []string{
+				"log-level", "log-format", "log-flush", "metrics-listen", "pprof-listen",
+			}},
+			{title: "Limits", about: "How long and how much is kept; what a request may ask for is bounded by the config's limits.", names: []string{
+				"retention", "max-runs", "max-bytes", "idempotency-window",
+			}},
+			{title: "Upgrading", about: "Only while replicas of an older release share the store.", names: []string{
+				"claim-in-owners", "save-final-states",
+			}},
+		},
+	},
+	"run": {
+		intro: `Usage: stubborn run -control C -brief TEXT (-target D | -delegates D,D,...) [flags]
+
+Starts a run and prints its events as they happen; exit 0 only if it succeeded.`,
+		groups: []flagGroup{
+			{title: "The run", names: []string{"control", "target", "delegates", "brief", "request", "json", "idempotency-key", "metadata", "cancel-on-interrupt"}},
+			{title: "How many attempts", about: `The two count differently because each control keeps the contract it implements, as that contract is
+written: retry's attempts are the retries after the first try (-attempts 2: at most 3 calls), retry-with-learning's
+max_retries is every attempt, the first included (-max-retries 3: at most 3 calls). A run, a preset and an API call
+written against either contract mean what it says.`, names: []string{"attempts", "max-retries"}},
+			{title: "Retry's backoff", names: []string{"base-wait", "max-wait", "on-exhausted"}},
+			{title: "Race", names: []string{"hedge-delay"}},
+			{title: "Timeouts", names: []string{"run-timeout", "attempt-timeout", "first-output-timeout", "idle-timeout"}},
+			{title: "Connecting", names: []string{"addr", "wait"}},
+		},
+	},
+}
+
+// printFlags writes fs's flags to w: by group when helpOf has fs's
+// command (a flag no group names comes last, under Other, never lost),
+// else alphabetically.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	h, grouped := helpOf[fs.Name()]
+	if !grouped {
+		fmt.Fprintf(w, "Usage of stubborn %s:\n", fs.Name())
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+		return
+	}
+	fmt.Fprintln(w, h.intro)
+	shown := map[string]bool{}
+	groups := h.groups
+	var other []string
+	fs.VisitAll(func(f *flag.Flag) {
+		for _, g := range groups {
+			if slices.Contains(g.names, f.Name) {
+				return
+			}
+		}
+		other = append(other, f.Name)
+	})
+	if len(other) > 0 {
+		groups = append(groups[:len(groups):len(groups)], flagGroup{title: "Other", names: other})
+	}
+	for _, g := range groups {
+		fmt.Fprintf(w, "\n%s:\n", g.title)
+		if g.about != "" {
+			fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(g.about, "\n", "\n  "))
+		}
+		for _, name := range g.names {
+			if f := fs.Lookup(name); f != nil && !shown[name] {
+				shown[name] = true
+				printFlag(w, f)
+			}
+		}
+	}
+}
+
+// printFlag writes one flag as flag.PrintDefaults does, through a flag set
+// of that flag alone, so the wording of types and defaults stays the flag
+// package's.
+func printFlag(w io.Writer, f *flag.Flag) {
+	one := flag.NewFlagSet("", flag.ContinueOnError)
+	one.Var(f.Value, f.Name, f.Usage)
+	one.Lookup(f.Name).DefValue = f.DefValue // the default, not what flags before -h set
+	one.SetOutput(w)
+	one.PrintDefaults()
 }

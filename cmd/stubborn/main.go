@@ -26,23 +26,24 @@ import (
 	"github.com/stubbornhq/stubborn/telemetry"
 )
 
-const usage = `stubborn runs resilience controls over delegate gRPC services.
+const usage = `stubborn runs resilience controls over delegate gRPC services and models.
 
 Usage:
-  stubborn serve  [-config FILE] [-listen ADDR] [-http-listen ADDR [-http-allowed-hosts H,…]] [-tls-cert FILE -tls-key FILE [-tls-client-ca FILE]] [-insecure] [-reflection=false]
-                  [-data-dir DIR | -nats-url URL | -memory] ... [-log-level L] [-log-flush D] [-metrics-listen ADDR] [-pprof-listen ADDR]
-  stubborn run    [-addr ADDR] [-json] -control C -brief TEXT ...   (stubborn run -h)
+  stubborn serve  [-config FILE] [-listen ADDR] [-http-listen ADDR] [-data-dir DIR | -nats-url URL | -memory] ...
+                  the server; -http-listen adds the web console and the model front doors (stubborn serve -h: its flags by purpose)
+  stubborn run    -control C -brief TEXT (-target D | -delegates D,D,...) [-json] ...   start a run and print its events (stubborn run -h)
   stubborn watch  RUN_ID [-after SEQ] [-json]
-  stubborn get    RUN_ID
-  stubborn list   [-status STATUS] [-limit N]
-  stubborn cancel RUN_ID
-  stubborn decide RUN_ID retry|fail
-  stubborn delete RUN_ID [cancel]   forget a finished run now (cancel: cancel it first if it runs)
+  stubborn get    RUN_ID [-json]
+  stubborn list   [-status STATUS] [-limit N | -all] [-json]
+  stubborn cancel RUN_ID [-json]
+  stubborn decide RUN_ID retry|fail [-json]
+  stubborn delete RUN_ID [cancel] [-json]   forget a finished run now (cancel: cancel it first if it runs)
   stubborn registry [-json]   the delegates and presets the server lets you name (kind, health, idempotent, presets' specs)
-  stubborn delegates [-listen HOST:FIRST_PORT]   serve the demo delegates
-  stubborn demo   [-exit] [-http-listen ADDR]   a server, demo delegates, live runs and the web console in one process, until Ctrl-C (-exit: once the runs end)
+  stubborn delegates [-listen HOST:FIRST_PORT]   serve the demo delegates and fake models (the targets of stubborn.yaml)
+  stubborn demo   [-exit] [-http-listen ADDR] [-json]   a server, demo delegates, fake models, live runs, the web console and the front doors in one process, until Ctrl-C (-exit: once the runs end)
   stubborn token  [-hash]   a new bearer token and its SHA-256 for a tenant's token_sha256 (-hash: hash stdin's)
 
+-json prints protojson, one object a line (registry: one object), with the JSON names grpcurl and the HTTP API use.
 Clients (run, watch, get, list, cancel, decide, delete, registry) read STUBBORN_ADDR (the default of -addr), STUBBORN_TOKEN (a bearer token) and, for TLS,
 STUBBORN_TLS_CA, STUBBORN_TLS_SERVER_NAME, STUBBORN_TLS_CERT and STUBBORN_TLS_KEY from the environment. They wait up to -wait (10s) for a server
 that is starting; run and watch follow a run on across a server restart. Each command's flags: stubborn COMMAND -h.
@@ -98,9 +99,18 @@ func command(ctx context.Context, cmd string, rest []string, stdout io.Writer) (
 		fmt.Fprint(stdout, usage)
 		return 0, nil
 	}
-	fmt.Fprint(os.Stderr, usage)
-	return 2, fmt.Errorf("unknown command %q", cmd)
+	// A long argument is no mistyped command: not compared, and cut.
+	if len(cmd) > 64 {
+		return 2, fmt.Errorf("unknown command %q…: the commands are %s (`stubborn help` says what each does)", cmd[:64], strings.Join(commands, ", "))
+	}
+	if best := delegates.Closest(cmd, commands); best != "" {
+		return 2, fmt.Errorf("unknown command %q: did you mean %s?", cmd, best)
+	}
+	return 2, fmt.Errorf("unknown command %q: the commands are %s (`stubborn help` says what each does)", cmd, strings.Join(commands, ", "))
 }
+
+// commands are stubborn's commands, for a guess at a mistyped one.
+var commands = []string{"serve", "run", "watch", "get", "list", "cancel", "decide", "delete", "registry", "delegates", "demo", "token", "help"}
 
 // newLogger returns serve's logger on stderr; with flushEvery > 0 through
 // a logBuffer (returned, to Close), else writing each record at once.
@@ -168,7 +178,7 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 	logFlush := fs.Duration("log-flush", 100*time.Millisecond, "how long info and debug log lines may wait to be written out together (warnings and errors are written at once); 0 writes each line at once")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error (debug adds error messages and failure reasons, which may quote briefs and results)")
 	metricsListen := fs.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (none when empty)")
-	httpListen := fs.String("http-listen", "", "address to serve the API over HTTP on, for browsers and curl: Connect, gRPC-Web and JSON (none when empty); TLS and loopback rules as -listen")
+	httpListen := fs.String("http-listen", "", "address to serve the web console, the model front doors (POST /v1/chat/completions, /v1/messages) and the API over HTTP on (Connect, gRPC-Web and JSON, for browsers and curl); none when empty; TLS and loopback rules as -listen")
 	httpAllowedHosts := fs.String("http-allowed-hosts", "", "comma-separated hosts (names or addresses, each with an optional :port) whose Host the -http-listen listener answers besides loopback (localhost, 127.0.0.0/8, ::1) and its own address; any other Host is refused (421), against DNS rebinding")
 	pprofListen := fs.String("pprof-listen", "", "address to serve Go's profiles on, at /debug/pprof/ (net/http/pprof; none when empty); no authentication; TLS and loopback rules as -listen")
 	c := &serveConfig{}

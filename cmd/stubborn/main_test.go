@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -46,7 +47,7 @@ func TestDemoRunsEndToEnd(t *testing.T) {
 	text := out.String()
 	assert.Regexp(t, `^Console: http://127\.0\.0\.1:\d+/ \(up only while the runs below play`, text, "the console's URL comes first; with -exit, no invitation to open it")
 	assert.NotContains(t, text, "open it")
-	assert.Regexp(t, "API on (127\\.0\\.0\\.1:\\d+) \\(gRPC: from another shell, `stubborn list -addr 127\\.0\\.0\\.1:\\d+`\\)", text)
+	assert.Regexp(t, "API on (127\\.0\\.0\\.1:\\d+) \\(gRPC: from another shell, `"+regexp.QuoteMeta(os.Args[0])+" list -addr 127\\.0\\.0\\.1:\\d+`\\)", text)
 	for _, want := range []string{
 		"attempt 1 ← down: SKIPPED",
 		"attempt 3 ← search-backup: ERROR",
