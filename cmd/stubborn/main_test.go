@@ -322,3 +322,30 @@ func TestAToolCallAnswerIsPrintedAsItsCalls(t *testing.T) {
 	printState(&b, &stubbornv1.ControlState{RunId: "r", Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, Result: calls}, true)
 	assert.Contains(t, b.String(), `get_weather`)
 }
+
+// TestPrintStreamsToolCalls: a model's tool calls stream in the attempt's
+// block as they come — a line "→ name " per call, then its arguments — once
+// each (a piece sent again is not printed again); other choices' deltas
+// are left to the answer.
+func TestPrintStreamsToolCalls(t *testing.T) {
+	var evs streamEvents
+	evs.add("", &stubbornv1.AttemptStarted{Attempt: &stubbornv1.Attempt{Number: 1, Delegate: "model", Brief: "weather?"}})
+	call := func(choice, index int32, offset int64, id, name, args string) *stubbornv1.OutputDelta {
+		return &stubbornv1.OutputDelta{Choice: choice, Offset: offset, Kind: &stubbornv1.OutputDelta_ToolCall{ToolCall: &stubbornv1.ToolCallDelta{Index: index, Id: id, Name: name, Arguments: args}}}
+	}
+	evs.add("", &stubbornv1.AttemptOutput{Attempt: 1, Text: "Let me look.", Deltas: []*stubbornv1.OutputDelta{call(0, 0, 0, "c1", "get_weather", `{"ci`)}})
+	evs.add("", &stubbornv1.AttemptOutput{Attempt: 1, Deltas: []*stubbornv1.OutputDelta{call(0, 0, 4, "", "", `ty":"Paris"}`)}})
+	evs.add("", &stubbornv1.AttemptOutput{Attempt: 1, Deltas: []*stubbornv1.OutputDelta{call(0, 0, 4, "", "", `ty":"Paris"}`)}}) // again
+	evs.add("", &stubbornv1.AttemptOutput{Attempt: 1, Deltas: []*stubbornv1.OutputDelta{call(1, 0, 0, "c9", "other_choice", `{}`), call(0, 1, 0, "c2", "get_time", `{}`)}})
+
+	var out bytes.Buffer
+	p := printer{w: &out}
+	for _, ev := range evs {
+		p.event(ev)
+	}
+	assert.Equal(t, ""+
+		"  1 "+at(1)+" attempt 1 → model: brief \"weather?\"\n"+
+		"      attempt 1 │ Let me look.\n"+
+		"                │ → get_weather {\"city\":\"Paris\"}\n"+
+		"                │ → get_time {}", out.String())
+}

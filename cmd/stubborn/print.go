@@ -57,6 +57,9 @@ type attemptText struct {
 	// another block, another event, or text never seen), so it begins
 	// with "…".
 	resumed bool
+	// calls is the bytes of each tool call's arguments printed (choice
+	// 0's, by call index); a call is in it once its name is printed.
+	calls map[int32]int64
 }
 
 // outputKey names an attempt of a run's own control or of a nested one.
@@ -258,22 +261,60 @@ func (p *printer) output(path string, o *stubbornv1.AttemptOutput) {
 		p.outputs[key] = t
 	}
 	text, off := o.GetText(), o.GetOffset()
-	end := off + int64(len(text))
-	if end <= t.printed {
-		return // all of it printed before
-	}
-	switch {
-	case off < t.printed:
-		text = text[t.printed-off:]
-	case off > t.printed:
-		// Text before this piece was never seen here (a watch from -after
-		// in the middle of an answer).
-		if p.block == key {
-			p.endOutput()
+	if end := off + int64(len(text)); end > t.printed {
+		switch {
+		case off < t.printed:
+			text = text[t.printed-off:]
+		case off > t.printed:
+			// Text before this piece was never seen here (a watch from
+			// -after in the middle of an answer).
+			if p.block == key {
+				p.endOutput()
+			}
+			t.resumed = true
 		}
-		t.resumed = true
+		t.printed = end
+		p.write(key, path, o, t, text)
 	}
-	t.printed = end
+	// The tool calls the first choice makes, as they stream: a line
+	// "→ name " per call, then its arguments as they come (the other
+	// choices are in the run's answer: stubborn get).
+	for _, d := range o.GetDeltas() {
+		tc := d.GetToolCall()
+		if tc == nil || d.GetChoice() != 0 {
+			continue
+		}
+		if t.calls == nil {
+			t.calls = map[int32]int64{}
+		}
+		printed, started := t.calls[tc.GetIndex()]
+		var piece string
+		if !started {
+			if tc.GetName() == "" {
+				continue // its name comes first; a watch that joined late sees it in the answer
+			}
+			piece = "\n→ " + tc.GetName() + " "
+		}
+		args, off := tc.GetArguments(), d.GetOffset()
+		end := off + int64(len(args))
+		switch {
+		case end <= printed:
+			args = ""
+		case off < printed:
+			args = args[printed-off:]
+		case off > printed:
+			args = "…" + args
+		}
+		t.calls[tc.GetIndex()] = max(printed, end)
+		p.write(key, path, o, t, piece+args)
+	}
+}
+
+// write prints text in the attempt's block, line by line.
+func (p *printer) write(key, path string, o *stubbornv1.AttemptOutput, t *attemptText, text string) {
+	if text == "" {
+		return
+	}
 	if p.block != key {
 		p.endOutput()
 	}
