@@ -59,7 +59,7 @@ func TestConsoleTimelineLongWait(t *testing.T) {
 		b.clickUntil("clicking bar "+n, attemptSel+`[data-attempt="`+n+`"]`,
 			q(`[data-testid=attempt-detail][data-attempt="`+n+`"].selected`))
 	}
-	b.screenshot("console-long-wait.png")
+	b.screenshot("console-timeline-cut.png")
 
 	// Decided, the run ends; its timeline, drawn from its end, reads the same.
 	if _, err := s.client.DecideRun(ctx, &stubbornv1.DecideRunRequest{RunId: id, Decision: stubbornv1.Decision_DECISION_FAIL}); err != nil {
