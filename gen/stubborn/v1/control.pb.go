@@ -844,7 +844,8 @@ type DelegateHealth int32
 
 const (
 	// Not asked yet (health is asked before a fallback chain or a race
-	// calls the delegate), or too long ago.
+	// calls the delegate), or too long ago: last_call_time, last_call_code
+	// and failing_since say what its calls did.
 	DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED DelegateHealth = 0
 	// It said it serves, or has no health check of its own (a gRPC
 	// delegate without grpc.health.v1, an HTTP kind without health_url).

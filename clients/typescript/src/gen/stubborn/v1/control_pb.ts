@@ -3295,7 +3295,8 @@ export const BreakerStateSchema: GenEnum<BreakerState> = /*@__PURE__*/
 export enum DelegateHealth {
   /**
    * Not asked yet (health is asked before a fallback chain or a race
-   * calls the delegate), or too long ago.
+   * calls the delegate), or too long ago: last_call_time, last_call_code
+   * and failing_since say what its calls did.
    *
    * @generated from enum value: DELEGATE_HEALTH_UNSPECIFIED = 0;
    */
