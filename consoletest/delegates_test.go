@@ -3,6 +3,7 @@
 package consoletest
 
 import (
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -102,6 +103,88 @@ func TestConsoleDelegatesPage(t *testing.T) {
 		t.Errorf("the page was loaded %d times, want %d (live updates, no reload)", w.Loads, loads)
 	}
 	b.screenshot("console-delegates.png")
+	if ex := b.log.Exceptions(); len(ex) > 0 {
+		t.Errorf("uncaught exceptions: %q", ex)
+	}
+}
+
+// A delegate that no health check asked (a retry asks none) shows what its
+// calls did, not "Not checked yet": one whose calls are refused is failing
+// since its first failure, with the last error; one whose call succeeded
+// is OK; one never called has no calls yet.
+func TestConsoleDelegatesHealthFromCalls(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := lis.Addr().String()
+	_ = lis.Close() // nobody listens: connection refused
+	s := startServer(t, setup{
+		delegates: map[string]stubbornv1.DelegateServiceServer{"echo": demo.Echo{}, "idle": demo.Echo{}},
+		configure: func(c *delegates.Config) {
+			c.Delegates = append(c.Delegates, delegates.Delegate{Name: "unreachable", Target: closed, Idempotent: true, Timeout: delegates.Duration(time.Minute)})
+		},
+	})
+	ctx := testCtx(t)
+	run := func(target string, want stubbornv1.RunStatus) {
+		t.Helper()
+		res, err := s.client.StartRun(ctx, &stubbornv1.StartRunRequest{TaskBrief: "call " + target, Retry: &stubbornv1.RetrySpec{
+			Target: target, Attempts: new(int32), OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL,
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.waitStatus(t, ctx, res.GetRunId(), want, 10*time.Second)
+	}
+	b := newBrowser(t)
+	row := func(name string) string { return `[data-testid=delegate-row][data-delegate=` + name + `]` }
+	b.do("opening the delegates page", 30*time.Second,
+		chromedp.Navigate(s.url+"/#/delegates"),
+		chromedp.WaitVisible(chromedp.CSS(row("unreachable"))))
+	for _, name := range []string{"unreachable", "echo", "idle"} {
+		if got := eval[string](b, q(row(name)+` [data-testid=health]`)+`.textContent`); got != "No calls yet" {
+			t.Errorf("%s's health reads %q before any call, want No calls yet", name, got)
+		}
+	}
+
+	for range 3 {
+		run("unreachable", stubbornv1.RunStatus_RUN_STATUS_FAILED)
+	}
+	run("echo", stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED)
+
+	b.waitJS("unreachable failing", q(row("unreachable")+` [data-testid=calls][data-state=failing]`), 10*time.Second)
+	b.waitJS("echo ok", q(row("echo")+` [data-testid=calls][data-state=ok]`), 10*time.Second)
+	if got := eval[string](b, q(row("unreachable")+` [data-testid=health]`)+`.textContent`); got != "Failing" {
+		t.Errorf("unreachable's health reads %q, want Failing", got)
+	}
+	if n := eval[int](b, qa(row("unreachable")+` [data-testid=failure]`)+`.length`); n != 3 {
+		t.Errorf("unreachable lists %d failures, want 3", n)
+	}
+	// Failing since the oldest of its three failures, as the page shows it.
+	since := eval[string](b, q(row("unreachable")+` [data-testid=failing-since]`)+`.getAttribute('datetime')`)
+	oldest := eval[string](b, qa(row("unreachable")+` [data-testid=failure] time`)+`.at(-1).getAttribute('datetime')`)
+	if since == "" || since != oldest {
+		t.Errorf("unreachable failing since %q, want its first failure's time %q", since, oldest)
+	}
+	calls := eval[string](b, q(row("unreachable")+` [data-testid=calls]`)+`.textContent`)
+	for _, want := range []string{"Failing since ", "ago", "UNAVAILABLE", "connection refused"} {
+		if !strings.Contains(calls, want) {
+			t.Errorf("unreachable's calls read %q, want %q in it", calls, want)
+		}
+	}
+	if got := eval[string](b, q(row("echo")+` [data-testid=health]`)+`.textContent`); got != "OK" {
+		t.Errorf("echo's health reads %q, want OK", got)
+	}
+	if got := eval[string](b, q(row("echo")+` [data-testid=calls]`)+`.textContent`); !strings.HasPrefix(got, "Last call ok, ") || !strings.HasSuffix(got, " ago") {
+		t.Errorf("echo's calls read %q, want Last call ok, … ago", got)
+	}
+	if got := eval[string](b, q(row("idle")+` [data-testid=health]`)+`.textContent`); got != "No calls yet" {
+		t.Errorf("idle's health reads %q, want No calls yet", got)
+	}
+	if n := eval[int](b, qa(`[data-testid=health]`)+`.filter(e => e.textContent === 'Not checked yet').length`); n != 0 {
+		t.Errorf("%d delegates read Not checked yet", n)
+	}
+	b.screenshot("console-delegates-calls.png")
 	if ex := b.log.Exceptions(); len(ex) > 0 {
 		t.Errorf("uncaught exceptions: %q", ex)
 	}

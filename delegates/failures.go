@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -16,6 +17,12 @@ import (
 // MaxRecentFailures is how many failed calls Failures keeps per delegate.
 const MaxRecentFailures = 10
 
+// MaxCallTenants is how many tenants' latest call Failures keeps per
+// delegate: tenants come from the config, but reloads may bring new ones
+// while the record lives on; past it, the tenant whose call is oldest is
+// forgotten.
+const MaxCallTenants = 256
+
 // FailureMessageBytes is how much of a failure's message Failures keeps
 // (controls.Cut).
 const FailureMessageBytes = 300
@@ -26,12 +33,39 @@ const FailureMessageBytes = 300
 // across config reloads, like Guards. A failure is a call that ended in
 // an error while its run went on: a call whose run ended (cancelled, past
 // its deadline, a race's loser) and a call Stubborn refused are not the
-// delegate's failures.
+// delegate's failures. It also keeps, per delegate and tenant, what the
+// latest such call did and since when calls have been failing
+// (DelegateDescription.last_call_time, failing_since): what stands in
+// for health for a delegate nobody health-checks.
 type Failures struct {
 	clock controls.Clock
 
 	mu     sync.Mutex
 	byName map[string]*failureRing
+	// calls is each delegate's latest call per tenant, guarded by mu.
+	calls map[string]map[string]*callState
+}
+
+// callState is what a tenant's runs' latest call to a delegate did.
+type callState struct {
+	at   time.Time  // when it ended
+	code codes.Code // codes.OK when it succeeded
+	// okAt is when the latest successful call ended (zero: none yet);
+	// failingSince when the first failed call after it ended (zero unless
+	// the latest call failed).
+	okAt, failingSince time.Time
+}
+
+// LastCall is what the latest call to a delegate did, of the runs of the
+// tenants asked about.
+type LastCall struct {
+	// At is when it ended; zero when there was none.
+	At time.Time
+	// Code is codes.OK when it succeeded.
+	Code codes.Code
+	// FailingSince is when the first failed call after the latest
+	// successful one ended, when the latest call failed; else zero.
+	FailingSince time.Time
 }
 
 // failureRing holds a delegate's latest failures; next is where the next
@@ -54,7 +88,7 @@ func NewFailures(clock controls.Clock) *Failures {
 	if clock == nil {
 		clock = controls.RealClock{}
 	}
-	return &Failures{clock: clock, byName: map[string]*failureRing{}}
+	return &Failures{clock: clock, byName: map[string]*failureRing{}, calls: map[string]map[string]*callState{}}
 }
 
 // Record returns d, keeping the failures of the calls made through it,
@@ -71,10 +105,51 @@ type recordFailures struct {
 
 func (r recordFailures) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
 	res, err := r.Delegates.Call(ctx, c)
-	if err != nil && ctx.Err() == nil {
+	if ctx.Err() != nil {
+		return res, err
+	}
+	if err != nil {
 		r.f.add(r.tenantOf(ctx), c, err)
+	} else {
+		r.f.succeeded(r.tenantOf(ctx), c.Delegate)
 	}
 	return res, err
+}
+
+// succeeded keeps that a call of a run of tenant to delegate succeeded.
+func (f *Failures) succeeded(tenant, delegate string) {
+	now := f.clock.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s := f.callState(tenant, delegate)
+	*s = callState{at: now, code: codes.OK, okAt: now}
+}
+
+// callState returns tenant's state of delegate's calls, making room for
+// it (f.mu held).
+func (f *Failures) callState(tenant, delegate string) *callState {
+	byTenant := f.calls[delegate]
+	if byTenant == nil {
+		byTenant = map[string]*callState{}
+		f.calls[delegate] = byTenant
+	}
+	s := byTenant[tenant]
+	if s != nil {
+		return s
+	}
+	if len(byTenant) >= MaxCallTenants {
+		var oldest string
+		var at time.Time
+		for t, st := range byTenant {
+			if at.IsZero() || st.at.Before(at) {
+				oldest, at = t, st.at
+			}
+		}
+		delete(byTenant, oldest)
+	}
+	s = &callState{}
+	byTenant[tenant] = s
+	return s
 }
 
 // add keeps call c's failure err, of a run of tenant, unless Stubborn
@@ -88,8 +163,9 @@ func (f *Failures) add(tenant string, c controls.Call, err error) {
 		}
 		code = ce.Code
 	}
+	now := f.clock.Now()
 	rec := &stubbornv1.DelegateFailure{
-		Time:    timestamppb.New(f.clock.Now()),
+		Time:    timestamppb.New(now),
 		Code:    int32(code),
 		Message: controls.Cut(controls.Message(err), FailureMessageBytes),
 		RunId:   c.RunID,
@@ -97,6 +173,11 @@ func (f *Failures) add(tenant string, c controls.Call, err error) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	s := f.callState(tenant, c.Delegate)
+	if s.at.IsZero() || s.code == codes.OK {
+		s.failingSince = now
+	}
+	s.at, s.code = now, code
 	ring := f.byName[c.Delegate]
 	if ring == nil {
 		ring = &failureRing{}
@@ -129,4 +210,39 @@ func (f *Failures) Recent(name string, tenants []string) []*stubbornv1.DelegateF
 		}
 	}
 	return out
+}
+
+// Last returns what the latest call to the delegate of runs of tenants
+// did. Over several tenants, the latest call is the latest of any, and
+// calls are failing since the first failure after the latest success of
+// any: when their calls interleave, that is no earlier than the others'
+// latest success (which falls between two of the failing tenant's calls).
+func (f *Failures) Last(name string, tenants []string) LastCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var latest *callState
+	var okAt time.Time
+	for _, t := range tenants {
+		s := f.calls[name][t]
+		if s == nil {
+			continue
+		}
+		if latest == nil || s.at.After(latest.at) {
+			latest = s
+		}
+		if s.okAt.After(okAt) {
+			okAt = s.okAt
+		}
+	}
+	if latest == nil {
+		return LastCall{}
+	}
+	l := LastCall{At: latest.at, Code: latest.code}
+	if latest.code != codes.OK {
+		l.FailingSince = latest.failingSince
+		if okAt.After(l.FailingSince) {
+			l.FailingSince = okAt
+		}
+	}
+	return l
 }

@@ -355,6 +355,15 @@ func (p *Pool) RecentFailures(name string, tenants []string) []*stubbornv1.Deleg
 	return p.failures.Recent(name, tenants)
 }
 
+// LastCall returns what the latest call to the delegate of runs of
+// tenants did (when the pool keeps it: PoolOptions.Failures).
+func (p *Pool) LastCall(name string, tenants []string) LastCall {
+	if p.failures == nil {
+		return LastCall{}
+	}
+	return p.failures.Last(name, tenants)
+}
+
 // HealthSeenFor is how long ListDelegates reports a health answer as seen.
 const HealthSeenFor = 5 * time.Minute
 

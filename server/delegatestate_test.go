@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -185,4 +186,71 @@ func TestADelegatesRecentFailuresAreItsCallersOwn(t *testing.T) {
 	require.Len(t, got, 1)
 	assert.Equal(t, runID, got[0].GetRunId())
 	assert.Empty(t, failuresOf(tokenB), "b sees none of a's runs' failures")
+}
+
+// ListDelegates over gRPC says what a delegate's latest call did, for a
+// delegate that no health check ever asked: nothing before a call; the
+// latest call's time and code, and since when its calls fail (the first
+// failure after the latest success); OK once one succeeds, and failing
+// again from the next failure. Another tenant sees none of it.
+func TestListDelegatesSaysWhatTheLatestCallDid(t *testing.T) {
+	clock := controlstest.NewClock()
+	var failing atomic.Bool
+	flaky := demo.NewScripted(func(context.Context, *stubbornv1.ExecuteRequest) (*stubbornv1.ExecuteResponse, error) {
+		if failing.Load() {
+			return nil, status.Error(codes.Unavailable, "flaky: connection refused")
+		}
+		return &stubbornv1.ExecuteResponse{Result: &stubbornv1.Result{Text: "ok"}}, nil
+	})
+	e := startWith(t, setup{clock: clock, extra: map[string]stubbornv1.DelegateServiceServer{"flaky": flaky},
+		tenants: twoTenants(delegates.Limits{}, delegates.Limits{})})
+	ctx := as(testCtx(t), tokenA)
+	run := func() {
+		t.Helper()
+		res, err := e.client.StartRun(ctx, &stubbornv1.StartRunRequest{TaskBrief: "call", Retry: &stubbornv1.RetrySpec{
+			Target: "flaky", Attempts: new(int32), OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL,
+		}})
+		require.NoError(t, err)
+		runToEnd(t, ctx, e.client, res.GetRunId())
+		_ = clock.Sleep(ctx, time.Minute)
+	}
+
+	d := describeDelegate(t, ctx, e.client, "flaky")
+	require.Equal(t, stubbornv1.DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED, d.GetHealth(), "a retry asks no health")
+	assert.Nil(t, d.GetLastCallTime(), "no call yet")
+	assert.Nil(t, d.GetFailingSince(), "no call yet")
+
+	failing.Store(true)
+	run()
+	run()
+	d = describeDelegate(t, ctx, e.client, "flaky")
+	fails := d.GetRecentFailures()
+	require.Len(t, fails, 2)
+	require.NotNil(t, d.GetLastCallTime())
+	assert.Equal(t, fails[0].GetTime().AsTime(), d.GetLastCallTime().AsTime(), "the latest call is the latest failure")
+	assert.EqualValues(t, codes.Unavailable, d.GetLastCallCode())
+	require.NotNil(t, d.GetFailingSince())
+	assert.Equal(t, fails[1].GetTime().AsTime(), d.GetFailingSince().AsTime(), "failing since the first failure")
+	assert.Equal(t, "flaky: connection refused", fails[0].GetMessage())
+
+	failing.Store(false)
+	before := clock.Now()
+	run()
+	d = describeDelegate(t, ctx, e.client, "flaky")
+	require.NotNil(t, d.GetLastCallTime())
+	assert.False(t, d.GetLastCallTime().AsTime().Before(before), "the success is the latest call")
+	assert.EqualValues(t, codes.OK, d.GetLastCallCode())
+	assert.Nil(t, d.GetFailingSince(), "it succeeded")
+
+	failing.Store(true)
+	run()
+	d = describeDelegate(t, ctx, e.client, "flaky")
+	require.NotNil(t, d.GetFailingSince())
+	assert.Equal(t, d.GetRecentFailures()[0].GetTime().AsTime(), d.GetFailingSince().AsTime(), "failing again since the new failure")
+	assert.Equal(t, d.GetLastCallTime().AsTime(), d.GetFailingSince().AsTime())
+
+	b := describeDelegate(t, as(testCtx(t), tokenB), e.client, "flaky")
+	assert.Nil(t, b.GetLastCallTime(), "b's runs made no call")
+	assert.Nil(t, b.GetFailingSince())
+	assert.Empty(t, b.GetRecentFailures())
 }

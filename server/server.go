@@ -539,7 +539,8 @@ func toStatus(err error) error {
 }
 
 // ListDelegates lists the delegates and presets ctx's tenant may name,
-// each delegate with the recent failures of ctx's tenant's runs.
+// each delegate with the recent failures and the latest call of ctx's
+// tenant's runs.
 func (s *Service) ListDelegates(ctx context.Context, _ *stubbornv1.ListDelegatesRequest) (*stubbornv1.ListDelegatesResponse, error) {
 	resp := &stubbornv1.ListDelegatesResponse{ServerTime: timestamppb.New(s.runs.Now())}
 	reg := s.regs.current()
@@ -554,6 +555,15 @@ func (s *Service) ListDelegates(ctx context.Context, _ *stubbornv1.ListDelegates
 				// The caller's own runs' failures: another tenant's run
 				// ids and messages are not its business.
 				d.RecentFailures = reg.pool.RecentFailures(d.GetName(), runs.Owners(ctx))
+				// What its calls did, for a delegate with no health
+				// answer to show.
+				if last := reg.pool.LastCall(d.GetName(), runs.Owners(ctx)); !last.At.IsZero() {
+					d.LastCallTime = timestamppb.New(last.At)
+					d.LastCallCode = int32(last.Code)
+					if !last.FailingSince.IsZero() {
+						d.FailingSince = timestamppb.New(last.FailingSince)
+					}
+				}
 			}
 			resp.Delegates = append(resp.Delegates, d)
 		}

@@ -1,6 +1,8 @@
 // The delegates page: every delegate and preset the caller may use
 // (ListDelegates, polled every 2s): each delegate's health, circuit
-// breaker (and until when it stays open, and why), calls in flight
+// breaker (and until when it stays open, and why), what its latest call
+// did (ok, failing since when, or none yet: all a delegate without a
+// health check has to show for health), calls in flight
 // against its bulkhead, its rate use over the last minute, and its latest
 // failed calls, all as this server sees them.
 
@@ -68,7 +70,9 @@ export function delegatesPage(): Page {
     const cell = (...c: (Node | string | null)[]) => h("td", null, ...c);
     const decl = [d.kind, d.idempotent ? "idempotent" : "", d.readOnly ? "read-only" : "",
       d.timeout && durMs(d.timeout) > 0 ? "timeout " + fmtMs(durMs(d.timeout)) : ""].filter(Boolean).join(" · ");
-    const [hw, hc] = healthWords[d.health] ?? ["Not checked yet", "none"];
+    // Health: the health check's answer, else what its calls did.
+    const calls = lastCalls(d, ages);
+    const [hw, hc] = healthWords[d.health] ?? calls.words;
 
     // The breaker: its state, until when it stays open, why it last opened.
     let until: Row["until"];
@@ -108,12 +112,46 @@ export function delegatesPage(): Page {
 
     const tr = h("tr", { "data-testid": "delegate-row", "data-delegate": d.name },
       h("th", { scope: "row" }, h("span", { class: "name" }, d.name), h("div", { class: "decl" }, decl)),
-      cell(h("span", { class: "health h-" + hc, "data-testid": "health" }, hw)),
+      cell(h("span", { class: "health h-" + hc, "data-testid": "health" }, hw),
+        // "No calls yet" once is enough.
+        healthWords[d.health] || calls.el.dataset.state !== "none" ? calls.el : null),
       cell(...breaker),
       h("td", { class: "num", "data-testid": "in-flight" }, inFlight),
       cell(...rate),
       cell(failures));
     return { tr, key: toJsonString(DelegateDescriptionSchema, d), until, ages };
+  }
+
+  // lastCalls says what the delegate's latest call did: when it
+  // succeeded, or since when calls fail and with what error (the latest
+  // failure's), or that none was made yet; and the health badge's words
+  // for a delegate with no health answer.
+  function lastCalls(d: DelegateDescription, ages: Row["ages"]): { el: HTMLElement; words: [string, string] } {
+    const at = tsMs(d.lastCallTime);
+    if (at === undefined) {
+      return { el: h("div", { class: "calls", "data-testid": "calls", "data-state": "none" }, "No calls yet"), words: ["No calls yet", "none"] };
+    }
+    const ago = (t: number) => {
+      const el = h("time", { datetime: isoTime(t), title: fmtTime(t) });
+      ages.push({ el, at: t });
+      return el;
+    };
+    if (d.lastCallCode === 0) {
+      return {
+        el: h("div", { class: "calls", "data-testid": "calls", "data-state": "ok" }, "Last call ok, ", ago(at)),
+        words: ["OK", "ok"],
+      };
+    }
+    const since = tsMs(d.failingSince) ?? at;
+    const last = d.recentFailures[0];
+    const code = codes[d.lastCallCode] ?? String(d.lastCallCode);
+    return {
+      el: h("div", { class: "calls", "data-testid": "calls", "data-state": "failing" },
+        "Failing since ", h("time", { datetime: isoTime(since), "data-testid": "failing-since" }, fmtTime(since)), " (", ago(since), ")",
+        h("div", { class: "last-error", "data-testid": "last-error" }, h("span", { class: "code" }, code),
+          last && tsMs(last.time) === at ? " " + last.message : "")),
+      words: ["Failing", "bad"],
+    };
   }
 
   function failure(f: DelegateFailure, ages: Row["ages"]): HTMLElement {

@@ -7,6 +7,13 @@
 // writes one property per moving element, and a new event adds an element
 // without laying out the others again.
 //
+// A long stretch with no attempt in flight (a 20 s wait for a decision, a
+// long backoff) would squeeze attempts of a few milliseconds into a sliver:
+// such a stretch is cut, drawn a fixed share of the rest's width and marked
+// on the axis with its length, so the attempts keep the width. Attempts
+// that would still overlap on a lane (a retry at once) are stacked on rows
+// of the lane, so each bar can be read and clicked.
+//
 // Beside it, the attempts as a list: outcome, who judged a failure (error,
 // judge, CEL, health), why, the analyst's advice, what each brief added to
 // the one before (retry-with-learning's failure history), and the text an
@@ -133,6 +140,23 @@ export function stalled(a: Attempt, f?: FailureRecord): boolean {
   return !!f && /(^|: )stalled:/.test(f.reason);
 }
 
+// A cut is a stretch [from, to] of the run, in ms on the server's clock,
+// with no attempt in flight, drawn shorter than its length.
+interface Cut {
+  from: number;
+  to: number;
+}
+
+// A stretch is cut when it lasts at least cutMinMs and longer than all the
+// rest of the timeline left uncut (it would take over half the width).
+const cutMinMs = 1000;
+// Each cut is drawn cutShare of the uncut time wide.
+const cutShare = 0.2;
+// At most maxCuts stretches are cut, the longest.
+const maxCuts = 20;
+// At most maxRows rows a lane: past them, bars overlap again.
+const maxRows = 4;
+
 interface Span {
   el: HTMLElement;
   start: number;
@@ -210,7 +234,16 @@ export class Timeline {
   private ticksKey = "";
   private t0: number;
   private endMs?: number;
+  // span is the axis' length as drawn: the run's time less the cuts'.
   private span = 1;
+  private cuts: Cut[] = [];
+  // cutShown is how long each cut is drawn, in the axis' ms.
+  private cutShown = 0;
+  private cutsKey = "";
+  // cutMarks are the axis' marks of the cuts; the last one's label grows
+  // while its stretch goes on.
+  private cutMarks: { el: HTMLElement }[] = [];
+  private rowsKey = "";
 
   constructor(t0: number) {
     this.t0 = t0;
@@ -246,9 +279,61 @@ export class Timeline {
     return l;
   }
 
+  // x is where time t is drawn on the axis, in ms from its start with the
+  // cuts drawn cutShown long.
+  private x(t: number): number {
+    let d = t - this.t0;
+    for (const c of this.cuts) {
+      if (t <= c.from) break;
+      const len = c.to - c.from;
+      if (t >= c.to) {
+        d -= len - this.cutShown;
+      } else {
+        d -= (t - c.from) * (1 - this.cutShown / len);
+        break;
+      }
+    }
+    return Math.max(0, d);
+  }
+
   private place(el: HTMLElement, start: number, end: number): void {
-    el.style.setProperty("--s", String(Math.max(0, start - this.t0)));
-    el.style.setProperty("--d", String(Math.max(0, end - start)));
+    const s = this.x(start);
+    el.style.setProperty("--s", String(s));
+    el.style.setProperty("--d", String(Math.max(0, this.x(end) - s)));
+  }
+
+  // layout picks the stretches to cut, from the run's start to end, and
+  // places everything again when they changed.
+  private layout(end: number, now: number): void {
+    const busy = [...this.attempts.values()].map((v) => [v.start, v.end ?? Math.max(now, v.start)]).sort((a, b) => a[0] - b[0]);
+    const gaps: Cut[] = [];
+    let at = this.t0;
+    for (const [s, e] of busy) {
+      if (s > at) gaps.push({ from: at, to: s });
+      if (e > at) at = e;
+    }
+    if (busy.length && end > at) gaps.push({ from: at, to: end });
+    // Longest first: once one is not longer than the rest, no shorter one is.
+    gaps.sort((a, b) => (b.to - b.from) - (a.to - a.from));
+    let uncut = Math.max(0, end - this.t0);
+    const cuts: Cut[] = [];
+    for (const g of gaps) {
+      const len = g.to - g.from;
+      if (cuts.length >= maxCuts || len < cutMinMs || len <= uncut - len) break;
+      cuts.push(g);
+      uncut -= len;
+    }
+    cuts.sort((a, b) => a.from - b.from);
+    this.cuts = cuts;
+    this.cutShown = cuts.length ? Math.max(1, uncut) * cutShare : 0;
+    this.span = Math.max(1, uncut + cuts.length * this.cutShown);
+    // A stretch going on (to the axis' end) keeps its key as it grows:
+    // what lies before it does not move.
+    const key = cuts.map((c) => c.from + "-" + (c.to === end && this.endMs === undefined ? "now" : c.to)).join(",") + "/" + this.cutShown;
+    if (key === this.cutsKey) return;
+    this.cutsKey = key;
+    for (const v of this.attempts.values()) if (v.end !== undefined) this.place(v.bar, v.start, v.end);
+    for (const s of this.spans) if (s.end !== undefined) this.place(s.el, s.start, s.end);
   }
 
   attemptStarted(a: Attempt, evTime: number): void {
@@ -512,31 +597,34 @@ export class Timeline {
     let end = this.endMs ?? now;
     if (this.endMs === undefined) {
       for (const s of this.spans) if (s.until && s.until > end) end = s.until;
+      for (const v of this.attempts.values()) if (v.end === undefined && v.start > end) end = v.start;
     }
+    this.layout(end, now);
     for (const v of this.attempts.values()) {
-      if (v.end === undefined) {
-        const e = this.endMs ?? Math.max(now, v.start);
-        v.bar.style.setProperty("--d", String(Math.max(0, e - v.start)));
-        if (this.endMs === undefined && e > end) end = e;
-      }
+      if (v.end === undefined) this.place(v.bar, v.start, this.endMs ?? Math.max(now, v.start));
     }
     for (const s of this.spans) {
-      if (s.end === undefined) s.el.style.setProperty("--d", String(Math.max(0, now - s.start)));
+      if (s.end === undefined) this.place(s.el, s.start, Math.max(now, s.start));
       if (s.label && s.until !== undefined) {
         const left = s.until - now;
         text(s.label, left > 0 && this.endMs === undefined ? fmtMs(left) : fmtMs(s.wait ?? 0));
         s.el.classList.toggle("active", left > 0 && this.endMs === undefined);
       }
     }
-    this.span = Math.max(1, end - this.t0);
     this.el.style.setProperty("--span", String(this.span));
-    this.ticks();
+    this.ticks(end);
+    // The last cut's stretch may go on: its length grows.
+    this.cutMarks.forEach((m, i) => {
+      const c = this.cuts[i];
+      if (c) text(m.el.firstElementChild!, fmtMs(c.to - c.from));
+    });
     this.fit();
   }
 
   // fit makes the countdown of a past backoff too narrow for it
   // transparent (shown on hover), so a hundred short waits do not write
-  // over each other; the countdown of a wait going on always shows.
+  // over each other; the countdown of a wait going on always shows. It
+  // stacks the bars of a lane that would overlap as drawn on rows.
   private fit(): void {
     const w = this.axis.clientWidth;
     if (!w) return;
@@ -544,24 +632,83 @@ export class Timeline {
     for (const s of this.spans) {
       if (!s.label || s.until === undefined) continue;
       const active = s.el.classList.contains("active");
-      s.el.classList.toggle("tight", !active && (s.until - s.start) * pxPerMs < 44);
+      s.el.classList.toggle("tight", !active && (this.x(s.until) - this.x(s.start)) * pxPerMs < 44);
     }
+    this.stack(w, pxPerMs);
   }
 
-  private ticks(): void {
+  // stack puts each bar of a lane on the first of its rows where it
+  // overlaps no bar before it, as wide as drawn (at least its label's
+  // minimum width).
+  private stack(w: number, pxPerMs: number): void {
+    const [minPx, marginPx] = this.barRoom();
+    const rows = new Map<Lane, number[]>();
+    const at: string[] = [];
+    for (const v of this.attempts.values()) {
+      // As the CSS draws it: a bar at the end moves left to fit its width.
+      const left = Math.min(this.x(v.start) * pxPerMs, w + marginPx - minPx);
+      const right = left + Math.max(minPx, (Number(v.bar.style.getPropertyValue("--d")) || 0) * pxPerMs) + 2;
+      let ends = rows.get(v.lane);
+      if (!ends) rows.set(v.lane, (ends = []));
+      let row = ends.findIndex((e) => e <= left);
+      if (row < 0) row = ends.length < maxRows ? ends.length : ends.indexOf(Math.min(...ends));
+      ends[row] = right;
+      at.push(v.n + ":" + row);
+      if (v.bar.dataset.row !== String(row)) {
+        v.bar.dataset.row = String(row);
+        v.bar.style.setProperty("--row", String(row));
+      }
+    }
+    const key = at.join(",");
+    if (key === this.rowsKey) return;
+    this.rowsKey = key;
+    for (const l of this.lanes.values()) l.track.style.setProperty("--rows", String(rows.get(l)?.length ?? 1));
+  }
+
+  // barRoom is a bar's least width (its CSS min-width) and the room
+  // right of the axis a bar may take (the track's right margin), read once.
+  private barRoomSeen?: [number, number];
+  private barRoom(): [number, number] {
+    if (!this.barRoomSeen) {
+      const bar = this.lanesEl.querySelector<HTMLElement>(".bar");
+      if (!bar) return [0, 0];
+      this.barRoomSeen = [parseFloat(getComputedStyle(bar).minWidth) || 0, parseFloat(getComputedStyle(bar.parentElement!).marginRight) || 0];
+    }
+    return this.barRoomSeen;
+  }
+
+  // ticks marks the axis: a round step of the time drawn uncut, ticks at
+  // its multiples outside the cuts, and each cut with its length.
+  private ticks(end: number): void {
     const steps = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 15e3, 3e4, 6e4, 12e4, 3e5, 6e5, 9e5, 18e5, 36e5, 72e5, 144e5, 288e5, 864e5];
-    const step = steps.find((s) => this.span / s <= 8) ?? this.span / 8;
-    const n = Math.floor(this.span / step);
-    const key = step + "/" + n;
+    const uncut = this.span - this.cuts.length * this.cutShown;
+    const step = steps.find((s) => uncut / s <= 8) ?? uncut / 8;
+    // The multiples of step in the stretches drawn as they are: between
+    // the cuts (at most about 8 in all, and a few at the cuts' ends).
+    const at: number[] = [];
+    let from = this.t0;
+    for (const seg of [...this.cuts, { from: end, to: end }]) {
+      for (let i = Math.ceil((from - this.t0) / step); this.t0 + i * step <= seg.from; i++) at.push(i * step);
+      from = seg.to;
+    }
+    const key = step + "/" + at.length + "/" + at[at.length - 1] + "/" + this.cutsKey;
     if (key === this.ticksKey) return;
     this.ticksKey = key;
-    const ticks: HTMLElement[] = [];
-    for (let i = 0; i <= n; i++) {
-      const t = h("span", { class: "tick" }, i === 0 ? "0" : fmtMs(i * step));
-      t.style.setProperty("--s", String(i * step));
-      ticks.push(t);
-    }
-    this.axis.replaceChildren(...ticks);
+    const marks = at.map((ms) => {
+      const t = h("span", { class: "tick" }, ms === 0 ? "0" : fmtMs(ms));
+      t.style.setProperty("--s", String(this.x(this.t0 + ms)));
+      return t;
+    });
+    this.cutMarks = this.cuts.map((c) => {
+      const el = h("span", {
+        class: "cut", "data-testid": "cut",
+        title: "no attempt in flight for this long: drawn shorter than the rest of the axis",
+      }, h("span", null, fmtMs(c.to - c.from)));
+      el.style.setProperty("--s", String(this.x(c.from)));
+      el.style.setProperty("--d", String(this.cutShown));
+      return { el };
+    });
+    this.axis.replaceChildren(...marks, ...this.cutMarks.map((m) => m.el));
   }
 
   select(n: number): void {

@@ -844,7 +844,8 @@ type DelegateHealth int32
 
 const (
 	// Not asked yet (health is asked before a fallback chain or a race
-	// calls the delegate), or too long ago.
+	// calls the delegate), or too long ago: last_call_time, last_call_code
+	// and failing_since say what its calls did.
 	DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED DelegateHealth = 0
 	// It said it serves, or has no health check of its own (a gRPC
 	// delegate without grpc.health.v1, an HTTP kind without health_url).
@@ -2731,8 +2732,23 @@ type DelegateDescription struct {
 	// Its latest failed calls from this server, newest first (at most 10,
 	// kept in memory: a restart forgets them).
 	RecentFailures []*DelegateFailure `protobuf:"bytes,20,rep,name=recent_failures,json=recentFailures,proto3" json:"recent_failures,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// When this server's latest call to it, of the caller's runs, ended (in
+	// memory: a restart forgets it). Unset means no call yet: what its
+	// calls did stands in for health when it has no health check or was
+	// never asked. Calls Stubborn refused (an open circuit breaker, a full
+	// bulkhead, a rate limit) and calls whose run ended first (cancelled,
+	// past its deadline, a race's loser) are not counted.
+	LastCallTime *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=last_call_time,json=lastCallTime,proto3" json:"last_call_time,omitempty"`
+	// The gRPC status code (google.rpc.Code numbering) that latest call
+	// ended with: 0 (OK) when it succeeded. When it failed, its message is
+	// recent_failures[0]'s. Meaningless while last_call_time is unset.
+	LastCallCode int32 `protobuf:"varint,22,opt,name=last_call_code,json=lastCallCode,proto3" json:"last_call_code,omitempty"`
+	// When its calls began failing: the end of the first failed call after
+	// its latest successful one, when the latest call failed. Unset when
+	// the latest call succeeded or there was none.
+	FailingSince  *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=failing_since,json=failingSince,proto3" json:"failing_since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DelegateDescription) Reset() {
@@ -2901,6 +2917,27 @@ func (x *DelegateDescription) GetTokensLastMinute() int64 {
 func (x *DelegateDescription) GetRecentFailures() []*DelegateFailure {
 	if x != nil {
 		return x.RecentFailures
+	}
+	return nil
+}
+
+func (x *DelegateDescription) GetLastCallTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastCallTime
+	}
+	return nil
+}
+
+func (x *DelegateDescription) GetLastCallCode() int32 {
+	if x != nil {
+		return x.LastCallCode
+	}
+	return 0
+}
+
+func (x *DelegateDescription) GetFailingSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FailingSince
 	}
 	return nil
 }
@@ -5146,7 +5183,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\tdelegates\x18\x01 \x03(\v2 .stubborn.v1.DelegateDescriptionR\tdelegates\x128\n" +
 	"\apresets\x18\x02 \x03(\v2\x1e.stubborn.v1.PresetDescriptionR\apresets\x12;\n" +
 	"\vserver_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"serverTime\"\xd2\a\n" +
+	"serverTime\"\xfb\b\n" +
 	"\x13DelegateDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1e\n" +
@@ -5170,7 +5207,10 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x1acircuit_breaker_open_until\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\x17circuitBreakerOpenUntil\x120\n" +
 	"\x14requests_last_minute\x18\x12 \x01(\x03R\x12requestsLastMinute\x12,\n" +
 	"\x12tokens_last_minute\x18\x13 \x01(\x03R\x10tokensLastMinute\x12E\n" +
-	"\x0frecent_failures\x18\x14 \x03(\v2\x1c.stubborn.v1.DelegateFailureR\x0erecentFailures\"\xa0\x01\n" +
+	"\x0frecent_failures\x18\x14 \x03(\v2\x1c.stubborn.v1.DelegateFailureR\x0erecentFailures\x12@\n" +
+	"\x0elast_call_time\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\flastCallTime\x12$\n" +
+	"\x0elast_call_code\x18\x16 \x01(\x05R\flastCallCode\x12?\n" +
+	"\rfailing_since\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\ffailingSince\"\xa0\x01\n" +
 	"\x0fDelegateFailure\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
@@ -5573,91 +5613,93 @@ var file_stubborn_v1_control_proto_depIdxs = []int32{
 	60,  // 51: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
 	63,  // 52: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
 	34,  // 53: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
-	63,  // 54: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
-	42,  // 55: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	43,  // 56: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,   // 57: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	43,  // 58: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	12,  // 59: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 60: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 61: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 62: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	0,   // 63: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	64,  // 64: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	46,  // 65: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	45,  // 66: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	42,  // 67: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	17,  // 68: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	8,   // 69: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	63,  // 70: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	63,  // 71: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	63,  // 72: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	59,  // 73: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
-	61,  // 74: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
-	61,  // 75: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
-	62,  // 76: stubborn.v1.ControlState.conversation:type_name -> stubborn.v1.Conversation
-	60,  // 77: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	6,   // 78: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
-	63,  // 79: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	63,  // 80: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,   // 81: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	64,  // 82: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	44,  // 83: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	60,  // 84: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	4,   // 85: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
-	7,   // 86: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	5,   // 87: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	63,  // 88: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	0,   // 89: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
-	48,  // 90: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	49,  // 91: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	50,  // 92: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	52,  // 93: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	53,  // 94: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	54,  // 95: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	55,  // 96: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	57,  // 97: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	56,  // 98: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	51,  // 99: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
-	43,  // 100: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	45,  // 101: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	45,  // 102: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	65,  // 103: stubborn.v1.AttemptOutput.deltas:type_name -> stubborn.v1.OutputDelta
-	46,  // 104: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	60,  // 105: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	63,  // 106: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	60,  // 107: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	46,  // 108: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	63,  // 109: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	8,   // 110: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,   // 111: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	43,  // 112: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	42,  // 113: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
-	18,  // 114: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	20,  // 115: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	22,  // 116: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	24,  // 117: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	26,  // 118: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	29,  // 119: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	31,  // 120: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	36,  // 121: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	40,  // 122: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	38,  // 123: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	19,  // 124: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	21,  // 125: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	23,  // 126: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	25,  // 127: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	28,  // 128: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	30,  // 129: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	32,  // 130: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	37,  // 131: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	41,  // 132: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	39,  // 133: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	124, // [124:134] is the sub-list for method output_type
-	114, // [114:124] is the sub-list for method input_type
-	114, // [114:114] is the sub-list for extension type_name
-	114, // [114:114] is the sub-list for extension extendee
-	0,   // [0:114] is the sub-list for field type_name
+	63,  // 54: stubborn.v1.DelegateDescription.last_call_time:type_name -> google.protobuf.Timestamp
+	63,  // 55: stubborn.v1.DelegateDescription.failing_since:type_name -> google.protobuf.Timestamp
+	63,  // 56: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
+	42,  // 57: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	43,  // 58: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,   // 59: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	43,  // 60: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	12,  // 61: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	14,  // 62: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	15,  // 63: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	16,  // 64: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	0,   // 65: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	64,  // 66: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	46,  // 67: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	45,  // 68: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	42,  // 69: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	17,  // 70: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	8,   // 71: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	63,  // 72: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	63,  // 73: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	63,  // 74: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	59,  // 75: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
+	61,  // 76: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
+	61,  // 77: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
+	62,  // 78: stubborn.v1.ControlState.conversation:type_name -> stubborn.v1.Conversation
+	60,  // 79: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	6,   // 80: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
+	63,  // 81: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	63,  // 82: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,   // 83: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	64,  // 84: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	44,  // 85: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	60,  // 86: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,   // 87: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
+	7,   // 88: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	5,   // 89: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	63,  // 90: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	0,   // 91: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
+	48,  // 92: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	49,  // 93: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	50,  // 94: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	52,  // 95: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	53,  // 96: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	54,  // 97: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	55,  // 98: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	57,  // 99: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	56,  // 100: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	51,  // 101: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
+	43,  // 102: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	45,  // 103: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	45,  // 104: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	65,  // 105: stubborn.v1.AttemptOutput.deltas:type_name -> stubborn.v1.OutputDelta
+	46,  // 106: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	60,  // 107: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	63,  // 108: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	60,  // 109: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	46,  // 110: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	63,  // 111: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 112: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 113: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	43,  // 114: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	42,  // 115: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
+	18,  // 116: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	20,  // 117: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	22,  // 118: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	24,  // 119: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	26,  // 120: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	29,  // 121: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	31,  // 122: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	36,  // 123: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	40,  // 124: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	38,  // 125: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	19,  // 126: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	21,  // 127: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	23,  // 128: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	25,  // 129: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	28,  // 130: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	30,  // 131: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	32,  // 132: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	37,  // 133: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	41,  // 134: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	39,  // 135: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	126, // [126:136] is the sub-list for method output_type
+	116, // [116:126] is the sub-list for method input_type
+	116, // [116:116] is the sub-list for extension type_name
+	116, // [116:116] is the sub-list for extension extendee
+	0,   // [0:116] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }

@@ -289,16 +289,19 @@ class DecisionRequested(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., deadline: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., reason_code: _Optional[_Union[StatusReason, str]] = ...) -> None: ...
 
 class DelegateDescription(_message.Message):
-    __slots__ = ["circuit_breaker", "circuit_breaker_open_until", "circuit_breaker_reason", "first_output_timeout", "health", "idempotent", "idle_timeout", "in_flight", "kind", "max_concurrent", "name", "read_only", "recent_failures", "requests_last_minute", "requests_per_minute", "retry_on", "stream", "timeout", "tokens_last_minute", "tokens_per_minute"]
+    __slots__ = ["circuit_breaker", "circuit_breaker_open_until", "circuit_breaker_reason", "failing_since", "first_output_timeout", "health", "idempotent", "idle_timeout", "in_flight", "kind", "last_call_code", "last_call_time", "max_concurrent", "name", "read_only", "recent_failures", "requests_last_minute", "requests_per_minute", "retry_on", "stream", "timeout", "tokens_last_minute", "tokens_per_minute"]
     CIRCUIT_BREAKER_FIELD_NUMBER: _ClassVar[int]
     CIRCUIT_BREAKER_OPEN_UNTIL_FIELD_NUMBER: _ClassVar[int]
     CIRCUIT_BREAKER_REASON_FIELD_NUMBER: _ClassVar[int]
+    FAILING_SINCE_FIELD_NUMBER: _ClassVar[int]
     FIRST_OUTPUT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    LAST_CALL_CODE_FIELD_NUMBER: _ClassVar[int]
+    LAST_CALL_TIME_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
@@ -313,12 +316,15 @@ class DelegateDescription(_message.Message):
     circuit_breaker: BreakerState
     circuit_breaker_open_until: _timestamp_pb2.Timestamp
     circuit_breaker_reason: str
+    failing_since: _timestamp_pb2.Timestamp
     first_output_timeout: _duration_pb2.Duration
     health: DelegateHealth
     idempotent: bool
     idle_timeout: _duration_pb2.Duration
     in_flight: int
     kind: str
+    last_call_code: int
+    last_call_time: _timestamp_pb2.Timestamp
     max_concurrent: int
     name: str
     read_only: bool
@@ -330,7 +336,7 @@ class DelegateDescription(_message.Message):
     timeout: _duration_pb2.Duration
     tokens_last_minute: int
     tokens_per_minute: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ..., circuit_breaker: _Optional[_Union[BreakerState, str]] = ..., circuit_breaker_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., retry_on: _Optional[_Union[RetryOn, _Mapping]] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., stream: _Optional[str] = ..., circuit_breaker_open_until: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., recent_failures: _Optional[_Iterable[_Union[DelegateFailure, _Mapping]]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ..., circuit_breaker: _Optional[_Union[BreakerState, str]] = ..., circuit_breaker_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., retry_on: _Optional[_Union[RetryOn, _Mapping]] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., stream: _Optional[str] = ..., circuit_breaker_open_until: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., recent_failures: _Optional[_Iterable[_Union[DelegateFailure, _Mapping]]] = ..., last_call_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_call_code: _Optional[int] = ..., failing_since: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class DelegateFailure(_message.Message):
     __slots__ = ["attempt", "code", "message", "run_id", "time"]
