@@ -183,23 +183,27 @@ func TestTheResponsesDoorStreamsInTheAPIsOrder(t *testing.T) {
 	runID := resp.Header.Get("Stubborn-Run-Id")
 	require.NotEmpty(t, runID)
 	evs := responseEvents(t, resp)
-	assert.Equal(t, []string{
+	require.Equal(t, []string{
 		"response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
 		"response.output_text.delta", "response.output_text.done", "response.content_part.done", "response.output_item.done",
 		"response.completed",
 	}, names(evs))
 	assert.Equal(t, "The answer is 42.", deltaText(evs))
-	created := evs[0].data["response"].(map[string]any)
+	created, _ := evs[0].data["response"].(map[string]any)
 	assert.Equal(t, runID, created["id"], "the response's id is the run's")
-	last := evs[len(evs)-1].data["response"].(map[string]any)
+	last, ok := evs[len(evs)-1].data["response"].(map[string]any)
+	require.True(t, ok, "response.completed has the response: %v", evs[len(evs)-1].data)
 	assert.Equal(t, runID, last["id"])
 	assert.Equal(t, "completed", last["status"])
-	assert.InDelta(t, 7, last["usage"].(map[string]any)["total_tokens"], 0)
+	usage, _ := last["usage"].(map[string]any)
+	assert.InDelta(t, 7, usage["total_tokens"], 0)
 	out := asList(last["output"])
 	require.Len(t, out, 1)
-	parts := asList(out[0].(map[string]any)["content"])
+	item, _ := out[0].(map[string]any)
+	parts := asList(item["content"])
 	require.Len(t, parts, 1)
-	assert.Equal(t, "The answer is 42.", parts[0].(map[string]any)["text"])
+	part, _ := parts[0].(map[string]any)
+	assert.Equal(t, "The answer is 42.", part["text"])
 }
 
 // toolAnthropicModel is a Messages server that answers a get_weather
@@ -274,7 +278,7 @@ func TestTheResponsesDoorReturnsToolCalls(t *testing.T) {
 			for _, ev := range evs {
 				switch ev.name {
 				case "response.output_item.added":
-					if it := ev.data["item"].(map[string]any); it["type"] == "function_call" {
+					if it, _ := ev.data["item"].(map[string]any); it["type"] == "function_call" {
 						added = it
 					}
 				case "response.function_call_arguments.delta":
@@ -289,7 +293,8 @@ func TestTheResponsesDoorReturnsToolCalls(t *testing.T) {
 			assert.Equal(t, "get_weather", added["name"])
 			assert.JSONEq(t, `{"city":"Paris"}`, args.String(), "the arguments' fragments, once each")
 			require.NotNil(t, done)
-			assert.JSONEq(t, `{"city":"Paris"}`, done["arguments"].(string))
+			doneArgs, _ := done["arguments"].(string)
+			assert.JSONEq(t, `{"city":"Paris"}`, doneArgs)
 			assert.Equal(t, "response.completed", evs[len(evs)-1].name)
 		})
 	}
@@ -400,8 +405,15 @@ func TestAResponsesStreamThatFailsMidAnswerEndsWithAnError(t *testing.T) {
 // model that never answers is failed at its first_output_timeout, and the
 // stream is the next model's answer alone.
 func TestAResponsesStreamOverAStallBeforeOutputIsTheNextModelsAnswer(t *testing.T) {
-	stuck := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
+	done := make(chan struct{})
+	stuck := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-done:
+		}
+	}))
 	t.Cleanup(stuck.Close)
+	t.Cleanup(func() { close(done) }) // before Close, which waits for the handler
 	slow := openAIEntry("stuck", stuck.URL)
 	slow.FirstOutputTimeout = delegates.Duration(300 * time.Millisecond)
 	_, base := frontDoorEnv(t, setup{entries: []delegates.Delegate{slow}, presets: []delegates.Preset{chain("patient", "stuck", "good")}})
