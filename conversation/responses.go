@@ -1,6 +1,7 @@
 package conversation
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"unicode/utf8"
@@ -134,6 +135,9 @@ func decodeResponsesInput(r json.RawMessage) ([]*stubbornv1.ChatMessage, error) 
 	}
 	items, err := array(r, "input", MaxMessages)
 	if err != nil {
+		if isArray(r) {
+			return nil, err
+		}
 		return nil, fieldErr("input", "must be a string or an array of items")
 	}
 	var out []*stubbornv1.ChatMessage
@@ -220,6 +224,9 @@ func decodeResponsesContent(m *stubbornv1.ChatMessage, r json.RawMessage, field 
 	}
 	parts, err := array(r, field, MaxParts)
 	if err != nil {
+		if isArray(r) {
+			return err
+		}
 		return fieldErr(field, "must be a string or an array of parts")
 	}
 	m.ContentAsParts = true
@@ -754,4 +761,10 @@ func responsesFormat(rf *stubbornv1.ResponseFormat) map[string]any {
 		return out
 	}
 	return nil
+}
+
+// isArray says whether r is a JSON array: its error is its bound's.
+func isArray(r json.RawMessage) bool {
+	r = bytes.TrimSpace(r)
+	return len(r) > 0 && r[0] == '['
 }
