@@ -19,8 +19,9 @@ import (
 //
 //	client ── POST /v1/chat/completions (model: bench) ──> SSE model
 //	client ── POST /v1/chat/completions (model: model) ──> stubborn serve ──> SSE model
+//	client ── POST /v1/responses        (model: model) ──> stubborn serve ──> SSE model
 //
-// The three scenarios:
+// The four scenarios:
 //
 //   - proc-sse-plain: the Chat Completions request without stream, to the
 //     SSE model, which answers one chat.completion with the whole text
@@ -29,10 +30,14 @@ import (
 //     `openai` delegate over the SSE model (which it calls streaming);
 //   - proc-frontdoor-stream: with stream: true, to the front door, beside
 //     proc-stream-sse, the same request to the SSE model; a call's first
-//     output is its first chunk with text.
+//     output is its first chunk with text;
+//   - proc-frontdoor-responses: the Responses API's request without stream
+//     (input: the brief) to the front door's POST /v1/responses, beside
+//     proc-sse-plain as proc-frontdoor is: the two doors' added latency in
+//     one run.
 //
-// "-scenarios frontdoor" selects these three and proc-stream-sse.
-var frontDoorNames = []string{"proc-sse-plain", "proc-frontdoor", "proc-frontdoor-stream"}
+// "-scenarios frontdoor" selects these four and proc-stream-sse.
+var frontDoorNames = []string{"proc-sse-plain", "proc-frontdoor", "proc-frontdoor-stream", "proc-frontdoor-responses"}
 
 // frontDoorGroup is what "-scenarios frontdoor" selects.
 var frontDoorGroup = append([]string{"proc-stream-sse"}, frontDoorNames...)
@@ -48,7 +53,7 @@ func frontDoorModel(scenario string) string {
 
 // wantsFrontDoor says whether o selects a scenario through the front door.
 func wantsFrontDoor(o options) bool {
-	return o.scenarios["proc-frontdoor"] || o.scenarios["proc-frontdoor-stream"]
+	return o.scenarios["proc-frontdoor"] || o.scenarios["proc-frontdoor-stream"] || o.scenarios["proc-frontdoor-responses"]
 }
 
 // freeHTTPListen is a loopback address free a moment ago, for serve's
@@ -156,6 +161,59 @@ func plainOp(base, model string, conc int, sh streamShape, win *window) streamOp
 	}
 }
 
+// responsesOp is proc-frontdoor-responses' call: a Responses API request
+// without stream; the response's output_text must be the whole text. Its
+// one output is the whole answer.
+func responsesOp(base, model string, conc int, sh streamShape, win *window) streamOp {
+	want := sh.text()
+	hc := chatClient(conc)
+	url := strings.TrimSuffix(base, "/") + "/responses"
+	body, _ := json.Marshal(map[string]any{"model": model, "input": brief})
+	return func(ctx context.Context) (streamSample, error) {
+		var s streamSample
+		t0 := time.Now()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return s, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return s, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return s, err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return s, fmt.Errorf("%s: %.1024s", resp.Status, b)
+		}
+		var ans struct {
+			Object string `json:"object"`
+			Output []struct {
+				Content []struct {
+					Type string `json:"type"`
+					Text string `json:"text"`
+				} `json:"content"`
+			} `json:"output"`
+		}
+		if err := json.Unmarshal(b, &ans); err != nil || ans.Object != "response" {
+			return s, fmt.Errorf("not a response (%v): %.200s", err, b)
+		}
+		var text strings.Builder
+		for _, o := range ans.Output {
+			for _, c := range o.Content {
+				if c.Type == "output_text" {
+					text.WriteString(c.Text)
+				}
+			}
+		}
+		s.seen(t0, text.Len(), win)
+		return s, s.whole(text.String(), want)
+	}
+}
+
 // Issue #34's target: the front door's added p50 (non-streaming, memory
 // store, lowest concurrency), µs.
 const targetFrontDoorAddedUs = 1000
@@ -174,7 +232,7 @@ func printFrontDoor(w io.Writer, load []LoadResult) {
 	var stores []string
 	lo, hi := 0, 0
 	for _, r := range load {
-		if r.Scenario != "proc-frontdoor" && r.Scenario != "proc-frontdoor-stream" {
+		if !slices.Contains(frontDoorNames[1:], r.Scenario) {
 			continue
 		}
 		if !slices.Contains(stores, r.Store) {
@@ -190,10 +248,10 @@ func printFrontDoor(w io.Writer, load []LoadResult) {
 	}
 	fmt.Fprintln(w, "### The front door's overhead (issue 34)")
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "POST /v1/chat/completions to `stubborn serve`'s front door (model = the `openai` delegate over the SSE model) beside the same request to the SSE model. p50: the whole answer (plain) or the first chunk with text (stream), at concurrency %d; throughput at %d. Added = front door − direct.\n\n", lo, hi)
+	fmt.Fprintf(w, "POST /v1/chat/completions (and POST /v1/responses: responses) to `stubborn serve`'s front door (model = the `openai` delegate over the SSE model) beside the Chat Completions request to the SSE model. p50: the whole answer (plain, responses) or the first chunk with text (stream), at concurrency %d; throughput at %d. Added = front door − direct.\n\n", lo, hi)
 	fmt.Fprintf(w, "| mode | store | p50 front door (direct) | added p50 | ops/s at %d front door (direct) | ratio | target: added p50 |\n", hi)
 	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|---|")
-	for _, m := range []struct{ mode, fd, direct string }{{"plain", "proc-frontdoor", "proc-sse-plain"}, {"stream", "proc-frontdoor-stream", "proc-stream-sse"}} {
+	for _, m := range []struct{ mode, fd, direct string }{{"plain", "proc-frontdoor", "proc-sse-plain"}, {"stream", "proc-frontdoor-stream", "proc-stream-sse"}, {"responses", "proc-frontdoor-responses", "proc-sse-plain"}} {
 		dLo, okDL := find(m.direct, "", lo)
 		dHi, okDH := find(m.direct, "", hi)
 		p50 := func(r LoadResult) float64 {

@@ -434,6 +434,8 @@ func streamClient(ctx context.Context, target, scenario string, conc int, warmup
 		fn = sseOp(target, frontDoorModel(scenario), conc, sh, win)
 	case "sse-plain", "frontdoor":
 		fn = plainOp(target, frontDoorModel(scenario), conc, sh, win)
+	case "frontdoor-responses":
+		fn = responsesOp(target, frontDoorModel(scenario), conc, sh, win)
 	default:
 		conn, err := dial(target)
 		if err != nil {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The front doors (Chat Completions, Anthropic Messages) driven by clients
+# The front doors (Chat Completions, Responses, Anthropic Messages) driven by clients
 # nobody here wrote: the official `openai` and `@anthropic-ai/sdk` npm
 # packages (clients/frontdoor-node, pinned in its package-lock.json,
 # installed with npm ci) and the official OpenAI Go SDK (clients/frontdoor-go,
@@ -46,8 +46,17 @@
 # and streamed, and its tool_result reaches the openai model with the same
 # id; n: 2 over choices is two choices with their own texts; a model's 400
 # (rejects, rejects-anthropic) is the SDK's BadRequestError with the model's
-# message. Then this script reads the runs back with `stubborn get`: the 503,
-# then good's answer.
+# message. The Responses API (clients/frontdoor-node/responses.mjs, the
+# Go program's responses.go): responses.create and responses.stream(...)
+# .finalResponse() (Go: Responses.New and NewStreaming, its events
+# accumulated) over smart are good's text with the run id as the response's
+# id; a get_weather function tool over tools-to-anthropic comes back as a
+# function_call item, plain and streamed, and the second turn's
+# function_call_output reaches the anthropic model as a tool_result with the
+# same call id; brittle streamed is "The answer " then the SDK's own error
+# naming the run; previous_response_id, store: true and background are the
+# SDK's BadRequestError naming the field. Then this script reads the runs
+# back with `stubborn get`: the 503, then good's answer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -178,8 +187,10 @@ echo "== front door: stubborn serve, gRPC $addr, HTTP $http; fake models$(for n 
 
 export FRONTDOOR_BASE_URL=$http/v1 FRONTDOOR_API_KEY=$app_token FRONTDOOR_THROTTLE_HITS_URL=$url_throttle/hits FRONTDOOR_TOOLS_URL=$url_tools
 failed=0
+# sdk NAME KEY KINDS COMMAND...: runs COMMAND, then reads back the runs it
+# printed as "run KIND ID" for each of KINDS.
 sdk() {
-  local name=$1 key=$2; shift 2
+  local name=$1 key=$2 kinds=$3; shift 3
   echo "== front door: $name"
   local status=0 t=$SECONDS
   FRONTDOOR_LIMITED_API_KEY=$key timeout 90 "$@" | tee "$work/$name.out" || status=$?
@@ -190,7 +201,7 @@ sdk() {
   # The runs it made, read back over gRPC: the 503, then good's answer
   # (also when a later check failed: what passed is said).
   local kind id
-  for kind in nonstreamed streamed; do
+  for kind in $kinds; do
     id=$(sed -n "s/^run $kind //p" "$work/$name.out")
     if ! "$stubborn" get -addr "$addr" -json "$id" >"$work/$name.$kind.json" ||
       ! node - "$work/$name.$kind.json" <<'EOF'; then
@@ -211,9 +222,10 @@ EOF
   done
   ((status != 0)) || echo "== front door: $name passed in $((SECONDS - t))s"
 }
-sdk openai-node "$node_token" node clients/frontdoor-node/check.mjs
-sdk openai-go "$go_token" "$work/frontdoor-go"
-sdk anthropic-node "$anthropic_token" node clients/frontdoor-node/anthropic.mjs
+sdk openai-node "$node_token" "nonstreamed streamed" node clients/frontdoor-node/check.mjs
+sdk openai-node-responses "$app_token" "responses responses-streamed" node clients/frontdoor-node/responses.mjs
+sdk openai-go "$go_token" "nonstreamed streamed responses responses-streamed" "$work/frontdoor-go"
+sdk anthropic-node "$anthropic_token" "nonstreamed streamed" node clients/frontdoor-node/anthropic.mjs
 
 if ((failed)); then
   for f in serve "${fakes[@]}"; do
@@ -221,4 +233,4 @@ if ((failed)); then
   done
   exit 1
 fi
-echo "== front door: the openai npm package, openai-go and @anthropic-ai/sdk passed in $((SECONDS - start))s"
+echo "== front door: the openai npm package (Chat Completions, Responses), openai-go and @anthropic-ai/sdk passed in $((SECONDS - start))s"

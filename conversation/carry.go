@@ -100,6 +100,8 @@ func Carry(api stubbornv1.ConversationAPI, c *stubbornv1.Conversation, drop Drop
 		carryChat(c, add)
 	case AnthropicMessages:
 		carryMessages(c, add)
+	case ResponsesAPI:
+		carryResponses(c, add)
 	default:
 		add("", "no codec speaks "+api.String())
 	}
@@ -112,6 +114,8 @@ func apiName(api stubbornv1.ConversationAPI) string {
 		return "Chat Completions"
 	case AnthropicMessages:
 		return "Anthropic Messages"
+	case ResponsesAPI:
+		return "the Responses API"
 	}
 	return "no API"
 }
@@ -226,4 +230,43 @@ func optionsOf(c *stubbornv1.Conversation) *stubbornv1.ModelOptions {
 		return o
 	}
 	return &stubbornv1.ModelOptions{}
+}
+
+func carryResponses(c *stubbornv1.Conversation, add func(field, why string)) {
+	o := optionsOf(c)
+	if o.GetN() > 1 {
+		add("n", "the Responses API answers one choice")
+	}
+	if len(o.GetStop()) > 0 {
+		add("stop", "the Responses API has no stop sequences")
+	}
+	if o.Seed != nil {
+		add("seed", "the Responses API has no seed")
+	}
+	if o.PresencePenalty != nil {
+		add("presence_penalty", "the Responses API has no presence_penalty")
+	}
+	if o.FrequencyPenalty != nil {
+		add("frequency_penalty", "the Responses API has no frequency_penalty")
+	}
+	if o.TopK != nil {
+		add("top_k", "the Responses API has no top_k")
+	}
+	for i, m := range c.GetMessages() {
+		mf := at("messages", i)
+		if m.GetName() != "" {
+			add(join(mf, "name"), "the Responses API's messages have no name")
+		}
+		if m.GetIsError() {
+			add(join(mf, "is_error"), "the Responses API's function_call_output has no error flag")
+		}
+		if m.GetRole() != stubbornv1.ChatRole_CHAT_ROLE_ASSISTANT {
+			continue
+		}
+		for j, p := range m.GetContent() {
+			if p.GetImage() != nil {
+				add(at(join(mf, "content"), j), "the Responses API's assistant messages take no images")
+			}
+		}
+	}
 }

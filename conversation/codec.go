@@ -11,6 +11,7 @@ import (
 const (
 	ChatCompletions   = stubbornv1.ConversationAPI_CONVERSATION_API_CHAT_COMPLETIONS
 	AnthropicMessages = stubbornv1.ConversationAPI_CONVERSATION_API_ANTHROPIC_MESSAGES
+	ResponsesAPI      = stubbornv1.ConversationAPI_CONVERSATION_API_RESPONSES
 )
 
 // Bounds every decoder keeps: a body over one is an error naming the field,
@@ -96,10 +97,16 @@ type Meta struct {
 	ID string
 	// Model is the model named in the response.
 	Model string
-	// Created is the response's Unix time in seconds (Chat Completions).
+	// Created is the response's Unix time in seconds (Chat Completions'
+	// created, the Responses API's created_at).
 	Created int64
 	// IncludeUsage adds the usage chunk to a Chat Completions stream.
 	IncludeUsage bool
+	// Conversation is the request's conversation: the Responses API echoes
+	// the request's options in its response (tools, tool_choice,
+	// temperature, top_p, text.format, metadata, ...). nil echoes the
+	// API's defaults.
+	Conversation *stubbornv1.Conversation
 }
 
 // Event is one server-sent event: its name (empty for Chat Completions'
@@ -121,9 +128,8 @@ func (e Event) AppendSSE(b []byte) []byte {
 	return append(b, '\n', '\n')
 }
 
-// Codec is one model API's wire format, both directions. A third API (the
-// Responses API) is one more implementation: the types it reads and writes are
-// the same.
+// Codec is one model API's wire format, both directions: Chat, Messages and
+// Responses implement it over the same types.
 type Codec interface {
 	// API names the API.
 	API() stubbornv1.ConversationAPI
@@ -187,6 +193,8 @@ func For(api stubbornv1.ConversationAPI) Codec {
 		return Chat{}
 	case AnthropicMessages:
 		return Messages{}
+	case ResponsesAPI:
+		return Responses{}
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 // Package conversation is the model's whole conversation and answer, typed,
-// and one codec per model API Stubborn speaks: Chat Completions
-// (ChatCompletions) and Anthropic's Messages (AnthropicMessages). The types
+// and one codec per model API Stubborn speaks: Chat Completions (Chat,
+// ChatCompletions), Anthropic's Messages (Messages, AnthropicMessages) and
+// OpenAI's Responses API (Responses, ResponsesAPI). The types
 // are the generated messages of proto/stubborn/v1/conversation.proto
 // (stubbornv1.Conversation, ChatMessage, Choice, Usage, OutputDelta): one type
 // system for the doors, the model delegates, the journal and CEL, with no copy
@@ -16,6 +17,21 @@
 // dropped silently: Carry lists it, naming each field, for the caller to
 // refuse before any call, unless the conversation allows dropping it
 // (Conversation.drop_params); an encoder leaves out only what was allowed.
+//
+// The Responses API is spoken without provider state: each request carries
+// the whole conversation. What needs a provider's stored responses or
+// tools is refused naming the field (previous_response_id, store: true,
+// conversation, background: true, prompt, built-in tools, reasoning items
+// and item references, files by id). instructions become a system message
+// first; function_call items become the assistant's tool calls (joining the
+// assistant message before them), function_call_output items tool
+// messages; text.format is response_format; metadata is echoed in the
+// response and sent only to a Responses API delegate. An earlier answer's
+// item ids, statuses and annotations, sent back as input, are read and
+// left out: they are the provider's bookkeeping, not the model's input. Its
+// answer is choice 0 (the API has no n). Its stream encoder
+// (*ResponsesStreamEncoder) also ends a stream with an error (Fail): an
+// `error` event, which the openai SDKs raise, then response.failed.
 //
 // response_format to Anthropic is refused, not emulated. The usual emulation
 // (a forced tool whose input schema is the schema, its input returned as the

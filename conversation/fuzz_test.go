@@ -29,7 +29,7 @@ func fuzzRequest(f *testing.F, codec conversation.Codec, seeds map[string]string
 			t.Fatalf("its own encoding does not decode: %v\n%s", err, out)
 		}
 		// The other API: never a panic, whatever it makes of it.
-		for _, other := range []conversation.Codec{conversation.Chat{}, conversation.Messages{}} {
+		for _, other := range []conversation.Codec{conversation.Chat{}, conversation.Messages{}, conversation.Responses{}} {
 			_, _ = other.EncodeRequest(req.Conversation, conversation.Entry{Model: "m"}, true)
 		}
 	})
@@ -38,3 +38,5 @@ func fuzzRequest(f *testing.F, codec conversation.Codec, seeds map[string]string
 func FuzzChatRequest(f *testing.F) { fuzzRequest(f, conversation.Chat{}, chatRequests) }
 
 func FuzzMessagesRequest(f *testing.F) { fuzzRequest(f, conversation.Messages{}, messagesRequests) }
+
+func FuzzResponsesRequest(f *testing.F) { fuzzRequest(f, conversation.Responses{}, responsesRequests) }

@@ -41,7 +41,7 @@ func decode(t *testing.T, c conversation.Codec, body string) *conversation.Reque
 // same typed conversation: nothing is lost on the way through Stubborn.
 func TestARequestRoundTripsThroughItsOwnAPI(t *testing.T) {
 	t.Parallel()
-	for api, corpus := range map[conversation.Codec]map[string]string{conversation.Chat{}: chatRequests, conversation.Messages{}: messagesRequests} {
+	for api, corpus := range map[conversation.Codec]map[string]string{conversation.Chat{}: chatRequests, conversation.Messages{}: messagesRequests, conversation.Responses{}: responsesRequests} {
 		for name, body := range corpus {
 			t.Run(api.API().String()+"/"+name, func(t *testing.T) {
 				t.Parallel()

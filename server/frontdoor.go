@@ -28,13 +28,14 @@ import (
 )
 
 // The model front doors (README, "Model front doors"): OpenAI's Chat
-// Completions (POST /v1/chat/completions, frontdoor_openai.go) and
-// Anthropic's Messages (POST /v1/messages, frontdoor_anthropic.go), and
-// GET /v1/models, on the HTTP listener. Each request is a run of the
+// Completions (POST /v1/chat/completions, frontdoor_openai.go), OpenAI's
+// Responses (POST /v1/responses, frontdoor_responses.go) and Anthropic's
+// Messages (POST /v1/messages, frontdoor_anthropic.go), and GET /v1/models,
+// on the HTTP listener. Each request is a run of the
 // ControlService, made through an in-process gRPC connection to the same
 // server, so it goes through the same interceptors as any other call: the
 // caller's bearer token (the SDK's API key) is its tenant's, and the
-// tenant's limits, validation and logging apply. This file is what the two
+// tenant's limits, validation and logging apply. This file is what the
 // doors share: the model lookup, the run, and the answer as it goes (what
 // is streamed, what is held); a dialect writes it in its API's shape.
 
@@ -178,8 +179,11 @@ func refuseBodyAs(d dialect) func(http.ResponseWriter, *http.Request, int, strin
 	}
 }
 
-// fail writes f in d's shape.
+// fail writes f in d's shape, its field named as d's body names it.
 func fail(w http.ResponseWriter, d dialect, f failure) {
+	if f.param != "" {
+		f.param, f.msg = d.field(f.param), d.rename(f.msg)
+	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	if f.retried {
@@ -193,13 +197,21 @@ func fail(w http.ResponseWriter, d dialect, f failure) {
 	_, _ = w.Write(body)
 }
 
-// A dialect is one door's API: its codec (conversation.Chat or
-// conversation.Messages) reads the request and writes the answer, whole or
-// streamed; the dialect adds its errors and what the door tells beside the
-// answer.
+// A dialect is one door's API: its codec (conversation.Chat,
+// conversation.Responses or conversation.Messages) reads the request and
+// writes the answer, whole or streamed; the dialect adds its errors and
+// what the door tells beside the answer.
 type dialect interface {
 	// codec is the API's codec.
 	codec() conversation.Codec
+	// messages is the body's field that holds the conversation's messages
+	// ("messages"; the Responses API's "input").
+	messages() string
+	// field is a field of the body named in Chat Completions' terms (a
+	// run's conversation speaks them: "messages[2]", "response_format") as
+	// this API names it; rename does the same inside an error's words.
+	field(name string) string
+	rename(msg string) string
 	// errorBody is f's JSON body.
 	errorBody(f failure) any
 	// usage is a usage in the API's names (the stubborn field's
@@ -329,16 +341,23 @@ func parseRequest(codec conversation.Codec, body []byte) (*doorRequest, error) {
 // runRequest is the run a door's request makes: the preset's control, or a
 // fallback chain of the one delegate the model names. A retry that would
 // ask a person fails instead: no HTTP request waits for one.
-func (f *frontDoor) runRequest(r *http.Request, who context.Context, reg *registry, req *doorRequest) (*stubbornv1.RunRequest, error) {
+func (f *frontDoor) runRequest(r *http.Request, who context.Context, reg *registry, d dialect, req *doorRequest) (*stubbornv1.RunRequest, error) {
 	if req.Model == "" {
 		return nil, status.Error(codes.InvalidArgument, "model: required: a preset or a delegate (GET /v1/models lists them)")
 	}
 	if !slices.ContainsFunc(req.conv.GetMessages(), func(m *stubbornv1.ChatMessage) bool {
-		// The Messages API's system prompt is a message of the
-		// conversation, not one of the request's messages.
-		return req.conv.GetApi() != conversation.AnthropicMessages || m.GetRole() != stubbornv1.ChatRole_CHAT_ROLE_SYSTEM
+		// The Messages API's system prompt and the Responses API's
+		// instructions are messages of the conversation, not of the
+		// request's messages (input).
+		switch req.conv.GetApi() {
+		case conversation.AnthropicMessages:
+			return m.GetRole() != stubbornv1.ChatRole_CHAT_ROLE_SYSTEM
+		case conversation.ResponsesAPI:
+			return m.GetRole() != stubbornv1.ChatRole_CHAT_ROLE_SYSTEM && m.GetRole() != stubbornv1.ChatRole_CHAT_ROLE_DEVELOPER
+		}
+		return true
 	}) {
-		return nil, status.Error(codes.InvalidArgument, "messages: at least one message is required")
+		return nil, status.Errorf(codes.InvalidArgument, "%s: at least one message is required", d.messages())
 	}
 	spec, isPreset, err := model(who, reg, req.Model)
 	if err != nil {
@@ -457,12 +476,12 @@ func (f *frontDoor) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	// (messages, not the run's conversation) before any call.
 	if lim, size := reg.policy(who).limits, conversationSize(nil, nil, req.conv); size > lim.conversationBytes() {
 		fail(w, d, failure{status: http.StatusBadRequest, code: "conversation_too_large", param: "messages",
-			msg: fmt.Sprintf("messages: the conversation with its parameters is %d bytes, more than the limit of %d (%s)",
-				size, lim.conversationBytes(), lim.conversationBound())})
+			msg: fmt.Sprintf("%s: the conversation with its parameters is %d bytes, more than the limit of %d (%s)",
+				d.messages(), size, lim.conversationBytes(), lim.conversationBound())})
 		return
 	}
 	ctx := callContext(r)
-	run, err := f.runRequest(r, who, reg, req)
+	run, err := f.runRequest(r, who, reg, d, req)
 	if err != nil {
 		fail(w, d, failureOf(err))
 		return
@@ -541,6 +560,7 @@ type answering struct {
 	// enc writes the stream (made with its head); it knows what of each
 	// choice the client has.
 	enc  conversation.StreamEncoder
+	last conversation.Event                  // the last event written (a stream's error event follows its numbering)
 	held map[int32][]*stubbornv1.OutputDelta // held output of attempts, by number
 
 	lastStarted int32          // the highest attempt number started
@@ -751,6 +771,9 @@ func (a *answering) events(evs []conversation.Event, more bool) {
 	var out []byte
 	for _, ev := range evs {
 		out = ev.AppendSSE(out)
+	}
+	if len(evs) > 0 {
+		a.last = evs[len(evs)-1]
 	}
 	_, _ = a.w.Write(out)
 	if fl, ok := a.w.(http.Flusher); ok && !more {

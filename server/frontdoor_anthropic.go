@@ -24,6 +24,10 @@ type anthropicDialect struct{}
 
 func (anthropicDialect) codec() conversation.Codec { return conversation.Messages{} }
 
+func (anthropicDialect) messages() string         { return "messages" }
+func (anthropicDialect) field(name string) string { return name }
+func (anthropicDialect) rename(msg string) string { return msg }
+
 func (anthropicDialect) usage(u *stubbornv1.Usage) map[string]int64 {
 	return map[string]int64{"input_tokens": u.GetInputTokens(), "output_tokens": u.GetOutputTokens()}
 }

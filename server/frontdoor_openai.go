@@ -21,6 +21,10 @@ type openAIDialect struct{}
 
 func (openAIDialect) codec() conversation.Codec { return conversation.Chat{} }
 
+func (openAIDialect) messages() string         { return "messages" }
+func (openAIDialect) field(name string) string { return name }
+func (openAIDialect) rename(msg string) string { return msg }
+
 // errorBody is OpenAI's error shape; its type is what the SDKs show.
 func (openAIDialect) errorBody(f failure) any {
 	kind := "server_error"

@@ -97,9 +97,11 @@ func (s *Stubborn) HTTPHandler(allowedHosts ...string) (http.Handler, error) {
 	api := boundBody(normalContentType(connectByDefault(t)), refuseBody)
 	mux.Handle("/"+stubbornv1.ControlService_ServiceDesc.ServiceName+"/", api)
 	mux.Handle("/"+healthpb.Health_ServiceDesc.ServiceName+"/", api)
-	// The model front doors: OpenAI's and Anthropic's (frontdoor.go).
+	// The model front doors: OpenAI's Chat Completions and Responses,
+	// Anthropic's Messages (frontdoor.go).
 	mux.Handle("POST /v1/chat/completions", boundBody(http.HandlerFunc(s.door.chatCompletions), refuseBodyAs(openAIDialect{})))
 	mux.Handle("POST /v1/messages", boundBody(http.HandlerFunc(s.door.messages), refuseBodyAs(anthropicDialect{})))
+	mux.Handle("POST /v1/responses", boundBody(http.HandlerFunc(s.door.responses), refuseBodyAs(responsesDialect{})))
 	mux.Handle("GET /v1/models", http.HandlerFunc(s.door.models))
 	// Everything else is the web console (index.html at "/", its assets;
 	// 404 for the rest), which calls the API above on the same origin.

@@ -10,8 +10,10 @@
 //	FRONTDOOR_THROTTLE_HITS_URL  the throttling fake model's /hits
 //	FRONTDOOR_TOOLS_URL          the tool-calling fake model (its /last)
 //
-// It prints one line per check, and "run nonstreamed|streamed ID" for the
-// runs the script then reads back with `stubborn get`.
+// It checks Chat Completions (main.go, whole.go) and the Responses API
+// (responses.go). It prints one line per check, and "run
+// nonstreamed|streamed|responses|responses-streamed ID" for the runs the
+// script then reads back with `stubborn get`.
 package main
 
 import (
@@ -184,7 +186,8 @@ func run() error {
 		return errors.New("limited tenant: a 429 without Retry-After")
 	}
 	fmt.Printf("ok: over the tenant's rate is *openai.Error 429, Retry-After %s\n", apiErr.Response.Header.Get("Retry-After"))
-	return whole(ctx, client, env("FRONTDOOR_TOOLS_URL"))
+	toolsURL := env("FRONTDOOR_TOOLS_URL")
+	return errors.Join(whole(ctx, client, toolsURL), responsesAPI(ctx, client, toolsURL))
 }
 
 // streamed streams p, checks the chunks and returns the run's id.

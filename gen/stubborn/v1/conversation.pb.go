@@ -33,6 +33,10 @@ const (
 	ConversationAPI_CONVERSATION_API_CHAT_COMPLETIONS ConversationAPI = 1
 	// Anthropic's Messages (POST /v1/messages).
 	ConversationAPI_CONVERSATION_API_ANTHROPIC_MESSAGES ConversationAPI = 2
+	// OpenAI's Responses API (POST /v1/responses), without provider state:
+	// the whole conversation is in each request (no previous_response_id,
+	// store, conversation or background mode), function tools only.
+	ConversationAPI_CONVERSATION_API_RESPONSES ConversationAPI = 3
 )
 
 // Enum value maps for ConversationAPI.
@@ -41,11 +45,13 @@ var (
 		0: "CONVERSATION_API_UNSPECIFIED",
 		1: "CONVERSATION_API_CHAT_COMPLETIONS",
 		2: "CONVERSATION_API_ANTHROPIC_MESSAGES",
+		3: "CONVERSATION_API_RESPONSES",
 	}
 	ConversationAPI_value = map[string]int32{
 		"CONVERSATION_API_UNSPECIFIED":        0,
 		"CONVERSATION_API_CHAT_COMPLETIONS":   1,
 		"CONVERSATION_API_ANTHROPIC_MESSAGES": 2,
+		"CONVERSATION_API_RESPONSES":          3,
 	}
 )
 
@@ -1081,7 +1087,14 @@ type ModelOptions struct {
 	// as they are to a delegate of that API (for example Chat Completions'
 	// logprobs or reasoning_effort, Anthropic's thinking). For a delegate of
 	// another API each is a field it cannot carry. Unset means none.
-	Extra         *structpb.Struct `protobuf:"bytes,16,opt,name=extra,proto3" json:"extra,omitempty"`
+	Extra *structpb.Struct `protobuf:"bytes,16,opt,name=extra,proto3" json:"extra,omitempty"`
+	// The Responses API's metadata: at most 16 tags (keys up to 64
+	// characters, values up to 512) that the caller attaches to its
+	// response, echoed in it, and sent to a delegate of the Responses API.
+	// They are the caller's bookkeeping, not the model's input: a delegate
+	// of another API is not sent them, and that is not refused. Empty means
+	// none.
+	Metadata      map[string]string `protobuf:"bytes,17,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1224,6 +1237,13 @@ func (x *ModelOptions) GetTopK() int64 {
 func (x *ModelOptions) GetExtra() *structpb.Struct {
 	if x != nil {
 		return x.Extra
+	}
+	return nil
+}
+
+func (x *ModelOptions) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
 	}
 	return nil
 }
@@ -1651,7 +1671,7 @@ const file_stubborn_v1_conversation_proto_rawDesc = "" +
 	"\vdescription\x18\x03 \x01(\tR\vdescription\x12/\n" +
 	"\x06schema\x18\x04 \x01(\v2\x17.google.protobuf.StructR\x06schema\x12\x1b\n" +
 	"\x06strict\x18\x05 \x01(\bH\x00R\x06strict\x88\x01\x01B\t\n" +
-	"\a_strict\"\xa8\x06\n" +
+	"\a_strict\"\xaa\a\n" +
 	"\fModelOptions\x12%\n" +
 	"\vtemperature\x18\x01 \x01(\x01H\x00R\vtemperature\x88\x01\x01\x12\x18\n" +
 	"\x05top_p\x18\x02 \x01(\x01H\x01R\x04topP\x88\x01\x01\x12\"\n" +
@@ -1671,7 +1691,11 @@ const file_stubborn_v1_conversation_proto_rawDesc = "" +
 	"\x10presence_penalty\x18\r \x01(\x01H\aR\x0fpresencePenalty\x88\x01\x01\x120\n" +
 	"\x11frequency_penalty\x18\x0e \x01(\x01H\bR\x10frequencyPenalty\x88\x01\x01\x12\x18\n" +
 	"\x05top_k\x18\x0f \x01(\x03H\tR\x04topK\x88\x01\x01\x12-\n" +
-	"\x05extra\x18\x10 \x01(\v2\x17.google.protobuf.StructR\x05extraB\x0e\n" +
+	"\x05extra\x18\x10 \x01(\v2\x17.google.protobuf.StructR\x05extra\x12C\n" +
+	"\bmetadata\x18\x11 \x03(\v2'.stubborn.v1.ModelOptions.MetadataEntryR\bmetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x0e\n" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\r\n" +
 	"\v_max_tokensB\x18\n" +
@@ -1705,11 +1729,12 @@ const file_stubborn_v1_conversation_proto_rawDesc = "" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1c\n" +
-	"\targuments\x18\x04 \x01(\tR\targuments*\x83\x01\n" +
+	"\targuments\x18\x04 \x01(\tR\targuments*\xa3\x01\n" +
 	"\x0fConversationAPI\x12 \n" +
 	"\x1cCONVERSATION_API_UNSPECIFIED\x10\x00\x12%\n" +
 	"!CONVERSATION_API_CHAT_COMPLETIONS\x10\x01\x12'\n" +
-	"#CONVERSATION_API_ANTHROPIC_MESSAGES\x10\x02*\x95\x01\n" +
+	"#CONVERSATION_API_ANTHROPIC_MESSAGES\x10\x02\x12\x1e\n" +
+	"\x1aCONVERSATION_API_RESPONSES\x10\x03*\x95\x01\n" +
 	"\bChatRole\x12\x19\n" +
 	"\x15CHAT_ROLE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10CHAT_ROLE_SYSTEM\x10\x01\x12\x17\n" +
@@ -1751,7 +1776,7 @@ func file_stubborn_v1_conversation_proto_rawDescGZIP() []byte {
 }
 
 var file_stubborn_v1_conversation_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_stubborn_v1_conversation_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_stubborn_v1_conversation_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_stubborn_v1_conversation_proto_goTypes = []any{
 	(ConversationAPI)(0),    // 0: stubborn.v1.ConversationAPI
 	(ChatRole)(0),           // 1: stubborn.v1.ChatRole
@@ -1771,7 +1796,8 @@ var file_stubborn_v1_conversation_proto_goTypes = []any{
 	(*Usage)(nil),           // 15: stubborn.v1.Usage
 	(*OutputDelta)(nil),     // 16: stubborn.v1.OutputDelta
 	(*ToolCallDelta)(nil),   // 17: stubborn.v1.ToolCallDelta
-	(*structpb.Struct)(nil), // 18: google.protobuf.Struct
+	nil,                     // 18: stubborn.v1.ModelOptions.MetadataEntry
+	(*structpb.Struct)(nil), // 19: google.protobuf.Struct
 }
 var file_stubborn_v1_conversation_proto_depIdxs = []int32{
 	6,  // 0: stubborn.v1.Conversation.messages:type_name -> stubborn.v1.ChatMessage
@@ -1780,26 +1806,27 @@ var file_stubborn_v1_conversation_proto_depIdxs = []int32{
 	1,  // 3: stubborn.v1.ChatMessage.role:type_name -> stubborn.v1.ChatRole
 	7,  // 4: stubborn.v1.ChatMessage.content:type_name -> stubborn.v1.ContentPart
 	9,  // 5: stubborn.v1.ChatMessage.tool_calls:type_name -> stubborn.v1.ToolCall
-	18, // 6: stubborn.v1.ChatMessage.extra:type_name -> google.protobuf.Struct
+	19, // 6: stubborn.v1.ChatMessage.extra:type_name -> google.protobuf.Struct
 	8,  // 7: stubborn.v1.ContentPart.image:type_name -> stubborn.v1.ImagePart
-	18, // 8: stubborn.v1.ContentPart.extra:type_name -> google.protobuf.Struct
-	18, // 9: stubborn.v1.Tool.parameters:type_name -> google.protobuf.Struct
-	18, // 10: stubborn.v1.Tool.extra:type_name -> google.protobuf.Struct
+	19, // 8: stubborn.v1.ContentPart.extra:type_name -> google.protobuf.Struct
+	19, // 9: stubborn.v1.Tool.parameters:type_name -> google.protobuf.Struct
+	19, // 10: stubborn.v1.Tool.extra:type_name -> google.protobuf.Struct
 	2,  // 11: stubborn.v1.ToolChoice.mode:type_name -> stubborn.v1.ToolChoiceMode
 	3,  // 12: stubborn.v1.ResponseFormat.type:type_name -> stubborn.v1.ResponseFormatType
-	18, // 13: stubborn.v1.ResponseFormat.schema:type_name -> google.protobuf.Struct
+	19, // 13: stubborn.v1.ResponseFormat.schema:type_name -> google.protobuf.Struct
 	10, // 14: stubborn.v1.ModelOptions.tools:type_name -> stubborn.v1.Tool
 	11, // 15: stubborn.v1.ModelOptions.tool_choice:type_name -> stubborn.v1.ToolChoice
 	12, // 16: stubborn.v1.ModelOptions.response_format:type_name -> stubborn.v1.ResponseFormat
-	18, // 17: stubborn.v1.ModelOptions.extra:type_name -> google.protobuf.Struct
-	6,  // 18: stubborn.v1.Choice.message:type_name -> stubborn.v1.ChatMessage
-	4,  // 19: stubborn.v1.Choice.finish_reason:type_name -> stubborn.v1.FinishReason
-	17, // 20: stubborn.v1.OutputDelta.tool_call:type_name -> stubborn.v1.ToolCallDelta
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	19, // 17: stubborn.v1.ModelOptions.extra:type_name -> google.protobuf.Struct
+	18, // 18: stubborn.v1.ModelOptions.metadata:type_name -> stubborn.v1.ModelOptions.MetadataEntry
+	6,  // 19: stubborn.v1.Choice.message:type_name -> stubborn.v1.ChatMessage
+	4,  // 20: stubborn.v1.Choice.finish_reason:type_name -> stubborn.v1.FinishReason
+	17, // 21: stubborn.v1.OutputDelta.tool_call:type_name -> stubborn.v1.ToolCallDelta
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_conversation_proto_init() }
@@ -1824,7 +1851,7 @@ func file_stubborn_v1_conversation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_conversation_proto_rawDesc), len(file_stubborn_v1_conversation_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -13,6 +13,7 @@ CHAT_ROLE_UNSPECIFIED: ChatRole
 CHAT_ROLE_USER: ChatRole
 CONVERSATION_API_ANTHROPIC_MESSAGES: ConversationAPI
 CONVERSATION_API_CHAT_COMPLETIONS: ConversationAPI
+CONVERSATION_API_RESPONSES: ConversationAPI
 CONVERSATION_API_UNSPECIFIED: ConversationAPI
 DESCRIPTOR: _descriptor.FileDescriptor
 FINISH_REASON_CONTENT_FILTER: FinishReason
@@ -101,11 +102,19 @@ class ImagePart(_message.Message):
     def __init__(self, url: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ModelOptions(_message.Message):
-    __slots__ = ["extra", "frequency_penalty", "max_completion_tokens", "max_tokens", "n", "parallel_tool_calls", "presence_penalty", "response_format", "seed", "stop", "temperature", "tool_choice", "tools", "top_k", "top_p", "user"]
+    __slots__ = ["extra", "frequency_penalty", "max_completion_tokens", "max_tokens", "metadata", "n", "parallel_tool_calls", "presence_penalty", "response_format", "seed", "stop", "temperature", "tool_choice", "tools", "top_k", "top_p", "user"]
+    class MetadataEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     EXTRA_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     MAX_COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +131,7 @@ class ModelOptions(_message.Message):
     frequency_penalty: float
     max_completion_tokens: int
     max_tokens: int
+    metadata: _containers.ScalarMap[str, str]
     n: int
     parallel_tool_calls: bool
     presence_penalty: float
@@ -134,7 +144,7 @@ class ModelOptions(_message.Message):
     top_k: int
     top_p: float
     user: str
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., user: _Optional[str] = ..., n: _Optional[int] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: bool = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., user: _Optional[str] = ..., n: _Optional[int] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: bool = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class OutputDelta(_message.Message):
     __slots__ = ["choice", "offset", "text", "tool_call"]
