@@ -31,7 +31,8 @@ tenants:
 
 // FuzzParse parses any config file: never a panic; every refusal wraps
 // ErrInvalidConfig; an accepted config has unique delegate and tenant
-// names, limits that are not negative, and tenants with credentials.
+// names, delegates with somewhere to call (a gRPC target, or an http,
+// openai or anthropic endpoint), limits that are not negative, and tenants with credentials.
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{fullConfig, tenantsConfig, "", "limits:\n  max_attempt: 3\n",
 		"delegates:\n  - {name: a, target: x:1}\n  - {name: a, target: x:3}\n",
@@ -54,7 +55,7 @@ func FuzzParse(f *testing.F) {
 		}
 		names := map[string]bool{}
 		for _, d := range cfg.Delegates {
-			if d.Name == "" || d.Target == "" || names[d.Name] || d.Timeout <= 0 {
+			if d.Name == "" || d.Target == "" && d.HTTP == nil && d.OpenAI == nil && d.Anthropic == nil || names[d.Name] || d.Timeout <= 0 {
 				t.Fatalf("accepted delegate %+v", d)
 			}
 			names[d.Name] = true
