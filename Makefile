@@ -27,7 +27,7 @@ GO_TEST_FLAGS ?= -race -count=1 -timeout=15m
 all: generate lint test
 
 .PHONY: demo
-demo: ## Run the demo: a server, demo delegates, three live runs and the web console in one process, until Ctrl-C.
+demo: ## Run the demo: a server, demo delegates, fake models, four live runs and the web console in one process, until Ctrl-C (a first build takes minutes and prints nothing).
 	go run ./cmd/stubborn demo
 
 .PHONY: test

@@ -11,12 +11,12 @@ import (
 	"github.com/stubbornhq/stubborn/delegates"
 )
 
-// The README's "Bring your delegates" config loads as it is shown.
+// The delegates guide's config example loads as it is shown.
 func TestReadmeDelegatesConfigLoads(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/delegates.md")
 	require.NoError(t, err)
 	_, rest, ok := strings.Cut(string(b), "<!-- bring-your-delegates")
-	require.True(t, ok, "the README marks the example")
+	require.True(t, ok, "docs/delegates.md marks the example")
 	_, rest, ok = strings.Cut(rest, "```yaml\n")
 	require.True(t, ok)
 	yaml, _, ok := strings.Cut(rest, "```")
@@ -44,14 +44,14 @@ func TestReadmeDelegatesConfigLoads(t *testing.T) {
 	assert.True(t, p.Info("search-api").Idempotent)
 }
 
-// The README shows each example delegate verbatim: the code block after
+// The delegates guide shows each example delegate verbatim: the code block after
 // the heading is the file.
 func TestReadmeShowsTheExampleDelegates(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/delegates.md")
 	require.NoError(t, err)
 	for heading, file := range map[string]string{
-		"### A delegate in Python": "../clients/python/examples/delegate.py",
-		"### A delegate in Go":     "../examples/go-delegate/main.go",
+		"## A delegate in Python": "../clients/python/examples/delegate.py",
+		"## A delegate in Go":     "../examples/go-delegate/main.go",
 	} {
 		_, rest, ok := strings.Cut(string(b), heading+"\n")
 		require.True(t, ok, heading)
