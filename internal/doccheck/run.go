@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -127,7 +128,20 @@ func (r *Runner) run(ctx context.Context, b Block) Result {
 	if err := killGroup(pgid); err != nil {
 		runErr = errors.Join(runErr, err)
 	}
-	return Result{Output: tail(out.Name(), MaxOutput), Err: runErr}
+	return Result{Output: docLines(tail(out.Name(), MaxOutput), script, b), Err: runErr}
+}
+
+// docLines rewrites bash's "SCRIPT: line N:" in output as the line of the
+// file the block is in ("README.md:57:"), where its author looks.
+func docLines(output, script string, b Block) string {
+	re := regexp.MustCompile(regexp.QuoteMeta(script) + `: line (\d+):`)
+	return re.ReplaceAllStringFunc(output, func(m string) string {
+		n, err := strconv.Atoi(re.FindStringSubmatch(m)[1])
+		if err != nil || n < 2 {
+			return m
+		}
+		return fmt.Sprintf("%s:%d:", b.File, b.Line+n-1)
+	})
 }
 
 // killGroup ends process group pgid: SIGTERM, then SIGKILL to what is left

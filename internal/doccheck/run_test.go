@@ -59,7 +59,7 @@ func TestRunnerFails(t *testing.T) {
 		{"a failing command stops the block", "echo before\nfalse\necho after\n", "before\n"},
 		{"pipefail", "false | cat\necho after\n", ""},
 		{"nounset", "echo \"$NO_SUCH_VARIABLE\"\n", "NO_SUCH_VARIABLE: unbound variable"},
-		{"a command that is not there", "stubborn list\n", "line 2: stubborn: command not found"},
+		{"a command that is not there", "echo\nstubborn list\n", "guide.md:12: stubborn: command not found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := r.Run(t.Context(), block(tc.body))
