@@ -9,7 +9,8 @@
 //     for output). Every ```sh block is run, unless the line right before
 //     its opening fence is `<!-- not run: REASON -->` with a REASON.
 //     A ```bash, ```shell or ```zsh block is refused: it would escape the
-//     run, so it must say sh.
+//     run, so it must say sh; so is a block with no language whose first
+//     line reads like a shell command (./stubborn, go, make, curl, $ …).
 //   - docs/configuration.md documents each config key in a table row whose
 //     first cell is the key's full dotted path in backticks, `[]` marking a
 //     list's entries: `delegates[].openai.base_url`.
@@ -57,6 +58,22 @@ var (
 // shellLangs are info strings of shell blocks that are not sh: the
 // convention has one, so that no shell block escapes the run.
 var shellLangs = map[string]bool{"bash": true, "shell": true, "zsh": true, "shell-session": true, "sh-session": true, "console-session": true}
+
+// shellStart matches the first line of a block a user would paste into a
+// shell, to find one left without a language.
+var shellStart = regexp.MustCompile(`^(\$ |\./|(go|make|curl|git|grpcurl|npm|npx|bash|cd|export|docker|stubborn|pip|python3?)( |$))`)
+
+// looksLikeShell says whether body's first line that is not blank and no
+// comment starts like a shell command.
+func looksLikeShell(body string) bool {
+	for _, l := range strings.Split(body, "\n") {
+		l = strings.TrimSpace(l)
+		if l != "" && !strings.HasPrefix(l, "#") {
+			return shellStart.MatchString(l)
+		}
+	}
+	return false
+}
 
 // ParseBlocks returns the fenced code blocks of the markdown src, read from
 // file (which names them). A fence left open runs to the end of the file,
@@ -115,6 +132,8 @@ func CheckConventions(blocks []Block) []error {
 		switch {
 		case shellLangs[b.Lang]:
 			errs = append(errs, fmt.Errorf("%s: a ```%s block: fence shell commands ```sh (run by CI, or marked <!-- not run: REASON -->), output ```console", b, b.Lang))
+		case b.Lang == "" && looksLikeShell(b.Body):
+			errs = append(errs, fmt.Errorf("%s: a block with no language that looks like shell commands: fence it ```sh (run by CI, or marked <!-- not run: REASON -->), or ```console for output", b))
 		case b.Marker != "" && b.NotRun == "":
 			errs = append(errs, fmt.Errorf("%s: the marker %q needs a reason: <!-- not run: REASON -->", b, b.Marker))
 		case b.Marker != "" && b.Lang != "sh":

@@ -57,6 +57,8 @@ func TestCheckConventions(t *testing.T) {
 		{"shell fence", "text\n```shell\nls\n```\n", "guide.md:2: a ```shell block"},
 		{"marker without a reason", "<!-- not run: -->\n```sh\nls\n```\n", `guide.md:2: the marker "<!-- not run: -->" needs a reason`},
 		{"marker misspelt", "<!-- not-run because -->\n```sh\nls\n```\n", "needs a reason"},
+		{"shell without a language", "```\n# build it\n\ngo build ./cmd/stubborn\n```\n", "guide.md:1: a block with no language that looks like shell commands"},
+		{"a prompt without a language", "```\n$ ./stubborn list\n```\n", "looks like shell commands"},
 		{"marker on output", "<!-- not run: output -->\n```console\nls\n```\n", "a not-run marker on a ```console block"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -65,6 +67,8 @@ func TestCheckConventions(t *testing.T) {
 			assert.Contains(t, errs[0].Error(), tc.want)
 		})
 	}
+	// A diagram or a log is no shell.
+	assert.Empty(t, doccheck.CheckConventions(doccheck.ParseBlocks("g.md", []byte("```\ncmd/stubborn ──► server\n```\n```\ngo-routines: 5\n```\n"))))
 	// A marked block's reason is kept whatever its spacing.
 	b := doccheck.ParseBlocks("g.md", []byte("  <!--not run:   a server that runs until Ctrl-C   -->\n```sh\nx\n```\n"))
 	require.Len(t, b, 1)
