@@ -103,7 +103,16 @@ func (r *Runner) run(ctx context.Context, b Block) Result {
 	defer cancel()
 	cmd := exec.Command("bash", script)
 	cmd.Dir = r.Dir()
-	cmd.Env = append(os.Environ(), r.Env...)
+	// Its temporary files (a bench's, a go build's) go with the Work
+	// directory, not to the machine's /tmp.
+	tmp := filepath.Join(r.Work, "tmp")
+	if err := os.RemoveAll(tmp); err != nil {
+		return Result{Err: err}
+	}
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		return Result{Err: err}
+	}
+	cmd.Env = append(append(os.Environ(), "TMPDIR="+tmp), r.Env...)
 	// A file, not a pipe: a background process holding the pipe open
 	// would keep Wait waiting after bash is done.
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, out, out

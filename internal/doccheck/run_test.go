@@ -45,7 +45,7 @@ func block(body string) doccheck.Block {
 
 func TestRunnerRuns(t *testing.T) {
 	r := fixtureRunner(t)
-	res := r.Run(t.Context(), block("./tool hello\ncat README.md sub/new.txt\ntest ! -e ignored.txt\ntouch made.txt\n"))
+	res := r.Run(t.Context(), block("./tool hello\ncat README.md sub/new.txt\ntest ! -e ignored.txt\ntouch made.txt\n[[ $TMPDIR == "+r.Work+"/* ]]\n"))
 	require.NoError(t, res.Err, res.Output)
 	assert.Equal(t, "tool says hello\n# fixture\nnew\n", res.Output)
 	// Each block has a fresh copy: what the last one made is gone.
