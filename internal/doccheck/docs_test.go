@@ -101,27 +101,10 @@ func TestDocsShellBlocks(t *testing.T) {
 	r.Binaries = map[string]string{"stubborn": bin}
 
 	start = time.Now()
-	ran := 0
-	for _, b := range blocks {
-		if b.Lang != "sh" {
-			continue
-		}
-		if b.NotRun != "" {
-			t.Logf("%s: not run: %s", b, b.NotRun)
-			continue
-		}
-		ran++
-		t.Run(b.String(), func(t *testing.T) {
-			res := r.Run(t.Context(), b)
-			if res.Err != nil {
-				t.Errorf("%s: the ```sh block fails (%v), after %v; fix it, or mark it <!-- not run: REASON --> on the line before its fence. Its output:\n%s",
-					b, res.Err, res.Elapsed.Round(time.Millisecond), res.Output)
-				return
-			}
-			t.Logf("%s: passed in %v", b, res.Elapsed.Round(time.Millisecond))
-		})
+	for _, err := range r.RunBlocks(t.Context(), blocks, t.Logf) {
+		t.Error(err)
 	}
-	t.Logf("ran %d blocks in %v", ran, time.Since(start).Round(time.Second))
+	t.Logf("ran the blocks in %v", time.Since(start).Round(time.Second))
 }
 
 // TestConfigReference: docs/configuration.md documents every key the

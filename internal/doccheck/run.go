@@ -153,6 +153,30 @@ func docLines(output, script string, b Block) string {
 	})
 }
 
+// RunBlocks runs the runnable blocks of blocks, one at a time, and returns
+// an error for each that fails, naming it and quoting its output. logf
+// tells a marked block's reason, and how long each run one took.
+func (r *Runner) RunBlocks(ctx context.Context, blocks []Block, logf func(format string, args ...any)) []error {
+	var errs []error
+	for _, b := range blocks {
+		if b.Lang != "sh" {
+			continue
+		}
+		if !b.Runnable() {
+			logf("%s: not run: %s", b, b.NotRun)
+			continue
+		}
+		res := r.Run(ctx, b)
+		if res.Err != nil {
+			errs = append(errs, fmt.Errorf("%s: the ```sh block fails (%w), after %v; fix it, or mark it <!-- not run: REASON --> on the line before its fence. Its output:\n%s",
+				b, res.Err, res.Elapsed.Round(time.Millisecond), res.Output))
+			continue
+		}
+		logf("%s: passed in %v", b, res.Elapsed.Round(time.Millisecond))
+	}
+	return errs
+}
+
 // killGroup ends process group pgid: SIGTERM, then SIGKILL to what is left
 // after 5 s, and waits until none of it runs. Zombies do not count: an
 // orphan's is for init to reap, and it holds no port.

@@ -4,6 +4,7 @@ package doccheck_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,4 +115,26 @@ func TestRunnerOutputIsBounded(t *testing.T) {
 	assert.LessOrEqual(t, len(res.Output), doccheck.MaxOutput+100)
 	assert.True(t, strings.HasPrefix(res.Output, "[… the first "), res.Output[:50])
 	assert.True(t, strings.HasSuffix(res.Output, "the end\n"))
+}
+
+// TestRunBlocks: of a guide's blocks, the runnable ones run; a failing one
+// is an error naming its file and line, with its output; a marked one is
+// not run, its reason logged.
+func TestRunBlocks(t *testing.T) {
+	r := fixtureRunner(t)
+	md := "# Guide\n" +
+		"```sh\n./tool works\n```\n" + // 2
+		"<!-- not run: needs a GPU -->\n```sh\nexit 3\n```\n" + // 6
+		"```console\n$ false\n```\n" + // 9
+		"Then:\n```sh\necho step two\ngrep -q nothing README.md\necho unreached\n```\n" // 13
+	var logs []string
+	errs := r.RunBlocks(t.Context(), doccheck.ParseBlocks("guide.md", []byte(md)), func(format string, args ...any) {
+		logs = append(logs, fmt.Sprintf(format, args...))
+	})
+	require.Len(t, errs, 1)
+	assert.Contains(t, errs[0].Error(), "guide.md:13: the ```sh block fails (exited: exit status 1)")
+	assert.True(t, strings.HasSuffix(errs[0].Error(), "Its output:\nstep two\n"), errs[0].Error())
+	require.Len(t, logs, 2)
+	assert.Regexp(t, `^guide.md:2: passed in `, logs[0])
+	assert.Equal(t, "guide.md:6: not run: needs a GPU", logs[1])
 }
