@@ -34,6 +34,17 @@ demo: ## Run the demo: a server, demo delegates, fake models, four live runs and
 test: checkgenerate lint breaking ## Lint, check gen/ is fresh and the API compatible, run every test with the race detector.
 	go test $(GO_TEST_FLAGS) ./...
 
+# The docs cannot rot: internal/doccheck runs every ```sh block of README.md
+# and docs/ (each in a fresh copy of the tree, with ./stubborn built, under
+# `set -euo pipefail`, 3 minutes at most) but those marked
+# `<!-- not run: REASON -->` on the line before their fence, and checks
+# docs/configuration.md against the config parser's keys. `make test` runs
+# it with the rest (./..., never -short); this runs it alone, verbosely,
+# naming each block and how long it took.
+.PHONY: checkdocs
+checkdocs: ## Run the docs' shell blocks and check the configuration reference against the parser (make test runs it too).
+	go test -count=1 -timeout=30m -v -run '^(TestDocsConventions|TestDocsShellBlocks|TestConfigReference)$$' ./internal/doccheck
+
 # The web console in a real browser (issue 20): consoletest/ drives
 # Debian's chromium, headless, with chromedp against an in-process server and
 # demo delegates on loopback. Its files have the build tag `browser`, so
