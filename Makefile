@@ -85,6 +85,7 @@ FUZZ_TARGETS := \
 	./server:FuzzDoorParse \
 	./conversation:FuzzChatRequest \
 	./conversation:FuzzMessagesRequest \
+	./conversation:FuzzResponsesRequest \
 	./delegates:FuzzParse \
 	./controls:FuzzCompileExpr \
 	./controls:FuzzJudgeAnswer \
