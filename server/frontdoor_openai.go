@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"regexp"
 
 	"github.com/stubbornhq/stubborn/conversation"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -21,9 +22,24 @@ type openAIDialect struct{}
 
 func (openAIDialect) codec() conversation.Codec { return conversation.Chat{} }
 
-func (openAIDialect) messages() string         { return "messages" }
-func (openAIDialect) field(name string) string { return name }
-func (openAIDialect) rename(msg string) string { return msg }
+func (openAIDialect) messages() string { return "messages" }
+
+// field is a field of the typed conversation (a check's, such as
+// tools[0].name) as Chat Completions' body has it: a tool's and a call's
+// name, description, parameters, strict and arguments sit in its
+// "function" object.
+func (openAIDialect) field(name string) string {
+	return chatFunctionField.ReplaceAllString(name, "${1}.function.${2}")
+}
+
+// rename names the fields in an error's words as field does.
+func (d openAIDialect) rename(msg string) string {
+	return chatFunctionField.ReplaceAllString(msg, "${1}.function.${2}")
+}
+
+// chatFunctionField matches the paths field rewrites: a tool's, a tool
+// call's, tool_choice's.
+var chatFunctionField = regexp.MustCompile(`\b(tools\[\d+\]|messages\[\d+\]\.tool_calls\[\d+\]|tool_choice)\.(name|description|parameters|strict|arguments)\b`)
 
 // errorBody is OpenAI's error shape; its type is what the SDKs show.
 func (openAIDialect) errorBody(f failure) any {

@@ -412,3 +412,35 @@ func TestAFieldADelegateCannotCarryIs400(t *testing.T) {
 		assert.Equal(t, "stubborn.drop_params", e.Error.Param)
 	})
 }
+
+// TestAToolNameAtFaultIsNamedAsEachDoorsBodyHasIt: a tool name no
+// provider takes is a 400 before any call, naming the field where the
+// door's own body has it: in Chat Completions' "function" object, at the
+// top of a Responses or Messages tool.
+func TestAToolNameAtFaultIsNamedAsEachDoorsBodyHasIt(t *testing.T) {
+	var rec recorder
+	_, base := frontDoorEnv(t, setup{entries: []delegates.Delegate{openAIEntry("rec", toolChatModel(t, &rec, fakeChoice{text: "Fine."}))}})
+	long := strings.Repeat("n", 100000)
+	for _, tc := range []struct{ path, body, param string }{
+		{"/v1/chat/completions", `{"model": "rec", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "` + long + `"}}]}`, "tools[0].function.name"},
+		{"/v1/chat/completions", `{"model": "rec", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "a.b"}}}`, "tool_choice.function.name"},
+		{"/v1/chat/completions", `{"model": "rec", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get weather", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}`, "messages[1].tool_calls[0].function.name"},
+		{"/v1/responses", `{"model": "rec", "input": "x", "tools": [{"type": "function", "name": "` + long + `", "parameters": {}}]}`, "tools[0].name"},
+		{"/v1/messages", `{"model": "rec", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "` + long + `", "input_schema": {"type": "object"}}]}`, "tools[0].name"},
+	} {
+		resp, err := http.Post(base+tc.path, "application/json", strings.NewReader(tc.body))
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, tc.param)
+		assert.Contains(t, string(body), `"`+tc.param+`: `, "the message names %s", tc.param)
+		if tc.path != "/v1/messages" {
+			assert.Contains(t, string(body), `"param":"`+tc.param+`"`)
+		}
+		assert.Less(t, len(body), 2000, "the error does not echo the name")
+	}
+	rec.mu.Lock()
+	assert.Empty(t, rec.bodies, "no call was made")
+	rec.mu.Unlock()
+}
