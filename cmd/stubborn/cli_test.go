@@ -14,7 +14,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -225,4 +227,22 @@ func TestServeReloadsConfig(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, out, "delegate  echo ")
 	assert.NotContains(t, out, "again")
+}
+
+// TestRegistrySaysWhatALastCallDid: a delegate no health check asked shows
+// what its calls did: none yet, ok and when, or failing since when, with
+// the last error.
+func TestRegistrySaysWhatALastCallDid(t *testing.T) {
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	ago := func(d time.Duration) *timestamppb.Timestamp { return timestamppb.New(now.Add(-d)) }
+	h, trait := callHealth(&stubbornv1.DelegateDescription{}, now)
+	assert.Equal(t, "no calls", h)
+	assert.Empty(t, trait)
+	h, trait = callHealth(&stubbornv1.DelegateDescription{LastCallTime: ago(3 * time.Second)}, now)
+	assert.Equal(t, "calls ok", h)
+	assert.Equal(t, "last call ok 3s ago", trait)
+	h, trait = callHealth(&stubbornv1.DelegateDescription{LastCallTime: ago(time.Second), LastCallCode: int32(codes.Unavailable), FailingSince: ago(2 * time.Minute),
+		RecentFailures: []*stubbornv1.DelegateFailure{{Code: int32(codes.Unavailable), Message: "connection refused"}}}, now)
+	assert.Equal(t, "failing", h)
+	assert.Equal(t, "failing since "+now.Add(-2*time.Minute).Local().Format("15:04:05")+` (2m0s ago): Unavailable "connection refused"`, trait)
 }

@@ -560,6 +560,28 @@ func parseWithID(fs *flag.FlagSet, args []string) (string, []string, error) {
 
 // cmdRegistry lists the delegates and presets the caller may name, over
 // ListDelegates.
+// callHealth is what a delegate's last calls say, for registry's health
+// column when no health check answered: "calls ok", "failing" or "no
+// calls"; and a trait saying when (and, failing, since when and why).
+func callHealth(d *stubbornv1.DelegateDescription, now time.Time) (health, trait string) {
+	last := d.GetLastCallTime()
+	switch {
+	case last == nil:
+		return "no calls", ""
+	case d.GetLastCallCode() == 0:
+		return "calls ok", "last call ok " + round(now.Sub(last.AsTime())).String() + " ago"
+	}
+	trait = "failing"
+	if since := d.GetFailingSince(); since != nil {
+		trait += " since " + since.AsTime().Local().Format("15:04:05") + " (" + round(now.Sub(since.AsTime())).String() + " ago)"
+	}
+	trait += ": " + codes.Code(uint32(d.GetLastCallCode())).String()
+	if f := d.GetRecentFailures(); len(f) > 0 {
+		trait += " " + quote(f[0].GetMessage(), 80)
+	}
+	return "failing", trait
+}
+
 // guardTraits describes a delegate's guards for registry: its circuit
 // breaker's state (and why it last opened), calls in flight, limits.
 func guardTraits(d *stubbornv1.DelegateDescription) []string {
@@ -649,9 +671,12 @@ func cmdRegistry(ctx context.Context, args []string, stdout io.Writer) (int, err
 		}
 		traits = append(traits, streamTraits(d)...)
 		traits = append(traits, guardTraits(d)...)
-		health := "unknown" // not seen within the last 5 minutes
+		health, calls := callHealth(d, time.Now())
 		if d.GetHealth() != stubbornv1.DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED {
 			health = strings.ToLower(strings.TrimPrefix(d.GetHealth().String(), "DELEGATE_HEALTH_"))
+		}
+		if calls != "" {
+			traits = append(traits, calls)
 		}
 		fmt.Fprintf(stdout, "delegate  %-24s %-9s %-12s %s\n", d.GetName(), d.GetKind(), health, strings.Join(traits, ", "))
 	}
