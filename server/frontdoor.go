@@ -31,11 +31,12 @@ import (
 // Completions (POST /v1/chat/completions, frontdoor_openai.go), OpenAI's
 // Responses (POST /v1/responses, frontdoor_responses.go) and Anthropic's
 // Messages (POST /v1/messages, frontdoor_anthropic.go), and GET /v1/models,
-// on the HTTP listener. Each request is a run of the
-// ControlService, made through an in-process gRPC connection to the same
-// server, so it goes through the same interceptors as any other call: the
-// caller's bearer token (the SDK's API key) is its tenant's, and the
-// tenant's limits, validation and logging apply. This file is what the
+// on the HTTP listener. Each request is a run of the ControlService,
+// called in process (frontdoor_local.go) as the caller its bearer token
+// (the SDK's API key) authenticates once: the tenant's limits and
+// validation apply, and the stream is revocable, as a gRPC call's; the
+// rarer calls (a listing, a cancel) go through an in-process gRPC
+// connection to the same server. This file is what the
 // doors share: the model lookup, the run, and the answer as it goes (what
 // is streamed, what is held); a dialect writes it in its API's shape.
 
@@ -488,11 +489,8 @@ func (f *frontDoor) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	}
 	// The run's own context: the request's end (the client hung up, or
 	// the answer is out) cancels the run unless it has finished.
-	stream, err := f.client.Run(ctx, run)
-	if err != nil {
-		fail(w, d, failureOf(err))
-		return
-	}
+	stream := f.run(who, run)
+	defer stream.close()
 	a := &answering{f: f, d: d, w: w, req: req, race: run.GetRace() != nil, key: run.GetOptions().GetIdempotencyKey(), held: map[int32][]*stubbornv1.OutputDelta{}}
 	end, err := a.follow(stream)
 	if err != nil && a.runID == "" {
@@ -570,7 +568,7 @@ type answering struct {
 
 // follow reads the run's events to its end, streaming output as it may.
 // It returns the final state, or nil and why the stream ended before.
-func (a *answering) follow(stream grpc.ServerStreamingClient[stubbornv1.RunResponse]) (*stubbornv1.ControlState, error) {
+func (a *answering) follow(stream runStream) (*stubbornv1.ControlState, error) {
 	for first := true; ; first = false {
 		resp, err := stream.Recv()
 		if err != nil {
@@ -611,7 +609,7 @@ const cutWait = 2 * time.Second
 // it goes on and with which attempt. The client cannot take another
 // attempt's answer after part of this one's; a resend with the same
 // Idempotency-Key gets the run's answer.
-func (a *answering) afterCut(stream grpc.ServerStreamingClient[stubbornv1.RunResponse], cut *interrupted) *interrupted {
+func (a *answering) afterCut(stream runStream, cut *interrupted) *interrupted {
 	type next struct {
 		ev  *stubbornv1.RunEvent
 		err error
@@ -676,13 +674,13 @@ func (a *answering) afterCut(stream grpc.ServerStreamingClient[stubbornv1.RunRes
 // now are that history: their output is held like any output that may not
 // be the answer, and the accepted one's goes out when its end is replayed.
 // Attempts still in flight stream from their start, as on the first call.
-func (a *answering) replay(stream grpc.ServerStreamingClient[stubbornv1.RunResponse]) {
+func (a *answering) replay(stream runStream) {
 	md, err := stream.Header()
 	if err != nil || len(md.Get(ReplayHeader)) == 0 {
 		return
 	}
 	a.past = map[int32]bool{}
-	got, err := a.f.client.GetRun(stream.Context(), &stubbornv1.GetRunRequest{RunId: a.runID})
+	got, err := a.f.svc.GetRun(stream.Context(), &stubbornv1.GetRunRequest{RunId: a.runID})
 	if err != nil {
 		a.pastAll = true // no state to tell live from past: hold every attempt's output
 		return
