@@ -329,34 +329,50 @@ func decodeChatTool(r json.RawMessage, field string) (*stubbornv1.Tool, error) {
 }
 
 func decodeChatToolChoice(r json.RawMessage) (*stubbornv1.ToolChoice, error) {
+	tc, o, err := decodeToolChoiceMode(r, "")
+	if o == nil || err != nil { // null, a mode, or refused
+		return tc, err
+	}
+	f, err := object(o["function"], "tool_choice.function")
+	if err != nil {
+		return nil, err
+	}
+	return namedToolChoice(f["name"], "tool_choice.function.name")
+}
+
+// decodeToolChoiceMode reads an OpenAI-shaped tool_choice (Chat
+// Completions', the Responses API's): null, a mode by its word, or an
+// object of type function, returned (o) for its codec to find the name in,
+// where its API has it. notCarried adds to the error of another type.
+func decodeToolChoiceMode(r json.RawMessage, notCarried string) (tc *stubbornv1.ToolChoice, o raw, err error) {
 	if isNull(r) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	var s string
 	if json.Unmarshal(r, &s) == nil {
 		mode, ok := map[string]stubbornv1.ToolChoiceMode{"auto": stubbornv1.ToolChoiceMode_TOOL_CHOICE_MODE_AUTO,
 			"none": stubbornv1.ToolChoiceMode_TOOL_CHOICE_MODE_NONE, "required": stubbornv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED}[s]
 		if !ok {
-			return nil, fieldErr("tool_choice", "%q is not auto, none or required", s)
+			return nil, nil, fieldErr("tool_choice", "%q is not auto, none or required", s)
 		}
-		return &stubbornv1.ToolChoice{Mode: mode}, nil
+		return &stubbornv1.ToolChoice{Mode: mode}, nil, nil
 	}
-	o, err := object(r, "tool_choice")
-	if err != nil {
-		return nil, fieldErr("tool_choice", "must be a string or an object")
+	if o, err = object(r, "tool_choice"); err != nil {
+		return nil, nil, fieldErr("tool_choice", "must be a string or an object")
 	}
 	if typ, err := str(o["type"], "tool_choice.type"); err != nil {
-		return nil, err
+		return nil, nil, err
 	} else if typ != "function" {
-		return nil, fieldErr("tool_choice.type", "%q is not carried", typ)
+		return nil, nil, fieldErr("tool_choice.type", "%q is not carried%s", typ, notCarried)
 	}
-	f, err := object(o["function"], "tool_choice.function")
-	if err != nil {
-		return nil, err
-	}
-	name, err := str(f["name"], "tool_choice.function.name")
+	return nil, o, nil
+}
+
+// namedToolChoice is the choice of the function named by r (field).
+func namedToolChoice(r json.RawMessage, field string) (*stubbornv1.ToolChoice, error) {
+	name, err := str(r, field)
 	if err != nil || name == "" {
-		return nil, fieldErr("tool_choice.function.name", "is required")
+		return nil, fieldErr(field, "is required")
 	}
 	return &stubbornv1.ToolChoice{Mode: stubbornv1.ToolChoiceMode_TOOL_CHOICE_MODE_NAMED, Name: name}, nil
 }

@@ -492,32 +492,11 @@ func decodeResponsesTool(r json.RawMessage, field string) (*stubbornv1.Tool, err
 }
 
 func decodeResponsesToolChoice(r json.RawMessage) (*stubbornv1.ToolChoice, error) {
-	if isNull(r) {
-		return nil, nil
+	tc, o, err := decodeToolChoiceMode(r, " (a function by name is)")
+	if o == nil || err != nil { // null, a mode, or refused
+		return tc, err
 	}
-	var s string
-	if json.Unmarshal(r, &s) == nil {
-		mode, ok := map[string]stubbornv1.ToolChoiceMode{"auto": stubbornv1.ToolChoiceMode_TOOL_CHOICE_MODE_AUTO,
-			"none": stubbornv1.ToolChoiceMode_TOOL_CHOICE_MODE_NONE, "required": stubbornv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED}[s]
-		if !ok {
-			return nil, fieldErr("tool_choice", "%q is not auto, none or required", s)
-		}
-		return &stubbornv1.ToolChoice{Mode: mode}, nil
-	}
-	o, err := object(r, "tool_choice")
-	if err != nil {
-		return nil, fieldErr("tool_choice", "must be a string or an object")
-	}
-	if typ, err := str(o["type"], "tool_choice.type"); err != nil {
-		return nil, err
-	} else if typ != "function" {
-		return nil, fieldErr("tool_choice.type", "%q is not carried (a function by name is)", typ)
-	}
-	name, err := str(o["name"], "tool_choice.name")
-	if err != nil || name == "" {
-		return nil, fieldErr("tool_choice.name", "is required")
-	}
-	return &stubbornv1.ToolChoice{Mode: stubbornv1.ToolChoiceMode_TOOL_CHOICE_MODE_NAMED, Name: name}, nil
+	return namedToolChoice(o["name"], "tool_choice.name")
 }
 
 var responsesFormatFields = set("type", "name", "description", "schema", "strict")
