@@ -40,11 +40,21 @@ var stores = map[string]func(cfg *server.Config) (cleanup func(), err error){
 	"memory":            func(*server.Config) (func(), error) { return func() {}, nil },
 	"embedded-always":   embedded(runs.SyncAlways),
 	"embedded-interval": embedded(runs.SyncInterval),
+	// The embedded JetStream with its streams and buckets in memory: the
+	// engine's one durable code path without the disk, beside "memory"
+	// (the memory store), to weigh keeping two stores.
+	"embedded-memstorage": embeddedStorage(runs.SyncInterval, true),
 }
 
 // embedded keeps runs in an in-process JetStream in a temporary directory,
 // fsyncing as durability says: the default `stubborn serve`.
 func embedded(durability runs.Durability) func(cfg *server.Config) (func(), error) {
+	return embeddedStorage(durability, false)
+}
+
+// embeddedStorage is embedded, its streams and buckets in memory when
+// memory is set (runs.JetStreamConfig.Memory).
+func embeddedStorage(durability runs.Durability, memory bool) func(cfg *server.Config) (func(), error) {
 	return func(cfg *server.Config) (func(), error) {
 		dir, err := os.MkdirTemp("", "stubborn-bench-")
 		if err != nil {
@@ -55,7 +65,7 @@ func embedded(durability runs.Durability) func(cfg *server.Config) (func(), erro
 			_ = os.RemoveAll(dir)
 			return nil, err
 		}
-		store, err := runs.NewJetStream(context.Background(), e.Conn, runs.JetStreamConfig{})
+		store, err := runs.NewJetStream(context.Background(), e.Conn, runs.JetStreamConfig{Memory: memory})
 		if err != nil {
 			e.Close()
 			_ = os.RemoveAll(dir)
