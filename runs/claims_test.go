@@ -115,12 +115,14 @@ func TestAOneAttemptRunIsTwoJournalWrites(t *testing.T) {
 			// The listing index, off the run's path: its end, and its
 			// start too when the run outlived the indexer's 20 ms (a
 			// loaded machine, -race); the end is then a create that finds
-			// the entry (refused) and an update: three publishes.
+			// the entry (refused) and an update — or, when the read after
+			// the refusal does not see the entry yet, up to three more
+			// tries (indexer.put's bound): five publishes at most.
 			require.Eventually(t, func() bool { return pubs.of("$KV.stubborn_index.", id) >= 1 }, 10*time.Second, 5*time.Millisecond,
 				"the listing index is written off the run's path")
 			require.NoError(t, watch.Flush())
 			time.Sleep(50 * time.Millisecond) // a release written after the end would be seen by now
-			assert.LessOrEqual(t, pubs.of("$KV.stubborn_index.", id), 3, "index writes: its end, perhaps its start")
+			assert.LessOrEqual(t, pubs.of("$KV.stubborn_index.", id), 5, "index writes: its end, perhaps its start, within indexer.put's tries")
 			assert.Equal(t, 2, pubs.of("stubborn.events.", id), "journal writes: before the call and after it")
 			assert.Equal(t, tc.owners, pubs.of("$KV.stubborn_owners.", id), "owners bucket writes")
 			assert.Equal(t, tc.states, pubs.of("$KV.stubborn_runs.", id), "state writes (the journal has the end)")

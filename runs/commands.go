@@ -67,17 +67,19 @@ func (m *Manager) command(ctx context.Context, cmd *Command) (*stubbornv1.Contro
 var errNotServing = errors.New("no server serves the commands of the run's driver")
 
 // takeoverWait bounds how long a command waits for a run whose driver
-// stopped to be taken over, in leases: the dead driver's lease runs out,
-// then a scan takes the run over (a sixth of a lease later at most).
-const takeoverWait = 2
+// stopped to be taken over: the dead driver's lease runs out, then a scan
+// takes the run over (a sixth of a lease later at most) and resumes it
+// from its journal, which on a loaded store takes its own time — the
+// fault suite allows a takeover a lease and 2 s. Two leases and 2 s.
+func (m *Manager) takeoverWait() time.Duration { return 2*m.cfg.Lease + 2*time.Second }
 
-// awaitTakeover waits, within ctx and takeoverWait leases, until the run
+// awaitTakeover waits, within ctx and takeoverWait, until the run
 // whose driver dead stopped serving has another driver (or none: it
 // ended), and reports whether it has. This server's scan is woken first:
 // the run may be this server's to take over.
 func (m *Manager) awaitTakeover(ctx context.Context, id, dead string) bool {
 	m.poke()
-	ctx, cancel := context.WithTimeout(ctx, takeoverWait*m.cfg.Lease)
+	ctx, cancel := context.WithTimeout(ctx, m.takeoverWait())
 	defer cancel()
 	t := time.NewTicker(takeoverPoll)
 	defer t.Stop()
@@ -96,13 +98,13 @@ func (m *Manager) awaitTakeover(ctx context.Context, id, dead string) bool {
 	}
 }
 
-// awaitResumed waits, within ctx and takeoverWait leases, for a run that
+// awaitResumed waits, within ctx and takeoverWait, for a run that
 // the store says this server drives, but that it does not drive yet (it
 // is taking the run over, or driving again a run lost here), to be driven
 // here; it reports whether it is. It returns false at once when the store
 // names another driver.
 func (m *Manager) awaitResumed(ctx context.Context, id string) bool {
-	ctx, cancel := context.WithTimeout(ctx, takeoverWait*m.cfg.Lease)
+	ctx, cancel := context.WithTimeout(ctx, m.takeoverWait())
 	defer cancel()
 	t := time.NewTicker(takeoverPoll)
 	defer t.Stop()
