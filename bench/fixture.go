@@ -20,7 +20,7 @@ import (
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
-	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
 	"github.com/stubbornhq/stubborn/server"
 )
 
@@ -38,34 +38,34 @@ const (
 // item 7: one entry per durability setting) are added here.
 var stores = map[string]func(cfg *server.Config) (cleanup func(), err error){
 	"memory":            func(*server.Config) (func(), error) { return func() {}, nil },
-	"embedded-always":   embedded(runs.SyncAlways),
-	"embedded-interval": embedded(runs.SyncInterval),
+	"embedded-always":   embedded(jsstore.SyncAlways),
+	"embedded-interval": embedded(jsstore.SyncInterval),
 	// The embedded JetStream with its streams and buckets in memory: the
 	// engine's one durable code path without the disk, beside "memory"
 	// (the memory store), to weigh keeping two stores.
-	"embedded-memstorage": embeddedStorage(runs.SyncInterval, true),
+	"embedded-memstorage": embeddedStorage(jsstore.SyncInterval, true),
 }
 
 // embedded keeps runs in an in-process JetStream in a temporary directory,
 // fsyncing as durability says: the default `stubborn serve`.
-func embedded(durability runs.Durability) func(cfg *server.Config) (func(), error) {
+func embedded(durability jsstore.Durability) func(cfg *server.Config) (func(), error) {
 	return embeddedStorage(durability, false)
 }
 
 // embeddedStorage is embedded, its streams and buckets in memory when
-// memory is set (runs.JetStreamConfig.Memory).
-func embeddedStorage(durability runs.Durability, memory bool) func(cfg *server.Config) (func(), error) {
+// memory is set (jsstore.JetStreamConfig.Memory).
+func embeddedStorage(durability jsstore.Durability, memory bool) func(cfg *server.Config) (func(), error) {
 	return func(cfg *server.Config) (func(), error) {
 		dir, err := os.MkdirTemp("", "stubborn-bench-")
 		if err != nil {
 			return nil, err
 		}
-		e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: dir, Durability: durability, SyncPeriod: time.Second})
+		e, err := jsstore.StartEmbedded(jsstore.EmbeddedConfig{DataDir: dir, Durability: durability, SyncPeriod: time.Second})
 		if err != nil {
 			_ = os.RemoveAll(dir)
 			return nil, err
 		}
-		store, err := runs.NewJetStream(context.Background(), e.Conn, runs.JetStreamConfig{Memory: memory})
+		store, err := jsstore.NewJetStream(context.Background(), e.Conn, jsstore.JetStreamConfig{Memory: memory})
 		if err != nil {
 			e.Close()
 			_ = os.RemoveAll(dir)

@@ -16,6 +16,9 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/jstest"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
 )
 
 // TestAFullStoreOfFinishedRunsAdmitsAtOnce is issue 30's item 9: with
@@ -29,21 +32,21 @@ func TestAFullStoreOfFinishedRunsAdmitsAtOnce(t *testing.T) {
 	const maxBytes = 300000
 	// PurgeEvery 0: the default, a minute (a tenth of the default
 	// retention, at most a minute), as serve -max-bytes runs it.
-	e := startEmbedded(t)
+	e := jstest.Start(t)
 	// A lease no loaded machine lapses: with 1 s, reader once took m's
 	// runs in flight over when m's heartbeats were late under -race; their
 	// calls, not idempotent, were not made again, the runs ended, and
 	// their room let a run in that the test expects refused.
 	const lease = 10 * time.Second
-	cfg := runs.JetStreamConfig{MaxBytes: maxBytes, Lease: lease}
-	store, nc := openJetStream(t, e, cfg)
-	g := newGated(controls.DelegateInfo{})
-	m := newManager(t, g, runs.Config{Store: store, Lease: lease})
+	cfg := jsstore.JetStreamConfig{MaxBytes: maxBytes, Lease: lease}
+	store, nc := jstest.OpenOn(t, e, cfg)
+	g := runstest.NewGated(controls.DelegateInfo{})
+	m := runstest.NewManager(t, g, runs.Config{Store: store, Lease: lease})
 	// A server that holds none of the runs in memory reads them from the
 	// store.
-	readerStore, _ := openJetStream(t, e, cfg)
-	reader := newManager(t, g, runs.Config{Store: readerStore, Lease: lease})
-	ctx := ctxFor(t)
+	readerStore, _ := jstest.OpenOn(t, e, cfg)
+	reader := runstest.NewManager(t, g, runs.Config{Store: readerStore, Lease: lease})
+	ctx := runstest.Ctx(t)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	events, err := js.Stream(ctx, "STUBBORN_EVENTS")
@@ -51,11 +54,11 @@ func TestAFullStoreOfFinishedRunsAdmitsAtOnce(t *testing.T) {
 
 	live := func(brief string) (string, error) {
 		t.Helper()
-		st, err := m.Start(context.Background(), brief, chain("d"), nil)
+		st, err := m.Start(context.Background(), brief, runstest.Chain("d"), nil)
 		if err != nil {
 			return "", err
 		}
-		require.Eventually(t, func() bool { return g.called(brief) == 1 }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return g.Called(brief) == 1 }, 5*time.Second, time.Millisecond)
 		return st.GetRunId(), nil
 	}
 	var inFlight []string
@@ -70,11 +73,11 @@ func TestAFullStoreOfFinishedRunsAdmitsAtOnce(t *testing.T) {
 	for i := range 60 {
 		brief := fmt.Sprintf("finished %d %s", i, pad)
 		begin := time.Now()
-		st, err := m.Start(context.Background(), brief, chain("d"), nil)
+		st, err := m.Start(context.Background(), brief, runstest.Chain("d"), nil)
 		require.NoError(t, err, "run %d, after %d finished runs", i, len(finished))
 		assert.Less(t, time.Since(begin), 2500*time.Millisecond, "run %d was admitted, but late", i)
-		g.answer(brief, controlstest.OK("ok"))
-		final(t, watchAll(t, m, st.GetRunId(), 0))
+		g.Answer(brief, controlstest.OK("ok"))
+		runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 		finished = append(finished, st.GetRunId())
 		info, err := events.Info(ctx)
 		require.NoError(t, err)
@@ -112,7 +115,7 @@ func TestAFullStoreOfFinishedRunsAdmitsAtOnce(t *testing.T) {
 	// through on every request.
 	for range 20 {
 		begin := time.Now()
-		_, err := m.Start(context.Background(), "refused "+pad, chain("d"), nil)
+		_, err := m.Start(context.Background(), "refused "+pad, runstest.Chain("d"), nil)
 		require.ErrorIs(t, err, runs.ErrStoreFull)
 		assert.Less(t, time.Since(begin), 500*time.Millisecond)
 	}
@@ -125,8 +128,8 @@ func TestAFullStoreOfFinishedRunsAdmitsAtOnce(t *testing.T) {
 	// A run in flight finishes: room again, within a second (admission
 	// looked through the store of runs in flight less than a second ago).
 	last := inFlight[len(inFlight)-1]
-	g.answer(fmt.Sprintf("big in flight %d %s", len(inFlight)-3, pad), controlstest.OK("ok"))
-	final(t, watchAll(t, m, last, 0))
+	g.Answer(fmt.Sprintf("big in flight %d %s", len(inFlight)-3, pad), controlstest.OK("ok"))
+	runstest.Final(t, runstest.WatchAll(t, m, last, 0))
 	require.Eventually(t, func() bool {
 		owner, err := store.Driver(ctx, last)
 		return err == nil && owner == ""
@@ -137,11 +140,11 @@ func TestAFullStoreOfFinishedRunsAdmitsAtOnce(t *testing.T) {
 		brief := fmt.Sprintf("again %d %s", i, pad)
 		var again *stubbornv1.ControlState
 		require.Eventually(t, func() bool {
-			again, err = m.Start(context.Background(), brief, chain("d"), nil)
+			again, err = m.Start(context.Background(), brief, runstest.Chain("d"), nil)
 			return err == nil
 		}, 3*time.Second, 50*time.Millisecond, "no room made: %v", err)
-		g.answer(brief, controlstest.OK("ok"))
-		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, m, again.GetRunId(), 0)).GetStatus())
+		g.Answer(brief, controlstest.OK("ok"))
+		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, runstest.WatchAll(t, m, again.GetRunId(), 0)).GetStatus())
 	}
 	_, err = reader.Get(ctx, last)
 	assert.ErrorIs(t, err, runs.ErrNotFound, "the run that finished made the room")
@@ -157,16 +160,16 @@ func TestAFullStoreOfFinishedRunsAdmitsAtOnce(t *testing.T) {
 // while finished runs are left to purge.
 func TestConcurrentRunsInAFullStoreAreAdmitted(t *testing.T) {
 	const maxBytes = 300000
-	store, _ := embeddedJetStream(t, runs.JetStreamConfig{MaxBytes: maxBytes, Lease: time.Second})
-	g := newGated(controls.DelegateInfo{})
-	m := newManager(t, g, runs.Config{Store: store, Lease: time.Second})
+	store, _ := jstest.Open(t, jsstore.JetStreamConfig{MaxBytes: maxBytes, Lease: time.Second})
+	g := runstest.NewGated(controls.DelegateInfo{})
+	m := runstest.NewManager(t, g, runs.Config{Store: store, Lease: time.Second})
 	pad := strings.Repeat("x", 20<<10)
 	for i := range 6 {
 		brief := fmt.Sprintf("finished %d %s", i, pad)
-		st, err := m.Start(context.Background(), brief, chain("d"), nil)
+		st, err := m.Start(context.Background(), brief, runstest.Chain("d"), nil)
 		require.NoError(t, err, "run %d", i)
-		g.answer(brief, controlstest.OK("ok"))
-		final(t, watchAll(t, m, st.GetRunId(), 0))
+		g.Answer(brief, controlstest.OK("ok"))
+		runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	}
 	small := strings.Repeat("y", 4<<10)
 	type started struct {
@@ -177,7 +180,7 @@ func TestConcurrentRunsInAFullStoreAreAdmitted(t *testing.T) {
 	for i := range cap(out) {
 		go func() {
 			brief := fmt.Sprintf("concurrent %d %s", i, small)
-			st, err := m.Start(context.Background(), brief, chain("d"), nil)
+			st, err := m.Start(context.Background(), brief, runstest.Chain("d"), nil)
 			out <- started{brief, st.GetRunId(), err}
 		}()
 	}
@@ -186,7 +189,7 @@ func TestConcurrentRunsInAFullStoreAreAdmitted(t *testing.T) {
 		if !assert.NoError(t, r.err) {
 			continue
 		}
-		g.answer(r.brief, controlstest.OK("ok"))
-		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, m, r.id, 0)).GetStatus())
+		g.Answer(r.brief, controlstest.OK("ok"))
+		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, runstest.WatchAll(t, m, r.id, 0)).GetStatus())
 	}
 }

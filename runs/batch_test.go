@@ -19,20 +19,23 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/memstore"
+	runstore "github.com/stubbornhq/stubborn/runs/store"
 )
 
 // countingAppends records how many events each store write held.
 type countingAppends struct {
-	runs.Store
+	runstore.Store
 	mu      sync.Mutex
 	batches []int
 }
 
-func (c *countingAppends) Append(ctx context.Context, evs ...runs.Event) error {
+func (c *countingAppends) Append(ctx context.Context, w *runstore.Writer, evs ...runstore.Event) error {
 	c.mu.Lock()
 	c.batches = append(c.batches, len(evs))
 	c.mu.Unlock()
-	return c.Store.Append(ctx, evs...)
+	return c.Store.Append(ctx, w, evs...)
 }
 
 func (c *countingAppends) writes() []int {
@@ -44,7 +47,7 @@ func (c *countingAppends) writes() []int {
 // durableFirst is a delegate that, when called, reads the run's journal
 // from the store: the attempt it is called for must be its last event.
 type durableFirst struct {
-	store runs.Store
+	store runstore.Store
 	fail  int32 // attempts up to this one fail UNAVAILABLE
 	mu    sync.Mutex
 	seen  []string
@@ -90,11 +93,11 @@ func TestEventsAreWrittenTogetherAndBeforeEachCall(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			counted := &countingAppends{Store: open(t, time.Second)()}
 			d := &durableFirst{store: counted, fail: 2}
-			m := newManager(t, d, runs.Config{Store: counted, Lease: time.Second})
-			st, err := m.Start(context.Background(), "brief", retrySpec(3), nil)
+			m := runstest.NewManager(t, d, runs.Config{Store: counted, Lease: time.Second})
+			st, err := m.Start(context.Background(), "brief", runstest.RetrySpec(3), nil)
 			require.NoError(t, err)
-			evs := watchAll(t, m, st.GetRunId(), 0)
-			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, evs).GetStatus())
+			evs := runstest.WatchAll(t, m, st.GetRunId(), 0)
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, evs).GetStatus())
 
 			assert.Equal(t, []string{"call 1: attempt_started 1", "call 2: attempt_started 2", "call 3: attempt_started 3"}, d.seen)
 			// run_started+attempt_started; attempt_finished+failure_analyzed
@@ -108,12 +111,12 @@ func TestEventsAreWrittenTogetherAndBeforeEachCall(t *testing.T) {
 			}, kinds(evs))
 
 			for after := range int64(len(evs)) {
-				recorded, err := counted.Events(ctxFor(t), st.GetRunId(), after)
+				recorded, err := counted.Events(runstest.Ctx(t), st.GetRunId(), after)
 				require.NoError(t, err)
-				stored := decodeAll(t, recorded)
+				stored := runstest.DecodeAll(t, recorded)
 				require.Len(t, stored, len(evs)-int(after), "Events after %d", after)
 				var followed []*stubbornv1.RunEvent
-				require.NoError(t, counted.Follow(ctxFor(t), st.GetRunId(), after, decoding(func(ev *stubbornv1.RunEvent) error {
+				require.NoError(t, counted.Follow(runstest.Ctx(t), st.GetRunId(), after, runstest.Decoding(func(ev *stubbornv1.RunEvent) error {
 					followed = append(followed, ev)
 					return nil
 				})))
@@ -156,20 +159,20 @@ func TestAZeroWaitIsNoWait(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			store := open(t, time.Second)()
 			counted := &countingWrites{countingAppends: countingAppends{Store: store}}
-			var managed runs.Store = counted
+			var managed runstore.Store = counted
 			inJournal := runs.ReadsFinalFromJournal(store)
 			if inJournal {
 				// Counted, and still read from the journal at the end.
 				managed = runs.JournalFinal{Store: counted}
 			}
 			d := &durableFirst{store: counted, fail: 2}
-			m := newManager(t, d, runs.Config{Store: managed, Lease: time.Second})
-			spec := retrySpec(3)
+			m := runstest.NewManager(t, d, runs.Config{Store: managed, Lease: time.Second})
+			spec := runstest.RetrySpec(3)
 			spec.GetRetry().BaseWait, spec.GetRetry().MaxWait = durationpb.New(0), durationpb.New(0)
 			st, err := m.Start(context.Background(), "brief", spec, nil)
 			require.NoError(t, err)
-			evs := watchAll(t, m, st.GetRunId(), 0)
-			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, evs).GetStatus())
+			evs := runstest.WatchAll(t, m, st.GetRunId(), 0)
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, evs).GetStatus())
 			assert.Equal(t, []string{
 				"run_started", "attempt_started", "attempt_finished", "failure_analyzed", "backoff_scheduled",
 				"attempt_started", "attempt_finished", "failure_analyzed", "backoff_scheduled",
@@ -183,26 +186,26 @@ func TestAZeroWaitIsNoWait(t *testing.T) {
 			} else {
 				assert.Equal(t, []stubbornv1.RunStatus{stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED}, counted.puts, "states saved: the end")
 			}
-			recorded, err := counted.Events(ctxFor(t), st.GetRunId(), 0)
+			recorded, err := counted.Events(runstest.Ctx(t), st.GetRunId(), 0)
 			require.NoError(t, err)
-			assert.Equal(t, kinds(evs), kinds(decodeAll(t, recorded)))
-			got, err := counted.State(ctxFor(t), st.GetRunId())
+			assert.Equal(t, kinds(evs), kinds(runstest.DecodeAll(t, recorded)))
+			got, err := counted.State(runstest.Ctx(t), st.GetRunId())
 			require.NoError(t, err)
-			assert.True(t, proto.Equal(final(t, evs), got), "the store's state is the end")
+			assert.True(t, proto.Equal(runstest.Final(t, evs), got), "the store's state is the end")
 		})
 	}
 }
 
 // slowDecisions takes its time to write a decision.
-type slowDecisions struct{ runs.Store }
+type slowDecisions struct{ runstore.Store }
 
-func (s slowDecisions) Append(ctx context.Context, evs ...runs.Event) error {
+func (s slowDecisions) Append(ctx context.Context, w *runstore.Writer, evs ...runstore.Event) error {
 	for _, e := range evs {
 		if ev, err := e.Decode(); err == nil && ev.GetDecisionReceived() != nil {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	return s.Store.Append(ctx, evs...)
+	return s.Store.Append(ctx, w, evs...)
 }
 
 // TestADecisionIsWrittenBeforeDecideReturns: a decision taken is in the
@@ -211,28 +214,28 @@ func TestADecisionIsWrittenBeforeDecideReturns(t *testing.T) {
 	for name, open := range stores {
 		t.Run(name, func(t *testing.T) {
 			store := slowDecisions{open(t, time.Second)()}
-			g := newGated(controls.DelegateInfo{Idempotent: true})
-			m := newManager(t, g, runs.Config{Store: store, Lease: time.Second})
+			g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
+			m := runstest.NewManager(t, g, runs.Config{Store: store, Lease: time.Second})
 			ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
 			st, err := m.Start(context.Background(), "z", ask, nil)
 			require.NoError(t, err)
-			g.answer("z", controlstest.Fail(codes.Unavailable, "busy"))
+			g.Answer("z", controlstest.Fail(codes.Unavailable, "busy"))
 			require.Eventually(t, func() bool {
 				got, err := m.Get(context.Background(), st.GetRunId())
 				return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
 			}, 5*time.Second, time.Millisecond)
 			_, err = m.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
 			require.NoError(t, err)
-			recorded, err := store.Events(ctxFor(t), st.GetRunId(), 0)
+			recorded, err := store.Events(runstest.Ctx(t), st.GetRunId(), 0)
 			require.NoError(t, err)
-			assert.Contains(t, kinds(decodeAll(t, recorded)), "decision_received")
+			assert.Contains(t, kinds(runstest.DecodeAll(t, recorded)), "decision_received")
 		})
 	}
 }
 
 // countingStates counts the state writes.
 type countingStates struct {
-	runs.Store
+	runstore.Store
 	mu   sync.Mutex
 	puts int
 }
@@ -254,21 +257,21 @@ func TestTheClaimCarriesTheFirstState(t *testing.T) {
 			const lease = 300 * time.Millisecond
 			shared := open(t, lease)
 			counted := &countingStates{Store: shared()}
-			g := newGated(controls.DelegateInfo{Idempotent: true})
+			g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
 			a, err := runs.New(runs.Config{Delegates: g, Store: counted, Lease: lease, Owner: "a"})
 			require.NoError(t, err)
 			t.Cleanup(a.Close)
-			st, err := a.Start(context.Background(), "x", retrySpec(2), nil)
+			st, err := a.Start(context.Background(), "x", runstest.RetrySpec(2), nil)
 			require.NoError(t, err)
-			require.Eventually(t, func() bool { return g.called("x") == 1 }, 5*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return g.Called("x") == 1 }, 5*time.Second, time.Millisecond)
 
 			other := shared()
-			got, err := other.State(ctxFor(t), st.GetRunId())
+			got, err := other.State(runstest.Ctx(t), st.GetRunId())
 			require.NoError(t, err)
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, got.GetStatus())
 			assert.Equal(t, "x", got.GetTaskBrief())
 			listed := 0
-			require.NoError(t, other.States(ctxFor(t), func(s *stubbornv1.ControlState) bool {
+			require.NoError(t, other.States(runstest.Ctx(t), func(s *stubbornv1.ControlState) bool {
 				if s.GetRunId() == st.GetRunId() {
 					listed++
 				}
@@ -278,15 +281,15 @@ func TestTheClaimCarriesTheFirstState(t *testing.T) {
 			assert.Zero(t, counted.puts, "no state write but the claim's")
 
 			a.Kill()
-			b := newManager(t, g, runs.Config{Store: other, Lease: lease, Owner: "b"})
+			b := runstest.NewManager(t, g, runs.Config{Store: other, Lease: lease, Owner: "b"})
 			require.Eventually(t, func() bool { return b.Owns(st.GetRunId()) }, 10*time.Second, 5*time.Millisecond, "b took the run over")
-			got, err = other.State(ctxFor(t), st.GetRunId())
+			got, err = other.State(runstest.Ctx(t), st.GetRunId())
 			require.NoError(t, err, "the state survives the takeover")
 			assert.Equal(t, "x", got.GetTaskBrief())
-			g.answer("x", controlstest.OK("fine"))
-			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, b, st.GetRunId(), 0)).GetStatus())
+			g.Answer("x", controlstest.OK("fine"))
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, runstest.WatchAll(t, b, st.GetRunId(), 0)).GetStatus())
 			require.Eventually(t, func() bool {
-				got, err := other.State(ctxFor(t), st.GetRunId())
+				got, err := other.State(runstest.Ctx(t), st.GetRunId())
 				return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED
 			}, 5*time.Second, 5*time.Millisecond, "the final state is saved")
 		})
@@ -317,15 +320,15 @@ func TestARaceShowsEachCandidateAsItEnds(t *testing.T) {
 	for name, open := range stores {
 		t.Run(name, func(t *testing.T) {
 			d := fastAndSlow{release: make(chan struct{})}
-			m := newManager(t, d, runs.Config{Store: open(t, time.Second)(), Lease: time.Second})
+			m := runstest.NewManager(t, d, runs.Config{Store: open(t, time.Second)(), Lease: time.Second})
 			race := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Race{Race: &stubbornv1.RaceSpec{Candidates: []string{"fast", "slow"}}}}
 			st, err := m.Start(context.Background(), "brief", race, nil)
 			require.NoError(t, err)
-			ctx, cancel := context.WithCancel(ctxFor(t))
+			ctx, cancel := context.WithCancel(runstest.Ctx(t))
 			defer cancel()
 			seen := make(chan string, 100)
 			go func() {
-				_ = m.Watch(ctx, st.GetRunId(), 0, decoding(func(ev *stubbornv1.RunEvent) error {
+				_ = m.Watch(ctx, st.GetRunId(), 0, runstest.Decoding(func(ev *stubbornv1.RunEvent) error {
 					seen <- controlstest.Kind(ev) + " " + ev.GetAttemptFinished().GetAttempt().GetDelegate()
 					return nil
 				}))
@@ -343,7 +346,7 @@ func TestARaceShowsEachCandidateAsItEnds(t *testing.T) {
 				}
 			}
 			close(d.release)
-			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, m, st.GetRunId(), 0)).GetStatus())
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0)).GetStatus())
 		})
 	}
 }
@@ -357,28 +360,28 @@ func TestABigResultIsWrittenInSeveralMessages(t *testing.T) {
 			big := strings.Repeat("x", 400<<10)
 			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK(big)}})
 			store := open(t, time.Second)()
-			m := newManager(t, d, runs.Config{Store: store, Lease: time.Second})
-			st, err := m.Start(context.Background(), "brief", chain("a"), nil)
+			m := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
+			st, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
 			require.NoError(t, err)
-			fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+			fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
 			assert.Equal(t, big, fin.GetResult().GetText())
-			recorded, err := store.Events(ctxFor(t), st.GetRunId(), 0)
+			recorded, err := store.Events(runstest.Ctx(t), st.GetRunId(), 0)
 			require.NoError(t, err)
-			assert.Equal(t, []string{"run_started", "attempt_started", "attempt_finished", "run_finished"}, kinds(decodeAll(t, recorded)))
+			assert.Equal(t, []string{"run_started", "attempt_started", "attempt_finished", "run_finished"}, kinds(runstest.DecodeAll(t, recorded)))
 		})
 	}
 }
 
 // refusedEnd refuses a run's last write, as when another server took the
 // run over meanwhile.
-type refusedEnd struct{ runs.Store }
+type refusedEnd struct{ runstore.Store }
 
-func (s refusedEnd) Append(ctx context.Context, evs ...runs.Event) error {
+func (s refusedEnd) Append(ctx context.Context, w *runstore.Writer, evs ...runstore.Event) error {
 	if evs[len(evs)-1].Finished {
 		return runs.ErrConflict
 	}
-	return s.Store.Append(ctx, evs...)
+	return s.Store.Append(ctx, w, evs...)
 }
 
 // observed records what an Observer is shown.
@@ -412,15 +415,15 @@ func (o *observed) seen() []string {
 func TestTheObserverSeesTheEndOnlyOnceWritten(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	obs := &observed{}
-	m := newManager(t, d, runs.Config{Store: refusedEnd{runs.NewMemory(time.Minute)}, Observer: obs})
-	st, err := m.Start(context.Background(), "brief", chain("a"), nil)
+	m := runstest.NewManager(t, d, runs.Config{Store: refusedEnd{memstore.NewMemory(time.Minute)}, Observer: obs})
+	st, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return !m.Owns(st.GetRunId()) }, 5*time.Second, time.Millisecond, "the run is lost")
 	assert.Equal(t, []string{"run_started", "attempt_started", "attempt_finished", "stopped"}, obs.seen())
 }
 
 // refusedStates refuses to save states.
-type refusedStates struct{ runs.Store }
+type refusedStates struct{ runstore.Store }
 
 func (refusedStates) PutState(context.Context, string, []byte) error {
 	return errors.New("refused")
@@ -430,24 +433,24 @@ func (refusedStates) PutState(context.Context, string, []byte) error {
 // saved, the run keeps its claim (and the state it carries), and the next
 // server to drive it saves the final state from the journal, then lets go.
 func TestARunWhoseEndIsNotSavedKeepsItsClaim(t *testing.T) {
-	store := runs.NewMemory(300 * time.Millisecond)
+	store := memstore.NewMemory(300 * time.Millisecond)
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
-	a := newManager(t, d, runs.Config{Store: refusedStates{store}, Lease: 300 * time.Millisecond, Owner: "a"})
-	st, err := a.Start(context.Background(), "brief", chain("a"), nil)
+	a := runstest.NewManager(t, d, runs.Config{Store: refusedStates{store}, Lease: 300 * time.Millisecond, Owner: "a"})
+	st, err := a.Start(context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
-	final(t, watchAll(t, a, st.GetRunId(), 0))
+	runstest.Final(t, runstest.WatchAll(t, a, st.GetRunId(), 0))
 	a.Close() // retired, then left
-	owner, err := store.Driver(ctxFor(t), st.GetRunId())
+	owner, err := store.Driver(runstest.Ctx(t), st.GetRunId())
 	require.NoError(t, err)
 	assert.Equal(t, "a", owner, "the claim stays")
-	got, err := store.State(ctxFor(t), st.GetRunId())
+	got, err := store.State(runstest.Ctx(t), st.GetRunId())
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, got.GetStatus(), "the claim's state")
 
-	newManager(t, d, runs.Config{Store: store, Lease: 300 * time.Millisecond, Owner: "b"})
+	runstest.NewManager(t, d, runs.Config{Store: store, Lease: 300 * time.Millisecond, Owner: "b"})
 	require.Eventually(t, func() bool {
-		got, err := store.State(ctxFor(t), st.GetRunId())
-		owner, _ := store.Driver(ctxFor(t), st.GetRunId())
+		got, err := store.State(runstest.Ctx(t), st.GetRunId())
+		owner, _ := store.Driver(runstest.Ctx(t), st.GetRunId())
 		return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED && owner == ""
 	}, 10*time.Second, 10*time.Millisecond, "b saved the final state and let the run go")
 }

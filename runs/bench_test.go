@@ -13,6 +13,7 @@ import (
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // BenchmarkFanOut records events in one run's journal (in memory and in
@@ -155,7 +156,7 @@ func runToEnd(ctx context.Context, tb testing.TB, m *Manager, spec *stubbornv1.C
 }
 
 // eventStatus reads the status field of an encoded RunEvent.
-func eventStatus(b []byte) stubbornv1.RunStatus { return statusField(b, eventStatusField) }
+func eventStatus(b []byte) stubbornv1.RunStatus { return store.StatusField(b, eventStatusField) }
 
 // eventStatusField is RunEvent.status's field number.
 const eventStatusField = 5

@@ -7,17 +7,18 @@ import (
 	"time"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // Cancel cancels a run and waits (bounded by ctx) until it has ended. A
 // finished run is returned as it is.
 func (m *Manager) Cancel(ctx context.Context, id string) (*stubbornv1.ControlState, error) {
-	return m.command(ctx, &Command{RunID: id, Cancel: true})
+	return m.command(ctx, &store.Command{RunID: id, Cancel: true})
 }
 
 // Decide answers a run awaiting a decision.
 func (m *Manager) Decide(ctx context.Context, id string, d stubbornv1.Decision) (*stubbornv1.ControlState, error) {
-	return m.command(ctx, &Command{RunID: id, Decision: d})
+	return m.command(ctx, &store.Command{RunID: id, Decision: d})
 }
 
 // command carries out cmd here if this server drives the run, or sends it
@@ -25,7 +26,7 @@ func (m *Manager) Decide(ctx context.Context, id string, d stubbornv1.Decision) 
 //
 // Only ctx's tenant may command its runs: that is checked here, on the
 // server the command arrives at, before it is carried out or sent on.
-func (m *Manager) command(ctx context.Context, cmd *Command) (*stubbornv1.ControlState, error) {
+func (m *Manager) command(ctx context.Context, cmd *store.Command) (*stubbornv1.ControlState, error) {
 	if r := m.local(cmd.RunID); r != nil && !r.isLost() {
 		if err := visible(ctx, cmd.RunID, r.tenant); err != nil {
 			return nil, err
@@ -42,7 +43,7 @@ func (m *Manager) command(ctx context.Context, cmd *Command) (*stubbornv1.Contro
 	if err != nil {
 		return nil, err
 	}
-	if isTerminal(st.GetStatus()) {
+	if store.IsTerminal(st.GetStatus()) {
 		return m.handle(ctx, cmd)
 	}
 	owner, err := m.store.Driver(ctx, cmd.RunID)
@@ -53,7 +54,7 @@ func (m *Manager) command(ctx context.Context, cmd *Command) (*stubbornv1.Contro
 		return m.handle(ctx, cmd)
 	}
 	st, err = m.store.Send(ctx, owner, cmd)
-	if errors.Is(err, errNotServing) && m.awaitTakeover(ctx, cmd.RunID, owner) {
+	if errors.Is(err, store.ErrNotServing) && m.awaitTakeover(ctx, cmd.RunID, owner) {
 		return m.command(ctx, cmd) // to the run's next driver
 	}
 	if err != nil && !errors.Is(err, ErrNotAwaitingDecision) && !errors.Is(err, ErrNotFound) {
@@ -61,10 +62,6 @@ func (m *Manager) command(ctx context.Context, cmd *Command) (*stubbornv1.Contro
 	}
 	return st, err
 }
-
-// errNotServing is a store's Send error when no server serves the commands
-// of the run's driver: it stopped, and its runs are about to be taken over.
-var errNotServing = errors.New("no server serves the commands of the run's driver")
 
 // takeoverWait bounds how long a command waits for a run whose driver
 // stopped to be taken over: the dead driver's lease runs out, then a scan
@@ -131,14 +128,14 @@ const takeoverPoll = 50 * time.Millisecond
 
 // handle carries out a command on a run this server drives, or on a
 // finished run.
-func (m *Manager) handle(ctx context.Context, cmd *Command) (*stubbornv1.ControlState, error) {
+func (m *Manager) handle(ctx context.Context, cmd *store.Command) (*stubbornv1.ControlState, error) {
 	r := m.local(cmd.RunID)
 	if r == nil || r.isLost() {
 		st, err := m.store.State(ctx, cmd.RunID)
 		if err != nil {
 			return nil, err
 		}
-		if !isTerminal(st.GetStatus()) {
+		if !store.IsTerminal(st.GetStatus()) {
 			if m.awaitResumed(ctx, cmd.RunID) {
 				return m.handle(ctx, cmd)
 			}

@@ -13,6 +13,8 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/memstore"
 )
 
 // weatherConversation is a typed conversation that offers the tool named.
@@ -33,15 +35,15 @@ func weatherConversation(tool string) *stubbornv1.Conversation {
 func takenOver(t *testing.T, task runs.Task) (d *controlstest.Delegates, started *stubbornv1.ControlState, evs []*stubbornv1.RunEvent, b *runs.Manager) {
 	t.Helper()
 	const lease = 300 * time.Millisecond
-	store := runs.NewMemory(lease)
+	store := memstore.NewMemory(lease)
 	d = controlstest.NewDelegates(map[string][]controlstest.Reply{"x": {{Hang: true}, controlstest.OK("sunny")}})
 	d.SetInfo("x", controls.DelegateInfo{Idempotent: true})
-	a := newManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "a"})
-	st, _, err := a.StartTask(ctxFor(t), task, presetRetryOf("x"), nil) // a retry: x again after its interrupted call
+	a := runstest.NewManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "a"})
+	st, _, err := a.StartTask(runstest.Ctx(t), task, presetRetryOf("x"), nil) // a retry: x again after its interrupted call
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond, "x is called")
 	a.Kill()
-	b = newManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "b"})
+	b = runstest.NewManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "b"})
 	evs = watchToEnd(t, b, st.GetRunId())
 	return d, st, evs, b
 }
@@ -50,7 +52,7 @@ func TestARunKeepsItsConversationAndResumesWithIt(t *testing.T) {
 	conv := weatherConversation("get_weather")
 	d, st, evs, b := takenOver(t, runs.Task{Conversation: conv})
 	assert.True(t, proto.Equal(conv, st.GetConversation()), "the state has the run's conversation")
-	end := final(t, evs)
+	end := runstest.Final(t, evs)
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, end.GetStatus(), end.GetStatusReason())
 	assert.True(t, proto.Equal(conv, end.GetConversation()), "the final state too")
 	calls := d.CallsTo("x")
@@ -60,7 +62,7 @@ func TestARunKeepsItsConversationAndResumesWithIt(t *testing.T) {
 		assert.Empty(t, c.Messages)
 		assert.Nil(t, c.ModelParams)
 	}
-	got, err := b.Get(ctxFor(t), st.GetRunId())
+	got, err := b.Get(runstest.Ctx(t), st.GetRunId())
 	require.NoError(t, err)
 	assert.True(t, proto.Equal(conv, got.GetConversation()), "the resumed run's state keeps it")
 	assert.True(t, proto.Equal(end, controls.Fold(evs)), "the journal folds to the final state")
@@ -83,7 +85,7 @@ func TestARunOfTaskMessagesResumesUnchanged(t *testing.T) {
 				"the journal is what an older release wrote")
 		}
 	}
-	end := final(t, evs)
+	end := runstest.Final(t, evs)
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, end.GetStatus(), end.GetStatusReason())
 	assert.Equal(t, "sunny", end.GetResult().GetText())
 	calls := d.CallsTo("x")
@@ -99,12 +101,12 @@ func TestARunOfTaskMessagesResumesUnchanged(t *testing.T) {
 
 func TestAnIdempotencyKeyAsksForTheSameConversation(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
-	m := newManager(t, d, runs.Config{Store: runs.NewMemory(time.Second), Lease: time.Second})
-	ctx := ctxFor(t)
-	first, existing, err := m.StartTask(ctx, runs.Task{Conversation: weatherConversation("get_weather")}, chain("a"), keyed("k", nil))
+	m := runstest.NewManager(t, d, runs.Config{Store: memstore.NewMemory(time.Second), Lease: time.Second})
+	ctx := runstest.Ctx(t)
+	first, existing, err := m.StartTask(ctx, runs.Task{Conversation: weatherConversation("get_weather")}, runstest.Chain("a"), keyed("k", nil))
 	require.NoError(t, err)
 	assert.False(t, existing)
-	again, existing, err := m.StartTask(ctx, runs.Task{Conversation: weatherConversation("get_weather")}, chain("a"), keyed("k", nil))
+	again, existing, err := m.StartTask(ctx, runs.Task{Conversation: weatherConversation("get_weather")}, runstest.Chain("a"), keyed("k", nil))
 	require.NoError(t, err)
 	assert.True(t, existing)
 	assert.Equal(t, first.GetRunId(), again.GetRunId())
@@ -112,7 +114,7 @@ func TestAnIdempotencyKeyAsksForTheSameConversation(t *testing.T) {
 		"other tools":     {Conversation: weatherConversation("get_time")},
 		"no conversation": {},
 	} {
-		_, _, err = m.StartTask(ctx, task, chain("a"), keyed("k", nil))
+		_, _, err = m.StartTask(ctx, task, runstest.Chain("a"), keyed("k", nil))
 		var conflict *runs.KeyConflictError
 		require.ErrorAs(t, err, &conflict, name)
 		assert.Equal(t, first.GetRunId(), conflict.RunID, name)
@@ -132,8 +134,8 @@ func TestStreamedToolCallsAreCoalescedWithTheText(t *testing.T) {
 		Deltas: [][]*stubbornv1.OutputDelta{frag("call_1", "get_weather", `{"city":`), frag("", "", `"Paris"}`)},
 		Result: &stubbornv1.Result{Text: "Let me check."},
 	}}})
-	m := newManager(t, d, runs.Config{Store: runs.NewMemory(time.Second), Lease: time.Second, OutputFlushInterval: time.Hour})
-	st, err := m.Start(ctxFor(t), "brief", chain("x"), nil)
+	m := runstest.NewManager(t, d, runs.Config{Store: memstore.NewMemory(time.Second), Lease: time.Second, OutputFlushInterval: time.Hour})
+	st, err := m.Start(runstest.Ctx(t), "brief", runstest.Chain("x"), nil)
 	require.NoError(t, err)
 	var outs []*stubbornv1.AttemptOutput
 	for _, ev := range watchToEnd(t, m, st.GetRunId()) {

@@ -14,6 +14,8 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/memstore"
 )
 
 // dying is criteria whose evaluation never returns: the process runs out
@@ -35,11 +37,11 @@ func (d dying) Check(ctx context.Context, _ int32, _ string, _ *stubbornv1.Resul
 // Not parallel: it measures allocations.
 func TestACELExpressionThatKilledItsServerIsNotEvaluatedOnResume(t *testing.T) {
 	const lease = 200 * time.Millisecond
-	store := runs.NewMemory(lease)
-	g := newGated(controls.DelegateInfo{Idempotent: true})
+	store := memstore.NewMemory(lease)
+	g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
 	answer := controlstest.OK(strings.Repeat("a", 10_000))
-	g.answer("x", answer)
-	g.answer("x", answer)
+	g.Answer("x", answer)
+	g.Answer("x", answer)
 	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{
 		Chain:       []string{"first", "second"},
 		FailureWhen: `result.text.replace("", result.text + result.text).size() < 0`,
@@ -49,7 +51,7 @@ func TestACELExpressionThatKilledItsServerIsNotEvaluatedOnResume(t *testing.T) {
 	a, err := runs.New(runs.Config{Delegates: g, Store: store, Lease: lease, Owner: "a",
 		Criteria: func(*stubbornv1.ControlState) controls.Criteria { return evaluating }})
 	require.NoError(t, err)
-	st, err := a.Start(ctxFor(t), "x", spec, nil)
+	st, err := a.Start(runstest.Ctx(t), "x", spec, nil)
 	require.NoError(t, err)
 	select {
 	case <-evaluating:
@@ -61,15 +63,15 @@ func TestACELExpressionThatKilledItsServerIsNotEvaluatedOnResume(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	b := newManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "b", SoleOwner: true,
+	b := runstest.NewManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "b", SoleOwner: true,
 		Criteria: func(st *stubbornv1.ControlState) controls.Criteria {
 			return controls.NewCriteria(st.GetControl(), "", g)
 		}})
-	end := final(t, watchAll(t, b, st.GetRunId(), 0))
+	end := runstest.Final(t, runstest.WatchAll(t, b, st.GetRunId(), 0))
 	runtime.ReadMemStats(&after)
 
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED, end.GetStatus())
-	assert.Equal(t, 2, g.called("x"), "each delegate was called once")
+	assert.Equal(t, 2, g.Called("x"), "each delegate was called once")
 	require.Len(t, end.GetFailureHistory(), 2)
 	assert.Equal(t, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED, end.GetAttemptLog()[0].GetOutcome(), "the attempt the server died in")
 	second := end.GetFailureHistory()[1]

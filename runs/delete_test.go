@@ -12,6 +12,9 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/jstest"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
 )
 
 // TestADeletedRunIsGoneEverywhere: a run that server A drove and keeps in
@@ -19,24 +22,24 @@ import (
 // state, journal and summary, and its idempotency key names nothing. A
 // run in flight is deleted only when asked to cancel it.
 func TestADeletedRunIsGoneEverywhere(t *testing.T) {
-	e := startEmbedded(t)
-	storeA, _ := openJetStream(t, e, runs.JetStreamConfig{Lease: time.Second})
-	storeB, _ := openJetStream(t, e, runs.JetStreamConfig{Lease: time.Second})
+	e := jstest.Start(t)
+	storeA, _ := jstest.OpenOn(t, e, jsstore.JetStreamConfig{Lease: time.Second})
+	storeB, _ := jstest.OpenOn(t, e, jsstore.JetStreamConfig{Lease: time.Second})
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{
 		"a": {controlstest.OK("x"), controlstest.OK("y")},
 		"d": {{Err: &controls.CallError{Code: codes.Unavailable, Message: "refused", NotSent: true}}},
 	})
-	mA := newManager(t, d, runs.Config{Store: storeA, Lease: time.Second, Owner: "a"})
-	mB := newManager(t, d, runs.Config{Store: storeB, Lease: time.Second, Owner: "b"})
-	ctx := ctxFor(t)
+	mA := runstest.NewManager(t, d, runs.Config{Store: storeA, Lease: time.Second, Owner: "a"})
+	mB := runstest.NewManager(t, d, runs.Config{Store: storeB, Lease: time.Second, Owner: "b"})
+	ctx := runstest.Ctx(t)
 	<-storeA.IndexReconciled()
 	<-storeB.IndexReconciled()
 
-	st, _, err := mA.StartOnce(ctx, "brief", chain("a"), keyed("order-42", nil))
+	st, _, err := mA.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-42", nil))
 	require.NoError(t, err)
-	final(t, watchAll(t, mA, st.GetRunId(), 0))
+	runstest.Final(t, runstest.WatchAll(t, mA, st.GetRunId(), 0))
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		assert.Contains(c, summaries(t, ctx, mB), st.GetRunId())
+		assert.Contains(c, runstest.Summaries(t, ctx, mB), st.GetRunId())
 	}, 10*time.Second, 10*time.Millisecond)
 
 	require.NoError(t, mB.Delete(ctx, st.GetRunId(), false))
@@ -45,12 +48,12 @@ func TestADeletedRunIsGoneEverywhere(t *testing.T) {
 			_, err := m.Get(ctx, st.GetRunId())
 			assert.ErrorIs(c, err, runs.ErrNotFound, name)
 		}, 10*time.Second, 10*time.Millisecond)
-		assert.NotContains(t, summaries(t, ctx, m), st.GetRunId(), name)
+		assert.NotContains(t, runstest.Summaries(t, ctx, m), st.GetRunId(), name)
 	}
 	evs, err := storeB.Events(ctx, st.GetRunId(), 0)
 	require.NoError(t, err)
 	assert.Empty(t, evs)
-	again, existing, err := mB.StartOnce(ctx, "brief", chain("a"), keyed("order-42", nil))
+	again, existing, err := mB.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-42", nil))
 	require.NoError(t, err)
 	assert.False(t, existing, "the key names nothing any more")
 	assert.NotEqual(t, st.GetRunId(), again.GetRunId())

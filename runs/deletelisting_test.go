@@ -15,6 +15,9 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // TestADeletedRunLeavesNoListingEntry deletes runs in every state
@@ -32,17 +35,17 @@ func TestADeletedRunLeavesNoListingEntry(t *testing.T) {
 	}
 }
 
-func deletedRunsLeaveNoEntry(t *testing.T, open func() runs.Store) {
-	ctx := ctxFor(t)
+func deletedRunsLeaveNoEntry(t *testing.T, open func() store.Store) {
+	ctx := runstest.Ctx(t)
 	storeA, storeB := open(), open()
-	for _, s := range []runs.Store{storeA, storeB} {
-		if js, ok := s.(*runs.JetStream); ok {
+	for _, s := range []store.Store{storeA, storeB} {
+		if js, ok := s.(*jsstore.JetStream); ok {
 			<-js.IndexReconciled()
 		}
 	}
-	g := newGated(controls.DelegateInfo{Idempotent: true})
-	a := newManager(t, g, runs.Config{Store: storeA, Lease: time.Second, Owner: "a", Clock: controls.RealClock{}})
-	b := newManager(t, g, runs.Config{Store: storeB, Lease: time.Second, Owner: "b", Clock: controls.RealClock{}})
+	g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
+	a := runstest.NewManager(t, g, runs.Config{Store: storeA, Lease: time.Second, Owner: "a", Clock: controls.RealClock{}})
+	b := runstest.NewManager(t, g, runs.Config{Store: storeB, Lease: time.Second, Owner: "b", Clock: controls.RealClock{}})
 
 	// A follower on b, from before the runs (a store without an index
 	// has none: its server's feed tells of deletions, server/).
@@ -90,10 +93,10 @@ func deletedRunsLeaveNoEntry(t *testing.T, open func() runs.Store) {
 			BaseWait: durationpb.New(wait), MaxWait: durationpb.New(wait),
 		}}}
 	}
-	g.answer("finished", controlstest.OK("done"))
-	g.answer("parked", controlstest.Fail(codes.Unavailable, "busy"))
-	g.answer("awaiting", controlstest.Fail(codes.Unavailable, "busy"))
-	g.answer("racing", controlstest.Fail(codes.Unavailable, "busy"))
+	g.Answer("finished", controlstest.OK("done"))
+	g.Answer("parked", controlstest.Fail(codes.Unavailable, "busy"))
+	g.Answer("awaiting", controlstest.Fail(codes.Unavailable, "busy"))
+	g.Answer("racing", controlstest.Fail(codes.Unavailable, "busy"))
 	kinds := []struct {
 		brief string
 		spec  *stubbornv1.ControlSpec
@@ -118,12 +121,12 @@ func deletedRunsLeaveNoEntry(t *testing.T, open func() runs.Store) {
 				assert.Equal(c, kinds[i].want, st.GetStatus(), kinds[i].brief)
 			}
 		}
-		assert.Equal(c, 1, g.called("attempt"))
+		assert.Equal(c, 1, g.Called("attempt"))
 	}, 10*time.Second, 5*time.Millisecond, "runs in every state")
 	if indexed {
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			for name, m := range map[string]*runs.Manager{"a": a, "b": b} {
-				listed := summaries(t, ctx, m)
+				listed := runstest.Summaries(t, ctx, m)
 				for _, id := range ids {
 					assert.Contains(c, listed, id, name)
 				}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	runstore "github.com/stubbornhq/stubborn/runs/store"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -18,6 +20,9 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/jstest"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
 )
 
 // statesBucket opens the JetStream store's bucket of saved states.
@@ -25,7 +30,7 @@ func statesBucket(t *testing.T, nc *nats.Conn) jetstream.KeyValue {
 	t.Helper()
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	kv, err := js.KeyValue(ctxFor(t), "stubborn_runs")
+	kv, err := js.KeyValue(runstest.Ctx(t), "stubborn_runs")
 	require.NoError(t, err)
 	return kv
 }
@@ -34,7 +39,7 @@ func statesBucket(t *testing.T, nc *nats.Conn) jetstream.KeyValue {
 // nil when there is none.
 func savedState(t *testing.T, kv jetstream.KeyValue, id string) *stubbornv1.ControlState {
 	t.Helper()
-	e, err := kv.Get(ctxFor(t), id)
+	e, err := kv.Get(runstest.Ctx(t), id)
 	if err == jetstream.ErrKeyNotFound {
 		return nil
 	}
@@ -46,12 +51,12 @@ func savedState(t *testing.T, kv jetstream.KeyValue, id string) *stubbornv1.Cont
 
 // startAsking starts a run on m whose one attempt fails, so that it asks
 // for a decision, and waits until that status is saved in states.
-func startAsking(t *testing.T, m *runs.Manager, g *gated, states jetstream.KeyValue, brief string) string {
+func startAsking(t *testing.T, m *runs.Manager, g *runstest.Gated, states jetstream.KeyValue, brief string) string {
 	t.Helper()
 	ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
 	st, err := m.Start(context.Background(), brief, ask, nil)
 	require.NoError(t, err)
-	g.answer(brief, controlstest.Fail(codes.Unavailable, "busy"))
+	g.Answer(brief, controlstest.Fail(codes.Unavailable, "busy"))
 	require.Eventually(t, func() bool {
 		saved := savedState(t, states, st.GetRunId())
 		return saved != nil && saved.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
@@ -62,7 +67,7 @@ func startAsking(t *testing.T, m *runs.Manager, g *gated, states jetstream.KeyVa
 // listed returns the runs List gives, by id, failing on a run listed twice.
 func listed(t *testing.T, m *runs.Manager) map[string]*stubbornv1.ControlState {
 	t.Helper()
-	list, _, err := m.List(ctxFor(t), stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED, 100, "")
+	list, _, err := m.List(runstest.Ctx(t), stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED, 100, "")
 	require.NoError(t, err)
 	out := map[string]*stubbornv1.ControlState{}
 	for _, st := range list {
@@ -80,34 +85,34 @@ func listed(t *testing.T, m *runs.Manager) map[string]*stubbornv1.ControlState {
 // one too, so that the saved one is never stale; and a run still going is
 // listed with its claim's state.
 func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
-	store, nc := embeddedJetStream(t, runs.JetStreamConfig{Lease: time.Second})
+	store, nc := jstest.Open(t, jsstore.JetStreamConfig{Lease: time.Second})
 	states := statesBucket(t, nc)
 
-	g := newGated(controls.DelegateInfo{Idempotent: true})
-	m := newManager(t, g, runs.Config{Store: store, Lease: time.Second})
+	g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
+	m := runstest.NewManager(t, g, runs.Config{Store: store, Lease: time.Second})
 	// A second server's view: only the store.
-	other := newManager(t, g, runs.Config{Store: store, Lease: time.Second})
+	other := runstest.NewManager(t, g, runs.Config{Store: store, Lease: time.Second})
 	assert.Empty(t, listed(t, m), "no journal at all: List answers, empty")
 
 	// One attempt, never waiting: no state saved, ever.
-	plain, err := m.Start(context.Background(), "plain", chain("d"), nil)
+	plain, err := m.Start(context.Background(), "plain", runstest.Chain("d"), nil)
 	require.NoError(t, err)
-	g.answer("plain", controlstest.OK("done"))
-	plainFinal := final(t, watchAll(t, m, plain.GetRunId(), 0))
+	g.Answer("plain", controlstest.OK("done"))
+	plainFinal := runstest.Final(t, runstest.WatchAll(t, m, plain.GetRunId(), 0))
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, plainFinal.GetStatus())
 
 	// Waits for a decision (a saved state), then succeeds.
 	asked := startAsking(t, m, g, states, "asked")
-	g.answer("asked", controlstest.OK("done"))
-	_, err = m.Decide(ctxFor(t), asked, stubbornv1.Decision_DECISION_RETRY)
+	g.Answer("asked", controlstest.OK("done"))
+	_, err = m.Decide(runstest.Ctx(t), asked, stubbornv1.Decision_DECISION_RETRY)
 	require.NoError(t, err)
-	askedFinal := final(t, watchAll(t, m, asked, 0))
+	askedFinal := runstest.Final(t, runstest.WatchAll(t, m, asked, 0))
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, askedFinal.GetStatus())
 
 	// Still going: its call waits.
-	going, err := m.Start(context.Background(), "going", chain("d"), nil)
+	going, err := m.Start(context.Background(), "going", runstest.Chain("d"), nil)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return g.called("going") == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return g.Called("going") == 1 }, 5*time.Second, time.Millisecond)
 
 	assert.Nil(t, savedState(t, states, plain.GetRunId()), "the plain run saved no state")
 	assert.True(t, proto.Equal(askedFinal, savedState(t, states, asked)), "the saved state of the asked run is its final one")
@@ -117,14 +122,14 @@ func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 		id   string
 		want *stubbornv1.ControlState
 	}{{plain.GetRunId(), plainFinal}, {asked, askedFinal}} {
-		got, err := store.State(ctxFor(t), c.id)
+		got, err := store.State(runstest.Ctx(t), c.id)
 		require.NoError(t, err)
 		assert.True(t, proto.Equal(c.want, got), "store.State of %s", c.id)
-		got, err = other.Get(ctxFor(t), c.id)
+		got, err = other.Get(runstest.Ctx(t), c.id)
 		require.NoError(t, err)
 		assert.True(t, proto.Equal(c.want, got), "Get of %s", c.id)
 	}
-	got, err := store.State(ctxFor(t), going.GetRunId())
+	got, err := store.State(runstest.Ctx(t), going.GetRunId())
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, got.GetStatus())
 
@@ -134,8 +139,8 @@ func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 	assert.True(t, proto.Equal(askedFinal, list[asked]))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, list[going.GetRunId()].GetStatus())
 
-	g.answer("going", controlstest.OK("done"))
-	goingFinal := final(t, watchAll(t, m, going.GetRunId(), 0))
+	g.Answer("going", controlstest.OK("done"))
+	goingFinal := runstest.Final(t, runstest.WatchAll(t, m, going.GetRunId(), 0))
 	assert.True(t, proto.Equal(goingFinal, listed(t, other)[going.GetRunId()]), "listed finished once it is")
 }
 
@@ -145,24 +150,24 @@ func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 // while it awaits a decision, a status its first driver saved.
 func TestAResumedRunSavesItsFinalState(t *testing.T) {
 	const lease = 200 * time.Millisecond
-	store, nc := embeddedJetStream(t, runs.JetStreamConfig{Lease: lease})
+	store, nc := jstest.Open(t, jsstore.JetStreamConfig{Lease: lease})
 	states := statesBucket(t, nc)
 
-	g := newGated(controls.DelegateInfo{Idempotent: true})
+	g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
 	first, err := runs.New(runs.Config{Delegates: g, Store: store, Lease: lease, Owner: "first"})
 	require.NoError(t, err)
 	id := startAsking(t, first, g, states, "b")
 	first.Kill()
 
-	second := newManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "second", SoleOwner: true})
+	second := runstest.NewManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "second", SoleOwner: true})
 	require.Eventually(t, func() bool { return second.Owns(id) }, 10*time.Second, 5*time.Millisecond, "taken over")
-	_, err = second.Cancel(ctxFor(t), id)
+	_, err = second.Cancel(runstest.Ctx(t), id)
 	require.NoError(t, err)
-	fin := final(t, watchAll(t, second, id, 0))
+	fin := runstest.Final(t, runstest.WatchAll(t, second, id, 0))
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, fin.GetStatus())
 	require.Eventually(t, func() bool { return proto.Equal(fin, savedState(t, states, id)) },
 		5*time.Second, time.Millisecond, "the final state is saved")
-	got, err := store.State(ctxFor(t), id)
+	got, err := store.State(runstest.Ctx(t), id)
 	require.NoError(t, err)
 	assert.True(t, proto.Equal(fin, got))
 }
@@ -186,19 +191,19 @@ func (s slowRelease) Release(ctx context.Context, runID string) error {
 // journal write and the release of its claim, another server reads the
 // run finished (the journal's run_finished), not the claim's RUNNING.
 func TestARunJustFinishedReadsFinishedEverywhere(t *testing.T) {
-	store, _ := embeddedJetStream(t, runs.JetStreamConfig{Lease: time.Second})
+	store, _ := jstest.Open(t, jsstore.JetStreamConfig{Lease: time.Second})
 	held := slowRelease{runs.JournalFinal{Store: store}, make(chan struct{})}
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
-	a := newManager(t, d, runs.Config{Store: held, Lease: time.Second})
-	b := newManager(t, d, runs.Config{Store: store, Lease: time.Second})
+	a := runstest.NewManager(t, d, runs.Config{Store: held, Lease: time.Second})
+	b := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
 	t.Cleanup(func() { close(held.release) }) // before the managers close: a's waits for its release
-	st, err := a.Start(context.Background(), "brief", chain("a"), nil)
+	st, err := a.Start(context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
-	fin := final(t, watchAll(t, a, st.GetRunId(), 0))
-	driver, err := store.Driver(ctxFor(t), st.GetRunId())
+	fin := runstest.Final(t, runstest.WatchAll(t, a, st.GetRunId(), 0))
+	driver, err := store.Driver(runstest.Ctx(t), st.GetRunId())
 	require.NoError(t, err)
 	require.NotEmpty(t, driver, "the claim is still held")
-	got, err := b.Get(ctxFor(t), st.GetRunId())
+	got, err := b.Get(runstest.Ctx(t), st.GetRunId())
 	require.NoError(t, err)
 	assert.True(t, proto.Equal(fin, got), "finished, from the journal: got %v", got.GetStatus())
 	assert.True(t, proto.Equal(fin, listed(t, b)[st.GetRunId()]))
@@ -226,15 +231,15 @@ func (a ambiguousStates) PutState(ctx context.Context, runID string, state []byt
 // landed all the same; the run then saves its next status, and its end,
 // over it.
 func TestASaveThatMayHaveLandedIsSavedOver(t *testing.T) {
-	store, nc := embeddedJetStream(t, runs.JetStreamConfig{Lease: time.Second})
+	store, nc := jstest.Open(t, jsstore.JetStreamConfig{Lease: time.Second})
 	states := statesBucket(t, nc)
-	g := newGated(controls.DelegateInfo{Idempotent: true})
-	g.answer("brief", controlstest.Fail(codes.Unavailable, "busy"))
-	g.answer("brief", controlstest.OK("x"))
-	m := newManager(t, g, runs.Config{Store: ambiguousStates{runs.JournalFinal{Store: store}}, Lease: time.Second})
-	st, err := m.Start(context.Background(), "brief", retrySpec(2), nil)
+	g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
+	g.Answer("brief", controlstest.Fail(codes.Unavailable, "busy"))
+	g.Answer("brief", controlstest.OK("x"))
+	m := runstest.NewManager(t, g, runs.Config{Store: ambiguousStates{runs.JournalFinal{Store: store}}, Lease: time.Second})
+	st, err := m.Start(context.Background(), "brief", runstest.RetrySpec(2), nil)
 	require.NoError(t, err)
-	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())
 	require.Eventually(t, func() bool { return proto.Equal(fin, savedState(t, states, st.GetRunId())) },
 		5*time.Second, time.Millisecond, "the end is saved over the BACKING_OFF that may have landed")
@@ -244,14 +249,14 @@ func TestASaveThatMayHaveLandedIsSavedOver(t *testing.T) {
 // upgrade from servers that read finished runs from the states bucket
 // only), a run that saved nothing before saves its end.
 func TestSaveFinalStatesSavesEveryEnd(t *testing.T) {
-	store, nc := embeddedJetStream(t, runs.JetStreamConfig{Lease: time.Second, SaveFinalStates: true})
+	store, nc := jstest.Open(t, jsstore.JetStreamConfig{Lease: time.Second, SaveFinalStates: true})
 	require.False(t, runs.ReadsFinalFromJournal(store))
 	states := statesBucket(t, nc)
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
-	m := newManager(t, d, runs.Config{Store: store, Lease: time.Second})
-	st, err := m.Start(context.Background(), "brief", chain("a"), nil)
+	m := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
+	st, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
-	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	require.Eventually(t, func() bool { return proto.Equal(fin, savedState(t, states, st.GetRunId())) },
 		5*time.Second, time.Millisecond, "the end is saved")
 }
@@ -259,18 +264,18 @@ func TestSaveFinalStatesSavesEveryEnd(t *testing.T) {
 // TestListingReadsEveryJournal: ListRuns reads the last message of every
 // journal, past the consumer's first batches, and ends.
 func TestListingReadsEveryJournal(t *testing.T) {
-	store, _ := embeddedJetStream(t, runs.JetStreamConfig{Lease: time.Second, Memory: true})
+	store, _ := jstest.Open(t, jsstore.JetStreamConfig{Lease: time.Second, Memory: true})
 	const n = 1200
 	for i := range n {
 		id := fmt.Sprintf("run_%04d", i)
-		ev, err := runs.EncodeEvent(&stubbornv1.RunEvent{RunId: id, Seq: 1, Kind: &stubbornv1.RunEvent_RunFinished{RunFinished: &stubbornv1.RunFinished{
+		ev, err := runstore.EncodeEvent(&stubbornv1.RunEvent{RunId: id, Seq: 1, Kind: &stubbornv1.RunEvent_RunFinished{RunFinished: &stubbornv1.RunFinished{
 			State: &stubbornv1.ControlState{RunId: id, Status: stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED},
 		}}})
 		require.NoError(t, err)
-		require.NoError(t, store.Append(ctxFor(t), ev))
+		require.NoError(t, store.Append(runstest.Ctx(t), nil, ev))
 	}
 	seen := map[string]bool{}
-	require.NoError(t, store.States(ctxFor(t), func(st *stubbornv1.ControlState) bool {
+	require.NoError(t, store.States(runstest.Ctx(t), func(st *stubbornv1.ControlState) bool {
 		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, st.GetStatus())
 		seen[st.GetRunId()] = true
 		return true

@@ -13,6 +13,7 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
 )
 
 // oneSlot is a bulkhead of one call, taken for good, that waits for as
@@ -50,30 +51,30 @@ func TestAQueuedCallWasNeverSent(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			const lease = 200 * time.Millisecond
 			open := newStore(t, lease)
-			g := newGated(controls.DelegateInfo{}) // neither idempotent nor read_only
+			g := runstest.NewGated(controls.DelegateInfo{}) // neither idempotent nor read_only
 			slot := &oneSlot{slot: make(chan struct{}, 1)}
 			a, err := runs.New(runs.Config{Store: open(), Lease: lease, Owner: "a",
 				Bind: func(context.Context) (runs.Deps, func()) { return runs.Deps{Delegates: g, Guards: slot}, nil }})
 			require.NoError(t, err)
-			inFlight, err := a.Start(context.Background(), "x", retrySpec(2), nil)
+			inFlight, err := a.Start(context.Background(), "x", runstest.RetrySpec(2), nil)
 			require.NoError(t, err)
-			require.Eventually(t, func() bool { return g.called("x") == 1 }, 5*time.Second, time.Millisecond)
-			queued, err := a.Start(context.Background(), "y", retrySpec(2), nil)
+			require.Eventually(t, func() bool { return g.Called("x") == 1 }, 5*time.Second, time.Millisecond)
+			queued, err := a.Start(context.Background(), "y", runstest.RetrySpec(2), nil)
 			require.NoError(t, err)
 			require.Eventually(t, func() bool { return slot.waiting.Load() == 1 }, 5*time.Second, time.Millisecond)
 			a.Kill()
 
-			b := newManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b", SoleOwner: true})
-			g.answer("y", controlstest.OK("done"))
-			queuedEnd := final(t, watchAll(t, b, queued.GetRunId(), 0))
+			b := runstest.NewManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b", SoleOwner: true})
+			g.Answer("y", controlstest.OK("done"))
+			queuedEnd := runstest.Final(t, runstest.WatchAll(t, b, queued.GetRunId(), 0))
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, queuedEnd.GetStatus(), "%v", queuedEnd)
 			assert.Len(t, queuedEnd.GetAttemptLog(), 1, "one attempt: the one b made")
-			assert.Equal(t, 1, g.called("y"))
+			assert.Equal(t, 1, g.Called("y"))
 
-			inFlightEnd := final(t, watchAll(t, b, inFlight.GetRunId(), 0))
+			inFlightEnd := runstest.Final(t, runstest.WatchAll(t, b, inFlight.GetRunId(), 0))
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, inFlightEnd.GetStatus())
 			assert.Equal(t, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED, inFlightEnd.GetAttemptLog()[0].GetOutcome())
-			assert.Equal(t, 1, g.called("x"), "the interrupted call, maybe done, is not made again")
+			assert.Equal(t, 1, g.Called("x"), "the interrupted call, maybe done, is not made again")
 		})
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
 )
 
 // BenchmarkListSummaries lists the first page (50) of one tenant's run
@@ -23,7 +24,7 @@ import (
 func BenchmarkListSummaries(b *testing.B) {
 	for _, n := range []int{1000, 10_000} {
 		b.Run(fmt.Sprintf("runs=2x%d", n), func(b *testing.B) {
-			e, err := StartEmbedded(EmbeddedConfig{DataDir: b.TempDir()})
+			e, err := jsstore.StartEmbedded(jsstore.EmbeddedConfig{DataDir: b.TempDir()})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -32,7 +33,7 @@ func BenchmarkListSummaries(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			store, err := NewJetStream(b.Context(), nc, JetStreamConfig{PurgeEvery: -1})
+			store, err := jsstore.NewJetStream(b.Context(), nc, jsstore.JetStreamConfig{PurgeEvery: -1})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -60,7 +61,7 @@ func BenchmarkListSummaries(b *testing.B) {
 				}
 			}
 			ctx := WithTenant(b.Context(), "a")
-			for !store.index.ready.Load() || !indexed(store, n) {
+			for !indexed(store, n) {
 				time.Sleep(10 * time.Millisecond)
 			}
 			for _, from := range []string{"index", "states"} {
@@ -83,7 +84,7 @@ func BenchmarkListSummaries(b *testing.B) {
 }
 
 // indexed reports whether store's index has tenant a's n summaries.
-func indexed(store *JetStream, n int) bool {
+func indexed(store *jsstore.JetStream, n int) bool {
 	got := 0
 	ok, err := store.Summaries(context.Background(), "a", func(*stubbornv1.RunSummary) bool { got++; return true })
 	return ok && err == nil && got == n

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // record is the tracker's recorder: it numbers the event and encodes it,
@@ -60,7 +61,7 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		// are cut, and the run goes on.
 		r.log.Warn("event too large: its texts are cut", "run_id", r.id, "seq", seq, "bytes", len(enc.Data), "limit", r.maxEvent)
 		ev = controls.BoundEvent(ev, r.maxEvent-eventFraming)
-		enc, err = EncodeEvent(ev)
+		enc, err = store.EncodeEvent(ev)
 	}
 	if err != nil {
 		// Not expected: the API's strings are checked or made UTF-8 before
@@ -74,7 +75,7 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 	if enc.Finished || status != lastStatus {
 		// run_started and run_finished carry the state: their encoding
 		// has the state's.
-		if state = enc.state(); state == nil {
+		if state = enc.StateBytes(); state == nil {
 			// Sized by its encoding: BoundState (which sizes it again) only
 			// for a state that may be over the bound.
 			if state, err = proto.Marshal(st); err == nil && len(state) > controls.MaxStateBytes {
@@ -126,16 +127,16 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 // slab: the events of a run are laid out one after the other in an array
 // or two rather than one each. An event's Data is never written again:
 // encodings go after it. Called by record, one event at a time.
-func (r *run) encode(ev *stubbornv1.RunEvent) (Event, error) {
+func (r *run) encode(ev *stubbornv1.RunEvent) (store.Event, error) {
 	if cap(r.slab) < slabMin {
 		r.slab = make([]byte, 0, slabSize)
 	}
 	data, err := proto.MarshalOptions{}.MarshalAppend(r.slab, ev)
 	if err != nil {
-		return Event{}, fmt.Errorf("encoding event %d of run %s: %w", ev.GetSeq(), ev.GetRunId(), err)
+		return store.Event{}, fmt.Errorf("encoding event %d of run %s: %w", ev.GetSeq(), ev.GetRunId(), err)
 	}
 	r.slab = data[len(data):]
-	return Event{RunID: ev.GetRunId(), Seq: ev.GetSeq(), Finished: ev.GetRunFinished() != nil, Data: data[:len(data):len(data)]}, nil
+	return store.Event{RunID: ev.GetRunId(), Seq: ev.GetSeq(), Finished: ev.GetRunFinished() != nil, Data: data[:len(data):len(data)]}, nil
 }
 
 // A run's slab is slabSize bytes; a new one is made when less than
@@ -260,7 +261,7 @@ func (r *run) flushThrough(last int64) {
 	}
 	r.mu.Unlock()
 
-	if r.claimer != "" {
+	if r.jw.Claimer != "" {
 		defer func() {
 			r.mu.Lock()
 			r.firstWrittenLocked()
@@ -270,9 +271,9 @@ func (r *run) flushThrough(last int64) {
 	if r.mayWrite != nil && !r.mayWrite(r) {
 		return // taken over while this server's lease had lapsed: lost
 	}
-	err := r.store.Append(writeContext{r}, evs...)
-	var refused *RefusedError
-	if r.claimer != "" && evs[0].Seq == 1 && (err == nil || errors.As(err, &refused) && refused.Written > 0) {
+	err := r.store.Append(writeContext{r}, &r.jw, evs...)
+	var refused *store.RefusedError
+	if r.jw.Claimer != "" && evs[0].Seq == 1 && (err == nil || errors.As(err, &refused) && refused.Written > 0) {
 		r.mu.Lock()
 		r.firstLanded = true
 		r.mu.Unlock()
@@ -311,7 +312,7 @@ func (r *run) flushThrough(last int64) {
 		return // abandoned meanwhile: the events are in the store, which its watchers follow now
 	}
 	if r.events == nil {
-		r.events = make([]Event, 0, journalCap)
+		r.events = make([]store.Event, 0, journalCap)
 	}
 	r.events = append(r.events, evs...)
 	if last := evs[len(evs)-1]; last.Finished {
@@ -331,7 +332,7 @@ func (r *run) flushThrough(last int64) {
 // writeContext is the context of a run's store writes. It is never
 // cancelled: a write under way is made whole (as a run that is let go
 // leaves it), and a cancelled run's run_finished is still written. It
-// carries the run's ended channel (stopWritesKey): a store that makes a
+// carries the run's ended channel (store.StopWritesKey): a store that makes a
 // failed write again through an outage (JetStream) stops trying once this
 // server lets the run go (lose, abandon). A type of its own, not
 // context.WithValue: nothing to allocate per write, and no goroutine for
@@ -344,13 +345,8 @@ func (writeContext) Err() error                  { return nil }
 
 func (c writeContext) Value(key any) any {
 	switch key {
-	case stopWritesKey{}:
+	case store.StopWritesKey{}:
 		return (<-chan struct{})(c.r.ended)
-	case cursorKey{}:
-		// Read and moved by the store's Append, under flushMu.
-		return &c.r.cursor
-	case claimKey{}:
-		return c.r.claimer
 	}
 	return nil
 }
@@ -365,7 +361,7 @@ const eventFraming = 64
 // is written. It reports false when that run_finished could not be
 // written either (or the run's first event was refused: Start fails it),
 // and the run is to be lost as for any failed write.
-func (r *run) endRefused(evs []Event, refused *RefusedError) bool {
+func (r *run) endRefused(evs []store.Event, refused *store.RefusedError) bool {
 	r.mu.Lock()
 	base := r.base
 	r.mu.Unlock()
@@ -383,9 +379,9 @@ func (r *run) endRefused(evs []Event, refused *RefusedError) bool {
 		RunId: r.id, Seq: evs[refused.Written].Seq, Time: now,
 		Kind: &stubbornv1.RunEvent_RunFinished{RunFinished: &stubbornv1.RunFinished{State: st}},
 	}
-	enc, err := EncodeEvent(controls.BoundEvent(ev, refusedEventBytes))
+	enc, err := store.EncodeEvent(controls.BoundEvent(ev, refusedEventBytes))
 	if err == nil {
-		err = r.store.Append(writeContext{r}, enc)
+		err = r.store.Append(writeContext{r}, &r.jw, enc)
 	}
 	if err != nil {
 		r.log.Error("run stopped: the store refused its events, and its end", "run_id", r.id, "refused", refused.Err, "err", err)
@@ -478,4 +474,17 @@ func (f flushing) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result
 		c.Output, c.Deltas = co.piece, co.deltas
 	}
 	return f.Delegates.Call(ctx, c.WithRun(f.of))
+}
+
+// decodeAll decodes a journal for replay.
+func decodeAll(evs []store.Event) ([]*stubbornv1.RunEvent, error) {
+	out := make([]*stubbornv1.RunEvent, len(evs))
+	for i, e := range evs {
+		ev, err := e.Decode()
+		if err != nil {
+			return nil, err
+		}
+		out[i] = ev
+	}
+	return out, nil
 }

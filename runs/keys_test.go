@@ -7,12 +7,17 @@ import (
 	"testing"
 	"time"
 
+	runstore "github.com/stubbornhq/stubborn/runs/store"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/jstest"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
 )
 
 func keyed(key string, metadata map[string]string) *stubbornv1.RunOptions {
@@ -28,24 +33,24 @@ func TestAnIdempotencyKeyStartsOneRun(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			store := newStore(t, time.Second)()
 			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
-			m := newManager(t, d, runs.Config{Store: store, Lease: time.Second})
-			ctx := runs.WithTenant(ctxFor(t), "acme")
+			m := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
+			ctx := runs.WithTenant(runstest.Ctx(t), "acme")
 
-			first, existing, err := m.StartOnce(ctx, "brief", chain("a"), keyed("order-42", map[string]string{"try": "1"}))
+			first, existing, err := m.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-42", map[string]string{"try": "1"}))
 			require.NoError(t, err)
 			assert.False(t, existing)
-			again, existing, err := m.StartOnce(ctx, "brief", chain("a"), keyed("order-42", map[string]string{"try": "2"}))
+			again, existing, err := m.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-42", map[string]string{"try": "2"}))
 			require.NoError(t, err)
 			assert.True(t, existing)
 			assert.Equal(t, first.GetRunId(), again.GetRunId(), "metadata aside, the same request: the same run")
 
-			_, _, err = m.StartOnce(ctx, "another brief", chain("a"), keyed("order-42", nil))
+			_, _, err = m.StartOnce(ctx, "another brief", runstest.Chain("a"), keyed("order-42", nil))
 			var conflict *runs.KeyConflictError
 			require.ErrorAs(t, err, &conflict)
 			assert.Equal(t, first.GetRunId(), conflict.RunID)
 			assert.ErrorIs(t, err, runs.ErrKeyConflict)
 
-			theirs, existing, err := m.StartOnce(runs.WithTenant(ctxFor(t), "other"), "brief", chain("a"), keyed("order-42", nil))
+			theirs, existing, err := m.StartOnce(runs.WithTenant(runstest.Ctx(t), "other"), "brief", runstest.Chain("a"), keyed("order-42", nil))
 			require.NoError(t, err)
 			assert.False(t, existing, "another tenant's key is its own")
 			assert.NotEqual(t, first.GetRunId(), theirs.GetRunId())
@@ -53,19 +58,19 @@ func TestAnIdempotencyKeyStartsOneRun(t *testing.T) {
 			// A start that recorded its key and died: after the grace,
 			// the next start with the key starts the run.
 			ks, ok := store.(interface {
-				ReserveKey(context.Context, string, runs.KeyEntry) (runs.KeyEntry, bool, error)
+				ReserveKey(context.Context, string, runstore.KeyEntry) (runstore.KeyEntry, bool, error)
 			})
 			require.True(t, ok)
-			_, reserved, err := ks.ReserveKey(ctx, runs.KeyHash("acme", "order-43"), runs.KeyEntry{RunID: "run_died", Request: "x", At: time.Now().Add(-time.Minute)})
+			_, reserved, err := ks.ReserveKey(ctx, runs.KeyHash("acme", "order-43"), runstore.KeyEntry{RunID: "run_died", Request: "x", At: time.Now().Add(-time.Minute)})
 			require.NoError(t, err)
 			require.True(t, reserved)
 			// (Its request hash is not this request's: the dead start's
 			// entry is replaced, not compared.)
-			fresh, existing, err := m.StartOnce(ctx, "brief", chain("a"), keyed("order-43", nil))
+			fresh, existing, err := m.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-43", nil))
 			require.NoError(t, err)
 			assert.False(t, existing)
 			assert.NotEqual(t, "run_died", fresh.GetRunId())
-			again, existing, err = m.StartOnce(ctx, "brief", chain("a"), keyed("order-43", nil))
+			again, existing, err = m.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-43", nil))
 			require.NoError(t, err)
 			assert.True(t, existing)
 			assert.Equal(t, fresh.GetRunId(), again.GetRunId())
@@ -77,13 +82,13 @@ func TestAnIdempotencyKeyStartsOneRun(t *testing.T) {
 // two servers sharing a JetStream store, make exactly one run, and every
 // one of them gets it.
 func TestConcurrentStartsWithAKeyMakeOneRun(t *testing.T) {
-	e := startEmbedded(t)
-	storeA, _ := openJetStream(t, e, runs.JetStreamConfig{Lease: time.Second})
-	storeB, _ := openJetStream(t, e, runs.JetStreamConfig{Lease: time.Second})
+	e := jstest.Start(t)
+	storeA, _ := jstest.OpenOn(t, e, jsstore.JetStreamConfig{Lease: time.Second})
+	storeB, _ := jstest.OpenOn(t, e, jsstore.JetStreamConfig{Lease: time.Second})
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
-	mA := newManager(t, d, runs.Config{Store: storeA, Lease: time.Second, Owner: "a"})
-	mB := newManager(t, d, runs.Config{Store: storeB, Lease: time.Second, Owner: "b"})
-	ctx := ctxFor(t)
+	mA := runstest.NewManager(t, d, runs.Config{Store: storeA, Lease: time.Second, Owner: "a"})
+	mB := runstest.NewManager(t, d, runs.Config{Store: storeB, Lease: time.Second, Owner: "b"})
+	ctx := runstest.Ctx(t)
 
 	var (
 		wg    sync.WaitGroup
@@ -97,7 +102,7 @@ func TestConcurrentStartsWithAKeyMakeOneRun(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			m := []*runs.Manager{mA, mB}[i%2]
-			st, existing, err := m.StartOnce(ctx, "brief", chain("a"), keyed("order-42", nil))
+			st, existing, err := m.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-42", nil))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -115,7 +120,7 @@ func TestConcurrentStartsWithAKeyMakeOneRun(t *testing.T) {
 	assert.Len(t, ids, 1, "one run: %v", ids)
 	assert.Equal(t, 1, fresh, "started once")
 	for id := range ids {
-		final(t, watchAll(t, mA, id, 0))
+		runstest.Final(t, runstest.WatchAll(t, mA, id, 0))
 	}
 	assert.Len(t, d.CallsTo("a"), 1, "one delegate call")
 }

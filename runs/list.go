@@ -1,28 +1,16 @@
 package runs
 
 import (
-	"cmp"
 	"context"
-	"encoding/base64"
 	"errors"
 	"slices"
-	"strconv"
-	"strings"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
-
-func isTerminal(s stubbornv1.RunStatus) bool {
-	switch s {
-	case stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED,
-		stubbornv1.RunStatus_RUN_STATUS_FAILED, stubbornv1.RunStatus_RUN_STATUS_CANCELLED:
-		return true
-	}
-	return false
-}
 
 // List returns ctx's tenant's runs newest first, filtered by status when it
 // is not UNSPECIFIED, pageSize at most, and the token of the next page (""
@@ -48,90 +36,83 @@ func (m *Manager) ListWhere(ctx context.Context, f Filter, pageSize int, pageTok
 		return nil, "", err
 	}
 	tenants := Owners(ctx)
-	if idx, ok := m.store.(summaryIndex); ok {
-		// The runs in flight on other servers, and those this store is
-		// indexing, that the index may not have yet (it lags by
-		// indexDelay and a write): looked at before the index is read, so
-		// that a run whose index entry is written meanwhile is in one or
-		// the other (read after, a run that left the queue and its claim
-		// between the two reads was in neither).
-		claimed := map[string]listKey{}
-		if cl, ok := m.store.(claimLister); ok {
-			if err := cl.claimedRuns(ctx, tenants, func(id string, k listKey) { claimed[id] = k }); err != nil {
-				return nil, "", err
+	if page, next, ok, err := m.listIndexed(ctx, f, tenants, after, pageSize); ok || err != nil {
+		return page, next, err
+	}
+	keys := map[string]store.ListKey{}
+	switch err := m.store.TenantRuns(ctx, tenants, func(id string, k store.ListKey) { keys[id] = k }); {
+	case errors.Is(err, store.ErrNoIndex):
+		return m.listScanning(ctx, f, after, pageSize)
+	case err != nil:
+		return nil, "", err
+	}
+	for _, id := range m.localIDs(tenants) {
+		if r := m.local(id); r != nil && !r.isLost() {
+			if cur, err := r.snapshot(); err == nil {
+				keys[id] = store.KeyOf(cur)
 			}
-		}
-		byID, ok, err := m.indexedSummaries(ctx, idx, tenants)
-		if err != nil {
-			return nil, "", err
-		}
-		if ok {
-			keys := map[string]listKey{}
-			for id, sum := range byID {
-				// A summary not finished may be behind its run: its status
-				// is checked on the state read.
-				g := f
-				if !isTerminal(sum.GetStatus()) {
-					g.Status = stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
-				}
-				if g.MatchesSummary(sum) {
-					keys[id] = summaryKey(sum)
-				}
-			}
-			for id, k := range claimed {
-				if _, ok := byID[id]; !ok {
-					keys[id] = k
-				}
-			}
-			return m.pageOfStates(ctx, candidates(keys, after), f, after, pageSize)
 		}
 	}
-	if tr, ok := m.store.(tenantRunLister); ok {
-		keys := map[string]listKey{}
-		if err := tr.tenantRuns(ctx, tenants, func(id string, k listKey) { keys[id] = k }); err != nil {
-			return nil, "", err
-		}
-		for _, id := range m.localIDs(tenants) {
-			if r := m.local(id); r != nil && !r.isLost() {
-				if cur, err := r.snapshot(); err == nil {
-					keys[id] = keyOf(cur)
-				}
+	return m.pageOfStates(ctx, candidates(keys, after), f, after, pageSize)
+}
+
+// listIndexed is ListWhere from the store's index; ok false when the
+// store has none, or none ready.
+func (m *Manager) listIndexed(ctx context.Context, f Filter, tenants []string, after *store.ListKey, pageSize int) (page []*stubbornv1.ControlState, next string, ok bool, err error) {
+	// The runs in flight on other servers, and those this store is
+	// indexing, that the index may not have yet (it lags by
+	// indexDelay and a write): looked at before the index is read, so
+	// that a run whose index entry is written meanwhile is in one or
+	// the other (read after, a run that left the queue and its claim
+	// between the two reads was in neither).
+	claimed := map[string]store.ListKey{}
+	err = m.store.ClaimedRuns(ctx, tenants, func(id string, k store.ListKey) { claimed[id] = k })
+	if err != nil && !errors.Is(err, store.ErrNoIndex) {
+		return nil, "", false, err
+	}
+	byID, ok, err := m.indexedSummaries(ctx, tenants)
+	if err != nil {
+		return nil, "", false, err
+	}
+	if ok {
+		keys := map[string]store.ListKey{}
+		for id, sum := range byID {
+			// A summary not finished may be behind its run: its status
+			// is checked on the state read.
+			g := f
+			if !store.IsTerminal(sum.GetStatus()) {
+				g.Status = stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+			}
+			if g.MatchesSummary(sum) {
+				keys[id] = summaryKey(sum)
 			}
 		}
-		return m.pageOfStates(ctx, candidates(keys, after), f, after, pageSize)
+		for id, k := range claimed {
+			if _, ok := byID[id]; !ok {
+				keys[id] = k
+			}
+		}
+		page, next, err := m.pageOfStates(ctx, candidates(keys, after), f, after, pageSize)
+		return page, next, true, err
 	}
-	return m.listScanning(ctx, f, after, pageSize)
+	return nil, "", false, nil
 }
 
 // listCandidate is a run that may be on a page: its id and its key.
 type listCandidate struct {
 	id  string
-	key listKey
+	key store.ListKey
 }
 
 // candidates are the runs of keys after after.
-func candidates(keys map[string]listKey, after *listKey) []listCandidate {
+func candidates(keys map[string]store.ListKey, after *store.ListKey) []listCandidate {
 	cands := make([]listCandidate, 0, len(keys))
 	for id, k := range keys {
-		if after == nil || after.before(k) {
+		if after == nil || after.Before(k) {
 			cands = append(cands, listCandidate{id, k})
 		}
 	}
 	return cands
-}
-
-// claimLister is a store that can list a tenant's runs that have a
-// driver, from their claims, without decoding them whole (JetStream).
-type claimLister interface {
-	claimedRuns(ctx context.Context, tenants []string, fn func(runID string, key listKey)) error
-}
-
-// tenantRunLister is a store that can list a tenant's run ids (and their
-// keys) without decoding any run's state whole, another tenant's
-// dropped before anything of it is kept: the JetStream store, for
-// listings while its index is not ready.
-type tenantRunLister interface {
-	tenantRuns(ctx context.Context, tenants []string, fn func(runID string, key listKey)) error
 }
 
 // pageOfStates sorts cands newest first and reads their states one at a
@@ -140,13 +121,13 @@ type tenantRunLister interface {
 // before the first). A run gone meanwhile, unreadable (logged), or no
 // longer passing f is left out. The token is the last run's key when
 // candidates remain.
-func (m *Manager) pageOfStates(ctx context.Context, cands []listCandidate, f Filter, after *listKey, pageSize int) ([]*stubbornv1.ControlState, string, error) {
-	slices.SortFunc(cands, func(a, b listCandidate) int { return b.key.compare(a.key) })
+func (m *Manager) pageOfStates(ctx context.Context, cands []listCandidate, f Filter, after *store.ListKey, pageSize int) ([]*stubbornv1.ControlState, string, error) {
+	slices.SortFunc(cands, func(a, b listCandidate) int { return b.key.Compare(a.key) })
 	var page []*stubbornv1.ControlState
 	size := 0
 	for _, c := range cands {
 		if len(page) == pageSize {
-			return page, keyOf(page[len(page)-1]).String(), nil
+			return page, store.KeyOf(page[len(page)-1]).String(), nil
 		}
 		st, err := m.listedState(ctx, c.id)
 		switch {
@@ -158,12 +139,12 @@ func (m *Manager) pageOfStates(ctx context.Context, cands []listCandidate, f Fil
 		case err != nil:
 			return nil, "", err
 		}
-		if !owns(ctx, st.GetTenant()) || !f.matches(st) || (after != nil && !after.before(keyOf(st))) {
+		if !owns(ctx, st.GetTenant()) || !f.matches(st) || (after != nil && !after.Before(store.KeyOf(st))) {
 			continue
 		}
 		st = controls.BoundState(st, controls.MaxStateBytes)
 		if size += proto.Size(st); len(page) > 0 && size > MaxListBytes {
-			return page, keyOf(page[len(page)-1]).String(), nil
+			return page, store.KeyOf(page[len(page)-1]).String(), nil
 		}
 		page = append(page, st)
 	}
@@ -184,7 +165,7 @@ func (m *Manager) listedState(ctx context.Context, id string) (*stubbornv1.Contr
 // listScanning is ListWhere over a store that indexes nothing (Memory):
 // its states streamed, another tenant's dropped before anything is kept,
 // and at most the best pageSize kept.
-func (m *Manager) listScanning(ctx context.Context, f Filter, after *listKey, pageSize int) ([]*stubbornv1.ControlState, string, error) {
+func (m *Manager) listScanning(ctx context.Context, f Filter, after *store.ListKey, pageSize int) ([]*stubbornv1.ControlState, string, error) {
 	var kept []*stubbornv1.ControlState // newest first, at most pageSize
 	more := false
 	if err := m.store.States(ctx, func(st *stubbornv1.ControlState) bool {
@@ -199,11 +180,11 @@ func (m *Manager) listScanning(ctx context.Context, f Filter, after *listKey, pa
 		if !f.matches(st) {
 			return true
 		}
-		k := keyOf(st)
-		if after != nil && !after.before(k) {
+		k := store.KeyOf(st)
+		if after != nil && !after.Before(k) {
 			return true
 		}
-		i, _ := slices.BinarySearchFunc(kept, k, func(e *stubbornv1.ControlState, k listKey) int { return k.compare(keyOf(e)) })
+		i, _ := slices.BinarySearchFunc(kept, k, func(e *stubbornv1.ControlState, k store.ListKey) int { return k.Compare(store.KeyOf(e)) })
 		if i == pageSize {
 			more = true // older than every run kept, which fill the page
 			return true
@@ -230,7 +211,7 @@ func (m *Manager) listScanning(ctx context.Context, f Filter, after *listKey, pa
 	if len(page) == 0 {
 		return page, "", nil
 	}
-	return page, keyOf(page[len(page)-1]).String(), nil
+	return page, store.KeyOf(page[len(page)-1]).String(), nil
 }
 
 // paged sorts all newest first and returns its first page and the token
@@ -238,8 +219,8 @@ func (m *Manager) listScanning(ctx context.Context, f Filter, after *listKey, pa
 // before the run that would take it past MaxListBytes (never before its
 // first): a response a client with gRPC's default 4 MiB limit can read.
 // bound bounds each run of the page as it is sent.
-func paged[T proto.Message](all []T, key func(T) listKey, bound func(T) T, pageSize int) ([]T, string) {
-	slices.SortFunc(all, func(a, b T) int { return key(b).compare(key(a)) })
+func paged[T proto.Message](all []T, key func(T) store.ListKey, bound func(T) T, pageSize int) ([]T, string) {
+	slices.SortFunc(all, func(a, b T) int { return key(b).Compare(key(a)) })
 	n, size := 0, 0
 	for n < len(all) && n < pageSize {
 		all[n] = bound(all[n])
@@ -256,32 +237,16 @@ func paged[T proto.Message](all []T, key func(T) listKey, bound func(T) T, pageS
 	return page, key(page[len(page)-1]).String()
 }
 
-// summaryIndex is a store that keeps the runs' summaries by tenant: the
-// JetStream store's listing index (index.go).
-type summaryIndex interface {
-	// Summaries calls fn with the summary of each of tenant's runs; ok
-	// false says the index is not to be trusted yet.
-	Summaries(ctx context.Context, tenant string, fn func(*stubbornv1.RunSummary) bool) (ok bool, err error)
-	// FollowSummaries calls fn with nil and "" once it follows, then with
-	// each of tenants' runs' summaries as they change, or the id of one
-	// deleted, until ctx ends or fn fails.
-	FollowSummaries(ctx context.Context, tenants []string, fn func(sum *stubbornv1.RunSummary, deleted string) error) error
-}
-
 // ListSummaries is ListWhere's runs as summaries (Summary). With a store
 // that indexes them (JetStream) it reads ctx's tenant's summaries only,
 // not every run's state; the runs this server drives are as fresh as
 // their drivers know them.
 func (m *Manager) ListSummaries(ctx context.Context, f Filter, pageSize int, pageToken string) ([]*stubbornv1.RunSummary, string, error) {
-	idx, ok := m.store.(summaryIndex)
-	if !ok {
-		return m.summariesOfStates(ctx, f, pageSize, pageToken)
-	}
 	after, err := pageAfter(pageToken)
 	if err != nil {
 		return nil, "", err
 	}
-	byID, ok, err := m.indexedSummaries(ctx, idx, Owners(ctx))
+	byID, ok, err := m.indexedSummaries(ctx, Owners(ctx))
 	if err != nil {
 		return nil, "", err
 	}
@@ -290,7 +255,7 @@ func (m *Manager) ListSummaries(ctx context.Context, f Filter, pageSize int, pag
 	}
 	all := make([]*stubbornv1.RunSummary, 0, len(byID))
 	for _, sum := range byID {
-		if f.MatchesSummary(sum) && (after == nil || after.before(summaryKey(sum))) {
+		if f.MatchesSummary(sum) && (after == nil || after.Before(summaryKey(sum))) {
 			all = append(all, sum)
 		}
 	}
@@ -302,10 +267,10 @@ func (m *Manager) ListSummaries(ctx context.Context, f Filter, pageSize int, pag
 // the index, the runs driven here that the index may have behind (not
 // finished there: a finished run's summary is its last) as fresh as their
 // drivers know them. ok false: the index is not ready.
-func (m *Manager) indexedSummaries(ctx context.Context, idx summaryIndex, tenants []string) (map[string]*stubbornv1.RunSummary, bool, error) {
+func (m *Manager) indexedSummaries(ctx context.Context, tenants []string) (map[string]*stubbornv1.RunSummary, bool, error) {
 	byID := map[string]*stubbornv1.RunSummary{}
 	for _, tenant := range tenants {
-		ok, err := idx.Summaries(ctx, tenant, func(sum *stubbornv1.RunSummary) bool {
+		ok, err := m.store.Summaries(ctx, tenant, func(sum *stubbornv1.RunSummary) bool {
 			byID[sum.GetRunId()] = sum
 			return true
 		})
@@ -314,12 +279,12 @@ func (m *Manager) indexedSummaries(ctx context.Context, idx summaryIndex, tenant
 		}
 	}
 	for _, id := range m.localIDs(tenants) {
-		if sum, ok := byID[id]; ok && isTerminal(sum.GetStatus()) {
+		if sum, ok := byID[id]; ok && store.IsTerminal(sum.GetStatus()) {
 			continue
 		}
 		if r := m.local(id); r != nil && !r.isLost() {
 			if cur, err := r.snapshot(); err == nil {
-				byID[id] = Summary(cur)
+				byID[id] = store.Summary(cur)
 			}
 		}
 	}
@@ -334,7 +299,7 @@ func (m *Manager) summariesOfStates(ctx context.Context, f Filter, pageSize int,
 	}
 	sums := make([]*stubbornv1.RunSummary, len(list))
 	for i, st := range list {
-		sums[i] = Summary(st)
+		sums[i] = store.Summary(st)
 	}
 	return sums, next, nil
 }
@@ -346,15 +311,8 @@ func (m *Manager) summariesOfStates(ctx context.Context, f Filter, pageSize int,
 // ErrNoIndex at once when the store keeps no index (the memory store:
 // follow the runs driven here instead).
 func (m *Manager) FollowSummaries(ctx context.Context, fn func(sum *stubbornv1.RunSummary, deleted string) error) error {
-	idx, ok := m.store.(summaryIndex)
-	if !ok {
-		return ErrNoIndex
-	}
-	return idx.FollowSummaries(ctx, Owners(ctx), fn)
+	return m.store.FollowSummaries(ctx, Owners(ctx), fn)
 }
-
-// ErrNoIndex: the store keeps no index of the runs' summaries.
-var ErrNoIndex = errors.New("the run store keeps no index of runs")
 
 // localIDs returns the ids of tenants' runs that this server drives or
 // drove.
@@ -370,61 +328,24 @@ func (m *Manager) localIDs(tenants []string) []string {
 	return ids
 }
 
-func summaryKey(s *stubbornv1.RunSummary) listKey {
-	return listKey{s.GetCreateTime().AsTime().UnixNano(), s.GetRunId()}
-}
-
-// MaxListBytes bounds the states of one page of List: below gRPC's
-// default 4 MiB message limit, with room for one run of the largest state
-// (controls.MaxStateBytes and an accepted result of max_result_bytes).
-const MaxListBytes = 3 << 20
-
-// listKey orders runs for ListRuns: by creation time, then id.
-type listKey struct {
-	nanos int64
-	id    string
-}
-
-func keyOf(st *stubbornv1.ControlState) listKey {
-	return listKey{st.GetCreateTime().AsTime().UnixNano(), st.GetRunId()}
-}
-
-func (k listKey) compare(o listKey) int {
-	if c := cmp.Compare(k.nanos, o.nanos); c != 0 {
-		return c
-	}
-	return strings.Compare(k.id, o.id)
-}
-
-// before reports whether o comes after k in newest-first order.
-func (k listKey) before(o listKey) bool { return o.compare(k) < 0 }
-
-func (k listKey) String() string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(k.nanos, 10) + "/" + k.id))
+func summaryKey(s *stubbornv1.RunSummary) store.ListKey {
+	return store.ListKey{Nanos: s.GetCreateTime().AsTime().UnixNano(), ID: s.GetRunId()}
 }
 
 // pageAfter is the run a page token says the page starts after (nil for
 // the first page), or ErrBadPageToken.
-func pageAfter(token string) (*listKey, error) {
+func pageAfter(token string) (*store.ListKey, error) {
 	if token == "" {
 		return nil, nil
 	}
-	k, err := parseListKey(token)
+	k, err := store.ParseListKey(token)
 	if err != nil {
 		return nil, ErrBadPageToken
 	}
 	return &k, nil
 }
 
-func parseListKey(s string) (listKey, error) {
-	b, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil {
-		return listKey{}, err
-	}
-	nanos, id, ok := strings.Cut(string(b), "/")
-	if !ok || id == "" {
-		return listKey{}, ErrBadPageToken
-	}
-	n, err := strconv.ParseInt(nanos, 10, 64)
-	return listKey{n, id}, err
-}
+// MaxListBytes bounds the states of one page of List: below gRPC's
+// default 4 MiB message limit, with room for one run of the largest state
+// (controls.MaxStateBytes and an accepted result of max_result_bytes).
+const MaxListBytes = 3 << 20

@@ -13,12 +13,11 @@ import (
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // Errors returned by Manager. The server maps them to gRPC codes.
 var (
-	// ErrNotFound: no run has that id.
-	ErrNotFound = errors.New("run not found")
 	// ErrNotAwaitingDecision: DecideRun on a run that does not wait for one.
 	ErrNotAwaitingDecision = controls.ErrNotAwaitingDecision
 	// ErrClosed: the manager is shutting down and accepts no new run.
@@ -41,10 +40,6 @@ var (
 // goroutine: resuming it from its journal costs about what its goroutine
 // costs to keep for a few milliseconds, and a second is far more.
 const DefaultParkAfter = time.Second
-
-// DefaultLease is how long a server that stops beating keeps its runs
-// before other servers take them over.
-const DefaultLease = 10 * time.Second
 
 // Config configures a Manager.
 type Config struct {
@@ -96,9 +91,9 @@ type Config struct {
 	// 10,000.
 	MaxFinished int
 
-	// Store keeps the runs. Nil means a new Memory store: runs then last as
-	// long as the process.
-	Store Store
+	// Store keeps the runs (required): jsstore.JetStream, or
+	// memstore.Memory for runs that last as long as the process.
+	Store store.Store
 	// Owner names this server among those sharing the store. Empty means a
 	// random name.
 	Owner string
@@ -153,7 +148,7 @@ type Observer interface {
 // its journal.
 type Manager struct {
 	cfg    Config
-	store  Store
+	store  store.Store
 	owner  string
 	log    *slog.Logger
 	ctx    context.Context // parent of every run and loop; cancelled by Close
@@ -211,7 +206,7 @@ func New(cfg Config) (*Manager, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.Store == nil {
-		cfg.Store = NewMemory(cfg.Lease)
+		return nil, errors.New("runs: Config.Store is required")
 	}
 	if cfg.Owner == "" {
 		cfg.Owner = "stubborn-" + strings.ToLower(rand.Text()[:10])
@@ -228,7 +223,7 @@ func New(cfg Config) (*Manager, error) {
 		ctx: ctx, cancel: cancel, runs: map[string]*run{}, workers: newWorkers(),
 		closing: make(chan struct{}), rescan: make(chan struct{}, 1),
 	}
-	m.letGo = context.WithValue(context.Background(), stopWritesKey{}, (<-chan struct{})(m.closing))
+	m.letGo = context.WithValue(context.Background(), store.StopWritesKey{}, (<-chan struct{})(m.closing))
 	sent := time.Now()
 	if err := m.store.Beat(ctx, m.owner); err != nil {
 		cancel(err)
@@ -242,9 +237,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("runs store: serving commands: %w", err)
 	}
 	m.stopServing = stop
-	if d, ok := m.store.(runDeleter); ok {
-		d.OnForget(m.forgetFinished) // a run another server deleted
-	}
+	m.store.OnForget(m.forgetFinished) // a run another server deleted
 	beatCtx, stopBeats := context.WithCancel(ctx)
 	m.stopBeats = stopBeats
 	m.beating.Add(1)

@@ -16,76 +16,11 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-func chain(names ...string) *stubbornv1.ControlSpec {
-	return &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: names}}}
-}
-
-func newManager(t *testing.T, d controls.Delegates, cfg runs.Config) *runs.Manager {
-	t.Helper()
-	cfg.Delegates = d
-	if cfg.Clock == nil {
-		cfg.Clock = controlstest.NewClock()
-	}
-	m, err := runs.New(cfg)
-	require.NoError(t, err)
-	t.Cleanup(m.Close)
-	return m
-}
-
-func ctxFor(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func watchAll(t *testing.T, m *runs.Manager, id string, after int64) []*stubbornv1.RunEvent {
-	t.Helper()
-	var evs []*stubbornv1.RunEvent
-	require.NoError(t, m.Watch(ctxFor(t), id, after, decoding(func(ev *stubbornv1.RunEvent) error {
-		evs = append(evs, ev)
-		return nil
-	})))
-	return evs
-}
-
-// decoding turns a function of decoded events into a watcher of recorded
-// ones.
-func decoding(fn func(*stubbornv1.RunEvent) error) func(runs.Event) error {
-	return func(e runs.Event) error {
-		ev, err := e.Decode()
-		if err != nil {
-			return err
-		}
-		return fn(ev)
-	}
-}
-
-// decodeAll decodes a journal read from a store.
-func decodeAll(t *testing.T, evs []runs.Event) []*stubbornv1.RunEvent {
-	t.Helper()
-	out := make([]*stubbornv1.RunEvent, 0, len(evs))
-	for _, e := range evs {
-		ev, err := e.Decode()
-		require.NoError(t, err)
-		assert.Equal(t, e.Seq, ev.GetSeq())
-		assert.Equal(t, e.RunID, ev.GetRunId())
-		assert.Equal(t, e.Finished, ev.GetRunFinished() != nil)
-		out = append(out, ev)
-	}
-	return out
-}
-
-func final(t *testing.T, evs []*stubbornv1.RunEvent) *stubbornv1.ControlState {
-	t.Helper()
-	require.NotEmpty(t, evs)
-	require.NotNil(t, evs[len(evs)-1].GetRunFinished(), "the last event is run_finished")
-	return evs[len(evs)-1].GetRunFinished().GetState()
 }
 
 func TestWatchersSeeTheSameDenseSequence(t *testing.T) {
@@ -93,8 +28,8 @@ func TestWatchersSeeTheSameDenseSequence(t *testing.T) {
 		"a": {controlstest.Fail(14, "down")},
 		"b": {controlstest.OK("fine")},
 	})
-	m := newManager(t, d, runs.Config{})
-	st, err := m.Start(context.Background(), "brief", chain("a", "b"), nil)
+	m := runstest.NewManager(t, d, runs.Config{})
+	st, err := m.Start(context.Background(), "brief", runstest.Chain("a", "b"), nil)
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, st.GetStatus(), "a run is accepted RUNNING")
 	assert.Equal(t, st.GetRunId(), st.GetOptions().GetIdempotencyKey(), "the run id is the default idempotency key")
@@ -103,7 +38,7 @@ func TestWatchersSeeTheSameDenseSequence(t *testing.T) {
 	got := make([][]*stubbornv1.RunEvent, watchers)
 	var wg sync.WaitGroup
 	for i := range watchers {
-		wg.Go(func() { got[i] = watchAll(t, m, st.GetRunId(), 0) })
+		wg.Go(func() { got[i] = runstest.WatchAll(t, m, st.GetRunId(), 0) })
 	}
 	wg.Wait()
 	for i := range watchers {
@@ -114,13 +49,13 @@ func TestWatchersSeeTheSameDenseSequence(t *testing.T) {
 			assert.True(t, proto.Equal(got[0][j], ev))
 		}
 	}
-	fin := final(t, got[0])
+	fin := runstest.Final(t, got[0])
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
 	assert.Equal(t, "b", fin.GetWinner())
 
 	// Resuming anywhere gives exactly the rest; past the end, nothing.
 	for k := range int64(len(got[0]) + 2) {
-		rest := watchAll(t, m, st.GetRunId(), k)
+		rest := runstest.WatchAll(t, m, st.GetRunId(), k)
 		assert.Len(t, rest, max(0, len(got[0])-int(k)), "after_seq %d", k)
 	}
 	g, err := m.Get(context.Background(), st.GetRunId())
@@ -130,11 +65,11 @@ func TestWatchersSeeTheSameDenseSequence(t *testing.T) {
 
 func TestCancelEndsAHangingRun(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
-	m := newManager(t, d, runs.Config{})
-	st, err := m.Start(context.Background(), "brief", chain("hang"), nil)
+	m := runstest.NewManager(t, d, runs.Config{})
+	st, err := m.Start(context.Background(), "brief", runstest.Chain("hang"), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
-	got, err := m.Cancel(ctxFor(t), st.GetRunId())
+	got, err := m.Cancel(runstest.Ctx(t), st.GetRunId())
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
 	assert.Equal(t, "cancelled: cancelled by CancelRun", got.GetStatusReason())
@@ -144,10 +79,10 @@ func TestCancelEndsAHangingRun(t *testing.T) {
 
 func TestRunTimeoutFailsTheRun(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
-	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}})
-	st, err := m.Start(context.Background(), "brief", chain("hang"), &stubbornv1.RunOptions{RunTimeout: durationpb.New(20 * time.Millisecond)})
+	m := runstest.NewManager(t, d, runs.Config{Clock: controls.RealClock{}})
+	st, err := m.Start(context.Background(), "brief", runstest.Chain("hang"), &stubbornv1.RunOptions{RunTimeout: durationpb.New(20 * time.Millisecond)})
 	require.NoError(t, err)
-	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
 	assert.Equal(t, "run timeout exceeded", fin.GetStatusReason())
 	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT, fin.GetStatusReasonCode())
@@ -155,10 +90,10 @@ func TestRunTimeoutFailsTheRun(t *testing.T) {
 
 func TestDecideOnlyWhenAwaiting(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
-	m := newManager(t, d, runs.Config{})
-	st, err := m.Start(context.Background(), "brief", chain("a"), nil)
+	m := runstest.NewManager(t, d, runs.Config{})
+	st, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
-	watchAll(t, m, st.GetRunId(), 0)
+	runstest.WatchAll(t, m, st.GetRunId(), 0)
 	_, err = m.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
 	assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
 	_, err = m.Decide(context.Background(), "run_missing", stubbornv1.Decision_DECISION_RETRY)
@@ -167,20 +102,20 @@ func TestDecideOnlyWhenAwaiting(t *testing.T) {
 
 func TestFinishedRunsBeyondTheMemoryLimitAreServedFromTheStore(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
-	m := newManager(t, d, runs.Config{MaxFinished: 2})
+	m := runstest.NewManager(t, d, runs.Config{MaxFinished: 2})
 	var ids []string
 	var finals []*stubbornv1.ControlState
 	for range 3 {
-		st, err := m.Start(context.Background(), "brief", chain("a"), nil)
+		st, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
 		require.NoError(t, err)
-		finals = append(finals, final(t, watchAll(t, m, st.GetRunId(), 0)))
+		finals = append(finals, runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0)))
 		ids = append(ids, st.GetRunId())
 	}
 	for i, id := range ids {
 		got, err := m.Get(context.Background(), id)
 		require.NoError(t, err)
 		assert.True(t, proto.Equal(finals[i], got), "run %d", i)
-		assert.Len(t, watchAll(t, m, id, 0), 4, "run %d replays from the store", i)
+		assert.Len(t, runstest.WatchAll(t, m, id, 0), 4, "run %d replays from the store", i)
 	}
 }
 
@@ -193,14 +128,14 @@ func (panicking) Call(context.Context, controls.Call) (*stubbornv1.Result, error
 
 func TestPanicInARunFailsOnlyThatRun(t *testing.T) {
 	d := controlstest.NewDelegates(nil)
-	m := newManager(t, panicking{d}, runs.Config{})
-	st, err := m.Start(context.Background(), "brief", chain("a"), nil)
+	m := runstest.NewManager(t, panicking{d}, runs.Config{})
+	st, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
-	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
 	assert.Equal(t, "internal error", fin.GetStatusReason())
 	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_INTERNAL_ERROR, fin.GetStatusReasonCode())
-	_, err = m.Start(context.Background(), "again", chain("a"), nil)
+	_, err = m.Start(context.Background(), "again", runstest.Chain("a"), nil)
 	assert.NoError(t, err, "the manager still takes runs")
 }
 
@@ -208,16 +143,16 @@ func TestListFiltersAndPages(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{
 		"ok": {controlstest.OK("x")}, "bad": {controlstest.Fail(3, "no")},
 	})
-	m := newManager(t, d, runs.Config{})
+	m := runstest.NewManager(t, d, runs.Config{})
 	var ok, bad []string
 	for i := range 6 {
 		name := "ok"
 		if i%2 == 1 {
 			name = "bad"
 		}
-		st, err := m.Start(context.Background(), "brief", chain(name), nil)
+		st, err := m.Start(context.Background(), "brief", runstest.Chain(name), nil)
 		require.NoError(t, err)
-		watchAll(t, m, st.GetRunId(), 0)
+		runstest.WatchAll(t, m, st.GetRunId(), 0)
 		if name == "ok" {
 			ok = append([]string{st.GetRunId()}, ok...)
 		} else {
@@ -249,12 +184,12 @@ func TestCloseCancelsRunsAndRefusesNewOnes(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
 	m, err := runs.New(runs.Config{Delegates: d, Clock: controlstest.NewClock(), CancelOnClose: true})
 	require.NoError(t, err)
-	st, err := m.Start(context.Background(), "brief", chain("hang"), nil)
+	st, err := m.Start(context.Background(), "brief", runstest.Chain("hang"), nil)
 	require.NoError(t, err)
 	m.Close()
 	got, err := m.Get(context.Background(), st.GetRunId())
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
-	_, err = m.Start(context.Background(), "brief", chain("hang"), nil)
+	_, err = m.Start(context.Background(), "brief", runstest.Chain("hang"), nil)
 	assert.ErrorIs(t, err, runs.ErrClosed)
 }

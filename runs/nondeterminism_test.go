@@ -15,6 +15,9 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/memstore"
+	runstore "github.com/stubbornhq/stubborn/runs/store"
 )
 
 func presetRetryOf(target string) *stubbornv1.ControlSpec {
@@ -27,11 +30,11 @@ func presetRetryOf(target string) *stubbornv1.ControlSpec {
 // presetRun starts, on a, a chain of preset "p" (a retry of x, whose first
 // call hangs) and b, waits for x's call and kills a: a run taken over
 // mid-preset.
-func presetRun(t *testing.T, store runs.Store, lease time.Duration, d *controlstest.Delegates) string {
+func presetRun(t *testing.T, store runstore.Store, lease time.Duration, d *controlstest.Delegates) string {
 	t.Helper()
 	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"p", "b"}}}}
-	a := newManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "a", Presets: controls.PresetMap{"p": presetRetryOf("x")}})
-	st, err := a.Start(ctxFor(t), "brief", spec, nil)
+	a := runstest.NewManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "a", Presets: controls.PresetMap{"p": presetRetryOf("x")}})
+	st, err := a.Start(runstest.Ctx(t), "brief", spec, nil)
 	require.NoError(t, err)
 	assert.True(t, proto.Equal(presetRetryOf("x"), st.GetPresets()["p"]), "the run records the presets it names: %v", st.GetPresets())
 	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond, "x is called")
@@ -54,7 +57,7 @@ func watchToEnd(t *testing.T, m *runs.Manager, id string) []*stubbornv1.RunEvent
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var evs []*stubbornv1.RunEvent
-	require.NoError(t, m.Watch(ctx, id, 0, decoding(func(ev *stubbornv1.RunEvent) error {
+	require.NoError(t, m.Watch(ctx, id, 0, runstest.Decoding(func(ev *stubbornv1.RunEvent) error {
 		evs = append(evs, ev)
 		return nil
 	})))
@@ -74,9 +77,9 @@ func TestARunReplaysThePresetsItWasAcceptedWith(t *testing.T) {
 			open := newStore(t, lease)
 			d := presetDelegates()
 			id := presetRun(t, open(), lease, d)
-			b := newManager(t, d, runs.Config{Store: open(), Lease: lease, Owner: "b", Presets: controls.PresetMap{"p": presetRetryOf("y")}})
+			b := runstest.NewManager(t, d, runs.Config{Store: open(), Lease: lease, Owner: "b", Presets: controls.PresetMap{"p": presetRetryOf("y")}})
 			evs := watchToEnd(t, b, id)
-			end := final(t, evs)
+			end := runstest.Final(t, evs)
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, end.GetStatus(), end.GetStatusReason())
 			assert.Equal(t, "x", end.GetResult().GetText())
 			assert.Empty(t, d.CallsTo("y"), "the new preset's delegate is never called")
@@ -96,11 +99,11 @@ func TestARunReplaysThePresetsItWasAcceptedWith(t *testing.T) {
 func TestAnOlderRunWhosePresetChangedEndsNondeterministic(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	d := presetDelegates()
-	mem := runs.NewMemory(lease)
+	mem := memstore.NewMemory(lease)
 	id := presetRun(t, mem, lease, d)
 
-	older := runs.NewMemory(lease)
-	stored, err := mem.Events(ctxFor(t), id, 0)
+	older := memstore.NewMemory(lease)
+	stored, err := mem.Events(runstest.Ctx(t), id, 0)
 	require.NoError(t, err)
 	for i, e := range stored {
 		ev := &stubbornv1.RunEvent{}
@@ -109,18 +112,18 @@ func TestAnOlderRunWhosePresetChangedEndsNondeterministic(t *testing.T) {
 			st.Presets = nil // as an older release recorded it
 			data, err := proto.Marshal(st)
 			require.NoError(t, err)
-			require.NoError(t, older.Claim(ctxFor(t), id, "a", data))
+			require.NoError(t, older.Claim(runstest.Ctx(t), id, "a", data))
 		}
-		stored[i], err = runs.EncodeEvent(ev)
+		stored[i], err = runstore.EncodeEvent(ev)
 		require.NoError(t, err)
 	}
-	require.NoError(t, older.Append(ctxFor(t), stored...))
+	require.NoError(t, older.Append(runstest.Ctx(t), nil, stored...))
 
-	h, logger := runs.NewCapturedLogs()
-	b := newManager(t, d, runs.Config{Store: older, Lease: lease, Owner: "b", SoleOwner: true, Logger: logger,
+	h, logger := runstest.NewCapturedLogs()
+	b := runstest.NewManager(t, d, runs.Config{Store: older, Lease: lease, Owner: "b", SoleOwner: true, Logger: logger,
 		Presets: controls.PresetMap{"p": presetRetryOf("y")}})
 	evs := watchToEnd(t, b, id)
-	end := final(t, evs)
+	end := runstest.Final(t, evs)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, end.GetStatus())
 	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_NONDETERMINISTIC_REPLAY, end.GetStatusReasonCode())
 	assert.Equal(t, `nondeterministic replay: the journal's attempt 2 went to "x" at chain[0], the control now asks for "y" at chain[0]`, end.GetStatusReason())

@@ -14,25 +14,28 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/memstore"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // slowAppends is a store whose journal write of a decision_requested waits
 // until released: a store in an outage.
 type slowAppends struct {
-	runs.Store
+	store.Store
 	once    sync.Once
 	waiting chan struct{} // closed when the write waits
 	release chan struct{}
 }
 
-func (s *slowAppends) Append(ctx context.Context, evs ...runs.Event) error {
+func (s *slowAppends) Append(ctx context.Context, w *store.Writer, evs ...store.Event) error {
 	for _, e := range evs {
 		if ev, err := e.Decode(); err == nil && ev.GetDecisionRequested() != nil {
 			s.once.Do(func() { close(s.waiting) })
 			<-s.release
 		}
 	}
-	return s.Store.Append(ctx, evs...)
+	return s.Store.Append(ctx, w, evs...)
 }
 
 // TestNoStoreWriteUnderTheTrackersLock: while a run's write waits on the
@@ -41,14 +44,14 @@ func (s *slowAppends) Append(ctx context.Context, evs ...runs.Event) error {
 // across the write. Before, the write of decision_requested was made under
 // the tracker's lock, and GetRun waited for it.
 func TestNoStoreWriteUnderTheTrackersLock(t *testing.T) {
-	store := &slowAppends{Store: runs.NewMemory(time.Second), waiting: make(chan struct{}), release: make(chan struct{})}
+	store := &slowAppends{Store: memstore.NewMemory(time.Second), waiting: make(chan struct{}), release: make(chan struct{})}
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": {{Err: &controls.CallError{Code: codes.Unavailable, Message: "refused", NotSent: true}}}})
-	m := newManager(t, d, runs.Config{Store: store, ParkAfter: -1})
+	m := runstest.NewManager(t, d, runs.Config{Store: store, ParkAfter: -1})
 	zero := int32(0)
 	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
 		Target: "d", Attempts: &zero, OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_ASK,
 	}}}
-	st, err := m.Start(ctxFor(t), "brief", spec, nil)
+	st, err := m.Start(runstest.Ctx(t), "brief", spec, nil)
 	require.NoError(t, err)
 	select {
 	case <-store.waiting:
@@ -62,7 +65,7 @@ func TestNoStoreWriteUnderTheTrackersLock(t *testing.T) {
 	}
 	answered := make(chan answer, 1)
 	go func() {
-		got, err := m.Get(ctxFor(t), st.GetRunId())
+		got, err := m.Get(runstest.Ctx(t), st.GetRunId())
 		answered <- answer{got, err}
 	}()
 	select {
@@ -76,8 +79,8 @@ func TestNoStoreWriteUnderTheTrackersLock(t *testing.T) {
 	}
 
 	close(store.release)
-	_, err = m.Decide(ctxFor(t), st.GetRunId(), stubbornv1.Decision_DECISION_FAIL)
+	_, err = m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_FAIL)
 	require.NoError(t, err)
-	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
 }

@@ -8,8 +8,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
-
-	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/jstest"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
 )
 
 // TestReleasedOwnersLeaveNothingBehind: a released run's owner entry goes
@@ -17,9 +18,9 @@ import (
 // not after the retention — so that a full takeover scan reads the live
 // runs only, however many runs finished in the last days.
 func TestReleasedOwnersLeaveNothingBehind(t *testing.T) {
-	store, nc := embeddedJetStream(t, runs.JetStreamConfig{Lease: time.Second}) // retention: the default 7 days
+	store, nc := jstest.Open(t, jsstore.JetStreamConfig{Lease: time.Second}) // retention: the default 7 days
 
-	ctx := ctxFor(t)
+	ctx := runstest.Ctx(t)
 	for i := range 20 {
 		id := fmt.Sprintf("run%d", i)
 		require.NoError(t, store.Claim(ctx, id, "server-a", nil))

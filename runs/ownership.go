@@ -13,6 +13,7 @@ import (
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // beat tells the store this server is alive, three times a lease, until
@@ -163,9 +164,9 @@ func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) 
 	// entries (claims.go): found from their marks, which go once all
 	// their runs are taken over.
 	var marks map[string]markRev
-	if jc, ok := m.store.(journalClaims); ok && m.ctx.Err() == nil {
+	if m.ctx.Err() == nil {
 		var found []orphan
-		if marks, found, err = m.journalOrphans(jc, dead); err != nil {
+		if marks, found, err = m.journalOrphans(dead); err != nil {
 			clean, marks = false, nil
 			if m.ctx.Err() == nil {
 				m.log.Warn("looking for the runs of dead servers in their journals", "err", err)
@@ -208,20 +209,18 @@ func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) 
 	if canceled || failed.Load() {
 		return false
 	}
-	if jc, ok := m.store.(journalClaims); ok {
-		for owner, mr := range marks {
-			if time.Since(mr.written) < m.cfg.Lease+m.cfg.Lease/2 {
-				// A mark written within a lease and a half may be a
-				// server's that is not dead after all (its heartbeat
-				// landed since its liveness was read): its fence may not
-				// have passed. Its runs are taken over; the mark goes at
-				// a later scan.
-				continue
-			}
-			if err := jc.dropMark(m.ctx, owner, mr.rev); err != nil {
-				clean = false
-				m.log.Warn("dropping the mark of a server whose runs were taken over", "dead_owner", owner, "err", err)
-			}
+	for owner, mr := range marks {
+		if time.Since(mr.written) < m.cfg.Lease+m.cfg.Lease/2 {
+			// A mark written within a lease and a half may be a
+			// server's that is not dead after all (its heartbeat
+			// landed since its liveness was read): its fence may not
+			// have passed. Its runs are taken over; the mark goes at
+			// a later scan.
+			continue
+		}
+		if err := m.store.DropMark(m.ctx, owner, mr.rev); err != nil {
+			clean = false
+			m.log.Warn("dropping the mark of a server whose runs were taken over", "dead_owner", owner, "err", err)
 		}
 	}
 	return clean
@@ -237,9 +236,9 @@ type markRev struct {
 // journalOrphans returns the marks of the servers dead says are dead, and
 // the runs they claimed in their journals after them that have neither
 // ended nor an owners entry.
-func (m *Manager) journalOrphans(jc journalClaims, dead func(owner string) bool) (map[string]markRev, []orphan, error) {
+func (m *Manager) journalOrphans(dead func(owner string) bool) (map[string]markRev, []orphan, error) {
 	marks := map[string]markRev{}
-	err := jc.claimMarks(m.ctx, func(owner string, mark, rev uint64, written time.Time) {
+	err := m.store.ClaimMarks(m.ctx, func(owner string, mark, rev uint64, written time.Time) {
 		if dead(owner) {
 			marks[owner] = markRev{mark, rev, written}
 		}
@@ -252,7 +251,7 @@ func (m *Manager) journalOrphans(jc journalClaims, dead func(owner string) bool)
 		from[owner] = mr.mark
 	}
 	var found []orphan
-	err = jc.journalOrphans(m.ctx, from, func(runID, owner string) {
+	err = m.store.JournalOrphans(m.ctx, from, func(runID, owner string) {
 		found = append(found, orphan{runID, owner})
 	})
 	if err != nil {
@@ -284,15 +283,15 @@ func (m *Manager) takeOver(id, from string) bool {
 	return true
 }
 
-// unrecoverable ends a run that cannot be resumed (wctx: its writes' context,
-// with the cursor of the journal read) without risk of calling
+// unrecoverable ends a run that cannot be resumed (w: the writer of the
+// journal read, where the end is written) without risk of calling
 // its delegates again for work they may have done: its journal is damaged
 // or gone (a store that lost data). It is not driven: the run ends FAILED
 // with why, in a run_finished after the events its journal still has, its
 // final state is saved and its claim released, and an ERROR names it. It
 // returns an error only when the store could not be written: the run stays
 // claimed, for the next scan.
-func (m *Manager) unrecoverable(wctx context.Context, id string, recorded []Event, why string) error {
+func (m *Manager) unrecoverable(w *store.Writer, id string, recorded []store.Event, why string) error {
 	var state *stubbornv1.ControlState
 	if len(recorded) > 0 {
 		if ev, err := recorded[0].Decode(); err == nil {
@@ -318,17 +317,17 @@ func (m *Manager) unrecoverable(wctx context.Context, id string, recorded []Even
 		seq = recorded[n-1].Seq + 1
 	}
 	m.log.Error("run cannot be recovered: its journal is damaged or lost; it ends FAILED", "run_id", id, "why", why, "events", len(recorded))
-	enc, err := EncodeEvent(controls.BoundEvent(&stubbornv1.RunEvent{
+	enc, err := store.EncodeEvent(controls.BoundEvent(&stubbornv1.RunEvent{
 		RunId: id, Seq: seq, Time: now,
 		Kind: &stubbornv1.RunEvent_RunFinished{RunFinished: &stubbornv1.RunFinished{State: end}},
 	}, refusedEventBytes))
 	if err != nil {
 		return err
 	}
-	if err := m.store.Append(wctx, enc); err != nil {
+	if err := m.store.Append(m.ctx, w, enc); err != nil {
 		return fmt.Errorf("ending unrecoverable run %s: %w", id, err)
 	}
-	if err := m.store.PutState(m.ctx, id, enc.state()); err != nil {
+	if err := m.store.PutState(m.ctx, id, enc.StateBytes()); err != nil {
 		return fmt.Errorf("ending unrecoverable run %s: %w", id, err)
 	}
 	return m.store.Release(m.ctx, id)
@@ -351,44 +350,35 @@ func (m *Manager) resumeBecause(id, from, because string) error {
 	if gone, err := m.deleted(id); gone || err != nil {
 		return err
 	}
-	var cur journalCursor
-	var recorded []Event
-	var err error
-	if cr, ok := m.store.(cursorReader); ok {
-		recorded, err = cr.journalFrom(m.ctx, id, &cur)
-	} else {
-		recorded, err = m.store.Events(m.ctx, id, 0)
-	}
+	var w store.Writer
+	recorded, err := m.store.JournalFrom(m.ctx, id, &w)
 	if err != nil {
 		return err
 	}
 	// Its end, when it cannot be resumed, is written after the journal
-	// just read.
-	wctx := context.WithValue(m.ctx, cursorKey{}, &cur)
+	// just read (w).
 	journal, err := decodeAll(recorded)
 	if err != nil {
-		return m.unrecoverable(wctx, id, recorded, fmt.Sprintf("an event of its journal cannot be read (%v)", err))
+		return m.unrecoverable(&w, id, recorded, fmt.Sprintf("an event of its journal cannot be read (%v)", err))
 	}
 	for i, ev := range journal {
 		if ev.GetSeq() != int64(i)+1 {
-			return m.unrecoverable(wctx, id, recorded, fmt.Sprintf("its journal has event %d where event %d belongs: events are missing", ev.GetSeq(), i+1))
+			return m.unrecoverable(&w, id, recorded, fmt.Sprintf("its journal has event %d where event %d belongs: events are missing", ev.GetSeq(), i+1))
 		}
 	}
 	if len(journal) > 0 && journal[0].GetRunStarted().GetState() == nil {
-		return m.unrecoverable(wctx, id, recorded, "its journal does not start with run_started")
+		return m.unrecoverable(&w, id, recorded, "its journal does not start with run_started")
 	}
 	if len(journal) == 0 {
-		if jl, ok := m.store.(journalLoss); ok {
-			if lost, why, err := jl.journalLost(m.ctx, id); err != nil {
-				return err
-			} else if lost {
-				return m.unrecoverable(wctx, id, recorded, why)
-			}
+		if lost, why, err := m.store.JournalLost(m.ctx, id); err != nil {
+			return err
+		} else if lost {
+			return m.unrecoverable(&w, id, recorded, why)
 		}
 	}
 	if n := len(journal); n > 0 && journal[n-1].GetRunFinished() != nil {
 		// It finished but its owner died before letting go of it.
-		if err := m.store.PutState(m.ctx, id, recorded[n-1].state()); err != nil {
+		if err := m.store.PutState(m.ctx, id, recorded[n-1].StateBytes()); err != nil {
 			return err
 		}
 		return m.store.Release(m.ctx, id)
@@ -412,7 +402,7 @@ func (m *Manager) resumeBecause(id, from, because string) error {
 		return err
 	}
 	r.events = recorded
-	r.cursor = cur
+	r.jw = w
 	r.saveEnd = true // its driver before may have saved a state
 	// run_resumed is recorded while the tracker, about to replay, says
 	// RUNNING: the state saved last (by the driver before) stays until

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	runstore "github.com/stubbornhq/stubborn/runs/store"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -16,6 +18,8 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/memstore"
 )
 
 // busyFor fails as unavailable, asking the caller to come back after wait:
@@ -40,12 +44,12 @@ func idempotentD(replies ...controlstest.Reply) *controlstest.Delegates {
 
 func TestAParkedRunGoesOnAfterItsWait(t *testing.T) {
 	d := idempotentD(busyFor(30*time.Millisecond), controlstest.OK("fine"))
-	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
+	m := runstest.NewManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
 	st, err := m.Start(context.Background(), "brief", retryOf(), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond, "the run waits parked")
 
-	evs := watchAll(t, m, st.GetRunId(), 0)
+	evs := runstest.WatchAll(t, m, st.GetRunId(), 0)
 	assert.Equal(t, []string{
 		"run_started", "attempt_started", "attempt_finished", "failure_analyzed", "backoff_scheduled",
 		"attempt_started", "attempt_finished", "run_finished",
@@ -53,7 +57,7 @@ func TestAParkedRunGoesOnAfterItsWait(t *testing.T) {
 	for i, ev := range evs {
 		assert.Equal(t, int64(i+1), ev.GetSeq())
 	}
-	fin := final(t, evs)
+	fin := runstest.Final(t, evs)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())
 	assert.Equal(t, int32(2), fin.GetAttempts())
 	assert.Len(t, fin.GetFailureHistory(), 1)
@@ -64,7 +68,7 @@ func TestAParkedRunGoesOnAfterItsWait(t *testing.T) {
 func TestWaitingRunsHoldNoGoroutine(t *testing.T) {
 	const n = 200
 	d := idempotentD(busyFor(time.Hour))
-	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Second})
+	m := runstest.NewManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Second})
 	before := runtime.NumGoroutine()
 	ids := make([]string, n)
 	for i := range ids {
@@ -84,7 +88,7 @@ func TestWaitingRunsHoldNoGoroutine(t *testing.T) {
 
 	// Cancelled while parked, a run replays its journal before it stops:
 	// it ends with its whole history, as a run cancelled in its wait does.
-	got, err := m.Cancel(ctxFor(t), ids[0])
+	got, err := m.Cancel(runstest.Ctx(t), ids[0])
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
 	assert.Equal(t, "cancelled: cancelled by CancelRun", got.GetStatusReason())
@@ -94,13 +98,13 @@ func TestWaitingRunsHoldNoGoroutine(t *testing.T) {
 	assert.Len(t, got.GetFailureHistory(), 1)
 	assert.Equal(t, []string{
 		"run_started", "attempt_started", "attempt_finished", "failure_analyzed", "backoff_scheduled", "run_finished",
-	}, kinds(watchAll(t, m, ids[0], 0)))
+	}, kinds(runstest.WatchAll(t, m, ids[0], 0)))
 	assert.Equal(t, n-1, m.Parked())
 	assert.Len(t, d.Calls(), n, "nobody was called again")
 }
 
 func TestParkedRunsAreLeftToTheNextServer(t *testing.T) {
-	store := runs.NewMemory(time.Second)
+	store := memstore.NewMemory(time.Second)
 	d := idempotentD(busyFor(150*time.Millisecond), controlstest.OK("fine"))
 	a, err := runs.New(runs.Config{Delegates: d, Store: store, Owner: "a", ParkAfter: time.Millisecond})
 	require.NoError(t, err)
@@ -111,13 +115,13 @@ func TestParkedRunsAreLeftToTheNextServer(t *testing.T) {
 	assert.Zero(t, a.Parked())
 	assert.Len(t, d.Calls(), 1)
 
-	b := newManager(t, d, runs.Config{Store: store, Owner: "b", SoleOwner: true, ParkAfter: time.Millisecond})
-	evs := watchAll(t, b, st.GetRunId(), 0)
+	b := runstest.NewManager(t, d, runs.Config{Store: store, Owner: "b", SoleOwner: true, ParkAfter: time.Millisecond})
+	evs := runstest.WatchAll(t, b, st.GetRunId(), 0)
 	assert.Equal(t, []string{
 		"run_started", "attempt_started", "attempt_finished", "failure_analyzed", "backoff_scheduled",
 		"run_resumed", "attempt_started", "attempt_finished", "run_finished",
 	}, kinds(evs))
-	fin := final(t, evs)
+	fin := runstest.Final(t, evs)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())
 	assert.Len(t, d.Calls(), 2)
 }
@@ -132,7 +136,7 @@ func kinds(evs []*stubbornv1.RunEvent) []string {
 }
 
 func TestCloseCancelsParkedRunsWhenAskedTo(t *testing.T) {
-	store := runs.NewMemory(time.Second)
+	store := memstore.NewMemory(time.Second)
 	d := idempotentD(busyFor(time.Hour))
 	m, err := runs.New(runs.Config{Delegates: d, Store: store, CancelOnClose: true, ParkAfter: time.Millisecond})
 	require.NoError(t, err)
@@ -159,7 +163,7 @@ func askRetry(timeout time.Duration) *stubbornv1.ControlSpec {
 
 func TestARunAwaitingADecisionIsParkedUntilDecided(t *testing.T) {
 	d := idempotentD(controlstest.Fail(codes.Unavailable, "down"), controlstest.OK("fine"))
-	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
+	m := runstest.NewManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
 	st, err := m.Start(context.Background(), "brief", askRetry(0), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
@@ -169,22 +173,22 @@ func TestARunAwaitingADecisionIsParkedUntilDecided(t *testing.T) {
 	assert.Equal(t, "retries exhausted (0 of 0)", got.GetStatusReason())
 	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, got.GetStatusReasonCode())
 
-	got, err = m.Decide(ctxFor(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	got, err = m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
 	require.NoError(t, err)
 	assert.NotEqual(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus(), "the decision is taken when Decide returns")
 	require.NotEmpty(t, got.GetAttemptLog(), "the replayed history is whole")
 	assert.Equal(t, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_ERROR, got.GetAttemptLog()[0].GetOutcome())
-	evs := watchAll(t, m, st.GetRunId(), 0)
+	evs := runstest.WatchAll(t, m, st.GetRunId(), 0)
 	assert.Equal(t, []string{
 		"run_started", "attempt_started", "attempt_finished", "failure_analyzed", "decision_requested",
 		"decision_received", "backoff_scheduled", "attempt_started", "attempt_finished", "run_finished",
 	}, kinds(evs))
 	assert.Equal(t, stubbornv1.Decision_DECISION_RETRY, evs[5].GetDecisionReceived().GetDecision())
-	fin := final(t, evs)
+	fin := runstest.Final(t, evs)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())
 	assert.Len(t, d.Calls(), 2)
 
-	_, err = m.Decide(ctxFor(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	_, err = m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
 	assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
 }
 
@@ -193,20 +197,20 @@ func TestARunAwaitingADecisionIsParkedUntilDecided(t *testing.T) {
 // takes it from there.
 func TestAParkedRunsDecisionIsWrittenBeforeTheOK(t *testing.T) {
 	d := idempotentD(controlstest.Fail(codes.Unavailable, "down"))
-	store := runs.NewMemory(time.Minute)
-	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond, Store: store})
+	store := memstore.NewMemory(time.Minute)
+	m := runstest.NewManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond, Store: store})
 	st, err := m.Start(context.Background(), "brief", askRetry(0), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
 
-	got, err := m.Decide(ctxFor(t), st.GetRunId(), stubbornv1.Decision_DECISION_FAIL)
+	got, err := m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_FAIL)
 	require.NoError(t, err)
 	assert.NotEqual(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus())
 	written, err := store.Events(context.Background(), st.GetRunId(), 0)
 	require.NoError(t, err)
 	var last *stubbornv1.RunEvent
 	for _, e := range written {
-		_, last, err = runs.DecodeEvent(e.Data)
+		_, last, err = runstore.DecodeEvent(e.Data)
 		require.NoError(t, err)
 		if last.GetDecisionReceived() != nil {
 			break
@@ -216,7 +220,7 @@ func TestAParkedRunsDecisionIsWrittenBeforeTheOK(t *testing.T) {
 	assert.Equal(t, stubbornv1.Decision_DECISION_FAIL, last.GetDecisionReceived().GetDecision())
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, last.GetStatus())
 
-	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
 	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_DECISION_FAIL, fin.GetStatusReasonCode())
 	assert.Len(t, d.Calls(), 1, "FAIL calls no one")
@@ -224,11 +228,11 @@ func TestAParkedRunsDecisionIsWrittenBeforeTheOK(t *testing.T) {
 
 func TestAParkedDecisionTimesOut(t *testing.T) {
 	d := idempotentD(controlstest.Fail(codes.Unavailable, "down"))
-	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
+	m := runstest.NewManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
 	st, err := m.Start(context.Background(), "brief", askRetry(100*time.Millisecond), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
-	fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
 	assert.Equal(t, "no decision within 100ms", fin.GetStatusReason())
 	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_DECISION_TIMEOUT, fin.GetStatusReasonCode())
@@ -237,11 +241,11 @@ func TestAParkedDecisionTimesOut(t *testing.T) {
 
 func TestDecidingARunParkedInBackoffIsRefused(t *testing.T) {
 	d := idempotentD(busyFor(time.Hour))
-	m := newManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
+	m := runstest.NewManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
 	st, err := m.Start(context.Background(), "brief", retryOf(), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
-	_, err = m.Decide(ctxFor(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	_, err = m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
 	assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
 	assert.Equal(t, 1, m.Parked(), "it still waits, parked")
 }
@@ -287,10 +291,10 @@ func TestAWokenRunKeepsWhatWasDecided(t *testing.T) {
 				if c.budgets != nil {
 					cfg.Budgets = c.budgets(t)
 				}
-				m := newManager(t, d, cfg)
+				m := runstest.NewManager(t, d, cfg)
 				st, err := m.Start(context.Background(), "brief", retryOf(), c.opts)
 				require.NoError(t, err)
-				fin := final(t, watchAll(t, m, st.GetRunId(), 0))
+				fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 				assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())
 				assert.Len(t, d.Calls(), 2)
 			})

@@ -11,6 +11,9 @@ import (
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/memstore"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // deadTo is a store through which a server sees owner's heartbeats as
@@ -18,7 +21,7 @@ import (
 // nats-sigstop, a replica whose beats were late at the moment another
 // looked).
 type deadTo struct {
-	runs.Store
+	store.Store
 	owner string
 }
 
@@ -48,27 +51,27 @@ func TestAParkedCopyTakenOverUnawaresIsNotServed(t *testing.T) {
 	// On the memory store: a wrapper of the JetStream store hides the
 	// interfaces the manager finds on it. The fault suite covers JetStream.
 	const lease = 300 * time.Millisecond
-	mem := runs.NewMemory(lease)
-	open := func() runs.Store { return mem }
-	d := failing()
+	mem := memstore.NewMemory(lease)
+	open := func() store.Store { return mem }
+	d := runstest.NotSent()
 	// On the real clock, so that the run parks for its decision.
-	a := newManager(t, d, runs.Config{Store: open(), Lease: lease, Owner: "a", Clock: controls.RealClock{}})
-	id := awaitingOn(t, a)
-	b := newManager(t, d, runs.Config{Store: deadTo{open(), "a"}, Lease: lease, Owner: "b", Clock: controls.RealClock{}})
+	a := runstest.NewManager(t, d, runs.Config{Store: open(), Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+	id := runstest.AwaitingOn(t, a)
+	b := runstest.NewManager(t, d, runs.Config{Store: deadTo{open(), "a"}, Lease: lease, Owner: "b", Clock: controls.RealClock{}})
 	require.Eventually(t, func() bool { return b.Owns(id) }, 10*time.Second, 5*time.Millisecond, "b takes the run over")
 	require.Eventually(t, func() bool {
-		_, err := b.Decide(ctxFor(t), id, stubbornv1.Decision_DECISION_FAIL)
+		_, err := b.Decide(runstest.Ctx(t), id, stubbornv1.Decision_DECISION_FAIL)
 		return err == nil
 	}, 10*time.Second, 10*time.Millisecond, "decided through b")
 	reader := open()
 	require.Eventually(t, func() bool {
-		return journalHas(t, reader, id, func(ev *stubbornv1.RunEvent) bool { return ev.GetRunFinished() != nil })
+		return runstest.JournalHas(t, reader, id, func(ev *stubbornv1.RunEvent) bool { return ev.GetRunFinished() != nil })
 	}, 10*time.Second, 5*time.Millisecond, "the run ends on b")
 
-	got, err := a.Get(ctxFor(t), id)
+	got, err := a.Get(runstest.Ctx(t), id)
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, got.GetStatus(), "GetRun through a")
-	end := final(t, watchToEnd(t, a, id)) // WatchRun through a ends
+	end := runstest.Final(t, watchToEnd(t, a, id)) // WatchRun through a ends
 
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, end.GetStatus())
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // A run must always have a driver that drives it. Two ways it could be
@@ -167,20 +169,13 @@ func (m *Manager) finishedInJournal(id string) (bool, error) {
 		return false, err
 	}
 	last := evs[len(evs)-1]
-	if ix, ok := m.store.(endIndexer); ok && last.Finished {
+	if last.Finished {
 		// Its last write landed although it failed here: the listing
 		// index, which this server notes after a write it saw land, has
 		// yet to learn of its end.
-		ix.indexEnd(id, last)
+		m.store.IndexEnd(id, last)
 	}
 	return last.Finished, nil
-}
-
-// endIndexer is a Store whose listing index learns of a run's end from the
-// store's own writes (JetStream's): indexEnd tells it of an end written by
-// a write that failed here, or by a server that died before it noted it.
-type endIndexer interface {
-	indexEnd(runID string, final Event)
 }
 
 // reclaimedLocked forgets run id, which ended here: a loss before does not
@@ -222,7 +217,7 @@ func (m *Manager) verifyIfLapsed() {
 
 // leaseMargin is how long before its lease ends a server counts as
 // possibly dead to the others (JetStream's fence margin).
-func (m *Manager) leaseMargin() time.Duration { return min(fenceMargin, m.cfg.Lease/4) }
+func (m *Manager) leaseMargin() time.Duration { return min(store.FenceMargin, m.cfg.Lease/4) }
 
 // leaseHeld reports whether this server's last heartbeat landed less than
 // a lease ago (less the margin): no other server may have taken its runs.
@@ -266,7 +261,7 @@ func (m *Manager) verifyClaims() (clean bool) {
 // more, its watchers follow the store).
 func (m *Manager) stillDriven(ctx context.Context, r *run) (bool, error) {
 	r.mu.Lock()
-	claiming := r.claimer != "" && !r.firstLanded
+	claiming := r.jw.Claimer != "" && !r.firstLanded
 	r.mu.Unlock()
 	if claiming {
 		// A new run whose claim, its journal's first write, has yet to

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // run is a run this server drives: its tracker and, in memory, the journal
@@ -18,7 +19,7 @@ type run struct {
 	id     string
 	tenant string // ControlState.tenant: who may see the run
 	order  uint64
-	store  Store
+	store  store.Store
 	log    *slog.Logger
 	ready  chan struct{} // closed once tracker is set
 	// cancel ends the run's context (stop), stopTimer its timeout; both
@@ -62,7 +63,7 @@ type run struct {
 	// would scan for as long as the finished run is kept: the
 	// run_finished event has the final state.
 	tracker *controls.Tracker
-	events  []Event // encoded once, sent as they are to every watcher
+	events  []store.Event // encoded once, sent as they are to every watcher
 	// changed is closed, and cleared, by the next event or loss; since
 	// makes one only for a watcher that has to wait, so that an event
 	// nobody waits for costs no channel.
@@ -75,7 +76,7 @@ type run struct {
 	// pending are the events recorded and not yet written (record), with
 	// the state to save after them when their status changed; writing
 	// counts those a flush is writing.
-	pending      []Event
+	pending      []store.Event
 	pendingState []byte
 	// pendingStatus is pendingState's status; savedStatus the status of
 	// the state saved last (or claimed), -1 when unknown. A state is saved
@@ -89,10 +90,12 @@ type run struct {
 	flushMu       sync.Mutex   // one flush at a time
 	calls         atomic.Int32 // delegate calls in flight (flushing)
 	endUnsaved    bool         // the final state could not be saved
-	// cursor is this copy's view of where its journal ends (a store that
-	// fences its appends with it: JetStream); written by flush, and by
-	// resume before the first.
-	cursor journalCursor
+	// jw is this copy's part in its journal's writes: its view of
+	// where the journal ends (the store fences its appends with it) and,
+	// for a new run claimed by its journal's first write (claims.go), this
+	// server's name (Claimer). Moved by flush, under flushMu, and set by
+	// start or resume before the first.
+	jw store.Writer
 	// onLost, when set, is told of a write that failed and lost the run
 	// here (Manager.lostHere): the store may still name this server its
 	// driver, and then nobody else would drive it.
@@ -115,12 +118,10 @@ type run struct {
 	// slab is the free end of the array the run's events are encoded in
 	// (encode); used by record only, under the tracker's lock.
 	slab []byte
-	// claimer, for a new run claimed by its journal's first write
-	// (claims.go), is this server's name; firstDone is closed once that
-	// write was made (firstLanded says it landed) or the run was lost
-	// first. Set before the run's first flush; firstDone and firstLanded
-	// are guarded by mu after.
-	claimer     string
+	// firstDone, for a new run claimed by its journal's first write
+	// (writer.Claimer), is closed once that write was made (firstLanded
+	// says it landed) or the run was lost first. Set before the run's
+	// first flush; firstDone and firstLanded are guarded by mu after.
 	firstDone   chan struct{}
 	firstLanded bool
 	// saveEnd says the run's final state must be saved: the store does
@@ -257,7 +258,7 @@ func (r *run) live() *controls.Tracker {
 func (r *run) snapshot() (*stubbornv1.ControlState, error) {
 	r.mu.Lock()
 	tr := r.tracker
-	var final Event
+	var final store.Event
 	if tr == nil && r.done {
 		final = r.events[len(r.events)-1]
 	}
@@ -270,7 +271,7 @@ func (r *run) snapshot() (*stubbornv1.ControlState, error) {
 	}
 	ev, err := final.Decode()
 	if err != nil {
-		return nil, unreadableRun(r.id, err)
+		return nil, store.UnreadableRun(r.id, err)
 	}
 	if ev.GetRunFinished().GetState() == nil {
 		return nil, fmt.Errorf("run %s: its last event is not run_finished", r.id)

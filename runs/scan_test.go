@@ -12,11 +12,14 @@ import (
 	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/memstore"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // countingOwners counts the listings of every run's driver.
 type countingOwners struct {
-	runs.Store
+	store.Store
 	listed atomic.Int64
 }
 
@@ -29,14 +32,14 @@ func TestDriversAreListedOnlyWhenAServerStopsBeating(t *testing.T) {
 	// Long enough that a loaded machine does not miss a beat (one every
 	// lease/3): a missed one would count as b stopping.
 	const lease = time.Second
-	store := runs.NewMemory(lease)
+	store := memstore.NewMemory(lease)
 	counted := &countingOwners{Store: store}
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {{Hang: true}, controlstest.OK("x")}})
 	d.SetInfo("a", controls.DelegateInfo{Idempotent: true})
-	a := newManager(t, d, runs.Config{Store: counted, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+	a := runstest.NewManager(t, d, runs.Config{Store: counted, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
 	b, err := runs.New(runs.Config{Delegates: d, Store: store, Lease: lease, Owner: "b", Clock: controls.RealClock{}})
 	require.NoError(t, err)
-	st, err := b.Start(context.Background(), "brief", chain("a"), nil)
+	st, err := b.Start(context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
 
@@ -44,16 +47,16 @@ func TestDriversAreListedOnlyWhenAServerStopsBeating(t *testing.T) {
 	assert.Equal(t, int64(1), counted.listed.Load(), "only the first scan lists the drivers")
 
 	b.Kill()
-	evs := watchAll(t, a, st.GetRunId(), 0)
+	evs := runstest.WatchAll(t, a, st.GetRunId(), 0)
 	assert.Contains(t, kinds(evs), "run_resumed", "a took b's run over once b stopped beating")
-	final(t, evs)
+	runstest.Final(t, evs)
 	assert.GreaterOrEqual(t, counted.listed.Load(), int64(2))
 }
 
 // staleAlive answers its first liveness question with yes, as a replica
 // that has not yet expired a heartbeat would.
 type staleAlive struct {
-	runs.Store
+	store.Store
 	asked atomic.Bool
 }
 
@@ -66,46 +69,46 @@ func (s *staleAlive) Alive(ctx context.Context, owner string) (bool, error) {
 
 func TestAStaleLivenessReadIsLookedAtAgain(t *testing.T) {
 	const lease = 200 * time.Millisecond
-	store := runs.NewMemory(lease)
+	store := memstore.NewMemory(lease)
 	stale := &staleAlive{Store: store}
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {{Hang: true}, controlstest.OK("x")}})
 	d.SetInfo("a", controls.DelegateInfo{Idempotent: true})
-	a := newManager(t, d, runs.Config{Store: stale, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+	a := runstest.NewManager(t, d, runs.Config{Store: stale, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
 	b, err := runs.New(runs.Config{Delegates: d, Store: store, Lease: lease, Owner: "b", Clock: controls.RealClock{}})
 	require.NoError(t, err)
-	st, err := b.Start(context.Background(), "brief", chain("a"), nil)
+	st, err := b.Start(context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
 	b.Kill()
-	evs := watchAll(t, a, st.GetRunId(), 0)
+	evs := runstest.WatchAll(t, a, st.GetRunId(), 0)
 	assert.Contains(t, kinds(evs), "run_resumed", "taken over on a later scan")
 	assert.True(t, stale.asked.Load())
 }
 
 func TestAServerThatCameAndWentUnseenIsTakenOverAtTheNextFullScan(t *testing.T) {
 	const lease = 100 * time.Millisecond // full scans every 10 × lease/2
-	store := runs.NewMemory(lease)
+	store := memstore.NewMemory(lease)
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {{Hang: true}, controlstest.OK("x")}})
 	d.SetInfo("a", controls.DelegateInfo{Idempotent: true})
-	a := newManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+	a := runstest.NewManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
 	b, err := runs.New(runs.Config{Delegates: d, Store: store, Lease: lease, Owner: "b", Clock: controls.RealClock{}})
 	require.NoError(t, err)
-	st, err := b.Start(context.Background(), "brief", chain("a"), nil)
+	st, err := b.Start(context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
 	b.Close() // leaves at once: a may never have listed b's heartbeat
-	evs := watchAll(t, a, st.GetRunId(), 0)
+	evs := runstest.WatchAll(t, a, st.GetRunId(), 0)
 	assert.Contains(t, kinds(evs), "run_resumed")
 }
 
 // silent never beats: its server is never seen alive by the others.
-type silent struct{ runs.Store }
+type silent struct{ store.Store }
 
 func (silent) Beat(context.Context, string) error { return nil }
 
 // countingLive counts the listings of the heartbeats (one a scan).
 type countingLive struct {
-	runs.Store
+	store.Store
 	listed atomic.Int64
 }
 
@@ -119,32 +122,32 @@ func (c *countingLive) Live(ctx context.Context, fn func(owner string, left bool
 // starting), instead of at their next full scan ten scans later.
 func TestAServerThatLeftIsTakenOverAtTheNextScan(t *testing.T) {
 	const lease = 200 * time.Millisecond
-	store := runs.NewMemory(lease)
+	store := memstore.NewMemory(lease)
 	counted := &countingLive{Store: store}
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {{Hang: true}, controlstest.OK("x")}})
 	d.SetInfo("a", controls.DelegateInfo{Idempotent: true})
-	a := newManager(t, d, runs.Config{Store: counted, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+	a := runstest.NewManager(t, d, runs.Config{Store: counted, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
 	// The second listing of the heartbeats comes after the first scan
 	// listed the drivers: b's run, started after, is not in it.
 	require.Eventually(t, func() bool { return counted.listed.Load() >= 2 }, 5*time.Second, time.Millisecond, "a's first scan")
 	b, err := runs.New(runs.Config{Delegates: d, Store: silent{store}, Lease: lease, Owner: "b", Clock: controls.RealClock{}})
 	require.NoError(t, err)
-	st, err := b.Start(context.Background(), "brief", chain("a"), nil)
+	st, err := b.Start(context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
 	b.Close()
 	left := counted.listed.Load()
-	evs := watchAll(t, a, st.GetRunId(), 0)
+	evs := runstest.WatchAll(t, a, st.GetRunId(), 0)
 	assert.Contains(t, kinds(evs), "run_resumed")
-	final(t, evs)
+	runstest.Final(t, evs)
 	assert.LessOrEqual(t, counted.listed.Load()-left, int64(3), "taken over within the scans after b left, not at the full scan")
 }
 
 // liveness lists Live as owner → "beating" or "left".
-func liveness(t *testing.T, s runs.Store) map[string]string {
+func liveness(t *testing.T, s store.Store) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	require.NoError(t, s.Live(ctxFor(t), func(owner string, left bool) {
+	require.NoError(t, s.Live(runstest.Ctx(t), func(owner string, left bool) {
 		out[owner] = map[bool]string{false: "beating", true: "left"}[left]
 	}))
 	return out
@@ -157,7 +160,7 @@ func TestStoresTellBeatingFromLeft(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			const lease = time.Second // the shortest heartbeat TTL JetStream keeps
 			s := open(t, lease)()
-			ctx := ctxFor(t)
+			ctx := runstest.Ctx(t)
 			require.NoError(t, s.Beat(ctx, "a"))
 			require.NoError(t, s.Beat(ctx, "b"))
 			alive, err := s.Alive(ctx, "a")

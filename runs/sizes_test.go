@@ -14,6 +14,7 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
 )
 
 // TestLargeRunsEndOnEveryStore: runs whose events or state are larger than
@@ -31,35 +32,35 @@ func TestLargeRunsEndOnEveryStore(t *testing.T) {
 		spec    *stubbornv1.ControlSpec
 		want    stubbornv1.RunStatus
 	}{
-		{"a 1.5 MB answer", []controlstest.Reply{controlstest.OK(strings.Repeat("r", 1500<<10))}, retrySpec(0), stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED},
-		{"20 attempts over a 64 KiB brief", []controlstest.Reply{controlstest.Fail(codes.Unavailable, "busy")}, retrySpec(19), stubbornv1.RunStatus_RUN_STATUS_FAILED},
-		{"300 KB error messages", []controlstest.Reply{controlstest.Fail(codes.Unavailable, strings.Repeat("e", 300<<10))}, retrySpec(4), stubbornv1.RunStatus_RUN_STATUS_FAILED},
+		{"a 1.5 MB answer", []controlstest.Reply{controlstest.OK(strings.Repeat("r", 1500<<10))}, runstest.RetrySpec(0), stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED},
+		{"20 attempts over a 64 KiB brief", []controlstest.Reply{controlstest.Fail(codes.Unavailable, "busy")}, runstest.RetrySpec(19), stubbornv1.RunStatus_RUN_STATUS_FAILED},
+		{"300 KB error messages", []controlstest.Reply{controlstest.Fail(codes.Unavailable, strings.Repeat("e", 300<<10))}, runstest.RetrySpec(4), stubbornv1.RunStatus_RUN_STATUS_FAILED},
 	}
 	for name, open := range stores {
 		for _, c := range cases {
 			t.Run(name+"/"+c.name, func(t *testing.T) {
 				store := open(t, time.Second)()
 				d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": c.replies})
-				m := newManager(t, d, runs.Config{Store: store, Lease: time.Second})
-				st, err := m.Start(ctxFor(t), brief, c.spec, nil)
+				m := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
+				st, err := m.Start(runstest.Ctx(t), brief, c.spec, nil)
 				require.NoError(t, err)
-				evs := watchAll(t, m, st.GetRunId(), 0)
-				fin := final(t, evs)
+				evs := runstest.WatchAll(t, m, st.GetRunId(), 0)
+				fin := runstest.Final(t, evs)
 				assert.Equal(t, c.want, fin.GetStatus(), fin.GetStatusReason())
 				for i, ev := range evs {
 					assert.EqualValues(t, i+1, ev.GetSeq(), "dense")
 					assert.LessOrEqual(t, proto.Size(ev), runs.MaxEventBytes, "event %d", i+1)
 				}
-				got, err := m.Get(ctxFor(t), st.GetRunId())
+				got, err := m.Get(runstest.Ctx(t), st.GetRunId())
 				require.NoError(t, err)
 				assert.Equal(t, c.want, got.GetStatus())
 				assert.LessOrEqual(t, proto.Size(got)-proto.Size(got.GetResult()), controls.MaxStateBytes, "GetRun fits a client's 4 MiB")
 				assert.Less(t, proto.Size(got), 4<<20, "GetRun fits a client's 4 MiB")
 				assert.True(t, got.GetTaskBrief() == brief, "the run's own brief is not cut")
-				stored, err := store.State(ctxFor(t), st.GetRunId())
+				stored, err := store.State(runstest.Ctx(t), st.GetRunId())
 				require.NoError(t, err)
 				assert.Equal(t, c.want, stored.GetStatus(), "the store has the end")
-				recorded, err := store.Events(ctxFor(t), st.GetRunId(), 0)
+				recorded, err := store.Events(runstest.Ctx(t), st.GetRunId(), 0)
 				require.NoError(t, err)
 				assert.Len(t, recorded, len(evs), "the whole journal is in the store")
 			})
@@ -73,17 +74,17 @@ func TestLargeRunsEndOnEveryStore(t *testing.T) {
 // 6.5 MB, and clients with default limits failed RESOURCE_EXHAUSTED.
 func TestAListPageFitsAClient(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": {controlstest.OK("fine")}})
-	m := newManager(t, d, runs.Config{})
+	m := runstest.NewManager(t, d, runs.Config{})
 	brief := strings.Repeat("b", 64<<10)
 	for range 100 {
-		st, err := m.Start(ctxFor(t), brief, retrySpec(0), nil)
+		st, err := m.Start(runstest.Ctx(t), brief, runstest.RetrySpec(0), nil)
 		require.NoError(t, err)
-		final(t, watchAll(t, m, st.GetRunId(), 0))
+		runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	}
 	seen := map[string]bool{}
 	token, pages := "", 0
 	for {
-		page, next, err := m.List(ctxFor(t), stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED, 1000, token)
+		page, next, err := m.List(runstest.Ctx(t), stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED, 1000, token)
 		require.NoError(t, err)
 		pages++
 		resp := &stubbornv1.ListRunsResponse{Runs: page, NextPageToken: next}

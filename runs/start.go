@@ -101,10 +101,8 @@ func (m *Manager) start(ctx context.Context, id string, task Task, spec *stubbor
 		UpdateTime:   timestamppb.New(now),
 		Tenant:       TenantFrom(ctx),
 	}
-	if a, ok := m.store.(admission); ok {
-		if err := a.admit(ctx, proto.Size(state)); err != nil {
-			return nil, err
-		}
+	if err := m.store.Admit(ctx, proto.Size(state)); err != nil {
+		return nil, err
 	}
 	r, err := m.admit(id, state.GetTenant())
 	if err != nil {
@@ -128,8 +126,7 @@ func (m *Manager) start(ctx context.Context, id string, task Task, spec *stubbor
 	// the run's first call (record). A server that takes the run over then
 	// (this one stalled past its lease, or stopped) resumes it from that
 	// state, and its first write fences this one out.
-	jc, inJournal := m.store.(journalClaims)
-	inJournal = inJournal && jc.claimsInJournal()
+	inJournal := m.store.ClaimsInJournal()
 	var first chan struct{}
 	if inJournal {
 		// Claimed by its journal's first write (claims.go), made by
@@ -138,7 +135,7 @@ func (m *Manager) start(ctx context.Context, id string, task Task, spec *stubbor
 		// (Close may abandon it).
 		first = make(chan struct{})
 		r.mu.Lock()
-		r.claimer, r.firstDone = m.owner, first
+		r.jw.Claimer, r.firstDone = m.owner, first
 		if r.lost {
 			r.firstWrittenLocked()
 		}
@@ -152,7 +149,7 @@ func (m *Manager) start(ctx context.Context, id string, task Task, spec *stubbor
 	}
 	if err != nil {
 		m.forget(r)
-		if transient(err) || errors.Is(err, ErrConflict) {
+		if m.store.Transient(err) || errors.Is(err, ErrConflict) {
 			// (A conflict too: run ids are new, so a claim that exists
 			// is this one's, from a try whose answer was lost; and a
 			// try fenced by the lease may follow one that landed.)
@@ -223,7 +220,7 @@ func (m *Manager) awaitClaim(r *run, first <-chan struct{}) error {
 		// seen to land: it may have landed all the same.
 		return fmt.Errorf("%w: %w: this server is closing", ErrUnavailable, errMaybeStarted)
 	}
-	if transient(err) || errors.Is(err, ErrConflict) {
+	if m.store.Transient(err) || errors.Is(err, ErrConflict) {
 		// It may have landed all the same (its answer was lost): then
 		// the run exists, a StartRun with its idempotency key finds it,
 		// and it is driven again a lease later (lostHere, from flush).
@@ -266,7 +263,7 @@ func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
 	failed.StatusReasonCode = stubbornv1.StatusReason_STATUS_REASON_NOT_RECORDED
 	failed.EndTime = timestamppb.New(m.cfg.Clock.Now())
 	data, err := proto.Marshal(failed)
-	if r.claimer != "" {
+	if r.jw.Claimer != "" {
 		data, err = nil, nil // never claimed: nothing was written
 	}
 	if err == nil && data != nil {
@@ -283,18 +280,13 @@ func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
 
 // admit registers a local run of tenant, unless the manager is closed.
 func (m *Manager) admit(id, tenant string) (*run, error) {
-	fj, inJournal := m.store.(finalInJournal)
-	inJournal = inJournal && fj.finalInJournal()
 	r := &run{
 		id: id, tenant: tenant, store: m.store, log: m.log, lastStatus: -1, savedStatus: -1,
 		ready: make(chan struct{}), ended: make(chan struct{}),
-		saveEnd: !inJournal, maxEvent: MaxEventBytes, clock: m.cfg.Clock, writers: &m.writes,
+		saveEnd: !m.store.FinalInJournal(), maxEvent: min(MaxEventBytes, m.store.EventLimit()), clock: m.cfg.Clock, writers: &m.writes,
 		onLost: m.lostHere, mayWrite: m.mayWrite,
 		outputWindow: cmp.Or(m.cfg.OutputFlushInterval, DefaultOutputFlushInterval),
 		outputBytes:  cmp.Or(m.cfg.OutputFlushBytes, DefaultOutputFlushBytes),
-	}
-	if l, ok := m.store.(eventLimit); ok {
-		r.maxEvent = min(r.maxEvent, l.eventLimit())
 	}
 	// An event carries at most outputBytes of text: far below any store's
 	// message, whatever the flag says.

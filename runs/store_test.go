@@ -3,7 +3,6 @@ package runs_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,24 +17,28 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
+	"github.com/stubbornhq/stubborn/runs/memstore"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // stores are the Store implementations every test here runs against. Each
 // returns a function that opens a new view of one shared store, as each
 // server has its own connection.
-var stores = map[string]func(t *testing.T, lease time.Duration) func() runs.Store{
-	"memory": func(_ *testing.T, lease time.Duration) func() runs.Store {
-		m := runs.NewMemory(lease)
-		return func() runs.Store { return m }
+var stores = map[string]func(t *testing.T, lease time.Duration) func() store.Store{
+	"memory": func(_ *testing.T, lease time.Duration) func() store.Store {
+		m := memstore.NewMemory(lease)
+		return func() store.Store { return m }
 	},
-	"jetstream": func(t *testing.T, lease time.Duration) func() runs.Store {
-		e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
+	"jetstream": func(t *testing.T, lease time.Duration) func() store.Store {
+		e, err := jsstore.StartEmbedded(jsstore.EmbeddedConfig{DataDir: t.TempDir()})
 		require.NoError(t, err)
 		t.Cleanup(e.Close)
-		return func() runs.Store {
+		return func() store.Store {
 			nc, err := nats.Connect("", nats.InProcessServer(e.Server))
 			require.NoError(t, err)
-			s, err := runs.NewJetStream(ctxFor(t), nc, runs.JetStreamConfig{Lease: lease})
+			s, err := jsstore.NewJetStream(runstest.Ctx(t), nc, jsstore.JetStreamConfig{Lease: lease})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = s.Close() })
 			return s
@@ -43,103 +46,41 @@ var stores = map[string]func(t *testing.T, lease time.Duration) func() runs.Stor
 	},
 }
 
-// gated is a Delegates whose calls wait for the test to answer them, by
-// brief, and which records every call.
-type gated struct {
-	mu      sync.Mutex
-	calls   []controls.Call
-	answers map[string]chan controlstest.Reply
-	info    controls.DelegateInfo
-}
-
-func newGated(info controls.DelegateInfo) *gated {
-	return &gated{answers: map[string]chan controlstest.Reply{}, info: info}
-}
-
-func (g *gated) queue(brief string) chan controlstest.Reply {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	q, ok := g.answers[brief]
-	if !ok {
-		q = make(chan controlstest.Reply, 100)
-		g.answers[brief] = q
-	}
-	return q
-}
-
-// answer queues the answer of the next call with this brief.
-func (g *gated) answer(brief string, r controlstest.Reply) { g.queue(brief) <- r }
-
-func (g *gated) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
-	g.mu.Lock()
-	g.calls = append(g.calls, c)
-	g.mu.Unlock()
-	select {
-	case r := <-g.queue(c.Brief):
-		if r.Err != nil {
-			return nil, r.Err
-		}
-		return &stubbornv1.Result{Text: r.Text}, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-func (g *gated) Info(string) controls.DelegateInfo    { return g.info }
-func (g *gated) Serving(context.Context, string) bool { return true }
-func (g *gated) called(brief string) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	n := 0
-	for _, c := range g.calls {
-		if brief == "" || c.Brief == brief {
-			n++
-		}
-	}
-	return n
-}
-
-func retrySpec(attempts int32) *stubbornv1.ControlSpec {
-	return &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
-		Target: "d", Attempts: &attempts, BaseWait: durationpb.New(time.Millisecond), MaxWait: durationpb.New(time.Millisecond),
-		OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL,
-	}}}
-}
-
 func TestStoresRunAndServe(t *testing.T) {
 	for name, newStore := range stores {
 		t.Run(name, func(t *testing.T) {
 			store := newStore(t, time.Second)()
 			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.Fail(codes.Internal, "no")}, "b": {controlstest.OK("yes")}})
-			m := newManager(t, d, runs.Config{Store: store, Lease: time.Second})
-			st, err := m.Start(context.Background(), "brief", chain("a", "b"), nil)
+			m := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
+			st, err := m.Start(context.Background(), "brief", runstest.Chain("a", "b"), nil)
 			require.NoError(t, err)
-			evs := watchAll(t, m, st.GetRunId(), 0)
-			fin := final(t, evs)
+			evs := runstest.WatchAll(t, m, st.GetRunId(), 0)
+			fin := runstest.Final(t, evs)
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
 
 			// The store holds the same journal and the final state.
-			recorded, err := store.Events(ctxFor(t), st.GetRunId(), 0)
+			recorded, err := store.Events(runstest.Ctx(t), st.GetRunId(), 0)
 			require.NoError(t, err)
-			stored := decodeAll(t, recorded)
+			stored := runstest.DecodeAll(t, recorded)
 			require.Len(t, stored, len(evs))
 			for i := range evs {
 				assert.True(t, proto.Equal(evs[i], stored[i]), "event %d", i+1)
 			}
-			got, err := store.State(ctxFor(t), st.GetRunId())
+			got, err := store.State(runstest.Ctx(t), st.GetRunId())
 			require.NoError(t, err)
 			assert.True(t, proto.Equal(fin, got))
 
 			// Follow replays a finished run and ends.
 			var followed []*stubbornv1.RunEvent
-			require.NoError(t, store.Follow(ctxFor(t), st.GetRunId(), 2, decoding(func(ev *stubbornv1.RunEvent) error {
+			require.NoError(t, store.Follow(runstest.Ctx(t), st.GetRunId(), 2, runstest.Decoding(func(ev *stubbornv1.RunEvent) error {
 				followed = append(followed, ev)
 				return nil
 			})))
 			assert.Len(t, followed, len(evs)-2)
-			_, err = store.State(ctxFor(t), "run_nope")
+			_, err = store.State(runstest.Ctx(t), "run_nope")
 			assert.ErrorIs(t, err, runs.ErrNotFound)
 
-			list, _, err := m.List(ctxFor(t), stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, 10, "")
+			list, _, err := m.List(runstest.Ctx(t), stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, 10, "")
 			require.NoError(t, err)
 			assert.Len(t, list, 1)
 		})
@@ -154,27 +95,27 @@ func TestAStaleOwnerCannotWrite(t *testing.T) {
 			const lease = 300 * time.Millisecond
 			open := newStore(t, lease)
 			store := open()
-			g := newGated(controls.DelegateInfo{Idempotent: true})
-			a := newManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
-			st, err := a.Start(context.Background(), "brief", retrySpec(3), nil)
+			g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
+			a := runstest.NewManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
+			st, err := a.Start(context.Background(), "brief", runstest.RetrySpec(3), nil)
 			require.NoError(t, err)
-			require.Eventually(t, func() bool { return g.called("") == 1 }, 5*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return g.Called("") == 1 }, 5*time.Second, time.Millisecond)
 
 			a.PauseHeartbeats() // a freezes: it stops beating, its call hangs
-			b := newManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b", Clock: controls.RealClock{}})
+			b := runstest.NewManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b", Clock: controls.RealClock{}})
 			// b takes the run over: the in-flight attempt comes back
 			// interrupted and, the delegate being idempotent, is retried.
-			require.Eventually(t, func() bool { return g.called("") == 2 }, 10*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return g.Called("") == 2 }, 10*time.Second, 5*time.Millisecond)
 
 			// a wakes up: its hanging call answers, and its write is refused.
-			g.answer("brief", controlstest.OK("from a"))
-			g.answer("brief", controlstest.OK("from b"))
-			fin := final(t, watchAll(t, b, st.GetRunId(), 0))
+			g.Answer("brief", controlstest.OK("from a"))
+			g.Answer("brief", controlstest.OK("from b"))
+			fin := runstest.Final(t, runstest.WatchAll(t, b, st.GetRunId(), 0))
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
 
-			recorded, err := open().Events(ctxFor(t), st.GetRunId(), 0) // a reader of its own: reading makes a view current
+			recorded, err := open().Events(runstest.Ctx(t), st.GetRunId(), 0) // a reader of its own: reading makes a view current
 			require.NoError(t, err)
-			journal := decodeAll(t, recorded)
+			journal := runstest.DecodeAll(t, recorded)
 			var resumed bool
 			for i, ev := range journal {
 				assert.EqualValues(t, i+1, ev.GetSeq(), "dense")
@@ -190,7 +131,7 @@ func TestAStaleOwnerCannotWrite(t *testing.T) {
 				}
 			}
 			assert.True(t, resumed)
-			err = a.AppendForTest(ctxFor(t), st.GetRunId())
+			err = a.AppendForTest(runstest.Ctx(t), st.GetRunId())
 			assert.True(t, errors.Is(err, runs.ErrConflict), "a stale append is refused: %v", err)
 		})
 	}
@@ -206,55 +147,55 @@ func TestRestartResumesEveryRun(t *testing.T) {
 			const lease = 200 * time.Millisecond
 			open := newStore(t, lease)
 			store := open()
-			g := newGated(controls.DelegateInfo{Idempotent: true})
+			g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
 			a, err := runs.New(runs.Config{Delegates: g, Store: store, Lease: lease, Owner: "a"})
 			require.NoError(t, err)
 
-			inAttempt, err := a.Start(context.Background(), "x", retrySpec(2), nil)
+			inAttempt, err := a.Start(context.Background(), "x", runstest.RetrySpec(2), nil)
 			require.NoError(t, err)
 			backoff := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
 				Target: "d", BaseWait: durationpb.New(time.Second), MaxWait: durationpb.New(time.Second),
 			}}}
 			inBackoff, err := a.Start(context.Background(), "y", backoff, nil)
 			require.NoError(t, err)
-			g.answer("y", controlstest.Fail(codes.Unavailable, "busy"))
+			g.Answer("y", controlstest.Fail(codes.Unavailable, "busy"))
 			ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
 				Target: "d", Attempts: new(int32),
 			}}}
 			awaiting, err := a.Start(context.Background(), "z", ask, nil)
 			require.NoError(t, err)
-			g.answer("z", controlstest.Fail(codes.Unavailable, "busy"))
+			g.Answer("z", controlstest.Fail(codes.Unavailable, "busy"))
 			require.Eventually(t, func() bool {
 				st, err := a.Get(context.Background(), awaiting.GetRunId())
-				return err == nil && st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION && g.called("x") == 1
+				return err == nil && st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION && g.Called("x") == 1
 			}, 5*time.Second, time.Millisecond)
 			seen := map[string]int64{}
 			for _, id := range []string{inAttempt.GetRunId(), inBackoff.GetRunId(), awaiting.GetRunId()} {
-				evs, err := store.Events(ctxFor(t), id, 0)
+				evs, err := store.Events(runstest.Ctx(t), id, 0)
 				require.NoError(t, err)
 				seen[id] = int64(len(evs))
 			}
 			a.Kill()
 
-			b := newManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b", SoleOwner: true})
+			b := runstest.NewManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b", SoleOwner: true})
 			for _, brief := range []string{"x", "y", "z"} {
-				g.answer(brief, controlstest.OK("fine"))
+				g.Answer(brief, controlstest.OK("fine"))
 			}
 			require.Eventually(t, func() bool {
 				st, err := b.Get(context.Background(), awaiting.GetRunId())
 				return err == nil && st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION &&
 					b.Owns(awaiting.GetRunId())
 			}, 10*time.Second, 5*time.Millisecond, "the run awaiting a decision still awaits it")
-			assert.Equal(t, 1, g.called("z"), "a run awaiting a decision calls nobody until decided")
+			assert.Equal(t, 1, g.Called("z"), "a run awaiting a decision calls nobody until decided")
 			_, err = b.Decide(context.Background(), awaiting.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
 			require.NoError(t, err)
 			for id, after := range seen {
-				rest := watchAll(t, b, id, after)
+				rest := runstest.WatchAll(t, b, id, after)
 				require.NotEmpty(t, rest, id)
 				for i, ev := range rest {
 					assert.Equal(t, after+int64(i)+1, ev.GetSeq(), "%s: no gap, no duplicate", id)
 				}
-				assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, rest).GetStatus(), id)
+				assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, rest).GetStatus(), id)
 			}
 		})
 	}
@@ -266,30 +207,30 @@ func TestCommandsReachTheDriver(t *testing.T) {
 	for name, newStore := range stores {
 		t.Run(name, func(t *testing.T) {
 			open := newStore(t, time.Second)
-			g := newGated(controls.DelegateInfo{Idempotent: true})
-			a := newManager(t, g, runs.Config{Store: open(), Lease: time.Second, Owner: "a"})
-			b := newManager(t, g, runs.Config{Store: open(), Lease: time.Second, Owner: "b"})
+			g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
+			a := runstest.NewManager(t, g, runs.Config{Store: open(), Lease: time.Second, Owner: "a"})
+			b := runstest.NewManager(t, g, runs.Config{Store: open(), Lease: time.Second, Owner: "b"})
 			ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
 			st, err := a.Start(context.Background(), "ask", ask, nil)
 			require.NoError(t, err)
-			g.answer("ask", controlstest.Fail(codes.Unavailable, "busy"))
+			g.Answer("ask", controlstest.Fail(codes.Unavailable, "busy"))
 			require.Eventually(t, func() bool {
 				got, err := b.Get(context.Background(), st.GetRunId())
 				return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
 			}, 10*time.Second, 5*time.Millisecond, "b sees the state a saved")
 
-			g.answer("ask", controlstest.OK("second time lucky"))
+			g.Answer("ask", controlstest.OK("second time lucky"))
 			got, err := b.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
 			require.NoError(t, err, "b carries the decision to a")
 			assert.NotEqual(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus())
-			fin := final(t, watchAll(t, b, st.GetRunId(), 0)) // b follows a's run through the store
+			fin := runstest.Final(t, runstest.WatchAll(t, b, st.GetRunId(), 0)) // b follows a's run through the store
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
 			_, err = b.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
 			assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
 
-			hang, err := a.Start(context.Background(), "hang", retrySpec(1), nil)
+			hang, err := a.Start(context.Background(), "hang", runstest.RetrySpec(1), nil)
 			require.NoError(t, err)
-			require.Eventually(t, func() bool { return g.called("hang") == 1 }, 10*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return g.Called("hang") == 1 }, 10*time.Second, time.Millisecond)
 			cancelled, err := b.Cancel(context.Background(), hang.GetRunId())
 			require.NoError(t, err, "b carries the cancel to a")
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, cancelled.GetStatus())
@@ -306,28 +247,28 @@ func TestACommandWaitsForATakeover(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			const lease = 300 * time.Millisecond
 			open := newStore(t, lease)
-			g := newGated(controls.DelegateInfo{Idempotent: true})
+			g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
 			a, err := runs.New(runs.Config{Delegates: g, Store: open(), Lease: lease, Owner: "a"})
 			require.NoError(t, err)
-			b := newManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b"})
+			b := runstest.NewManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b"})
 			ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
 			st, err := a.Start(context.Background(), "ask", ask, nil)
 			require.NoError(t, err)
-			g.answer("ask", controlstest.Fail(codes.Unavailable, "busy"))
+			g.Answer("ask", controlstest.Fail(codes.Unavailable, "busy"))
 			require.Eventually(t, func() bool {
 				got, err := b.Get(context.Background(), st.GetRunId())
 				return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
 			}, 10*time.Second, 5*time.Millisecond, "b sees the state a saved")
 
 			a.Kill()
-			g.answer("ask", controlstest.OK("after the takeover"))
+			g.Answer("ask", controlstest.OK("after the takeover"))
 			ctx, cancel := context.WithTimeout(context.Background(), 20*lease)
 			defer cancel()
 			got, err := b.Decide(ctx, st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
 			require.NoError(t, err, "the decision waits for b to take the run over")
 			assert.NotEqual(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus())
 			assert.True(t, b.Owns(st.GetRunId()))
-			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, final(t, watchAll(t, b, st.GetRunId(), 0)).GetStatus())
+			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, runstest.WatchAll(t, b, st.GetRunId(), 0)).GetStatus())
 		})
 	}
 }
@@ -340,18 +281,18 @@ func TestAClaimWithoutAJournalIsLetGo(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			open := newStore(t, time.Second)
 			store := open()
-			require.NoError(t, store.Claim(ctxFor(t), "run_unstarted", "gone", nil))
+			require.NoError(t, store.Claim(runstest.Ctx(t), "run_unstarted", "gone", nil))
 			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
-			m := newManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "next", SoleOwner: true})
+			m := runstest.NewManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "next", SoleOwner: true})
 			require.Eventually(t, func() bool {
 				claimed := false
-				require.NoError(t, store.Owners(ctxFor(t), func(runID, _ string) bool {
+				require.NoError(t, store.Owners(runstest.Ctx(t), func(runID, _ string) bool {
 					claimed = claimed || runID == "run_unstarted"
 					return true
 				}))
 				return !claimed
 			}, 10*time.Second, 5*time.Millisecond, "the claim is let go")
-			_, err := m.Get(ctxFor(t), "run_unstarted")
+			_, err := m.Get(runstest.Ctx(t), "run_unstarted")
 			assert.ErrorIs(t, err, runs.ErrNotFound)
 		})
 	}
@@ -369,19 +310,19 @@ func TestWatchBatchesLocallyAndThroughTheStore(t *testing.T) {
 				"b": {controlstest.Fail(codes.Unavailable, "down")},
 				"c": {controlstest.OK("fine")},
 			})
-			driver := newManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "driver"})
-			other := newManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "other"})
-			st, err := driver.Start(context.Background(), "brief", chain("a", "b", "c"), nil)
+			driver := runstest.NewManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "driver"})
+			other := runstest.NewManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "other"})
+			st, err := driver.Start(context.Background(), "brief", runstest.Chain("a", "b", "c"), nil)
 			require.NoError(t, err)
-			want := watchAll(t, driver, st.GetRunId(), 0)
+			want := runstest.WatchAll(t, driver, st.GetRunId(), 0)
 			require.Greater(t, len(want), 3)
 
 			for _, m := range []*runs.Manager{driver, other} {
 				var got []*stubbornv1.RunEvent
 				var sizes []int
-				require.NoError(t, m.WatchBatches(ctxFor(t), st.GetRunId(), 1, 3, func(evs []runs.Event) error {
+				require.NoError(t, m.WatchBatches(runstest.Ctx(t), st.GetRunId(), 1, 3, func(evs []runs.Event) error {
 					sizes = append(sizes, len(evs))
-					got = append(got, decodeAll(t, evs)...)
+					got = append(got, runstest.DecodeAll(t, evs)...)
 					return nil
 				}))
 				require.Len(t, got, len(want)-1, "%s: every event after seq 1", m.Owner())
@@ -398,7 +339,7 @@ func TestWatchBatchesLocallyAndThroughTheStore(t *testing.T) {
 
 // claimGate is a Store whose Claim waits until the test lets it go on.
 type claimGate struct {
-	runs.Store
+	store.Store
 	entered, release chan struct{}
 }
 
@@ -412,10 +353,10 @@ func (g *claimGate) Claim(ctx context.Context, runID, owner string, state []byte
 // run starts (its run_started is not written any more) still answers that
 // the run is accepted, and the next server resumes it from its saved state.
 func TestAStartThatMeetsCloseIsStillAccepted(t *testing.T) {
-	store := runs.NewMemory(time.Second)
+	store := memstore.NewMemory(time.Second)
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	gate := &claimGate{Store: store, entered: make(chan struct{}), release: make(chan struct{})}
-	closing := newManager(t, d, runs.Config{Store: gate, Lease: time.Second, Owner: "closing"})
+	closing := runstest.NewManager(t, d, runs.Config{Store: gate, Lease: time.Second, Owner: "closing"})
 
 	type started struct {
 		st  *stubbornv1.ControlState
@@ -423,7 +364,7 @@ func TestAStartThatMeetsCloseIsStillAccepted(t *testing.T) {
 	}
 	res := make(chan started, 1)
 	go func() {
-		st, err := closing.Start(context.Background(), "brief", chain("a"), nil)
+		st, err := closing.Start(context.Background(), "brief", runstest.Chain("a"), nil)
 		res <- started{st, err}
 	}()
 	<-gate.entered
@@ -438,15 +379,15 @@ func TestAStartThatMeetsCloseIsStillAccepted(t *testing.T) {
 	require.NoError(t, got.err, "the run's state and claim are saved: it is accepted")
 	<-closed
 
-	next := newManager(t, d, runs.Config{Store: store, Lease: time.Second, Owner: "next", SoleOwner: true})
-	fin := final(t, watchAll(t, next, got.st.GetRunId(), 0))
+	next := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second, Owner: "next", SoleOwner: true})
+	fin := runstest.Final(t, runstest.WatchAll(t, next, got.st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
 }
 
 // claimThenGate is a Store whose Claim claims, then waits until the test
 // lets it return: its server stalls right after claiming a run.
 type claimThenGate struct {
-	runs.Store
+	store.Store
 	entered, release chan struct{}
 }
 
@@ -465,36 +406,36 @@ func (g *claimThenGate) Claim(ctx context.Context, runID, owner string, state []
 // claim.
 func TestAStarterThatStallsPastItsLeaseIsFencedOut(t *testing.T) {
 	const lease = 300 * time.Millisecond
-	store := runs.NewMemory(lease)
-	g := newGated(controls.DelegateInfo{Idempotent: true})
+	store := memstore.NewMemory(lease)
+	g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
 	gate := &claimThenGate{Store: store, entered: make(chan struct{}), release: make(chan struct{})}
-	stalled := newManager(t, g, runs.Config{Store: gate, Lease: lease, Owner: "stalled"})
+	stalled := runstest.NewManager(t, g, runs.Config{Store: gate, Lease: lease, Owner: "stalled"})
 	res := make(chan error, 1)
 	var id string
 	go func() {
-		st, err := stalled.Start(context.Background(), "x", chain("d"), nil)
+		st, err := stalled.Start(context.Background(), "x", runstest.Chain("d"), nil)
 		id = st.GetRunId()
 		res <- err
 	}()
 	<-gate.entered
 	stalled.PauseHeartbeats()
-	next := newManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "next"})
-	require.Eventually(t, func() bool { return g.called("x") == 1 }, 10*time.Second, time.Millisecond, "next took the run over and called the delegate")
+	next := runstest.NewManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "next"})
+	require.Eventually(t, func() bool { return g.Called("x") == 1 }, 10*time.Second, time.Millisecond, "next took the run over and called the delegate")
 	close(gate.release)
 	require.NoError(t, <-res, "the run is accepted: another server drives it")
 	require.Eventually(t, func() bool { return !stalled.Owns(id) }, 10*time.Second, time.Millisecond, "the stalled server let the run go")
-	assert.Equal(t, 1, g.called("x"), "only the new driver called the delegate")
+	assert.Equal(t, 1, g.Called("x"), "only the new driver called the delegate")
 
 	owner := ""
-	require.NoError(t, store.Owners(ctxFor(t), func(runID, o string) bool {
+	require.NoError(t, store.Owners(runstest.Ctx(t), func(runID, o string) bool {
 		if runID == id {
 			owner = o
 		}
 		return true
 	}))
 	assert.Equal(t, "next", owner, "the stalled server left the new driver's claim alone")
-	g.answer("x", controlstest.OK("fine"))
-	fin := final(t, watchAll(t, next, id, 0))
+	g.Answer("x", controlstest.OK("fine"))
+	fin := runstest.Final(t, runstest.WatchAll(t, next, id, 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
-	assert.Equal(t, 1, g.called("x"), "the stalled server never called the delegate")
+	assert.Equal(t, 1, g.Called("x"), "the stalled server never called the delegate")
 }

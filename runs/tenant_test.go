@@ -12,6 +12,8 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/memstore"
 )
 
 // TestTenantsSeeOnlyTheirOwnRuns starts a run as tenant a on one replica and
@@ -20,17 +22,17 @@ import (
 // answers for a run that does not exist, while tenant a sees and cancels it.
 func TestTenantsSeeOnlyTheirOwnRuns(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}, "ok": {controlstest.OK("fine")}})
-	store := runs.NewMemory(time.Minute)
-	m1 := newManager(t, d, runs.Config{Store: store, Owner: "one", CancelOnClose: true})
-	m2 := newManager(t, d, runs.Config{Store: store, Owner: "two", CancelOnClose: true})
+	store := memstore.NewMemory(time.Minute)
+	m1 := runstest.NewManager(t, d, runs.Config{Store: store, Owner: "one", CancelOnClose: true})
+	m2 := runstest.NewManager(t, d, runs.Config{Store: store, Owner: "two", CancelOnClose: true})
 
-	ctxA := runs.WithTenant(ctxFor(t), "a")
-	ctxB := runs.WithTenant(ctxFor(t), "b")
-	st, err := m1.Start(ctxA, "brief", chain("hang"), nil)
+	ctxA := runs.WithTenant(runstest.Ctx(t), "a")
+	ctxB := runs.WithTenant(runstest.Ctx(t), "b")
+	st, err := m1.Start(ctxA, "brief", runstest.Chain("hang"), nil)
 	require.NoError(t, err)
 	id := st.GetRunId()
 	assert.Equal(t, "a", st.GetTenant())
-	done, err := m1.Start(ctxB, "brief", chain("ok"), nil)
+	done, err := m1.Start(ctxB, "brief", runstest.Chain("ok"), nil)
 	require.NoError(t, err)
 	require.NoError(t, m1.Watch(ctxB, done.GetRunId(), 0, func(runs.Event) error { return nil })) // b's own run, to its end
 
@@ -42,7 +44,7 @@ func TestTenantsSeeOnlyTheirOwnRuns(t *testing.T) {
 		assert.Equal(t, strings.ReplaceAll(errUnknown.Error(), unknown, "ID"), strings.ReplaceAll(err.Error(), id, "ID"))
 	}
 	for _, m := range []*runs.Manager{m1, m2} {
-		for name, ctx := range map[string]context.Context{"b": ctxB, "default": ctxFor(t)} {
+		for name, ctx := range map[string]context.Context{"b": ctxB, "default": runstest.Ctx(t)} {
 			t.Run(m.Owner()+"/"+name, func(t *testing.T) {
 				_, err := m.Get(ctx, id)
 				_, errU := m.Get(ctx, unknown)
@@ -87,6 +89,6 @@ func TestTenantsSeeOnlyTheirOwnRuns(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
 	var last *stubbornv1.RunEvent
-	require.NoError(t, m1.Watch(ctxA, id, 0, decoding(func(ev *stubbornv1.RunEvent) error { last = ev; return nil })))
+	require.NoError(t, m1.Watch(ctxA, id, 0, runstest.Decoding(func(ev *stubbornv1.RunEvent) error { last = ev; return nil })))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, last.GetRunFinished().GetState().GetStatus())
 }

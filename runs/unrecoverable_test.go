@@ -12,40 +12,31 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
-
-// askSpec is a retry that asks a person at its first failure.
-func askSpec() *stubbornv1.ControlSpec {
-	zero := int32(0)
-	return &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
-		Target: "d", Attempts: &zero, BaseWait: durationpb.New(time.Millisecond),
-		OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_ASK,
-	}}}
-}
 
 // awaiting starts a run on a that awaits a decision after one failed call
 // of d, then kills a (it writes nothing more).
-func awaiting(t *testing.T, store runs.Store, d *controlstest.Delegates) string {
+func awaiting(t *testing.T, store store.Store, d *controlstest.Delegates) string {
 	t.Helper()
 	a, err := runs.New(runs.Config{Store: store, Delegates: d, Lease: time.Second, Owner: "a", Clock: controlstest.NewClock()})
 	require.NoError(t, err)
-	st, err := a.Start(ctxFor(t), "brief", askSpec(), nil)
+	st, err := a.Start(runstest.Ctx(t), "brief", runstest.AskSpec(), nil)
 	require.NoError(t, err)
 	// Awaiting in the store, not only in a's memory: its journal ends with
 	// decision_requested, and the state saved after it says so.
 	require.Eventually(t, func() bool {
-		got, err := store.State(ctxFor(t), st.GetRunId())
+		got, err := store.State(runstest.Ctx(t), st.GetRunId())
 		if err != nil || got.GetStatus() != stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION {
 			return false
 		}
-		evs, err := store.Events(ctxFor(t), st.GetRunId(), 0)
+		evs, err := store.Events(runstest.Ctx(t), st.GetRunId(), 0)
 		if err != nil || len(evs) == 0 {
 			return false
 		}
@@ -59,13 +50,13 @@ func awaiting(t *testing.T, store runs.Store, d *controlstest.Delegates) string 
 // endsUnrecovered waits until run id, resumed by a new server on store,
 // has ended FAILED as unrecoverable, and checks that its delegate was not
 // called again and an ERROR names it.
-func endsUnrecovered(t *testing.T, store runs.Store, d *controlstest.Delegates, id, why string) {
+func endsUnrecovered(t *testing.T, store store.Store, d *controlstest.Delegates, id, why string) {
 	t.Helper()
-	h, logger := runs.NewCapturedLogs()
-	b := newManager(t, d, runs.Config{Store: store, Lease: time.Second, Owner: "b", SoleOwner: true, Logger: logger})
+	h, logger := runstest.NewCapturedLogs()
+	b := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second, Owner: "b", SoleOwner: true, Logger: logger})
 	var got *stubbornv1.ControlState
 	require.Eventually(t, func() bool {
-		st, err := b.Get(ctxFor(t), id)
+		st, err := b.Get(runstest.Ctx(t), id)
 		got = st
 		return err == nil && st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_FAILED
 	}, 15*time.Second, 10*time.Millisecond, "the run ends FAILED")
@@ -77,7 +68,7 @@ func endsUnrecovered(t *testing.T, store runs.Store, d *controlstest.Delegates, 
 	require.True(t, ok, "an ERROR names the run: %v", h.Lines(slog.LevelWarn))
 	assert.Equal(t, id, l.Attrs["run_id"])
 	require.Eventually(t, func() bool {
-		owner, err := store.Driver(ctxFor(t), id)
+		owner, err := store.Driver(runstest.Ctx(t), id)
 		return err == nil && owner == ""
 	}, 10*time.Second, 10*time.Millisecond, "its claim is released")
 }
@@ -85,16 +76,16 @@ func endsUnrecovered(t *testing.T, store runs.Store, d *controlstest.Delegates, 
 // awaitingOnEmbedded starts a run awaiting a decision on a fresh embedded
 // server (awaiting, with notSent's delegate), and returns the server, the
 // delegate, the run's id and the events stream, to damage its journal.
-func awaitingOnEmbedded(t *testing.T) (*runs.Embedded, *controlstest.Delegates, string, jetstream.Stream) {
+func awaitingOnEmbedded(t *testing.T) (*jsstore.Embedded, *controlstest.Delegates, string, jetstream.Stream) {
 	t.Helper()
-	e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
+	e, err := jsstore.StartEmbedded(jsstore.EmbeddedConfig{DataDir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
-	d := notSent()
+	d := runstest.NotSent()
 	id := awaiting(t, openOn(t, e), d)
 	js, err := jetstream.New(e.Conn)
 	require.NoError(t, err)
-	stream, err := js.Stream(ctxFor(t), "STUBBORN_EVENTS")
+	stream, err := js.Stream(runstest.Ctx(t), "STUBBORN_EVENTS")
 	require.NoError(t, err)
 	return e, d, id, stream
 }
@@ -106,7 +97,7 @@ func awaitingOnEmbedded(t *testing.T) (*runs.Embedded, *controlstest.Delegates, 
 // replayed it from scratch.
 func TestALostJournalIsNotReplayedFromTheClaim(t *testing.T) {
 	e, d, id, stream := awaitingOnEmbedded(t)
-	require.NoError(t, stream.Purge(ctxFor(t), jetstream.WithPurgeSubject("stubborn.events."+id)))
+	require.NoError(t, stream.Purge(runstest.Ctx(t), jetstream.WithPurgeSubject("stubborn.events."+id)))
 
 	endsUnrecovered(t, openOn(t, e), d, id, "saved a state")
 }
@@ -117,13 +108,13 @@ func TestAJournalWithAHoleIsNotReplayed(t *testing.T) {
 	e, d, id, stream := awaitingOnEmbedded(t)
 	var first uint64
 	for seq := uint64(1); first == 0; seq++ {
-		m, err := stream.GetMsg(ctxFor(t), seq)
+		m, err := stream.GetMsg(runstest.Ctx(t), seq)
 		require.NoError(t, err)
 		if m.Subject == "stubborn.events."+id {
 			first = seq
 		}
 	}
-	require.NoError(t, stream.DeleteMsg(ctxFor(t), first))
+	require.NoError(t, stream.DeleteMsg(runstest.Ctx(t), first))
 
 	endsUnrecovered(t, openOn(t, e), d, id, "events are missing")
 }
@@ -136,21 +127,21 @@ func TestAJournalWithAHoleIsNotReplayed(t *testing.T) {
 // replayed from scratch.
 func TestADamagedStoreFileLosesNoCallAndSaysSo(t *testing.T) {
 	dir := t.TempDir()
-	e, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: dir, Logger: slog.New(slog.DiscardHandler)})
+	e, err := jsstore.StartEmbedded(jsstore.EmbeddedConfig{DataDir: dir, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	store := openOn(t, e)
-	d := notSent()
+	d := runstest.NotSent()
 	id := awaiting(t, store, d)
 	_ = store.Close()
 	e.Close()
 	require.NoError(t, os.Remove(filepath.Join(dir, "jetstream", "$G", "streams", "STUBBORN_EVENTS", "msgs", "1.blk")))
 
-	h, logger := runs.NewCapturedLogs()
-	e, err = runs.StartEmbedded(runs.EmbeddedConfig{DataDir: dir, Logger: logger})
+	h, logger := runstest.NewCapturedLogs()
+	e, err = jsstore.StartEmbedded(jsstore.EmbeddedConfig{DataDir: dir, Logger: logger})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 	s := openOn(t, e)
-	s.Damage(ctxFor(t), logger)
+	s.Damage(runstest.Ctx(t), logger)
 	if e.Damaged() {
 		s.MarkDamaged()
 	}
@@ -159,18 +150,12 @@ func TestADamagedStoreFileLosesNoCallAndSaysSo(t *testing.T) {
 	endsUnrecovered(t, s, d, id, "journal is empty")
 }
 
-// notSent is a delegate, not idempotent, whose calls fail without
-// reaching it: a retry may ask a person about them.
-func notSent() *controlstest.Delegates {
-	return controlstest.NewDelegates(map[string][]controlstest.Reply{"d": {{Err: &controls.CallError{Code: codes.Unavailable, Message: "connection refused", NotSent: true}}}})
-}
-
 // openOn opens a JetStream store on e's server, closed when the test ends.
-func openOn(t *testing.T, e *runs.Embedded) *runs.JetStream {
+func openOn(t *testing.T, e *jsstore.Embedded) *jsstore.JetStream {
 	t.Helper()
 	nc, err := nats.Connect("", nats.InProcessServer(e.Server))
 	require.NoError(t, err)
-	s, err := runs.NewJetStream(context.Background(), nc, runs.JetStreamConfig{Lease: time.Second})
+	s, err := jsstore.NewJetStream(context.Background(), nc, jsstore.JetStreamConfig{Lease: time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s

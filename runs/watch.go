@@ -4,6 +4,7 @@ import (
 	"context"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // Get returns a run's current state. A run of another tenant than ctx's
@@ -45,14 +46,14 @@ func (m *Manager) state(ctx context.Context, id string) (*stubbornv1.ControlStat
 // happen, and returns nil after the run_finished event. It returns early
 // with ctx's error or the first error of send. No lock is held while send
 // runs.
-func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send func(Event) error) error {
-	return m.WatchBatches(ctx, id, afterSeq, 1, func(evs []Event) error { return send(evs[0]) })
+func (m *Manager) Watch(ctx context.Context, id string, afterSeq int64, send func(store.Event) error) error {
+	return m.WatchBatches(ctx, id, afterSeq, 1, func(evs []store.Event) error { return send(evs[0]) })
 }
 
 // WatchBatches is Watch sending the events that are ready together, up to
 // max (at least 1) at a time: a watcher that falls behind catches up in
 // fewer sends. send must not keep the slice.
-func (m *Manager) WatchBatches(ctx context.Context, id string, afterSeq int64, max int, send func([]Event) error) error {
+func (m *Manager) WatchBatches(ctx context.Context, id string, afterSeq int64, max int, send func([]store.Event) error) error {
 	if max < 1 {
 		max = 1
 	}
@@ -103,8 +104,8 @@ func (m *Manager) WatchBatches(ctx context.Context, id string, afterSeq int64, m
 	defer cancel()
 	stop := context.AfterFunc(m.ctx, cancel)
 	defer stop()
-	one := make([]Event, 1)
-	err := m.store.Follow(fctx, id, next, func(ev Event) error {
+	one := make([]store.Event, 1)
+	err := m.store.Follow(fctx, id, next, func(ev store.Event) error {
 		one[0] = ev
 		return send(one)
 	})
@@ -121,7 +122,7 @@ const MaxBatchBytes = 1 << 20
 
 // batchLen is how many of evs, at most max and at least one, go in the next
 // batch.
-func batchLen(evs []Event, max int) int {
+func batchLen(evs []store.Event, max int) int {
 	n, size := 1, len(evs[0].Data)
 	for n < len(evs) && n < max && size+len(evs[n].Data) <= MaxBatchBytes {
 		size += len(evs[n].Data)
@@ -133,7 +134,7 @@ func batchLen(evs []Event, max int) int {
 // since returns the events after seq, whether the run has finished, and
 // whether it was lost. When there are no such events and the run goes on
 // here, it also returns a channel closed on the next change.
-func (r *run) since(seq int64) (evs []Event, changed <-chan struct{}, done, lost bool) {
+func (r *run) since(seq int64) (evs []store.Event, changed <-chan struct{}, done, lost bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	seq = max(seq, 0)

@@ -12,6 +12,7 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
 )
 
 // Watching a finished run with after at or past its last event ends at
@@ -25,13 +26,13 @@ func TestWatchPastTheEndOfAFinishedRunEndsAtOnce(t *testing.T) {
 			open := newStore(t, time.Second)
 			store := open()
 			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.Fail(codes.Internal, "no")}, "b": {controlstest.OK("yes")}})
-			ran := newManager(t, d, runs.Config{Store: store, Lease: time.Second, Owner: "ran"})
-			st, err := ran.Start(context.Background(), "brief", chain("a", "b"), nil)
+			ran := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second, Owner: "ran"})
+			st, err := ran.Start(context.Background(), "brief", runstest.Chain("a", "b"), nil)
 			require.NoError(t, err)
 			id := st.GetRunId()
-			last := int64(len(watchAll(t, ran, id, 0)))
+			last := int64(len(runstest.WatchAll(t, ran, id, 0)))
 			require.Greater(t, last, int64(2))
-			other := newManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "other"})
+			other := runstest.NewManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "other"})
 
 			for _, after := range []int64{last - 1, last, last + 1, last + 13} {
 				want := max(0, last-after)
@@ -43,7 +44,7 @@ func TestWatchPastTheEndOfAFinishedRunEndsAtOnce(t *testing.T) {
 					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 					var got []*stubbornv1.RunEvent
 					began := time.Now()
-					err := watch(ctx, decoding(func(ev *stubbornv1.RunEvent) error {
+					err := watch(ctx, runstest.Decoding(func(ev *stubbornv1.RunEvent) error {
 						got = append(got, ev)
 						return nil
 					}))

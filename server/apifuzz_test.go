@@ -26,6 +26,7 @@ import (
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
 	"github.com/stubbornhq/stubborn/server"
 )
 
@@ -79,7 +80,7 @@ const apiUnknownID = "run_00000000000000000000000000000"
 // apiFuzz is the server under fuzz, and what inputs remember of it.
 type apiFuzz struct {
 	server *server.Stubborn
-	store  *runs.JetStream
+	store  *jsstore.JetStream
 	conn   *grpc.ClientConn
 	client stubbornv1.ControlServiceClient
 	health healthpb.HealthClient
@@ -100,12 +101,12 @@ func startAPIFuzz(f *testing.F) *apiFuzz {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	ns, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: f.TempDir(), Logger: logger})
+	ns, err := jsstore.StartEmbedded(jsstore.EmbeddedConfig{DataDir: f.TempDir(), Logger: logger})
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Cleanup(ns.Close)
-	e.store, err = runs.NewJetStream(ctx, ns.Conn, runs.JetStreamConfig{Logger: logger})
+	e.store, err = jsstore.NewJetStream(ctx, ns.Conn, jsstore.JetStreamConfig{Logger: logger})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -141,7 +142,7 @@ func startAPIFuzz(f *testing.F) *apiFuzz {
 	if err != nil {
 		f.Fatal(err)
 	}
-	stopWatch := runs.WatchConn(ns.Conn, logger, func(st runs.ConnState, _ error) { e.server.SetServing(st == runs.ConnUp) })
+	stopWatch := jsstore.WatchConn(ns.Conn, logger, func(st jsstore.ConnState, _ error) { e.server.SetServing(st == jsstore.ConnUp) })
 	f.Cleanup(stopWatch)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

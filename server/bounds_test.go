@@ -29,13 +29,15 @@ import (
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/memstore"
+	"github.com/stubbornhq/stubborn/runs/store"
 	"github.com/stubbornhq/stubborn/server"
 )
 
 // countingStore is the default in-memory store, noting every run id it is
 // asked about.
 type countingStore struct {
-	runs.Store
+	store.Store
 	mu  sync.Mutex
 	ids []string
 }
@@ -53,11 +55,11 @@ func (s *countingStore) seen() []string {
 	return append([]string(nil), s.ids...)
 }
 
-func (s *countingStore) Append(ctx context.Context, evs ...runs.Event) error {
+func (s *countingStore) Append(ctx context.Context, w *store.Writer, evs ...store.Event) error {
 	for _, ev := range evs {
 		s.saw(ev.RunID)
 	}
-	return s.Store.Append(ctx, evs...)
+	return s.Store.Append(ctx, w, evs...)
 }
 
 func (s *countingStore) Events(ctx context.Context, id string, after int64) ([]runs.Event, error) {
@@ -100,7 +102,7 @@ func (s *countingStore) Release(ctx context.Context, id string) error {
 	return s.Store.Release(ctx, id)
 }
 
-func (s *countingStore) Send(ctx context.Context, owner string, cmd *runs.Command) (*stubbornv1.ControlState, error) {
+func (s *countingStore) Send(ctx context.Context, owner string, cmd *store.Command) (*stubbornv1.ControlState, error) {
 	s.saw(cmd.RunID)
 	return s.Store.Send(ctx, owner, cmd)
 }
@@ -119,7 +121,7 @@ type boundsEnv struct {
 func startBounds(t *testing.T) *boundsEnv {
 	t.Helper()
 	e := &boundsEnv{
-		store: &countingStore{Store: runs.NewMemory(runs.DefaultLease)},
+		store: &countingStore{Store: memstore.NewMemory(runs.DefaultLease)},
 		logs:  &syncBuffer{},
 		// The longest name: MaxNameBytes bytes, ending in a two-byte letter.
 		longName: strings.Repeat("n", delegates.MaxNameBytes-2) + "é",

@@ -22,7 +22,7 @@ import (
 	"github.com/stubbornhq/stubborn/delegates"
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
-	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
 )
 
 // nestedJSON is {"a":{"a":…1…}} n objects deep.
@@ -67,13 +67,13 @@ func TestDeepDelegateAnswersKeepEveryListingWorking(t *testing.T) {
 		return &stubbornv1.ExecuteResponse{Result: &stubbornv1.Result{Text: "from grpc", Data: grpcData}}, nil
 	})
 
-	ns, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
+	ns, err := jsstore.StartEmbedded(jsstore.EmbeddedConfig{DataDir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(ns.Close)
-	newStore := func() *runs.JetStream {
+	newStore := func() *jsstore.JetStream {
 		nc, err := nats.Connect("", nats.InProcessServer(ns.Server))
 		require.NoError(t, err)
-		store, err := runs.NewJetStream(testCtx(t), nc, runs.JetStreamConfig{})
+		store, err := jsstore.NewJetStream(testCtx(t), nc, jsstore.JetStreamConfig{})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = store.Close() })
 		return store
@@ -158,7 +158,7 @@ func TestDeepDelegateAnswersKeepEveryListingWorking(t *testing.T) {
 	// from the runs' states.
 	su.store = newStore()
 	restarted := startWith(t, su)
-	<-su.store.(*runs.JetStream).IndexReconciled()
+	<-su.store.(*jsstore.JetStream).IndexReconciled()
 	t.Run("a server started afterwards", func(t *testing.T) { listsEveryRun(t, restarted.client) })
 
 	for _, st := range []*stubbornv1.ControlState{deepHTTP, deepModelRun, deepGRPCRun} {

@@ -15,6 +15,7 @@ import (
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // feedBuffer is how many summaries a WatchRuns stream may fall behind
@@ -120,7 +121,7 @@ func (o feedObserver) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.
 		ctx, see = o.inner.ObserveRun(runCtx, reqCtx, st, resumed)
 	}
 	r := &feedRun{
-		tenant: st.GetTenant(), id: st.GetRunId(), brief: runs.BriefStart(st.GetTaskBrief()), spec: st.GetControl(), created: st.GetCreateTime(),
+		tenant: st.GetTenant(), id: st.GetRunId(), brief: store.BriefStart(st.GetTaskBrief()), spec: st.GetControl(), created: st.GetCreateTime(),
 		status: st.GetStatus(), attempts: st.GetAttempts(), updated: st.GetUpdateTime(), winner: st.GetWinner(),
 	}
 	o.f.publishRun(r)

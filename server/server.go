@@ -27,6 +27,7 @@ import (
 	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
 	"github.com/stubbornhq/stubborn/telemetry"
 )
 
@@ -527,7 +528,7 @@ func toStatus(err error) error {
 		return exhausted("store", err.Error(), 0)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
-	case runs.Transient(err):
+	case jsstore.Transient(err):
 		// The store did not answer in time, or had no server to take the
 		// call (a NATS leader being elected, a reconnect).
 		return status.Error(codes.Unavailable, "the run store did not answer: "+err.Error()+"; try again")

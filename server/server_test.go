@@ -31,6 +31,8 @@ import (
 	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
+	"github.com/stubbornhq/stubborn/runs/store"
 	"github.com/stubbornhq/stubborn/server"
 )
 
@@ -104,7 +106,7 @@ type setup struct {
 	// embedded NATS server) instead of the memory store.
 	jetstream bool
 	// store, when set, is the server's store (replicas sharing one).
-	store runs.Store
+	store store.Store
 	// configure, when set, changes the registry before the server starts.
 	configure func(*delegates.Config)
 }
@@ -670,23 +672,23 @@ func TestPanicInHandlerIsInternal(t *testing.T) {
 
 // jetStreamStore returns a JetStream store on an embedded NATS server of
 // its own.
-func jetStreamStore(t testing.TB) *runs.JetStream {
+func jetStreamStore(t testing.TB) *jsstore.JetStream {
 	t.Helper()
 	return jetStreamStores(t, 1)[0]
 }
 
 // jetStreamStores returns n JetStream stores on one embedded NATS server,
 // each on a connection of its own: the stores of n replicas.
-func jetStreamStores(t testing.TB, n int) []*runs.JetStream {
+func jetStreamStores(t testing.TB, n int) []*jsstore.JetStream {
 	t.Helper()
-	ns, err := runs.StartEmbedded(runs.EmbeddedConfig{DataDir: t.TempDir()})
+	ns, err := jsstore.StartEmbedded(jsstore.EmbeddedConfig{DataDir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(ns.Close)
-	var stores []*runs.JetStream
+	var stores []*jsstore.JetStream
 	for range n {
 		nc, err := nats.Connect("", nats.InProcessServer(ns.Server))
 		require.NoError(t, err)
-		store, err := runs.NewJetStream(testCtx(t), nc, runs.JetStreamConfig{})
+		store, err := jsstore.NewJetStream(testCtx(t), nc, jsstore.JetStreamConfig{})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = store.Close() })
 		stores = append(stores, store)

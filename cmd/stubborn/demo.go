@@ -25,6 +25,7 @@ import (
 	"github.com/stubbornhq/stubborn/fakemodel"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
 	"github.com/stubbornhq/stubborn/server"
 )
 
@@ -303,7 +304,7 @@ func cmdDemo(ctx context.Context, args []string, stdout io.Writer) (int, error) 
 	}
 	defer func() { _ = os.RemoveAll(dataDir) }()
 	quiet := slog.New(slog.DiscardHandler)
-	store := storeFlags{dataDir: dataDir, durability: string(runs.SyncInterval), syncPeriod: time.Second, lease: runs.DefaultLease, outputFlush: runs.DefaultOutputFlushInterval, outputFlushBytes: runs.DefaultOutputFlushBytes}
+	store := storeFlags{dataDir: dataDir, durability: string(jsstore.SyncInterval), syncPeriod: time.Second, lease: runs.DefaultLease, outputFlush: runs.DefaultOutputFlushInterval, outputFlushBytes: runs.DefaultOutputFlushBytes}
 	runsCfg, _, closeStore, err := store.open(ctx, quiet)
 	if err != nil {
 		return 1, err

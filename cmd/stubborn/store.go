@@ -12,6 +12,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
+	"github.com/stubbornhq/stubborn/runs/memstore"
+	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // storeFlags choose where runs are kept.
@@ -29,7 +32,7 @@ type storeFlags struct {
 	maxRuns    int
 	saveFinal  bool
 	writeRetry time.Duration
-	// claimInOwners is runs.JetStreamConfig.ClaimInOwners.
+	// claimInOwners is jsstore.JetStreamConfig.ClaimInOwners.
 	claimInOwners bool
 	// outputFlush and outputFlushBytes are runs.Config's
 	// OutputFlushInterval and OutputFlushBytes.
@@ -46,9 +49,9 @@ func (f *storeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.replicas, "replicas", 0, "copies of every stream and bucket (default 1 embedded, 3 with -nats-url)")
 	fs.DurationVar(&f.lease, "lease", runs.DefaultLease, "how long a replica may go silent before others take its runs over")
 	fs.DurationVar(&f.retention, "retention", 7*24*time.Hour, "how long a finished run is kept after it finished; a run not finished is never removed, however old")
-	fs.DurationVar(&f.keyWindow, "idempotency-window", runs.DefaultKeyWindow, "how long a run request's options.idempotency_key names the run it started: a request with the key within it gets that run instead of a new one")
+	fs.DurationVar(&f.keyWindow, "idempotency-window", store.DefaultKeyWindow, "how long a run request's options.idempotency_key names the run it started: a request with the key within it gets that run instead of a new one")
 	fs.Int64Var(&f.maxBytes, "max-bytes", 0, "bound on the events stream's size in bytes: from 80% full the oldest finished runs are purged (down to 60%), and new runs are refused RESOURCE_EXHAUSTED when the runs in flight may need the rest; a run not finished is never removed (0: none)")
-	fs.IntVar(&f.maxRuns, "max-runs", runs.DefaultMemoryRuns, "with -memory: how many finished runs are kept; the oldest go first (runs in flight are never removed)")
+	fs.IntVar(&f.maxRuns, "max-runs", memstore.DefaultMemoryRuns, "with -memory: how many finished runs are kept; the oldest go first (runs in flight are never removed)")
 	fs.DurationVar(&f.writeRetry, "write-retry", 0, "how long a run's store write that failed for a reason that may pass (a timeout, a NATS leader election or restart) is made again before the run is given up on this replica; 0 means the lease, negative no retry")
 	fs.BoolVar(&f.saveFinal, "save-final-states", false, "save every run's final state in the states bucket too (while replicas older than 2026-11-30 share the store: they read a finished run there only)")
 	fs.DurationVar(&f.outputFlush, "output-flush-interval", runs.DefaultOutputFlushInterval, "a streamed attempt's text that came within this interval goes out as one attempt_output event, one store write at most (its first piece at once): at most 1/interval writes a second per streaming attempt, plus one per -output-flush-bytes; 1ms to 10s")
@@ -75,13 +78,13 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 		if f.maxRuns < 1 {
 			return rc, nil, nil, fmt.Errorf("-max-runs must be at least 1, got %d", f.maxRuns)
 		}
-		m := runs.NewMemory(f.lease)
+		m := memstore.NewMemory(f.lease)
 		m.SetLimits(f.maxRuns, f.retention)
 		m.SetKeyWindow(f.keyWindow)
 		rc.Store, rc.CancelOnClose = m, true
 		return rc, w, func() {}, nil
 	}
-	js := runs.JetStreamConfig{Replicas: f.replicas, Retention: f.retention, MaxBytes: f.maxBytes, Lease: f.lease, SaveFinalStates: f.saveFinal, ClaimInOwners: f.claimInOwners, WriteRetry: f.writeRetry, KeyWindow: f.keyWindow, Logger: logger}
+	js := jsstore.JetStreamConfig{Replicas: f.replicas, Retention: f.retention, MaxBytes: f.maxBytes, Lease: f.lease, SaveFinalStates: f.saveFinal, ClaimInOwners: f.claimInOwners, WriteRetry: f.writeRetry, KeyWindow: f.keyWindow, Logger: logger}
 	var (
 		nc      *nats.Conn
 		closeNS = func() {}
@@ -103,11 +106,11 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 		// The URL may hold a password: the connected one is logged, redacted.
 		logger.Info("runs kept in NATS JetStream", "url", nc.ConnectedUrlRedacted(), "replicas", js.Replicas)
 	} else {
-		e, err := runs.StartEmbedded(runs.EmbeddedConfig{
-			DataDir: f.dataDir, Durability: runs.Durability(f.durability), SyncPeriod: f.syncPeriod,
+		e, err := jsstore.StartEmbedded(jsstore.EmbeddedConfig{
+			DataDir: f.dataDir, Durability: jsstore.Durability(f.durability), SyncPeriod: f.syncPeriod,
 			Logger: logger,
 		})
-		if inUse := (*runs.DirInUseError)(nil); errors.As(err, &inUse) {
+		if inUse := (*jsstore.DirInUseError)(nil); errors.As(err, &inUse) {
 			return rc, nil, nil, fmt.Errorf("%w; nothing in it was touched. Give this server another -data-dir, or run several servers on the same runs through a NATS cluster with -nats-url", err)
 		}
 		if err != nil {
@@ -117,8 +120,8 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 		rc.SoleOwner = true
 		logger.Info("runs kept in embedded JetStream", "data_dir", f.dataDir, "durability", f.durability)
 	}
-	stopWatch := runs.WatchConn(nc, logger, w.report)
-	store, err := runs.NewJetStream(ctx, nc, js)
+	stopWatch := jsstore.WatchConn(nc, logger, w.report)
+	store, err := jsstore.NewJetStream(ctx, nc, js)
 	if err != nil {
 		stopWatch()
 		nc.Close()
@@ -175,14 +178,14 @@ func (w *storeWatch) attach(serving func(bool)) {
 	serving(w.up())
 }
 
-func (w *storeWatch) report(st runs.ConnState, err error) {
+func (w *storeWatch) report(st jsstore.ConnState, err error) {
 	w.mu.Lock()
-	w.down = st != runs.ConnUp
+	w.down = st != jsstore.ConnUp
 	if w.serving != nil {
 		w.serving(w.up())
 	}
 	w.mu.Unlock()
-	if st == runs.ConnClosed {
+	if st == jsstore.ConnClosed {
 		if err == nil {
 			err = nats.ErrConnectionClosed
 		}

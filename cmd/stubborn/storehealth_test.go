@@ -24,6 +24,7 @@ import (
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/jsstore"
 )
 
 // healthNames are the services whose health says whether Stubborn serves.
@@ -157,7 +158,7 @@ func startLoggedServer(t *testing.T, args ...string) *loggedChild {
 func TestEmbeddedStoreClosedIsFatal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := storeFlags{dataDir: t.TempDir(), durability: string(runs.SyncInterval), syncPeriod: time.Second, lease: runs.DefaultLease, outputFlush: runs.DefaultOutputFlushInterval, outputFlushBytes: runs.DefaultOutputFlushBytes}
+	f := storeFlags{dataDir: t.TempDir(), durability: string(jsstore.SyncInterval), syncPeriod: time.Second, lease: runs.DefaultLease, outputFlush: runs.DefaultOutputFlushInterval, outputFlushBytes: runs.DefaultOutputFlushBytes}
 	rc, w, closeStore, err := f.open(ctx, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	defer closeStore()
@@ -186,7 +187,7 @@ func TestEmbeddedStoreClosedIsFatal(t *testing.T) {
 	// The store's own requests at start (the index's reconcile) done: the
 	// connection's first error is the publish below, not one of theirs
 	// meeting the closed connection.
-	<-rc.Store.(*runs.JetStream).IndexReconciled()
+	<-rc.Store.(*jsstore.JetStream).IndexReconciled()
 
 	require.NoError(t, w.conn.Publish("stubborn.events."+strings.Repeat("x", 5000), nil))
 	select {

@@ -1,0 +1,44 @@
+package jsstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestAnUnansweredCreationIsBoundTo: a creation left unanswered (as two
+// made at the same moment on a cluster are) costs one short try, then the
+// asset another server made is bound to; one refused for good is not
+// tried again; one that keeps failing for a reason that may pass is tried
+// until the setup deadline.
+func TestAnUnansweredCreationIsBoundTo(t *testing.T) {
+	hang := func(ctx context.Context) (string, error) { <-ctx.Done(); return "", ctx.Err() }
+	made := false
+	start := time.Now()
+	got, err := createOrBind(context.Background(), func(ctx context.Context) (string, error) {
+		made = true
+		return hang(ctx)
+	}, func(context.Context) (string, bool) { return "bound", made })
+	require.NoError(t, err)
+	assert.Equal(t, "bound", got)
+	assert.Less(t, time.Since(start), 2*setupFirstTry)
+
+	tries := 0
+	refused := errors.New("refused for good")
+	_, err = createOrBind(context.Background(), func(context.Context) (string, error) { tries++; return "", refused },
+		func(context.Context) (string, bool) { return "", false })
+	assert.ErrorIs(t, err, refused)
+	assert.Equal(t, 1, tries)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	tries = 0
+	_, err = createOrBind(ctx, func(ctx context.Context) (string, error) { tries++; return hang(ctx) },
+		func(context.Context) (string, bool) { return "", false })
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.GreaterOrEqual(t, tries, 2, "tried again within the deadline")
+}
