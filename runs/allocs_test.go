@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/stubbornhq/stubborn/runs/memstore"
 )
 
 // allocBudget is what a whole run may allocate, Start to the end of its
@@ -26,7 +27,7 @@ var allocBudget = map[string]float64{
 func TestARunStaysWithinItsAllocationBudget(t *testing.T) {
 	for _, c := range runsToEnd() {
 		t.Run(c.name, func(t *testing.T) {
-			m, err := New(Config{Delegates: failFirst{n: c.fail}})
+			m, err := New(Config{Store: memstore.NewMemory(DefaultLease), Delegates: failFirst{n: c.fail}})
 			require.NoError(t, err)
 			defer m.Close()
 			run := func() { runToEnd(t.Context(), t, m, c.spec) }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs/memstore"
 	"github.com/stubbornhq/stubborn/runs/store"
 )
 
@@ -23,7 +24,7 @@ import (
 func BenchmarkFanOut(b *testing.B) {
 	for _, n := range []int{0, 1, 10, 100, 1000} {
 		b.Run(fmt.Sprintf("watchers=%d", n), func(b *testing.B) {
-			m, err := New(Config{})
+			m, err := New(Config{Store: memstore.NewMemory(DefaultLease)})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -97,7 +98,7 @@ func (failFirst) Serving(context.Context, string) bool { return true }
 func BenchmarkRunToEnd(b *testing.B) {
 	for _, c := range runsToEnd() {
 		b.Run(c.name, func(b *testing.B) {
-			m, err := New(Config{Delegates: failFirst{n: c.fail}})
+			m, err := New(Config{Store: memstore.NewMemory(DefaultLease), Delegates: failFirst{n: c.fail}})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -17,6 +17,7 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
 	"github.com/stubbornhq/stubborn/runs/internal/runstest"
+	"github.com/stubbornhq/stubborn/runs/memstore"
 )
 
 func TestMain(m *testing.M) {
@@ -182,7 +183,7 @@ func TestListFiltersAndPages(t *testing.T) {
 
 func TestCloseCancelsRunsAndRefusesNewOnes(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
-	m, err := runs.New(runs.Config{Delegates: d, Clock: controlstest.NewClock(), CancelOnClose: true})
+	m, err := runs.New(runs.Config{Store: memstore.NewMemory(runs.DefaultLease), Delegates: d, Clock: controlstest.NewClock(), CancelOnClose: true})
 	require.NoError(t, err)
 	st, err := m.Start(context.Background(), "brief", runstest.Chain("hang"), nil)
 	require.NoError(t, err)

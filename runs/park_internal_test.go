@@ -13,6 +13,7 @@ import (
 	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs/memstore"
 )
 
 // A DecideRun that found the run parked for a decision, but came late
@@ -21,7 +22,7 @@ import (
 func TestALateDecisionDoesNotWakeAnotherWait(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": {controlstest.Fail(codes.Unavailable, "down")}})
 	d.SetInfo("d", controls.DelegateInfo{Idempotent: true})
-	m, err := New(Config{Delegates: d, ParkAfter: time.Millisecond})
+	m, err := New(Config{Store: memstore.NewMemory(DefaultLease), Delegates: d, ParkAfter: time.Millisecond})
 	require.NoError(t, err)
 	defer m.Close()
 	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{

@@ -365,18 +365,18 @@ func TestAStaleWaitDoesNotCallAfterATakeover(t *testing.T) {
 	dense(t, rawSeqs(t, mem, st.GetRunId()))
 }
 
-// failingEvents fails its first Events call (the store not answering as
-// a run is resumed).
+// failingEvents fails its first read of a journal whole (the store not
+// answering as a run is resumed).
 type failingEvents struct {
 	store.Store
 	failed atomic.Bool
 }
 
-func (f *failingEvents) Events(ctx context.Context, id string, after int64) ([]runs.Event, error) {
+func (f *failingEvents) JournalFrom(ctx context.Context, id string, w *store.Writer) ([]runs.Event, error) {
 	if f.failed.CompareAndSwap(false, true) {
 		return nil, errors.New("nats: API error: code=503 err_code=10008 description=JetStream system temporarily unavailable")
 	}
-	return f.Store.Events(ctx, id, after)
+	return f.Store.JournalFrom(ctx, id, w)
 }
 
 // TestATakeoverWhoseResumeFailsIsTriedAgain (finding 3, its second path):
@@ -408,6 +408,9 @@ func TestATakeoverWhoseResumeFailsIsTriedAgain(t *testing.T) {
 // landedClaim makes the claim, then answers as if its answer was lost (a
 // NATS timeout): the run exists, its server was told it may not.
 type landedClaim struct{ *memstore.Memory } // its idempotency keys too
+
+// Transient is JetStream's: a NATS timeout may pass.
+func (l landedClaim) Transient(err error) bool { return transient(err) }
 
 func (l landedClaim) Claim(ctx context.Context, id, owner string, state []byte) error {
 	if err := l.Memory.Claim(ctx, id, owner, state); err != nil {

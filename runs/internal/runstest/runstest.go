@@ -5,6 +5,7 @@
 package runstest
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/runs/memstore"
 	"github.com/stubbornhq/stubborn/runs/store"
 
 	"github.com/stretchr/testify/assert"
@@ -28,13 +30,16 @@ func Chain(names ...string) *stubbornv1.ControlSpec {
 	return &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: names}}}
 }
 
-// NewManager starts a Manager over d with cfg (a fake clock unless cfg
-// has one), closed when the test ends.
+// NewManager starts a Manager over d with cfg (a fake clock and a memory
+// store unless cfg has its own), closed when the test ends.
 func NewManager(t *testing.T, d controls.Delegates, cfg runs.Config) *runs.Manager {
 	t.Helper()
 	cfg.Delegates = d
 	if cfg.Clock == nil {
 		cfg.Clock = controlstest.NewClock()
+	}
+	if cfg.Store == nil {
+		cfg.Store = memstore.NewMemory(cmp.Or(cfg.Lease, runs.DefaultLease))
 	}
 	m, err := runs.New(cfg)
 	require.NoError(t, err)
