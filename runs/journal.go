@@ -34,34 +34,17 @@ import (
 // ev and st are the tracker's: read during the call only, as the Observer
 // does.
 func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
-	// The tracker calls record under its own lock, one event at a time, so
-	// r.mu is taken only to number and to keep the event: the watchers'
-	// since never waits for the store's I/O (flush does it unlocked).
-	r.mu.Lock()
-	if r.lost || r.done {
-		r.mu.Unlock()
+	seq, lastStatus, ok := r.number(ev.GetRunResumed() != nil)
+	if !ok {
 		return
 	}
-	var release func()
-	if r.replay != nil && ev.GetRunResumed() == nil {
-		release = r.liveLocked() // the first step its journal lacks
-	}
-	seq := int64(len(r.events)+r.writing+len(r.pending)) + 1
-	lastStatus := r.lastStatus
-	r.mu.Unlock()
-	if release != nil {
-		release()
-	}
-
 	ev.RunId = r.id
 	ev.Seq = seq
-	enc, err := r.encode(ev)
-	if err == nil && len(enc.Data) > r.maxEvent-eventFraming {
-		// Larger than the store's messages (or a watcher's): its texts
-		// are cut, and the run goes on.
-		r.log.Warn("event too large: its texts are cut", "run_id", r.id, "seq", seq, "bytes", len(enc.Data), "limit", r.maxEvent)
-		ev = controls.BoundEvent(ev, r.maxEvent-eventFraming)
-		enc, err = store.EncodeEvent(ev)
+	enc, ev, err := r.encodeBounded(ev)
+	var state []byte
+	status := st.GetStatus()
+	if err == nil && (enc.Finished || status != lastStatus) {
+		state = r.stateBytes(enc, st)
 	}
 	if err != nil {
 		// Not expected: the API's strings are checked or made UTF-8 before
@@ -70,27 +53,89 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 		r.lose(err, err)
 		return
 	}
-	var state []byte
-	status := st.GetStatus()
-	if enc.Finished || status != lastStatus {
-		// run_started and run_finished carry the state: their encoding
-		// has the state's.
-		if state = enc.StateBytes(); state == nil {
-			// Sized by its encoding: BoundState (which sizes it again) only
-			// for a state that may be over the bound.
-			if state, err = proto.Marshal(st); err == nil && len(state) > controls.MaxStateBytes {
-				state, err = proto.Marshal(controls.BoundState(st, controls.MaxStateBytes))
-			}
-			if err != nil {
-				r.log.Warn("saving run state", "run_id", r.id, "err", err)
-			}
+	if !r.keep(ev, enc, state, status) {
+		return
+	}
+	switch ev.GetKind().(type) {
+	case *stubbornv1.RunEvent_DecisionRequested:
+		// The run waits for a person now: a watcher must see it.
+		r.kick()
+	case *stubbornv1.RunEvent_RunFinished, *stubbornv1.RunEvent_DecisionReceived:
+		// Written by whoever waits for them (drive, Manager.handle).
+	default:
+		if r.calls.Load() > 0 {
+			// Another call is in flight (a race's candidates): the run
+			// waits for it, and this event is news now.
+			r.kick()
 		}
 	}
+}
 
+// number returns the seq of the run's next event and the status recorded
+// last; ok false once the run is lost or has ended here. An event other
+// than run_resumed (resumed) recorded while the run replays its journal is
+// the first step its journal lacks: the replay has caught up. The tracker calls
+// record under its own lock, one event at a time, so r.mu is taken only to
+// number and to keep the event: the watchers' since never waits for the
+// store's I/O (flush does it unlocked).
+func (r *run) number(resumed bool) (seq int64, lastStatus stubbornv1.RunStatus, ok bool) {
 	r.mu.Lock()
-	if r.lost {
+	if r.lost || r.done {
 		r.mu.Unlock()
-		return
+		return 0, 0, false
+	}
+	var release func()
+	if r.replay != nil && !resumed {
+		release = r.liveLocked()
+	}
+	seq = int64(len(r.events)+r.writing+len(r.pending)) + 1
+	lastStatus = r.lastStatus
+	r.mu.Unlock()
+	if release != nil {
+		release()
+	}
+	return seq, lastStatus, true
+}
+
+// encodeBounded encodes ev (encode); one larger than the store's messages
+// (or a watcher's) has its texts cut, and the run goes on. It returns the
+// event as encoded.
+func (r *run) encodeBounded(ev *stubbornv1.RunEvent) (store.Event, *stubbornv1.RunEvent, error) {
+	enc, err := r.encode(ev)
+	if err == nil && len(enc.Data) > r.maxEvent-eventFraming {
+		r.log.Warn("event too large: its texts are cut", "run_id", r.id, "seq", ev.GetSeq(), "bytes", len(enc.Data), "limit", r.maxEvent)
+		ev = controls.BoundEvent(ev, r.maxEvent-eventFraming)
+		enc, err = store.EncodeEvent(ev)
+	}
+	return enc, ev, err
+}
+
+// stateBytes is the encoding of st to save after enc: the part of enc's
+// own encoding that run_started and run_finished carry, or st sized by its
+// encoding (BoundState, which sizes it again, only for a state that may be
+// over the bound). nil when it cannot be encoded (logged).
+func (r *run) stateBytes(enc store.Event, st *stubbornv1.ControlState) []byte {
+	if state := enc.StateBytes(); state != nil {
+		return state
+	}
+	state, err := proto.Marshal(st)
+	if err == nil && len(state) > controls.MaxStateBytes {
+		state, err = proto.Marshal(controls.BoundState(st, controls.MaxStateBytes))
+	}
+	if err != nil {
+		r.log.Warn("saving run state", "run_id", r.id, "err", err)
+		return nil
+	}
+	return state
+}
+
+// keep puts enc in the outbox, with state when it is to be saved, and
+// tells the Observer; false when the run was lost meanwhile.
+func (r *run) keep(ev *stubbornv1.RunEvent, enc store.Event, state []byte, status stubbornv1.RunStatus) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lost {
+		return false
 	}
 	r.pending = append(r.pending, enc)
 	if state != nil {
@@ -107,20 +152,7 @@ func (r *run) record(ev *stubbornv1.RunEvent, st *stubbornv1.ControlState) {
 			r.observe(ev)
 		}
 	}
-	r.mu.Unlock()
-	switch ev.GetKind().(type) {
-	case *stubbornv1.RunEvent_DecisionRequested:
-		// The run waits for a person now: a watcher must see it.
-		r.kick()
-	case *stubbornv1.RunEvent_RunFinished, *stubbornv1.RunEvent_DecisionReceived:
-		// Written by whoever waits for them (drive, Manager.handle).
-	default:
-		if r.calls.Load() > 0 {
-			// Another call is in flight (a race's candidates): the run
-			// waits for it, and this event is news now.
-			r.kick()
-		}
-	}
+	return true
 }
 
 // encode encodes ev as EncodeEvent does, into the free end of the run's
@@ -243,17 +275,7 @@ func (r *run) flushThrough(last int64) {
 	r.flushMu.Lock()
 	defer r.flushMu.Unlock()
 	r.mu.Lock()
-	evs, state, status := r.pending, r.pendingState, r.pendingStatus
-	r.pending, r.pendingState = nil, nil
-	if n := len(evs); n > 0 && evs[n-1].Seq > last {
-		k := 0
-		for k < n && evs[k].Seq <= last {
-			k++
-		}
-		r.pending, r.pendingState = evs[k:], state
-		evs, state = evs[:k], nil
-	}
-	r.writing = len(evs)
+	evs, state, status := r.take(last)
 	if r.lost || len(evs) == 0 {
 		r.writing = 0
 		r.mu.Unlock()
@@ -268,8 +290,58 @@ func (r *run) flushThrough(last int64) {
 			r.mu.Unlock()
 		}()
 	}
+	if !r.write(evs) {
+		return
+	}
+	finished := evs[len(evs)-1].Finished
+	if state != nil && r.mustSave(finished, status) {
+		r.saveState(state, status, finished)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.writing = 0
+	if r.lost {
+		return // abandoned meanwhile: the events are in the store, which its watchers follow now
+	}
+	r.written(evs)
+}
+
+// take takes the pending events up to seq last (and their state, when
+// they are all that is pending), and counts them as being written. The
+// caller holds run.mu.
+func (o *outbox) take(last int64) (evs []store.Event, state []byte, status stubbornv1.RunStatus) {
+	evs, state, status = o.pending, o.pendingState, o.pendingStatus
+	o.pending, o.pendingState = nil, nil
+	if n := len(evs); n > 0 && evs[n-1].Seq > last {
+		k := 0
+		for k < n && evs[k].Seq <= last {
+			k++
+		}
+		o.pending, o.pendingState = evs[k:], state
+		evs, state = evs[:k], nil
+	}
+	o.writing = len(evs)
+	return evs, state, status
+}
+
+// mustSave reports whether a state of status is to be saved after a write
+// (finished: the run's last): the final one when the store does not read
+// it from the journal (saveEnd), another when its status differs from the
+// one saved. The caller holds flushMu.
+func (o *outbox) mustSave(finished bool, status stubbornv1.RunStatus) bool {
+	if finished {
+		return o.saveEnd
+	}
+	return status != o.savedStatus
+}
+
+// write appends evs to the run's journal, fenced by this copy's view of it
+// (jw), and reports whether they were written. A write the store refuses
+// for good ends the run (endRefused); any other failure loses it here. The
+// caller holds flushMu.
+func (r *run) write(evs []store.Event) bool {
 	if r.mayWrite != nil && !r.mayWrite(r) {
-		return // taken over while this server's lease had lapsed: lost
+		return false // taken over while this server's lease had lapsed: lost
 	}
 	err := r.store.Append(writeContext{r}, &r.jw, evs...)
 	var refused *store.RefusedError
@@ -278,43 +350,41 @@ func (r *run) flushThrough(last int64) {
 		r.firstLanded = true
 		r.mu.Unlock()
 	}
-	if err != nil {
-		if errors.As(err, &refused) && r.endRefused(evs, refused) {
-			return
-		}
-		r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
-		r.lose(err, errLost)
-		if r.onLost != nil {
-			r.onLost(r.id)
-		}
+	if err == nil {
+		return true
+	}
+	if errors.As(err, &refused) && r.endRefused(evs, refused) {
+		return false
+	}
+	r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
+	r.lose(err, errLost)
+	if r.onLost != nil {
+		r.onLost(r.id)
+	}
+	return false
+}
+
+// saveState saves the run's state after a write (finished: its last). A
+// save that fails may have landed all the same (a timeout): the store may
+// hold this state, so the next differs from what is known saved, and the
+// end must be saved over it. The caller holds flushMu.
+func (r *run) saveState(state []byte, status stubbornv1.RunStatus, finished bool) {
+	if err := r.store.PutState(writeContext{r}, r.id, state); err != nil {
+		r.log.Warn("saving run state", "run_id", r.id, "err", err)
+		r.mu.Lock()
+		r.endUnsaved = finished
+		r.mu.Unlock()
+		r.saveEnd, r.savedStatus = true, -1
 		return
 	}
-	finished := evs[len(evs)-1].Finished
-	if state != nil && (finished && r.saveEnd || !finished && status != r.savedStatus) {
-		if err := r.store.PutState(writeContext{r}, r.id, state); err != nil {
-			r.log.Warn("saving run state", "run_id", r.id, "err", err)
-			r.mu.Lock()
-			r.endUnsaved = finished
-			r.mu.Unlock()
-			// The write may have landed all the same (a timeout): the
-			// store may hold this state, so the next differs from what is
-			// known saved, and the end must be saved over it.
-			r.saveEnd, r.savedStatus = true, -1
-		} else {
-			r.saveEnd, r.savedStatus = true, status
-		}
-	}
+	r.saveEnd, r.savedStatus = true, status
+}
 
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.writing = 0
-	if r.lost {
-		return // abandoned meanwhile: the events are in the store, which its watchers follow now
-	}
-	if r.events == nil {
-		r.events = make([]store.Event, 0, journalCap)
-	}
-	r.events = append(r.events, evs...)
+// written adds evs, just written, to the run's journal in memory, ends the
+// run here after its run_finished, and wakes the watchers. The caller holds
+// run.mu.
+func (r *run) written(evs []store.Event) {
+	r.feed.append(evs)
 	if last := evs[len(evs)-1]; last.Finished {
 		r.done = true
 		r.tracker = nil
@@ -326,7 +396,15 @@ func (r *run) flushThrough(last int64) {
 			r.observe, r.end = nil, nil
 		}
 	}
-	r.wakeLocked()
+	r.feed.wake()
+}
+
+// append adds evs to the journal in memory. The caller holds run.mu.
+func (f *feed) append(evs []store.Event) {
+	if f.events == nil {
+		f.events = make([]store.Event, 0, journalCap)
+	}
+	f.events = append(f.events, evs...)
 }
 
 // writeContext is the context of a run's store writes. It is never

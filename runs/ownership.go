@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -133,8 +134,21 @@ func gone(seen, live map[string]bool) bool {
 // moment (a replica that has not expired the heartbeat yet), and the scan
 // after next would not look again.
 func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) {
+	orphans, marks, clean := m.findOrphans(sole, live)
+	if !m.takeOverAll(orphans) {
+		return false
+	}
+	dropped := m.dropMarks(marks)
+	return clean && dropped
+}
+
+// findOrphans returns the runs of dead servers (all others' when sole):
+// those of owners entries, and those claimed in their journals, without
+// owners entries (claims.go), found from their servers' marks, which it
+// returns too. clean is false when a server's liveness or a listing could
+// not be read, or live (when not nil) missed a server alive.
+func (m *Manager) findOrphans(sole bool, live map[string]bool) (orphans []orphan, marks map[string]markRev, clean bool) {
 	clean = true
-	var orphans []orphan
 	alive := map[string]bool{m.owner: true}
 	dead := func(owner string) bool {
 		isLive, seen := alive[owner]
@@ -160,41 +174,42 @@ func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) 
 			m.log.Warn("listing run owners", "err", err)
 		}
 	}
-	// The runs dead servers claimed in their journals, without owners
-	// entries (claims.go): found from their marks, which go once all
-	// their runs are taken over.
-	var marks map[string]markRev
-	if m.ctx.Err() == nil {
-		var found []orphan
-		if marks, found, err = m.journalOrphans(dead); err != nil {
-			clean, marks = false, nil
-			if m.ctx.Err() == nil {
-				m.log.Warn("looking for the runs of dead servers in their journals", "err", err)
-			}
-		}
-		listed := make(map[string]bool, len(orphans))
-		for _, o := range orphans {
-			listed[o.run] = true
-		}
-		for _, o := range found {
-			if !listed[o.run] {
-				orphans = append(orphans, o)
-			}
+	if m.ctx.Err() != nil {
+		return orphans, nil, clean
+	}
+	marks, found, err := m.journalOrphans(dead)
+	if err != nil {
+		clean, marks = false, nil
+		if m.ctx.Err() == nil {
+			m.log.Warn("looking for the runs of dead servers in their journals", "err", err)
 		}
 	}
-	// Taken over takeoverWorkers at a time: each is a few store round
-	// trips, and a dead server's thousand runs are not to wait for each
-	// other. Every one is done before the scan goes on (reclaim, the
-	// next scan), so a run is resumed by one of them at a time.
+	listed := make(map[string]bool, len(orphans))
+	for _, o := range orphans {
+		listed[o.run] = true
+	}
+	for _, o := range found {
+		if !listed[o.run] {
+			orphans = append(orphans, o)
+		}
+	}
+	return orphans, marks, clean
+}
+
+// takeOverAll takes orphans over, takeoverWorkers at a time: each is a few
+// store round trips, and a dead server's thousand runs are not to wait for
+// each other. Every one is done before the scan goes on (reclaim, the next
+// scan), so a run is resumed by one of them at a time. It reports whether
+// every one was, and the manager was not closed meanwhile.
+func (m *Manager) takeOverAll(orphans []orphan) bool {
 	var (
-		wg       sync.WaitGroup
-		failed   atomic.Bool
-		sem      = make(chan struct{}, takeoverWorkers)
-		canceled = false
+		wg     sync.WaitGroup
+		failed atomic.Bool
+		sem    = make(chan struct{}, takeoverWorkers)
 	)
 	for _, o := range orphans {
 		if m.ctx.Err() != nil {
-			canceled = true
+			failed.Store(true)
 			break
 		}
 		sem <- struct{}{}
@@ -206,16 +221,19 @@ func (m *Manager) takeOverOrphans(sole bool, live map[string]bool) (clean bool) 
 		})
 	}
 	wg.Wait()
-	if canceled || failed.Load() {
-		return false
-	}
+	return !failed.Load()
+}
+
+// dropMarks drops the marks of the servers whose runs were all taken over
+// (marks), and reports whether it dropped every one it was to. A mark
+// written within a lease and a half may be a server's that is not dead
+// after all (its heartbeat landed since its liveness was read): its fence
+// may not have passed. Its runs are taken over; the mark goes at a later
+// scan.
+func (m *Manager) dropMarks(marks map[string]markRev) bool {
+	clean := true
 	for owner, mr := range marks {
 		if time.Since(mr.written) < m.cfg.Lease+m.cfg.Lease/2 {
-			// A mark written within a lease and a half may be a
-			// server's that is not dead after all (its heartbeat
-			// landed since its liveness was read): its fence may not
-			// have passed. Its runs are taken over; the mark goes at
-			// a later scan.
 			continue
 		}
 		if err := m.store.DropMark(m.ctx, owner, mr.rev); err != nil {
@@ -281,6 +299,31 @@ func (m *Manager) takeOver(id, from string) bool {
 		return false
 	}
 	return true
+}
+
+// checkJournal decodes run id's journal as recorded, and says why it
+// cannot be resumed from it, if it cannot: an event that does not decode,
+// events missing, no run_started first, or a journal the store lost.
+func (m *Manager) checkJournal(id string, recorded []store.Event) (journal []*stubbornv1.RunEvent, why string, err error) {
+	journal, err = decodeAll(recorded)
+	if err != nil {
+		return nil, fmt.Sprintf("an event of its journal cannot be read (%v)", err), nil
+	}
+	for i, ev := range journal {
+		if ev.GetSeq() != int64(i)+1 {
+			return nil, fmt.Sprintf("its journal has event %d where event %d belongs: events are missing", ev.GetSeq(), i+1), nil
+		}
+	}
+	if len(journal) > 0 && journal[0].GetRunStarted().GetState() == nil {
+		return nil, "its journal does not start with run_started", nil
+	}
+	if len(journal) == 0 {
+		lost, why, err := m.store.JournalLost(m.ctx, id)
+		if err != nil || lost {
+			return nil, cmp.Or(why, "its journal was lost"), err
+		}
+	}
+	return journal, "", nil
 }
 
 // unrecoverable ends a run that cannot be resumed (w: the writer of the
@@ -357,24 +400,12 @@ func (m *Manager) resumeBecause(id, from, because string) error {
 	}
 	// Its end, when it cannot be resumed, is written after the journal
 	// just read (w).
-	journal, err := decodeAll(recorded)
+	journal, why, err := m.checkJournal(id, recorded)
 	if err != nil {
-		return m.unrecoverable(&w, id, recorded, fmt.Sprintf("an event of its journal cannot be read (%v)", err))
+		return err
 	}
-	for i, ev := range journal {
-		if ev.GetSeq() != int64(i)+1 {
-			return m.unrecoverable(&w, id, recorded, fmt.Sprintf("its journal has event %d where event %d belongs: events are missing", ev.GetSeq(), i+1))
-		}
-	}
-	if len(journal) > 0 && journal[0].GetRunStarted().GetState() == nil {
-		return m.unrecoverable(&w, id, recorded, "its journal does not start with run_started")
-	}
-	if len(journal) == 0 {
-		if lost, why, err := m.store.JournalLost(m.ctx, id); err != nil {
-			return err
-		} else if lost {
-			return m.unrecoverable(&w, id, recorded, why)
-		}
+	if why != "" {
+		return m.unrecoverable(&w, id, recorded, why)
 	}
 	if n := len(journal); n > 0 && journal[n-1].GetRunFinished() != nil {
 		// It finished but its owner died before letting go of it.

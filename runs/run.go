@@ -14,14 +14,54 @@ import (
 )
 
 // run is a run this server drives: its tracker and, in memory, the journal
-// of its events for fast watching.
+// of its events for fast watching. It is made of parts, each with the lock
+// that guards it (runs/doc.go has the lock tree): what is fixed when the
+// run is admitted (runSetup), its life under mu (the tracker, how it ended
+// here), its outbox (the events recorded and not yet written, and this
+// copy's part in the journal's writes: flushMu), its feed (the journal in
+// memory and the watchers' wake-ups, under mu) and its parking (waitMu).
 type run struct {
+	runSetup
+
+	mu sync.Mutex
+	runLife
+	outbox
+	feed
+	runParking
+}
+
+// runSetup is what a run is given when it is admitted (Manager.admit),
+// never changed after: read without a lock.
+type runSetup struct {
 	id     string
 	tenant string // ControlState.tenant: who may see the run
 	order  uint64
 	store  store.Store
 	log    *slog.Logger
 	ready  chan struct{} // closed once tracker is set
+	// writers is the manager's wait group of the runs' writers (kick).
+	writers *sync.WaitGroup
+	// onLost, when set, is told of a write that failed and lost the run
+	// here (Manager.lostHere): the store may still name this server its
+	// driver, and then nobody else would drive it.
+	onLost func(id string)
+	// mayWrite, when set, reports whether this copy may still write:
+	// false once this server's lease lapsed and the store names another
+	// driver (Manager.mayWrite; it loses the copy then).
+	mayWrite func(r *run) bool
+	// maxEvent bounds an event's encoding (store.EventLimit).
+	maxEvent int
+	clock    controls.Clock
+	// outputWindow and outputBytes coalesce streamed text (coalescer).
+	outputWindow time.Duration
+	outputBytes  int
+	// ended is closed once the run has ended here.
+	ended chan struct{}
+}
+
+// runLife is the run's life on this server, guarded by run.mu unless a
+// field says otherwise.
+type runLife struct {
 	// cancel ends the run's context (stop), stopTimer its timeout; both
 	// are dropped once the run has ended here (endDrive), so that the
 	// finished runs this server keeps do not keep their contexts. Guarded
@@ -32,103 +72,99 @@ type run struct {
 	// deps are what the run's control reaches while this server drives
 	// it (bind); unbind, once, lets go of them (endDrive). Set before the
 	// run's first drive, guarded by mu after.
-	deps    Deps
-	unbind  func()
-	writers *sync.WaitGroup // the manager's, of the runs' writers (kick)
-
-	// waitMu orders the run's parking (evict) and a decision taken
-	// while its tracker waits (handle): a wait whose decision came first
-	// is not parked, and a decision that comes once the run parks goes to
-	// its parking (decide).
-	waitMu sync.Mutex
-
-	mu     sync.Mutex
-	writer bool // the run's writer runs (kick)
-	// parkingSet, while not nil, is closed once the run's control,
-	// parked, has its parking set (drive); evicted is its wait, from
-	// when the control's goroutine ends in it (evict) until drive takes
-	// it to park the run.
-	parkingSet chan struct{}
-	evicted    *controls.Wait
+	deps   Deps
+	unbind func()
 	// onLive, set while the run is replayed, is called once the replay
 	// has caught up (wentLive): drive's release of the run's cancellation.
 	onLive func()
 	// end is the run's end for the Observer (endSummary), from when
 	// run_finished is recorded until it is written.
-	end     *stubbornv1.RunEvent
-	parking *parking      // set while the run is parked
-	replay  chan struct{} // set while its tracker replays its journal
+	end    *stubbornv1.RunEvent
+	replay chan struct{} // set while its tracker replays its journal
 	// tracker drives the run until it ends here; then it is dropped, and
 	// with it the state's many small messages, which the garbage collector
 	// would scan for as long as the finished run is kept: the
 	// run_finished event has the final state.
-	tracker *controls.Tracker
-	events  []store.Event // encoded once, sent as they are to every watcher
-	// changed is closed, and cleared, by the next event or loss; since
-	// makes one only for a watcher that has to wait, so that an event
-	// nobody waits for costs no channel.
-	changed    chan struct{}
+	tracker    *controls.Tracker
 	done       bool
 	lost       bool  // another server drives the run: write nothing more
 	lostErr    error // why, when a write failed
 	lastStatus stubbornv1.RunStatus
-	ended      chan struct{} // closed once the run has ended here
-	// pending are the events recorded and not yet written (record), with
-	// the state to save after them when their status changed; writing
-	// counts those a flush is writing.
-	pending      []store.Event
-	pendingState []byte
-	// pendingStatus is pendingState's status; savedStatus the status of
-	// the state saved last (or claimed), -1 when unknown. A state is saved
-	// only when its status differs: a retry whose wait is zero goes from
-	// RUNNING to BACKING_OFF and back between two writes, and saving
-	// RUNNING again would change only the snapshot's details. savedStatus
-	// is read and set by flush.
-	pendingStatus stubbornv1.RunStatus
-	savedStatus   stubbornv1.RunStatus
-	writing       int
-	flushMu       sync.Mutex   // one flush at a time
-	calls         atomic.Int32 // delegate calls in flight (flushing)
-	endUnsaved    bool         // the final state could not be saved
-	// jw is this copy's part in its journal's writes: its view of
-	// where the journal ends (the store fences its appends with it) and,
-	// for a new run claimed by its journal's first write (claims.go), this
-	// server's name (Claimer). Moved by flush, under flushMu, and set by
-	// start or resume before the first.
-	jw store.Writer
-	// onLost, when set, is told of a write that failed and lost the run
-	// here (Manager.lostHere): the store may still name this server its
-	// driver, and then nobody else would drive it.
-	onLost func(id string)
-	// mayWrite, when set, reports whether this copy may still write:
-	// false once this server's lease lapsed and the store names another
-	// driver (Manager.mayWrite; it loses the copy then).
-	mayWrite func(r *run) bool
 	// base is the part of the run's state that never changes
 	// (constantPart), for the run_finished of a run whose events the
-	// store refused (endRefused); nil once the run has ended here. Guarded
-	// by mu. maxEvent bounds an event's encoding
-	// (eventLimit).
-	base     *stubbornv1.ControlState
-	maxEvent int
-	clock    controls.Clock
-	// outputWindow and outputBytes coalesce streamed text (coalescer).
-	outputWindow time.Duration
-	outputBytes  int
+	// store refused (endRefused); nil once the run has ended here.
+	base *stubbornv1.ControlState
 	// slab is the free end of the array the run's events are encoded in
 	// (encode); used by record only, under the tracker's lock.
 	slab []byte
+}
+
+// outbox holds a run's events recorded and not yet written (record), until
+// flush writes them in one store write, and this copy's part in the
+// journal's writes. Its first fields are guarded by run.mu; flushMu, one
+// flush at a time, guards the rest.
+type outbox struct {
+	writer bool // the run's writer runs (kick)
+	// pending are the events recorded and not yet written, with the state
+	// to save after them when their status changed (pendingStatus is its
+	// status); writing counts those a flush is writing.
+	pending       []store.Event
+	pendingState  []byte
+	pendingStatus stubbornv1.RunStatus
+	writing       int
+	endUnsaved    bool // the final state could not be saved
 	// firstDone, for a new run claimed by its journal's first write
-	// (writer.Claimer), is closed once that write was made (firstLanded
-	// says it landed) or the run was lost first. Set before the run's
-	// first flush; firstDone and firstLanded are guarded by mu after.
+	// (jw.Claimer), is closed once that write was made (firstLanded says
+	// it landed) or the run was lost first. Set before the run's first
+	// flush.
 	firstDone   chan struct{}
 	firstLanded bool
+
+	flushMu sync.Mutex
+	// jw is this copy's part in its journal's writes: its view of where
+	// the journal ends (the store fences its appends with it) and, for a
+	// new run claimed by its journal's first write (claims.go), this
+	// server's name (Claimer). Set by start or resume before the first
+	// flush.
+	jw store.Writer
+	// savedStatus is the status of the state saved last (or claimed), -1
+	// when unknown. A state is saved only when its status differs: a
+	// retry whose wait is zero goes from RUNNING to BACKING_OFF and back
+	// between two writes, and saving RUNNING again would change only the
+	// snapshot's details.
+	savedStatus stubbornv1.RunStatus
 	// saveEnd says the run's final state must be saved: the store does
-	// not read it from the journal (finalInJournal), or the run saved
-	// a state before (the saved one would hide the journal's), or this
-	// server cannot tell (a run taken over). Read and set by flush.
+	// not read it from the journal (FinalInJournal), or the run saved a
+	// state before (the saved one would hide the journal's), or this
+	// server cannot tell (a run taken over).
 	saveEnd bool
+	calls   atomic.Int32 // delegate calls in flight (flushing)
+}
+
+// feed is the run's journal in memory, as written, and its watchers'
+// wake-up, guarded by run.mu.
+type feed struct {
+	events []store.Event // encoded once, sent as they are to every watcher
+	// changed is closed, and cleared, by the next event or loss; since
+	// makes one only for a watcher that has to wait, so that an event
+	// nobody waits for costs no channel.
+	changed chan struct{}
+}
+
+// runParking is how the run waits without a goroutine (park.go).
+type runParking struct {
+	// waitMu orders the run's parking (evict) and a decision taken
+	// while its tracker waits (handle): a wait whose decision came first
+	// is not parked, and a decision that comes once the run parks goes to
+	// its parking (decide).
+	waitMu sync.Mutex
+	// parkingSet, while not nil, is closed once the run's control,
+	// parked, has its parking set (drive); evicted is its wait, from
+	// when the control's goroutine ends in it (evict) until drive takes
+	// it to park the run. Both, and parking, are guarded by run.mu.
+	parkingSet chan struct{}
+	evicted    *controls.Wait
+	parking    *parking // set while the run is parked
 }
 
 // isDone reports whether the run has ended here.
@@ -315,10 +351,13 @@ func (r *run) firstWrittenLocked() {
 const journalCap = 8
 
 // wakeLocked wakes the watchers waiting for a change. Callers hold r.mu.
-func (r *run) wakeLocked() {
-	if r.changed != nil {
-		close(r.changed)
-		r.changed = nil
+func (r *run) wakeLocked() { r.feed.wake() }
+
+// wake wakes the watchers waiting for a change. The caller holds run.mu.
+func (f *feed) wake() {
+	if f.changed != nil {
+		close(f.changed)
+		f.changed = nil
 	}
 }
 

@@ -280,17 +280,21 @@ func (m *Manager) unstart(r *run, state *stubbornv1.ControlState, cause error) {
 
 // admit registers a local run of tenant, unless the manager is closed.
 func (m *Manager) admit(id, tenant string) (*run, error) {
+	maxEvent := min(MaxEventBytes, m.store.EventLimit())
 	r := &run{
-		id: id, tenant: tenant, store: m.store, log: m.log, lastStatus: -1, savedStatus: -1,
-		ready: make(chan struct{}), ended: make(chan struct{}),
-		saveEnd: !m.store.FinalInJournal(), maxEvent: min(MaxEventBytes, m.store.EventLimit()), clock: m.cfg.Clock, writers: &m.writes,
-		onLost: m.lostHere, mayWrite: m.mayWrite,
-		outputWindow: cmp.Or(m.cfg.OutputFlushInterval, DefaultOutputFlushInterval),
-		outputBytes:  cmp.Or(m.cfg.OutputFlushBytes, DefaultOutputFlushBytes),
+		runSetup: runSetup{
+			id: id, tenant: tenant, store: m.store, log: m.log,
+			ready: make(chan struct{}), ended: make(chan struct{}),
+			maxEvent: maxEvent, clock: m.cfg.Clock, writers: &m.writes,
+			onLost: m.lostHere, mayWrite: m.mayWrite,
+			outputWindow: cmp.Or(m.cfg.OutputFlushInterval, DefaultOutputFlushInterval),
+			// An event carries at most outputBytes of text: far below any
+			// store's message, whatever the flag says.
+			outputBytes: max(1, min(cmp.Or(m.cfg.OutputFlushBytes, DefaultOutputFlushBytes), maxEvent/4)),
+		},
+		runLife: runLife{lastStatus: -1},
+		outbox:  outbox{savedStatus: -1, saveEnd: !m.store.FinalInJournal()},
 	}
-	// An event carries at most outputBytes of text: far below any store's
-	// message, whatever the flag says.
-	r.outputBytes = max(1, min(r.outputBytes, r.maxEvent/4))
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
