@@ -54,7 +54,7 @@ func TestAFullStoreOfFinishedRunsAdmitsAtOnce(t *testing.T) {
 
 	live := func(brief string) (string, error) {
 		t.Helper()
-		st, err := m.Start(context.Background(), brief, runstest.Chain("d"), nil)
+		st, err := runstest.Start(m, context.Background(), brief, runstest.Chain("d"), nil)
 		if err != nil {
 			return "", err
 		}
@@ -73,7 +73,7 @@ func TestAFullStoreOfFinishedRunsAdmitsAtOnce(t *testing.T) {
 	for i := range 60 {
 		brief := fmt.Sprintf("finished %d %s", i, pad)
 		begin := time.Now()
-		st, err := m.Start(context.Background(), brief, runstest.Chain("d"), nil)
+		st, err := runstest.Start(m, context.Background(), brief, runstest.Chain("d"), nil)
 		require.NoError(t, err, "run %d, after %d finished runs", i, len(finished))
 		assert.Less(t, time.Since(begin), 2500*time.Millisecond, "run %d was admitted, but late", i)
 		g.Answer(brief, controlstest.OK("ok"))
@@ -115,7 +115,7 @@ func TestAFullStoreOfFinishedRunsAdmitsAtOnce(t *testing.T) {
 	// through on every request.
 	for range 20 {
 		begin := time.Now()
-		_, err := m.Start(context.Background(), "refused "+pad, runstest.Chain("d"), nil)
+		_, err := runstest.Start(m, context.Background(), "refused "+pad, runstest.Chain("d"), nil)
 		require.ErrorIs(t, err, runs.ErrStoreFull)
 		assert.Less(t, time.Since(begin), 500*time.Millisecond)
 	}
@@ -140,7 +140,7 @@ func TestAFullStoreOfFinishedRunsAdmitsAtOnce(t *testing.T) {
 		brief := fmt.Sprintf("again %d %s", i, pad)
 		var again *stubbornv1.ControlState
 		require.Eventually(t, func() bool {
-			again, err = m.Start(context.Background(), brief, runstest.Chain("d"), nil)
+			again, err = runstest.Start(m, context.Background(), brief, runstest.Chain("d"), nil)
 			return err == nil
 		}, 3*time.Second, 50*time.Millisecond, "no room made: %v", err)
 		g.Answer(brief, controlstest.OK("ok"))
@@ -166,7 +166,7 @@ func TestConcurrentRunsInAFullStoreAreAdmitted(t *testing.T) {
 	pad := strings.Repeat("x", 20<<10)
 	for i := range 6 {
 		brief := fmt.Sprintf("finished %d %s", i, pad)
-		st, err := m.Start(context.Background(), brief, runstest.Chain("d"), nil)
+		st, err := runstest.Start(m, context.Background(), brief, runstest.Chain("d"), nil)
 		require.NoError(t, err, "run %d", i)
 		g.Answer(brief, controlstest.OK("ok"))
 		runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
@@ -180,7 +180,7 @@ func TestConcurrentRunsInAFullStoreAreAdmitted(t *testing.T) {
 	for i := range cap(out) {
 		go func() {
 			brief := fmt.Sprintf("concurrent %d %s", i, small)
-			st, err := m.Start(context.Background(), brief, runstest.Chain("d"), nil)
+			st, err := runstest.Start(m, context.Background(), brief, runstest.Chain("d"), nil)
 			out <- started{brief, st.GetRunId(), err}
 		}()
 	}

@@ -94,7 +94,7 @@ func TestEventsAreWrittenTogetherAndBeforeEachCall(t *testing.T) {
 			counted := &countingAppends{Store: open(t, time.Second)()}
 			d := &durableFirst{store: counted, fail: 2}
 			m := runstest.NewManager(t, d, runs.Config{Store: counted, Lease: time.Second})
-			st, err := m.Start(context.Background(), "brief", runstest.RetrySpec(3), nil)
+			st, err := runstest.Start(m, context.Background(), "brief", runstest.RetrySpec(3), nil)
 			require.NoError(t, err)
 			evs := runstest.WatchAll(t, m, st.GetRunId(), 0)
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, evs).GetStatus())
@@ -169,7 +169,7 @@ func TestAZeroWaitIsNoWait(t *testing.T) {
 			m := runstest.NewManager(t, d, runs.Config{Store: managed, Lease: time.Second})
 			spec := runstest.RetrySpec(3)
 			spec.GetRetry().BaseWait, spec.GetRetry().MaxWait = durationpb.New(0), durationpb.New(0)
-			st, err := m.Start(context.Background(), "brief", spec, nil)
+			st, err := runstest.Start(m, context.Background(), "brief", spec, nil)
 			require.NoError(t, err)
 			evs := runstest.WatchAll(t, m, st.GetRunId(), 0)
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, evs).GetStatus())
@@ -217,7 +217,7 @@ func TestADecisionIsWrittenBeforeDecideReturns(t *testing.T) {
 			g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
 			m := runstest.NewManager(t, g, runs.Config{Store: store, Lease: time.Second})
 			ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
-			st, err := m.Start(context.Background(), "z", ask, nil)
+			st, err := runstest.Start(m, context.Background(), "z", ask, nil)
 			require.NoError(t, err)
 			g.Answer("z", controlstest.Fail(codes.Unavailable, "busy"))
 			require.Eventually(t, func() bool {
@@ -261,7 +261,7 @@ func TestTheClaimCarriesTheFirstState(t *testing.T) {
 			a, err := runs.New(runs.Config{Delegates: g, Store: counted, Lease: lease, Owner: "a"})
 			require.NoError(t, err)
 			t.Cleanup(a.Close)
-			st, err := a.Start(context.Background(), "x", runstest.RetrySpec(2), nil)
+			st, err := runstest.Start(a, context.Background(), "x", runstest.RetrySpec(2), nil)
 			require.NoError(t, err)
 			require.Eventually(t, func() bool { return g.Called("x") == 1 }, 5*time.Second, time.Millisecond)
 
@@ -322,7 +322,7 @@ func TestARaceShowsEachCandidateAsItEnds(t *testing.T) {
 			d := fastAndSlow{release: make(chan struct{})}
 			m := runstest.NewManager(t, d, runs.Config{Store: open(t, time.Second)(), Lease: time.Second})
 			race := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Race{Race: &stubbornv1.RaceSpec{Candidates: []string{"fast", "slow"}}}}
-			st, err := m.Start(context.Background(), "brief", race, nil)
+			st, err := runstest.Start(m, context.Background(), "brief", race, nil)
 			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(runstest.Ctx(t))
 			defer cancel()
@@ -361,7 +361,7 @@ func TestABigResultIsWrittenInSeveralMessages(t *testing.T) {
 			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK(big)}})
 			store := open(t, time.Second)()
 			m := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
-			st, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
+			st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("a"), nil)
 			require.NoError(t, err)
 			fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
@@ -416,7 +416,7 @@ func TestTheObserverSeesTheEndOnlyOnceWritten(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	obs := &observed{}
 	m := runstest.NewManager(t, d, runs.Config{Store: refusedEnd{memstore.NewMemory(time.Minute)}, Observer: obs})
-	st, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return !m.Owns(st.GetRunId()) }, 5*time.Second, time.Millisecond, "the run is lost")
 	assert.Equal(t, []string{"run_started", "attempt_started", "attempt_finished", "stopped"}, obs.seen())
@@ -436,7 +436,7 @@ func TestARunWhoseEndIsNotSavedKeepsItsClaim(t *testing.T) {
 	store := memstore.NewMemory(300 * time.Millisecond)
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	a := runstest.NewManager(t, d, runs.Config{Store: refusedStates{store}, Lease: 300 * time.Millisecond, Owner: "a"})
-	st, err := a.Start(context.Background(), "brief", runstest.Chain("a"), nil)
+	st, err := runstest.Start(a, context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	runstest.Final(t, runstest.WatchAll(t, a, st.GetRunId(), 0))
 	a.Close() // retired, then left

@@ -136,7 +136,7 @@ func runsToEnd() []runToEndCase {
 // runToEnd starts a run of spec on m and watches it to its end, which
 // must be SUCCEEDED.
 func runToEnd(ctx context.Context, tb testing.TB, m *Manager, spec *stubbornv1.ControlSpec) {
-	st, err := m.Start(ctx, "find it", spec, nil)
+	st, _, err := m.Start(ctx, Task{Brief: "find it"}, spec, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func takenOver(t *testing.T, task runs.Task) (d *controlstest.Delegates, started
 	d = controlstest.NewDelegates(map[string][]controlstest.Reply{"x": {{Hang: true}, controlstest.OK("sunny")}})
 	d.SetInfo("x", controls.DelegateInfo{Idempotent: true})
 	a := runstest.NewManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "a"})
-	st, _, err := a.StartTask(runstest.Ctx(t), task, presetRetryOf("x"), nil) // a retry: x again after its interrupted call
+	st, _, err := a.Start(runstest.Ctx(t), task, presetRetryOf("x"), nil) // a retry: x again after its interrupted call
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond, "x is called")
 	a.Kill()
@@ -103,10 +103,10 @@ func TestAnIdempotencyKeyAsksForTheSameConversation(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	m := runstest.NewManager(t, d, runs.Config{Store: memstore.NewMemory(time.Second), Lease: time.Second})
 	ctx := runstest.Ctx(t)
-	first, existing, err := m.StartTask(ctx, runs.Task{Conversation: weatherConversation("get_weather")}, runstest.Chain("a"), keyed("k", nil))
+	first, existing, err := m.Start(ctx, runs.Task{Conversation: weatherConversation("get_weather")}, runstest.Chain("a"), keyed("k", nil))
 	require.NoError(t, err)
 	assert.False(t, existing)
-	again, existing, err := m.StartTask(ctx, runs.Task{Conversation: weatherConversation("get_weather")}, runstest.Chain("a"), keyed("k", nil))
+	again, existing, err := m.Start(ctx, runs.Task{Conversation: weatherConversation("get_weather")}, runstest.Chain("a"), keyed("k", nil))
 	require.NoError(t, err)
 	assert.True(t, existing)
 	assert.Equal(t, first.GetRunId(), again.GetRunId())
@@ -114,7 +114,7 @@ func TestAnIdempotencyKeyAsksForTheSameConversation(t *testing.T) {
 		"other tools":     {Conversation: weatherConversation("get_time")},
 		"no conversation": {},
 	} {
-		_, _, err = m.StartTask(ctx, task, runstest.Chain("a"), keyed("k", nil))
+		_, _, err = m.Start(ctx, task, runstest.Chain("a"), keyed("k", nil))
 		var conflict *runs.KeyConflictError
 		require.ErrorAs(t, err, &conflict, name)
 		assert.Equal(t, first.GetRunId(), conflict.RunID, name)
@@ -135,7 +135,7 @@ func TestStreamedToolCallsAreCoalescedWithTheText(t *testing.T) {
 		Result: &stubbornv1.Result{Text: "Let me check."},
 	}}})
 	m := runstest.NewManager(t, d, runs.Config{Store: memstore.NewMemory(time.Second), Lease: time.Second, OutputFlushInterval: time.Hour})
-	st, err := m.Start(runstest.Ctx(t), "brief", runstest.Chain("x"), nil)
+	st, err := runstest.Start(m, runstest.Ctx(t), "brief", runstest.Chain("x"), nil)
 	require.NoError(t, err)
 	var outs []*stubbornv1.AttemptOutput
 	for _, ev := range watchToEnd(t, m, st.GetRunId()) {

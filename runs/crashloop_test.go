@@ -51,7 +51,7 @@ func TestACELExpressionThatKilledItsServerIsNotEvaluatedOnResume(t *testing.T) {
 	a, err := runs.New(runs.Config{Delegates: g, Store: store, Lease: lease, Owner: "a",
 		Criteria: func(*stubbornv1.ControlState) controls.Criteria { return evaluating }})
 	require.NoError(t, err)
-	st, err := a.Start(runstest.Ctx(t), "x", spec, nil)
+	st, err := runstest.Start(a, runstest.Ctx(t), "x", spec, nil)
 	require.NoError(t, err)
 	select {
 	case <-evaluating:

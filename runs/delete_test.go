@@ -35,7 +35,7 @@ func TestADeletedRunIsGoneEverywhere(t *testing.T) {
 	<-storeA.IndexReconciled()
 	<-storeB.IndexReconciled()
 
-	st, _, err := mA.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-42", nil))
+	st, _, err := mA.Start(ctx, runs.Task{Brief: "brief"}, runstest.Chain("a"), keyed("order-42", nil))
 	require.NoError(t, err)
 	runstest.Final(t, runstest.WatchAll(t, mA, st.GetRunId(), 0))
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
@@ -53,14 +53,14 @@ func TestADeletedRunIsGoneEverywhere(t *testing.T) {
 	evs, err := storeB.Events(ctx, st.GetRunId(), 0)
 	require.NoError(t, err)
 	assert.Empty(t, evs)
-	again, existing, err := mB.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-42", nil))
+	again, existing, err := mB.Start(ctx, runs.Task{Brief: "brief"}, runstest.Chain("a"), keyed("order-42", nil))
 	require.NoError(t, err)
 	assert.False(t, existing, "the key names nothing any more")
 	assert.NotEqual(t, st.GetRunId(), again.GetRunId())
 
 	// In flight (awaiting a decision): only with cancel.
 	zero := int32(0)
-	waiting, err := mA.Start(ctx, "brief", &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
+	waiting, err := runstest.Start(mA, ctx, "brief", &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
 		Target: "d", Attempts: &zero, OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_ASK,
 	}}}, nil)
 	require.NoError(t, err)

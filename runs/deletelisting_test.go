@@ -110,7 +110,7 @@ func deletedRunsLeaveNoEntry(t *testing.T, open func() store.Store) {
 	}
 	var ids []string
 	for _, k := range kinds {
-		st, err := a.Start(context.Background(), k.brief, k.spec, nil)
+		st, err := runstest.Start(a, context.Background(), k.brief, k.spec, nil)
 		require.NoError(t, err)
 		ids = append(ids, st.GetRunId())
 	}

@@ -54,7 +54,7 @@ func savedState(t *testing.T, kv jetstream.KeyValue, id string) *stubbornv1.Cont
 func startAsking(t *testing.T, m *runs.Manager, g *runstest.Gated, states jetstream.KeyValue, brief string) string {
 	t.Helper()
 	ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
-	st, err := m.Start(context.Background(), brief, ask, nil)
+	st, err := runstest.Start(m, context.Background(), brief, ask, nil)
 	require.NoError(t, err)
 	g.Answer(brief, controlstest.Fail(codes.Unavailable, "busy"))
 	require.Eventually(t, func() bool {
@@ -95,7 +95,7 @@ func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 	assert.Empty(t, listed(t, m), "no journal at all: List answers, empty")
 
 	// One attempt, never waiting: no state saved, ever.
-	plain, err := m.Start(context.Background(), "plain", runstest.Chain("d"), nil)
+	plain, err := runstest.Start(m, context.Background(), "plain", runstest.Chain("d"), nil)
 	require.NoError(t, err)
 	g.Answer("plain", controlstest.OK("done"))
 	plainFinal := runstest.Final(t, runstest.WatchAll(t, m, plain.GetRunId(), 0))
@@ -110,7 +110,7 @@ func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, askedFinal.GetStatus())
 
 	// Still going: its call waits.
-	going, err := m.Start(context.Background(), "going", runstest.Chain("d"), nil)
+	going, err := runstest.Start(m, context.Background(), "going", runstest.Chain("d"), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return g.Called("going") == 1 }, 5*time.Second, time.Millisecond)
 
@@ -199,7 +199,7 @@ func TestARunJustFinishedReadsFinishedEverywhere(t *testing.T) {
 	a := runstest.NewManager(t, d, runs.Config{Store: held, Lease: time.Second})
 	b := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
 	t.Cleanup(func() { close(held.release) }) // before the managers close: a's waits for its release
-	st, err := a.Start(context.Background(), "brief", runstest.Chain("a"), nil)
+	st, err := runstest.Start(a, context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	fin := runstest.Final(t, runstest.WatchAll(t, a, st.GetRunId(), 0))
 	driver, err := store.Driver(runstest.Ctx(t), st.GetRunId())
@@ -239,7 +239,7 @@ func TestASaveThatMayHaveLandedIsSavedOver(t *testing.T) {
 	g.Answer("brief", controlstest.Fail(codes.Unavailable, "busy"))
 	g.Answer("brief", controlstest.OK("x"))
 	m := runstest.NewManager(t, g, runs.Config{Store: ambiguousStates{runs.JournalFinal{Store: store}}, Lease: time.Second})
-	st, err := m.Start(context.Background(), "brief", runstest.RetrySpec(2), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", runstest.RetrySpec(2), nil)
 	require.NoError(t, err)
 	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())
@@ -256,7 +256,7 @@ func TestSaveFinalStatesSavesEveryEnd(t *testing.T) {
 	states := statesBucket(t, nc)
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	m := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
-	st, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	require.Eventually(t, func() bool { return proto.Equal(fin, savedState(t, states, st.GetRunId())) },

@@ -56,10 +56,10 @@ func TestAQueuedCallWasNeverSent(t *testing.T) {
 			a, err := runs.New(runs.Config{Store: open(), Lease: lease, Owner: "a",
 				Bind: func(context.Context) (runs.Deps, func()) { return runs.Deps{Delegates: g, Guards: slot}, nil }})
 			require.NoError(t, err)
-			inFlight, err := a.Start(context.Background(), "x", runstest.RetrySpec(2), nil)
+			inFlight, err := runstest.Start(a, context.Background(), "x", runstest.RetrySpec(2), nil)
 			require.NoError(t, err)
 			require.Eventually(t, func() bool { return g.Called("x") == 1 }, 5*time.Second, time.Millisecond)
-			queued, err := a.Start(context.Background(), "y", runstest.RetrySpec(2), nil)
+			queued, err := runstest.Start(a, context.Background(), "y", runstest.RetrySpec(2), nil)
 			require.NoError(t, err)
 			require.Eventually(t, func() bool { return slot.waiting.Load() == 1 }, 5*time.Second, time.Millisecond)
 			a.Kill()

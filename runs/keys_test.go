@@ -36,21 +36,21 @@ func TestAnIdempotencyKeyStartsOneRun(t *testing.T) {
 			m := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
 			ctx := runs.WithTenant(runstest.Ctx(t), "acme")
 
-			first, existing, err := m.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-42", map[string]string{"try": "1"}))
+			first, existing, err := m.Start(ctx, runs.Task{Brief: "brief"}, runstest.Chain("a"), keyed("order-42", map[string]string{"try": "1"}))
 			require.NoError(t, err)
 			assert.False(t, existing)
-			again, existing, err := m.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-42", map[string]string{"try": "2"}))
+			again, existing, err := m.Start(ctx, runs.Task{Brief: "brief"}, runstest.Chain("a"), keyed("order-42", map[string]string{"try": "2"}))
 			require.NoError(t, err)
 			assert.True(t, existing)
 			assert.Equal(t, first.GetRunId(), again.GetRunId(), "metadata aside, the same request: the same run")
 
-			_, _, err = m.StartOnce(ctx, "another brief", runstest.Chain("a"), keyed("order-42", nil))
+			_, _, err = m.Start(ctx, runs.Task{Brief: "another brief"}, runstest.Chain("a"), keyed("order-42", nil))
 			var conflict *runs.KeyConflictError
 			require.ErrorAs(t, err, &conflict)
 			assert.Equal(t, first.GetRunId(), conflict.RunID)
 			assert.ErrorIs(t, err, runs.ErrKeyConflict)
 
-			theirs, existing, err := m.StartOnce(runs.WithTenant(runstest.Ctx(t), "other"), "brief", runstest.Chain("a"), keyed("order-42", nil))
+			theirs, existing, err := m.Start(runs.WithTenant(runstest.Ctx(t), "other"), runs.Task{Brief: "brief"}, runstest.Chain("a"), keyed("order-42", nil))
 			require.NoError(t, err)
 			assert.False(t, existing, "another tenant's key is its own")
 			assert.NotEqual(t, first.GetRunId(), theirs.GetRunId())
@@ -66,11 +66,11 @@ func TestAnIdempotencyKeyStartsOneRun(t *testing.T) {
 			require.True(t, reserved)
 			// (Its request hash is not this request's: the dead start's
 			// entry is replaced, not compared.)
-			fresh, existing, err := m.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-43", nil))
+			fresh, existing, err := m.Start(ctx, runs.Task{Brief: "brief"}, runstest.Chain("a"), keyed("order-43", nil))
 			require.NoError(t, err)
 			assert.False(t, existing)
 			assert.NotEqual(t, "run_died", fresh.GetRunId())
-			again, existing, err = m.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-43", nil))
+			again, existing, err = m.Start(ctx, runs.Task{Brief: "brief"}, runstest.Chain("a"), keyed("order-43", nil))
 			require.NoError(t, err)
 			assert.True(t, existing)
 			assert.Equal(t, fresh.GetRunId(), again.GetRunId())
@@ -102,7 +102,7 @@ func TestConcurrentStartsWithAKeyMakeOneRun(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			m := []*runs.Manager{mA, mB}[i%2]
-			st, existing, err := m.StartOnce(ctx, "brief", runstest.Chain("a"), keyed("order-42", nil))
+			st, existing, err := m.Start(ctx, runs.Task{Brief: "brief"}, runstest.Chain("a"), keyed("order-42", nil))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

@@ -41,6 +41,22 @@ var (
 // costs to keep for a few milliseconds, and a second is far more.
 const DefaultParkAfter = time.Second
 
+// heartbeat is the Manager's part that says it is alive (beat) and keeps
+// track of its lease, lock-free.
+type heartbeat struct {
+	// stopBeats ends the heartbeat loop, beating its wait group.
+	stopBeats context.CancelFunc
+	beating   sync.WaitGroup
+	paused    atomic.Bool // heartbeats paused (tests simulate a frozen server)
+	// beatLanded is when the last heartbeat that landed was sent (Unix
+	// nanoseconds); after a lapse the scan checks this server's runs'
+	// claims (reclaim.go); rescan wakes it.
+	beatLanded atomic.Int64
+	lapses     atomic.Int64 // how many times this server's lease lapsed
+	verified   atomic.Int64 // lapses when the claims were checked last
+	rescan     chan struct{}
+}
+
 // Config configures a Manager.
 type Config struct {
 	// Delegates reaches delegates by name. Required unless Bind is set.
@@ -156,22 +172,12 @@ type Manager struct {
 	wg     sync.WaitGroup // runs
 	writes sync.WaitGroup // the runs' writers (run.kick)
 	loops  sync.WaitGroup // takeover scan
-	// stopBeats ends the heartbeat loop, beating its wait group.
-	stopBeats context.CancelFunc
-	beating   sync.WaitGroup
+	heartbeat
 	// stopServing ends the answering of commands (Store.Serve).
 	stopServing func()
 	// workers run the runs' drive (workers.go).
 	workers *workers
-	paused  atomic.Bool  // heartbeats paused (tests simulate a frozen server)
 	parked  atomic.Int64 // runs waiting on park's timer
-	// beatLanded is when the last heartbeat that landed was sent (Unix
-	// nanoseconds); after a lapse the scan checks this server's runs'
-	// claims (reclaim.go); rescan wakes it.
-	beatLanded atomic.Int64
-	lapses     atomic.Int64 // how many times this server's lease lapsed
-	verified   atomic.Int64 // lapses when the claims were checked last
-	rescan     chan struct{}
 
 	// letGo is the context of the writes that let go of a run (its claim
 	// released, unstart's state): closing, closed when Close starts, stops
@@ -221,7 +227,7 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg: cfg, store: cfg.Store, owner: cfg.Owner, log: cfg.Logger.With("owner", cfg.Owner),
 		ctx: ctx, cancel: cancel, runs: map[string]*run{}, workers: newWorkers(),
-		closing: make(chan struct{}), rescan: make(chan struct{}, 1),
+		closing: make(chan struct{}), heartbeat: heartbeat{rescan: make(chan struct{}, 1)},
 	}
 	m.letGo = context.WithValue(context.Background(), store.StopWritesKey{}, (<-chan struct{})(m.closing))
 	sent := time.Now()

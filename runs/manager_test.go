@@ -30,7 +30,7 @@ func TestWatchersSeeTheSameDenseSequence(t *testing.T) {
 		"b": {controlstest.OK("fine")},
 	})
 	m := runstest.NewManager(t, d, runs.Config{})
-	st, err := m.Start(context.Background(), "brief", runstest.Chain("a", "b"), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("a", "b"), nil)
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, st.GetStatus(), "a run is accepted RUNNING")
 	assert.Equal(t, st.GetRunId(), st.GetOptions().GetIdempotencyKey(), "the run id is the default idempotency key")
@@ -67,7 +67,7 @@ func TestWatchersSeeTheSameDenseSequence(t *testing.T) {
 func TestCancelEndsAHangingRun(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
 	m := runstest.NewManager(t, d, runs.Config{})
-	st, err := m.Start(context.Background(), "brief", runstest.Chain("hang"), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("hang"), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
 	got, err := m.Cancel(runstest.Ctx(t), st.GetRunId())
@@ -81,7 +81,7 @@ func TestCancelEndsAHangingRun(t *testing.T) {
 func TestRunTimeoutFailsTheRun(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
 	m := runstest.NewManager(t, d, runs.Config{Clock: controls.RealClock{}})
-	st, err := m.Start(context.Background(), "brief", runstest.Chain("hang"), &stubbornv1.RunOptions{RunTimeout: durationpb.New(20 * time.Millisecond)})
+	st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("hang"), &stubbornv1.RunOptions{RunTimeout: durationpb.New(20 * time.Millisecond)})
 	require.NoError(t, err)
 	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
@@ -92,7 +92,7 @@ func TestRunTimeoutFailsTheRun(t *testing.T) {
 func TestDecideOnlyWhenAwaiting(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	m := runstest.NewManager(t, d, runs.Config{})
-	st, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	runstest.WatchAll(t, m, st.GetRunId(), 0)
 	_, err = m.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
@@ -107,7 +107,7 @@ func TestFinishedRunsBeyondTheMemoryLimitAreServedFromTheStore(t *testing.T) {
 	var ids []string
 	var finals []*stubbornv1.ControlState
 	for range 3 {
-		st, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
+		st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("a"), nil)
 		require.NoError(t, err)
 		finals = append(finals, runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0)))
 		ids = append(ids, st.GetRunId())
@@ -130,13 +130,13 @@ func (panicking) Call(context.Context, controls.Call) (*stubbornv1.Result, error
 func TestPanicInARunFailsOnlyThatRun(t *testing.T) {
 	d := controlstest.NewDelegates(nil)
 	m := runstest.NewManager(t, panicking{d}, runs.Config{})
-	st, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())
 	assert.Equal(t, "internal error", fin.GetStatusReason())
 	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_INTERNAL_ERROR, fin.GetStatusReasonCode())
-	_, err = m.Start(context.Background(), "again", runstest.Chain("a"), nil)
+	_, err = runstest.Start(m, context.Background(), "again", runstest.Chain("a"), nil)
 	assert.NoError(t, err, "the manager still takes runs")
 }
 
@@ -151,7 +151,7 @@ func TestListFiltersAndPages(t *testing.T) {
 		if i%2 == 1 {
 			name = "bad"
 		}
-		st, err := m.Start(context.Background(), "brief", runstest.Chain(name), nil)
+		st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain(name), nil)
 		require.NoError(t, err)
 		runstest.WatchAll(t, m, st.GetRunId(), 0)
 		if name == "ok" {
@@ -185,12 +185,12 @@ func TestCloseCancelsRunsAndRefusesNewOnes(t *testing.T) {
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"hang": {{Hang: true}}})
 	m, err := runs.New(runs.Config{Store: memstore.NewMemory(runs.DefaultLease), Delegates: d, Clock: controlstest.NewClock(), CancelOnClose: true})
 	require.NoError(t, err)
-	st, err := m.Start(context.Background(), "brief", runstest.Chain("hang"), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("hang"), nil)
 	require.NoError(t, err)
 	m.Close()
 	got, err := m.Get(context.Background(), st.GetRunId())
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, got.GetStatus())
-	_, err = m.Start(context.Background(), "brief", runstest.Chain("hang"), nil)
+	_, err = runstest.Start(m, context.Background(), "brief", runstest.Chain("hang"), nil)
 	assert.ErrorIs(t, err, runs.ErrClosed)
 }

@@ -34,7 +34,7 @@ func presetRun(t *testing.T, store runstore.Store, lease time.Duration, d *contr
 	t.Helper()
 	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"p", "b"}}}}
 	a := runstest.NewManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "a", Presets: controls.PresetMap{"p": presetRetryOf("x")}})
-	st, err := a.Start(runstest.Ctx(t), "brief", spec, nil)
+	st, err := runstest.Start(a, runstest.Ctx(t), "brief", spec, nil)
 	require.NoError(t, err)
 	assert.True(t, proto.Equal(presetRetryOf("x"), st.GetPresets()["p"]), "the run records the presets it names: %v", st.GetPresets())
 	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond, "x is called")

@@ -51,7 +51,7 @@ func TestNoStoreWriteUnderTheTrackersLock(t *testing.T) {
 	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
 		Target: "d", Attempts: &zero, OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_ASK,
 	}}}
-	st, err := m.Start(runstest.Ctx(t), "brief", spec, nil)
+	st, err := runstest.Start(m, runstest.Ctx(t), "brief", spec, nil)
 	require.NoError(t, err)
 	select {
 	case <-store.waiting:

@@ -28,7 +28,7 @@ func TestALateDecisionDoesNotWakeAnotherWait(t *testing.T) {
 	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
 		Target: "d", Attempts: new(int32), BaseWait: durationpb.New(time.Hour), MaxWait: durationpb.New(time.Hour),
 	}}}
-	st, err := m.Start(context.Background(), "brief", spec, nil)
+	st, _, err := m.Start(context.Background(), Task{Brief: "brief"}, spec, nil)
 	require.NoError(t, err)
 	r := m.local(st.GetRunId())
 	parkedBy := func() *parking {

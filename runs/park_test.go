@@ -45,7 +45,7 @@ func idempotentD(replies ...controlstest.Reply) *controlstest.Delegates {
 func TestAParkedRunGoesOnAfterItsWait(t *testing.T) {
 	d := idempotentD(busyFor(30*time.Millisecond), controlstest.OK("fine"))
 	m := runstest.NewManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
-	st, err := m.Start(context.Background(), "brief", retryOf(), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", retryOf(), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond, "the run waits parked")
 
@@ -72,7 +72,7 @@ func TestWaitingRunsHoldNoGoroutine(t *testing.T) {
 	before := runtime.NumGoroutine()
 	ids := make([]string, n)
 	for i := range ids {
-		st, err := m.Start(context.Background(), "brief", retryOf(), nil)
+		st, err := runstest.Start(m, context.Background(), "brief", retryOf(), nil)
 		require.NoError(t, err)
 		ids[i] = st.GetRunId()
 	}
@@ -108,7 +108,7 @@ func TestParkedRunsAreLeftToTheNextServer(t *testing.T) {
 	d := idempotentD(busyFor(150*time.Millisecond), controlstest.OK("fine"))
 	a, err := runs.New(runs.Config{Delegates: d, Store: store, Owner: "a", ParkAfter: time.Millisecond})
 	require.NoError(t, err)
-	st, err := a.Start(context.Background(), "brief", retryOf(), nil)
+	st, err := runstest.Start(a, context.Background(), "brief", retryOf(), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return a.Parked() == 1 }, 5*time.Second, time.Millisecond)
 	a.Close() // leaves the parked run where it is
@@ -140,7 +140,7 @@ func TestCloseCancelsParkedRunsWhenAskedTo(t *testing.T) {
 	d := idempotentD(busyFor(time.Hour))
 	m, err := runs.New(runs.Config{Delegates: d, Store: store, CancelOnClose: true, ParkAfter: time.Millisecond})
 	require.NoError(t, err)
-	st, err := m.Start(context.Background(), "brief", retryOf(), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", retryOf(), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
 	m.Close()
@@ -164,7 +164,7 @@ func askRetry(timeout time.Duration) *stubbornv1.ControlSpec {
 func TestARunAwaitingADecisionIsParkedUntilDecided(t *testing.T) {
 	d := idempotentD(controlstest.Fail(codes.Unavailable, "down"), controlstest.OK("fine"))
 	m := runstest.NewManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
-	st, err := m.Start(context.Background(), "brief", askRetry(0), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", askRetry(0), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
 	got, err := m.Get(context.Background(), st.GetRunId())
@@ -199,7 +199,7 @@ func TestAParkedRunsDecisionIsWrittenBeforeTheOK(t *testing.T) {
 	d := idempotentD(controlstest.Fail(codes.Unavailable, "down"))
 	store := memstore.NewMemory(time.Minute)
 	m := runstest.NewManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond, Store: store})
-	st, err := m.Start(context.Background(), "brief", askRetry(0), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", askRetry(0), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
 
@@ -229,7 +229,7 @@ func TestAParkedRunsDecisionIsWrittenBeforeTheOK(t *testing.T) {
 func TestAParkedDecisionTimesOut(t *testing.T) {
 	d := idempotentD(controlstest.Fail(codes.Unavailable, "down"))
 	m := runstest.NewManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
-	st, err := m.Start(context.Background(), "brief", askRetry(100*time.Millisecond), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", askRetry(100*time.Millisecond), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
 	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
@@ -242,7 +242,7 @@ func TestAParkedDecisionTimesOut(t *testing.T) {
 func TestDecidingARunParkedInBackoffIsRefused(t *testing.T) {
 	d := idempotentD(busyFor(time.Hour))
 	m := runstest.NewManager(t, d, runs.Config{Clock: controls.RealClock{}, ParkAfter: time.Millisecond})
-	st, err := m.Start(context.Background(), "brief", retryOf(), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", retryOf(), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
 	_, err = m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
@@ -292,7 +292,7 @@ func TestAWokenRunKeepsWhatWasDecided(t *testing.T) {
 					cfg.Budgets = c.budgets(t)
 				}
 				m := runstest.NewManager(t, d, cfg)
-				st, err := m.Start(context.Background(), "brief", retryOf(), c.opts)
+				st, err := runstest.Start(m, context.Background(), "brief", retryOf(), c.opts)
 				require.NoError(t, err)
 				fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 				assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())

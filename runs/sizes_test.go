@@ -42,7 +42,7 @@ func TestLargeRunsEndOnEveryStore(t *testing.T) {
 				store := open(t, time.Second)()
 				d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": c.replies})
 				m := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
-				st, err := m.Start(runstest.Ctx(t), brief, c.spec, nil)
+				st, err := runstest.Start(m, runstest.Ctx(t), brief, c.spec, nil)
 				require.NoError(t, err)
 				evs := runstest.WatchAll(t, m, st.GetRunId(), 0)
 				fin := runstest.Final(t, evs)
@@ -77,7 +77,7 @@ func TestAListPageFitsAClient(t *testing.T) {
 	m := runstest.NewManager(t, d, runs.Config{})
 	brief := strings.Repeat("b", 64<<10)
 	for range 100 {
-		st, err := m.Start(runstest.Ctx(t), brief, runstest.RetrySpec(0), nil)
+		st, err := runstest.Start(m, runstest.Ctx(t), brief, runstest.RetrySpec(0), nil)
 		require.NoError(t, err)
 		runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	}

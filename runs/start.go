@@ -20,26 +20,6 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// Start accepts a run and starts its control in the background. The request
-// must already be valid; the run keeps spec (it is not copied: the caller
-// must not change it). It returns the run's state when accepted.
-//
-// ctx is the request's context: it is used for tracing, and for the tenant
-// the run belongs to (TenantFrom), since the run outlives the request.
-func (m *Manager) Start(ctx context.Context, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (*stubbornv1.ControlState, error) {
-	st, _, err := m.StartOnce(ctx, brief, spec, opts)
-	return st, err
-}
-
-// StartOnce is Start, with the caller's idempotency key honoured
-// (keys.go): when opts has one that names a run of ctx's tenant within the
-// key's window, it returns that run's current state and existing true
-// instead of starting another, or KeyConflictError when that run was
-// started with a different request.
-func (m *Manager) StartOnce(ctx context.Context, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (st *stubbornv1.ControlState, existing bool, err error) {
-	return m.StartTask(ctx, Task{Brief: brief}, spec, opts)
-}
-
 // Task is what a run is asked to do: its brief and, for a conversation,
 // either its typed conversation (ControlState.conversation) or its
 // messages and model parameters (ControlState.task_messages,
@@ -51,8 +31,19 @@ type Task struct {
 	Conversation *stubbornv1.Conversation
 }
 
-// StartTask is StartOnce for a task that may be a conversation.
-func (m *Manager) StartTask(ctx context.Context, task Task, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (st *stubbornv1.ControlState, existing bool, err error) {
+// Start accepts a run of task and starts its control in the background.
+// The request must already be valid; the run keeps task and spec (they are
+// not copied: the caller must not change them). It returns the run's state
+// when accepted.
+//
+// The caller's idempotency key is honoured (keys.go): when opts has one
+// that names a run of ctx's tenant within the key's window, Start returns
+// that run's current state and existing true instead of starting another,
+// or KeyConflictError when that run was started with a different request.
+//
+// ctx is the request's context: it is used for tracing, and for the tenant
+// the run belongs to (TenantFrom), since the run outlives the request.
+func (m *Manager) Start(ctx context.Context, task Task, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (st *stubbornv1.ControlState, existing bool, err error) {
 	id := newID()
 	if opts == nil {
 		opts = &stubbornv1.RunOptions{}

@@ -52,7 +52,7 @@ func TestStoresRunAndServe(t *testing.T) {
 			store := newStore(t, time.Second)()
 			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.Fail(codes.Internal, "no")}, "b": {controlstest.OK("yes")}})
 			m := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
-			st, err := m.Start(context.Background(), "brief", runstest.Chain("a", "b"), nil)
+			st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("a", "b"), nil)
 			require.NoError(t, err)
 			evs := runstest.WatchAll(t, m, st.GetRunId(), 0)
 			fin := runstest.Final(t, evs)
@@ -97,7 +97,7 @@ func TestAStaleOwnerCannotWrite(t *testing.T) {
 			store := open()
 			g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
 			a := runstest.NewManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
-			st, err := a.Start(context.Background(), "brief", runstest.RetrySpec(3), nil)
+			st, err := runstest.Start(a, context.Background(), "brief", runstest.RetrySpec(3), nil)
 			require.NoError(t, err)
 			require.Eventually(t, func() bool { return g.Called("") == 1 }, 5*time.Second, time.Millisecond)
 
@@ -151,18 +151,18 @@ func TestRestartResumesEveryRun(t *testing.T) {
 			a, err := runs.New(runs.Config{Delegates: g, Store: store, Lease: lease, Owner: "a"})
 			require.NoError(t, err)
 
-			inAttempt, err := a.Start(context.Background(), "x", runstest.RetrySpec(2), nil)
+			inAttempt, err := runstest.Start(a, context.Background(), "x", runstest.RetrySpec(2), nil)
 			require.NoError(t, err)
 			backoff := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
 				Target: "d", BaseWait: durationpb.New(time.Second), MaxWait: durationpb.New(time.Second),
 			}}}
-			inBackoff, err := a.Start(context.Background(), "y", backoff, nil)
+			inBackoff, err := runstest.Start(a, context.Background(), "y", backoff, nil)
 			require.NoError(t, err)
 			g.Answer("y", controlstest.Fail(codes.Unavailable, "busy"))
 			ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{
 				Target: "d", Attempts: new(int32),
 			}}}
-			awaiting, err := a.Start(context.Background(), "z", ask, nil)
+			awaiting, err := runstest.Start(a, context.Background(), "z", ask, nil)
 			require.NoError(t, err)
 			g.Answer("z", controlstest.Fail(codes.Unavailable, "busy"))
 			require.Eventually(t, func() bool {
@@ -211,7 +211,7 @@ func TestCommandsReachTheDriver(t *testing.T) {
 			a := runstest.NewManager(t, g, runs.Config{Store: open(), Lease: time.Second, Owner: "a"})
 			b := runstest.NewManager(t, g, runs.Config{Store: open(), Lease: time.Second, Owner: "b"})
 			ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
-			st, err := a.Start(context.Background(), "ask", ask, nil)
+			st, err := runstest.Start(a, context.Background(), "ask", ask, nil)
 			require.NoError(t, err)
 			g.Answer("ask", controlstest.Fail(codes.Unavailable, "busy"))
 			require.Eventually(t, func() bool {
@@ -228,7 +228,7 @@ func TestCommandsReachTheDriver(t *testing.T) {
 			_, err = b.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
 			assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
 
-			hang, err := a.Start(context.Background(), "hang", runstest.RetrySpec(1), nil)
+			hang, err := runstest.Start(a, context.Background(), "hang", runstest.RetrySpec(1), nil)
 			require.NoError(t, err)
 			require.Eventually(t, func() bool { return g.Called("hang") == 1 }, 10*time.Second, time.Millisecond)
 			cancelled, err := b.Cancel(context.Background(), hang.GetRunId())
@@ -252,7 +252,7 @@ func TestACommandWaitsForATakeover(t *testing.T) {
 			require.NoError(t, err)
 			b := runstest.NewManager(t, g, runs.Config{Store: open(), Lease: lease, Owner: "b"})
 			ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
-			st, err := a.Start(context.Background(), "ask", ask, nil)
+			st, err := runstest.Start(a, context.Background(), "ask", ask, nil)
 			require.NoError(t, err)
 			g.Answer("ask", controlstest.Fail(codes.Unavailable, "busy"))
 			require.Eventually(t, func() bool {
@@ -312,7 +312,7 @@ func TestWatchBatchesLocallyAndThroughTheStore(t *testing.T) {
 			})
 			driver := runstest.NewManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "driver"})
 			other := runstest.NewManager(t, d, runs.Config{Store: open(), Lease: time.Second, Owner: "other"})
-			st, err := driver.Start(context.Background(), "brief", runstest.Chain("a", "b", "c"), nil)
+			st, err := runstest.Start(driver, context.Background(), "brief", runstest.Chain("a", "b", "c"), nil)
 			require.NoError(t, err)
 			want := runstest.WatchAll(t, driver, st.GetRunId(), 0)
 			require.Greater(t, len(want), 3)
@@ -364,7 +364,7 @@ func TestAStartThatMeetsCloseIsStillAccepted(t *testing.T) {
 	}
 	res := make(chan started, 1)
 	go func() {
-		st, err := closing.Start(context.Background(), "brief", runstest.Chain("a"), nil)
+		st, err := runstest.Start(closing, context.Background(), "brief", runstest.Chain("a"), nil)
 		res <- started{st, err}
 	}()
 	<-gate.entered
@@ -413,7 +413,7 @@ func TestAStarterThatStallsPastItsLeaseIsFencedOut(t *testing.T) {
 	res := make(chan error, 1)
 	var id string
 	go func() {
-		st, err := stalled.Start(context.Background(), "x", runstest.Chain("d"), nil)
+		st, err := runstest.Start(stalled, context.Background(), "x", runstest.Chain("d"), nil)
 		id = st.GetRunId()
 		res <- err
 	}()

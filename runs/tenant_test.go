@@ -28,11 +28,11 @@ func TestTenantsSeeOnlyTheirOwnRuns(t *testing.T) {
 
 	ctxA := runs.WithTenant(runstest.Ctx(t), "a")
 	ctxB := runs.WithTenant(runstest.Ctx(t), "b")
-	st, err := m1.Start(ctxA, "brief", runstest.Chain("hang"), nil)
+	st, err := runstest.Start(m1, ctxA, "brief", runstest.Chain("hang"), nil)
 	require.NoError(t, err)
 	id := st.GetRunId()
 	assert.Equal(t, "a", st.GetTenant())
-	done, err := m1.Start(ctxB, "brief", runstest.Chain("ok"), nil)
+	done, err := runstest.Start(m1, ctxB, "brief", runstest.Chain("ok"), nil)
 	require.NoError(t, err)
 	require.NoError(t, m1.Watch(ctxB, done.GetRunId(), 0, func(runs.Event) error { return nil })) // b's own run, to its end
 

@@ -27,7 +27,7 @@ func awaiting(t *testing.T, store store.Store, d *controlstest.Delegates) string
 	t.Helper()
 	a, err := runs.New(runs.Config{Store: store, Delegates: d, Lease: time.Second, Owner: "a", Clock: controlstest.NewClock()})
 	require.NoError(t, err)
-	st, err := a.Start(runstest.Ctx(t), "brief", runstest.AskSpec(), nil)
+	st, err := runstest.Start(a, runstest.Ctx(t), "brief", runstest.AskSpec(), nil)
 	require.NoError(t, err)
 	// Awaiting in the store, not only in a's memory: its journal ends with
 	// decision_requested, and the state saved after it says so.

@@ -27,7 +27,7 @@ func TestWatchPastTheEndOfAFinishedRunEndsAtOnce(t *testing.T) {
 			store := open()
 			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.Fail(codes.Internal, "no")}, "b": {controlstest.OK("yes")}})
 			ran := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second, Owner: "ran"})
-			st, err := ran.Start(context.Background(), "brief", runstest.Chain("a", "b"), nil)
+			st, err := runstest.Start(ran, context.Background(), "brief", runstest.Chain("a", "b"), nil)
 			require.NoError(t, err)
 			id := st.GetRunId()
 			last := int64(len(runstest.WatchAll(t, ran, id, 0)))

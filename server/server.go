@@ -269,7 +269,7 @@ func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 		}
 		ctx = withReservation(ctx, slot) // the run's observer takes it over
 	}
-	st, existing, err := s.runs.StartTask(ctx, taskOf(req, p.val.limits.MaxBriefBytes), spec, req.GetOptions())
+	st, existing, err := s.runs.Start(ctx, taskOf(req, p.val.limits.MaxBriefBytes), spec, req.GetOptions())
 	if err != nil || existing {
 		// No new run: its concurrency slot and its start are given back
 		// (the run an idempotency key named counts where it started).

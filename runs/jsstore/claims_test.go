@@ -110,7 +110,7 @@ func TestAOneAttemptRunIsTwoJournalWrites(t *testing.T) {
 			d := controlstest.NewDelegates(map[string][]controlstest.Reply{"d": {controlstest.OK("fine")}})
 			m := runstest.NewManager(t, d, runs.Config{Store: store, Owner: "a"})
 
-			st, err := m.Start(runstest.Ctx(t), "x", runstest.RetrySpec(1), nil)
+			st, err := runstest.Start(m, runstest.Ctx(t), "x", runstest.RetrySpec(1), nil)
 			require.NoError(t, err)
 			id := st.GetRunId()
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, runstest.WatchAll(t, m, id, 0)).GetStatus())
@@ -154,7 +154,7 @@ func TestARunClaimedInItsJournalIsTakenOver(t *testing.T) {
 	bStore := open(JetStreamConfig{Lease: lease})
 	b := runstest.NewManager(t, g, runs.Config{Store: bStore, Lease: lease, Owner: "b"})
 
-	st, err := a.Start(runstest.Ctx(t), "x", runstest.RetrySpec(2), nil)
+	st, err := runstest.Start(a, runstest.Ctx(t), "x", runstest.RetrySpec(2), nil)
 	require.NoError(t, err)
 	id := st.GetRunId()
 	require.Eventually(t, func() bool { return g.Called("x") == 1 }, 10*time.Second, time.Millisecond)
@@ -194,7 +194,7 @@ func TestALongRunGetsAnOwnersEntry(t *testing.T) {
 	g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
 	store := open(JetStreamConfig{Lease: lease})
 	m := runstest.NewManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "a"})
-	st, err := m.Start(runstest.Ctx(t), "x", runstest.RetrySpec(1), nil)
+	st, err := runstest.Start(m, runstest.Ctx(t), "x", runstest.RetrySpec(1), nil)
 	require.NoError(t, err)
 	id := st.GetRunId()
 	require.Eventually(t, func() bool {
@@ -220,7 +220,7 @@ func TestTheLayoutBeforeIsTakenOver(t *testing.T) {
 	oldStore := open(JetStreamConfig{Lease: lease, ClaimInOwners: true})
 	old, err := runs.New(runs.Config{Delegates: g, Store: oldStore, Lease: lease, Owner: "old"})
 	require.NoError(t, err)
-	st, err := old.Start(runstest.Ctx(t), "x", runstest.RetrySpec(2), nil)
+	st, err := runstest.Start(old, runstest.Ctx(t), "x", runstest.RetrySpec(2), nil)
 	require.NoError(t, err)
 	id := st.GetRunId()
 	owner, err := OwnersEntryForTest(runstest.Ctx(t), oldStore, id)
@@ -236,7 +236,7 @@ func TestTheLayoutBeforeIsTakenOver(t *testing.T) {
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, runstest.WatchAll(t, m, id, 0)).GetStatus())
 
 	g.Answer("y", controlstest.OK("fine"))
-	st, err = m.Start(runstest.Ctx(t), "y", runstest.RetrySpec(1), nil)
+	st, err = runstest.Start(m, runstest.Ctx(t), "y", runstest.RetrySpec(1), nil)
 	require.NoError(t, err)
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0)).GetStatus())
 	owner, err = OwnersEntryForTest(context.Background(), store, st.GetRunId())
@@ -259,7 +259,7 @@ func TestAClaimedJournalThatLostItsFirstMessageIsFound(t *testing.T) {
 	require.NoError(t, err)
 	chain := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"d", "d"}}}}
 	g.Answer("x", controlstest.Fail(codes.Unavailable, "down"))
-	st, err := a.Start(runstest.Ctx(t), "x", chain, nil)
+	st, err := runstest.Start(a, runstest.Ctx(t), "x", chain, nil)
 	require.NoError(t, err)
 	id := st.GetRunId()
 	require.Eventually(t, func() bool { return g.Called("x") == 2 }, 10*time.Second, time.Millisecond, "the second delegate is called")

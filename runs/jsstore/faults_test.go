@@ -132,7 +132,7 @@ func TestAServerDrivesARunAtMostOnce(t *testing.T) {
 					}
 				}
 			})
-			st, err := a.Start(context.Background(), "brief", runstest.RetrySpec(5), nil)
+			st, err := runstest.Start(a, context.Background(), "brief", runstest.RetrySpec(5), nil)
 			require.NoError(t, err)
 			require.Eventually(t, func() bool { return h.Called(1) != nil }, 5*time.Second, time.Millisecond)
 
@@ -266,7 +266,7 @@ func TestARunLostByAFailedWriteIsDrivenAgain(t *testing.T) {
 			store := &staleDriver{failingAppend: &failingAppend{Store: memstore.NewMemory(lease), at: 2}}
 			store.stale.Store(stale)
 			a := runstest.NewManager(t, d, runs.Config{Store: store, Lease: lease, Owner: "a", Logger: logger})
-			st, err := a.Start(runstest.Ctx(t), "brief", runstest.RetrySpec(3), nil)
+			st, err := runstest.Start(a, runstest.Ctx(t), "brief", runstest.RetrySpec(3), nil)
 			require.NoError(t, err)
 			// Read from the store: the tracker says SUCCEEDED before
 			// the end is written, and that write is the one that fails.
@@ -344,7 +344,7 @@ func TestAStaleWaitDoesNotCallAfterATakeover(t *testing.T) {
 	spec := runstest.RetrySpec(2)
 	spec.GetRetry().MaxWait = durationpb.New(2 * time.Second)
 	a := runstest.NewManager(t, d, runs.Config{Store: mem, Lease: lease, Owner: "a", Clock: controls.RealClock{}})
-	st, err := a.Start(runstest.Ctx(t), "brief", spec, nil)
+	st, err := runstest.Start(a, runstest.Ctx(t), "brief", spec, nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return a.Parked() == 1 }, 5*time.Second, time.Millisecond, "a's run waits, parked")
 
@@ -389,7 +389,7 @@ func TestATakeoverWhoseResumeFailsIsTriedAgain(t *testing.T) {
 	d.SetInfo("d", controls.DelegateInfo{Idempotent: true})
 	mem := memstore.NewMemory(lease)
 	a := runstest.NewManager(t, d, runs.Config{Store: mem, Lease: lease, Owner: "a"})
-	st, err := a.Start(runstest.Ctx(t), "brief", runstest.RetrySpec(3), nil)
+	st, err := runstest.Start(a, runstest.Ctx(t), "brief", runstest.RetrySpec(3), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(d.Calls()) == 1 }, 5*time.Second, time.Millisecond)
 	a.Kill()
@@ -431,7 +431,7 @@ func TestAClaimWhoseAnswerWasLostIsDriven(t *testing.T) {
 	mem := memstore.NewMemory(lease)
 	a := runstest.NewManager(t, d, runs.Config{Store: landedClaim{mem}, Lease: lease, Owner: "a"})
 	opts := &stubbornv1.RunOptions{IdempotencyKey: "key-1"}
-	_, err := a.Start(runstest.Ctx(t), "brief", runstest.RetrySpec(1), opts)
+	_, err := runstest.Start(a, runstest.Ctx(t), "brief", runstest.RetrySpec(1), opts)
 	require.ErrorIs(t, err, runs.ErrUnavailable)
 	var id string
 	require.Eventually(t, func() bool {
@@ -442,7 +442,7 @@ func TestAClaimWhoseAnswerWasLostIsDriven(t *testing.T) {
 		})
 		return found
 	}, 10*time.Second, 5*time.Millisecond, "the run is driven to its end")
-	st, existing, err := a.StartOnce(runstest.Ctx(t), "brief", runstest.RetrySpec(1), opts)
+	st, existing, err := a.Start(runstest.Ctx(t), runs.Task{Brief: "brief"}, runstest.RetrySpec(1), opts)
 	require.NoError(t, err)
 	assert.True(t, existing, "its key names it")
 	assert.Equal(t, id, st.GetRunId())

@@ -81,7 +81,7 @@ func savedState(t *testing.T, kv jetstream.KeyValue, id string) *stubbornv1.Cont
 func startAsking(t *testing.T, m *runs.Manager, g *runstest.Gated, states jetstream.KeyValue, brief string) string {
 	t.Helper()
 	ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
-	st, err := m.Start(context.Background(), brief, ask, nil)
+	st, err := runstest.Start(m, context.Background(), brief, ask, nil)
 	require.NoError(t, err)
 	g.Answer(brief, controlstest.Fail(codes.Unavailable, "busy"))
 	require.Eventually(t, func() bool {

@@ -66,11 +66,11 @@ func TestTheIndexListsATenantsRunsOfEveryReplica(t *testing.T) {
 	}()
 	<-started
 
-	onA, err := mA.Start(acme, "brief", runstest.Chain("a"), nil)
+	onA, err := runstest.Start(mA, acme, "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
-	onB, err := mB.Start(acme, "brief", ask, nil)
+	onB, err := runstest.Start(mB, acme, "brief", ask, nil)
 	require.NoError(t, err)
-	theirs, err := mB.Start(other, "brief", runstest.Chain("a"), nil)
+	theirs, err := runstest.Start(mB, other, "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
@@ -130,7 +130,7 @@ func TestTheIndexIsReconciledOnStart(t *testing.T) {
 	ctx := runstest.Ctx(t)
 	var ids []string
 	for range 3 {
-		st, err := m.Start(ctx, "brief", runstest.Chain("a"), nil)
+		st, err := runstest.Start(m, ctx, "brief", runstest.Chain("a"), nil)
 		require.NoError(t, err)
 		runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 		ids = append(ids, st.GetRunId())

@@ -10,6 +10,7 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
 )
 
 // TestAnEndWrittenByAFailedWriteIsListed: a run's last write lands but its
@@ -26,7 +27,7 @@ func TestAnEndWrittenByAFailedWriteIsListed(t *testing.T) {
 	t.Cleanup(m.Close)
 	attempts := int32(1)
 	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: &attempts}}}
-	st, err := m.Start(context.Background(), "brief", spec, nil)
+	st, err := runstest.Start(m, context.Background(), "brief", spec, nil)
 	require.NoError(t, err)
 	id := st.GetRunId()
 	listed := func() stubbornv1.RunStatus {

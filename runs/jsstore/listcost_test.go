@@ -31,7 +31,7 @@ func TestAListingCostsWhatItReturns(t *testing.T) {
 	b := runs.WithTenant(runstest.Ctx(t), "b")
 	var ids []string
 	for range n {
-		st, err := m.Start(a, "brief", runstest.Chain("a"), nil)
+		st, err := runstest.Start(m, a, "brief", runstest.Chain("a"), nil)
 		require.NoError(t, err)
 		require.NoError(t, m.Watch(a, st.GetRunId(), 0, func(runs.Event) error { return nil }))
 		ids = append(ids, st.GetRunId())

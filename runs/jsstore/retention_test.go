@@ -58,14 +58,14 @@ func TestExpiredRunsAreGoneWhole(t *testing.T) {
 
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	m := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second, MaxFinished: 1})
-	st, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
+	st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	// Later runs push the first out of the server's memory (it keeps the
 	// last one retired: the first may retire after the second).
 	for i := 0; m.Owns(st.GetRunId()); i++ {
 		require.Less(t, i, 10, "the first run is still in memory")
-		next, err := m.Start(context.Background(), "brief", runstest.Chain("a"), nil)
+		next, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("a"), nil)
 		require.NoError(t, err)
 		runstest.Final(t, runstest.WatchAll(t, m, next.GetRunId(), 0))
 	}
@@ -153,7 +153,7 @@ func TestRetentionPurgesFinishedRunsOnly(t *testing.T) {
 	reader := runstest.NewManager(t, g, runs.Config{Store: readerStore, Lease: time.Second})
 	ctx := runstest.Ctx(t)
 
-	done, err := m.Start(context.Background(), "done", runstest.Chain("d"), nil)
+	done, err := runstest.Start(m, context.Background(), "done", runstest.Chain("d"), nil)
 	require.NoError(t, err)
 	g.Answer("done", controlstest.OK("ok"))
 	runstest.Final(t, runstest.WatchAll(t, m, done.GetRunId(), 0))
@@ -162,7 +162,7 @@ func TestRetentionPurgesFinishedRunsOnly(t *testing.T) {
 		return err == nil && owner == "" && savedState(t, states, done.GetRunId()) != nil
 	}, 5*time.Second, time.Millisecond, "the finished run is let go of")
 	asking := startAsking(t, m, g, states, "asking")
-	going, err := m.Start(context.Background(), "going", runstest.Chain("d"), nil)
+	going, err := runstest.Start(m, context.Background(), "going", runstest.Chain("d"), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return g.Called("going") == 1 }, 5*time.Second, time.Millisecond)
 	// Saved states without a journal: one of a run that could not record
@@ -255,7 +255,7 @@ func TestAFullStoreRefusesNewRunsAndFinishesThoseAccepted(t *testing.T) {
 	had := map[string][]runs.Event{}
 	for i := range 3 {
 		brief := fmt.Sprintf("in flight %d %s", i, pad)
-		st, err := m.Start(context.Background(), brief, runstest.Chain("d"), nil)
+		st, err := runstest.Start(m, context.Background(), brief, runstest.Chain("d"), nil)
 		require.NoError(t, err)
 		require.Eventually(t, func() bool { return g.Called(brief) == 1 }, 5*time.Second, time.Millisecond)
 		inFlight = append(inFlight, st.GetRunId())
@@ -266,7 +266,7 @@ func TestAFullStoreRefusesNewRunsAndFinishesThoseAccepted(t *testing.T) {
 	for i := 0; full == nil; i++ {
 		require.Less(t, i, 100, "the store never filled up")
 		brief := fmt.Sprintf("finished %d %s", i, pad)
-		st, err := m.Start(context.Background(), brief, runstest.Chain("d"), nil)
+		st, err := runstest.Start(m, context.Background(), brief, runstest.Chain("d"), nil)
 		if errors.Is(err, runs.ErrStoreFull) {
 			full = err
 			break
@@ -278,7 +278,7 @@ func TestAFullStoreRefusesNewRunsAndFinishesThoseAccepted(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, len(finished), 3)
 	assert.Contains(t, full.Error(), "-max-bytes 65536")
-	_, err := m.Start(context.Background(), "refused", runstest.Chain("d"), nil)
+	_, err := runstest.Start(m, context.Background(), "refused", runstest.Chain("d"), nil)
 	assert.ErrorIs(t, err, runs.ErrStoreFull, "still full")
 	for _, id := range inFlight {
 		had[id], err = store.Events(ctx, id, 0)
@@ -322,7 +322,7 @@ func TestAFullStoreRefusesNewRunsAndFinishesThoseAccepted(t *testing.T) {
 
 	// Room again: a new run is accepted and finishes; so do the runs in
 	// flight, whole, their delegate called once.
-	again, err := m.Start(context.Background(), "again", runstest.Chain("d"), nil)
+	again, err := runstest.Start(m, context.Background(), "again", runstest.Chain("d"), nil)
 	require.NoError(t, err)
 	g.Answer("again", controlstest.OK("ok"))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, runstest.WatchAll(t, m, again.GetRunId(), 0)).GetStatus())
@@ -349,12 +349,12 @@ func TestAFullStoreMakesRoomByItself(t *testing.T) {
 	refused := 0
 	for i := range total {
 		deadline := time.Now().Add(10 * time.Second)
-		st, err := m.Start(context.Background(), fmt.Sprintf("%d %s", i, pad), runstest.Chain("a"), nil)
+		st, err := runstest.Start(m, context.Background(), fmt.Sprintf("%d %s", i, pad), runstest.Chain("a"), nil)
 		for errors.Is(err, runs.ErrStoreFull) {
 			refused++
 			require.True(t, time.Now().Before(deadline), "run %d is never accepted", i)
 			time.Sleep(50 * time.Millisecond)
-			st, err = m.Start(context.Background(), fmt.Sprintf("%d %s", i, pad), runstest.Chain("a"), nil)
+			st, err = runstest.Start(m, context.Background(), fmt.Sprintf("%d %s", i, pad), runstest.Chain("a"), nil)
 		}
 		require.NoError(t, err)
 		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0)).GetStatus())

@@ -76,7 +76,7 @@ func deletedAndCrashed(t *testing.T, newStore func(*testing.T, time.Duration) fu
 	}
 	ids := map[string]string{}
 	for brief, k := range kinds {
-		st, err := a.Start(context.Background(), brief, k.spec, nil)
+		st, err := runstest.Start(a, context.Background(), brief, k.spec, nil)
 		require.NoError(t, err)
 		ids[brief] = st.GetRunId()
 	}

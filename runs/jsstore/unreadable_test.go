@@ -53,7 +53,7 @@ func TestAnUnreadableRunCostsOnlyThatRun(t *testing.T) {
 	<-storeA.IndexReconciled()
 
 	run := func(ctx context.Context, key string) string {
-		st, _, err := mA.StartOnce(ctx, "brief", runstest.Chain("a"), &stubbornv1.RunOptions{IdempotencyKey: key})
+		st, _, err := mA.Start(ctx, runs.Task{Brief: "brief"}, runstest.Chain("a"), &stubbornv1.RunOptions{IdempotencyKey: key})
 		require.NoError(t, err)
 		require.NoError(t, mA.Watch(ctx, st.GetRunId(), 0, func(runs.Event) error { return nil }))
 		return st.GetRunId()
@@ -115,7 +115,7 @@ func TestAnUnreadableRunCostsOnlyThatRun(t *testing.T) {
 		}, 10*time.Second, 10*time.Millisecond)
 	}
 	assert.NotContains(t, runstest.Summaries(t, ctxA, mB), bad)
-	again, existing, err := mB.StartOnce(ctxA, "brief", runstest.Chain("a"), &stubbornv1.RunOptions{IdempotencyKey: "bad-key"})
+	again, existing, err := mB.Start(ctxA, runs.Task{Brief: "brief"}, runstest.Chain("a"), &stubbornv1.RunOptions{IdempotencyKey: "bad-key"})
 	require.NoError(t, err)
 	assert.False(t, existing, "its idempotency key was forgotten with it")
 	assert.NotEqual(t, bad, again.GetRunId())

@@ -15,6 +15,7 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/internal/runstest"
 	"github.com/stubbornhq/stubborn/runs/store"
 )
 
@@ -276,7 +277,7 @@ func TestARunRidesOutAJournalOutage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a"}}}}
-	st, err := m.Start(ctx, "brief", spec, nil)
+	st, err := runstest.Start(m, ctx, "brief", spec, nil)
 	require.NoError(t, err)
 	var kinds []string
 	require.NoError(t, m.Watch(ctx, st.GetRunId(), 0, func(e store.Event) error {
@@ -313,7 +314,7 @@ func TestClosingStopsAWriteBeingMadeAgain(t *testing.T) {
 	// The run's first write is its claim (claims.go): Start waits for it.
 	started := make(chan error, 1)
 	go func() {
-		_, err := m.Start(context.Background(), "brief", spec, nil)
+		_, err := runstest.Start(m, context.Background(), "brief", spec, nil)
 		started <- err
 	}()
 	require.Eventually(t, func() bool { return pubs.count() >= 2 }, 10*time.Second, time.Millisecond, "the first write is being made again")
@@ -451,7 +452,7 @@ func TestARefusedWriteEndsTheRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a"}}}}
-	st, err := m.Start(ctx, "brief", spec, nil)
+	st, err := runstest.Start(m, ctx, "brief", spec, nil)
 	require.NoError(t, err)
 	var evs []*stubbornv1.RunEvent
 	require.NoError(t, m.Watch(ctx, st.GetRunId(), 0, func(e store.Event) error {

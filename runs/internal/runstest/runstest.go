@@ -201,7 +201,7 @@ func Summaries(t *testing.T, ctx context.Context, m *runs.Manager) map[string]*s
 // call, and waits until it does.
 func AwaitingOn(t *testing.T, m *runs.Manager) string {
 	t.Helper()
-	st, err := m.Start(Ctx(t), "brief", AskSpec(), nil)
+	st, err := Start(m, Ctx(t), "brief", AskSpec(), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		got, err := m.Get(Ctx(t), st.GetRunId())
@@ -216,4 +216,10 @@ func JournalHas(t *testing.T, store store.Store, id string, kind func(*stubbornv
 	evs, err := store.Events(Ctx(t), id, 0)
 	require.NoError(t, err)
 	return slices.ContainsFunc(DecodeAll(t, evs), kind)
+}
+
+// Start starts a run of brief on m (Manager.Start).
+func Start(m *runs.Manager, ctx context.Context, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (*stubbornv1.ControlState, error) {
+	st, _, err := m.Start(ctx, runs.Task{Brief: brief}, spec, opts)
+	return st, err
 }
