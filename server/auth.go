@@ -22,8 +22,8 @@ import (
 )
 
 // Authenticator tells which tenant a call comes from, by its bearer token
-// or its verified TLS client certificate (see delegates.Tenant). Its
-// Authenticate is the AuthFunc of go-grpc-middleware's auth interceptor.
+// or its verified TLS client certificate (see delegates.Tenant). The
+// server's auth interceptor calls the current registry's Authenticate.
 //
 // Tokens are looked up by their SHA-256 digest: the config holds digests
 // only. A plain hash is enough because tokens are random and long (32

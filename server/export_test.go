@@ -1,5 +1,11 @@
 package server
 
+import (
+	"log/slog"
+
+	"google.golang.org/grpc"
+)
+
 // PendingMalformed counts the requests s's codec could not decode that no
 // interceptor has answered yet.
 func PendingMalformed(s *Stubborn) int { return s.svc.malformed.pending() }
@@ -14,4 +20,15 @@ func RegistriesClosed(s *Stubborn) int {
 	s.svc.regs.mu.Lock()
 	defer s.svc.regs.mu.Unlock()
 	return s.svc.regs.closed
+}
+
+// NewServerWithoutRuns returns the gRPC server New would build around a
+// ControlService with no runs layer, whose handlers panic on any call that
+// reaches one.
+func NewServerWithoutRuns(logger *slog.Logger) *grpc.Server {
+	o := Options{Known: func(string) bool { return true }, Logger: logger}
+	o.regs = &registries{}
+	_ = o.regs.swap(newRegistry(o, nil)) // a new one: not retired
+	g, _ := newGRPCServer(newService(nil, o), o)
+	return g
 }

@@ -33,7 +33,7 @@ type registry struct {
 	// the registry, and what a run bound to it reaches.
 	pool *delegates.Pool
 	deps runs.Deps
-	// cfg is the config it was built from (nil for NewService's).
+	// cfg is the config it was built from (nil for newService's).
 	cfg *delegates.Config
 	// refs counts its holders: the server while it is current, each run
 	// bound to it, each StartRun judging by it (registries.mu).

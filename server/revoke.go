@@ -16,8 +16,8 @@ import (
 	"github.com/stubbornhq/stubborn/runs"
 )
 
-// authenticate is the AuthFunc of a server whose registry may change
-// (Options.reloadable): the current registry's tenants authenticate
+// authenticate is the server's AuthFunc; its registry may change
+// (Reload): the current registry's tenants authenticate
 // callers; with none, every caller is the default tenant.
 func (s *Service) authenticate(ctx context.Context) (context.Context, error) {
 	reg := s.regs.current()

@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
@@ -58,11 +57,6 @@ type Options struct {
 	// limits; its Observer must see the runs layer's runs. Nil means those
 	// limits are not enforced.
 	ActiveRuns *ActiveRuns
-	// Authenticate, when set, authenticates every call but health checks
-	// (go-grpc-middleware's auth interceptor) and returns its context on
-	// behalf of the caller's tenant (runs.WithTenant); see Authenticator.
-	// Nil means no authentication: every caller is the default tenant "".
-	Authenticate auth.AuthFunc
 	// NoReflection leaves the reflection service out.
 	NoReflection bool
 	// Describe returns the registry for ListDelegates (delegates.Pool's
@@ -71,14 +65,10 @@ type Options struct {
 
 	// feed tells WatchRuns about runs (New sets it, and its Observer).
 	feed *runFeed
-	// regs, when set, holds the registries (New's, which Reload
-	// replaces); nil means one built from these Options.
+	// regs holds the registries (New's, which Reload replaces): callers
+	// are authenticated by the current registry's tenants, and a reload
+	// ends the streams whose credentials it took away. Required.
 	regs *registries
-	// reloadable says the registry may change (New): callers are
-	// authenticated by the current registry's tenants, whatever
-	// Authenticate says, and a reload ends the streams whose credentials
-	// it took away.
-	reloadable bool
 }
 
 // Service implements stubborn.v1.ControlService.
@@ -103,16 +93,11 @@ type Service struct {
 
 var _ stubbornv1.ControlServiceServer = (*Service)(nil)
 
-// NewService returns the ControlService over m. Serve it on a server from
-// NewGRPCServer: Run and WatchRun send each event as it was encoded when
+// newService returns the ControlService over m. Serve it on a server from
+// newGRPCServer: Run and WatchRun send each event as it was encoded when
 // recorded, which that server's codec passes through (codec.go).
-func NewService(m *runs.Manager, o Options) *Service {
-	s := &Service{runs: m, active: o.ActiveRuns, feed: o.feed, regs: o.regs}
-	if s.regs == nil {
-		s.regs = &registries{}
-		_ = s.regs.swap(newRegistry(o, nil)) // a new one: not retired
-	}
-	return s
+func newService(m *runs.Manager, o Options) *Service {
+	return &Service{runs: m, active: o.ActiveRuns, feed: o.feed, regs: o.regs}
 }
 
 // policy returns what applies to ctx's tenant under the current registry.
@@ -120,8 +105,8 @@ func (s *Service) policy(ctx context.Context) *policy {
 	return s.regs.current().policy(ctx)
 }
 
-// NewGRPCServer returns a gRPC server with logging, recovery and (when
-// o.Authenticate is set) authentication interceptors, the ControlService,
+// newGRPCServer returns a gRPC server with logging, recovery and
+// authentication (by svc's current registry) interceptors, the ControlService,
 // health (grpc.health.v1) and, unless o.NoReflection, reflection
 // registered. The returned health server lets the caller flip the status on
 // shutdown.
@@ -135,7 +120,7 @@ func (s *Service) policy(ctx context.Context) *policy {
 // nothing even at ERROR (slog.DiscardHandler, say), the interceptor is left
 // out: it would build every call's fields for nothing. That is decided here,
 // once: a logger whose level is raised later gets no call lines.
-func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.Server, *health.Server) {
+func newGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.Server, *health.Server) {
 	logger := o.Logger
 	if logger == nil {
 		logger = slog.Default()
@@ -166,16 +151,9 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 	}
 	unary = append(unary, recovery.UnaryServerInterceptor(onPanic))
 	stream = append(stream, recovery.StreamServerInterceptor(onPanic))
-	switch {
-	case o.reloadable:
-		authUnary, authStream := authInterceptors(svc.authenticate)
-		unary = append(unary, authUnary)
-		stream = append(stream, authStream, svc.revocable)
-	case o.Authenticate != nil:
-		authUnary, authStream := authInterceptors(o.Authenticate)
-		unary = append(unary, authUnary)
-		stream = append(stream, authStream)
-	}
+	authUnary, authStream := authInterceptors(svc.authenticate)
+	unary = append(unary, authUnary)
+	stream = append(stream, authStream, svc.revocable)
 	// A request the codec could not decode is answered last, just before
 	// the handler: the call is logged with its code, and a caller without
 	// credentials is UNAUTHENTICATED whatever it sent. The interceptors

@@ -146,8 +146,8 @@ func New(cfg Config) (*Stubborn, error) {
 	opts.feed = feed
 	opts.regs = regs
 	serverOpts := append([]grpc.ServerOption{grpc.StatsHandler(tel.ServerHandler())}, cfg.ServerOptions...)
-	s.svc = NewService(m, opts)
-	s.GRPC, s.Health = NewGRPCServer(s.svc, opts, serverOpts...)
+	s.svc = newService(m, opts)
+	s.GRPC, s.Health = newGRPCServer(s.svc, opts, serverOpts...)
 	s.Runs = m
 	return s, nil
 }
@@ -193,9 +193,6 @@ func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, Opti
 		},
 		PresetOf: pool.Preset,
 		Describe: pool.Describe,
-		// The authenticator is the current registry's: a reload may add
-		// tenants to a server that had none, or take them all away.
-		reloadable: true,
 	}
 	reg := newRegistry(opts, prev)
 	reg.cfg, reg.pool = cfg, pool
