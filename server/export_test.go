@@ -26,9 +26,17 @@ func RegistriesClosed(s *Stubborn) int {
 // ControlService with no runs layer, whose handlers panic on any call that
 // reaches one.
 func NewServerWithoutRuns(logger *slog.Logger) *grpc.Server {
-	o := Options{Known: func(string) bool { return true }, Logger: logger}
+	o := options{Known: func(string) bool { return true }, Logger: logger}
 	o.regs = &registries{}
 	_ = o.regs.swap(newRegistry(o, nil)) // a new one: not retired
 	g, _ := newGRPCServer(newService(nil, o), o)
 	return g
 }
+
+// The names below are unexported; the package's external tests use them.
+const (
+	HTTP2PingAfter   = http2PingAfter
+	HTTP2PingTimeout = http2PingTimeout
+	HTTPBodyTimeout  = httpBodyTimeout
+	MaxHTTPBodyBytes = maxHTTPBodyBytes
+)
