@@ -21,7 +21,7 @@ import (
 //	  cert: certs/stubborn.pem        # client certificate, for delegates that require mTLS
 //	  key: certs/stubborn-key.pem     # its private key (cert and key go together)
 //
-// Relative paths are relative to the config file's directory ([Load]).
+// Relative paths are relative to the config file's directory (see load).
 type TLS struct {
 	// Enabled turns TLS on; every other field needs it.
 	Enabled bool
