@@ -44,7 +44,7 @@ type transport interface {
 
 // newTransport builds d's transport by its kind.
 func (p *Pool) newTransport(d Delegate, opts []grpc.DialOption) (transport, error) {
-	tc, err := d.TLS.ClientConfig()
+	tc, err := d.TLS.clientConfig()
 	if err != nil {
 		return nil, err
 	}

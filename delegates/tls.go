@@ -109,9 +109,9 @@ func (t *TLS) resolve(dir string) {
 	}
 }
 
-// ClientConfig returns the crypto/tls configuration of a connection to the
+// clientConfig returns the crypto/tls configuration of a connection to the
 // delegate, reading the files; nil for plaintext.
-func (t TLS) ClientConfig() (*tls.Config, error) {
+func (t TLS) clientConfig() (*tls.Config, error) {
 	if !t.Enabled {
 		return nil, nil
 	}
