@@ -5,13 +5,13 @@ import (
 	"time"
 )
 
-// Backoff draws the full-jitter wait before retry n of a round (n = 1 for
+// backoff draws the full-jitter wait before retry n of a round (n = 1 for
 // the first retry): uniform in [0, bound] with both ends included, where
-// bound = BackoffBound(n, base, maxWait). The cap is applied before the draw,
+// bound = backoffBound(n, base, maxWait). The cap is applied before the draw,
 // so no wait ever exceeds maxWait (adding jitter after the cap is the flaw
 // this avoids). A nil r uses math/rand/v2's randomly seeded global source.
-func Backoff(r *rand.Rand, n int, base, maxWait time.Duration) (wait, bound time.Duration) {
-	bound = BackoffBound(n, base, maxWait)
+func backoff(r *rand.Rand, n int, base, maxWait time.Duration) (wait, bound time.Duration) {
+	bound = backoffBound(n, base, maxWait)
 	if bound <= 0 {
 		return 0, 0
 	}
@@ -23,9 +23,9 @@ func Backoff(r *rand.Rand, n int, base, maxWait time.Duration) (wait, bound time
 	return time.Duration(r.Uint64N(span)), bound
 }
 
-// BackoffBound is min(maxWait, base·2^(n-1)), computed without overflow for
+// backoffBound is min(maxWait, base·2^(n-1)), computed without overflow for
 // any n. n below 1 counts as 1; a base or maxWait of zero or less gives 0.
-func BackoffBound(n int, base, maxWait time.Duration) time.Duration {
+func backoffBound(n int, base, maxWait time.Duration) time.Duration {
 	if base <= 0 || maxWait <= 0 {
 		return 0
 	}

@@ -247,13 +247,13 @@ func BoundResult(r *stubbornv1.Result) *stubbornv1.Result {
 	}
 	out := proto.CloneOf(r)
 	if out.GetData() != nil {
-		out.Data = BoundValue(out.GetData(), MaxDataDepth)
+		out.Data = boundValue(out.GetData(), MaxDataDepth)
 	}
 	for _, c := range out.GetChoices() {
 		eachExtra(c.GetMessage(), func(s *structpb.Struct) {
 			// Changed in place: the object itself is one level.
 			for k, f := range s.GetFields() {
-				s.Fields[k] = BoundValue(f, MaxDataDepth-1)
+				s.Fields[k] = boundValue(f, MaxDataDepth-1)
 			}
 		})
 	}
@@ -292,23 +292,23 @@ func DataDepth(v *structpb.Value) int {
 	return 0
 }
 
-// BoundValue changes v in place so that it nests at most depth objects and
+// boundValue changes v in place so that it nests at most depth objects and
 // lists: each one below that is replaced by its JSON text. It returns v.
-func BoundValue(v *structpb.Value, depth int) *structpb.Value {
+func boundValue(v *structpb.Value, depth int) *structpb.Value {
 	switch k := v.GetKind().(type) {
 	case *structpb.Value_StructValue:
 		if depth <= 0 {
 			return jsonText(v)
 		}
 		for key, f := range k.StructValue.GetFields() {
-			k.StructValue.Fields[key] = BoundValue(f, depth-1)
+			k.StructValue.Fields[key] = boundValue(f, depth-1)
 		}
 	case *structpb.Value_ListValue:
 		if depth <= 0 {
 			return jsonText(v)
 		}
 		for i, e := range k.ListValue.GetValues() {
-			k.ListValue.Values[i] = BoundValue(e, depth-1)
+			k.ListValue.Values[i] = boundValue(e, depth-1)
 		}
 	}
 	return v

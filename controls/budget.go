@@ -34,9 +34,9 @@ type Budget struct {
 	suppressed int64
 }
 
-// NewBudget returns a full budget. maxTokens and tokenRatio must be finite
+// newBudget returns a full budget. maxTokens and tokenRatio must be finite
 // and greater than zero.
-func NewBudget(maxTokens, tokenRatio float64) (*Budget, error) {
+func newBudget(maxTokens, tokenRatio float64) (*Budget, error) {
 	if err := checkBudget(maxTokens, tokenRatio); err != nil {
 		return nil, err
 	}

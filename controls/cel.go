@@ -16,10 +16,10 @@ import (
 
 // CEL limits, the same for every expression.
 const (
-	// CELCostLimit stops an evaluation once it has spent this many CEL cost
+	// celCostLimit stops an evaluation once it has spent this many CEL cost
 	// units (about one per operation, more for string and list work: tens of
 	// milliseconds at most), far more than a check of one result needs.
-	CELCostLimit = 100_000
+	celCostLimit = 100_000
 	// CELMaxLength bounds an expression's length, in characters.
 	CELMaxLength = 4096
 	// celInterruptEvery is how many comprehension iterations run between two
@@ -60,7 +60,7 @@ type Expr struct {
 // failure_when, acceptable for accept_when. The expression must have type
 // bool, or dyn (then a non-bool value fails the attempt when evaluated), and
 // stay within the memory bounds over the largest answer (celbounds.go): one
-// that may build a value over CELMaxValueBytes is refused. The error is
+// that may build a value over celMaxValueBytes is refused. The error is
 // meant for the client. A run resumed by another server compiles its
 // expression again, so one refused by these checks, accepted before they
 // existed, fails its attempts with the reason instead of being evaluated.
@@ -85,7 +85,7 @@ func CompileExpr(field, src string) (*Expr, error) {
 // newExpr plans a checked expression with the cost limit.
 func newExpr(env *cel.Env, ast *cel.Ast, field, src string) (*Expr, error) {
 	prg, err := env.Program(ast,
-		cel.CostLimit(CELCostLimit),
+		cel.CostLimit(celCostLimit),
 		cel.InterruptCheckFrequency(celInterruptEvery),
 	)
 	if err != nil {
@@ -97,7 +97,7 @@ func newExpr(env *cel.Env, ast *cel.Ast, field, src string) (*Expr, error) {
 // Eval evaluates the expression over one answer and returns its boolean
 // value. An evaluation error, a value that is not a bool, or the cost limit
 // is returned as an error, and so are inputs over the bounds the
-// expression was checked against (MaxResultBytes, MaxDelegateNameBytes):
+// expression was checked against (MaxResultBytes, maxDelegateNameBytes):
 // they are not evaluated.
 func (e *Expr) Eval(ctx context.Context, attempt int32, delegate string, r *stubbornv1.Result) (bool, error) {
 	if r == nil {
@@ -124,11 +124,11 @@ func (e *Expr) Eval(ctx context.Context, attempt int32, delegate string, r *stub
 // checkInputs refuses inputs over the sizes CompileExpr assumed.
 func checkInputs(delegate string, r *stubbornv1.Result) error {
 	if n := len(r.GetText()); n > MaxResultBytes {
-		return fmt.Errorf("%w: result.text is %d bytes, more than the limit of %d", ErrTooLarge, n, MaxResultBytes)
+		return fmt.Errorf("%w: result.text is %d bytes, more than the limit of %d", errTooLarge, n, MaxResultBytes)
 	}
 	if r.GetData() != nil {
 		if n := proto.Size(r.GetData()); n > MaxResultBytes {
-			return fmt.Errorf("%w: result.data is %d bytes, more than the limit of %d", ErrTooLarge, n, MaxResultBytes)
+			return fmt.Errorf("%w: result.data is %d bytes, more than the limit of %d", errTooLarge, n, MaxResultBytes)
 		}
 	}
 	if len(r.GetChoices()) > 0 {
@@ -137,14 +137,14 @@ func checkInputs(delegate string, r *stubbornv1.Result) error {
 			n += proto.Size(c)
 		}
 		if n > MaxResultBytes {
-			return fmt.Errorf("%w: result.choices are %d bytes, more than the limit of %d", ErrTooLarge, n, MaxResultBytes)
+			return fmt.Errorf("%w: result.choices are %d bytes, more than the limit of %d", errTooLarge, n, MaxResultBytes)
 		}
 	}
 	if n := len(r.GetModel()); n > MaxResultBytes {
-		return fmt.Errorf("%w: result.model is %d bytes, more than the limit of %d", ErrTooLarge, n, MaxResultBytes)
+		return fmt.Errorf("%w: result.model is %d bytes, more than the limit of %d", errTooLarge, n, MaxResultBytes)
 	}
-	if n := len(delegate); n > MaxDelegateNameBytes {
-		return fmt.Errorf("%w: the delegate's name is %d bytes, more than the limit of %d", ErrTooLarge, n, MaxDelegateNameBytes)
+	if n := len(delegate); n > maxDelegateNameBytes {
+		return fmt.Errorf("%w: the delegate's name is %d bytes, more than the limit of %d", errTooLarge, n, maxDelegateNameBytes)
 	}
 	return nil
 }
@@ -157,7 +157,7 @@ func checkInputs(delegate string, r *stubbornv1.Result) error {
 func (e *Expr) Check(ctx context.Context, attempt int32, delegate string, r *stubbornv1.Result) (Verdict, error) {
 	v, err := e.Eval(ctx, attempt, delegate, r)
 	if err != nil {
-		return Verdict{}, &CriteriaError{
+		return Verdict{}, &criteriaError{
 			Source: stubbornv1.FailureSource_FAILURE_SOURCE_CEL,
 			Msg:    fmt.Sprintf("%s could not be evaluated: %s", e.field, celMessage(err)),
 		}

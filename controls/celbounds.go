@@ -18,7 +18,7 @@ import (
 
 // What an expression may be evaluated over, and what it may build.
 //
-// CEL's cost limit (CELCostLimit) bounds time, not memory: it is charged
+// CEL's cost limit (celCostLimit) bounds time, not memory: it is charged
 // after each call returns, so one call that builds a large value has
 // allocated all of it before the limit can stop the evaluation.
 // result.text.replace("", result.text + result.text) over a 60 KB answer
@@ -28,28 +28,28 @@ import (
 //  1. At submission, CompileExpr works out, with cel-go's cost estimator
 //     and the largest inputs (result.text, result.data, result.choices
 //     and result.model of MaxResultBytes, delegate of
-//     MaxDelegateNameBytes), the largest value that each call
+//     maxDelegateNameBytes), the largest value that each call
 //     which builds one (string concatenation, replace, join, split, format,
 //     strings.quote, string/bytes conversions) may return,
-//     and refuses an expression in which that may exceed CELMaxValueBytes.
+//     and refuses an expression in which that may exceed celMaxValueBytes.
 //     It also refuses a regular expression whose program may exceed
-//     CELMaxRegexProgram instructions (matches compiles its pattern when
+//     celMaxRegexProgram instructions (matches compiles its pattern when
 //     evaluated, before it is charged): a literal pattern is measured from
 //     its syntax, without compiling it, and a pattern computed when
 //     evaluated (from the answer, say) may be at most
-//     CELMaxRegexProgram/1000 bytes long, since a byte of pattern can
+//     celMaxRegexProgram/1000 bytes long, since a byte of pattern can
 //     compile to a thousand instructions ("(a){1000}").
 //  2. When evaluated, an answer over MaxResultBytes (or a delegate name over
-//     MaxDelegateNameBytes) is not evaluated at all, and replace and join
+//     maxDelegateNameBytes) is not evaluated at all, and replace and join
 //     count the bytes they would build before building anything and refuse
-//     more than CELMaxValueBytes. These do not rely on the estimate.
+//     more than celMaxValueBytes. These do not rely on the estimate.
 //  3. format is charged for what it builds, as replace, join and
 //     concatenation are (cel-go charged it for its format string only, so
 //     thousands of calls that each built a copy of the answer cost next to
 //     nothing): what an evaluation builds call after call adds up to at
-//     most about ten characters per unit of CELCostLimit.
+//     most about ten characters per unit of celCostLimit.
 //
-// So an evaluation holds its inputs, at most one value of CELMaxValueBytes
+// So an evaluation holds its inputs, at most one value of celMaxValueBytes
 // being built when the cost limit stops it, and what the cost limit lets
 // through before that: a few tens of MiB at most.
 const (
@@ -61,16 +61,16 @@ const (
 	// Delegate answers are meant to be held to it before the criteria see
 	// them.
 	MaxResultBytes = 1 << 20
-	// MaxDelegateNameBytes is the longest delegate name an expression's
+	// maxDelegateNameBytes is the longest delegate name an expression's
 	// delegate variable may hold; over it, the evaluation fails.
-	MaxDelegateNameBytes = 128
-	// CELMaxValueBytes bounds the largest value one call of an expression
+	maxDelegateNameBytes = 128
+	// celMaxValueBytes bounds the largest value one call of an expression
 	// may build: the bytes of a string, or the elements of a list or map
 	// plus the bytes of the strings in them (CEL's aggregate size).
-	CELMaxValueBytes = 16 << 20
-	// CELMaxRegexProgram bounds the program a regular expression compiles
+	celMaxValueBytes = 16 << 20
+	// celMaxRegexProgram bounds the program a regular expression compiles
 	// to, in instructions (each some tens of bytes: about a MiB in all).
-	CELMaxRegexProgram = 20_000
+	celMaxRegexProgram = 20_000
 )
 
 // regexInstPerByte is about the most instructions one byte of a regular
@@ -79,10 +79,10 @@ const (
 // byte of it ("((((((a)))))){1000}" is 13,000 instructions for 19 bytes).
 const regexInstPerByte = 1000
 
-// ErrTooLarge is what an evaluation that would build a value over
-// CELMaxValueBytes, or that was handed inputs over their bounds, fails
+// errTooLarge is what an evaluation that would build a value over
+// celMaxValueBytes, or that was handed inputs over their bounds, fails
 // with.
-var ErrTooLarge = errors.New("too large")
+var errTooLarge = errors.New("too large")
 
 // celBoundOptions are the CEL environment's options that keep an
 // evaluation within the bounds above: replace and join that count before
@@ -120,8 +120,8 @@ func boundedReplace(s, old, repl, n ref.Val) ref.Val {
 	if limit := int64(n.(types.Int)); limit >= 0 {
 		matches = min(matches, limit)
 	}
-	if size := int64(len(str)) + matches*(int64(len(r))-int64(len(o))); size > CELMaxValueBytes {
-		return types.WrapErr(fmt.Errorf("%w: replace would build a string of %d bytes, more than the limit of %d", ErrTooLarge, size, CELMaxValueBytes))
+	if size := int64(len(str)) + matches*(int64(len(r))-int64(len(o))); size > celMaxValueBytes {
+		return types.WrapErr(fmt.Errorf("%w: replace would build a string of %d bytes, more than the limit of %d", errTooLarge, size, celMaxValueBytes))
 	}
 	return types.String(strings.Replace(str, o, r, int(matches)))
 }
@@ -143,8 +143,8 @@ func boundedJoin(l, sep ref.Val) ref.Val {
 		}
 		size += int64(len(s))
 	}
-	if size > CELMaxValueBytes {
-		return types.WrapErr(fmt.Errorf("%w: join would build a string of %d bytes, more than the limit of %d", ErrTooLarge, size, CELMaxValueBytes))
+	if size > celMaxValueBytes {
+		return types.WrapErr(fmt.Errorf("%w: join would build a string of %d bytes, more than the limit of %d", errTooLarge, size, celMaxValueBytes))
 	}
 	var b strings.Builder
 	b.Grow(int(size))
@@ -393,14 +393,14 @@ func regexInstructions(re *syntax.Regexp) uint64 {
 
 // EstimateSize gives the inputs' largest sizes: result.text,
 // result.model, result.data and result.choices and everything in them
-// hold at most MaxResultBytes, delegate at most MaxDelegateNameBytes.
+// hold at most MaxResultBytes, delegate at most maxDelegateNameBytes.
 func (w *worstCase) EstimateSize(n cost.AstNode) *cost.SizeEstimate {
 	p := n.Path()
 	switch {
 	case len(p) == 0:
 		return nil
 	case p[0] == "delegate":
-		s := cost.RangedSizeEstimate(0, MaxDelegateNameBytes)
+		s := cost.RangedSizeEstimate(0, maxDelegateNameBytes)
 		return &s
 	case p[0] != "result":
 		return nil
@@ -427,26 +427,26 @@ func (*worstCase) EstimateCallCost(string, string, *cost.AstNode, []cost.AstNode
 }
 
 // checkBounds refuses an expression that may build a value over
-// CELMaxValueBytes, or compute a regular expression pattern that may
-// compile to more than CELMaxRegexProgram instructions, when evaluated
+// celMaxValueBytes, or compute a regular expression pattern that may
+// compile to more than celMaxRegexProgram instructions, when evaluated
 // over the largest inputs.
 func checkBounds(env *cel.Env, a *cel.Ast) error {
 	w := &worstCase{}
 	if _, err := env.EstimateCost(a, w, w.options()...); err != nil {
 		return fmt.Errorf("estimating its cost: %w", err)
 	}
-	if w.largest > CELMaxValueBytes {
+	if w.largest > celMaxValueBytes {
 		return fmt.Errorf("%s may build a value of %s (over an answer of %d bytes), more than the limit of %d bytes",
-			w.largestCall, bytesOf(w.largest), MaxResultBytes, CELMaxValueBytes)
+			w.largestCall, bytesOf(w.largest), MaxResultBytes, celMaxValueBytes)
 	}
-	if w.program > CELMaxRegexProgram {
+	if w.program > celMaxRegexProgram {
 		return fmt.Errorf("matches a regular expression that may compile to %d instructions, more than the limit of %d",
-			w.program, CELMaxRegexProgram)
+			w.program, celMaxRegexProgram)
 	}
-	if w.pattern > CELMaxRegexProgram/regexInstPerByte {
+	if w.pattern > celMaxRegexProgram/regexInstPerByte {
 		return fmt.Errorf("matches a pattern computed when evaluated, of %s: such a pattern may be at most %d bytes long "+
 			"(a byte may compile to %d instructions, and the limit is %d; a literal pattern is measured instead)",
-			bytesOf(w.pattern), CELMaxRegexProgram/regexInstPerByte, regexInstPerByte, CELMaxRegexProgram)
+			bytesOf(w.pattern), celMaxRegexProgram/regexInstPerByte, regexInstPerByte, celMaxRegexProgram)
 	}
 	return nil
 }

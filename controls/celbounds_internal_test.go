@@ -52,7 +52,7 @@ func TestBuildersCountBeforeTheyBuild(t *testing.T) {
 		var err error
 		n := allocated(func() { _, err = e.Eval(t.Context(), 1, "d", r) })
 		require.Error(t, err, src)
-		assert.ErrorIs(t, err, ErrTooLarge, src)
+		assert.ErrorIs(t, err, errTooLarge, src)
 		assert.Contains(t, err.Error(), want, src)
 		assert.Less(t, n, uint64(1<<20), "%s allocated %d bytes", src, n)
 	}

@@ -11,43 +11,43 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// JudgeResultChars is how much of a result the judge sees: the reference's
+// judgeResultChars is how much of a result the judge sees: the reference's
 // String(result).slice(0, 2000), in characters.
-const JudgeResultChars = 2000
+const judgeResultChars = 2000
 
-// Wording selects the judge's brief, which differs between the controls'
+// wording selects the judge's brief, which differs between the controls'
 // reference texts.
-type Wording int
+type wording int
 
 const (
-	// WordingRetryWithLearning is spec/retry-with-learning.md's evalBrief:
+	// wordingRetryWithLearning is spec/retry-with-learning.md's evalBrief:
 	// the criteria on the question's line.
-	WordingRetryWithLearning Wording = iota
-	// WordingFallbackChain is spec/fallback-chain.md's evalBrief: the
+	wordingRetryWithLearning wording = iota
+	// wordingFallbackChain is spec/fallback-chain.md's evalBrief: the
 	// criteria on a line of their own.
-	WordingFallbackChain
-	// WordingRace asks whether the result satisfies the acceptance criteria
+	wordingFallbackChain
+	// wordingRace asks whether the result satisfies the acceptance criteria
 	// and wants "is_acceptable" back; otherwise worded like fallback-chain.
-	WordingRace
+	wordingRace
 )
 
 // field is the JSON field the judge answers with.
-func (w Wording) field() string {
-	if w == WordingRace {
+func (w wording) field() string {
+	if w == wordingRace {
 		return "is_acceptable"
 	}
 	return "is_failure"
 }
 
-// JudgeBrief is the brief the judge gets for a result, byte for byte the
+// judgeBrief is the brief the judge gets for a result, byte for byte the
 // reference's evalBrief for the control's wording.
-func JudgeBrief(w Wording, criteria string, r *stubbornv1.Result) string {
-	result := FirstChars(ResultString(r), JudgeResultChars)
+func judgeBrief(w wording, criteria string, r *stubbornv1.Result) string {
+	result := FirstChars(ResultString(r), judgeResultChars)
 	switch w {
-	case WordingFallbackChain:
+	case wordingFallbackChain:
 		return "Does this result satisfy the failure criteria?\n\nCriteria: \"" + criteria + "\"\n\nResult:\n" + result +
 			"\n\nRespond with JSON: { \"is_failure\": true/false, \"reason\": \"...\" }"
-	case WordingRace:
+	case wordingRace:
 		return "Does this result satisfy the acceptance criteria?\n\nCriteria: \"" + criteria + "\"\n\nResult:\n" + result +
 			"\n\nRespond with JSON: { \"is_acceptable\": true/false, \"reason\": \"...\" }"
 	default:
@@ -63,10 +63,10 @@ var (
 	acceptableJSON = regexp.MustCompile(`\{[\s\S]*"is_acceptable"[\s\S]*\}`)
 )
 
-// Judge is failure criteria in natural language, judged by a judge delegate
+// judgeCriteria is failure criteria in natural language, judged by a judge delegate
 // (failure_criteria, acceptance_criteria). The judge call is not an attempt:
 // it is not recorded in the attempt log. Safe for concurrent use.
-type Judge struct {
+type judgeCriteria struct {
 	// Delegates reaches the judge.
 	Delegates Delegates
 	// Name is the judge delegate's registry name.
@@ -74,7 +74,7 @@ type Judge struct {
 	// Criteria is the natural-language criteria.
 	Criteria string
 	// Wording selects the brief and the answer's field.
-	Wording Wording
+	Wording wording
 }
 
 // Check sends the judge the reference brief and reads its answer:
@@ -85,16 +85,16 @@ type Judge struct {
 //   - the strings "true" and "false" (any case, trimmed) count as booleans.
 //   - anything else, including no JSON object: accepted (fail open), with a
 //     note that the judge's answer could not be read.
-//   - the judge call fails: a *CriteriaError `judge "<name>" failed:
+//   - the judge call fails: a *criteriaError `judge "<name>" failed:
 //     <message>`, so the attempt fails with it.
-func (j *Judge) Check(ctx context.Context, attempt int32, _ string, r *stubbornv1.Result) (Verdict, error) {
-	res, err := j.Delegates.Call(ctx, Call{Delegate: j.Name, Brief: JudgeBrief(j.Wording, j.Criteria, r), Attempt: attempt})
+func (j *judgeCriteria) Check(ctx context.Context, attempt int32, _ string, r *stubbornv1.Result) (Verdict, error) {
+	res, err := j.Delegates.Call(ctx, Call{Delegate: j.Name, Brief: judgeBrief(j.Wording, j.Criteria, r), Attempt: attempt})
 	if err != nil {
 		msg := Message(err)
 		if ctx.Err() != nil {
 			msg = "cancelled"
 		}
-		return Verdict{}, &CriteriaError{
+		return Verdict{}, &criteriaError{
 			Source: stubbornv1.FailureSource_FAILURE_SOURCE_JUDGE,
 			Msg:    fmt.Sprintf("judge %q failed: %s", j.Name, msg),
 		}
@@ -106,7 +106,7 @@ func (j *Judge) Check(ctx context.Context, attempt int32, _ string, r *stubbornv
 			j.Name, FirstChars(answer, 200))}, nil
 	}
 	failed := value
-	if j.Wording == WordingRace {
+	if j.Wording == wordingRace {
 		failed = !value // is_acceptable
 	}
 	if !failed {
@@ -121,9 +121,9 @@ func (j *Judge) Check(ctx context.Context, attempt int32, _ string, r *stubbornv
 // readJudgeAnswer finds the JSON object with the wording's field in a
 // judge's answer and returns the field's boolean value and the reason. ok
 // is false when the answer cannot be read.
-func readJudgeAnswer(w Wording, answer string) (value bool, reason string, ok bool) {
+func readJudgeAnswer(w wording, answer string) (value bool, reason string, ok bool) {
 	re := failureJSON
-	if w == WordingRace {
+	if w == wordingRace {
 		re = acceptableJSON
 	}
 	m := re.FindString(answer)
@@ -160,10 +160,10 @@ func readJudgeAnswer(w Wording, answer string) (value bool, reason string, ok bo
 	return value, reason, true
 }
 
-// CriteriaError is a failure of the judging itself: the judge's call failed,
+// criteriaError is a failure of the judging itself: the judge's call failed,
 // or a CEL expression could not be evaluated. The attempt fails with Msg as
 // its reason.
-type CriteriaError struct {
+type criteriaError struct {
 	// Source is who could not judge: FAILURE_SOURCE_JUDGE or
 	// FAILURE_SOURCE_CEL.
 	Source stubbornv1.FailureSource
@@ -171,17 +171,17 @@ type CriteriaError struct {
 	Msg string
 }
 
-func (e *CriteriaError) Error() string { return e.Msg }
+func (e *criteriaError) Error() string { return e.Msg }
 
-// RunCriteria is the failure criteria of one run's control: the CEL
+// runCriteria is the failure criteria of one run's control: the CEL
 // expression first (cheap, deterministic), then the judge, and an answer
 // fails when either rejects it. It remembers who rejected each attempt, for
 // FailureRecord.source. Safe for concurrent use (race).
-type RunCriteria struct {
+type runCriteria struct {
 	expr  *Expr
-	judge *Judge
+	judge *judgeCriteria
 	// broken, when set, fails every check: the criteria could not be built.
-	broken *CriteriaError
+	broken *criteriaError
 
 	mu      sync.Mutex
 	sources map[int32]stubbornv1.FailureSource
@@ -196,40 +196,40 @@ type RunCriteria struct {
 func NewCriteria(spec *stubbornv1.ControlSpec, judge string, d Delegates) Criteria {
 	var (
 		text, expr, exprField string
-		w                     Wording
+		w                     wording
 	)
 	switch k := spec.GetKind().(type) {
 	case *stubbornv1.ControlSpec_RetryWithLearning:
-		text, expr, exprField, w = k.RetryWithLearning.GetFailureCriteria(), k.RetryWithLearning.GetFailureWhen(), "failure_when", WordingRetryWithLearning
+		text, expr, exprField, w = k.RetryWithLearning.GetFailureCriteria(), k.RetryWithLearning.GetFailureWhen(), "failure_when", wordingRetryWithLearning
 	case *stubbornv1.ControlSpec_FallbackChain:
-		text, expr, exprField, w = k.FallbackChain.GetFailureCriteria(), k.FallbackChain.GetFailureWhen(), "failure_when", WordingFallbackChain
+		text, expr, exprField, w = k.FallbackChain.GetFailureCriteria(), k.FallbackChain.GetFailureWhen(), "failure_when", wordingFallbackChain
 	case *stubbornv1.ControlSpec_Race:
-		text, expr, exprField, w = k.Race.GetAcceptanceCriteria(), k.Race.GetAcceptWhen(), "accept_when", WordingRace
+		text, expr, exprField, w = k.Race.GetAcceptanceCriteria(), k.Race.GetAcceptWhen(), "accept_when", wordingRace
 	}
 	if text == "" && expr == "" {
 		return nil
 	}
-	c := &RunCriteria{sources: map[int32]stubbornv1.FailureSource{}}
+	c := &runCriteria{sources: map[int32]stubbornv1.FailureSource{}}
 	if expr != "" {
 		e, err := CompileExpr(exprField, expr)
 		if err != nil {
-			c.broken = &CriteriaError{Source: stubbornv1.FailureSource_FAILURE_SOURCE_CEL, Msg: exprField + " does not compile: " + err.Error()}
+			c.broken = &criteriaError{Source: stubbornv1.FailureSource_FAILURE_SOURCE_CEL, Msg: exprField + " does not compile: " + err.Error()}
 			return c
 		}
 		c.expr = e
 	}
 	if text != "" {
 		if judge == "" {
-			c.broken = &CriteriaError{Source: stubbornv1.FailureSource_FAILURE_SOURCE_JUDGE, Msg: "no judge delegate is configured for the failure criteria"}
+			c.broken = &criteriaError{Source: stubbornv1.FailureSource_FAILURE_SOURCE_JUDGE, Msg: "no judge delegate is configured for the failure criteria"}
 			return c
 		}
-		c.judge = &Judge{Delegates: d, Name: judge, Criteria: text, Wording: w}
+		c.judge = &judgeCriteria{Delegates: d, Name: judge, Criteria: text, Wording: w}
 	}
 	return c
 }
 
 // Check applies the CEL expression, then, if it passed, the judge.
-func (c *RunCriteria) Check(ctx context.Context, attempt int32, delegate string, r *stubbornv1.Result) (Verdict, error) {
+func (c *runCriteria) Check(ctx context.Context, attempt int32, delegate string, r *stubbornv1.Result) (Verdict, error) {
 	if c.broken != nil {
 		c.record(attempt, c.broken.Source)
 		return Verdict{}, c.broken
@@ -254,7 +254,7 @@ func (c *RunCriteria) Check(ctx context.Context, attempt int32, delegate string,
 	return Verdict{Note: strings.Join(notes, "; ")}, nil
 }
 
-func (c *RunCriteria) record(attempt int32, s stubbornv1.FailureSource) {
+func (c *runCriteria) record(attempt int32, s stubbornv1.FailureSource) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sources[attempt] = s
@@ -262,7 +262,7 @@ func (c *RunCriteria) record(attempt int32, s stubbornv1.FailureSource) {
 
 // Source says who rejected an attempt: FAILURE_SOURCE_CEL or
 // FAILURE_SOURCE_JUDGE, or UNSPECIFIED when these criteria did not.
-func (c *RunCriteria) Source(attempt int32) stubbornv1.FailureSource {
+func (c *runCriteria) Source(attempt int32) stubbornv1.FailureSource {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.sources[attempt]

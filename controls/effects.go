@@ -21,7 +21,7 @@ import (
 
 // answer returns attempt n's answer, judged: the journal's, or the call's.
 // An attempt in flight when the run changed hands comes back as
-// ErrInterrupted.
+// errInterrupted.
 //
 // A preset's attempt whose end the journal holds is run again (unless it
 // was cancelled), so that its own steps, which are in the run's attempt log

@@ -7,13 +7,13 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// FallbackChain tries delegates in order, each with the original brief and
+// fallbackChain tries delegates in order, each with the original brief and
 // no failure context (spec/fallback-chain.md). The first accepted result
 // wins and no later delegate is called. A delegate whose health check
 // reports NOT_SERVING is skipped without a call, and the skip is recorded
 // as its failure. When every delegate fails the outcome is EXHAUSTED with no
 // result and no winner, and attempts equals the chain's length.
-func FallbackChain(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.FallbackChainSpec) Outcome {
+func fallbackChain(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.FallbackChainSpec) Outcome {
 	chain := spec.GetChain()
 	for i, name := range chain {
 		if ctx.Err() != nil {

@@ -6,9 +6,9 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// A run's state is one fold over its events: Apply(state, event), in seq
+// A run's state is one fold over its events: apply(state, event), in seq
 // order, from the run_started event's state. The tracker folds every event
-// it emits or replays with Apply, and stamps the status the fold reached on
+// it emits or replays with apply, and stamps the status the fold reached on
 // the event (RunEvent.status), so every reader of a run's events (the
 // server's run feed, the console, a client in any language) reads the
 // status there rather than working it out again. NextStatus is the run's
@@ -46,7 +46,7 @@ func StatusAfter(prev stubbornv1.RunStatus, ev *stubbornv1.RunEvent) stubbornv1.
 	return NextStatus(prev, ev)
 }
 
-// Apply folds ev, the run's next event, into st, the state the run's
+// apply folds ev, the run's next event, into st, the state the run's
 // events before it folded to (for run_started, an empty state or the
 // state it carries). st takes ev's messages (an attempt, a failure
 // record) as they are: clone ev first when it must not change with st.
@@ -65,7 +65,7 @@ func StatusAfter(prev stubbornv1.RunStatus, ev *stubbornv1.RunEvent) stubbornv1.
 //   - run_finished: result, winner, status_reason and its code, end_time
 //     and attempts are the final state's (its attempt log and failure
 //     history are what the events before it folded to, uncut).
-func Apply(st *stubbornv1.ControlState, ev *stubbornv1.RunEvent) {
+func apply(st *stubbornv1.ControlState, ev *stubbornv1.RunEvent) {
 	switch k := ev.GetKind().(type) {
 	case *stubbornv1.RunEvent_RunStarted:
 		if from := k.RunStarted.GetState(); from != nil && from != st {
@@ -125,7 +125,7 @@ func Apply(st *stubbornv1.ControlState, ev *stubbornv1.RunEvent) {
 func Fold(events []*stubbornv1.RunEvent) *stubbornv1.ControlState {
 	st := &stubbornv1.ControlState{}
 	for _, ev := range events {
-		Apply(st, proto.CloneOf(ev))
+		apply(st, proto.CloneOf(ev))
 	}
 	return st
 }

@@ -138,7 +138,7 @@ func (t *Tracker) nextAttempt() int32 {
 // recordedAnswer returns how attempt n ended according to the journal, as
 // its attempt's end and, if it failed, its failure record had it. An
 // attempt that started but never finished comes back interrupted (as
-// ErrInterrupted): the delegate may or may not have done it. ok is false
+// errInterrupted): the delegate may or may not have done it. ok is false
 // when the journal does not know the attempt's end, and the attempt must be
 // made.
 func (t *Tracker) recordedAnswer(n int32) (attemptResult, bool) {
@@ -158,8 +158,8 @@ func (t *Tracker) recordedAnswer(n int32) (attemptResult, bool) {
 	case interrupted:
 		return attemptResult{
 			outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED,
-			err:     ErrInterrupted, failed: true,
-			reason: ErrInterrupted.Message, summary: "Error: " + ErrInterrupted.Message,
+			err:     errInterrupted, failed: true,
+			reason: errInterrupted.Message, summary: "Error: " + errInterrupted.Message,
 		}, true
 	case fin == nil:
 		return attemptResult{}, false

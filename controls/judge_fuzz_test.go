@@ -30,7 +30,7 @@ func FuzzJudgeAnswer(f *testing.F) {
 		f.Add(a, "the answer must cite a source")
 	}
 	f.Fuzz(func(t *testing.T, answer, criteria string) {
-		for _, w := range []Wording{WordingRetryWithLearning, WordingFallbackChain, WordingRace} {
+		for _, w := range []wording{wordingRetryWithLearning, wordingFallbackChain, wordingRace} {
 			value, reason, ok := readJudgeAnswer(w, answer)
 			if !ok && (value || reason != "") {
 				t.Fatalf("unread answer %q gave %v, %q", answer, value, reason)
@@ -38,7 +38,7 @@ func FuzzJudgeAnswer(f *testing.F) {
 			if ok && !strings.Contains(answer, `"`+w.field()+`"`) {
 				t.Fatalf("answer %q read without %q", answer, w.field())
 			}
-			brief := JudgeBrief(w, criteria, &stubbornv1.Result{Text: answer})
+			brief := judgeBrief(w, criteria, &stubbornv1.Result{Text: answer})
 			if !strings.Contains(brief, `"`+criteria+`"`) {
 				t.Fatalf("brief does not quote the criteria %q", criteria)
 			}

@@ -8,11 +8,11 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// DefaultMaxRetries is retry-with-learning's total number of attempts when
+// defaultMaxRetries is retry-with-learning's total number of attempts when
 // max_retries is unset.
-const DefaultMaxRetries = 3
+const defaultMaxRetries = 3
 
-// RetryWithLearning retries the same delegate, each retry's brief carrying
+// retryWithLearning retries the same delegate, each retry's brief carrying
 // the whole failure history (spec/retry-with-learning.md).
 //
 // max_retries is the total number of attempts. Attempt 1 gets the original
@@ -23,10 +23,10 @@ const DefaultMaxRetries = 3
 // log.
 //
 // With an analyst, each failure that another attempt follows is sent to the
-// analyst (AnalystBrief) and its advice joins the failure's record, and so
+// analyst (analystBrief) and its advice joins the failure's record, and so
 // every later brief. Without one, briefs are exactly the reference format.
-func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.RetryWithLearningSpec) Outcome {
-	maxRetries := DefaultMaxRetries
+func retryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.RetryWithLearningSpec) Outcome {
+	maxRetries := defaultMaxRetries
 	if spec.MaxRetries != nil {
 		maxRetries = int(spec.GetMaxRetries())
 	}
@@ -93,13 +93,13 @@ func RetryWithLearning(ctx context.Context, env *Env, taskBrief string, spec *st
 	return exhausted("all %d attempts failed", maxRetries)
 }
 
-// AnalystAdviceChars bounds the analyst's advice kept in a failure record,
+// analystAdviceChars bounds the analyst's advice kept in a failure record,
 // in characters (and MaxReasonBytes in bytes): it joins every later brief.
-const AnalystAdviceChars = 2000
+const analystAdviceChars = 2000
 
-// AnalystBrief is the brief the analyst gets about a failed attempt: the
+// analystBrief is the brief the analyst gets about a failed attempt: the
 // task, the attempt's summary and its failure reason, and the question.
-func AnalystBrief(taskBrief string, rec *stubbornv1.FailureRecord) string {
+func analystBrief(taskBrief string, rec *stubbornv1.FailureRecord) string {
 	return fmt.Sprintf("A task was attempted and the attempt failed.\n\nTask:\n%s\n\nAttempt %d: %s\nFailure reason: %s\n\n"+
 		"What should the next attempt do differently? Answer with the advice only.",
 		taskBrief, rec.GetAttempt(), rec.GetSummary(), rec.GetReason())
@@ -110,7 +110,7 @@ func AnalystBrief(taskBrief string, rec *stubbornv1.FailureRecord) string {
 // error or an empty answer leaves no analysis, and rec.AnalysisError says
 // why. The call is not an attempt and is not in the attempt log.
 func analyse(ctx context.Context, env *Env, analyst, taskBrief string, rec *stubbornv1.FailureRecord) {
-	res, err := env.Delegates.Call(ctx, Call{Delegate: analyst, Brief: AnalystBrief(taskBrief, rec), Attempt: rec.GetAttempt()})
+	res, err := env.Delegates.Call(ctx, Call{Delegate: analyst, Brief: analystBrief(taskBrief, rec), Attempt: rec.GetAttempt()})
 	switch {
 	case ctx.Err() != nil:
 		rec.AnalysisError = fmt.Sprintf("analyst %q failed: cancelled", analyst)
@@ -122,7 +122,7 @@ func analyse(ctx context.Context, env *Env, analyst, taskBrief string, rec *stub
 			rec.AnalysisError = fmt.Sprintf("analyst %q gave no advice (empty answer)", analyst)
 			return
 		}
-		rec.Analysis = Cut(FirstChars(advice, AnalystAdviceChars), MaxReasonBytes)
+		rec.Analysis = Cut(FirstChars(advice, analystAdviceChars), MaxReasonBytes)
 	}
 }
 

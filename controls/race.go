@@ -12,7 +12,7 @@ import (
 // errLostRace is the cancellation cause seen by the calls that lost a race.
 var errLostRace = errors.New("another candidate won the race")
 
-// Race calls the candidates with the same brief: all at once, or with
+// race calls the candidates with the same brief: all at once, or with
 // hedge_delay one after another in list order (a hedged race). The first
 // acceptable result wins; the calls still running are cancelled for real
 // (their context is cancelled) and recorded as cancelled at once, without
@@ -28,7 +28,7 @@ var errLostRace = errors.New("another candidate won the race")
 // the journal shows started before it looks at any answer, and takes the
 // journal's answers before it looks at the clock, so that it starts the
 // same candidates, for the same reasons, without waiting again.
-func Race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.RaceSpec) Outcome {
+func race(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.RaceSpec) Outcome {
 	if ctx.Err() != nil {
 		return stopped(ctx)
 	}

@@ -16,12 +16,12 @@ import (
 
 // Defaults for the retry control's unset RetrySpec fields.
 const (
-	// DefaultRetryAttempts is the number of retries after the first try.
-	DefaultRetryAttempts = 6
-	// DefaultRetryBaseWait is the base of the exponential backoff.
-	DefaultRetryBaseWait = time.Second
-	// DefaultRetryMaxWait is the longest wait before any retry.
-	DefaultRetryMaxWait = 60 * time.Second
+	// defaultRetryAttempts is the number of retries after the first try.
+	defaultRetryAttempts = 6
+	// defaultRetryBaseWait is the base of the exponential backoff.
+	defaultRetryBaseWait = time.Second
+	// defaultRetryMaxWait is the longest wait before any retry.
+	defaultRetryMaxWait = 60 * time.Second
 )
 
 // Reasons a failure is not retried that are not built from the failure.
@@ -34,7 +34,7 @@ const (
 	reasonExhausted = "retries exhausted"
 )
 
-// Retry calls the same delegate again after a full-jitter exponential
+// retryControl calls the same delegate again after a full-jitter exponential
 // backoff, for transient failures only (spec/retry-backoff.md). Every
 // attempt gets the original brief.
 //
@@ -54,7 +54,7 @@ const (
 //     the attempt;
 //   - the retry budget, if env.Budgets is set, allows it.
 //
-// The wait before retry n of a round is drawn by [Backoff] from
+// The wait before retry n of a round is drawn by backoff from
 // [0, min(max_wait, base·2^(n-1))]; a server hint replaces it, and its
 // backoff_scheduled event then has from_hint set and bound = max_wait (the
 // only bound a hint obeys). The backoff event is emitted before every wait,
@@ -79,7 +79,7 @@ const (
 //
 // The run's context ending, during an attempt, a wait or the decision,
 // ends the control at once with [stopped]'s outcome, never with a retry.
-func Retry(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.RetrySpec) Outcome {
+func retryControl(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.RetrySpec) Outcome {
 	r := newRetry(env, taskBrief, spec)
 	for round := 1; ; round++ {
 		out, spent := r.run(ctx, env, round)
@@ -120,9 +120,9 @@ type retry struct {
 func newRetry(env *Env, taskBrief string, spec *stubbornv1.RetrySpec) retry {
 	r := retry{
 		target: spec.GetTarget(), brief: taskBrief, info: env.Delegates.Info(spec.GetTarget()),
-		retries:         DefaultRetryAttempts,
-		base:            durationOr(spec.GetBaseWait().AsDuration(), spec.GetBaseWait() != nil, DefaultRetryBaseWait),
-		maxWait:         durationOr(spec.GetMaxWait().AsDuration(), spec.GetMaxWait() != nil, DefaultRetryMaxWait),
+		retries:         defaultRetryAttempts,
+		base:            durationOr(spec.GetBaseWait().AsDuration(), spec.GetBaseWait() != nil, defaultRetryBaseWait),
+		maxWait:         durationOr(spec.GetMaxWait().AsDuration(), spec.GetMaxWait() != nil, defaultRetryMaxWait),
 		decisionTimeout: spec.GetDecisionTimeout().AsDuration(), // unset: 0, wait for ever
 		ask:             spec.GetOnExhausted() != stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL && !env.NeverAsk,
 	}
@@ -138,7 +138,7 @@ func newRetry(env *Env, taskBrief string, spec *stubbornv1.RetrySpec) retry {
 
 // run is one round, the retry contract's run(retries, fun, transient,
 // announce): it calls the target, and while a failure is to be retried
-// (see [Retry]) it announces the wait, waits, and calls again. It returns
+// (see retryControl) it announces the wait, waits, and calls again. It returns
 // how the run ends, or, when the round's retries ran out, spent: why, in
 // words. A round after the first starts with a retry, its backoff drawn
 // from the base again.
@@ -147,7 +147,7 @@ func (r *retry) run(ctx context.Context, env *Env, round int) (out Outcome, spen
 	var w retryWait
 	if round > 1 {
 		allowed = max(r.retries, 1)
-		w.wait, w.bound = Backoff(env.Rand, 1, r.base, r.maxWait)
+		w.wait, w.bound = backoff(env.Rand, 1, r.base, r.maxWait)
 		w.pastDeadline = env.endsPastDeadline(ctx, w.wait)
 	}
 	for again := round > 1; ; again = true {
@@ -230,7 +230,7 @@ type retryWait struct {
 
 // transient is the contract's transient(answer): the failure record of
 // attempt n, whose not_retried_reason says why the failure is not retried
-// (see [Retry], up to the round's retries running out), and, when it may
+// (see retryControl, up to the round's retries running out), and, when it may
 // be, the wait before the retry. The deadline and the retry budget have
 // the last word (see Env.analysed).
 func (r *retry) transient(ctx context.Context, env *Env, n int32, a attemptResult, used, allowed, round int) (*stubbornv1.FailureRecord, retryWait) {
@@ -270,7 +270,7 @@ func (r *retry) transient(ctx context.Context, env *Env, n int32, a attemptResul
 		if w.fromHint = ce.HasHint; w.fromHint {
 			w.wait, w.bound = ce.RetryHint, r.maxWait
 		} else {
-			w.wait, w.bound = Backoff(env.Rand, used+1, r.base, r.maxWait)
+			w.wait, w.bound = backoff(env.Rand, used+1, r.base, r.maxWait)
 		}
 		w.pastDeadline = env.endsPastDeadline(ctx, w.wait)
 		return rec, w

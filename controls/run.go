@@ -44,7 +44,7 @@ func Execute(ctx context.Context, env *Env, brief string, spec *stubbornv1.Contr
 		defer stop(nil)
 		if env.Tracker.stopWith(stop) {
 			out := execute(ctx, env, brief, spec)
-			if nd, ok := errors.AsType[*NondeterminismError](context.Cause(ctx)); ok {
+			if nd, ok := errors.AsType[*nondeterminismError](context.Cause(ctx)); ok {
 				return failedWith(stubbornv1.StatusReason_STATUS_REASON_NONDETERMINISTIC_REPLAY, nd.Error())
 			}
 			return out
@@ -57,13 +57,13 @@ func Execute(ctx context.Context, env *Env, brief string, spec *stubbornv1.Contr
 func execute(ctx context.Context, env *Env, brief string, spec *stubbornv1.ControlSpec) Outcome {
 	switch k := spec.GetKind().(type) {
 	case *stubbornv1.ControlSpec_RetryWithLearning:
-		return RetryWithLearning(ctx, env, brief, k.RetryWithLearning)
+		return retryWithLearning(ctx, env, brief, k.RetryWithLearning)
 	case *stubbornv1.ControlSpec_FallbackChain:
-		return FallbackChain(ctx, env, brief, k.FallbackChain)
+		return fallbackChain(ctx, env, brief, k.FallbackChain)
 	case *stubbornv1.ControlSpec_Race:
-		return Race(ctx, env, brief, k.Race)
+		return race(ctx, env, brief, k.Race)
 	case *stubbornv1.ControlSpec_Retry:
-		return Retry(ctx, env, brief, k.Retry)
+		return retryControl(ctx, env, brief, k.Retry)
 	}
 	return failedWith(stubbornv1.StatusReason_STATUS_REASON_NO_CONTROL, "no control in spec")
 }
@@ -207,7 +207,7 @@ func call(ctx context.Context, env *Env, n int32, slot, delegate, brief string) 
 		res *stubbornv1.Result
 		err error
 	)
-	if _, ok := errors.AsType[*NondeterminismError](context.Cause(ctx)); ok {
+	if _, ok := errors.AsType[*nondeterminismError](context.Cause(ctx)); ok {
 		// The run ended at a replay that went another way (Execute): no
 		// call is made for it, not even one that would fail at once.
 		return judge(ctx, env, n, delegate, nil, ctx.Err())
@@ -298,9 +298,9 @@ func judge(ctx context.Context, env *Env, n int32, delegate string, res *stubbor
 // errCallPanicked is what a guard is told of a call that panicked.
 var errCallPanicked = errors.New("the delegate call panicked")
 
-// ErrInterrupted is the error of an attempt that was in flight when the
+// errInterrupted is the error of an attempt that was in flight when the
 // server driving its run stopped.
-var ErrInterrupted = &CallError{
+var errInterrupted = &CallError{
 	Code:        codes.Unavailable,
 	Message:     "interrupted: the server driving the run stopped during the call",
 	Interrupted: true,

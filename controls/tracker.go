@@ -43,7 +43,7 @@ var ErrNotAwaitingDecision = errors.New("run is not awaiting a decision")
 // without waiting it again, the decision without asking — and its event is
 // not emitted twice. The first step the journal lacks is done for real, and
 // from there the run goes on live. An attempt that started but never
-// finished comes back as interrupted (ErrInterrupted). The controls never
+// finished comes back as interrupted (errInterrupted). The controls never
 // ask which: the effects their Env gives them are the journal's or live.
 type Tracker struct {
 	mu       sync.Mutex
@@ -67,13 +67,13 @@ type Tracker struct {
 	output map[int32]*streamedOutput
 }
 
-// NondeterminismError is why a resumed run ended at a step its journal
+// nondeterminismError is why a resumed run ended at a step its journal
 // recorded otherwise: its control now starts attempt Attempt to another
 // delegate, or at another path, than the journal had (as after a config
 // reload changed a preset between a crash and the takeover). The run ends
 // FAILED, STATUS_REASON_NONDETERMINISTIC_REPLAY, and no answer recorded
 // for another call is taken.
-type NondeterminismError struct {
+type nondeterminismError struct {
 	// Attempt is the run-wide number of the attempt.
 	Attempt int32
 	// Recorded and Asked are the delegate and path the journal had and
@@ -81,7 +81,7 @@ type NondeterminismError struct {
 	RecordedDelegate, RecordedPath, AskedDelegate, AskedPath string
 }
 
-func (e *NondeterminismError) Error() string {
+func (e *nondeterminismError) Error() string {
 	at := func(path string) string {
 		if path == "" {
 			return ""
@@ -119,7 +119,7 @@ func NewReplayTracker(state *stubbornv1.ControlState, clock Clock, rec Recorder,
 		// recorded step without changing the state, and only what happens
 		// live folds into it.
 		for _, ev := range recorded {
-			Apply(state, proto.CloneOf(ev))
+			apply(state, proto.CloneOf(ev))
 			if o := ev.GetAttemptOutput(); o != nil {
 				t.streamed(o, false)
 			}
@@ -154,7 +154,7 @@ func (t *Tracker) now() *timestamppb.Timestamp {
 
 // fold stamps ev, a change that happens now at path, with its path, its
 // time (at, from now) and the status it leads to (NextStatus), folds it
-// into the state (Apply) and emits it. Callers hold t.mu, so events leave
+// into the state (apply) and emits it. Callers hold t.mu, so events leave
 // in the order the state changed.
 //
 // Once run_finished is emitted, nothing changes any more: a control may
@@ -167,7 +167,7 @@ func (t *Tracker) fold(at *timestamppb.Timestamp, path string, ev *stubbornv1.Ru
 	}
 	ev.Path, ev.Time = path, at
 	ev.Status = NextStatus(t.state.GetStatus(), ev)
-	Apply(t.state, ev)
+	apply(t.state, ev)
 	t.emit(ev)
 }
 
@@ -243,7 +243,7 @@ func (t *Tracker) beginAttempt(path, delegate, brief string, waitBefore time.Dur
 		// The control went another way than the journal: the run ends
 		// here. The attempt goes on unrecorded (the run has finished) and
 		// its call is never made: the control's context is ended.
-		t.divergeLocked(&NondeterminismError{Attempt: a.GetNumber(), RecordedDelegate: a.GetDelegate(), RecordedPath: a.GetPath(), AskedDelegate: delegate, AskedPath: path})
+		t.divergeLocked(&nondeterminismError{Attempt: a.GetNumber(), RecordedDelegate: a.GetDelegate(), RecordedPath: a.GetPath(), AskedDelegate: delegate, AskedPath: path})
 	}
 	n := t.nextNumber()
 	now := t.now()
@@ -591,7 +591,7 @@ func (t *Tracker) Finish(status stubbornv1.RunStatus, result *stubbornv1.Result,
 // than its journal recorded: FAILED with err's words, and the control
 // stopped (Execute's context ends with err as its cause). Callers hold
 // t.mu.
-func (t *Tracker) divergeLocked(err *NondeterminismError) {
+func (t *Tracker) divergeLocked(err *nondeterminismError) {
 	t.finishLocked(stubbornv1.RunStatus_RUN_STATUS_FAILED, nil, "", err.Error(), stubbornv1.StatusReason_STATUS_REASON_NONDETERMINISTIC_REPLAY)
 	if t.stop != nil {
 		t.stop(err)

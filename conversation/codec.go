@@ -83,13 +83,13 @@ type Entry struct {
 	// API's default.
 	Temperature *float64
 	// MaxTokens is used when the conversation sets none. 0 means the API's
-	// default (Anthropic, which requires one: DefaultAnthropicMaxTokens).
+	// default (Anthropic, which requires one: defaultAnthropicMaxTokens).
 	MaxTokens int64
 }
 
-// DefaultAnthropicMaxTokens is the max_tokens sent to Anthropic when neither
+// defaultAnthropicMaxTokens is the max_tokens sent to Anthropic when neither
 // the conversation nor the entry sets one: the Messages API requires it.
-const DefaultAnthropicMaxTokens = 1024
+const defaultAnthropicMaxTokens = 1024
 
 // Meta is what a door's response says about itself beside the answer.
 type Meta struct {
@@ -186,8 +186,8 @@ type StreamError struct {
 
 func (e *StreamError) Error() string { return "stream error: " + e.Type + ": " + e.Message }
 
-// For returns the codec of api, or nil for an API Stubborn does not speak.
-func For(api stubbornv1.ConversationAPI) Codec {
+// codecFor returns the codec of api, or nil for an API Stubborn does not speak.
+func codecFor(api stubbornv1.ConversationAPI) Codec {
 	switch api {
 	case ChatCompletions:
 		return Chat{}

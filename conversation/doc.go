@@ -29,8 +29,8 @@
 // response and sent only to a Responses API delegate. An earlier answer's
 // item ids, statuses and annotations, sent back as input, are read and
 // left out: they are the provider's bookkeeping, not the model's input. Its
-// answer is choice 0 (the API has no n). Its stream encoder
-// (*ResponsesStreamEncoder) also ends a stream with an error (Fail): an
+// answer is choice 0 (the API has no n). Its stream encoder also ends a
+// stream with an error (its method Fail(code, message)): an
 // `error` event, which the openai SDKs raise, then response.failed.
 //
 // response_format to Anthropic is refused, not emulated. The usual emulation

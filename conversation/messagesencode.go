@@ -89,7 +89,7 @@ func (Messages) EncodeRequest(c *stubbornv1.Conversation, e Entry, stream bool) 
 		maxTokens = o.GetMaxCompletionTokens()
 	}
 	if maxTokens <= 0 {
-		maxTokens = DefaultAnthropicMaxTokens
+		maxTokens = defaultAnthropicMaxTokens
 	}
 	out["max_tokens"] = maxTokens
 	if o.Temperature != nil {

@@ -21,9 +21,9 @@ func (Responses) API() stubbornv1.ConversationAPI { return ResponsesAPI }
 
 // Bounds of the Responses API's metadata, as the API sets them.
 const (
-	MaxMetadata         = 16
-	MaxMetadataKeyLen   = 64
-	MaxMetadataValueLen = 512
+	maxMetadata         = 16
+	maxMetadataKeyLen   = 64
+	maxMetadataValueLen = 512
 )
 
 var (
@@ -434,23 +434,23 @@ func decodeMetadata(r json.RawMessage) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(o) > MaxMetadata {
-		return nil, fieldErr("metadata", "has %d keys, more than %d", len(o), MaxMetadata)
+	if len(o) > maxMetadata {
+		return nil, fieldErr("metadata", "has %d keys, more than %d", len(o), maxMetadata)
 	}
 	if len(o) == 0 {
 		return nil, nil
 	}
 	out := make(map[string]string, len(o))
 	for k, v := range o {
-		if utf8.RuneCountInString(k) > MaxMetadataKeyLen {
-			return nil, fieldErr("metadata", "key %.64q… is longer than %d characters", k, MaxMetadataKeyLen)
+		if utf8.RuneCountInString(k) > maxMetadataKeyLen {
+			return nil, fieldErr("metadata", "key %.64q… is longer than %d characters", k, maxMetadataKeyLen)
 		}
 		s, err := str(v, join("metadata", k))
 		if err != nil {
 			return nil, err
 		}
-		if utf8.RuneCountInString(s) > MaxMetadataValueLen {
-			return nil, fieldErr(join("metadata", k), "is longer than %d characters", MaxMetadataValueLen)
+		if utf8.RuneCountInString(s) > maxMetadataValueLen {
+			return nil, fieldErr(join("metadata", k), "is longer than %d characters", maxMetadataValueLen)
 		}
 		out[k] = s
 	}

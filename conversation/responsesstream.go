@@ -16,12 +16,13 @@ import (
 // response.output_item.done) when the next one is added or the answer
 // ends; last response.completed, or response.incomplete, with the whole
 // response. Every event names its type and carries a sequence_number from
-// 0. The encoder it returns is a *ResponsesStreamEncoder.
-func (Responses) NewStreamEncoder(m Meta) StreamEncoder { return &ResponsesStreamEncoder{meta: m} }
+// 0. The encoder it returns also has Fail(code, message string), which ends
+// the stream with an error.
+func (Responses) NewStreamEncoder(m Meta) StreamEncoder { return &responsesStreamEncoder{meta: m} }
 
-// ResponsesStreamEncoder writes a Responses API event stream; Fail ends one
+// responsesStreamEncoder writes a Responses API event stream; Fail ends one
 // with an error.
-type ResponsesStreamEncoder struct {
+type responsesStreamEncoder struct {
 	meta     Meta
 	seq      int64
 	started  bool
@@ -68,7 +69,7 @@ type (
 
 // emit is an event of v, whose type and sequence_number fields are set here
 // (v is a map, or a pointer to an event struct with those fields).
-func (e *ResponsesStreamEncoder) emit(typ string, v any) (Event, error) {
+func (e *responsesStreamEncoder) emit(typ string, v any) (Event, error) {
 	seq := e.seq
 	e.seq++
 	switch x := v.(type) {
@@ -83,7 +84,7 @@ func (e *ResponsesStreamEncoder) emit(typ string, v any) (Event, error) {
 	return Event{Name: typ, Data: b}, err
 }
 
-func (e *ResponsesStreamEncoder) start() ([]Event, error) {
+func (e *responsesStreamEncoder) start() ([]Event, error) {
 	if e.started {
 		return nil, nil
 	}
@@ -106,7 +107,7 @@ func (it *streamItem) item(status string) any {
 }
 
 // add opens a new output item, closing the open one.
-func (e *ResponsesStreamEncoder) add(it *streamItem) ([]Event, error) {
+func (e *responsesStreamEncoder) add(it *streamItem) ([]Event, error) {
 	out, err := e.closeOpen("completed")
 	if err != nil {
 		return nil, err
@@ -137,7 +138,7 @@ func (e *ResponsesStreamEncoder) add(it *streamItem) ([]Event, error) {
 }
 
 // closeOpen writes the open item's done events, with its status.
-func (e *ResponsesStreamEncoder) closeOpen(status string) ([]Event, error) {
+func (e *responsesStreamEncoder) closeOpen(status string) ([]Event, error) {
 	it := e.open
 	if it == nil {
 		return nil, nil
@@ -172,7 +173,7 @@ func (e *ResponsesStreamEncoder) closeOpen(status string) ([]Event, error) {
 // Deltas writes ds (choice 0's: the Responses API has no n). Text after a
 // function call is a new message item; a call's arguments that continue
 // after another item began are written to the call's own output_index.
-func (e *ResponsesStreamEncoder) Deltas(ds []*stubbornv1.OutputDelta) ([]Event, error) {
+func (e *responsesStreamEncoder) Deltas(ds []*stubbornv1.OutputDelta) ([]Event, error) {
 	out, err := e.start()
 	if err != nil {
 		return nil, err
@@ -191,7 +192,7 @@ func (e *ResponsesStreamEncoder) Deltas(ds []*stubbornv1.OutputDelta) ([]Event, 
 	return out, nil
 }
 
-func (e *ResponsesStreamEncoder) delta(d *stubbornv1.OutputDelta) ([]Event, error) {
+func (e *responsesStreamEncoder) delta(d *stubbornv1.OutputDelta) ([]Event, error) {
 	var out []Event
 	if tc := d.GetToolCall(); tc != nil {
 		it := e.calls[tc.GetIndex()]
@@ -235,7 +236,7 @@ func (e *ResponsesStreamEncoder) delta(d *stubbornv1.OutputDelta) ([]Event, erro
 // item, and ends with response.completed (or response.incomplete, with
 // incomplete_details) carrying the whole response: the items as streamed,
 // a refusal as a message item of its own.
-func (e *ResponsesStreamEncoder) End(r *stubbornv1.Result) ([]Event, error) {
+func (e *responsesStreamEncoder) End(r *stubbornv1.Result) ([]Event, error) {
 	c := answerOf(r)
 	status, incomplete := responseStatus(c)
 	out, err := e.Deltas(e.sent.rest(c))
@@ -274,7 +275,7 @@ func (e *ResponsesStreamEncoder) End(r *stubbornv1.Result) ([]Event, error) {
 	return append(out, ev), err
 }
 
-func (e *ResponsesStreamEncoder) emptyMessage(out []Event) ([]Event, error) {
+func (e *responsesStreamEncoder) emptyMessage(out []Event) ([]Event, error) {
 	it := &streamItem{id: messageID(e.meta.ID, e.messages), message: true}
 	e.messages++
 	evs, err := e.add(it)
@@ -282,7 +283,7 @@ func (e *ResponsesStreamEncoder) emptyMessage(out []Event) ([]Event, error) {
 }
 
 // refusal writes a refusal as a message item of its own.
-func (e *ResponsesStreamEncoder) refusal(refusal, status string) ([]Event, error) {
+func (e *responsesStreamEncoder) refusal(refusal, status string) ([]Event, error) {
 	id, index := messageID(e.meta.ID, e.messages), len(e.items)
 	e.messages++
 	part := refusalPart{Type: "refusal", Refusal: refusal}
@@ -310,7 +311,7 @@ func (e *ResponsesStreamEncoder) refusal(refusal, status string) ([]Event, error
 
 // output is the items as the stream wrote them. Items closed before the end
 // are completed; the last one has the response's status.
-func (e *ResponsesStreamEncoder) output(last string) []any {
+func (e *responsesStreamEncoder) output(last string) []any {
 	out := make([]any, 0, len(e.items)+1)
 	for i, it := range e.items {
 		status := "completed"
@@ -329,7 +330,7 @@ func (e *ResponsesStreamEncoder) output(last string) []any {
 // the response so far and its error, for a reader of the raw events. code
 // is a short machine word (such as "stream_interrupted"); message says
 // what happened. It writes nothing after the stream ended.
-func (e *ResponsesStreamEncoder) Fail(code, message string) ([]Event, error) {
+func (e *responsesStreamEncoder) Fail(code, message string) ([]Event, error) {
 	if e.ended {
 		return nil, nil
 	}

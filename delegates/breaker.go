@@ -18,19 +18,19 @@ import (
 type CircuitBreaker struct {
 	// ConsecutiveFailures opens the breaker after that many transient
 	// failures in a row; 0 means not by count. When both this and
-	// FailureRatio are 0, it is DefaultBreakerFailures.
+	// FailureRatio are 0, it is defaultBreakerFailures.
 	ConsecutiveFailures int `yaml:"consecutive_failures,omitempty"`
 	// FailureRatio (0 to 1] opens it when at least that share of the
 	// calls within Window failed, once there were MinCalls; 0 means not
 	// by ratio.
 	FailureRatio float64 `yaml:"failure_ratio,omitempty"`
 	// MinCalls is how many calls within Window FailureRatio needs to
-	// judge; 0 means DefaultBreakerMinCalls.
+	// judge; 0 means defaultBreakerMinCalls.
 	MinCalls int `yaml:"min_calls,omitempty"`
 	// Window is how far back FailureRatio looks; 0 means
-	// DefaultBreakerWindow.
+	// defaultBreakerWindow.
 	Window Duration `yaml:"window,omitempty"`
-	// Cooldown is how long it stays open; 0 means DefaultBreakerCooldown.
+	// Cooldown is how long it stays open; 0 means defaultBreakerCooldown.
 	Cooldown Duration `yaml:"cooldown,omitempty"`
 	// Probes is how many calls it lets through half-open, at once, and
 	// how many answers close it; 0 means 1.
@@ -39,25 +39,25 @@ type CircuitBreaker struct {
 
 // Circuit breaker defaults.
 const (
-	DefaultBreakerFailures = 5
-	DefaultBreakerMinCalls = 10
-	DefaultBreakerWindow   = time.Minute
-	DefaultBreakerCooldown = 30 * time.Second
+	defaultBreakerFailures = 5
+	defaultBreakerMinCalls = 10
+	defaultBreakerWindow   = time.Minute
+	defaultBreakerCooldown = 30 * time.Second
 )
 
 // withDefaults fills in the zero fields.
 func (c CircuitBreaker) withDefaults() CircuitBreaker {
 	if c.ConsecutiveFailures == 0 && c.FailureRatio == 0 {
-		c.ConsecutiveFailures = DefaultBreakerFailures
+		c.ConsecutiveFailures = defaultBreakerFailures
 	}
 	if c.MinCalls == 0 {
-		c.MinCalls = DefaultBreakerMinCalls
+		c.MinCalls = defaultBreakerMinCalls
 	}
 	if c.Window == 0 {
-		c.Window = Duration(DefaultBreakerWindow)
+		c.Window = Duration(defaultBreakerWindow)
 	}
 	if c.Cooldown == 0 {
-		c.Cooldown = Duration(DefaultBreakerCooldown)
+		c.Cooldown = Duration(defaultBreakerCooldown)
 	}
 	if c.Probes == 0 {
 		c.Probes = 1
@@ -94,16 +94,16 @@ type BreakerState int
 
 // The states of a circuit breaker.
 const (
-	BreakerClosed BreakerState = iota
-	BreakerOpen
-	BreakerHalfOpen
+	breakerClosed BreakerState = iota
+	breakerOpen
+	breakerHalfOpen
 )
 
 func (s BreakerState) String() string {
 	switch s {
-	case BreakerOpen:
+	case breakerOpen:
 		return "open"
-	case BreakerHalfOpen:
+	case breakerHalfOpen:
 		return "half-open"
 	}
 	return "closed"
@@ -155,14 +155,14 @@ func (b *breaker) allow() (gen uint64, ok bool, why string, tr *Transition) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.now()
-	if b.state == BreakerOpen {
+	if b.state == breakerOpen {
 		until := b.openedAt.Add(b.cfg.Cooldown.Std())
 		if now.Before(until) {
 			return 0, false, b.openWhy(until), nil
 		}
-		tr = b.set(BreakerHalfOpen, "cooldown of "+b.cfg.Cooldown.String()+" over")
+		tr = b.set(breakerHalfOpen, "cooldown of "+b.cfg.Cooldown.String()+" over")
 	}
-	if b.state == BreakerHalfOpen {
+	if b.state == breakerHalfOpen {
 		if b.probes >= b.cfg.Probes {
 			return 0, false, fmt.Sprintf("circuit breaker half-open: %d probe call(s) in flight", b.probes), tr
 		}
@@ -183,19 +183,19 @@ func (b *breaker) done(gen uint64, counted, failed bool) *Transition {
 	}
 	now := b.now()
 	switch b.state {
-	case BreakerHalfOpen:
+	case breakerHalfOpen:
 		b.probes--
 		switch {
 		case !counted:
 		case failed:
 			b.lastTrip = "a probe call failed"
-			return b.set(BreakerOpen, b.lastTrip)
+			return b.set(breakerOpen, b.lastTrip)
 		default:
 			if b.answered++; b.answered >= b.cfg.Probes {
-				return b.set(BreakerClosed, fmt.Sprintf("%d probe call(s) answered", b.answered))
+				return b.set(breakerClosed, fmt.Sprintf("%d probe call(s) answered", b.answered))
 			}
 		}
-	case BreakerClosed:
+	case breakerClosed:
 		if !counted {
 			return nil
 		}
@@ -209,13 +209,13 @@ func (b *breaker) done(gen uint64, counted, failed bool) *Transition {
 		b.consecutive++
 		if c := b.cfg.ConsecutiveFailures; c > 0 && b.consecutive >= c {
 			b.lastTrip = fmt.Sprintf("%d transient failures in a row", b.consecutive)
-			return b.set(BreakerOpen, b.lastTrip)
+			return b.set(breakerOpen, b.lastTrip)
 		}
 		if r := b.cfg.FailureRatio; r > 0 {
 			calls, failures := b.window(now)
 			if calls >= b.cfg.MinCalls && float64(failures) >= r*float64(calls) {
 				b.lastTrip = fmt.Sprintf("%d of %d calls failed within %s", failures, calls, b.cfg.Window)
-				return b.set(BreakerOpen, b.lastTrip)
+				return b.set(breakerOpen, b.lastTrip)
 			}
 		}
 	}
@@ -229,7 +229,7 @@ func (b *breaker) set(to BreakerState, why string) *Transition {
 	b.generation++
 	b.consecutive, b.probes, b.answered = 0, 0, 0
 	b.buckets = [breakerBuckets]bucketCount{}
-	if to == BreakerOpen {
+	if to == breakerOpen {
 		b.openedAt = b.now()
 	}
 	return tr
@@ -269,8 +269,8 @@ func (b *breaker) window(now time.Time) (calls, failures int) {
 func (b *breaker) State() BreakerState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.state == BreakerOpen && !b.now().Before(b.openedAt.Add(b.cfg.Cooldown.Std())) {
-		return BreakerHalfOpen
+	if b.state == breakerOpen && !b.now().Before(b.openedAt.Add(b.cfg.Cooldown.Std())) {
+		return breakerHalfOpen
 	}
 	return b.state
 }
@@ -284,7 +284,7 @@ func (b *breaker) openUntil() (until time.Time, ok bool) {
 }
 
 func (b *breaker) openUntilLocked() (until time.Time, ok bool) {
-	if b.state != BreakerOpen {
+	if b.state != breakerOpen {
 		return time.Time{}, false
 	}
 	until = b.openedAt.Add(b.cfg.Cooldown.Std())

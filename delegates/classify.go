@@ -16,9 +16,9 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// PushbackTrailer is the trailer a server sets to tell a client how long to
+// pushbackTrailer is the trailer a server sets to tell a client how long to
 // wait before retrying (gRFC A6), in milliseconds.
-const PushbackTrailer = "grpc-retry-pushback-ms"
+const pushbackTrailer = "grpc-retry-pushback-ms"
 
 // NoRetryHint is the RetryHint of a CallError whose delegate said not to retry
 // at all: a negative or malformed grpc-retry-pushback-ms trailer (gRFC A6
@@ -122,7 +122,7 @@ func Classify(err error, trailer metadata.MD) *controls.CallError {
 		}
 	}
 	if !ce.HasHint {
-		if v := trailer.Get(PushbackTrailer); len(v) > 0 {
+		if v := trailer.Get(pushbackTrailer); len(v) > 0 {
 			ce.HasHint = true
 			ce.RetryHint = pushback(v[0])
 		}

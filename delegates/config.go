@@ -27,29 +27,29 @@ import (
 
 // Defaults applied when the config leaves a value unset or zero.
 const (
-	// DefaultTimeout is a delegate's per-attempt timeout when none is given.
-	DefaultTimeout = 30 * time.Second
-	// DefaultMaxBriefBytes is the default cap on a task brief's size.
-	DefaultMaxBriefBytes = 64 << 10
-	// DefaultMaxAttempts is the default cap on retry attempts and max_retries.
-	DefaultMaxAttempts = 100
-	// DefaultMaxChain is the default cap on a fallback chain's or a race's
+	// defaultTimeout is a delegate's per-attempt timeout when none is given.
+	defaultTimeout = 30 * time.Second
+	// defaultMaxBriefBytes is the default cap on a task brief's size.
+	defaultMaxBriefBytes = 64 << 10
+	// defaultMaxAttempts is the default cap on retry attempts and max_retries.
+	defaultMaxAttempts = 100
+	// defaultMaxChain is the default cap on a fallback chain's or a race's
 	// candidate list's length.
-	DefaultMaxChain = 32
-	// DefaultMaxWait is the default cap on a retry's max_wait.
-	DefaultMaxWait = time.Hour
-	// DefaultMaxResultBytes is the default cap on a delegate's answer.
-	DefaultMaxResultBytes = controls.MaxResultBytes
-	// MaxMaxResultBytes is the largest max_result_bytes: the largest
+	defaultMaxChain = 32
+	// defaultMaxWait is the default cap on a retry's max_wait.
+	defaultMaxWait = time.Hour
+	// defaultMaxResultBytes is the default cap on a delegate's answer.
+	defaultMaxResultBytes = controls.MaxResultBytes
+	// maxMaxResultBytes is the largest max_result_bytes: the largest
 	// answer a CEL criterion evaluates (controls.MaxResultBytes); an
 	// attempt's event carries its answer and its brief, and must fit a
 	// store message and a gRPC message (runs.MaxEventBytes).
-	MaxMaxResultBytes = controls.MaxResultBytes
+	maxMaxResultBytes = controls.MaxResultBytes
 )
 
-// ErrInvalidConfig is wrapped by every error [Parse] and [Load] return for a
+// errInvalidConfig is wrapped by every error [Parse] and load return for a
 // config that is malformed or fails validation.
-var ErrInvalidConfig = errors.New("invalid delegates config")
+var errInvalidConfig = errors.New("invalid delegates config")
 
 // Config is the delegates file: the registry of delegates plus server-wide
 // settings. Fields are added here (with their yaml tags) as the file grows;
@@ -132,14 +132,14 @@ type Limits struct {
 	MaxConcurrentReads int `yaml:"max_concurrent_reads,omitempty"`
 }
 
-// DefaultLimits returns the limits used for every field a config leaves zero.
-func DefaultLimits() Limits {
+// defaultLimits returns the limits used for every field a config leaves zero.
+func defaultLimits() Limits {
 	return Limits{
-		MaxBriefBytes:  DefaultMaxBriefBytes,
-		MaxAttempts:    DefaultMaxAttempts,
-		MaxChain:       DefaultMaxChain,
-		MaxWait:        Duration(DefaultMaxWait),
-		MaxResultBytes: DefaultMaxResultBytes,
+		MaxBriefBytes:  defaultMaxBriefBytes,
+		MaxAttempts:    defaultMaxAttempts,
+		MaxChain:       defaultMaxChain,
+		MaxWait:        Duration(defaultMaxWait),
+		MaxResultBytes: defaultMaxResultBytes,
 	}
 }
 
@@ -166,11 +166,11 @@ type Delegate struct {
 	// sets read_only (modelsReadOnly): a model's answer has no side effect
 	// of its own, so retry may retry a 429.
 	ReadOnly bool `yaml:"read_only,omitempty"`
-	// Timeout is the per-attempt timeout; zero means DefaultTimeout. A run
+	// Timeout is the per-attempt timeout; zero means defaultTimeout. A run
 	// may override it per attempt (controls.Call.AttemptTimeout).
 	Timeout Duration `yaml:"timeout,omitempty"`
-	// Stream says whether calls to it stream their output: StreamAuto
-	// (empty means it), StreamOn or StreamOff.
+	// Stream says whether calls to it stream their output: "auto"
+	// (empty means it), "on" or "off".
 	Stream string `yaml:"stream,omitempty"`
 	// FirstOutputTimeout, when positive, fails a streamed attempt that
 	// has made no output this long after it was sent (time to first
@@ -196,12 +196,12 @@ type Delegate struct {
 	// server; 0 means no limit.
 	RequestsPerMinute int `yaml:"requests_per_minute,omitempty"`
 	// TokensPerMinute caps the model tokens its answers report using
-	// (TokensUsed) in any minute: no call goes while the last minute's
+	// (tokensUsed) in any minute: no call goes while the last minute's
 	// reach it; 0 means no limit.
 	TokensPerMinute int64 `yaml:"tokens_per_minute,omitempty"`
 	// MaxQueueWait bounds how long a call waits for a MaxConcurrent slot
 	// or a rate limit before it is refused (never retried). Unset means
-	// DefaultMaxQueueWait; 0 refuses at once.
+	// defaultMaxQueueWait; 0 refuses at once.
 	MaxQueueWait *Duration `yaml:"max_queue_wait,omitempty"`
 	// RetryOn, when set, lists the failures retries of it treat as
 	// transient (and its circuit breaker counts), in place of the retry
@@ -248,8 +248,8 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 // MarshalYAML writes d as a duration string.
 func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
 
-// Load reads and parses the delegates file at path.
-func Load(path string) (*Config, error) {
+// load reads and parses the delegates file at path.
+func load(path string) (*Config, error) {
 	cfg, _, err := LoadSum(path)
 	return cfg, err
 }
@@ -321,10 +321,10 @@ func parse(b []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
 func topKeys(b []byte) (map[string]bool, error) {
 	var root yaml.Node
 	if err := yaml.Unmarshal(b, &root); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
 	}
 	if len(root.Content) == 0 || isNull(root.Content[0]) {
-		return nil, fmt.Errorf("%w: the file is empty (or holds only comments): a config with no delegates says `delegates: []`", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: the file is empty (or holds only comments): a config with no delegates says `delegates: []`", errInvalidConfig)
 	}
 	doc := root.Content[0]
 	keys := map[string]bool{}
@@ -336,7 +336,7 @@ func topKeys(b []byte) (map[string]bool, error) {
 		}
 		keys[k.Value] = true
 		if isNull(v) {
-			errs = append(errs, fmt.Errorf("%w: %s: no value (line %d; is the file cut short?): list them, or write `%s: []` for none", ErrInvalidConfig, k.Value, k.Line, k.Value))
+			errs = append(errs, fmt.Errorf("%w: %s: no value (line %d; is the file cut short?): list them, or write `%s: []` for none", errInvalidConfig, k.Value, k.Line, k.Value))
 		}
 	}
 	return keys, errors.Join(errs...)
@@ -353,7 +353,7 @@ func (c *Config) modelsReadOnly(b []byte) error {
 		} `yaml:"delegates"`
 	}
 	if err := yaml.Unmarshal(b, &sets); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: %w", errInvalidConfig, err)
 	}
 	for i := range c.Delegates {
 		d := &c.Delegates[i]
@@ -384,16 +384,16 @@ func (c *Config) CheckReplaces(old *Config) error {
 		had int
 	}{{"delegates", len(old.Delegates)}, {"tenants", len(old.Tenants)}} {
 		if g.had > 0 && !c.keys[g.key] {
-			errs = append(errs, fmt.Errorf("%w: the file has no `%s:` while %d are in use (is it cut short?): to remove them all, write `%s: []`", ErrInvalidConfig, g.key, g.had, g.key))
+			errs = append(errs, fmt.Errorf("%w: the file has no `%s:` while %d are in use (is it cut short?): to remove them all, write `%s: []`", errInvalidConfig, g.key, g.had, g.key))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// WithDefaults returns l with every zero field set from DefaultLimits, for
+// WithDefaults returns l with every zero field set from defaultLimits, for
 // a Config built in code rather than by Parse.
 func (l Limits) WithDefaults() Limits {
-	def := DefaultLimits()
+	def := defaultLimits()
 	if l.MaxBriefBytes == 0 {
 		l.MaxBriefBytes = def.MaxBriefBytes
 	}
@@ -417,7 +417,7 @@ func (c *Config) applyDefaults() {
 	c.applyTenantDefaults()
 	for i := range c.Delegates {
 		if c.Delegates[i].Timeout == 0 {
-			c.Delegates[i].Timeout = Duration(DefaultTimeout)
+			c.Delegates[i].Timeout = Duration(defaultTimeout)
 		}
 	}
 }
@@ -425,7 +425,7 @@ func (c *Config) applyDefaults() {
 func (c *Config) validate(lookupEnv func(string) (string, bool)) error {
 	var errs []error
 	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...)))
+		errs = append(errs, fmt.Errorf("%w: %s", errInvalidConfig, fmt.Sprintf(format, args...)))
 	}
 	validateLimits("limits", c.Limits, bad)
 	seen := make(map[string]int, len(c.Delegates))
@@ -498,17 +498,17 @@ var yamlBadValue = regexp.MustCompile("^cannot unmarshal \\S+ `(.*)` into ")
 func decodeError(src []byte, err error) error {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
-		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: %w", errInvalidConfig, err)
 	}
 	var root yaml.Node
 	if yaml.Unmarshal(src, &root) != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: %w", errInvalidConfig, err)
 	}
 	errs := make([]error, 0, len(te.Errors))
 	for _, e := range te.Errors {
 		m := yamlLine.FindStringSubmatch(e)
 		if m == nil {
-			errs = append(errs, fmt.Errorf("%w: %s", ErrInvalidConfig, e))
+			errs = append(errs, fmt.Errorf("%w: %s", errInvalidConfig, e))
 			continue
 		}
 		line, _ := strconv.Atoi(m[1])
@@ -543,7 +543,7 @@ func decodeError(src []byte, err error) error {
 		if !ok || path == "" {
 			path = "config"
 		}
-		errs = append(errs, fmt.Errorf("%w: %s: %s (line %d)", ErrInvalidConfig, path, msg, line))
+		errs = append(errs, fmt.Errorf("%w: %s: %s (line %d)", errInvalidConfig, path, msg, line))
 	}
 	return errors.Join(errs...)
 }
@@ -601,7 +601,7 @@ func mappingValue(n *yaml.Node, key string) string {
 func (d Delegate) checkStream() []string {
 	var bad []string
 	switch d.Stream {
-	case "", StreamAuto, StreamOn, StreamOff:
+	case "", streamAuto, streamOn, streamOff:
 	default:
 		bad = append(bad, fmt.Sprintf("stream: %q is not one of auto, on, off", d.Stream))
 	}
@@ -613,7 +613,7 @@ func (d Delegate) checkStream() []string {
 			bad = append(bad, fmt.Sprintf("%s: must be between 0 and %s (got %s)", t.name, MaxStallTimeout, t.d))
 		}
 	}
-	if d.Stream == StreamOn && d.HTTP != nil && d.HTTP.StreamFormat == "" {
+	if d.Stream == streamOn && d.HTTP != nil && d.HTTP.StreamFormat == "" {
 		bad = append(bad, "stream: on needs http.stream_format (sse or ndjson)")
 	}
 	return bad
@@ -623,10 +623,10 @@ func (d Delegate) checkStream() []string {
 // an http kind without stream_format, which cannot stream.
 func (d Delegate) streamMode() string {
 	switch {
-	case d.HTTP != nil && d.HTTP.StreamFormat == "", d.Stream == StreamOff:
-		return StreamOff
+	case d.HTTP != nil && d.HTTP.StreamFormat == "", d.Stream == streamOff:
+		return streamOff
 	case d.Stream == "":
-		return StreamAuto
+		return streamAuto
 	}
 	return d.Stream
 }

@@ -14,21 +14,21 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// MaxRecentFailures is how many failed calls Failures keeps per delegate.
-const MaxRecentFailures = 10
+// maxRecentFailures is how many failed calls Failures keeps per delegate.
+const maxRecentFailures = 10
 
-// MaxCallTenants is how many tenants' latest call Failures keeps per
+// maxCallTenants is how many tenants' latest call Failures keeps per
 // delegate: tenants come from the config, but reloads may bring new ones
 // while the record lives on; past it, the tenant whose call is oldest is
 // forgotten.
-const MaxCallTenants = 256
+const maxCallTenants = 256
 
-// FailureMessageBytes is how much of a failure's message Failures keeps
+// failureMessageBytes is how much of a failure's message Failures keeps
 // (controls.Cut).
-const FailureMessageBytes = 300
+const failureMessageBytes = 300
 
 // Failures keeps each delegate's latest failed calls on this server, at
-// most MaxRecentFailures each, in memory, for ListDelegates
+// most maxRecentFailures each, in memory, for ListDelegates
 // (DelegateDescription.recent_failures): shared by every run and kept
 // across config reloads, like Guards. A failure is a call that ended in
 // an error while its run went on: a call whose run ended (cancelled, past
@@ -137,7 +137,7 @@ func (f *Failures) callState(tenant, delegate string) *callState {
 	if s != nil {
 		return s
 	}
-	if len(byTenant) >= MaxCallTenants {
+	if len(byTenant) >= maxCallTenants {
 		var oldest string
 		var at time.Time
 		for t, st := range byTenant {
@@ -167,7 +167,7 @@ func (f *Failures) add(tenant string, c controls.Call, err error) {
 	rec := &stubbornv1.DelegateFailure{
 		Time:    timestamppb.New(now),
 		Code:    int32(code),
-		Message: controls.Cut(controls.Message(err), FailureMessageBytes),
+		Message: controls.Cut(controls.Message(err), failureMessageBytes),
 		RunId:   c.RunID,
 		Attempt: c.Attempt,
 	}
@@ -184,12 +184,12 @@ func (f *Failures) add(tenant string, c controls.Call, err error) {
 		f.byName[c.Delegate] = ring
 	}
 	tf := tenantFailure{tenant: tenant, f: rec}
-	if len(ring.items) < MaxRecentFailures {
+	if len(ring.items) < maxRecentFailures {
 		ring.items = append(ring.items, tf)
 		return
 	}
 	ring.items[ring.next] = tf
-	ring.next = (ring.next + 1) % MaxRecentFailures
+	ring.next = (ring.next + 1) % maxRecentFailures
 }
 
 // Recent returns the delegate's latest failures of runs of tenants,

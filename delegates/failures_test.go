@@ -14,7 +14,7 @@ import (
 	"github.com/stubbornhq/stubborn/controls/controlstest"
 )
 
-// Failures keeps the latest MaxRecentFailures failed calls of each
+// Failures keeps the latest maxRecentFailures failed calls of each
 // delegate, newest first, on its clock; an answer, a call Stubborn refused,
 // a cancelled call and a call whose run ended are not failures.
 func TestFailuresKeepsTheLatest(t *testing.T) {
@@ -29,7 +29,7 @@ func TestFailuresKeepsTheLatest(t *testing.T) {
 	f := NewFailures(clock)
 	d := f.Record(fakes, tenantOfTest)
 	ctx := context.Background()
-	for i := range MaxRecentFailures + 3 {
+	for i := range maxRecentFailures + 3 {
 		_, err := d.Call(ctx, controls.Call{Delegate: "down", Attempt: int32(i + 1), RunID: fmt.Sprintf("run_%d", i)})
 		require.Error(t, err)
 		_ = clock.Sleep(ctx, time.Second)
@@ -43,9 +43,9 @@ func TestFailuresKeepsTheLatest(t *testing.T) {
 	_, _ = d.Call(ctx, controls.Call{Delegate: "plain"})
 
 	got := f.Recent("down", []string{""})
-	require.Len(t, got, MaxRecentFailures)
+	require.Len(t, got, maxRecentFailures)
 	for i, r := range got {
-		n := MaxRecentFailures + 2 - i // newest first: run_12 … run_3
+		n := maxRecentFailures + 2 - i // newest first: run_12 … run_3
 		assert.Equal(t, fmt.Sprintf("run_%d", n), r.GetRunId(), "failure %d", i)
 		assert.EqualValues(t, n+1, r.GetAttempt(), "failure %d", i)
 		assert.EqualValues(t, codes.Unavailable, r.GetCode(), "failure %d", i)
@@ -145,14 +145,14 @@ func TestLastCallSaysSinceWhenItFails(t *testing.T) {
 	assert.Equal(t, LastCall{At: at(12), Code: codes.OK}, f2.Last("m", []string{""}))
 }
 
-// The latest calls are kept for at most MaxCallTenants tenants a
+// The latest calls are kept for at most maxCallTenants tenants a
 // delegate: past that, the tenant whose call is oldest is forgotten.
 func TestLastCallIsBounded(t *testing.T) {
 	clock := controlstest.NewClock()
 	fakes := controlstest.NewDelegates(map[string][]controlstest.Reply{"m": {controlstest.OK("ok")}})
 	f := NewFailures(clock)
 	d := f.Record(fakes, tenantOfTest)
-	for i := range MaxCallTenants + 5 {
+	for i := range maxCallTenants + 5 {
 		_, err := d.Call(context.WithValue(context.Background(), tenantKeyTest{}, fmt.Sprint("t", i)), controls.Call{Delegate: "m"})
 		require.NoError(t, err)
 		_ = clock.Sleep(context.Background(), time.Second)
@@ -160,9 +160,9 @@ func TestLastCallIsBounded(t *testing.T) {
 	f.mu.Lock()
 	n := len(f.calls["m"])
 	f.mu.Unlock()
-	assert.Equal(t, MaxCallTenants, n)
+	assert.Equal(t, maxCallTenants, n)
 	for i := range 5 {
 		assert.True(t, f.Last("m", []string{fmt.Sprint("t", i)}).At.IsZero(), "t%d, the oldest, is forgotten", i)
 	}
-	assert.False(t, f.Last("m", []string{fmt.Sprint("t", MaxCallTenants+4)}).At.IsZero())
+	assert.False(t, f.Last("m", []string{fmt.Sprint("t", maxCallTenants+4)}).At.IsZero())
 }

@@ -44,13 +44,13 @@ type transport interface {
 
 // newTransport builds d's transport by its kind.
 func (p *Pool) newTransport(d Delegate, opts []grpc.DialOption) (transport, error) {
-	tc, err := d.TLS.ClientConfig()
+	tc, err := d.TLS.clientConfig()
 	if err != nil {
 		return nil, err
 	}
 	switch {
 	case d.HTTP != nil:
-		return &httpTransport{httpClient: p.newHTTPClient(tc, d.HTTP.HealthURL), cfg: d.HTTP, stream: d.Stream != StreamOff && d.HTTP.StreamFormat != ""}, nil
+		return &httpTransport{httpClient: p.newHTTPClient(tc, d.HTTP.HealthURL), cfg: d.HTTP, stream: d.Stream != streamOff && d.HTTP.StreamFormat != ""}, nil
 	case d.OpenAI != nil:
 		return newOpenAITransport(d.OpenAI, d.Stream, p.newHTTPClient(tc, d.OpenAI.HealthURL)), nil
 	case d.Anthropic != nil:
@@ -88,23 +88,23 @@ type grpcTransport struct {
 	health healthpb.HealthClient
 	p      *Pool
 	// mode is the registry's stream setting; unary says an ExecuteStream
-	// answered UNIMPLEMENTED (StreamAuto): Execute from then on.
+	// answered UNIMPLEMENTED (streamAuto): Execute from then on.
 	mode  string
 	unary atomic.Bool
 }
 
-func (g *grpcTransport) mayStream() bool { return g.mode != StreamOff && !g.unary.Load() }
+func (g *grpcTransport) mayStream() bool { return g.mode != streamOff && !g.unary.Load() }
 
 func (g *grpcTransport) call(ctx context.Context, c controls.Call, s *stream) (*stubbornv1.Result, error) {
 	kv := make([]string, 0, 6)
 	if c.Attempt > 0 {
-		kv = append(kv, HeaderAttempt, strconv.Itoa(int(c.Attempt)))
+		kv = append(kv, headerAttempt, strconv.Itoa(int(c.Attempt)))
 	}
 	if c.IdempotencyKey != "" {
-		kv = append(kv, HeaderIdempotencyKey, c.IdempotencyKey)
+		kv = append(kv, headerIdempotencyKey, c.IdempotencyKey)
 	}
 	if c.RunID != "" {
-		kv = append(kv, HeaderRunID, c.RunID)
+		kv = append(kv, headerRunID, c.RunID)
 	}
 	if len(kv) > 0 {
 		ctx = metadata.AppendToOutgoingContext(ctx, kv...)
@@ -119,7 +119,7 @@ func (g *grpcTransport) call(ctx context.Context, c controls.Call, s *stream) (*
 	setTask(req, c)
 	if s != nil && g.mayStream() {
 		res, err, unimplemented := g.stream(ctx, req, s)
-		if !unimplemented || g.mode == StreamOn {
+		if !unimplemented || g.mode == streamOn {
 			return res, err
 		}
 		g.unary.Store(true) // it does not stream: never asked again

@@ -16,9 +16,9 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// DefaultMaxQueueWait is how long a call waits for a delegate's bulkhead
+// defaultMaxQueueWait is how long a call waits for a delegate's bulkhead
 // slot or rate limit when its max_queue_wait is unset.
-const DefaultMaxQueueWait = time.Second
+const defaultMaxQueueWait = time.Second
 
 // Guards are the delegates' circuit breakers, bulkheads (max_concurrent)
 // and rate limits (requests_per_minute, tokens_per_minute) on one server:
@@ -121,7 +121,7 @@ func (g *Guards) Configure(cfg *Config) {
 func (d Delegate) guardSettings() guardSettings {
 	s := guardSettings{
 		breaker: d.CircuitBreaker, maxConcurrent: d.MaxConcurrent,
-		rpm: int64(d.RequestsPerMinute), tpm: d.TokensPerMinute, maxQueueWait: DefaultMaxQueueWait,
+		rpm: int64(d.RequestsPerMinute), tpm: d.TokensPerMinute, maxQueueWait: defaultMaxQueueWait,
 	}
 	if d.MaxQueueWait != nil {
 		s.maxQueueWait = d.MaxQueueWait.Std()
@@ -232,7 +232,7 @@ func (g *Guards) Admit(ctx context.Context, name string) (func(*stubbornv1.Resul
 		once.Do(func() {
 			release()
 			if rate != nil && set.tpm > 0 {
-				rate.used(g.clock.Now(), TokensUsed(res))
+				rate.used(g.clock.Now(), tokensUsed(res))
 			}
 			if br == nil {
 				return
@@ -384,9 +384,9 @@ func (g *Guards) describe(name string, d *stubbornv1.DelegateDescription) {
 	_, br, bulk, rate := gd.parts()
 	if br != nil {
 		switch br.State() {
-		case BreakerOpen:
+		case breakerOpen:
 			d.CircuitBreaker = stubbornv1.BreakerState_BREAKER_STATE_OPEN
-		case BreakerHalfOpen:
+		case breakerHalfOpen:
 			d.CircuitBreaker = stubbornv1.BreakerState_BREAKER_STATE_HALF_OPEN
 		default:
 			d.CircuitBreaker = stubbornv1.BreakerState_BREAKER_STATE_CLOSED
@@ -404,11 +404,11 @@ func (g *Guards) describe(name string, d *stubbornv1.DelegateDescription) {
 	}
 }
 
-// TokensUsed returns the tokens a model delegate's answer reports using,
+// tokensUsed returns the tokens a model delegate's answer reports using,
 // from its data's usage: total_tokens, else input_tokens + output_tokens
 // (Anthropic), else prompt_tokens + completion_tokens (OpenAI); 0 when it
 // reports none.
-func TokensUsed(res *stubbornv1.Result) int64 {
+func tokensUsed(res *stubbornv1.Result) int64 {
 	usage := res.GetData().GetStructValue().GetFields()["usage"].GetStructValue().GetFields()
 	if usage == nil {
 		return 0

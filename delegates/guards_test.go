@@ -39,38 +39,38 @@ func TestBreakerTransitions(t *testing.T) {
 		steps []step
 	}{
 		{"opens after consecutive transient failures", cfg, []step{
-			{call: "transient", state: BreakerClosed}, {call: "transient", state: BreakerClosed},
-			{call: "transient", state: BreakerOpen}, {call: "refused", state: BreakerOpen},
+			{call: "transient", state: breakerClosed}, {call: "transient", state: breakerClosed},
+			{call: "transient", state: breakerOpen}, {call: "refused", state: breakerOpen},
 		}},
 		{"an answer resets the count", cfg, []step{
-			{call: "transient"}, {call: "transient"}, {call: "ok"}, {call: "transient"}, {call: "transient", state: BreakerClosed},
+			{call: "transient"}, {call: "transient"}, {call: "ok"}, {call: "transient"}, {call: "transient", state: breakerClosed},
 		}},
 		{"permanent answers count as answers", cfg, []step{
-			{call: "transient"}, {call: "transient"}, {call: "permanent"}, {call: "transient"}, {call: "transient", state: BreakerClosed},
+			{call: "transient"}, {call: "transient"}, {call: "permanent"}, {call: "transient"}, {call: "transient", state: breakerClosed},
 		}},
 		{"cancellations count for nothing", cfg, []step{
-			{call: "transient"}, {call: "transient"}, {call: "cancelled"}, {call: "transient", state: BreakerOpen},
+			{call: "transient"}, {call: "transient"}, {call: "cancelled"}, {call: "transient", state: breakerOpen},
 		}},
 		{"half-open after the cooldown; a probe's answer closes it", cfg, []step{
-			{call: "transient"}, {call: "transient"}, {call: "transient", state: BreakerOpen},
-			{advance: 9 * time.Second, call: "refused", state: BreakerOpen},
-			{advance: time.Second, state: BreakerHalfOpen},
-			{call: "ok", state: BreakerClosed},
+			{call: "transient"}, {call: "transient"}, {call: "transient", state: breakerOpen},
+			{advance: 9 * time.Second, call: "refused", state: breakerOpen},
+			{advance: time.Second, state: breakerHalfOpen},
+			{call: "ok", state: breakerClosed},
 		}},
 		{"a probe's transient failure opens it again", cfg, []step{
-			{call: "transient"}, {call: "transient"}, {call: "transient", state: BreakerOpen},
-			{advance: 10 * time.Second, call: "transient", state: BreakerOpen},
-			{advance: 5 * time.Second, call: "refused", state: BreakerOpen},
+			{call: "transient"}, {call: "transient"}, {call: "transient", state: breakerOpen},
+			{advance: 10 * time.Second, call: "transient", state: breakerOpen},
+			{advance: 5 * time.Second, call: "refused", state: breakerOpen},
 		}},
 		{"by ratio, once min_calls were made within the window",
 			CircuitBreaker{FailureRatio: 0.5, MinCalls: 4, Window: Duration(time.Minute), Cooldown: Duration(time.Second)}, []step{
-				{call: "transient"}, {call: "transient"}, {call: "ok", state: BreakerClosed},
-				{call: "transient", state: BreakerOpen},
+				{call: "transient"}, {call: "transient"}, {call: "ok", state: breakerClosed},
+				{call: "transient", state: breakerOpen},
 			}},
 		{"the window forgets old calls",
 			CircuitBreaker{FailureRatio: 0.5, MinCalls: 4, Window: Duration(time.Minute), Cooldown: Duration(time.Second)}, []step{
 				{call: "transient"}, {call: "transient"}, {call: "ok"},
-				{advance: 2 * time.Minute, call: "transient", state: BreakerClosed},
+				{advance: 2 * time.Minute, call: "transient", state: breakerClosed},
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -98,7 +98,7 @@ func TestBreakerTransitions(t *testing.T) {
 						b.done(gen, counted, failed)
 					}
 				}
-				if s.state != BreakerClosed || i == len(tc.steps)-1 {
+				if s.state != breakerClosed || i == len(tc.steps)-1 {
 					assert.Equal(t, s.state, b.State(), "after step %d", i)
 				}
 			}
@@ -120,7 +120,7 @@ func TestBreakerProbesAndGenerations(t *testing.T) {
 	p1, ok, _, tr := b.allow()
 	require.True(t, ok)
 	require.NotNil(t, tr)
-	assert.Equal(t, BreakerHalfOpen, tr.To)
+	assert.Equal(t, breakerHalfOpen, tr.To)
 	p2, ok, _, _ := b.allow()
 	require.True(t, ok)
 	_, ok, why, _ := b.allow()
@@ -129,7 +129,7 @@ func TestBreakerProbesAndGenerations(t *testing.T) {
 	assert.Nil(t, b.done(p1, true, false))
 	tr = b.done(p2, true, false)
 	require.NotNil(t, tr)
-	assert.Equal(t, BreakerClosed, tr.To)
+	assert.Equal(t, breakerClosed, tr.To)
 }
 
 func newGuards(t *testing.T, clock controls.Clock, d Delegate) *Guards {
@@ -255,9 +255,9 @@ func TestTokensPerMinute(t *testing.T) {
 	_, err = g.Admit(ctx, "m")
 	require.NoError(t, err, "a minute later")
 
-	assert.EqualValues(t, 7, TokensUsed(usage(map[string]any{"total_tokens": 7, "input_tokens": 1})))
-	assert.EqualValues(t, 5, TokensUsed(usage(map[string]any{"input_tokens": 2, "output_tokens": 3})))
-	assert.EqualValues(t, 0, TokensUsed(&stubbornv1.Result{Text: "no usage"}))
+	assert.EqualValues(t, 7, tokensUsed(usage(map[string]any{"total_tokens": 7, "input_tokens": 1})))
+	assert.EqualValues(t, 5, tokensUsed(usage(map[string]any{"input_tokens": 2, "output_tokens": 3})))
+	assert.EqualValues(t, 0, tokensUsed(&stubbornv1.Result{Text: "no usage"}))
 }
 
 // The guards admit through the breaker, report its transitions, say so in
@@ -295,7 +295,7 @@ func TestGuardsBreaker(t *testing.T) {
 	assert.Contains(t, note, "this call was a probe")
 	assert.Contains(t, note, "half-open → closed")
 	require.Len(t, trs, 3)
-	assert.Equal(t, []BreakerState{BreakerOpen, BreakerHalfOpen, BreakerClosed}, []BreakerState{trs[0].To, trs[1].To, trs[2].To})
+	assert.Equal(t, []BreakerState{breakerOpen, breakerHalfOpen, breakerClosed}, []BreakerState{trs[0].To, trs[1].To, trs[2].To})
 
 	// A delegate without guards is admitted as is.
 	done, err = g.Admit(ctx, "other")
@@ -391,7 +391,7 @@ func TestBreakerCooldownBoundary(t *testing.T) {
 	done, err = g.Admit(ctx, "d")
 	require.NoError(t, err, "not stuck half-open behind a probe that never ends")
 	done(&stubbornv1.Result{}, nil)
-	assert.Equal(t, BreakerClosed, g.get("d").breaker.State())
+	assert.Equal(t, breakerClosed, g.get("d").breaker.State())
 }
 
 // A call the bulkhead or the breaker refuses is not counted by the rate

@@ -121,16 +121,16 @@ func (h *httpClient) close() error {
 }
 
 // setCallHeaders sets the headers naming the call: those a gRPC delegate
-// gets as metadata (HeaderAttempt, HeaderRunID, HeaderIdempotencyKey).
+// gets as metadata (headerAttempt, headerRunID, headerIdempotencyKey).
 func setCallHeaders(req *http.Request, c controls.Call) {
 	if c.Attempt > 0 {
-		req.Header.Set(HeaderAttempt, strconv.Itoa(int(c.Attempt)))
+		req.Header.Set(headerAttempt, strconv.Itoa(int(c.Attempt)))
 	}
 	if c.RunID != "" {
-		req.Header.Set(HeaderRunID, c.RunID)
+		req.Header.Set(headerRunID, c.RunID)
 	}
 	if c.IdempotencyKey != "" {
-		req.Header.Set(HeaderIdempotencyKey, c.IdempotencyKey)
+		req.Header.Set(headerIdempotencyKey, c.IdempotencyKey)
 	}
 }
 
@@ -252,7 +252,7 @@ func (t *httpTransport) call(ctx context.Context, c controls.Call, s *stream) (*
 	setCallHeaders(req, c)
 	if h := t.cfg.IdempotencyHeader; h != "-" && c.IdempotencyKey != "" {
 		if h == "" {
-			h = DefaultIdempotencyHeader
+			h = defaultIdempotencyHeader
 		}
 		req.Header.Set(h, c.IdempotencyKey)
 	}

@@ -24,18 +24,18 @@ const (
 	KindAnthropic = "anthropic"
 )
 
-// MaxHeaderBytes bounds the headers a delegate entry configures (names and
+// maxHeaderBytes bounds the headers a delegate entry configures (names and
 // values, after ${VAR} expansion): below what HTTP servers commonly accept
 // in all (8 KiB), with room for the headers Stubborn adds itself.
-const MaxHeaderBytes = 6 << 10
+const maxHeaderBytes = 6 << 10
 
-// DefaultIdempotencyHeader is the header an http delegate's calls carry the
+// defaultIdempotencyHeader is the header an http delegate's calls carry the
 // run's idempotency key in, unless the entry names another (or "-", none).
-const DefaultIdempotencyHeader = "Idempotency-Key"
+const defaultIdempotencyHeader = "Idempotency-Key"
 
-// DefaultHTTPBody is the body an http delegate is sent when its entry has
+// defaultHTTPBody is the body an http delegate is sent when its entry has
 // none: every field of the call, JSON-encoded.
-const DefaultHTTPBody = `{"brief": {{.Brief}}, "run_id": {{.RunID}}, "attempt": {{.Attempt}}, ` +
+const defaultHTTPBody = `{"brief": {{.Brief}}, "run_id": {{.RunID}}, "attempt": {{.Attempt}}, ` +
 	`"idempotency_key": {{.IdempotencyKey}}, "metadata": {{.Metadata}}}`
 
 // HTTP is a delegate reached with one JSON-over-HTTP request per call.
@@ -53,7 +53,7 @@ type HTTP struct {
 	// they are: {{.Brief}}, {{.RunID}}, {{.IdempotencyKey}} (strings),
 	// {{.Attempt}} (a number), {{.Metadata}} (an object) and
 	// {{.Meta "key"}} (one metadata value as a string, or null).
-	// Empty means DefaultHTTPBody.
+	// Empty means defaultHTTPBody.
 	Body string `yaml:"body,omitempty"`
 	// TextPointer is a JSON pointer (RFC 6901, such as /choices/0/text)
 	// to the answer's text in a JSON body. Empty means the whole body is
@@ -68,7 +68,7 @@ type HTTP struct {
 	// Empty means each event's data is the text as it is (sse only).
 	DeltaPointer string `yaml:"delta_pointer,omitempty"`
 	// IdempotencyHeader names the header that carries the run's
-	// idempotency key; empty means DefaultIdempotencyHeader, "-" none.
+	// idempotency key; empty means defaultIdempotencyHeader, "-" none.
 	IdempotencyHeader string `yaml:"idempotency_header,omitempty"`
 	// HealthURL, when set, is asked with GET before a fallback chain or a
 	// race calls the delegate: a 2xx answer is serving, any other answer
@@ -224,7 +224,7 @@ func (h *HTTP) check(lookupEnv func(string) (string, bool)) []string {
 	h.headers = headers
 	body := h.Body
 	if body == "" {
-		body = DefaultHTTPBody
+		body = defaultHTTPBody
 	}
 	t, msg := parseBody(body)
 	if msg != "" {
@@ -274,8 +274,8 @@ func readKey(kind, env string, lookupEnv func(string) (string, bool)) (string, s
 	if !ok || v == "" {
 		return "", fmt.Sprintf("%s.api_key_env: environment variable %s is not set", kind, env)
 	}
-	if !httpguts.ValidHeaderFieldValue(v) || len(v) > MaxHeaderBytes {
-		return "", fmt.Sprintf("%s.api_key_env: the value of %s cannot be a header value (control characters, or over %d bytes)", kind, env, MaxHeaderBytes)
+	if !httpguts.ValidHeaderFieldValue(v) || len(v) > maxHeaderBytes {
+		return "", fmt.Sprintf("%s.api_key_env: the value of %s cannot be a header value (control characters, or over %d bytes)", kind, env, maxHeaderBytes)
 	}
 	return v, ""
 }
@@ -343,8 +343,8 @@ func expandHeaders(in map[string]string, lookupEnv func(string) (string, bool)) 
 		total += len(k) + len(v)
 		out = append(out, [2]string{k, v})
 	}
-	if total > MaxHeaderBytes {
-		bad = append(bad, fmt.Sprintf("http.headers: %d bytes in all (after expanding variables), more than %d", total, MaxHeaderBytes))
+	if total > maxHeaderBytes {
+		bad = append(bad, fmt.Sprintf("http.headers: %d bytes in all (after expanding variables), more than %d", total, maxHeaderBytes))
 	}
 	return out, bad
 }

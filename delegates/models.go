@@ -68,7 +68,7 @@ func newOpenAITransport(cfg *OpenAI, mode string, h *httpClient) *openAITranspor
 		httpClient: h,
 		cfg:        cfg,
 		url:        strings.TrimSuffix(cfg.BaseURL, "/") + "/chat/completions",
-		stream:     mode != StreamOff,
+		stream:     mode != streamOff,
 	}
 }
 
@@ -248,7 +248,7 @@ func newAnthropicTransport(cfg *Anthropic, mode string, h *httpClient) *anthropi
 		httpClient: h,
 		cfg:        cfg,
 		url:        strings.TrimSuffix(cfg.BaseURL, "/") + "/v1/messages",
-		stream:     mode != StreamOff,
+		stream:     mode != streamOff,
 	}
 }
 

@@ -36,22 +36,22 @@ func CheckName(name string) error {
 
 // Closest returns the candidate nearest to s, for a "did you mean": one
 // within an edit distance of a third of s's length and at most 2 (see
-// EditDistance), the first of the nearest; "" when none is that close.
+// editDistance), the first of the nearest; "" when none is that close.
 func Closest(s string, candidates []string) string {
 	best, bestD := "", min(2, len(s)/3)+1
 	for _, c := range candidates {
-		if d := EditDistance(s, c); d < bestD {
+		if d := editDistance(s, c); d < bestD {
 			best, bestD = c, d
 		}
 	}
 	return best
 }
 
-// EditDistance is the distance of a and b in edits of a byte (insert,
+// editDistance is the distance of a and b in edits of a byte (insert,
 // delete, replace, or swap two neighbours: "ecoh" is 1 from "echo"; the
 // optimal string alignment distance). It takes time len(a)×len(b): for
 // names and keys, which are short.
-func EditDistance(a, b string) int {
+func editDistance(a, b string) int {
 	d := make([][]int, len(a)+1)
 	for i := range d {
 		d[i] = make([]int, len(b)+1)

@@ -22,20 +22,20 @@ import (
 // Request headers Pool.Call sends with every Execute, besides the request
 // fields of the same meaning, so that interceptors and proxies can see them.
 const (
-	// HeaderAttempt carries the attempt number (decimal), when known.
-	HeaderAttempt = "stubborn-attempt"
-	// HeaderIdempotencyKey carries the run's idempotency key, when there is
+	// headerAttempt carries the attempt number (decimal), when known.
+	headerAttempt = "stubborn-attempt"
+	// headerIdempotencyKey carries the run's idempotency key, when there is
 	// one.
-	HeaderIdempotencyKey = "stubborn-idempotency-key"
-	// HeaderRunID carries the run id, when there is one.
-	HeaderRunID = "stubborn-run-id"
+	headerIdempotencyKey = "stubborn-idempotency-key"
+	// headerRunID carries the run id, when there is one.
+	headerRunID = "stubborn-run-id"
 )
 
 const (
-	// HealthTimeout bounds one health check made by Pool.Serving.
-	HealthTimeout = 500 * time.Millisecond
-	// HealthCacheTTL is how long Pool.Serving reuses a health answer.
-	HealthCacheTTL = time.Second
+	// healthTimeout bounds one health check made by Pool.Serving.
+	healthTimeout = 500 * time.Millisecond
+	// healthCacheTTL is how long Pool.Serving reuses a health answer.
+	healthCacheTTL = time.Second
 )
 
 // Pool is the delegate registry with one shared, lazily connecting gRPC client
@@ -77,22 +77,14 @@ var (
 	_ controls.Presets   = (*Pool)(nil)
 )
 
-// NewPool creates a client connection for every delegate in cfg with
-// grpc.NewClient (which does not connect until the first call). Connections
-// are plaintext unless the delegate sets tls (see TLS), whose files are
-// read here.
-// gRPC's own policy retries are disabled (Stubborn's controls decide
-// retries); its transparent retries of never-processed RPCs stay on. opts
-// are appended to every connection's options, so they can add dialers,
-// interceptors or stats handlers, or replace the credentials.
-func NewPool(cfg *Config, opts ...grpc.DialOption) (*Pool, error) {
+// newPool is NewPoolWith with dial options only.
+func newPool(cfg *Config, opts ...grpc.DialOption) (*Pool, error) {
 	return NewPoolWith(cfg, PoolOptions{Dial: opts})
 }
 
 // PoolOptions adjust how a Pool reaches its delegates.
 type PoolOptions struct {
-	// Dial is appended to every gRPC delegate's dial options (NewPool's
-	// opts).
+	// Dial is appended to every gRPC delegate's dial options.
 	Dial []grpc.DialOption
 	// HTTPTransport, when set, wraps the transport of each HTTP kind's
 	// client (tracing, metrics).
@@ -108,7 +100,14 @@ type PoolOptions struct {
 	Previous *Pool
 }
 
-// NewPoolWith is NewPool with every option.
+// NewPoolWith creates a client connection for every delegate in cfg with
+// grpc.NewClient (which does not connect until the first call). Connections
+// are plaintext unless the delegate sets tls (see TLS), whose files are
+// read here.
+// gRPC's own policy retries are disabled (Stubborn's controls decide
+// retries); its transparent retries of never-processed RPCs stay on. o.Dial
+// is appended to every connection's options, so it can add dialers,
+// interceptors or stats handlers, or replace the credentials.
 func NewPoolWith(cfg *Config, o PoolOptions) (*Pool, error) {
 	opts := o.Dial
 	p := &Pool{
@@ -122,7 +121,7 @@ func NewPoolWith(cfg *Config, o PoolOptions) (*Pool, error) {
 	}
 	p.maxResult = cfg.Limits.MaxResultBytes
 	if p.maxResult <= 0 {
-		p.maxResult = DefaultMaxResultBytes
+		p.maxResult = defaultMaxResultBytes
 	}
 	for _, pr := range cfg.Presets {
 		p.presets[pr.Name] = pr.Spec
@@ -131,14 +130,14 @@ func NewPoolWith(cfg *Config, o PoolOptions) (*Pool, error) {
 	for i, d := range cfg.Delegates {
 		if _, dup := p.byKey[d.Name]; dup || d.Name == "" {
 			p.Close()
-			return nil, fmt.Errorf("%w: delegates[%d] (%q): empty or duplicate name", ErrInvalidConfig, i, d.Name)
+			return nil, fmt.Errorf("%w: delegates[%d] (%q): empty or duplicate name", errInvalidConfig, i, d.Name)
 		}
 		if msgs := d.checkKind(os.LookupEnv); len(msgs) > 0 {
 			p.Close()
-			return nil, fmt.Errorf("%w: delegates[%d] (%q): %s", ErrInvalidConfig, i, d.Name, strings.Join(msgs, "; "))
+			return nil, fmt.Errorf("%w: delegates[%d] (%q): %s", errInvalidConfig, i, d.Name, strings.Join(msgs, "; "))
 		}
 		if d.Timeout <= 0 {
-			d.Timeout = Duration(DefaultTimeout)
+			d.Timeout = Duration(defaultTimeout)
 		}
 		t, err := p.newTransport(d, opts)
 		if err != nil {
@@ -197,9 +196,9 @@ func (p *Pool) Info(name string) controls.DelegateInfo {
 	return d.Info()
 }
 
-// NotFound returns the error for a delegate name that is not in the registry:
+// notFound returns the error for a delegate name that is not in the registry:
 // NOT_FOUND, refused by Stubborn (so never retried).
-func NotFound(name string) *controls.CallError {
+func notFound(name string) *controls.CallError {
 	return &controls.CallError{
 		Code:    codes.NotFound,
 		Message: fmt.Sprintf("delegate %q is not in the registry", name),
@@ -221,7 +220,7 @@ func NotFound(name string) *controls.CallError {
 // controls.MaxDataDepth with its deeper parts as JSON text
 // (controls.BoundResult).
 //
-// A delegate that streams (see StreamAuto) gives each piece of its output
+// A delegate that streams (see streamAuto) gives each piece of its output
 // to c.Output as it comes. Its first_output_timeout and idle_timeout (or
 // c's) end a call whose output stalls, as a transient DEADLINE_EXCEEDED
 // CallError whose message starts "stalled:" and says which timeout; the
@@ -229,7 +228,7 @@ func NotFound(name string) *controls.CallError {
 func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, error) {
 	e, ok := p.byKey[c.Delegate]
 	if !ok {
-		return nil, NotFound(c.Delegate)
+		return nil, notFound(c.Delegate)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -313,13 +312,13 @@ func ended(ctx context.Context) error {
 	return nil
 }
 
-// Serving asks the delegate whether it is serving (at most HealthTimeout,
+// Serving asks the delegate whether it is serving (at most healthTimeout,
 // and never past ctx): a gRPC delegate's grpc.health.v1 service about
 // service "", an HTTP kind's health_url. It returns false only for an answer
 // of NOT_SERVING (a non-2xx answer from a health_url); any other answer,
 // UNIMPLEMENTED, an error, no health_url or an unknown name gives true,
 // since a delegate that cannot be judged is worth trying. Answers are
-// reused for HealthCacheTTL.
+// reused for healthCacheTTL.
 func (p *Pool) Serving(ctx context.Context, name string) bool {
 	e, ok := p.byKey[name]
 	if !ok {
@@ -328,10 +327,10 @@ func (p *Pool) Serving(ctx context.Context, name string) bool {
 	p.mu.Lock()
 	a, hit := p.health[name]
 	p.mu.Unlock()
-	if hit && p.now().Sub(a.at) < HealthCacheTTL {
+	if hit && p.now().Sub(a.at) < healthCacheTTL {
 		return a.health != healthNotServing
 	}
-	hctx, cancel := context.WithTimeout(ctx, HealthTimeout)
+	hctx, cancel := context.WithTimeout(ctx, healthTimeout)
 	defer cancel()
 	h := e.t.serving(hctx)
 	if ctx.Err() != nil {
@@ -364,12 +363,12 @@ func (p *Pool) LastCall(name string, tenants []string) LastCall {
 	return p.failures.Last(name, tenants)
 }
 
-// HealthSeenFor is how long ListDelegates reports a health answer as seen.
-const HealthSeenFor = 5 * time.Minute
+// healthSeenFor is how long ListDelegates reports a health answer as seen.
+const healthSeenFor = 5 * time.Minute
 
 // Describe returns the registry for ListDelegates, in config order: each
 // delegate with its kind, declarations, timeout and health as last seen
-// (within HealthSeenFor) and its guards' state, and each preset with its
+// (within healthSeenFor) and its guards' state, and each preset with its
 // spec. Recent failures are a tenant's own: RecentFailures.
 func (p *Pool) Describe() ([]*stubbornv1.DelegateDescription, []*stubbornv1.PresetDescription) {
 	ds := make([]*stubbornv1.DelegateDescription, 0, len(p.order))
@@ -378,7 +377,7 @@ func (p *Pool) Describe() ([]*stubbornv1.DelegateDescription, []*stubbornv1.Pres
 	for _, name := range p.order {
 		d := p.byKey[name].cfg
 		h := stubbornv1.DelegateHealth_DELEGATE_HEALTH_UNSPECIFIED
-		if a, ok := p.health[name]; ok && now.Sub(a.at) < HealthSeenFor {
+		if a, ok := p.health[name]; ok && now.Sub(a.at) < healthSeenFor {
 			h = a.health.proto()
 		}
 		desc := &stubbornv1.DelegateDescription{

@@ -203,7 +203,7 @@ var errCycle = errors.New("presets form a cycle")
 func (c *Config) validatePresets(delegates map[string]int) []error {
 	var errs []error
 	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...)))
+		errs = append(errs, fmt.Errorf("%w: %s", errInvalidConfig, fmt.Sprintf(format, args...)))
 	}
 	presets := make(map[string]*stubbornv1.ControlSpec, len(c.Presets))
 	for i, p := range c.Presets {

@@ -26,8 +26,8 @@ func (r *RetryOn) Proto() *stubbornv1.RetryOn {
 
 // Bounds of a retry_on's lists.
 const (
-	MaxRetryOnCodes    = 16
-	MaxRetryOnStatuses = 64
+	maxRetryOnCodes    = 16
+	maxRetryOnStatuses = 64
 )
 
 // CheckRetryOn returns what is wrong with a retry_on, each problem naming
@@ -36,9 +36,9 @@ const (
 func CheckRetryOn(field string, r *stubbornv1.RetryOn) []string {
 	var msgs []string
 	codes := r.GetGrpcCodes()
-	if len(codes) > MaxRetryOnCodes {
-		msgs = append(msgs, fmt.Sprintf("%s.grpc_codes: at most %d, got %d", field, MaxRetryOnCodes, len(codes)))
-		codes = codes[:MaxRetryOnCodes]
+	if len(codes) > maxRetryOnCodes {
+		msgs = append(msgs, fmt.Sprintf("%s.grpc_codes: at most %d, got %d", field, maxRetryOnCodes, len(codes)))
+		codes = codes[:maxRetryOnCodes]
 	}
 	seen := map[string]bool{}
 	for i, c := range codes {
@@ -55,9 +55,9 @@ func CheckRetryOn(field string, r *stubbornv1.RetryOn) []string {
 		seen[u] = true
 	}
 	statuses := r.GetHttpStatuses()
-	if len(statuses) > MaxRetryOnStatuses {
-		msgs = append(msgs, fmt.Sprintf("%s.http_statuses: at most %d, got %d", field, MaxRetryOnStatuses, len(statuses)))
-		statuses = statuses[:MaxRetryOnStatuses]
+	if len(statuses) > maxRetryOnStatuses {
+		msgs = append(msgs, fmt.Sprintf("%s.http_statuses: at most %d, got %d", field, maxRetryOnStatuses, len(statuses)))
+		statuses = statuses[:maxRetryOnStatuses]
 	}
 	seenStatus := map[int32]bool{}
 	for i, s := range statuses {
@@ -81,10 +81,10 @@ func cut(s string, n int) string {
 
 // Bounds of the guards' settings.
 const (
-	MaxMaxConcurrent     = 1 << 20
-	MaxRequestsPerMinute = 1 << 30
-	MaxTokensPerMinute   = 1 << 50
-	MaxMaxQueueWait      = time.Hour
+	maxMaxConcurrent     = 1 << 20
+	maxRequestsPerMinute = 1 << 30
+	maxTokensPerMinute   = 1 << 50
+	maxMaxQueueWait      = time.Hour
 )
 
 // checkGuards returns what is wrong with d's guards' settings.
@@ -93,17 +93,17 @@ func (d Delegate) checkGuards() []string {
 	if d.CircuitBreaker != nil {
 		msgs = append(msgs, d.CircuitBreaker.check()...)
 	}
-	if d.MaxConcurrent < 0 || d.MaxConcurrent > MaxMaxConcurrent {
-		msgs = append(msgs, fmt.Sprintf("max_concurrent: must be between 0 and %d, got %d", MaxMaxConcurrent, d.MaxConcurrent))
+	if d.MaxConcurrent < 0 || d.MaxConcurrent > maxMaxConcurrent {
+		msgs = append(msgs, fmt.Sprintf("max_concurrent: must be between 0 and %d, got %d", maxMaxConcurrent, d.MaxConcurrent))
 	}
-	if d.RequestsPerMinute < 0 || d.RequestsPerMinute > MaxRequestsPerMinute {
-		msgs = append(msgs, fmt.Sprintf("requests_per_minute: must be between 0 and %d, got %d", MaxRequestsPerMinute, d.RequestsPerMinute))
+	if d.RequestsPerMinute < 0 || d.RequestsPerMinute > maxRequestsPerMinute {
+		msgs = append(msgs, fmt.Sprintf("requests_per_minute: must be between 0 and %d, got %d", maxRequestsPerMinute, d.RequestsPerMinute))
 	}
-	if d.TokensPerMinute < 0 || d.TokensPerMinute > MaxTokensPerMinute {
-		msgs = append(msgs, fmt.Sprintf("tokens_per_minute: must be between 0 and %d, got %d", int64(MaxTokensPerMinute), d.TokensPerMinute))
+	if d.TokensPerMinute < 0 || d.TokensPerMinute > maxTokensPerMinute {
+		msgs = append(msgs, fmt.Sprintf("tokens_per_minute: must be between 0 and %d, got %d", int64(maxTokensPerMinute), d.TokensPerMinute))
 	}
-	if w := d.MaxQueueWait; w != nil && (*w < 0 || w.Std() > MaxMaxQueueWait) {
-		msgs = append(msgs, fmt.Sprintf("max_queue_wait: must be between 0 and %s, got %s", MaxMaxQueueWait, w))
+	if w := d.MaxQueueWait; w != nil && (*w < 0 || w.Std() > maxMaxQueueWait) {
+		msgs = append(msgs, fmt.Sprintf("max_queue_wait: must be between 0 and %s, got %s", maxMaxQueueWait, w))
 	}
 	if d.RetryOn != nil {
 		msgs = append(msgs, CheckRetryOn("retry_on", d.RetryOn.Proto())...)

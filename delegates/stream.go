@@ -17,16 +17,16 @@ import (
 
 // Stream settings of a delegate (registry `stream`).
 const (
-	// StreamAuto streams when the delegate can: a gRPC delegate is asked
+	// streamAuto streams when the delegate can: a gRPC delegate is asked
 	// ExecuteStream first and, if it answers UNIMPLEMENTED before any
 	// output, Execute from then on; the model kinds ask for an SSE stream
 	// (an answer that comes as one JSON body is read as before); an http
 	// kind streams when it sets stream_format.
-	StreamAuto = "auto"
-	// StreamOn always streams (a gRPC delegate: ExecuteStream only).
-	StreamOn = "on"
-	// StreamOff never streams: Execute, or one JSON answer.
-	StreamOff = "off"
+	streamAuto = "auto"
+	// streamOn always streams (a gRPC delegate: ExecuteStream only).
+	streamOn = "on"
+	// streamOff never streams: Execute, or one JSON answer.
+	streamOff = "off"
 )
 
 // MaxStallTimeout bounds first_output_timeout and idle_timeout, in the

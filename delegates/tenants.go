@@ -104,8 +104,8 @@ func validateLimits(where string, l Limits, bad func(string, ...any)) {
 	if l.RunStartBurst > 0 && l.RunStartsPerSecond == 0 {
 		bad("%s.run_start_burst: needs run_starts_per_second", where)
 	}
-	if l.MaxResultBytes < 0 || l.MaxResultBytes > MaxMaxResultBytes {
-		bad("%s.max_result_bytes: must be between 1 and %d, got %d", where, MaxMaxResultBytes, l.MaxResultBytes)
+	if l.MaxResultBytes < 0 || l.MaxResultBytes > maxMaxResultBytes {
+		bad("%s.max_result_bytes: must be between 1 and %d, got %d", where, maxMaxResultBytes, l.MaxResultBytes)
 	}
 }
 

@@ -21,7 +21,7 @@ import (
 //	  cert: certs/stubborn.pem        # client certificate, for delegates that require mTLS
 //	  key: certs/stubborn-key.pem     # its private key (cert and key go together)
 //
-// Relative paths are relative to the config file's directory ([Load]).
+// Relative paths are relative to the config file's directory (see load).
 type TLS struct {
 	// Enabled turns TLS on; every other field needs it.
 	Enabled bool
@@ -109,9 +109,9 @@ func (t *TLS) resolve(dir string) {
 	}
 }
 
-// ClientConfig returns the crypto/tls configuration of a connection to the
+// clientConfig returns the crypto/tls configuration of a connection to the
 // delegate, reading the files; nil for plaintext.
-func (t TLS) ClientConfig() (*tls.Config, error) {
+func (t TLS) clientConfig() (*tls.Config, error) {
 	if !t.Enabled {
 		return nil, nil
 	}

@@ -28,18 +28,18 @@ const (
 	// Fails answers every request with a 500 in the API's error shape: a
 	// transient failure, which a retry or a fallback chain gets past.
 	Fails Behavior = iota
-	// Streams answers Words, streamed a word at a time when asked to
+	// Streams answers words, streamed a word at a time when asked to
 	// stream.
 	Streams
 	// Tools calls Tool (get_weather) when the request offers it and does
 	// not end with its result, and answers a tool result with Sunny; a
-	// request that offers no such tool gets Words, as Streams.
+	// request that offers no such tool gets words, as Streams.
 	Tools
 )
 
-// Words is the answer of Streams (and of Tools without its tool), in its
+// words is the answer of Streams (and of Tools without its tool), in its
 // streamed pieces.
-var Words = []string{"The ", "answer ", "is ", "42."}
+var words = []string{"The ", "answer ", "is ", "42."}
 
 // Tool is the tool the Tools model calls, with ToolArgs as its arguments.
 const (
@@ -50,8 +50,8 @@ const (
 // Sunny is what the Tools model answers a tool result with.
 const Sunny = "It is sunny in Paris."
 
-// Overloaded is the Fails model's error message.
-const Overloaded = "the fake model is overloaded (it always is: it is there to fail)"
+// overloaded is the Fails model's error message.
+const overloaded = "the fake model is overloaded (it always is: it is there to fail)"
 
 // maxBody bounds a request's body: a fake model has no use for more, and a
 // bound keeps a stray client from filling memory.
@@ -107,7 +107,7 @@ func (m *Model) serve(w http.ResponseWriter, r *http.Request, codec conversation
 		if codec.API() == conversation.AnthropicMessages {
 			kind = "api_error"
 		}
-		apiError(w, codec, http.StatusInternalServerError, kind, Overloaded)
+		apiError(w, codec, http.StatusInternalServerError, kind, overloaded)
 		return
 	}
 	ans := m.answer(req.Conversation, codec.API())
@@ -134,7 +134,7 @@ type answer struct {
 // answer decides the answer to c.
 func (m *Model) answer(c *stubbornv1.Conversation, api stubbornv1.ConversationAPI) answer {
 	if m.behavior != Tools || !offers(c, Tool) {
-		return answer{pieces: Words}
+		return answer{pieces: words}
 	}
 	msgs := c.GetMessages()
 	if n := len(msgs); n > 0 && msgs[n-1].GetRole() == stubbornv1.ChatRole_CHAT_ROLE_TOOL {

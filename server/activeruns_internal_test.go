@@ -14,7 +14,7 @@ import (
 // number in the request's context, counted once, and forgotten when
 // released, whether by the run's end or by the start failing.
 func TestActiveRunsReservationIsCountedOnce(t *testing.T) {
-	a := NewActiveRuns()
+	a := newActiveRuns()
 	obs := a.Observer(nil)
 	p := &policy{tenant: "t", maxConcurrent: 2}
 	st := &stubbornv1.ControlState{RunId: "r1", Tenant: "t"}

@@ -21,9 +21,9 @@ import (
 	"github.com/stubbornhq/stubborn/runs"
 )
 
-// Authenticator tells which tenant a call comes from, by its bearer token
-// or its verified TLS client certificate (see delegates.Tenant). Its
-// Authenticate is the AuthFunc of go-grpc-middleware's auth interceptor.
+// authenticator tells which tenant a call comes from, by its bearer token
+// or its verified TLS client certificate (see delegates.Tenant). The
+// server's auth interceptor calls the current registry's Authenticate.
 //
 // Tokens are looked up by their SHA-256 digest: the config holds digests
 // only. A plain hash is enough because tokens are random and long (32
@@ -33,7 +33,7 @@ import (
 // every call. For the same reason a map lookup by digest is safe: its timing
 // could at most hint at a digest's first bytes, which do not help to find a
 // token.
-type Authenticator struct {
+type authenticator struct {
 	tokens map[string]string // hex SHA-256 → tenant
 	cns    map[string]string // certificate subject CN → tenant
 	uris   map[string]string // certificate URI SAN → tenant
@@ -42,10 +42,10 @@ type Authenticator struct {
 	defaultRuns string
 }
 
-// NewAuthenticator returns the Authenticator of a config's tenants (which
+// newAuthenticator returns the authenticator of a config's tenants (which
 // Parse has validated: no credential names two tenants).
-func NewAuthenticator(tenants []delegates.Tenant) *Authenticator {
-	a := &Authenticator{tokens: map[string]string{}, cns: map[string]string{}, uris: map[string]string{}}
+func newAuthenticator(tenants []delegates.Tenant) *authenticator {
+	a := &authenticator{tokens: map[string]string{}, cns: map[string]string{}, uris: map[string]string{}}
 	for _, t := range tenants {
 		for _, h := range t.TokenSHA256 {
 			a.tokens[strings.ToLower(h)] = t.Name
@@ -69,7 +69,7 @@ func NewAuthenticator(tenants []delegates.Tenant) *Authenticator {
 // without one is judged by its client certificate, which the TLS handshake
 // verified against the client CA: its URI SANs and its subject CN must name
 // exactly one tenant. Error messages never quote a token.
-func (a *Authenticator) Authenticate(ctx context.Context) (context.Context, error) {
+func (a *authenticator) Authenticate(ctx context.Context) (context.Context, error) {
 	tenant, err := a.tenantOf(ctx)
 	if err != nil {
 		return nil, err
@@ -80,7 +80,7 @@ func (a *Authenticator) Authenticate(ctx context.Context) (context.Context, erro
 // ownersOf returns the tenants whose runs ctx's credentials see
 // (runs.Owners of the context Authenticate makes); a nil a (no tenants)
 // sees the default tenant's.
-func (a *Authenticator) ownersOf(ctx context.Context) ([]string, error) {
+func (a *authenticator) ownersOf(ctx context.Context) ([]string, error) {
 	if a == nil {
 		return []string{""}, nil
 	}
@@ -93,7 +93,7 @@ func (a *Authenticator) ownersOf(ctx context.Context) ([]string, error) {
 
 // runsOf is ctx, on behalf of tenant, with the default tenant's runs when
 // tenant has them.
-func (a *Authenticator) runsOf(ctx context.Context, tenant string) context.Context {
+func (a *authenticator) runsOf(ctx context.Context, tenant string) context.Context {
 	if tenant != "" && tenant == a.defaultRuns {
 		return runs.WithDefaultRuns(ctx)
 	}
@@ -102,7 +102,7 @@ func (a *Authenticator) runsOf(ctx context.Context, tenant string) context.Conte
 
 // tenantOf returns the tenant ctx's credentials authenticate as
 // (Authenticate), or the UNAUTHENTICATED error.
-func (a *Authenticator) tenantOf(ctx context.Context) (string, error) {
+func (a *authenticator) tenantOf(ctx context.Context) (string, error) {
 	if vals := metadata.ValueFromIncomingContext(ctx, "authorization"); len(vals) > 0 {
 		if len(vals) > 1 {
 			return "", status.Error(codes.Unauthenticated, "authorization: send one header, not several")

@@ -317,12 +317,12 @@ const maxConversationEventBytes = runs.MaxEventBytes/2 - 64<<10
 // conversationBytes is the largest conversation (messages and model
 // parameters, encoded) a run takes: 4 times the brief's bound, within what
 // an event holds.
-func (l Limits) conversationBytes() int {
+func (l limits) conversationBytes() int {
 	return min(4*l.MaxBriefBytes, maxConversationEventBytes)
 }
 
 // conversationBound says which bound conversationBytes is.
-func (l Limits) conversationBound() string {
+func (l limits) conversationBound() string {
 	if 4*l.MaxBriefBytes <= maxConversationEventBytes {
 		return "4 times limits.max_brief_bytes"
 	}

@@ -185,7 +185,7 @@ func (r *feedRun) advance(ev *stubbornv1.RunEvent) bool {
 
 // WatchRuns streams the summaries of ctx's tenant's runs as they start and
 // change status, and the ids of those deleted.
-func (s *Service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.ServerStreamingServer[stubbornv1.WatchRunsResponse]) error {
+func (s *service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.ServerStreamingServer[stubbornv1.WatchRunsResponse]) error {
 	var v violations
 	f := checkFilter(&v, req.GetStatus(), req.GetControl(), req.GetDelegate())
 	if err := v.err(); err != nil {

@@ -43,7 +43,7 @@ import (
 // frontDoor serves the OpenAI-compatible routes.
 type frontDoor struct {
 	client stubbornv1.ControlServiceClient
-	svc    *Service
+	svc    *service
 	now    func() time.Time
 }
 
@@ -168,7 +168,7 @@ func failureOf(err error) failure {
 }
 
 // refuseBodyAs is a door's answer to a body boundBody refuses (over
-// MaxHTTPBodyBytes, too slow, broken), in d's shape: an SDK reads its
+// maxHTTPBodyBytes, too slow, broken), in d's shape: an SDK reads its
 // error as it reads any of the door's.
 func refuseBodyAs(d dialect) func(http.ResponseWriter, *http.Request, int, string) {
 	return func(w http.ResponseWriter, _ *http.Request, status int, msg string) {

@@ -29,30 +29,30 @@ import (
 // 8 KiB of it by default on a native connection; browsers send more), and a
 // JSON body of a 4 MiB message is larger than the message.
 const (
-	// MaxHTTPHeaderBytes bounds a request's headers.
-	MaxHTTPHeaderBytes = 16 << 10
-	// MaxHTTPBodyBytes bounds a request's body.
-	MaxHTTPBodyBytes = 8 << 20
-	// HTTPBodyTimeout bounds the time to read a request's body, from the
+	// maxHTTPHeaderBytes bounds a request's headers.
+	maxHTTPHeaderBytes = 16 << 10
+	// maxHTTPBodyBytes bounds a request's body.
+	maxHTTPBodyBytes = 8 << 20
+	// httpBodyTimeout bounds the time to read a request's body, from the
 	// end of its headers: a short or dribbled body is cut (HTTP 408, and
 	// the connection or HTTP/2 stream closed) rather than holding its
 	// connection and goroutine. Only the body: a stream's response
 	// (WatchRun, WatchRuns) has no write timeout.
-	HTTPBodyTimeout = 20 * time.Second
-	// HTTPHeaderTimeout bounds the time to read a request's headers: over
+	httpBodyTimeout = 20 * time.Second
+	// httpHeaderTimeout bounds the time to read a request's headers: over
 	// HTTP/1.1 http.Server's ReadHeaderTimeout; over HTTP/2 (h2c or TLS),
 	// whose server has no header timeout, a connection that completes no
-	// frame for HTTP2PingAfter is sent a PING, and closed when no answer
-	// comes within HTTP2PingTimeout. A client dribbling a HEADERS frame
+	// frame for http2PingAfter is sent a PING, and closed when no answer
+	// comes within http2PingTimeout. A client dribbling a HEADERS frame
 	// (or its CONTINUATIONs, which the server reads as one frame) cannot
 	// answer in the middle of it, so it is cut after at most
-	// HTTP2PingAfter+HTTP2PingTimeout, not at the 2-minute idle timeout.
-	HTTPHeaderTimeout = 10 * time.Second
-	// HTTP2PingAfter is how long an HTTP/2 connection may read no frame
+	// http2PingAfter+http2PingTimeout, not at the 2-minute idle timeout.
+	httpHeaderTimeout = 10 * time.Second
+	// http2PingAfter is how long an HTTP/2 connection may read no frame
 	// before the server sends it a PING.
-	HTTP2PingAfter = 10 * time.Second
-	// HTTP2PingTimeout is how long the server waits for the answer.
-	HTTP2PingTimeout = 5 * time.Second
+	http2PingAfter = 10 * time.Second
+	// http2PingTimeout is how long the server waits for the answer.
+	http2PingTimeout = 5 * time.Second
 )
 
 // HTTPHandler serves the ControlService and health to browsers and plain
@@ -84,7 +84,7 @@ func (s *Stubborn) HTTPHandler(allowedHosts ...string) (http.Handler, error) {
 		return nil, err
 	}
 	t, err := vanguardgrpc.NewTranscoder(s.GRPC,
-		vanguard.WithDefaultServiceOptions(vanguard.WithMaxMessageBufferBytes(MaxHTTPBodyBytes)),
+		vanguard.WithDefaultServiceOptions(vanguard.WithMaxMessageBufferBytes(maxHTTPBodyBytes)),
 		vanguard.WithCodec(newJSONCodec))
 	if err != nil {
 		return nil, err
@@ -111,11 +111,11 @@ func (s *Stubborn) HTTPHandler(allowedHosts ...string) (http.Handler, error) {
 
 // NewHTTPServer returns an http.Server for h with the listener's bounds:
 // HTTP/1.1 and HTTP/2 (over TLS, or cleartext h2c when the caller serves
-// plaintext), header and idle timeouts (HTTPHeaderTimeout, and
-// HTTP2PingAfter and HTTP2PingTimeout for HTTP/2), MaxHTTPHeaderBytes.
+// plaintext), header and idle timeouts (httpHeaderTimeout, and
+// http2PingAfter and http2PingTimeout for HTTP/2), maxHTTPHeaderBytes.
 // There is no ReadTimeout, a deadline for the whole request that a
 // stream's connection would carry after its body is read: HTTPHandler
-// sets the body's own deadline (HTTPBodyTimeout) and lifts it once the
+// sets the body's own deadline (httpBodyTimeout) and lifts it once the
 // body is read. Streams (WatchRun, WatchRuns) have no write timeout.
 func NewHTTPServer(h http.Handler) *http.Server {
 	p := new(http.Protocols)
@@ -125,12 +125,12 @@ func NewHTTPServer(h http.Handler) *http.Server {
 	return &http.Server{
 		Handler:           h,
 		Protocols:         p,
-		ReadHeaderTimeout: HTTPHeaderTimeout,
+		ReadHeaderTimeout: httpHeaderTimeout,
 		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    MaxHTTPHeaderBytes,
+		MaxHeaderBytes:    maxHTTPHeaderBytes,
 		HTTP2: &http.HTTP2Config{
-			SendPingTimeout: HTTP2PingAfter,
-			PingTimeout:     HTTP2PingTimeout,
+			SendPingTimeout: http2PingAfter,
+			PingTimeout:     http2PingTimeout,
 		},
 	}
 }
@@ -169,7 +169,7 @@ func normalContentType(next http.Handler) http.Handler {
 	})
 }
 
-// boundBody refuses a request whose body is over MaxHTTPBodyBytes, in the
+// boundBody refuses a request whose body is over maxHTTPBodyBytes, in the
 // request's own protocol, with a code that tells clients not to send it
 // again: INVALID_ARGUMENT, and HTTP 413 for a Connect unary call (or plain
 // HTTP). Not RESOURCE_EXHAUSTED, which vanguard answers (HTTP 429), nor
@@ -179,14 +179,14 @@ func normalContentType(next http.Handler) http.Handler {
 // body forever. A Content-Length over the bound is refused before the body
 // is read; otherwise the body is read whole first, up to the bound (every
 // method of the API takes one request message, which vanguard buffers
-// whole anyway), within HTTPBodyTimeout: a body that takes longer (short,
+// whole anyway), within httpBodyTimeout: a body that takes longer (short,
 // or dribbled) is answered HTTP 408 and its connection (HTTP/1.1) or
 // stream (HTTP/2) closed. The deadline is lifted once the body is read, so
 // a stream's response is not cut. refuse writes each refusal (413, 408,
 // 400) in the route's shape: the API's (refuseBody) or a model door's.
 func boundBody(next http.Handler, refuse func(w http.ResponseWriter, r *http.Request, status int, msg string)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength > MaxHTTPBodyBytes {
+		if r.ContentLength > maxHTTPBodyBytes {
 			w.Header().Set("Connection", "close") // the rest of the body is not read
 			refuse(w, r, http.StatusRequestEntityTooLarge, bodyTooLarge)
 			return
@@ -195,12 +195,12 @@ func boundBody(next http.Handler, refuse func(w http.ResponseWriter, r *http.Req
 			rc := http.NewResponseController(w)
 			// An error means the connection cannot have a deadline (not
 			// net/http's): read it without one.
-			_ = rc.SetReadDeadline(time.Now().Add(HTTPBodyTimeout))
-			b, err := io.ReadAll(io.LimitReader(r.Body, MaxHTTPBodyBytes+1))
+			_ = rc.SetReadDeadline(time.Now().Add(httpBodyTimeout))
+			b, err := io.ReadAll(io.LimitReader(r.Body, maxHTTPBodyBytes+1))
 			if err != nil {
 				if errors.Is(err, os.ErrDeadlineExceeded) {
 					w.Header().Set("Connection", "close")
-					refuse(w, r, http.StatusRequestTimeout, fmt.Sprintf("reading the request body: not done in %v", HTTPBodyTimeout))
+					refuse(w, r, http.StatusRequestTimeout, fmt.Sprintf("reading the request body: not done in %v", httpBodyTimeout))
 					return
 				}
 				// The client went away or broke the stream: nobody to
@@ -209,7 +209,7 @@ func boundBody(next http.Handler, refuse func(w http.ResponseWriter, r *http.Req
 				return
 			}
 			_ = rc.SetReadDeadline(time.Time{})
-			if len(b) > MaxHTTPBodyBytes {
+			if len(b) > maxHTTPBodyBytes {
 				w.Header().Set("Connection", "close")
 				refuse(w, r, http.StatusRequestEntityTooLarge, bodyTooLarge)
 				return
@@ -221,11 +221,11 @@ func boundBody(next http.Handler, refuse func(w http.ResponseWriter, r *http.Req
 	})
 }
 
-// bodyTooLarge is what a request over MaxHTTPBodyBytes is told.
-var bodyTooLarge = fmt.Sprintf("request body over %d bytes (8 MiB): not retryable, send a smaller request", MaxHTTPBodyBytes)
+// bodyTooLarge is what a request over maxHTTPBodyBytes is told.
+var bodyTooLarge = fmt.Sprintf("request body over %d bytes (8 MiB): not retryable, send a smaller request", maxHTTPBodyBytes)
 
 // refuseBody is the API's answer to a body boundBody refuses: over
-// MaxHTTPBodyBytes, apiTooLarge; else the status, in plain text.
+// maxHTTPBodyBytes, apiTooLarge; else the status, in plain text.
 func refuseBody(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	if status == http.StatusRequestEntityTooLarge {
 		apiTooLarge(w, r)
@@ -234,7 +234,7 @@ func refuseBody(w http.ResponseWriter, r *http.Request, status int, msg string) 
 	http.Error(w, msg, status)
 }
 
-// apiTooLarge answers a request over MaxHTTPBodyBytes with INVALID_ARGUMENT in
+// apiTooLarge answers a request over maxHTTPBodyBytes with INVALID_ARGUMENT in
 // its protocol: gRPC and gRPC-Web as a trailers-only response (HTTP 200,
 // grpc-status 3), a Connect stream as an end-of-stream message (HTTP 200),
 // and a Connect unary call, or anything else, as HTTP 413 with a Connect

@@ -9,9 +9,9 @@ import (
 	"strings"
 )
 
-// AllowedHostsFlag is the flag that lists the HTTP listener's hosts beyond
+// allowedHostsFlag is the flag that lists the HTTP listener's hosts beyond
 // loopback; error bodies name it.
-const AllowedHostsFlag = "-http-allowed-hosts"
+const allowedHostsFlag = "-http-allowed-hosts"
 
 // hostPolicy is which Host (HTTP/1.1's header, HTTP/2's :authority: r.Host
 // for both) the HTTP listener answers: a loopback name or address
@@ -36,11 +36,11 @@ func newHostPolicy(allowed []string) (*hostPolicy, error) {
 			continue
 		}
 		if strings.ContainsAny(a, "/@?#* \t") {
-			return nil, fmt.Errorf("%s: %q is not a host: give a name or an address, with an optional port (no scheme, path or wildcard)", AllowedHostsFlag, a)
+			return nil, fmt.Errorf("%s: %q is not a host: give a name or an address, with an optional port (no scheme, path or wildcard)", allowedHostsFlag, a)
 		}
 		host, port, ok := splitHost(a)
 		if !ok || host == "" {
-			return nil, fmt.Errorf("%s: %q is not a host: give a name or an address, with an optional port", AllowedHostsFlag, a)
+			return nil, fmt.Errorf("%s: %q is not a host: give a name or an address, with an optional port", allowedHostsFlag, a)
 		}
 		if port == "" {
 			p.hosts[host] = true
@@ -155,7 +155,7 @@ func checkHost(p *hostPolicy, next http.Handler) http.Handler {
 			refuse(w, http.StatusMisdirectedRequest, fmt.Sprintf(
 				"%s not served here: this listener answers loopback names and addresses (localhost, 127.0.0.1, [::1]) "+
 					"and the hosts that serve's %s lists (a name the DNS rebinds to this machine must not reach it); "+
-					"add the name clients use to %s", what, AllowedHostsFlag, AllowedHostsFlag))
+					"add the name clients use to %s", what, allowedHostsFlag, allowedHostsFlag))
 			return
 		}
 		switch r.Method {

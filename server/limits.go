@@ -18,8 +18,8 @@ import (
 	"github.com/stubbornhq/stubborn/runs"
 )
 
-// Limits apply at two levels: the server's (Options.Limits), which bound
-// all tenants together, and each tenant's (TenantOptions.Limits), which
+// Limits apply at two levels: the server's (options.Limits), which bound
+// all tenants together, and each tenant's (tenantOptions.Limits), which
 // bound that tenant alone. A request must be within both: for the request
 // caps (brief size, attempts, chain, waits, watchers per run) the smaller
 // of the two counts; for concurrent runs and start rates, the server's and
@@ -32,21 +32,21 @@ import (
 // cluster counts the runs it drives, resumed ones included), as are start
 // rates and watchers.
 
-// TenantOptions are what applies to one tenant besides the server's
+// tenantOptions are what applies to one tenant besides the server's
 // options.
-type TenantOptions struct {
-	// Limits apply besides Options.Limits (see above). Zero fields leave
+type tenantOptions struct {
+	// Limits apply besides options.Limits (see above). Zero fields leave
 	// only the server's.
-	Limits Limits
+	Limits limits
 	// Delegates, when not empty, are the only delegate and preset names
 	// the tenant's requests may name; any other is NOT_FOUND, as a name
 	// that is not in the registry.
 	Delegates []string
 }
 
-// LimitsFrom returns a config's limits as the server's.
-func LimitsFrom(l delegates.Limits) Limits {
-	return Limits{
+// limitsFrom returns a config's limits as the server's.
+func limitsFrom(l delegates.Limits) limits {
+	return limits{
 		MaxBriefBytes:      l.MaxBriefBytes,
 		MaxAttempts:        l.MaxAttempts,
 		MaxChain:           l.MaxChain,
@@ -59,18 +59,18 @@ func LimitsFrom(l delegates.Limits) Limits {
 	}
 }
 
-// TenantsFrom returns a config's tenants as the server's options.
-func TenantsFrom(ts []delegates.Tenant) map[string]TenantOptions {
-	out := make(map[string]TenantOptions, len(ts))
+// tenantsFrom returns a config's tenants as the server's options.
+func tenantsFrom(ts []delegates.Tenant) map[string]tenantOptions {
+	out := make(map[string]tenantOptions, len(ts))
 	for _, t := range ts {
-		out[t.Name] = TenantOptions{Limits: LimitsFrom(t.Limits), Delegates: t.Delegates}
+		out[t.Name] = tenantOptions{Limits: limitsFrom(t.Limits), Delegates: t.Delegates}
 	}
 	return out
 }
 
 // tighter returns, field by field, the smaller of the values set (non-zero)
 // in a and b.
-func tighter(a, b Limits) Limits {
+func tighter(a, b limits) limits {
 	minInt := func(x, y int) int {
 		if x <= 0 || (y > 0 && y < x) {
 			return y
@@ -98,18 +98,18 @@ type policy struct {
 	tenant  string
 	val     validator
 	// limits are the merged request caps (tighter of tenant and server).
-	limits Limits
+	limits limits
 	// maxConcurrent and starts are the tenant's own (0 and nil: none).
 	maxConcurrent int
 	starts        *rate.Limiter
-	startsLimits  Limits
+	startsLimits  limits
 	// server is the server's limits, which apply besides.
 	server *serverLevel
 }
 
 // newPolicy builds the policy of tenant with its own limits own (zero for
 // the default tenant) over the server's.
-func newPolicy(tenant string, own Limits, allowed []string, server *serverLevel, o Options) *policy {
+func newPolicy(tenant string, own limits, allowed []string, server *serverLevel, o options) *policy {
 	merged := tighter(server.limits, own).withDefaults()
 	known := o.Known
 	if len(allowed) > 0 {
@@ -131,14 +131,14 @@ func newPolicy(tenant string, own Limits, allowed []string, server *serverLevel,
 }
 
 // newStartLimiter returns the token bucket of l's start rate, or nil.
-func newStartLimiter(l Limits) *rate.Limiter {
+func newStartLimiter(l limits) *rate.Limiter {
 	if !(l.RunStartsPerSecond > 0) || math.IsInf(l.RunStartsPerSecond, 0) {
 		return nil
 	}
 	return rate.NewLimiter(rate.Limit(l.RunStartsPerSecond), startBurst(l))
 }
 
-func startBurst(l Limits) int {
+func startBurst(l limits) int {
 	if l.RunStartBurst > 0 {
 		return l.RunStartBurst
 	}
@@ -168,7 +168,7 @@ func exhausted(subject, msg string, retryIn time.Duration) error {
 // takeStart takes a run start from the tenant's rate and the server's.
 // Over either, nothing is taken and the error names the limit. undo gives
 // the start back, for a request refused later on.
-func (s *Service) takeStart(p *policy) (undo func(), err error) {
+func (s *service) takeStart(p *policy) (undo func(), err error) {
 	now := time.Now()
 	var taken []*rate.Reservation
 	undo = func() {
@@ -178,7 +178,7 @@ func (s *Service) takeStart(p *policy) (undo func(), err error) {
 	}
 	for _, lv := range []struct {
 		lim          *rate.Limiter
-		l            Limits
+		l            limits
 		who, subject string
 	}{
 		{p.starts, p.startsLimits, p.who, p.subject},
@@ -201,11 +201,11 @@ func (s *Service) takeStart(p *policy) (undo func(), err error) {
 	return undo, nil
 }
 
-// ActiveRuns counts the runs in progress on this server, in all and by
+// activeRuns counts the runs in progress on this server, in all and by
 // tenant, for the max_concurrent_runs limits. It learns when runs start and
 // end as a runs.Observer: pass Observer's result as runs.Config.Observer,
-// and the ActiveRuns as Options.ActiveRuns (New does both).
-type ActiveRuns struct {
+// and the activeRuns as options.ActiveRuns (New does both).
+type activeRuns struct {
 	mu       sync.Mutex
 	total    int
 	byTenant map[string]int
@@ -216,13 +216,13 @@ type ActiveRuns struct {
 	last     uint64
 }
 
-// NewActiveRuns returns a counter with no run in progress.
-func NewActiveRuns() *ActiveRuns {
-	return &ActiveRuns{byTenant: map[string]int{}, reserved: map[uint64]*runSlot{}}
+// newActiveRuns returns a counter with no run in progress.
+func newActiveRuns() *activeRuns {
+	return &activeRuns{byTenant: map[string]int{}, reserved: map[uint64]*runSlot{}}
 }
 
 // InProgress returns how many of tenant's runs are in progress here.
-func (a *ActiveRuns) InProgress(tenant string) int {
+func (a *activeRuns) InProgress(tenant string) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.byTenant[tenant]
@@ -230,7 +230,7 @@ func (a *ActiveRuns) InProgress(tenant string) int {
 
 // runSlot is one counted run; release uncounts it, once.
 type runSlot struct {
-	a           *ActiveRuns
+	a           *activeRuns
 	tenant      string
 	reservation uint64 // its key in reserved; 0 for a slot added whatever the limits
 	once        sync.Once
@@ -260,7 +260,7 @@ func withReservation(ctx context.Context, slot *runSlot) context.Context {
 }
 
 // reservedFor returns the slot the request of ctx reserved, or nil.
-func (a *ActiveRuns) reservedFor(ctx context.Context) *runSlot {
+func (a *activeRuns) reservedFor(ctx context.Context) *runSlot {
 	n, ok := ctx.Value(reservationKey{}).(uint64)
 	if !ok {
 		return nil
@@ -272,7 +272,7 @@ func (a *ActiveRuns) reservedFor(ctx context.Context) *runSlot {
 
 // reserve counts a new run of p's tenant unless the tenant's or the
 // server's max_concurrent_runs is reached.
-func (a *ActiveRuns) reserve(p *policy, serverMax int) (*runSlot, error) {
+func (a *activeRuns) reserve(p *policy, serverMax int) (*runSlot, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if n := a.byTenant[p.tenant]; p.maxConcurrent > 0 && n >= p.maxConcurrent {
@@ -291,13 +291,13 @@ func (a *ActiveRuns) reserve(p *policy, serverMax int) (*runSlot, error) {
 }
 
 // add counts a run whatever the limits (a run resumed here).
-func (a *ActiveRuns) add(tenant string) *runSlot {
+func (a *activeRuns) add(tenant string) *runSlot {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.addLocked(tenant)
 }
 
-func (a *ActiveRuns) addLocked(tenant string) *runSlot {
+func (a *activeRuns) addLocked(tenant string) *runSlot {
 	a.total++
 	a.byTenant[tenant]++
 	return &runSlot{a: a, tenant: tenant}
@@ -307,12 +307,12 @@ func (a *ActiveRuns) addLocked(tenant string) *runSlot {
 // drives until it ends (or this server stops driving it), then passes it
 // on to inner (which may be nil). A new run uses the slot that Start's
 // request reserved.
-func (a *ActiveRuns) Observer(inner runs.Observer) runs.Observer {
+func (a *activeRuns) Observer(inner runs.Observer) runs.Observer {
 	return countingObserver{a: a, inner: inner}
 }
 
 type countingObserver struct {
-	a     *ActiveRuns
+	a     *activeRuns
 	inner runs.Observer
 }
 

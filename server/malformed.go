@@ -22,7 +22,7 @@ import (
 // request is decoded before the interceptors run, a stream's messages when
 // the handler receives them through the stream the interceptor wraps. No
 // handler sees a half-decoded request; the interceptors before it read none
-// of its fields but a well-formed run_id (NewGRPCServer).
+// of its fields but a well-formed run_id (newGRPCServer).
 
 // malformedRequests holds, for each message the codec could not decode
 // into, the INVALID_ARGUMENT status to answer with, until an interceptor

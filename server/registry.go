@@ -26,14 +26,14 @@ type registry struct {
 	server *serverLevel
 	// authn authenticates callers when the config names tenants; nil
 	// means every caller is the default tenant (dynamicAuth).
-	authn    *Authenticator
+	authn    *authenticator
 	describe func() ([]*stubbornv1.DelegateDescription, []*stubbornv1.PresetDescription)
 
 	// Set by New: the delegates' connections, closed once nothing holds
 	// the registry, and what a run bound to it reaches.
 	pool *delegates.Pool
 	deps runs.Deps
-	// cfg is the config it was built from (nil for NewService's).
+	// cfg is the config it was built from (nil for newService's).
 	cfg *delegates.Config
 	// refs counts its holders: the server while it is current, each run
 	// bound to it, each StartRun judging by it (registries.mu).
@@ -42,7 +42,7 @@ type registry struct {
 
 // serverLevel is the server's own limits and its start rate (nil: none).
 type serverLevel struct {
-	limits Limits
+	limits limits
 	starts *rate.Limiter
 }
 
@@ -57,13 +57,13 @@ func (r *registry) policy(ctx context.Context) *policy {
 // newRegistry builds the registry of o. prev, when set, is the registry
 // it replaces: the start rates whose limits did not change keep their
 // buckets, so that a reload neither refills nor empties them.
-func newRegistry(o Options, prev *registry) *registry {
+func newRegistry(o options, prev *registry) *registry {
 	srv := &serverLevel{limits: o.Limits, starts: newStartLimiter(o.Limits)}
 	if prev != nil && sameRate(prev.server.limits, o.Limits) {
 		srv.starts = prev.server.starts
 	}
 	r := &registry{server: srv, describe: o.Describe, tenants: make(map[string]*policy, len(o.Tenants))}
-	r.def = newPolicy("", Limits{}, nil, srv, o)
+	r.def = newPolicy("", limits{}, nil, srv, o)
 	for name, t := range o.Tenants {
 		p := newPolicy(name, t.Limits, t.Delegates, srv, o)
 		if prev != nil {
@@ -77,11 +77,11 @@ func newRegistry(o Options, prev *registry) *registry {
 }
 
 // sameRate reports whether a and b set the same start rate.
-func sameRate(a, b Limits) bool {
+func sameRate(a, b limits) bool {
 	return a.RunStartsPerSecond == b.RunStartsPerSecond && startBurstOf(a) == startBurstOf(b)
 }
 
-func startBurstOf(l Limits) int {
+func startBurstOf(l limits) int {
 	if !(l.RunStartsPerSecond > 0) {
 		return 0
 	}

@@ -16,10 +16,10 @@ import (
 	"github.com/stubbornhq/stubborn/runs"
 )
 
-// authenticate is the AuthFunc of a server whose registry may change
-// (Options.reloadable): the current registry's tenants authenticate
+// authenticate is the server's AuthFunc; its registry may change
+// (Reload): the current registry's tenants authenticate
 // callers; with none, every caller is the default tenant.
-func (s *Service) authenticate(ctx context.Context) (context.Context, error) {
+func (s *service) authenticate(ctx context.Context) (context.Context, error) {
 	reg := s.regs.current()
 	if reg.authn != nil {
 		var err error
@@ -103,7 +103,7 @@ func (l *liveStreams) remove(ls *liveStream) {
 // caller the default tenant) no longer authenticates as the same tenant,
 // or whose tenant lost the default tenant's runs (a reload that moved
 // default_runs away).
-func (l *liveStreams) revoke(authn *Authenticator) int {
+func (l *liveStreams) revoke(authn *authenticator) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
@@ -122,7 +122,7 @@ func (l *liveStreams) revoke(authn *Authenticator) int {
 // whose registry may change: a reload that takes a stream's credentials
 // away (its tenant or its token removed) ends it with UNAUTHENTICATED.
 // Unary calls are short, and are judged by the registry of their start.
-func (s *Service) revocable(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+func (s *service) revocable(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	if strings.HasPrefix(info.FullMethod, "/"+healthpb.Health_ServiceDesc.ServiceName+"/") {
 		return handler(srv, ss) // not authenticated (authInterceptors)
 	}

@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
@@ -31,10 +30,10 @@ import (
 	"github.com/stubbornhq/stubborn/telemetry"
 )
 
-// Options configure the ControlService.
-type Options struct {
-	// Limits bound requests. Zero fields take DefaultLimits.
-	Limits Limits
+// options configure the ControlService.
+type options struct {
+	// Limits bound requests. Zero fields take defaultLimits.
+	Limits limits
 	// Known reports whether a delegate name is in the registry. Required.
 	Known func(name string) bool
 	// IsDelegate reports whether a known name is a delegate rather than a
@@ -51,19 +50,14 @@ type Options struct {
 	// Logger receives request logs and recovered panics. Nil means
 	// slog.Default().
 	Logger *slog.Logger
-	// Tenants are the tenants' own options, by name (TenantsFrom). A
+	// Tenants are the tenants' own options, by name (tenantsFrom). A
 	// tenant not here, the default tenant "" included, has the server's
 	// Limits only and may name every delegate.
-	Tenants map[string]TenantOptions
+	Tenants map[string]tenantOptions
 	// ActiveRuns counts the runs in progress for the max_concurrent_runs
 	// limits; its Observer must see the runs layer's runs. Nil means those
 	// limits are not enforced.
-	ActiveRuns *ActiveRuns
-	// Authenticate, when set, authenticates every call but health checks
-	// (go-grpc-middleware's auth interceptor) and returns its context on
-	// behalf of the caller's tenant (runs.WithTenant); see Authenticator.
-	// Nil means no authentication: every caller is the default tenant "".
-	Authenticate auth.AuthFunc
+	ActiveRuns *activeRuns
 	// NoReflection leaves the reflection service out.
 	NoReflection bool
 	// Describe returns the registry for ListDelegates (delegates.Pool's
@@ -72,24 +66,20 @@ type Options struct {
 
 	// feed tells WatchRuns about runs (New sets it, and its Observer).
 	feed *runFeed
-	// regs, when set, holds the registries (New's, which Reload
-	// replaces); nil means one built from these Options.
+	// regs holds the registries (New's, which Reload replaces): callers
+	// are authenticated by the current registry's tenants, and a reload
+	// ends the streams whose credentials it took away. Required.
 	regs *registries
-	// reloadable says the registry may change (New): callers are
-	// authenticated by the current registry's tenants, whatever
-	// Authenticate says, and a reload ends the streams whose credentials
-	// it took away.
-	reloadable bool
 }
 
-// Service implements stubborn.v1.ControlService.
-type Service struct {
+// service implements stubborn.v1.ControlService.
+type service struct {
 	stubbornv1.UnimplementedControlServiceServer
 	runs *runs.Manager
 	// regs holds the registry requests are judged by: the tenants'
 	// policies and the server's limits (registry.go).
 	regs     *registries
-	active   *ActiveRuns
+	active   *activeRuns
 	watching watchers
 	// reading counts each tenant's reads in progress.
 	reading readers
@@ -102,27 +92,22 @@ type Service struct {
 	malformed malformedRequests
 }
 
-var _ stubbornv1.ControlServiceServer = (*Service)(nil)
+var _ stubbornv1.ControlServiceServer = (*service)(nil)
 
-// NewService returns the ControlService over m. Serve it on a server from
-// NewGRPCServer: Run and WatchRun send each event as it was encoded when
+// newService returns the ControlService over m. Serve it on a server from
+// newGRPCServer: Run and WatchRun send each event as it was encoded when
 // recorded, which that server's codec passes through (codec.go).
-func NewService(m *runs.Manager, o Options) *Service {
-	s := &Service{runs: m, active: o.ActiveRuns, feed: o.feed, regs: o.regs}
-	if s.regs == nil {
-		s.regs = &registries{}
-		_ = s.regs.swap(newRegistry(o, nil)) // a new one: not retired
-	}
-	return s
+func newService(m *runs.Manager, o options) *service {
+	return &service{runs: m, active: o.ActiveRuns, feed: o.feed, regs: o.regs}
 }
 
 // policy returns what applies to ctx's tenant under the current registry.
-func (s *Service) policy(ctx context.Context) *policy {
+func (s *service) policy(ctx context.Context) *policy {
 	return s.regs.current().policy(ctx)
 }
 
-// NewGRPCServer returns a gRPC server with logging, recovery and (when
-// o.Authenticate is set) authentication interceptors, the ControlService,
+// newGRPCServer returns a gRPC server with logging, recovery and
+// authentication (by svc's current registry) interceptors, the ControlService,
 // health (grpc.health.v1) and, unless o.NoReflection, reflection
 // registered. The returned health server lets the caller flip the status on
 // shutdown.
@@ -136,7 +121,7 @@ func (s *Service) policy(ctx context.Context) *policy {
 // nothing even at ERROR (slog.DiscardHandler, say), the interceptor is left
 // out: it would build every call's fields for nothing. That is decided here,
 // once: a logger whose level is raised later gets no call lines.
-func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.Server, *health.Server) {
+func newGRPCServer(svc *service, o options, extra ...grpc.ServerOption) (*grpc.Server, *health.Server) {
 	logger := o.Logger
 	if logger == nil {
 		logger = slog.Default()
@@ -167,16 +152,9 @@ func NewGRPCServer(svc *Service, o Options, extra ...grpc.ServerOption) (*grpc.S
 	}
 	unary = append(unary, recovery.UnaryServerInterceptor(onPanic))
 	stream = append(stream, recovery.StreamServerInterceptor(onPanic))
-	switch {
-	case o.reloadable:
-		authUnary, authStream := authInterceptors(svc.authenticate)
-		unary = append(unary, authUnary)
-		stream = append(stream, authStream, svc.revocable)
-	case o.Authenticate != nil:
-		authUnary, authStream := authInterceptors(o.Authenticate)
-		unary = append(unary, authUnary)
-		stream = append(stream, authStream)
-	}
+	authUnary, authStream := authInterceptors(svc.authenticate)
+	unary = append(unary, authUnary)
+	stream = append(stream, authStream, svc.revocable)
 	// A request the codec could not decode is answered last, just before
 	// the handler: the call is logged with its code, and a caller without
 	// credentials is UNAUTHENTICATED whatever it sent. The interceptors
@@ -219,7 +197,7 @@ func loggable(req any) any {
 
 // Run starts a run and streams its events until it ends. The run goes on
 // if the client hangs up.
-func (s *Service) Run(req *stubbornv1.RunRequest, stream grpc.ServerStreamingServer[stubbornv1.RunResponse]) error {
+func (s *service) Run(req *stubbornv1.RunRequest, stream grpc.ServerStreamingServer[stubbornv1.RunResponse]) error {
 	st, err := s.start(stream.Context(), req)
 	if err != nil {
 		return err
@@ -231,7 +209,7 @@ func (s *Service) Run(req *stubbornv1.RunRequest, stream grpc.ServerStreamingSer
 }
 
 // StartRun starts a run detached.
-func (s *Service) StartRun(ctx context.Context, req *stubbornv1.StartRunRequest) (*stubbornv1.StartRunResponse, error) {
+func (s *service) StartRun(ctx context.Context, req *stubbornv1.StartRunRequest) (*stubbornv1.StartRunResponse, error) {
 	st, err := s.start(ctx, req)
 	if err != nil {
 		return nil, err
@@ -244,7 +222,7 @@ func (s *Service) StartRun(ctx context.Context, req *stubbornv1.StartRunRequest)
 // flood of requests costs no validation), then the request, then the
 // concurrent runs. A request refused for a limit leaves no trace: no run,
 // and its start is given back to the rate.
-func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.ControlState, error) {
+func (s *service) start(ctx context.Context, req runRequest) (*stubbornv1.ControlState, error) {
 	// The request is judged by one registry, which its run keeps.
 	reg := s.regs.acquire()
 	defer s.regs.release(reg)
@@ -296,7 +274,7 @@ func (s *Service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 const ReplayHeader = "stubborn-idempotency-replay"
 
 // WatchRun streams a run's events after after_seq, then live ones.
-func (s *Service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerStreamingServer[stubbornv1.WatchRunResponse]) error {
+func (s *service) WatchRun(req *stubbornv1.WatchRunRequest, stream grpc.ServerStreamingServer[stubbornv1.WatchRunResponse]) error {
 	var v violations
 	checkRunID(&v, "run_id", req.GetRunId())
 	if req.GetAfterSeq() < 0 {
@@ -339,7 +317,7 @@ const maxWatchBatch = 1000
 // watcher counts a watcher of run id, within max_watchers_per_run. When
 // there is a limit, a run the caller cannot see is NOT_FOUND first, so the
 // limit tells nothing about other tenants' runs.
-func (s *Service) watcher(ctx context.Context, id string) (release func(), err error) {
+func (s *service) watcher(ctx context.Context, id string) (release func(), err error) {
 	limit := s.policy(ctx).limits.MaxWatchersPerRun
 	if limit > 0 {
 		if _, err := s.runs.Get(ctx, id); err != nil {
@@ -355,7 +333,7 @@ func (s *Service) watcher(ctx context.Context, id string) (release func(), err e
 
 // watch sends the run's events after seq after on stream, a Run or a
 // WatchRun stream, each as it was encoded when recorded (see codec).
-func (s *Service) watch(ctx context.Context, id string, after int64, stream grpc.ServerStream) error {
+func (s *service) watch(ctx context.Context, id string, after int64, stream grpc.ServerStream) error {
 	err := s.runs.Watch(ctx, id, after, func(ev runs.Event) error {
 		return stream.SendMsg(eventResponse(ev.Data))
 	})
@@ -372,7 +350,7 @@ func watchStatus(ctx context.Context, err error) error {
 }
 
 // GetRun returns a run's state.
-func (s *Service) GetRun(ctx context.Context, req *stubbornv1.GetRunRequest) (*stubbornv1.GetRunResponse, error) {
+func (s *service) GetRun(ctx context.Context, req *stubbornv1.GetRunRequest) (*stubbornv1.GetRunResponse, error) {
 	if err := runID(req.GetRunId()); err != nil {
 		return nil, err
 	}
@@ -389,7 +367,7 @@ func (s *Service) GetRun(ctx context.Context, req *stubbornv1.GetRunRequest) (*s
 }
 
 // ListRuns pages through runs, newest first.
-func (s *Service) ListRuns(ctx context.Context, req *stubbornv1.ListRunsRequest) (*stubbornv1.ListRunsResponse, error) {
+func (s *service) ListRuns(ctx context.Context, req *stubbornv1.ListRunsRequest) (*stubbornv1.ListRunsResponse, error) {
 	var v violations
 	if req.GetPageSize() < 0 {
 		v.add("page_size", "must not be negative, got %d", req.GetPageSize())
@@ -449,7 +427,7 @@ func checkFilter(v *violations, status stubbornv1.RunStatus, control, delegate s
 }
 
 // CancelRun cancels a run and returns its state once it has ended.
-func (s *Service) CancelRun(ctx context.Context, req *stubbornv1.CancelRunRequest) (*stubbornv1.CancelRunResponse, error) {
+func (s *service) CancelRun(ctx context.Context, req *stubbornv1.CancelRunRequest) (*stubbornv1.CancelRunResponse, error) {
 	if err := runID(req.GetRunId()); err != nil {
 		return nil, err
 	}
@@ -461,7 +439,7 @@ func (s *Service) CancelRun(ctx context.Context, req *stubbornv1.CancelRunReques
 }
 
 // DeleteRun forgets a finished run (or cancels and forgets one in flight).
-func (s *Service) DeleteRun(ctx context.Context, req *stubbornv1.DeleteRunRequest) (*stubbornv1.DeleteRunResponse, error) {
+func (s *service) DeleteRun(ctx context.Context, req *stubbornv1.DeleteRunRequest) (*stubbornv1.DeleteRunResponse, error) {
 	if err := runID(req.GetRunId()); err != nil {
 		return nil, err
 	}
@@ -478,7 +456,7 @@ func (s *Service) DeleteRun(ctx context.Context, req *stubbornv1.DeleteRunReques
 }
 
 // DecideRun answers a run awaiting a decision.
-func (s *Service) DecideRun(ctx context.Context, req *stubbornv1.DecideRunRequest) (*stubbornv1.DecideRunResponse, error) {
+func (s *service) DecideRun(ctx context.Context, req *stubbornv1.DecideRunRequest) (*stubbornv1.DecideRunResponse, error) {
 	var v violations
 	checkRunID(&v, "run_id", req.GetRunId())
 	switch req.GetDecision() {
@@ -542,7 +520,7 @@ func toStatus(err error) error {
 // ListDelegates lists the delegates and presets ctx's tenant may name,
 // each delegate with the recent failures and the latest call of ctx's
 // tenant's runs.
-func (s *Service) ListDelegates(ctx context.Context, _ *stubbornv1.ListDelegatesRequest) (*stubbornv1.ListDelegatesResponse, error) {
+func (s *service) ListDelegates(ctx context.Context, _ *stubbornv1.ListDelegatesRequest) (*stubbornv1.ListDelegatesResponse, error) {
 	resp := &stubbornv1.ListDelegatesResponse{ServerTime: timestamppb.New(s.runs.Now())}
 	reg := s.regs.current()
 	if reg.describe == nil {

@@ -645,8 +645,7 @@ func TestHealthAndReflection(t *testing.T) {
 
 func TestPanicInHandlerIsInternal(t *testing.T) {
 	// A Service without a runs layer panics on any call that reaches it.
-	svc := server.NewService(nil, server.Options{Known: func(string) bool { return true }})
-	g, _ := server.NewGRPCServer(svc, server.Options{Logger: slog.New(slog.DiscardHandler)})
+	g := server.NewServerWithoutRuns(slog.New(slog.DiscardHandler))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	var wg sync.WaitGroup

@@ -57,7 +57,7 @@ type Stubborn struct {
 	GRPC   *grpc.Server
 	Health *health.Server
 	Runs   *runs.Manager
-	svc    *Service
+	svc    *service
 	tel    *telemetry.Telemetry
 	guards *delegates.Guards
 	// failures keeps the delegates' recent failed calls (ListDelegates),
@@ -78,10 +78,10 @@ type Stubborn struct {
 // New builds a Stubborn server from cfg. Serve it, then Stop it.
 //
 // When the Registry names tenants, every call but health checks must
-// authenticate as one (NewAuthenticator), each tenant sees its own runs
-// only, and the tenants' limits apply besides the Registry's. TLS is the
-// caller's: pass grpc.Creds in ServerOptions (ServerTLSConfig). Reload
-// replaces the Registry while the server serves.
+// authenticate as one (a bearer token or a TLS client certificate), each
+// tenant sees its own runs only, and the tenants' limits apply besides the
+// Registry's. TLS is the caller's: pass grpc.Creds in ServerOptions
+// (ServerTLSConfig). Reload replaces the Registry while the server serves.
 func New(cfg Config) (*Stubborn, error) {
 	tc := cfg.Telemetry
 	if tc.Logger == nil {
@@ -115,7 +115,7 @@ func New(cfg Config) (*Stubborn, error) {
 		}
 	}}
 	_ = regs.swap(reg) // not retired yet
-	active := NewActiveRuns()
+	active := newActiveRuns()
 	rc := cfg.Runs
 	if rc.Store == nil {
 		rc.CancelOnClose = true // nothing could resume them
@@ -146,8 +146,8 @@ func New(cfg Config) (*Stubborn, error) {
 	opts.feed = feed
 	opts.regs = regs
 	serverOpts := append([]grpc.ServerOption{grpc.StatsHandler(tel.ServerHandler())}, cfg.ServerOptions...)
-	s.svc = NewService(m, opts)
-	s.GRPC, s.Health = NewGRPCServer(s.svc, opts, serverOpts...)
+	s.svc = newService(m, opts)
+	s.GRPC, s.Health = newGRPCServer(s.svc, opts, serverOpts...)
 	s.Runs = m
 	return s, nil
 }
@@ -155,7 +155,7 @@ func New(cfg Config) (*Stubborn, error) {
 // build makes the registry of cfg: its delegates' connections, what runs
 // reach through them, the tenants' policies and authenticator. prev is
 // the registry it replaces, if any.
-func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, Options, error) {
+func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, options, error) {
 	var prevPool *delegates.Pool
 	if prev != nil {
 		prevPool = prev.pool
@@ -164,7 +164,7 @@ func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, Opti
 		Dial: s.dial, HTTPTransport: s.tel.HTTPTransport, Guards: s.guards, Failures: s.failures, Previous: prevPool,
 	})
 	if err != nil {
-		return nil, Options{}, err
+		return nil, options{}, err
 	}
 	// Each attempt's call runs inside the attempt's span; its failure is
 	// kept for ListDelegates.
@@ -175,12 +175,12 @@ func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, Opti
 			budgets = prev.deps.Budgets // the same buckets, with their tokens
 		} else if budgets, err = controls.NewBudgetSet(b.MaxTokens, b.TokenRatio); err != nil {
 			_ = pool.Close()
-			return nil, Options{}, err
+			return nil, options{}, err
 		}
 	}
-	opts := Options{
-		Limits:  LimitsFrom(cfg.Limits),
-		Tenants: TenantsFrom(cfg.Tenants),
+	opts := options{
+		Limits:  limitsFrom(cfg.Limits),
+		Tenants: tenantsFrom(cfg.Tenants),
 		Known:   pool.Known,
 		IsDelegate: func(name string) bool {
 			_, ok := pool.Lookup(name)
@@ -193,9 +193,6 @@ func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, Opti
 		},
 		PresetOf: pool.Preset,
 		Describe: pool.Describe,
-		// The authenticator is the current registry's: a reload may add
-		// tenants to a server that had none, or take them all away.
-		reloadable: true,
 	}
 	reg := newRegistry(opts, prev)
 	reg.cfg, reg.pool = cfg, pool
@@ -204,7 +201,7 @@ func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, Opti
 	s.guards.Configure(cfg)
 	reg.deps = runs.Deps{Delegates: calls, Presets: pool, Budgets: budgets, Criteria: criteriaFor(calls, cfg.Judge), Guards: s.guards}
 	if len(cfg.Tenants) > 0 {
-		reg.authn = NewAuthenticator(cfg.Tenants)
+		reg.authn = newAuthenticator(cfg.Tenants)
 	}
 	return reg, opts, nil
 }

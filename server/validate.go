@@ -20,9 +20,9 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// Limits bound what a request may ask for. Zero fields take the defaults of
-// DefaultLimits.
-type Limits struct {
+// limits bound what a request may ask for. Zero fields take the defaults of
+// defaultLimits.
+type limits struct {
 	// MaxBriefBytes bounds task_brief, in bytes.
 	MaxBriefBytes int
 	// MaxAttempts bounds retry.attempts and retry_with_learning.max_retries.
@@ -54,13 +54,13 @@ type Limits struct {
 	MaxConcurrentReads int
 }
 
-// DefaultLimits are the limits when none are configured.
-func DefaultLimits() Limits {
-	return Limits{MaxBriefBytes: 64 << 10, MaxAttempts: 100, MaxChain: 32, MaxWait: time.Hour, MaxMetadata: 64}
+// defaultLimits are the limits when none are configured.
+func defaultLimits() limits {
+	return limits{MaxBriefBytes: 64 << 10, MaxAttempts: 100, MaxChain: 32, MaxWait: time.Hour, MaxMetadata: 64}
 }
 
-func (l Limits) withDefaults() Limits {
-	d := DefaultLimits()
+func (l limits) withDefaults() limits {
+	d := defaultLimits()
 	if l.MaxBriefBytes <= 0 {
 		l.MaxBriefBytes = d.MaxBriefBytes
 	}
@@ -218,7 +218,7 @@ func (v *violations) err() error {
 
 // validator checks requests against the limits and the delegate registry.
 type validator struct {
-	limits Limits
+	limits limits
 	known  func(name string) bool
 	// isDelegate reports whether a name is a delegate rather than a preset:
 	// judges and analysts are called directly, so they must be. Nil means

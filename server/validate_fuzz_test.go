@@ -44,15 +44,15 @@ func FuzzValidateRunRequest(f *testing.F) {
 		f.Add(b)
 	}
 	known := map[string]bool{"a": true, "b": true, "judge": true, "p": true}
-	o := Options{
+	o := options{
 		Known:      func(n string) bool { return known[n] },
 		IsDelegate: func(n string) bool { return known[n] && n != "p" },
 		HasJudge:   true,
 	}
-	server := &serverLevel{limits: Limits{MaxBriefBytes: 256, MaxAttempts: 10, MaxChain: 4, MaxWait: time.Minute, MaxMetadata: 4}}
+	server := &serverLevel{limits: limits{MaxBriefBytes: 256, MaxAttempts: 10, MaxChain: 4, MaxWait: time.Minute, MaxMetadata: 4}}
 	policies := map[string]*policy{
-		"all":    newPolicy("all", Limits{}, nil, server, o),
-		"only-a": newPolicy("only-a", Limits{MaxChain: 2}, []string{"a"}, server, o),
+		"all":    newPolicy("all", limits{}, nil, server, o),
+		"only-a": newPolicy("only-a", limits{MaxChain: 2}, []string{"a"}, server, o),
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		req := &stubbornv1.StartRunRequest{}

@@ -45,7 +45,7 @@ func violated(t *testing.T, err error) []string {
 // never repeating the value).
 func TestEveryInputIsBoundedAtSubmission(t *testing.T) {
 	t.Parallel()
-	val := &validator{limits: DefaultLimits(), known: func(n string) bool { return n == "echo" }, hasJudge: true}
+	val := &validator{limits: defaultLimits(), known: func(n string) bool { return n == "echo" }, hasJudge: true}
 	name := func(n int) string { return strings.Repeat("d", n) }
 	echo := func(r *stubbornv1.StartRunRequest) *stubbornv1.StartRunRequest {
 		r.TaskBrief = "x"
@@ -208,7 +208,7 @@ func TestRaceHedgeDelayIsBoundedByMaxWait(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			val := &validator{limits: Limits{MaxWait: tt.maxWait}.withDefaults(), known: known}
+			val := &validator{limits: limits{MaxWait: tt.maxWait}.withDefaults(), known: known}
 			req := &stubbornv1.StartRunRequest{TaskBrief: "x", Race: &stubbornv1.RaceSpec{Candidates: []string{"a", "b"}, HedgeDelay: tt.delay}}
 			spec, err := val.runSpec(req)
 			if tt.msg == "" {
@@ -228,7 +228,7 @@ func TestRaceHedgeDelayIsBoundedByMaxWait(t *testing.T) {
 // it; it was refused before).
 func TestAHedgedRaceMayNamePresets(t *testing.T) {
 	t.Parallel()
-	val := &validator{limits: DefaultLimits(), known: func(string) bool { return true }, isDelegate: func(n string) bool { return n != "p" }}
+	val := &validator{limits: defaultLimits(), known: func(string) bool { return true }, isDelegate: func(n string) bool { return n != "p" }}
 	race := func(d time.Duration, candidates ...string) *stubbornv1.StartRunRequest {
 		return &stubbornv1.StartRunRequest{TaskBrief: "x", Race: &stubbornv1.RaceSpec{Candidates: candidates, HedgeDelay: durationpb.New(d)}}
 	}
@@ -287,7 +287,7 @@ func TestRunIDAndPageTokenBounds(t *testing.T) {
 // whole, its names past the limit not looked at.
 func TestManyWrongEntriesMakeOneViolation(t *testing.T) {
 	t.Parallel()
-	val := &validator{limits: DefaultLimits(), known: func(string) bool { return true }}
+	val := &validator{limits: defaultLimits(), known: func(string) bool { return true }}
 	md := map[string]string{}
 	for i := range 40 {
 		md[fmt.Sprintf("k%02d\n", i)] = strings.Repeat("v", 1025)
@@ -388,7 +388,7 @@ func TestViolationsAreBounded(t *testing.T) {
 // error and a count, not with every error.
 func TestCELErrorsAreBounded(t *testing.T) {
 	t.Parallel()
-	val := &validator{limits: DefaultLimits(), known: func(string) bool { return true }}
+	val := &validator{limits: defaultLimits(), known: func(string) bool { return true }}
 	expr := strings.Repeat("result.nope || ", 270) + "true"
 	require.LessOrEqual(t, len(expr), controls.CELMaxLength)
 	_, err := val.runSpec(&stubbornv1.StartRunRequest{TaskBrief: "x", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}, FailureWhen: expr}})
@@ -429,7 +429,7 @@ func TestATypedConversationIsCheckedAgainstEveryDelegateItReaches(t *testing.T) 
 		"mixed": chain("gpt", "claude"),
 		"outer": {Kind: &stubbornv1.ControlSpec_Race{Race: &stubbornv1.RaceSpec{Candidates: []string{"svc", "mixed"}}}},
 	}
-	val := &validator{limits: DefaultLimits(), hasJudge: true,
+	val := &validator{limits: defaultLimits(), hasJudge: true,
 		known:    func(n string) bool { return kinds[n] != "" || presets[n] != nil },
 		kindOf:   func(n string) string { return kinds[n] },
 		presetOf: func(n string) (*stubbornv1.ControlSpec, bool) { p, ok := presets[n]; return p, ok },
@@ -540,7 +540,7 @@ func TestATypedConversationIsCheckedAgainstEveryDelegateItReaches(t *testing.T) 
 		{"a long history to http with a brief", &stubbornv1.RunRequest{TaskBrief: "Summarise.", Conversation: long(), Retry: &stubbornv1.RetrySpec{Target: "hook"}}, "", ""},
 		{"a long legacy history to http", legacy("hook", nil, map[string]any{"role": "user", "content": strings.Repeat("x", 70000)}), "task_messages", `delegate "hook" (http)`},
 		{"a long legacy history to openai", legacy("gpt", nil, map[string]any{"role": "user", "content": strings.Repeat("x", 70000)}), "", ""},
-		{"over its size", retry("gpt", conv(nil, user(strings.Repeat("x", 4*DefaultLimits().MaxBriefBytes+1)))), "conversation", "more than the limit of"},
+		{"over its size", retry("gpt", conv(nil, user(strings.Repeat("x", 4*defaultLimits().MaxBriefBytes+1)))), "conversation", "more than the limit of"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := val.runSpec(tc.req)
@@ -568,7 +568,7 @@ func TestATypedConversationsBriefShowsItsToolCalls(t *testing.T) {
 		{Role: stubbornv1.ChatRole_CHAT_ROLE_TOOL, ToolCallId: "call_1", Content: text("18°C"), IsError: true},
 	}}
 	assert.Equal(t, "user: Weather in Paris?\n\nassistant: \n→ get_weather#call_1({\"city\":\"Paris\"})\n\ntool#call_1 (error): 18°C", typedBrief(c))
-	task := taskOf(&stubbornv1.RunRequest{Conversation: c}, DefaultLimits().MaxBriefBytes)
+	task := taskOf(&stubbornv1.RunRequest{Conversation: c}, defaultLimits().MaxBriefBytes)
 	assert.Same(t, c, task.Conversation)
 	assert.Equal(t, typedBrief(c), task.Brief)
 	// A brief over the bound keeps the conversation's end, whole

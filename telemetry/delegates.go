@@ -76,7 +76,7 @@ type outputSeen struct {
 func (o *outputSeen) piece(text string) {
 	if o.chunks == 0 {
 		o.first = time.Since(o.start)
-		o.t.m.firstOutput.Record(o.ctx, o.first.Seconds(), metric.WithAttributeSet(attribute.NewSet(DelegateKey.String(o.delegate))))
+		o.t.m.firstOutput.Record(o.ctx, o.first.Seconds(), metric.WithAttributeSet(attribute.NewSet(delegateKey.String(o.delegate))))
 	}
 	o.chunks++
 	o.next(text)

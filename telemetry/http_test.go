@@ -34,7 +34,7 @@ func TestHTTPTransportPassesTheTraceOn(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, resp.Body.Close())
 			tp := <-got
-			sc := ParseTraceparent(tp)
+			sc := parseTraceparent(tp)
 			require.True(t, sc.IsValid(), "traceparent %q", tp)
 			assert.Equal(t, span.SpanContext().TraceID(), sc.TraceID())
 			assert.Empty(t, req.Header.Get("Traceparent"), "the caller's request is not changed")

@@ -12,73 +12,73 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
 
-// ScopeName is the instrumentation scope of Stubborn's own spans and
+// scopeName is the instrumentation scope of Stubborn's own spans and
 // metrics.
-const ScopeName = "github.com/stubbornhq/stubborn/telemetry"
+const scopeName = "github.com/stubbornhq/stubborn/telemetry"
 
 // Attribute keys of Stubborn's spans, span events and metrics. Where an
 // OpenTelemetry semantic convention exists (error.type,
 // rpc.response.status_code) it is used instead.
 const (
-	// RunIDKey is the run's id (spans and logs only: unbounded).
-	RunIDKey = attribute.Key("stubborn.run.id")
-	// ControlKey is the run's control: retry, retry_with_learning,
+	// runIDKey is the run's id (spans and logs only: unbounded).
+	runIDKey = attribute.Key("stubborn.run.id")
+	// controlKey is the run's control: retry, retry_with_learning,
 	// fallback_chain or race.
-	ControlKey = attribute.Key("stubborn.control")
-	// RunStatusKey is how a run ended: succeeded, exhausted, failed or
+	controlKey = attribute.Key("stubborn.control")
+	// runStatusKey is how a run ended: succeeded, exhausted, failed or
 	// cancelled.
-	RunStatusKey = attribute.Key("stubborn.run.status")
-	// RunAttemptsKey is ControlState.attempts when the run ended.
-	RunAttemptsKey = attribute.Key("stubborn.run.attempts")
-	// RunWinnerKey is the delegate whose result won; absent when none did.
-	RunWinnerKey = attribute.Key("stubborn.run.winner")
-	// RunResumedKey says the run was taken over after a restart.
-	RunResumedKey = attribute.Key("stubborn.run.resumed")
-	// DelegateKey is a delegate's (or preset's) registry name.
-	DelegateKey = attribute.Key("stubborn.delegate")
-	// AttemptNumberKey is the run-wide attempt number (Attempt.number).
-	AttemptNumberKey = attribute.Key("stubborn.attempt.number")
-	// AttemptOutcomeKey is how an attempt ended: succeeded, error, rejected,
+	runStatusKey = attribute.Key("stubborn.run.status")
+	// runAttemptsKey is ControlState.attempts when the run ended.
+	runAttemptsKey = attribute.Key("stubborn.run.attempts")
+	// runWinnerKey is the delegate whose result won; absent when none did.
+	runWinnerKey = attribute.Key("stubborn.run.winner")
+	// runResumedKey says the run was taken over after a restart.
+	runResumedKey = attribute.Key("stubborn.run.resumed")
+	// delegateKey is a delegate's (or preset's) registry name.
+	delegateKey = attribute.Key("stubborn.delegate")
+	// attemptNumberKey is the run-wide attempt number (Attempt.number).
+	attemptNumberKey = attribute.Key("stubborn.attempt.number")
+	// attemptOutcomeKey is how an attempt ended: succeeded, error, rejected,
 	// cancelled, skipped, interrupted (or unfinished when the run ended
 	// first).
-	AttemptOutcomeKey = attribute.Key("stubborn.attempt.outcome")
-	// AttemptTransientKey says a failed attempt's error is one a retry may
+	attemptOutcomeKey = attribute.Key("stubborn.attempt.outcome")
+	// attemptTransientKey says a failed attempt's error is one a retry may
 	// fix (controls.Transient); false for every other failure.
-	AttemptTransientKey = attribute.Key("stubborn.attempt.transient")
-	// UpstreamHTTPStatusKey is the UpstreamStatus a delegate attached.
-	UpstreamHTTPStatusKey = attribute.Key("stubborn.upstream.http_status")
-	// PathKey is where a nested preset's attempt or event sits
+	attemptTransientKey = attribute.Key("stubborn.attempt.transient")
+	// upstreamHTTPStatusKey is the UpstreamStatus a delegate attached.
+	upstreamHTTPStatusKey = attribute.Key("stubborn.upstream.http_status")
+	// pathKey is where a nested preset's attempt or event sits
 	// (Attempt.path); absent for the run's own control.
-	PathKey = attribute.Key("stubborn.path")
-	// ReasonKey is why a retry was suppressed, one of the Reason* values.
-	ReasonKey = attribute.Key("stubborn.reason")
-	// BackoffFromHintKey says a backoff wait came from the delegate's hint.
-	BackoffFromHintKey = attribute.Key("stubborn.backoff.from_hint")
-	// BreakerStateKey is a circuit breaker's new state: closed, open,
+	pathKey = attribute.Key("stubborn.path")
+	// reasonKey is why a retry was suppressed, one of the reason* values.
+	reasonKey = attribute.Key("stubborn.reason")
+	// backoffFromHintKey says a backoff wait came from the delegate's hint.
+	backoffFromHintKey = attribute.Key("stubborn.backoff.from_hint")
+	// breakerStateKey is a circuit breaker's new state: closed, open,
 	// half-open.
-	BreakerStateKey = attribute.Key("stubborn.breaker.state")
-	// GuardKey names the guard that refused a call: circuit_breaker,
+	breakerStateKey = attribute.Key("stubborn.breaker.state")
+	// guardKey names the guard that refused a call: circuit_breaker,
 	// bulkhead, rate_limit.
-	GuardKey = attribute.Key("stubborn.guard")
+	guardKey = attribute.Key("stubborn.guard")
 )
 
-// Values of ReasonKey: why no retry followed a failure (from
-// FailureRecord.not_retried_code; see SuppressedReason).
+// Values of reasonKey: why no retry followed a failure (from
+// FailureRecord.not_retried_code; see suppressedReason).
 const (
-	ReasonBudget        = "budget"         // the retry budget is exhausted
-	ReasonNotIdempotent = "not_idempotent" // the delegate is neither idempotent nor read_only (an interrupted attempt's too)
-	ReasonHintOverCap   = "hint_over_cap"  // the delegate's retry hint exceeds max_wait
-	ReasonHintNoRetry   = "hint_no_retry"  // the delegate's hint says not to retry
-	ReasonNotTransient  = "not_transient"  // the error is not one a retry may fix (or Stubborn's middleware refused the call)
-	ReasonRejected      = "rejected"       // the failure criteria rejected an answer; only errors are retried
-	ReasonExhausted     = "exhausted"      // the round's retries ran out
-	ReasonDeadline      = "deadline"       // the wait would end after the run's deadline
-	ReasonOther         = "other"          // anything else
+	reasonBudget        = "budget"         // the retry budget is exhausted
+	reasonNotIdempotent = "not_idempotent" // the delegate is neither idempotent nor read_only (an interrupted attempt's too)
+	reasonHintOverCap   = "hint_over_cap"  // the delegate's retry hint exceeds max_wait
+	reasonHintNoRetry   = "hint_no_retry"  // the delegate's hint says not to retry
+	reasonNotTransient  = "not_transient"  // the error is not one a retry may fix (or Stubborn's middleware refused the call)
+	reasonRejected      = "rejected"       // the failure criteria rejected an answer; only errors are retried
+	reasonExhausted     = "exhausted"      // the round's retries ran out
+	reasonDeadline      = "deadline"       // the wait would end after the run's deadline
+	reasonOther         = "other"          // anything else
 )
 
-// SuppressedReason classifies why no retry followed a failure, a
+// suppressedReason classifies why no retry followed a failure, a
 // FailureRecord's not_retried_code and not_retried_reason, into one of the
-// fixed Reason* values, so that metrics never carry free text. It returns ""
+// fixed reason* values, so that metrics never carry free text. It returns ""
 // when a retry followed (no code and no words).
 //
 // The code decides. A record without one was made by a release before
@@ -86,30 +86,30 @@ const (
 // watcher), and its words are classified instead, by the substring rules
 // below: they follow the words those releases wrote, so keep them as long
 // as such journals may be around.
-func SuppressedReason(code stubbornv1.NotRetried, reason string) string {
+func suppressedReason(code stubbornv1.NotRetried, reason string) string {
 	switch code {
 	case stubbornv1.NotRetried_NOT_RETRIED_UNSPECIFIED:
 		return suppressedByWords(reason)
 	case stubbornv1.NotRetried_NOT_RETRIED_NOT_TRANSIENT,
 		stubbornv1.NotRetried_NOT_RETRIED_REFUSED: // its words always began "not transient"
-		return ReasonNotTransient
+		return reasonNotTransient
 	case stubbornv1.NotRetried_NOT_RETRIED_REJECTED:
-		return ReasonRejected
+		return reasonRejected
 	case stubbornv1.NotRetried_NOT_RETRIED_NOT_IDEMPOTENT,
 		stubbornv1.NotRetried_NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT:
-		return ReasonNotIdempotent
+		return reasonNotIdempotent
 	case stubbornv1.NotRetried_NOT_RETRIED_HINT_NO_RETRY:
-		return ReasonHintNoRetry
+		return reasonHintNoRetry
 	case stubbornv1.NotRetried_NOT_RETRIED_HINT_OVER_CAP:
-		return ReasonHintOverCap
+		return reasonHintOverCap
 	case stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED:
-		return ReasonExhausted
+		return reasonExhausted
 	case stubbornv1.NotRetried_NOT_RETRIED_DEADLINE:
-		return ReasonDeadline
+		return reasonDeadline
 	case stubbornv1.NotRetried_NOT_RETRIED_BUDGET:
-		return ReasonBudget
+		return reasonBudget
 	}
-	return ReasonOther // NOT_RETRIED_OTHER, or a value newer than this server
+	return reasonOther // NOT_RETRIED_OTHER, or a value newer than this server
 }
 
 // suppressedByWords classifies a not_retried_reason without a code, as
@@ -119,27 +119,27 @@ func suppressedByWords(s string) string {
 	case s == "":
 		return ""
 	case strings.Contains(s, "failure criteria rejected"):
-		return ReasonRejected
+		return reasonRejected
 	case strings.HasPrefix(s, "not transient"):
-		return ReasonNotTransient
+		return reasonNotTransient
 	case strings.Contains(s, "neither idempotent nor read_only"), strings.Contains(s, "not idempotent"):
-		return ReasonNotIdempotent
+		return reasonNotIdempotent
 	case strings.HasPrefix(s, "retry hint") && strings.Contains(s, "exceeds"):
-		return ReasonHintOverCap
+		return reasonHintOverCap
 	case strings.HasPrefix(s, "retry hint"), strings.Contains(s, "pushback"):
-		return ReasonHintNoRetry
+		return reasonHintNoRetry
 	case strings.Contains(s, "budget"):
-		return ReasonBudget
+		return reasonBudget
 	case strings.HasPrefix(s, "retries exhausted"):
-		return ReasonExhausted
+		return reasonExhausted
 	case strings.Contains(s, "deadline"):
-		return ReasonDeadline
+		return reasonDeadline
 	}
-	return ReasonOther
+	return reasonOther
 }
 
 // decisionReason classifies why a run asks for a decision (a
-// decision_requested event's reason_code and reason) as SuppressedReason
+// decision_requested event's reason_code and reason) as suppressedReason
 // does: the retries that ran out. An event without a code, recorded by a
 // release before reason_code, is classified by its words.
 func decisionReason(code stubbornv1.StatusReason, reason string) string {
@@ -147,14 +147,14 @@ func decisionReason(code stubbornv1.StatusReason, reason string) string {
 	case stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED:
 		return suppressedByWords(reason)
 	case stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED:
-		return ReasonExhausted
+		return reasonExhausted
 	}
-	return ReasonOther
+	return reasonOther
 }
 
-// ControlName is the name of a spec's control as attributes carry it
+// controlName is the name of a spec's control as attributes carry it
 // (controls.ControlName).
-func ControlName(spec *stubbornv1.ControlSpec) string { return controls.ControlName(spec) }
+func controlName(spec *stubbornv1.ControlSpec) string { return controls.ControlName(spec) }
 
 // enumNames maps each value of a proto enum to its name without prefix, in
 // lower case (RUN_STATUS_SUCCEEDED → succeeded), computed once.
@@ -172,17 +172,17 @@ var (
 	decisionNames = enumNames(stubbornv1.Decision_name, "DECISION_")
 )
 
-// StatusName is a run status as attributes carry it (succeeded, failed, …).
-func StatusName(s stubbornv1.RunStatus) string {
+// statusName is a run status as attributes carry it (succeeded, failed, …).
+func statusName(s stubbornv1.RunStatus) string {
 	if n, ok := statusNames[int32(s)]; ok {
 		return n
 	}
 	return "unknown"
 }
 
-// OutcomeName is an attempt outcome as attributes carry it (succeeded,
+// outcomeName is an attempt outcome as attributes carry it (succeeded,
 // error, …).
-func OutcomeName(o stubbornv1.AttemptOutcome) string {
+func outcomeName(o stubbornv1.AttemptOutcome) string {
 	if o == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_UNSPECIFIED {
 		return "unfinished"
 	}

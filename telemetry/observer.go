@@ -24,9 +24,9 @@ import (
 // is: the field is W3C by definition.
 var w3c = propagation.TraceContext{}
 
-// Traceparent returns the W3C traceparent of the span in ctx, or "" when ctx
+// traceparent returns the W3C traceparent of the span in ctx, or "" when ctx
 // has no valid span context.
-func Traceparent(ctx context.Context) string {
+func traceparent(ctx context.Context) string {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return ""
 	}
@@ -35,9 +35,9 @@ func Traceparent(ctx context.Context) string {
 	return c.Get("traceparent")
 }
 
-// ParseTraceparent returns the span context a W3C traceparent names; it is
+// parseTraceparent returns the span context a W3C traceparent names; it is
 // not valid when s is empty or malformed.
-func ParseTraceparent(s string) trace.SpanContext {
+func parseTraceparent(s string) trace.SpanContext {
 	if s == "" {
 		return trace.SpanContext{}
 	}
@@ -63,20 +63,20 @@ func (t *Telemetry) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.Co
 		// goes on, to the run's delegate calls and to st.traceparent.
 		return passTrace(runCtx, reqCtx, st, resumed), nil
 	}
-	control := ControlName(st.GetControl())
-	controlAttr := ControlKey.String(control)
-	attrs := []attribute.KeyValue{RunIDKey.String(st.GetRunId()), controlAttr}
+	control := controlName(st.GetControl())
+	controlAttr := controlKey.String(control)
+	attrs := []attribute.KeyValue{runIDKey.String(st.GetRunId()), controlAttr}
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
 	if resumed {
-		attrs = append(attrs, RunResumedKey.Bool(true))
-		if sc := ParseTraceparent(st.GetTraceparent()); sc.IsValid() {
+		attrs = append(attrs, runResumedKey.Bool(true))
+		if sc := parseTraceparent(st.GetTraceparent()); sc.IsValid() {
 			opts = append(opts, trace.WithLinks(trace.Link{
 				SpanContext: sc,
 				Attributes:  []attribute.KeyValue{attribute.String("stubborn.link", "original_request")},
 			}))
 		}
 	} else if st.GetTraceparent() == "" {
-		st.Traceparent = Traceparent(reqCtx)
+		st.Traceparent = traceparent(reqCtx)
 	}
 	opts = append(opts, trace.WithAttributes(attrs...))
 	_, span := t.tracer.Start(reqCtx, "stubborn.run "+control, opts...)
@@ -114,7 +114,7 @@ func (t *Telemetry) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.Co
 func passTrace(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool) context.Context {
 	ctx := runCtx
 	if !resumed && st.GetTraceparent() == "" {
-		st.Traceparent = Traceparent(reqCtx)
+		st.Traceparent = traceparent(reqCtx)
 	}
 	if sc := trace.SpanContextFromContext(reqCtx); sc.IsValid() {
 		ctx = trace.ContextWithSpanContext(ctx, sc)
@@ -176,14 +176,14 @@ func (rs *runState) attemptLocked(n int32, delegate, path string) *attemptState 
 	if a, ok := rs.attempts[n]; ok {
 		if a.path == "" && path != "" {
 			a.path = path
-			a.span.SetAttributes(PathKey.String(path))
+			a.span.SetAttributes(pathKey.String(path))
 		}
 		return a
 	}
 	attrs := make([]attribute.KeyValue, 0, 4)
-	attrs = append(attrs, RunIDKey.String(rs.id), DelegateKey.String(delegate), AttemptNumberKey.Int(int(n)))
+	attrs = append(attrs, runIDKey.String(rs.id), delegateKey.String(delegate), attemptNumberKey.Int(int(n)))
 	if path != "" {
-		attrs = append(attrs, PathKey.String(path))
+		attrs = append(attrs, pathKey.String(path))
 	}
 	parent := rs.ctx
 	if p := rs.presetAttemptLocked(path); p != nil {
@@ -298,7 +298,7 @@ func (rs *runState) observe(ev *stubbornv1.RunEvent) {
 		reason := k.DecisionRequested.GetReason()
 		rs.span.AddEvent("stubborn.decision_requested", trace.WithAttributes(
 			attribute.String("stubborn.decision.reason", reason),
-			ReasonKey.String(decisionReason(k.DecisionRequested.GetReasonCode(), reason))))
+			reasonKey.String(decisionReason(k.DecisionRequested.GetReasonCode(), reason))))
 		rs.log(slog.LevelInfo, "run awaits a decision", slog.String("reason", reason))
 	case *stubbornv1.RunEvent_DecisionReceived:
 		if rs.awaiting {
@@ -320,15 +320,15 @@ func (rs *runState) finishAttemptLocked(at *stubbornv1.Attempt) {
 	}
 	a.ended = true
 	outcome := at.GetOutcome()
-	outcomeName := OutcomeName(outcome)
+	outcomeName := outcomeName(outcome)
 	attrs := make([]attribute.KeyValue, 0, 5)
-	attrs = append(attrs, AttemptOutcomeKey.String(outcomeName))
+	attrs = append(attrs, attemptOutcomeKey.String(outcomeName))
 	transient := false
 	var code codes.Code
 	if e := at.GetError(); e != nil {
 		code = codes.Code(e.GetCode())
 		if e.GetHttpStatus() != 0 {
-			attrs = append(attrs, UpstreamHTTPStatusKey.Int(int(e.GetHttpStatus())))
+			attrs = append(attrs, upstreamHTTPStatusKey.Int(int(e.GetHttpStatus())))
 		}
 	}
 	switch outcome {
@@ -342,13 +342,13 @@ func (rs *runState) finishAttemptLocked(at *stubbornv1.Attempt) {
 		a.span.SetStatus(otelcodes.Error, "rejected by the failure criteria")
 	}
 	if outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED {
-		attrs = append(attrs, AttemptTransientKey.Bool(transient))
+		attrs = append(attrs, attemptTransientKey.Bool(transient))
 	}
 	a.span.SetAttributes(attrs...)
 	a.span.End()
 
 	d := time.Since(a.start)
-	set := metric.WithAttributeSet(attribute.NewSet(DelegateKey.String(a.delegate), AttemptOutcomeKey.String(outcomeName)))
+	set := metric.WithAttributeSet(attribute.NewSet(delegateKey.String(a.delegate), attemptOutcomeKey.String(outcomeName)))
 	rs.t.m.attempts.Add(rs.ctx, 1, set)
 	rs.t.m.attemptDuration.Record(rs.ctx, d.Seconds(), set)
 
@@ -391,19 +391,19 @@ func isTransient(err error, ae *stubbornv1.AttemptError) bool {
 
 func (rs *runState) failureLocked(fa *stubbornv1.FailureAnalyzed) {
 	f := fa.GetFailure()
-	reason := SuppressedReason(f.GetNotRetriedCode(), f.GetNotRetriedReason())
+	reason := suppressedReason(f.GetNotRetriedCode(), f.GetNotRetriedReason())
 	attrs := []attribute.KeyValue{
-		AttemptNumberKey.Int(int(f.GetAttempt())),
-		DelegateKey.String(f.GetDelegate()),
-		AttemptTransientKey.Bool(f.GetTransient()),
+		attemptNumberKey.Int(int(f.GetAttempt())),
+		delegateKey.String(f.GetDelegate()),
+		attemptTransientKey.Bool(f.GetTransient()),
 		attribute.Bool("stubborn.will_retry", fa.GetWillRetry()),
 	}
 	if f.GetPath() != "" {
-		attrs = append(attrs, PathKey.String(f.GetPath()))
+		attrs = append(attrs, pathKey.String(f.GetPath()))
 	}
 	if reason != "" {
-		attrs = append(attrs, ReasonKey.String(reason), attribute.String("stubborn.not_retried_reason", f.GetNotRetriedReason()))
-		rs.t.m.suppressed.Add(rs.ctx, 1, metric.WithAttributeSet(attribute.NewSet(DelegateKey.String(f.GetDelegate()), ReasonKey.String(reason))))
+		attrs = append(attrs, reasonKey.String(reason), attribute.String("stubborn.not_retried_reason", f.GetNotRetriedReason()))
+		rs.t.m.suppressed.Add(rs.ctx, 1, metric.WithAttributeSet(attribute.NewSet(delegateKey.String(f.GetDelegate()), reasonKey.String(reason))))
 	}
 	rs.span.AddEvent("stubborn.failure", trace.WithAttributes(attrs...))
 	la := []slog.Attr{
@@ -427,16 +427,16 @@ func (rs *runState) backoffLocked(path string, b *stubbornv1.BackoffScheduled) {
 	wait := b.GetWait().AsDuration()
 	delegate := rs.lastDelegate[path]
 	rs.t.m.backoff.Record(rs.ctx, wait.Seconds(), metric.WithAttributeSet(attribute.NewSet(
-		DelegateKey.String(delegate), BackoffFromHintKey.Bool(b.GetFromHint()))))
+		delegateKey.String(delegate), backoffFromHintKey.Bool(b.GetFromHint()))))
 	attrs := []attribute.KeyValue{
 		attribute.Int("stubborn.attempt.next", int(b.GetNextAttempt())),
-		DelegateKey.String(delegate),
+		delegateKey.String(delegate),
 		attribute.Float64("stubborn.backoff.wait_s", wait.Seconds()),
 		attribute.Float64("stubborn.backoff.bound_s", b.GetBound().AsDuration().Seconds()),
-		BackoffFromHintKey.Bool(b.GetFromHint()),
+		backoffFromHintKey.Bool(b.GetFromHint()),
 	}
 	if path != "" {
-		attrs = append(attrs, PathKey.String(path))
+		attrs = append(attrs, pathKey.String(path))
 	}
 	rs.span.AddEvent("stubborn.backoff", trace.WithAttributes(attrs...))
 	rs.log(slog.LevelDebug, "backoff scheduled",
@@ -446,10 +446,10 @@ func (rs *runState) backoffLocked(path string, b *stubbornv1.BackoffScheduled) {
 
 func (rs *runState) finishLocked(st *stubbornv1.ControlState) {
 	rs.done = true
-	status := StatusName(st.GetStatus())
-	attrs := []attribute.KeyValue{RunStatusKey.String(status), RunAttemptsKey.Int(int(st.GetAttempts()))}
+	status := statusName(st.GetStatus())
+	attrs := []attribute.KeyValue{runStatusKey.String(status), runAttemptsKey.Int(int(st.GetAttempts()))}
 	if w := st.GetWinner(); w != "" {
-		attrs = append(attrs, RunWinnerKey.String(w))
+		attrs = append(attrs, runWinnerKey.String(w))
 	}
 	rs.span.SetAttributes(attrs...)
 	switch st.GetStatus() {
@@ -461,7 +461,7 @@ func (rs *runState) finishLocked(st *stubbornv1.ControlState) {
 
 	d := time.Since(rs.start)
 	m := &rs.t.m
-	set := metric.WithAttributeSet(attribute.NewSet(ControlKey.String(ControlName(st.GetControl())), RunStatusKey.String(status)))
+	set := metric.WithAttributeSet(attribute.NewSet(controlKey.String(controlName(st.GetControl())), runStatusKey.String(status)))
 	m.runsFinished.Add(rs.ctx, 1, set)
 	m.runDuration.Record(rs.ctx, d.Seconds(), set)
 	if rs.awaiting {
@@ -515,7 +515,7 @@ func (rs *runState) endAttemptsLocked() {
 	for _, a := range rs.attempts {
 		if !a.ended {
 			a.ended = true
-			a.span.SetAttributes(AttemptOutcomeKey.String(OutcomeName(stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_UNSPECIFIED)))
+			a.span.SetAttributes(attemptOutcomeKey.String(outcomeName(stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_UNSPECIFIED)))
 			a.span.End()
 		}
 	}

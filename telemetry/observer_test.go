@@ -85,7 +85,7 @@ func TestNewRunRecordsTraceparentAndResumedRunLinksToIt(t *testing.T) {
 	_, observe := r.tel.ObserveRun(context.Background(), reqCtx, st, false)
 	req.End()
 	require.NotEmpty(t, st.GetTraceparent())
-	sc := ParseTraceparent(st.GetTraceparent())
+	sc := parseTraceparent(st.GetTraceparent())
 	assert.Equal(t, req.SpanContext().TraceID(), sc.TraceID())
 	assert.Equal(t, req.SpanContext().SpanID(), sc.SpanID())
 	observe(runStarted)
@@ -109,7 +109,7 @@ func TestNewRunRecordsTraceparentAndResumedRunLinksToIt(t *testing.T) {
 	assert.False(t, runs[1].Parent().IsValid(), "a resumed run starts a trace of its own")
 	require.Len(t, runs[1].Links(), 1)
 	assert.Equal(t, req.SpanContext().TraceID(), runs[1].Links()[0].SpanContext.TraceID(), "linked to the original trace")
-	assert.Contains(t, runs[1].Attributes(), RunResumedKey.Bool(true))
+	assert.Contains(t, runs[1].Attributes(), runResumedKey.Bool(true))
 }
 
 func TestNoTraceparentWithoutTraceContext(t *testing.T) {
@@ -118,8 +118,8 @@ func TestNoTraceparentWithoutTraceContext(t *testing.T) {
 	_, observe := r.tel.ObserveRun(context.Background(), context.Background(), st, false)
 	observe(runFinished(st))
 	assert.Empty(t, st.GetTraceparent())
-	assert.False(t, ParseTraceparent("not-a-traceparent").IsValid())
-	assert.False(t, ParseTraceparent("").IsValid())
+	assert.False(t, parseTraceparent("not-a-traceparent").IsValid())
+	assert.False(t, parseTraceparent("").IsValid())
 }
 
 func TestAbandonedRunLeavesTheGauges(t *testing.T) {
@@ -146,7 +146,7 @@ func TestAbandonedRunLeavesTheGauges(t *testing.T) {
 	require.Len(t, ended, 2, "the run span and its open attempt span end")
 	for _, s := range ended {
 		if s.Name() == "stubborn.attempt a" {
-			assert.Contains(t, s.Attributes(), AttemptOutcomeKey.String("unfinished"))
+			assert.Contains(t, s.Attributes(), attemptOutcomeKey.String("unfinished"))
 		}
 	}
 }
@@ -209,10 +209,10 @@ func TestDecoratorParentsCallsOnTheAttemptSpan(t *testing.T) {
 	require.NotNil(t, b)
 	assert.Equal(t, attemptSC.SpanID(), a.SpanContext().SpanID())
 	assert.Equal(t, second.SpanID(), b.SpanContext().SpanID())
-	assert.Contains(t, a.Attributes(), AttemptTransientKey.Bool(true), "from the call's own error")
+	assert.Contains(t, a.Attributes(), attemptTransientKey.Bool(true), "from the call's own error")
 	assert.Contains(t, a.Attributes(), attribute.String("error.type", "UNAVAILABLE"))
-	assert.Contains(t, b.Attributes(), PathKey.String("chain[1]"))
-	assert.Contains(t, b.Attributes(), AttemptOutcomeKey.String("succeeded"))
+	assert.Contains(t, b.Attributes(), pathKey.String("chain[1]"))
+	assert.Contains(t, b.Attributes(), attemptOutcomeKey.String("succeeded"))
 }
 
 // A record without a code (made before not_retried_code) is classified by
@@ -220,37 +220,37 @@ func TestDecoratorParentsCallsOnTheAttemptSpan(t *testing.T) {
 func TestSuppressedReasonIsAFixedSet(t *testing.T) {
 	for in, want := range map[string]string{
 		"":                       "",
-		"retry budget exhausted": ReasonBudget,
-		`delegate "x" is neither idempotent nor read_only`:                                  ReasonNotIdempotent,
-		"retry hint 2m0s exceeds max_wait 1m0s":                                             ReasonHintOverCap,
-		"retry hint -1ns asks not to retry":                                                 ReasonHintNoRetry,
-		"not transient: INVALID_ARGUMENT":                                                   ReasonNotTransient,
-		"not transient: HTTP 404":                                                           ReasonNotTransient,
-		"not transient: the failure criteria rejected the result (only errors are retried)": ReasonRejected,
-		"retries exhausted (3 of 3)":                                                        ReasonExhausted,
-		"retries exhausted (1 of 1 in round 2)":                                             ReasonExhausted,
-		"retry would end after the run's deadline":                                          ReasonDeadline,
-		"something new": ReasonOther,
+		"retry budget exhausted": reasonBudget,
+		`delegate "x" is neither idempotent nor read_only`:                                  reasonNotIdempotent,
+		"retry hint 2m0s exceeds max_wait 1m0s":                                             reasonHintOverCap,
+		"retry hint -1ns asks not to retry":                                                 reasonHintNoRetry,
+		"not transient: INVALID_ARGUMENT":                                                   reasonNotTransient,
+		"not transient: HTTP 404":                                                           reasonNotTransient,
+		"not transient: the failure criteria rejected the result (only errors are retried)": reasonRejected,
+		"retries exhausted (3 of 3)":                                                        reasonExhausted,
+		"retries exhausted (1 of 1 in round 2)":                                             reasonExhausted,
+		"retry would end after the run's deadline":                                          reasonDeadline,
+		"something new": reasonOther,
 	} {
-		assert.Equal(t, want, SuppressedReason(stubbornv1.NotRetried_NOT_RETRIED_UNSPECIFIED, in), in)
+		assert.Equal(t, want, suppressedReason(stubbornv1.NotRetried_NOT_RETRIED_UNSPECIFIED, in), in)
 	}
 }
 
 // A record with a code is classified by it, whatever its words say.
 func TestSuppressedReasonSwitchesOnTheCode(t *testing.T) {
 	want := map[stubbornv1.NotRetried]string{
-		stubbornv1.NotRetried_NOT_RETRIED_NOT_TRANSIENT:              ReasonNotTransient,
-		stubbornv1.NotRetried_NOT_RETRIED_REFUSED:                    ReasonNotTransient,
-		stubbornv1.NotRetried_NOT_RETRIED_REJECTED:                   ReasonRejected,
-		stubbornv1.NotRetried_NOT_RETRIED_NOT_IDEMPOTENT:             ReasonNotIdempotent,
-		stubbornv1.NotRetried_NOT_RETRIED_HINT_NO_RETRY:              ReasonHintNoRetry,
-		stubbornv1.NotRetried_NOT_RETRIED_HINT_OVER_CAP:              ReasonHintOverCap,
-		stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED:                  ReasonExhausted,
-		stubbornv1.NotRetried_NOT_RETRIED_DEADLINE:                   ReasonDeadline,
-		stubbornv1.NotRetried_NOT_RETRIED_BUDGET:                     ReasonBudget,
-		stubbornv1.NotRetried_NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT: ReasonNotIdempotent,
-		stubbornv1.NotRetried_NOT_RETRIED_OTHER:                      ReasonOther,
-		stubbornv1.NotRetried(99):                                    ReasonOther, // newer than this server
+		stubbornv1.NotRetried_NOT_RETRIED_NOT_TRANSIENT:              reasonNotTransient,
+		stubbornv1.NotRetried_NOT_RETRIED_REFUSED:                    reasonNotTransient,
+		stubbornv1.NotRetried_NOT_RETRIED_REJECTED:                   reasonRejected,
+		stubbornv1.NotRetried_NOT_RETRIED_NOT_IDEMPOTENT:             reasonNotIdempotent,
+		stubbornv1.NotRetried_NOT_RETRIED_HINT_NO_RETRY:              reasonHintNoRetry,
+		stubbornv1.NotRetried_NOT_RETRIED_HINT_OVER_CAP:              reasonHintOverCap,
+		stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED:                  reasonExhausted,
+		stubbornv1.NotRetried_NOT_RETRIED_DEADLINE:                   reasonDeadline,
+		stubbornv1.NotRetried_NOT_RETRIED_BUDGET:                     reasonBudget,
+		stubbornv1.NotRetried_NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT: reasonNotIdempotent,
+		stubbornv1.NotRetried_NOT_RETRIED_OTHER:                      reasonOther,
+		stubbornv1.NotRetried(99):                                    reasonOther, // newer than this server
 	}
 	for v := range stubbornv1.NotRetried_name {
 		if code := stubbornv1.NotRetried(v); code != stubbornv1.NotRetried_NOT_RETRIED_UNSPECIFIED {
@@ -258,17 +258,17 @@ func TestSuppressedReasonSwitchesOnTheCode(t *testing.T) {
 		}
 	}
 	for code, reason := range want {
-		assert.Equal(t, reason, SuppressedReason(code, ""), code.String())
+		assert.Equal(t, reason, suppressedReason(code, ""), code.String())
 		// Words that would say otherwise do not count.
-		assert.Equal(t, reason, SuppressedReason(code, "retry budget exhausted (words of another reason)"), code.String())
+		assert.Equal(t, reason, suppressedReason(code, "retry budget exhausted (words of another reason)"), code.String())
 	}
 }
 
 func TestDecisionReason(t *testing.T) {
-	assert.Equal(t, ReasonExhausted, decisionReason(stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, "retries exhausted (3 of 3)"))
-	assert.Equal(t, ReasonExhausted, decisionReason(stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, ""), "the code decides")
-	assert.Equal(t, ReasonExhausted, decisionReason(stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED, "retries exhausted (1 of 1 in round 2)"), "an older event's words")
-	assert.Equal(t, ReasonOther, decisionReason(stubbornv1.StatusReason_STATUS_REASON_OTHER, "retries exhausted (3 of 3)"))
+	assert.Equal(t, reasonExhausted, decisionReason(stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, "retries exhausted (3 of 3)"))
+	assert.Equal(t, reasonExhausted, decisionReason(stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, ""), "the code decides")
+	assert.Equal(t, reasonExhausted, decisionReason(stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED, "retries exhausted (1 of 1 in round 2)"), "an older event's words")
+	assert.Equal(t, reasonOther, decisionReason(stubbornv1.StatusReason_STATUS_REASON_OTHER, "retries exhausted (3 of 3)"))
 }
 
 // nopHandler is a stats.Handler that does nothing.
@@ -308,7 +308,7 @@ func TestNestedPresetAttemptsGoUnderThePresetsAttempt(t *testing.T) {
 	var run sdktrace.ReadOnlySpan
 	for _, s := range r.spans.Ended() {
 		for _, kv := range s.Attributes() {
-			if kv.Key == AttemptNumberKey {
+			if kv.Key == attemptNumberKey {
 				spans[kv.Value.AsInt64()] = s
 			}
 		}

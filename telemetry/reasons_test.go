@@ -50,8 +50,8 @@ func (r *recorder) suppressedBy(t *testing.T) map[string]int64 {
 				continue
 			}
 			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				d, _ := dp.Attributes.Value(DelegateKey)
-				reason, _ := dp.Attributes.Value(ReasonKey)
+				d, _ := dp.Attributes.Value(delegateKey)
+				reason, _ := dp.Attributes.Value(reasonKey)
 				out[d.AsString()+"/"+reason.AsString()] += dp.Value
 			}
 		}
@@ -69,7 +69,7 @@ func (r *recorder) decisionReasons() []string {
 				continue
 			}
 			for _, kv := range ev.Attributes {
-				if kv.Key == ReasonKey {
+				if kv.Key == reasonKey {
 					out = append(out, kv.Value.AsString())
 				}
 			}
@@ -106,19 +106,19 @@ func TestOlderJournalsClassifyAsTheirCodesWould(t *testing.T) {
 		reason string
 		code   stubbornv1.NotRetried
 	}{
-		"retry_not_transient":  {ReasonNotTransient, stubbornv1.NotRetried_NOT_RETRIED_NOT_TRANSIENT},
-		"retry_refused":        {ReasonNotTransient, stubbornv1.NotRetried_NOT_RETRIED_REFUSED},
-		"retry_rejected":       {ReasonRejected, stubbornv1.NotRetried_NOT_RETRIED_REJECTED},
-		"retry_not_idempotent": {ReasonNotIdempotent, stubbornv1.NotRetried_NOT_RETRIED_NOT_IDEMPOTENT},
-		"retry_hint_no_retry":  {ReasonHintNoRetry, stubbornv1.NotRetried_NOT_RETRIED_HINT_NO_RETRY},
-		"retry_hint_over_cap":  {ReasonHintOverCap, stubbornv1.NotRetried_NOT_RETRIED_HINT_OVER_CAP},
-		"retry_exhausted_fail": {ReasonExhausted, stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED},
-		"retry_exhausted_ask":  {ReasonExhausted, stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED},
-		"retry_decision_fail":  {ReasonExhausted, stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED},
-		"retry_no_decision":    {ReasonExhausted, stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED},
-		"retry_deadline":       {ReasonDeadline, stubbornv1.NotRetried_NOT_RETRIED_DEADLINE},
-		"retry_budget":         {ReasonBudget, stubbornv1.NotRetried_NOT_RETRIED_BUDGET},
-		"learning_interrupted": {ReasonNotIdempotent, stubbornv1.NotRetried_NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT},
+		"retry_not_transient":  {reasonNotTransient, stubbornv1.NotRetried_NOT_RETRIED_NOT_TRANSIENT},
+		"retry_refused":        {reasonNotTransient, stubbornv1.NotRetried_NOT_RETRIED_REFUSED},
+		"retry_rejected":       {reasonRejected, stubbornv1.NotRetried_NOT_RETRIED_REJECTED},
+		"retry_not_idempotent": {reasonNotIdempotent, stubbornv1.NotRetried_NOT_RETRIED_NOT_IDEMPOTENT},
+		"retry_hint_no_retry":  {reasonHintNoRetry, stubbornv1.NotRetried_NOT_RETRIED_HINT_NO_RETRY},
+		"retry_hint_over_cap":  {reasonHintOverCap, stubbornv1.NotRetried_NOT_RETRIED_HINT_OVER_CAP},
+		"retry_exhausted_fail": {reasonExhausted, stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED},
+		"retry_exhausted_ask":  {reasonExhausted, stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED},
+		"retry_decision_fail":  {reasonExhausted, stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED},
+		"retry_no_decision":    {reasonExhausted, stubbornv1.NotRetried_NOT_RETRIED_EXHAUSTED},
+		"retry_deadline":       {reasonDeadline, stubbornv1.NotRetried_NOT_RETRIED_DEADLINE},
+		"retry_budget":         {reasonBudget, stubbornv1.NotRetried_NOT_RETRIED_BUDGET},
+		"learning_interrupted": {reasonNotIdempotent, stubbornv1.NotRetried_NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT},
 		"retry_run_timeout":    {}, // no failure: stopped before any attempt
 		"fallback_all_failed":  {}, // a chain does not retry
 	}
@@ -155,7 +155,7 @@ func TestOlderJournalsClassifyAsTheirCodesWould(t *testing.T) {
 			assert.Equal(t, want, older.suppressedBy(t))
 			assert.Len(t, older.decisionReasons(), asks)
 			for _, got := range older.decisionReasons() {
-				assert.Equal(t, ReasonExhausted, got)
+				assert.Equal(t, reasonExhausted, got)
 			}
 
 			// The same failures with this release's codes, and words that
@@ -191,7 +191,7 @@ func TestFailureEventCarriesTheCodesReason(t *testing.T) {
 		},
 	}}})
 	observe(runFinished(&stubbornv1.ControlState{RunId: "run_1", Control: chain("a"), Status: stubbornv1.RunStatus_RUN_STATUS_FAILED}))
-	assert.Equal(t, map[string]int64{"a/" + ReasonBudget: 1}, r.suppressedBy(t))
+	assert.Equal(t, map[string]int64{"a/" + reasonBudget: 1}, r.suppressedBy(t))
 	var attrs []attribute.KeyValue
 	for _, s := range r.spans.Ended() {
 		for _, ev := range s.Events() {
@@ -200,5 +200,5 @@ func TestFailureEventCarriesTheCodesReason(t *testing.T) {
 			}
 		}
 	}
-	assert.Contains(t, attrs, ReasonKey.String(ReasonBudget))
+	assert.Contains(t, attrs, reasonKey.String(reasonBudget))
 }

@@ -82,8 +82,8 @@ func New(cfg Config) (*Telemetry, error) {
 	if t.logger == nil {
 		t.logger = slog.Default()
 	}
-	t.tracer = t.tp.Tracer(ScopeName)
-	m, err := newInstruments(t.mp.Meter(ScopeName))
+	t.tracer = t.tp.Tracer(scopeName)
+	m, err := newInstruments(t.mp.Meter(scopeName))
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +211,7 @@ func newInstruments(m metric.Meter) (instruments, error) {
 // BreakerChanged records a change of a delegate's circuit breaker to state
 // to (closed, open, half-open), and logs it: from, to and why.
 func (t *Telemetry) BreakerChanged(delegate, from, to, why string) {
-	t.m.breaker.Add(context.Background(), 1, metric.WithAttributeSet(attribute.NewSet(DelegateKey.String(delegate), BreakerStateKey.String(to))))
+	t.m.breaker.Add(context.Background(), 1, metric.WithAttributeSet(attribute.NewSet(delegateKey.String(delegate), breakerStateKey.String(to))))
 	level := slog.LevelInfo
 	if to == "open" {
 		level = slog.LevelWarn
@@ -222,5 +222,5 @@ func (t *Telemetry) BreakerChanged(delegate, from, to, why string) {
 // Refused records a call a delegate's guard (circuit_breaker, bulkhead,
 // rate_limit) refused.
 func (t *Telemetry) Refused(delegate, guard string) {
-	t.m.refused.Add(context.Background(), 1, metric.WithAttributeSet(attribute.NewSet(DelegateKey.String(delegate), GuardKey.String(guard))))
+	t.m.refused.Add(context.Background(), 1, metric.WithAttributeSet(attribute.NewSet(delegateKey.String(delegate), guardKey.String(guard))))
 }
