@@ -307,9 +307,8 @@ func (m *Manager) summariesOfStates(ctx context.Context, f Filter, pageSize int,
 // FollowSummaries calls fn with nil and "" once it follows, then with the
 // summary of each of ctx's tenant's runs as it starts and changes status,
 // or with the id of one deleted (after any summary of it), on every
-// server that shares the store, until ctx ends or fn fails. It returns
-// ErrNoIndex at once when the store keeps no index (the memory store:
-// follow the runs driven here instead).
+// server that shares the store, until ctx ends or fn fails (the store's
+// FollowSummaries).
 func (m *Manager) FollowSummaries(ctx context.Context, fn func(sum *stubbornv1.RunSummary, deleted string) error) error {
 	return m.store.FollowSummaries(ctx, Owners(ctx), fn)
 }

@@ -1,5 +1,4 @@
 package server
 
-// FeedWatchers counts the WatchRuns streams s's run feed serves (the memory
-// store's; a store with an index follows without it).
-func FeedWatchers(s *Stubborn) int { return int(s.svc.feed.n.Load()) }
+// FeedWatchers counts the WatchRuns streams s follows the runs for.
+func FeedWatchers(s *Stubborn) int { return int(s.svc.following.Load()) }

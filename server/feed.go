@@ -3,19 +3,14 @@ package server
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
-	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/stubbornhq/stubborn/controls"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
-	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // feedBuffer is how many summaries a WatchRuns stream may fall behind
@@ -26,161 +21,25 @@ import (
 // rather than kept open while summaries wait.
 const feedBuffer = 1000
 
-// runFeed tells WatchRuns streams about the runs this server drives: a
-// summary when a run starts (or is resumed here) and each time its status
-// changes. It learns of them as a runs.Observer.
-type runFeed struct {
-	mu   sync.Mutex
-	subs map[*feedSub]struct{}
-	// n counts subs: with none, a run's change costs no summary.
-	n atomic.Int32
-}
-
+// feedSub is one WatchRuns stream's queue of what it is to be sent.
 type feedSub struct {
-	// tenants are the tenants whose runs it follows (runs.Owners).
-	tenants []string
-	filter  runs.Filter
-	c       chan *stubbornv1.WatchRunsResponse
+	c chan *stubbornv1.WatchRunsResponse
 	// overflow is closed when c was full: the stream ends.
 	overflow chan struct{}
 	once     sync.Once
 }
 
-func newRunFeed() *runFeed { return &runFeed{subs: map[*feedSub]struct{}{}} }
-
-func newFeedSub(tenants []string, filter runs.Filter) *feedSub {
-	return &feedSub{tenants: tenants, filter: filter, c: make(chan *stubbornv1.WatchRunsResponse, feedBuffer), overflow: make(chan struct{})}
+func newFeedSub() *feedSub {
+	return &feedSub{c: make(chan *stubbornv1.WatchRunsResponse, feedBuffer), overflow: make(chan struct{})}
 }
 
-// offer queues msg for the stream, or ends the stream when it is too far
-// behind. It never blocks.
+// offer queues msg, or ends the stream when its queue is full.
 func (s *feedSub) offer(msg *stubbornv1.WatchRunsResponse) {
 	select {
 	case s.c <- msg:
 	default:
 		s.once.Do(func() { close(s.overflow) })
 	}
-}
-
-// subscribe starts following s's tenant's runs that pass its filter;
-// cancel stops.
-func (f *runFeed) subscribe(s *feedSub) func() {
-	f.mu.Lock()
-	f.subs[s] = struct{}{}
-	f.n.Add(1)
-	f.mu.Unlock()
-	return func() {
-		f.mu.Lock()
-		if _, ok := f.subs[s]; ok {
-			delete(f.subs, s)
-			f.n.Add(-1)
-		}
-		f.mu.Unlock()
-	}
-}
-
-// publish sends sum, a run of tenant, to every stream it passes. It never
-// blocks.
-func (f *runFeed) publish(tenant string, sum *stubbornv1.RunSummary) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for s := range f.subs {
-		if slices.Contains(s.tenants, tenant) && s.filter.MatchesSummary(sum) {
-			s.offer(&stubbornv1.WatchRunsResponse{Run: sum})
-		}
-	}
-}
-
-// publishDeleted tells every stream of tenants that run id was deleted,
-// whatever its filter (a deleted run has no status to match it). It never
-// blocks.
-func (f *runFeed) publishDeleted(tenants []string, id string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for s := range f.subs {
-		if slices.ContainsFunc(tenants, func(t string) bool { return slices.Contains(s.tenants, t) }) {
-			s.offer(&stubbornv1.WatchRunsResponse{DeletedRunId: id})
-		}
-	}
-}
-
-// Observer returns a runs.Observer that publishes the runs it sees, then
-// passes them on to inner (which may be nil).
-func (f *runFeed) Observer(inner runs.Observer) runs.Observer {
-	return feedObserver{f: f, inner: inner}
-}
-
-type feedObserver struct {
-	f     *runFeed
-	inner runs.Observer
-}
-
-func (o feedObserver) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool) (context.Context, func(*stubbornv1.RunEvent)) {
-	ctx, see := runCtx, func(*stubbornv1.RunEvent) {}
-	if o.inner != nil {
-		ctx, see = o.inner.ObserveRun(runCtx, reqCtx, st, resumed)
-	}
-	r := &feedRun{
-		tenant: st.GetTenant(), id: st.GetRunId(), brief: store.BriefStart(st.GetTaskBrief()), spec: st.GetControl(), created: st.GetCreateTime(),
-		status: st.GetStatus(), attempts: st.GetAttempts(), updated: st.GetUpdateTime(), winner: st.GetWinner(),
-	}
-	o.f.publishRun(r)
-	return ctx, func(ev *stubbornv1.RunEvent) {
-		if see != nil {
-			see(ev)
-		}
-		if ev != nil && r.advance(ev) {
-			o.f.publishRun(r)
-		}
-	}
-}
-
-// publishRun publishes r's summary, made only when a stream follows.
-func (f *runFeed) publishRun(r *feedRun) {
-	if f.n.Load() == 0 {
-		return
-	}
-	f.publish(r.tenant, r.summary())
-}
-
-// feedRun is what the feed keeps of a run between its events.
-type feedRun struct {
-	tenant, id       string
-	brief            string // RunSummary.brief
-	spec             *stubbornv1.ControlSpec
-	created, updated *timestamppb.Timestamp
-	status           stubbornv1.RunStatus
-	attempts         int32
-	winner           string
-}
-
-func (r *feedRun) summary() *stubbornv1.RunSummary {
-	return &stubbornv1.RunSummary{
-		RunId: r.id, Control: controls.ControlName(r.spec), Delegates: controls.Named(r.spec), Brief: r.brief,
-		Status: r.status, Attempts: r.attempts, CreateTime: r.created, UpdateTime: r.updated, Winner: r.winner,
-	}
-}
-
-// advance updates r with ev and reports whether its status changed.
-func (r *feedRun) advance(ev *stubbornv1.RunEvent) bool {
-	next := controls.StatusAfter(r.status, ev)
-	switch k := ev.GetKind().(type) {
-	case *stubbornv1.RunEvent_AttemptStarted:
-		if ev.GetPath() == "" {
-			r.attempts++
-		}
-	case *stubbornv1.RunEvent_RunFinished:
-		end := k.RunFinished.GetState()
-		r.attempts, r.winner = end.GetAttempts(), end.GetWinner()
-	}
-	if ev.GetTime() != nil {
-		r.updated = ev.GetTime()
-	}
-	if next == r.status {
-		return false
-	}
-	r.status = next
-	return true
 }
 
 // WatchRuns streams the summaries of ctx's tenant's runs as they start and
@@ -193,9 +52,9 @@ func (s *service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.Server
 	}
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	sub := newFeedSub(runs.Owners(ctx), f)
-	// The store's index follows every replica's runs; without one (the
-	// memory store) the runs driven here are followed.
+	sub := newFeedSub()
+	// The store follows every replica's runs (JetStream's listing index;
+	// the memory store's states, saved by this one server).
 	followed := make(chan error, 1)
 	started := make(chan struct{})
 	go func() {
@@ -213,17 +72,13 @@ func (s *service) WatchRuns(req *stubbornv1.WatchRunsRequest, stream grpc.Server
 	}()
 	select {
 	case <-started:
-		defer func() { cancel(); <-followed }()
+		s.following.Add(1)
+		defer func() { cancel(); <-followed; s.following.Add(-1) }()
 	case err := <-followed:
-		if !errors.Is(err, runs.ErrNoIndex) {
-			return status.Errorf(codes.Unavailable, "following the runs: %v", err)
+		if errors.Is(err, runs.ErrNoIndex) {
+			return status.Error(codes.Unimplemented, "this server's run store does not follow its runs")
 		}
-		if s.feed == nil {
-			return status.Error(codes.Unimplemented, "this server does not follow its runs")
-		}
-		stop := s.feed.subscribe(sub)
-		defer stop()
-		followed = nil
+		return status.Errorf(codes.Unavailable, "following the runs: %v", err)
 	}
 	// Following from now on: the caller may list what came before. (A
 	// message rather than headers, which an HTTP transcoder may hold back

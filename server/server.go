@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -64,8 +65,6 @@ type options struct {
 	// Describe). Nil means an empty registry.
 	Describe func() ([]*stubbornv1.DelegateDescription, []*stubbornv1.PresetDescription)
 
-	// feed tells WatchRuns about runs (New sets it, and its Observer).
-	feed *runFeed
 	// regs holds the registries (New's, which Reload replaces): callers
 	// are authenticated by the current registry's tenants, and a reload
 	// ends the streams whose credentials it took away. Required.
@@ -83,7 +82,8 @@ type service struct {
 	watching watchers
 	// reading counts each tenant's reads in progress.
 	reading readers
-	feed    *runFeed
+	// following counts the WatchRuns streams that follow the runs.
+	following atomic.Int32
 	// streams are the authenticated streams in flight, which a reload
 	// that takes their credentials away ends (revoke.go).
 	streams liveStreams
@@ -98,7 +98,7 @@ var _ stubbornv1.ControlServiceServer = (*service)(nil)
 // newGRPCServer: Run and WatchRun send each event as it was encoded when
 // recorded, which that server's codec passes through (codec.go).
 func newService(m *runs.Manager, o options) *service {
-	return &service{runs: m, active: o.ActiveRuns, feed: o.feed, regs: o.regs}
+	return &service{runs: m, active: o.ActiveRuns, regs: o.regs}
 }
 
 // policy returns what applies to ctx's tenant under the current registry.
@@ -446,11 +446,6 @@ func (s *service) DeleteRun(ctx context.Context, req *stubbornv1.DeleteRunReques
 	logging.AddFields(ctx, logging.Fields{"run_id", req.GetRunId()}) // for the call's log line
 	if err := s.runs.Delete(ctx, req.GetRunId(), req.GetCancel()); err != nil {
 		return nil, toStatus(err)
-	}
-	// The streams that follow this server's runs (a store without an
-	// index); the store's index tells every replica's (FollowSummaries).
-	if s.feed != nil {
-		s.feed.publishDeleted(runs.Owners(ctx), req.GetRunId())
 	}
 	return &stubbornv1.DeleteRunResponse{}, nil
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"log/slog"
 	"net"
 	"reflect"
@@ -15,6 +16,7 @@ import (
 	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/runs/memstore"
 	"github.com/stubbornhq/stubborn/telemetry"
 )
 
@@ -118,7 +120,9 @@ func New(cfg Config) (*Stubborn, error) {
 	active := newActiveRuns()
 	rc := cfg.Runs
 	if rc.Store == nil {
-		rc.CancelOnClose = true // nothing could resume them
+		// Runs as long as the process: nothing could resume them.
+		rc.Store = memstore.NewMemory(cmp.Or(rc.Lease, runs.DefaultLease))
+		rc.CancelOnClose = true
 	}
 	if rc.Logger == nil {
 		rc.Logger = cfg.Logger
@@ -127,8 +131,7 @@ func New(cfg Config) (*Stubborn, error) {
 	// what it builds (what each run reaches, from the registry it started
 	// under, and the observer), and the clock and seed when it has them.
 	rc.Bind = regs.bind
-	feed := newRunFeed()
-	rc.Observer = feed.Observer(active.Observer(tel))
+	rc.Observer = active.Observer(tel)
 	if cfg.Clock != nil {
 		rc.Clock = cfg.Clock
 	}
@@ -143,7 +146,6 @@ func New(cfg Config) (*Stubborn, error) {
 	opts.ActiveRuns = active
 	opts.NoReflection = cfg.NoReflection
 	opts.Logger = cfg.Logger
-	opts.feed = feed
 	opts.regs = regs
 	serverOpts := append([]grpc.ServerOption{grpc.StatsHandler(tel.ServerHandler())}, cfg.ServerOptions...)
 	s.svc = newService(m, opts)

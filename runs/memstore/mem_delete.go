@@ -7,6 +7,7 @@ import (
 // DeleteRun implements runDeleter.
 func (s *Memory) DeleteRun(_ context.Context, runID string) error {
 	s.mu.Lock()
+	s.feed.deleted(runID, s.states[runID])
 	s.tombstoneLocked(runID)
 	delete(s.events, runID)
 	delete(s.states, runID)

@@ -48,6 +48,8 @@ type Memory struct {
 	// deletedOrder (tombstone.go).
 	deleted      map[string]struct{}
 	deletedOrder []string
+	// feed tells the followers of the states saved (feed.go).
+	feed feed
 }
 
 var _ store.Store = (*Memory)(nil)
@@ -222,11 +224,6 @@ func (s *Memory) Summaries(context.Context, string, func(*stubbornv1.RunSummary)
 	return false, nil
 }
 
-// FollowSummaries is store.ErrNoIndex: the memory store keeps no index.
-func (s *Memory) FollowSummaries(context.Context, []string, func(*stubbornv1.RunSummary, string) error) error {
-	return store.ErrNoIndex
-}
-
 // IndexEnd has no index to tell.
 func (s *Memory) IndexEnd(string, store.Event) {}
 
@@ -312,6 +309,7 @@ func (s *Memory) PutState(_ context.Context, runID string, state []byte) error {
 		return nil
 	}
 	s.states[runID] = state
+	s.feed.saved(state)
 	return nil
 }
 
@@ -411,6 +409,7 @@ func (s *Memory) Claim(_ context.Context, runID, owner string, state []byte) err
 	s.owners[runID] = owner
 	if _, saved := s.states[runID]; !saved && state != nil {
 		s.states[runID] = state
+		s.feed.saved(state)
 	}
 	return nil
 }

@@ -214,17 +214,18 @@ type Deletion interface {
 	DeletedRun(ctx context.Context, runID string) (bool, error)
 }
 
-// Listing lists runs without reading every run's state: a store that
-// keeps no index says so (Summaries not ok, ErrNoIndex), and the Manager
-// reads the States instead.
+// Listing lists runs without reading every run's state, and follows them
+// as they change: a store that keeps no index says so (Summaries not ok,
+// ErrNoIndex from TenantRuns and ClaimedRuns), and the Manager reads the
+// States instead. Every store follows its runs (FollowSummaries).
 type Listing interface {
 	// Summaries calls fn with the summary of each of tenant's runs; ok
 	// false says the index is not to be trusted (yet, or ever).
 	Summaries(ctx context.Context, tenant string, fn func(*stubbornv1.RunSummary) bool) (ok bool, err error)
 	// FollowSummaries calls fn with nil and "" once it follows, then with
 	// each of tenants' runs' summaries as they change, or the id of one
-	// deleted, until ctx ends or fn fails; ErrNoIndex when the store keeps
-	// no index.
+	// deleted, until ctx ends or fn fails (or the store ends the follow:
+	// a follower that fell behind).
 	FollowSummaries(ctx context.Context, tenants []string, fn func(sum *stubbornv1.RunSummary, deleted string) error) error
 	// IndexEnd tells the index of a run's end written by a write that
 	// failed here, or by a server that died before it noted it.
