@@ -28,6 +28,12 @@
 //
 // # Locks
 //
+// A run is made of parts (run.go), each guarded by a lock named here:
+// runSetup (fixed when the run is admitted: no lock), runLife and feed
+// (run.mu), the outbox (its pending events under run.mu, this copy's part
+// in the journal's writes — store.Writer, the status saved — under
+// run.flushMu) and runParking (run.waitMu, and run.mu for its fields).
+//
 // The mutexes a run goes through, and what each guards:
 //
 //   - controls.Tracker's mu (package controls): the run's state. The
@@ -38,17 +44,20 @@
 //   - run.waitMu: orders a run's parking (run.evict) and a decision taken
 //     while it waits (handle): held across the tracker's Decide.
 //   - run.flushMu: one flush of a run at a time, in order (run.flush); held
-//     across the flush's store writes.
-//   - run.mu: the rest of a run: its journal in memory, the events and state
-//     pending a write, its tracker, parking and replay, done and lost. The
+//     across the flush's store writes; guards the outbox's writer part
+//     (jw, savedStatus, saveEnd).
+//   - run.mu: the rest of a run: runLife (its tracker, replay, done and
+//     lost), the feed (its journal in memory, its watchers' wake-up), the
+//     outbox's pending events and state, and the parking's fields. The
 //     Observer's function is called with it held (record, loseLocked).
 //   - parking.mu: a parked run's wake-up (woken, timer, stop).
 //   - the mu of holdCancel: whether a held-back cancellation was released.
 //   - Manager.mu: the local runs (runs, finished, counter, closed).
 //   - JetStream.mu (last), janitor.mu (used, usedAt, reading, starved),
 //     claims.mu (the runs claimed in their journals, the marks written:
-//     claims.go), Memory.mu (all of Memory), workers.mu, connWatch.mu,
-//     natsLogger.mu: their own fields.
+//     claims.go; all in runs/jsstore), Memory.mu (all of Memory but its
+//     feed) and the Memory feed's mu (its followers; runs/memstore),
+//     workers.mu, connWatch.mu, natsLogger.mu: their own fields.
 //
 // A lock may be taken while one above it on its path here is held, never
 // the other way round:
@@ -69,9 +78,10 @@
 // tracker is called, but run.waitMu across handle's Decide: snapshot,
 // live and handle read run.tracker under run.mu and call it after
 // unlocking. Manager.mu, workers.mu and the
-// store's locks are leaves: nothing is taken under them, and they are never
-// held across a store call or a callback (Memory, JetStream.States and
-// Owners call fn unlocked). connWatch.mu is held while it calls its report
+// store's locks are leaves: nothing is taken under them (but the Memory
+// feed's mu, under Memory.mu, to queue a change for its followers), and
+// they are never held across a store call or a callback (Memory,
+// JetStream.States and Owners call fn unlocked). connWatch.mu is held while it calls its report
 // function, which must not call back into the watch.
 //
 // # Store I/O
@@ -79,7 +89,7 @@
 // No store call is made under a lock that guards data: not under the
 // tracker's mu, Manager.mu, run.mu, parking.mu or a store's own lock. The
 // tracker's recorder (run.record) only numbers, encodes and queues each
-// event in the run's outbox (run.pending); the outbox is written by
+// event in the run's outbox (outbox.pending); the outbox is written by
 // run.flush, one flush at a time under run.flushMu (the writer's turn, not
 // a data lock: readers of the run never take it), from the run's own
 // goroutines once the tracker is unlocked: before each delegate call and
