@@ -322,16 +322,20 @@ func (s *JetStream) JournalOrphans(ctx context.Context, marks map[string]uint64,
 		}
 	}
 	found := map[string]string{}
-	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{eventsSubject + "*"},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    from + 1,
-		HeadersOnly:    true,
+	scan := orderedRead{
+		cfg: jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{eventsSubject + "*"},
+			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+			OptStartSeq:    from + 1,
+			HeadersOnly:    true,
+		},
+		idle: idleWait,
+		// Read to the end, or it is an error: a read cut short (a stalled
+		// consumer) must not pass for the whole, or the mark would be
+		// dropped with runs after it unread.
+		whole: true,
 	}
-	// Read to the end, or it is an error (toEnd): a read cut short (a
-	// stalled consumer) must not pass for the whole, or the mark would be
-	// dropped with runs after it unread.
-	err := eachMsgToEnd(ctx, s.events, cfg, true, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+	err := eachOrdered(ctx, s.events, scan, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
 		if owner := msg.Headers().Get(claimHeader); owner != "" {
 			if mark, ok := marks[owner]; ok && meta.Sequence.Stream > mark {
 				found[strings.TrimPrefix(msg.Subject(), eventsSubject)] = owner
