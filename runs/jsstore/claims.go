@@ -209,6 +209,9 @@ func (c *claims) release(runID string) (purge bool) {
 // claimsInJournal: Manager.start claims a new run with its first journal
 // write, unless the config says to claim it in the owners bucket
 // (ClaimInOwners).
+//
+// Compatibility path, for servers before 2026-12-02 sharing the store
+// (JetStreamConfig.ClaimInOwners): the store's only branch on it.
 func (s *JetStream) ClaimsInJournal() bool { return !s.claimInOwners }
 
 // claimed returns the claim of the run's journal: the server its last

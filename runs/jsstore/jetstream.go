@@ -610,13 +610,12 @@ func (s *JetStream) journal(ctx context.Context, runID string, after int64) (out
 	if err != nil {
 		return nil, 0, false, err
 	}
-	seen := int64(0)
+	var once seqOnce
 	err = s.read(ctx, runID, func(evs []store.Event, seq uint64) (bool, error) {
 		for _, ev := range evs {
-			if ev.Seq <= seen {
-				continue // stored again (see publish): read once
+			if !once.first(ev) {
+				continue
 			}
-			seen = ev.Seq
 			if ev.Seq > after {
 				out = append(out, ev)
 			}
@@ -628,6 +627,24 @@ func (s *JetStream) journal(ctx context.Context, runID string, after int64) (out
 		return nil, 0, false, err
 	}
 	return out, lastMsg.Sequence, finished, nil
+}
+
+// seqOnce passes each seq of a run's journal once, the first stored.
+//
+// Compatibility path, for journals a release before message ids (msgID)
+// wrote twice in part: seqs 1 2 3 2 3, a write made again across a stream
+// leader's change. A copy of an earlier run_finished that a stale writer
+// of such a release stored after later events is not the journal's end.
+// Every journal read (journal, Follow) goes through it.
+type seqOnce struct{ seen int64 } // the highest seq read
+
+// first reports whether ev is the first stored of its seq.
+func (o *seqOnce) first(ev store.Event) bool {
+	if ev.Seq <= o.seen {
+		return false
+	}
+	o.seen = ev.Seq
+	return true
 }
 
 // read delivers the run's journal messages in order, each as its events
@@ -647,23 +664,21 @@ func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn fu
 		return nil
 	}
 	finished := errors.New("finished")
-	seen := int64(0) // the highest seq read, sent or not
+	var once seqOnce
 	deliver := func(evs []store.Event, _ uint64) (bool, error) {
 		for _, ev := range evs {
-			first := ev.Seq > seen // not a copy of one read before (see publish)
-			seen = max(seen, ev.Seq)
+			if !once.first(ev) {
+				continue
+			}
 			if ev.Seq > after {
 				after = ev.Seq
 				if err := fn(ev); err != nil {
 					return false, err
 				}
-			} // else before after, or stored again: sent once
-			if ev.Finished && first {
+			} // else at or before after: sent before, or not wanted
+			if ev.Finished {
 				// Nothing follows it, even when it was not sent (after
-				// at or past it): no message is coming to wait for. A
-				// copy of an earlier run_finished that a stale writer of
-				// an older release stored after later events is not the
-				// end.
+				// at or past it): no message is coming to wait for.
 				return false, finished
 			}
 		}
