@@ -209,6 +209,9 @@ func (c *claims) release(runID string) (purge bool) {
 // claimsInJournal: Manager.start claims a new run with its first journal
 // write, unless the config says to claim it in the owners bucket
 // (ClaimInOwners).
+//
+// Compatibility path, for servers before 2026-12-02 sharing the store
+// (JetStreamConfig.ClaimInOwners): the store's only branch on it.
 func (s *JetStream) ClaimsInJournal() bool { return !s.claimInOwners }
 
 // claimed returns the claim of the run's journal: the server its last
@@ -322,16 +325,20 @@ func (s *JetStream) JournalOrphans(ctx context.Context, marks map[string]uint64,
 		}
 	}
 	found := map[string]string{}
-	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{eventsSubject + "*"},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    from + 1,
-		HeadersOnly:    true,
+	scan := orderedRead{
+		cfg: jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{eventsSubject + "*"},
+			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+			OptStartSeq:    from + 1,
+			HeadersOnly:    true,
+		},
+		idle: idleWait,
+		// Read to the end, or it is an error: a read cut short (a stalled
+		// consumer) must not pass for the whole, or the mark would be
+		// dropped with runs after it unread.
+		whole: true,
 	}
-	// Read to the end, or it is an error (toEnd): a read cut short (a
-	// stalled consumer) must not pass for the whole, or the mark would be
-	// dropped with runs after it unread.
-	err := eachMsgToEnd(ctx, s.events, cfg, true, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+	err := eachOrdered(ctx, s.events, scan, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
 		if owner := msg.Headers().Get(claimHeader); owner != "" {
 			if mark, ok := marks[owner]; ok && meta.Sequence.Stream > mark {
 				found[strings.TrimPrefix(msg.Subject(), eventsSubject)] = owner

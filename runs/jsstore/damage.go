@@ -125,6 +125,9 @@ func (s *JetStream) stateLost(ctx context.Context, runID string) (bool, string, 
 	if err != nil {
 		return true, "its journal is empty, and its saved state cannot be read", nil
 	}
+	// Compatibility path, for runs of older versions, which saved their
+	// state RUNNING before the claim: a state before any attempt is no
+	// sign of journal writes.
 	if st.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_RUNNING && st.GetAttempts() == 0 && len(st.GetAttemptLog()) == 0 {
 		return false, "", nil
 	}

@@ -186,6 +186,7 @@ func (x *indexer) noteEvents(evs []store.Event) {
 	}
 }
 
+// loop writes what the store noted, in batches, until ctx ends.
 func (x *indexer) loop(ctx context.Context) {
 	for {
 		select {
@@ -204,34 +205,8 @@ func (x *indexer) loop(ctx context.Context) {
 		x.writing = batch
 		x.mu.Unlock()
 		for runID, states := range batch {
-			sums := make([]*stubbornv1.RunSummary, len(states))
-			tenants := make([]string, len(states))
-			for i, state := range states {
-				var ok bool
-				if sums[i], tenants[i], ok = summaryOf(state); !ok {
-					x.log.Error("run index: a state written of the run does not decode; it is not indexed", "run_id", runID)
-				}
-			}
-			end := -1 // the last state that says the run ended
-			for i, sum := range sums {
-				if sum != nil && store.IsTerminal(sum.GetStatus()) {
-					end = i
-				}
-			}
-			for i, sum := range sums {
-				if sum == nil || i+1 < len(sums) && sums[i+1] != nil && sums[i+1].GetStatus() == sum.GetStatus() {
-					continue // nothing to index, or the next state has its status too
-				}
-				if end >= 0 && i != end {
-					continue // the run has ended: its end is all there is to say
-				}
-				if err := x.write(ctx, tenants[i], sum); err != nil {
-					if ctx.Err() != nil {
-						return
-					}
-					x.retryLater(runID, states[i:], err)
-					break
-				}
+			if !x.indexRun(ctx, runID, states) {
+				return
 			}
 		}
 		x.mu.Lock()
@@ -243,6 +218,50 @@ func (x *indexer) loop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// indexRun writes the summaries of run runID's states that the index
+// must show: the last of each status in a row, and once the run has
+// ended, its end only. A failed write puts the states from it on back
+// (retryLater). It reports false when ctx ended meanwhile.
+func (x *indexer) indexRun(ctx context.Context, runID string, states [][]byte) bool {
+	sums, tenants := x.summaries(runID, states)
+	end := -1 // the last state that says the run ended
+	for i, sum := range sums {
+		if sum != nil && store.IsTerminal(sum.GetStatus()) {
+			end = i
+		}
+	}
+	for i, sum := range sums {
+		if sum == nil || i+1 < len(sums) && sums[i+1] != nil && sums[i+1].GetStatus() == sum.GetStatus() {
+			continue // nothing to index, or the next state has its status too
+		}
+		if end >= 0 && i != end {
+			continue // the run has ended: its end is all there is to say
+		}
+		if err := x.write(ctx, tenants[i], sum); err != nil {
+			if ctx.Err() != nil {
+				return false
+			}
+			x.retryLater(runID, states[i:], err)
+			return true
+		}
+	}
+	return true
+}
+
+// summaries decodes run runID's states into their summaries and tenants;
+// a state that does not decode has none (and is logged).
+func (x *indexer) summaries(runID string, states [][]byte) ([]*stubbornv1.RunSummary, []string) {
+	sums := make([]*stubbornv1.RunSummary, len(states))
+	tenants := make([]string, len(states))
+	for i, state := range states {
+		var ok bool
+		if sums[i], tenants[i], ok = summaryOf(state); !ok {
+			x.log.Error("run index: a state written of the run does not decode; it is not indexed", "run_id", runID)
+		}
+	}
+	return sums, tenants
 }
 
 // summaryOf decodes a state into its summary and tenant; ok is false for

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stubbornhq/stubborn/runs/store"
 )
@@ -283,21 +282,15 @@ func (s *JetStream) purgeRuns(ctx context.Context, cutoff time.Time) (int, error
 		bySize = used > s.share(highWater)
 	}
 	n := 0
-	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: lastEventsIdle}
-	err := eachMsg(ctx, s.events, cfg, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+	scan := orderedRead{cfg: jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: lastEventsIdle}, idle: idleWait}
+	err := eachOrdered(ctx, s.events, scan, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
 		old := !meta.Timestamp.After(cutoff)
 		if !old && !bySize {
 			return false, nil
 		}
-		runID := strings.TrimPrefix(msg.Subject(), eventsSubject)
-		evs, err := unpackEvents(msg.Data(), msg.Headers())
-		if err != nil {
-			// Not a journal Stubborn can read: not one to purge.
-			s.janitor.log.Warn("purging finished runs: unreadable journal message", "run_id", runID, "seq", meta.Sequence.Stream, "err", err)
+		runID, end := s.finishedEnd(msg, meta.Sequence.Stream)
+		if !end {
 			return true, nil
-		}
-		if !evs[len(evs)-1].Finished {
-			return true, nil // not its journal's end, or a run in flight: never purged
 		}
 		purged, err := s.purgeRun(ctx, runID, meta.Sequence.Stream)
 		if err != nil || !purged {
@@ -439,8 +432,8 @@ func (s *JetStream) held(ctx context.Context, runID string) (bool, error) {
 func (s *JetStream) purgeLeftovers(ctx context.Context, stream jetstream.Stream, bucket string, cutoff time.Time, states bool) (int, error) {
 	n := 0
 	prefix := kvSubject(bucket, "")
-	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: lastEventsIdle}
-	err := eachMsg(ctx, stream, cfg, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+	scan := orderedRead{cfg: jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: lastEventsIdle}, idle: idleWait}
+	err := eachOrdered(ctx, stream, scan, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
 		if meta.Timestamp.After(cutoff) {
 			return false, nil // the messages after it are newer still
 		}
@@ -474,60 +467,6 @@ func kvStream(bucket string) string { return "KV_" + bucket }
 
 // kvSubject is key's subject in bucket's stream.
 func kvSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
-
-// eachMsg calls fn with the messages of stream that cfg selects, in
-// order, while fn returns true, up to the last one the stream had when it
-// began (or until it waited idleWait for the next).
-func eachMsg(ctx context.Context, stream jetstream.Stream, cfg jetstream.OrderedConsumerConfig, fn func(jetstream.Msg, *jetstream.MsgMetadata) (bool, error)) error {
-	return eachMsgToEnd(ctx, stream, cfg, false, fn)
-}
-
-// eachMsgToEnd is eachMsg; with toEnd, a wait of idleWait for the next
-// message before the last one the stream had is an error, not the end.
-func eachMsgToEnd(ctx context.Context, stream jetstream.Stream, cfg jetstream.OrderedConsumerConfig, toEnd bool, fn func(jetstream.Msg, *jetstream.MsgMetadata) (bool, error)) error {
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return err
-	}
-	if info.State.Msgs == 0 {
-		return nil
-	}
-	end := info.State.LastSeq
-	cons, err := stream.OrderedConsumer(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	if ci := cons.CachedInfo(); ci == nil || ci.NumPending == 0 {
-		return nil
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return err
-	}
-	defer it.Stop()
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	for {
-		msg, err := it.Next(jetstream.NextMaxWait(idleWait))
-		if errors.Is(err, nats.ErrTimeout) && !toEnd {
-			return nil
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return err
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return err
-		}
-		more, err := fn(msg, meta)
-		if err != nil || !more || meta.Sequence.Stream >= end || meta.NumPending == 0 {
-			return err
-		}
-	}
-}
 
 // share is percent % of MaxBytes, in bytes.
 func (s *JetStream) share(percent int64) int64 { return s.janitor.maxBytes / 100 * percent }
@@ -701,64 +640,97 @@ func (s *JetStream) makeRoom(ctx context.Context, target int64) (held bool) {
 	j.mu.Lock()
 	from := j.roomFrom
 	j.mu.Unlock()
-	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: lastEventsIdle}
-	if from > 0 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	p := &roomPurge{target: target, used: used, perRun: perRun, next: from}
+	err = s.purgeForRoom(ctx, p, from)
+	if p.kept > 0 {
+		p.next = p.kept
 	}
-	n := 0
-	next, kept := from, uint64(0) // read up to next; the first end of a finished run not purged
-	err = eachMsg(ctx, s.events, cfg, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
-		seq := meta.Sequence.Stream
-		runID := strings.TrimPrefix(msg.Subject(), eventsSubject)
-		evs, err := unpackEvents(msg.Data(), msg.Headers())
-		if err != nil {
-			j.log.Warn("purging finished runs: unreadable journal message", "run_id", runID, "seq", seq, "err", err)
-			next = seq + 1
-			return true, nil
-		}
-		if !evs[len(evs)-1].Finished {
-			next = seq + 1
-			return true, nil // not its journal's end, or a run in flight
-		}
-		purged, err := s.purgeRun(ctx, runID, seq)
-		next = seq + 1
-		if err != nil || !purged {
-			if kept == 0 {
-				kept = seq // held: its driver lets go of it soon; or read it again
-			}
-			return err == nil, err
-		}
-		n++
-		if used -= perRun; used <= target {
-			if used, perRun, err = s.readUsed(ctx); err != nil {
-				return false, err
-			}
-			return used > target, nil
-		}
-		return true, nil
-	})
-	if kept > 0 {
-		next = kept
-	}
-	if n > 0 {
+	if p.n > 0 {
 		if _, _, rerr := s.readUsed(ctx); rerr != nil && err == nil {
 			err = rerr
 		}
 	}
-	held = n == 0 && err == nil && kept > 0
+	held = p.n == 0 && err == nil && p.kept > 0
+	s.noteRoomPurge(p.next, p.n == 0 && err == nil && !held)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		j.log.Warn("making room for a new run: purging finished runs", "err", err, "purged", p.n)
+	case p.n > 0:
+		j.log.Debug("made room for a new run: purged finished runs", "purged", p.n)
+	}
+	return held
+}
+
+// roomPurge is what one purge of admission's (makeRoom) has read and
+// purged so far.
+type roomPurge struct {
+	target       int64 // the store's size to purge down to
+	used, perRun int64 // as readUsed reads them, used estimated down by perRun a purge
+	n            int   // runs purged
+	// next: read up to it; kept: the first end of a finished run not
+	// purged (0: none).
+	next, kept uint64
+}
+
+// purgeForRoom reads the events stream from sequence from (0: the start)
+// and purges the finished runs whose ends it meets, in the order they
+// ended, until the store is down to p.target.
+func (s *JetStream) purgeForRoom(ctx context.Context, p *roomPurge, from uint64) error {
+	scan := orderedRead{cfg: jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: lastEventsIdle}, idle: idleWait}
+	if from > 0 {
+		scan.cfg.DeliverPolicy, scan.cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	return eachOrdered(ctx, s.events, scan, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+		seq := meta.Sequence.Stream
+		p.next = seq + 1
+		runID, end := s.finishedEnd(msg, seq)
+		if !end {
+			return true, nil
+		}
+		purged, err := s.purgeRun(ctx, runID, seq)
+		if err != nil || !purged {
+			if p.kept == 0 {
+				p.kept = seq // held: its driver lets go of it soon; or read it again
+			}
+			return err == nil, err
+		}
+		p.n++
+		if p.used -= p.perRun; p.used <= p.target {
+			if p.used, p.perRun, err = s.readUsed(ctx); err != nil {
+				return false, err
+			}
+			return p.used > p.target, nil
+		}
+		return true, nil
+	})
+}
+
+// noteRoomPurge notes where admission's next purge reads from (next, if
+// further on), and whether this one was fruitless: it found nothing to
+// purge and nothing held.
+func (s *JetStream) noteRoomPurge(next uint64, fruitless bool) {
+	j := &s.janitor
 	j.mu.Lock()
+	defer j.mu.Unlock()
 	if next > j.roomFrom {
 		j.roomFrom = next
 	}
-	if n == 0 && err == nil && !held {
+	if fruitless {
 		j.fruitless = time.Now()
 	}
-	j.mu.Unlock()
-	switch {
-	case err != nil && ctx.Err() == nil:
-		j.log.Warn("making room for a new run: purging finished runs", "err", err, "purged", n)
-	case n > 0:
-		j.log.Debug("made room for a new run: purged finished runs", "purged", n)
+}
+
+// finishedEnd says whether the journal message at stream sequence seq
+// ends a finished run (its last event is run_finished), and names the
+// run. A message Stubborn cannot read ends none (and is logged): not one
+// to purge.
+func (s *JetStream) finishedEnd(msg jetstream.Msg, seq uint64) (runID string, end bool) {
+	runID = strings.TrimPrefix(msg.Subject(), eventsSubject)
+	evs, err := unpackEvents(msg.Data(), msg.Headers())
+	if err != nil {
+		s.janitor.log.Warn("purging finished runs: unreadable journal message", "run_id", runID, "seq", seq, "err", err)
+		return runID, false
 	}
-	return held
+	// Not its journal's end, or a run in flight: never purged.
+	return runID, evs[len(evs)-1].Finished
 }

@@ -9,7 +9,6 @@ import (
 	"hash/crc64"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -154,6 +153,35 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		ctx, cancel = context.WithTimeout(ctx, setupTimeout)
 		defer cancel()
 	}
+	cfg = cfg.withDefaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	s := &JetStream{nc: nc, js: js, lease: cfg.Lease, saveFinal: cfg.SaveFinalStates, writeRetry: cfg.WriteRetry, apiTimeout: js.Options().DefaultTimeout, last: map[string]uint64{}, claimInOwners: cfg.ClaimInOwners}
+	if err := s.createEvents(ctx, cfg); err != nil {
+		return nil, err
+	}
+	indexKV, err := s.createBuckets(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if limit := s.EventLimit(); limit < store.MaxEventBytes {
+		log.Warn("the NATS server's max_payload is smaller than a run's largest event: larger events are kept with their texts cut (set max_payload to at least 4MB)",
+			"max_payload", s.nc.MaxPayload(), "largest_event", store.MaxEventBytes)
+	}
+	if err := s.start(ctx, cfg, indexKV, log); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// withDefaults is cfg with its zero values replaced by their defaults.
+func (cfg JetStreamConfig) withDefaults() JetStreamConfig {
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
 	}
@@ -166,18 +194,22 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	if cfg.KeyWindow <= 0 {
 		cfg.KeyWindow = store.DefaultKeyWindow
 	}
-	storage := jetstream.FileStorage
-	if cfg.Memory {
-		storage = jetstream.MemoryStorage
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
 	if cfg.WriteRetry == 0 {
 		cfg.WriteRetry = cfg.Lease
 	}
-	s := &JetStream{nc: nc, js: js, lease: cfg.Lease, saveFinal: cfg.SaveFinalStates, writeRetry: cfg.WriteRetry, apiTimeout: js.Options().DefaultTimeout, last: map[string]uint64{}, claimInOwners: cfg.ClaimInOwners}
+	return cfg
+}
+
+// storage is where cfg keeps the stream and buckets.
+func (cfg JetStreamConfig) storage() jetstream.StorageType {
+	if cfg.Memory {
+		return jetstream.MemoryStorage
+	}
+	return jetstream.FileStorage
+}
+
+// createEvents creates (or updates) the events stream.
+func (s *JetStream) createEvents(ctx context.Context, cfg JetStreamConfig) error {
 	maxBytes := cfg.MaxBytes
 	if maxBytes <= 0 {
 		maxBytes = -1
@@ -187,11 +219,12 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	// Stubborn purges finished runs itself (janitor.go). A stream made by
 	// an older version (MaxAge, DiscardOld) is updated in place.
 	// Created or bound to as several servers start together (setup.go).
-	if s.events, err = createStream(ctx, js, jetstream.StreamConfig{
+	var err error
+	if s.events, err = createStream(ctx, s.js, jetstream.StreamConfig{
 		Name:        eventsStream,
 		Description: "Stubborn run events, one subject per run",
 		Subjects:    []string{eventsSubject + "*"},
-		Storage:     storage,
+		Storage:     cfg.storage(),
 		Replicas:    cfg.Replicas,
 		MaxBytes:    maxBytes,
 		Discard:     jetstream.DiscardNew,
@@ -200,8 +233,25 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 		// made again.
 		Duplicates: dupWindow(cfg.Lease, cfg.WriteRetry),
 	}); err != nil {
-		return nil, fmt.Errorf("events stream: %w", err)
+		return fmt.Errorf("events stream: %w", err)
 	}
+	return nil
+}
+
+// bucketSpec is one KV bucket of the store, as createBuckets makes it.
+type bucketSpec struct {
+	kv      *jetstream.KeyValue
+	name    string
+	ttl     time.Duration
+	markers time.Duration
+	history uint8
+	// leader: reads go to the stream's leader (leaderReads).
+	leader bool
+}
+
+// createBuckets creates (or updates) the KV buckets, and returns the
+// listing index's (the indexer's).
+func (s *JetStream) createBuckets(ctx context.Context, cfg JetStreamConfig) (jetstream.KeyValue, error) {
 	// A released run's owner entry leaves a purge marker; the markers go
 	// after markerTTL, not after the retention: a full takeover scan reads
 	// every entry of the owners bucket, markers included, and should cost
@@ -211,61 +261,59 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	// The states, owners and index entries have no TTL: a run in flight keeps
 	// them however long it waits (a decision may take weeks); a finished
 	// run's go with its journal (janitor.go).
-	for _, b := range []struct {
-		kv      *jetstream.KeyValue
-		name    string
-		ttl     time.Duration
-		markers time.Duration
-		history uint8
-	}{
-		{&s.states, statesBucket, 0, 0, 1},
-		{&s.owners, ownersBucket, 0, s.markerTTL, 1},
+	for _, b := range []bucketSpec{
+		{kv: &s.states, name: statesBucket, history: 1},
+		{kv: &s.owners, name: ownersBucket, markers: s.markerTTL, history: 1, leader: true},
 		// A server's mark lives as long as the server (claims.go).
-		{&s.marks, marksBucket, 0, s.markerTTL, 1},
-		{&s.beats, beatsBucket, cfg.Lease, 0, 1},
+		{kv: &s.marks, name: marksBucket, markers: s.markerTTL, history: 1, leader: true},
+		{kv: &s.beats, name: beatsBucket, ttl: cfg.Lease, history: 1, leader: true},
 		// A run's summaries in quick succession (RUNNING, then
 		// AWAITING_DECISION a few ms later) must each reach the watches
 		// (WatchRuns): with one a key, a summary is gone as soon as the
 		// next is written, before a watch is sent it.
-		{&indexKV, indexBucket, 0, 0, indexHistory},
-		{&s.keys, keysBucket, cfg.KeyWindow, 0, 1},
+		{kv: &indexKV, name: indexBucket, history: indexHistory},
+		{kv: &s.keys, name: keysBucket, ttl: cfg.KeyWindow, history: 1},
 		// A deleted run's tombstone outlives all its records (tombstone.go).
-		{&s.deleted, deletedBucket, cfg.Retention, 0, 1},
+		{kv: &s.deleted, name: deletedBucket, ttl: cfg.Retention, history: 1, leader: true},
 	} {
-		kvCfg := jetstream.KeyValueConfig{
-			Bucket: b.name, TTL: b.ttl, Storage: storage, Replicas: cfg.Replicas, History: b.history,
-			LimitMarkerTTL: b.markers,
-		}
-		*b.kv, err = createBucket(ctx, js, kvCfg)
-		if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
-			// A NATS server older than 2.11: markers stay for the
-			// retention, as they did before.
-			kvCfg.LimitMarkerTTL, s.markerTTL = 0, 0
-			*b.kv, err = createBucket(ctx, js, kvCfg)
-		}
-		if err != nil {
+		if err := s.openBucket(ctx, cfg, b); err != nil {
 			return nil, fmt.Errorf("bucket %s: %w", b.name, err)
 		}
-		if b.name == ownersBucket || b.name == beatsBucket || b.name == deletedBucket || b.name == marksBucket {
-			if *b.kv, err = leaderReads(ctx, js, *b.kv, b.name); err != nil {
-				return nil, fmt.Errorf("bucket %s: %w", b.name, err)
-			}
+	}
+	return indexKV, nil
+}
+
+// openBucket creates (or updates) bucket b and sets *b.kv.
+func (s *JetStream) openBucket(ctx context.Context, cfg JetStreamConfig, b bucketSpec) error {
+	kvCfg := jetstream.KeyValueConfig{
+		Bucket: b.name, TTL: b.ttl, Storage: cfg.storage(), Replicas: cfg.Replicas, History: b.history,
+		LimitMarkerTTL: b.markers,
+	}
+	kv, err := createBucket(ctx, s.js, kvCfg)
+	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
+		// A NATS server older than 2.11: markers stay for the
+		// retention, as they did before.
+		kvCfg.LimitMarkerTTL, s.markerTTL = 0, 0
+		kv, err = createBucket(ctx, s.js, kvCfg)
+	}
+	if err != nil {
+		return err
+	}
+	if b.leader {
+		if kv, err = leaderReads(ctx, s.js, kv, b.name); err != nil {
+			return err
 		}
 	}
-	if limit := s.EventLimit(); limit < store.MaxEventBytes {
-		log := cfg.Logger
-		if log == nil {
-			log = slog.Default()
-		}
-		log.Warn("the NATS server's max_payload is smaller than a run's largest event: larger events are kept with their texts cut (set max_payload to at least 4MB)",
-			"max_payload", s.nc.MaxPayload(), "largest_event", store.MaxEventBytes)
-	}
+	*b.kv = kv
+	return nil
+}
+
+// start starts what runs beside the store's calls: the janitor, the
+// indexer and the claims' follower, and finishes the deletions a crash
+// cut short.
+func (s *JetStream) start(ctx context.Context, cfg JetStreamConfig, indexKV jetstream.KeyValue, log *slog.Logger) error {
 	if err := s.startJanitor(ctx, cfg); err != nil {
-		return nil, err
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.Default()
+		return err
 	}
 	s.startIndexer(indexKV, log)
 	claimsCtx, stopClaims := context.WithCancel(context.Background())
@@ -278,7 +326,7 @@ func NewJetStream(ctx context.Context, nc *nats.Conn, cfg JetStreamConfig) (*Jet
 	if n := s.redoDeletes(ctx, log); n > 0 {
 		log.Debug("purged again what was left of deleted runs", "runs", n)
 	}
-	return s, nil
+	return nil
 }
 
 // Close stops the janitor and closes the NATS connection.
@@ -337,19 +385,8 @@ func (s *JetStream) EventLimit() int {
 // stored once, and its duplicate's ack names the message stored.
 func (s *JetStream) publish(ctx context.Context, w *store.Writer, evs []store.Event) error {
 	runID := evs[0].RunID
-	var last uint64
-	if w != nil {
-		last = w.Cursor
-	} else {
-		s.mu.Lock()
-		last = s.last[runID]
-		s.mu.Unlock()
-	}
-	msg := &nats.Msg{Subject: eventsSubject + runID, Data: evs[0].Data}
-	if len(evs) > 1 {
-		msg.Data = packEvents(evs)
-		msg.Header = nats.Header{eventsHeader: []string{strconv.Itoa(len(evs))}}
-	}
+	last := s.expectedLast(w, runID)
+	msg := journalMsg(evs)
 	// A new run's first write is its claim, and every write of the copy
 	// that claimed it says so (claims.go).
 	var claimer string
@@ -366,9 +403,45 @@ func (s *JetStream) publish(ctx context.Context, w *store.Writer, evs []store.Ev
 	if claiming {
 		s.claims.begin(runID, claimer, evs[0].StateBytes())
 	}
-	id := msgID(runID, evs[0].Seq, msg.Data)
-	var seq uint64
-	err := s.write(ctx, func(ctx context.Context) error {
+	seq, err := s.publishMsg(ctx, msg, last, msgID(runID, evs[0].Seq, msg.Data))
+	if claiming {
+		s.claims.sent(runID, err == nil)
+	}
+	if err != nil {
+		return journalConflict(err)
+	}
+	s.claims.ack(seq)
+	s.moveCursor(w, evs, seq)
+	return nil
+}
+
+// expectedLast is the stream sequence the run's journal is expected to
+// end with before w's write: w's cursor, or for a writer without one (w
+// nil) the one this store last wrote or read.
+func (s *JetStream) expectedLast(w *store.Writer, runID string) uint64 {
+	if w != nil {
+		return w.Cursor
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last[runID]
+}
+
+// journalMsg is the journal message of evs: one event's encoding, or
+// several packed (eventsHeader).
+func journalMsg(evs []store.Event) *nats.Msg {
+	msg := &nats.Msg{Subject: eventsSubject + evs[0].RunID, Data: evs[0].Data}
+	if len(evs) > 1 {
+		msg.Data = packEvents(evs)
+		msg.Header = nats.Header{eventsHeader: []string{strconv.Itoa(len(evs))}}
+	}
+	return msg
+}
+
+// publishMsg writes journal message msg with id, expecting its subject to
+// end at stream sequence last, and returns the message's sequence.
+func (s *JetStream) publishMsg(ctx context.Context, msg *nats.Msg, last uint64, id string) (seq uint64, err error) {
+	err = s.write(ctx, func(ctx context.Context) error {
 		ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(last), jetstream.WithMsgID(id))
 		if err != nil {
 			return err
@@ -390,24 +463,28 @@ func (s *JetStream) publish(ctx context.Context, w *store.Writer, evs []store.Ev
 		seq = m.Sequence
 		return true, nil
 	})
-	if claiming {
-		s.claims.sent(runID, err == nil)
+	return seq, err
+}
+
+// journalConflict is err, a failed journal write, as ErrConflict when the
+// journal did not end where the writer expected: another writer wrote.
+func journalConflict(err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		return fmt.Errorf("%w: %v", store.ErrConflict, err)
 	}
-	if err == nil {
-		s.claims.ack(seq)
-	}
-	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
-			return fmt.Errorf("%w: %v", store.ErrConflict, err)
-		}
-		return err
-	}
+	return err
+}
+
+// moveCursor moves the writer's view of the run's journal (w's cursor, or
+// for w nil this store's) to seq, where evs, just written, end it.
+func (s *JetStream) moveCursor(w *store.Writer, evs []store.Event, seq uint64) {
 	if w != nil {
 		w.Cursor = seq
-		return nil
+		return
 	}
+	runID := evs[0].RunID
 	s.mu.Lock()
 	if evs[len(evs)-1].Finished {
 		delete(s.last, runID)
@@ -415,7 +492,6 @@ func (s *JetStream) publish(ctx context.Context, w *store.Writer, evs []store.Ev
 		s.last[runID] = seq
 	}
 	s.mu.Unlock()
-	return nil
 }
 
 // msgID is the Nats-Msg-Id of run runID's journal message data, whose
@@ -534,13 +610,12 @@ func (s *JetStream) journal(ctx context.Context, runID string, after int64) (out
 	if err != nil {
 		return nil, 0, false, err
 	}
-	seen := int64(0)
+	var once seqOnce
 	err = s.read(ctx, runID, func(evs []store.Event, seq uint64) (bool, error) {
 		for _, ev := range evs {
-			if ev.Seq <= seen {
-				continue // stored again (see publish): read once
+			if !once.first(ev) {
+				continue
 			}
-			seen = ev.Seq
 			if ev.Seq > after {
 				out = append(out, ev)
 			}
@@ -554,63 +629,28 @@ func (s *JetStream) journal(ctx context.Context, runID string, after int64) (out
 	return out, lastMsg.Sequence, finished, nil
 }
 
+// seqOnce passes each seq of a run's journal once, the first stored.
+//
+// Compatibility path, for journals a release before message ids (msgID)
+// wrote twice in part: seqs 1 2 3 2 3, a write made again across a stream
+// leader's change. A copy of an earlier run_finished that a stale writer
+// of such a release stored after later events is not the journal's end.
+// Every journal read (journal, Follow) goes through it.
+type seqOnce struct{ seen int64 } // the highest seq read
+
+// first reports whether ev is the first stored of its seq.
+func (o *seqOnce) first(ev store.Event) bool {
+	if ev.Seq <= o.seen {
+		return false
+	}
+	o.seen = ev.Seq
+	return true
+}
+
 // read delivers the run's journal messages in order, each as its events
 // with its stream sequence, while fn returns true.
 func (s *JetStream) read(ctx context.Context, runID string, fn func(evs []store.Event, seq uint64) (bool, error)) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventsSubject + runID}, DeliverPolicy: jetstream.DeliverAllPolicy}
-	return s.consume(ctx, cfg, 0, func(_ string, evs []store.Event, meta *jetstream.MsgMetadata) (bool, error) {
-		return fn(evs, meta.Sequence.Stream)
-	})
-}
-
-// consume delivers the journal messages cfg selects, in order, each as its
-// run's id, its events and its metadata, while fn returns true. With idle
-// it returns at once if there are none, or once it has waited idle for
-// the next one; without, it waits for the next one until ctx ends.
-func (s *JetStream) consume(ctx context.Context, cfg jetstream.OrderedConsumerConfig, idle time.Duration, fn func(runID string, evs []store.Event, meta *jetstream.MsgMetadata) (bool, error)) error {
-	cons, err := s.events.OrderedConsumer(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return err
-	}
-	defer it.Stop()
-	var opts []jetstream.NextOpt
-	if idle > 0 {
-		if info := cons.CachedInfo(); info == nil || info.NumPending == 0 {
-			return nil
-		}
-		opts = append(opts, jetstream.NextMaxWait(idle))
-	}
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	for {
-		msg, err := it.Next(opts...)
-		if idle > 0 && errors.Is(err, nats.ErrTimeout) {
-			return nil
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return err
-		}
-		runID := strings.TrimPrefix(msg.Subject(), eventsSubject)
-		evs, err := unpackEvents(msg.Data(), msg.Headers())
-		if err != nil {
-			return fmt.Errorf("run %s: %w", runID, err)
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return err
-		}
-		more, err := fn(runID, evs, meta)
-		if err != nil || !more {
-			return err
-		}
-	}
+	return s.readFrom(ctx, runID, 0, fn)
 }
 
 // Follow sends the run's events after seq after, then new ones, until
@@ -624,23 +664,21 @@ func (s *JetStream) Follow(ctx context.Context, runID string, after int64, fn fu
 		return nil
 	}
 	finished := errors.New("finished")
-	seen := int64(0) // the highest seq read, sent or not
+	var once seqOnce
 	deliver := func(evs []store.Event, _ uint64) (bool, error) {
 		for _, ev := range evs {
-			first := ev.Seq > seen // not a copy of one read before (see publish)
-			seen = max(seen, ev.Seq)
+			if !once.first(ev) {
+				continue
+			}
 			if ev.Seq > after {
 				after = ev.Seq
 				if err := fn(ev); err != nil {
 					return false, err
 				}
-			} // else before after, or stored again: sent once
-			if ev.Finished && first {
+			} // else at or before after: sent before, or not wanted
+			if ev.Finished {
 				// Nothing follows it, even when it was not sent (after
-				// at or past it): no message is coming to wait for. A
-				// copy of an earlier run_finished that a stale writer of
-				// an older release stored after later events is not the
-				// end.
+				// at or past it): no message is coming to wait for.
 				return false, finished
 			}
 		}
@@ -707,13 +745,18 @@ func (s *JetStream) readStored(ctx context.Context, runID string, fn func(evs []
 	return next, nil
 }
 
-// readFrom is read from stream sequence from on (0: the start).
+// readFrom is read from stream sequence from on (0: the start): it waits
+// for the next message until ctx ends or fn stops it.
 func (s *JetStream) readFrom(ctx context.Context, runID string, from uint64, fn func(evs []store.Event, seq uint64) (bool, error)) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventsSubject + runID}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	follow := orderedRead{cfg: jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventsSubject + runID}, DeliverPolicy: jetstream.DeliverAllPolicy}}
 	if from > 0 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+		follow.cfg.DeliverPolicy, follow.cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}
-	return s.consume(ctx, cfg, 0, func(_ string, evs []store.Event, meta *jetstream.MsgMetadata) (bool, error) {
+	return eachOrdered(ctx, s.events, follow, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+		evs, err := unpackEvents(msg.Data(), msg.Headers())
+		if err != nil {
+			return false, fmt.Errorf("run %s: %w", runID, err)
+		}
 		return fn(evs, meta.Sequence.Stream)
 	})
 }

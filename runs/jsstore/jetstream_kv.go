@@ -126,6 +126,9 @@ func (s *JetStream) lastEvent(ctx context.Context, runID string) (store.Event, e
 // run_finished, so that a run that saved none before its end is not made
 // to save its last one (a write per run), unless the config says to save
 // it anyway (SaveFinalStates).
+//
+// Compatibility path, for servers before 2026-11-30 sharing the store
+// (JetStreamConfig.SaveFinalStates): the store's only branch on it.
 func (s *JetStream) FinalInJournal() bool { return !s.saveFinal }
 
 // States calls fn with every run's state: a finished run's from its
@@ -231,6 +234,10 @@ func journalEntry(owner string, state []byte) []byte {
 func claimEntry(v []byte) bool { return len(v) > 0 && v[0] == journalMark }
 
 // parseOwnerEntry decodes an owners entry.
+//
+// Compatibility path, for the entries of servers that wrote a name alone
+// (before ownerMark): read as that name, with no state. Every read of an
+// owners entry goes through it.
 func parseOwnerEntry(v []byte) (owner string, state []byte) {
 	if len(v) == 0 || v[0] != ownerMark && v[0] != journalMark {
 		return string(v), nil

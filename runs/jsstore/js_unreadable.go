@@ -105,54 +105,20 @@ func lastRawEvent(runID string, data []byte, h nats.Header) (store.Event, error)
 // sequence first and stops there, or when it has waited
 // lastEventsIdle for the next message.
 func (s *JetStream) lastRawEvents(ctx context.Context, fn func(runID string, last store.Event, err error)) error {
-	info, err := s.events.Info(ctx)
-	if err != nil {
-		return err
+	scan := orderedRead{
+		cfg: jetstream.OrderedConsumerConfig{
+			FilterSubjects:    []string{eventsSubject + "*"},
+			DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
+			InactiveThreshold: lastEventsIdle,
+		},
+		idle: lastEventsIdle,
 	}
-	end := info.State.LastSeq
-	if info.State.Msgs == 0 {
-		return nil
-	}
-	cons, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{eventsSubject + "*"},
-		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
-		InactiveThreshold: lastEventsIdle,
-	})
-	if err != nil {
-		return err
-	}
-	if info := cons.CachedInfo(); info == nil || info.NumPending == 0 {
-		return nil
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return err
-	}
-	defer it.Stop()
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	for {
-		msg, err := it.Next(jetstream.NextMaxWait(lastEventsIdle))
-		if errors.Is(err, nats.ErrTimeout) {
-			return nil
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return err
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return err
-		}
+	return eachOrdered(ctx, s.events, scan, func(msg jetstream.Msg, _ *jetstream.MsgMetadata) (bool, error) {
 		runID := strings.TrimPrefix(msg.Subject(), eventsSubject)
 		last, err := lastRawEvent(runID, msg.Data(), msg.Headers())
 		fn(runID, last, err)
-		if meta.Sequence.Stream >= end || meta.NumPending == 0 {
-			return nil
-		}
-	}
+		return true, nil
+	})
 }
 
 // logUnreadable logs, at ERROR, a run left out of a listing: once every
