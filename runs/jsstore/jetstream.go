@@ -83,6 +83,16 @@ const (
 	commandSubject = "stubborn.commands."
 )
 
+// buckets are the store's KV buckets.
+type buckets struct {
+	states  jetstream.KeyValue // each run's state
+	owners  jetstream.KeyValue // each run's driver (an owners entry)
+	beats   jetstream.KeyValue // each server's heartbeat
+	keys    jetstream.KeyValue // the idempotency keys (js_keys.go)
+	deleted jetstream.KeyValue // the deleted runs' tombstones (js_tombstone.go)
+	marks   jetstream.KeyValue // each server's mark (claims.go)
+}
+
 // JetStream is the Store on NATS JetStream: each run's events on their own
 // subject of one stream, appended with the expected last sequence of that
 // subject (a stale owner's append is refused); state snapshots, run owners
@@ -92,10 +102,8 @@ type JetStream struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	events jetstream.Stream
-	states jetstream.KeyValue
-	owners jetstream.KeyValue
-	beats  jetstream.KeyValue
-	lease  time.Duration
+	buckets
+	lease time.Duration
 	// saveFinal is JetStreamConfig.SaveFinalStates.
 	saveFinal bool
 	// markerTTL is how long a released run's purge marker stays in the
@@ -120,20 +128,15 @@ type JetStream struct {
 	damaged atomic.Bool
 	// index is the listing index's writer (index.go).
 	index *indexer
-	// keys holds the idempotency keys (keys.go).
-	keys jetstream.KeyValue
 	// forgetSubs follow the runs deleted (delete.go); guarded by mu.
 	forgetSubs []*nats.Subscription
-	// deleted holds the deleted runs' tombstones; deleteHook is a test's
-	// (tombstone.go).
-	deleted    jetstream.KeyValue
+	// deleteHook is a test's (tombstone.go).
 	deleteHook func(step string) error
 
 	// claimInOwners is JetStreamConfig.ClaimInOwners; claims are the runs
 	// claimed in their journals, marks the servers' marks (claims.go).
 	claimInOwners bool
 	claims        claims
-	marks         jetstream.KeyValue
 	stopClaims    context.CancelFunc
 	claimsDone    chan struct{}
 }
