@@ -179,7 +179,9 @@ func sameEvents(t *testing.T, want, got []store.Event) {
 
 func (c *suite) journal(t *testing.T) {
 	view := c.views(t, Lease)
-	s := view()
+	// s and o are two views of the store: o reads what s writes, as
+	// another server would.
+	s, o := view(), view()
 
 	t.Run("AppendConsecutiveThenEvents", func(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
@@ -232,7 +234,7 @@ func (c *suite) journal(t *testing.T) {
 
 	t.Run("StaleWriterGetsConflictAndWritesNothing", func(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
-		a, b := view(), view()
+		a, b := s, o
 		evs := journalOf(t, id, "t1", 3, false)
 		wa := &store.Writer{}
 		require.NoError(t, a.Append(ctx, wa, evs[0]))
@@ -241,14 +243,15 @@ func (c *suite) journal(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, got, 1)
 		require.NoError(t, b.Append(ctx, wb, evs[1]))
-		// a's view ends at seq 1: b wrote since.
-		stale := evs[1]
-		err = a.Append(ctx, wa, stale)
+		// a's view ends at seq 1: b wrote since. Seq 3 follows the
+		// journal, but not a's view of it.
+		cursor := wa.Cursor
+		err = a.Append(ctx, wa, evs[2])
 		require.ErrorIs(t, err, store.ErrConflict)
+		assert.Equal(t, cursor, wa.Cursor, "a refused append moves its writer")
 		got, err = a.Events(ctx, id, 0)
 		require.NoError(t, err)
 		sameEvents(t, evs[:2], got)
-		assert.Equal(t, evs[1].Data, got[1].Data, "b's event stands")
 	})
 
 	t.Run("CursorMovesOnEachAppend", func(t *testing.T) {
@@ -268,7 +271,7 @@ func (c *suite) journal(t *testing.T) {
 	t.Run("JournalFromReturnsAllAndSetsWriter", func(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
 		evs := journalOf(t, id, "t1", 4, false)
-		require.NoError(t, view().Append(ctx, &store.Writer{}, evs[:3]...))
+		require.NoError(t, o.Append(ctx, &store.Writer{}, evs[:3]...))
 		w := &store.Writer{}
 		got, err := s.JournalFrom(ctx, id, w)
 		require.NoError(t, err)
@@ -282,7 +285,7 @@ func (c *suite) journal(t *testing.T) {
 	t.Run("NilWriterUsesTheStoresViewAfterEvents", func(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
 		evs := journalOf(t, id, "t1", 3, false)
-		a, b := view(), view()
+		a, b := s, o
 		require.NoError(t, a.Append(ctx, &store.Writer{}, evs[:2]...))
 		_, err := b.Events(ctx, id, 0)
 		require.NoError(t, err)
@@ -313,7 +316,7 @@ func (c *suite) journal(t *testing.T) {
 		var got []store.Event
 		done := make(chan error, 1)
 		go func() {
-			done <- view().Follow(ctx, id, 0, func(ev store.Event) error {
+			done <- o.Follow(ctx, id, 0, func(ev store.Event) error {
 				mu.Lock()
 				defer mu.Unlock()
 				got = append(got, ev)
@@ -405,7 +408,7 @@ func (c *suite) journal(t *testing.T) {
 		for i, ev := range evs {
 			assert.Equal(t, want[i], ev.Data, "Append changed event %d's Data", i)
 		}
-		got, err := view().Events(ctx, id, 0)
+		got, err := o.Events(ctx, id, 0)
 		require.NoError(t, err)
 		require.Len(t, got, len(want))
 		for i := range got {
@@ -416,7 +419,9 @@ func (c *suite) journal(t *testing.T) {
 
 func (c *suite) states(t *testing.T) {
 	view := c.views(t, Lease)
-	s := view()
+	// s and o are two views of the store: o reads what s writes, as
+	// another server would.
+	s, o := view(), view()
 
 	t.Run("PutStateStateRoundTrip", func(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
@@ -426,7 +431,7 @@ func (c *suite) states(t *testing.T) {
 		kept := append([]byte(nil), data...)
 		require.NoError(t, s.PutState(ctx, id, data))
 		assert.Equal(t, kept, data, "PutState changed the state it was given")
-		got, err := view().State(ctx, id)
+		got, err := o.State(ctx, id)
 		require.NoError(t, err)
 		assert.True(t, proto.Equal(want, got), "got %v, want %v", got, want)
 		// A later save replaces it.
@@ -451,7 +456,7 @@ func (c *suite) states(t *testing.T) {
 			require.NoError(t, s.PutState(ctx, id, encodeState(t, controlState(id, "t1", stubbornv1.RunStatus_RUN_STATUS_RUNNING))))
 		}
 		seen := map[string]int{}
-		require.NoError(t, view().States(ctx, func(st *stubbornv1.ControlState) bool {
+		require.NoError(t, o.States(ctx, func(st *stubbornv1.ControlState) bool {
 			seen[st.GetRunId()]++
 			return true
 		}))
@@ -488,20 +493,22 @@ func (c *suite) states(t *testing.T) {
 
 func (c *suite) ownership(t *testing.T) {
 	view := c.views(t, Lease)
-	s := view()
+	// s and o are two views of the store: o reads what s writes, as
+	// another server would.
+	s, o := view(), view()
 
 	t.Run("BeatThenAlive", func(t *testing.T) {
 		ctx := ctx(t)
 		owner, never := runID(t), runID(t)
 		require.NoError(t, s.Beat(ctx, owner))
-		alive, err := view().Alive(ctx, owner)
+		alive, err := o.Alive(ctx, owner)
 		require.NoError(t, err)
 		assert.True(t, alive, "alive after a beat")
 		alive, err = s.Alive(ctx, never)
 		require.NoError(t, err)
 		assert.False(t, alive, "an owner never seen is not alive")
 		live := map[string]bool{}
-		require.NoError(t, view().Live(ctx, func(o string, left bool) { live[o] = !left }))
+		require.NoError(t, o.Live(ctx, func(o string, left bool) { live[o] = !left }))
 		assert.True(t, live[owner], "Live lists an owner that beat")
 	})
 
@@ -510,11 +517,11 @@ func (c *suite) ownership(t *testing.T) {
 		owner := runID(t)
 		require.NoError(t, s.Beat(ctx, owner))
 		require.NoError(t, s.Leave(ctx, owner))
-		alive, err := view().Alive(ctx, owner)
+		alive, err := o.Alive(ctx, owner)
 		require.NoError(t, err)
 		assert.False(t, alive, "an owner that left is dead at once")
 		left, listed := false, false
-		require.NoError(t, view().Live(ctx, func(o string, l bool) {
+		require.NoError(t, o.Live(ctx, func(o string, l bool) {
 			if o == owner {
 				listed, left = true, l
 			}
@@ -526,7 +533,7 @@ func (c *suite) ownership(t *testing.T) {
 	t.Run("ClaimThenDriver", func(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
 		require.NoError(t, s.Claim(ctx, id, "a", encodeState(t, controlState(id, "t1", stubbornv1.RunStatus_RUN_STATUS_RUNNING))))
-		d, err := view().Driver(ctx, id)
+		d, err := o.Driver(ctx, id)
 		require.NoError(t, err)
 		assert.Equal(t, "a", d)
 		d, err = s.Driver(ctx, runID(t))
@@ -538,7 +545,7 @@ func (c *suite) ownership(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
 		want := controlState(id, "t1", stubbornv1.RunStatus_RUN_STATUS_RUNNING)
 		require.NoError(t, s.Claim(ctx, id, "a", encodeState(t, want)))
-		got, err := view().State(ctx, id)
+		got, err := o.State(ctx, id)
 		require.NoError(t, err)
 		assert.True(t, proto.Equal(want, got), "got %v", got)
 	})
@@ -546,7 +553,7 @@ func (c *suite) ownership(t *testing.T) {
 	t.Run("SecondClaimIsErrConflict", func(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
 		require.NoError(t, s.Claim(ctx, id, "a", nil))
-		require.ErrorIs(t, view().Claim(ctx, id, "b", nil), store.ErrConflict)
+		require.ErrorIs(t, o.Claim(ctx, id, "b", nil), store.ErrConflict)
 		d, err := s.Driver(ctx, id)
 		require.NoError(t, err)
 		assert.Equal(t, "a", d, "the first claim stands")
@@ -556,7 +563,7 @@ func (c *suite) ownership(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
 		require.NoError(t, s.Claim(ctx, id, "a", nil))
 		found := ""
-		require.NoError(t, view().Owners(ctx, func(r, o string) bool {
+		require.NoError(t, o.Owners(ctx, func(r, o string) bool {
 			if r == id {
 				found = o
 			}
@@ -571,8 +578,8 @@ func (c *suite) ownership(t *testing.T) {
 	t.Run("TakeOverIsCompareAndSet", func(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
 		require.NoError(t, s.Claim(ctx, id, "a", nil))
-		require.ErrorIs(t, view().TakeOver(ctx, id, "c", "b"), store.ErrConflict, "from is not the driver")
-		require.NoError(t, view().TakeOver(ctx, id, "a", "b"))
+		require.ErrorIs(t, o.TakeOver(ctx, id, "c", "b"), store.ErrConflict, "from is not the driver")
+		require.NoError(t, o.TakeOver(ctx, id, "a", "b"))
 		d, err := s.Driver(ctx, id)
 		require.NoError(t, err)
 		assert.Equal(t, "b", d)
@@ -583,7 +590,7 @@ func (c *suite) ownership(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
 		require.NoError(t, s.Claim(ctx, id, "a", nil))
 		require.NoError(t, s.Release(ctx, id))
-		d, err := view().Driver(ctx, id)
+		d, err := o.Driver(ctx, id)
 		require.NoError(t, err)
 		assert.Empty(t, d)
 		found := false
@@ -632,15 +639,15 @@ func (c *suite) ownership(t *testing.T) {
 		w := &store.Writer{Claimer: owner}
 		require.NoError(t, s.Beat(ctx, owner))
 		require.NoError(t, s.Append(ctx, w, evs[0]))
-		d, err := view().Driver(ctx, id)
+		d, err := o.Driver(ctx, id)
 		require.NoError(t, err)
 		assert.Equal(t, owner, d, "the first write's claimer drives the run")
 		orphans := map[string]string{}
-		require.NoError(t, view().JournalOrphans(ctx, map[string]uint64{owner: 0}, func(r, o string) { orphans[r] = o }))
+		require.NoError(t, o.JournalOrphans(ctx, map[string]uint64{owner: 0}, func(r, o string) { orphans[r] = o }))
 		assert.Equal(t, owner, orphans[id], "a run claimed in its journal, not ended, is its claimer's")
 		require.Eventually(t, func() bool {
 			marked := false
-			err := view().ClaimMarks(ctx, func(o string, _, _ uint64, _ time.Time) { marked = marked || o == owner })
+			err := o.ClaimMarks(ctx, func(o string, _, _ uint64, _ time.Time) { marked = marked || o == owner })
 			return err == nil && marked
 		}, wait, 20*time.Millisecond, "a beating server keeps a mark")
 		require.NoError(t, s.Append(ctx, w, evs[1]))
@@ -655,7 +662,9 @@ func (c *suite) ownership(t *testing.T) {
 
 func (c *suite) commands(t *testing.T) {
 	view := c.views(t, Lease)
-	s := view()
+	// s and o are two views of the store: o reads what s writes, as
+	// another server would.
+	s, o := view(), view()
 
 	t.Run("ServeThenSendFromAnotherView", func(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
@@ -667,7 +676,7 @@ func (c *suite) commands(t *testing.T) {
 		})
 		require.NoError(t, err)
 		defer stop()
-		st, err := view().Send(ctx, owner, &store.Command{RunID: id, Cancel: true})
+		st, err := o.Send(ctx, owner, &store.Command{RunID: id, Cancel: true})
 		require.NoError(t, err)
 		assert.Equal(t, id, st.GetRunId(), "Send returns the handler's state")
 		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, st.GetStatus())
@@ -683,14 +692,14 @@ func (c *suite) commands(t *testing.T) {
 		})
 		require.NoError(t, err)
 		defer stop2()
-		_, err = view().Send(ctx, other, &store.Command{RunID: id})
+		_, err = o.Send(ctx, other, &store.Command{RunID: id})
 		require.ErrorIs(t, err, store.ErrNotFound)
 	})
 
 	t.Run("SendToUnservedOwnerIsErrNotServing", func(t *testing.T) {
 		sctx, cancel := context.WithTimeout(ctx(t), 5*time.Second)
 		defer cancel()
-		_, err := view().Send(sctx, runID(t), &store.Command{RunID: runID(t), Cancel: true})
+		_, err := o.Send(sctx, runID(t), &store.Command{RunID: runID(t), Cancel: true})
 		require.ErrorIs(t, err, store.ErrNotServing)
 	})
 
@@ -705,7 +714,7 @@ func (c *suite) commands(t *testing.T) {
 		require.Eventually(t, func() bool {
 			sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
-			_, err := view().Send(sctx, owner, &store.Command{RunID: "r"})
+			_, err := o.Send(sctx, owner, &store.Command{RunID: "r"})
 			return errors.Is(err, store.ErrNotServing)
 		}, wait, 20*time.Millisecond)
 	})
@@ -713,7 +722,9 @@ func (c *suite) commands(t *testing.T) {
 
 func (c *suite) keys(t *testing.T) {
 	view := c.views(t, Lease)
-	s := view()
+	// s and o are two views of the store: o reads what s writes, as
+	// another server would.
+	s, o := view(), view()
 	entry := func(run string) store.KeyEntry {
 		return store.KeyEntry{RunID: run, Request: "req-" + run, At: time.Now()}
 	}
@@ -725,7 +736,7 @@ func (c *suite) keys(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, reserved)
 		assert.Equal(t, first.RunID, cur.RunID)
-		cur2, reserved, err := view().ReserveKey(ctx, key, entry(runID(t)))
+		cur2, reserved, err := o.ReserveKey(ctx, key, entry(runID(t)))
 		require.NoError(t, err)
 		assert.False(t, reserved, "a key reserved within its window")
 		assert.Equal(t, first.RunID, cur2.RunID, "the current entry")
@@ -739,7 +750,7 @@ func (c *suite) keys(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, reserved)
 		next := entry(runID(t))
-		rev, err := view().ReplaceKey(ctx, key, cur, next)
+		rev, err := o.ReplaceKey(ctx, key, cur, next)
 		require.NoError(t, err)
 		require.NotZero(t, rev, "replaced over the current entry")
 		rev, err = s.ReplaceKey(ctx, key, cur, entry(runID(t)))
@@ -761,7 +772,7 @@ func (c *suite) keys(t *testing.T) {
 		_, reserved, err := s.ReserveKey(ctx, key, entry(runID(t)))
 		require.NoError(t, err)
 		require.False(t, reserved, "DropKey of another entry dropped the key")
-		require.NoError(t, view().DropKey(ctx, key, cur))
+		require.NoError(t, o.DropKey(ctx, key, cur))
 		next := entry(runID(t))
 		got, reserved, err := s.ReserveKey(ctx, key, next)
 		require.NoError(t, err)
@@ -778,7 +789,7 @@ func (c *suite) keys(t *testing.T) {
 		_, reserved, err := s.ReserveKey(ctx, key, entry(runID(t)))
 		require.NoError(t, err)
 		require.False(t, reserved, "ForgetKey of another run dropped the key")
-		require.NoError(t, view().ForgetKey(ctx, key, run))
+		require.NoError(t, o.ForgetKey(ctx, key, run))
 		_, reserved, err = s.ReserveKey(ctx, key, entry(runID(t)))
 		require.NoError(t, err)
 		assert.True(t, reserved, "ForgetKey of the key's run frees it")
@@ -795,7 +806,7 @@ func (c *suite) keys(t *testing.T) {
 		}
 		_, _, err := s.ReserveKey(ctx, k3, entry(other))
 		require.NoError(t, err)
-		require.NoError(t, view().ForgetKeysOf(ctx, run))
+		require.NoError(t, o.ForgetKeysOf(ctx, run))
 		for _, k := range []string{k1, k2} {
 			_, reserved, err := s.ReserveKey(ctx, k, entry(runID(t)))
 			require.NoError(t, err)
@@ -810,7 +821,9 @@ func (c *suite) keys(t *testing.T) {
 
 func (c *suite) deletion(t *testing.T) {
 	view := c.views(t, Lease)
-	s := view()
+	// s and o are two views of the store: o reads what s writes, as
+	// another server would.
+	s, o := view(), view()
 
 	t.Run("DeleteRunRemovesItWhole", func(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
@@ -822,7 +835,7 @@ func (c *suite) deletion(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, deleted, "a run not deleted")
 
-		require.NoError(t, view().DeleteRun(ctx, id))
+		require.NoError(t, o.DeleteRun(ctx, id))
 		got, err := s.Events(ctx, id, 0)
 		require.NoError(t, err, "the events of a run with none are none")
 		assert.Empty(t, got, "its journal")
@@ -838,7 +851,7 @@ func (c *suite) deletion(t *testing.T) {
 
 	t.Run("OnForgetCalledWithId", func(t *testing.T) {
 		ctx, id := ctx(t), runID(t)
-		a, b := view(), view()
+		a, b := s, o
 		var mu sync.Mutex
 		heard := map[string][]string{}
 		for name, v := range map[string]store.Store{"deleter": a, "other": b} {
@@ -868,7 +881,9 @@ func (c *suite) deletion(t *testing.T) {
 
 func (c *suite) listing(t *testing.T) {
 	view := c.views(t, Lease)
-	s := view()
+	// s and o are two views of the store: o reads what s writes, as
+	// another server would.
+	s, o := view(), view()
 	ctx := ctx(t)
 	tenant := runID(t)
 	// Three runs of tenant: one driven (claimed), one with a state saved,
@@ -884,7 +899,7 @@ func (c *suite) listing(t *testing.T) {
 	first := make(chan [2]any, 1)
 	followed := make(chan error, 1)
 	go func() {
-		followed <- view().FollowSummaries(fctx, []string{tenant}, func(sum *stubbornv1.RunSummary, deleted string) error {
+		followed <- o.FollowSummaries(fctx, []string{tenant}, func(sum *stubbornv1.RunSummary, deleted string) error {
 			select {
 			case first <- [2]any{sum, deleted}:
 			default:
@@ -925,14 +940,18 @@ func (c *suite) listing(t *testing.T) {
 			return
 		}
 		var got map[string]bool
-		require.Eventually(t, func() bool {
+		var ok bool
+		var err error
+		if !assert.Eventually(t, func() bool {
 			got = map[string]bool{}
-			ok, err := view().Summaries(ctx, tenant, func(sum *stubbornv1.RunSummary) bool {
+			ok, err = o.Summaries(ctx, tenant, func(sum *stubbornv1.RunSummary) bool {
 				got[sum.GetRunId()] = true
 				return true
 			})
 			return err == nil && ok && len(got) >= len(mine)
-		}, wait, 50*time.Millisecond, "the tenant's runs are indexed")
+		}, wait, 50*time.Millisecond, "the tenant's runs are indexed") {
+			t.Fatalf("Summaries: ok %v, err %v, listed %v; the tenant's runs: %v", ok, err, got, mine)
+		}
 		for _, id := range mine {
 			assert.True(t, got[id], "run %s listed", id)
 		}
@@ -956,9 +975,9 @@ func (c *suite) listing(t *testing.T) {
 		assert.NotContains(t, got, foreign, "%s lists another tenant's run", name)
 	}
 
-	t.Run("TenantRuns", func(t *testing.T) { lists(t, "TenantRuns", view().TenantRuns, mine) })
+	t.Run("TenantRuns", func(t *testing.T) { lists(t, "TenantRuns", o.TenantRuns, mine) })
 	t.Run("ClaimedRuns", func(t *testing.T) {
-		lists(t, "ClaimedRuns", view().ClaimedRuns, []string{claimed})
+		lists(t, "ClaimedRuns", o.ClaimedRuns, []string{claimed})
 	})
 }
 
