@@ -602,13 +602,20 @@ func (c *suite) ownership(t *testing.T) {
 	t.Run("LeaseExpiresWithoutBeats", func(t *testing.T) {
 		short := c.views(t, ShortLease)
 		ctx, owner := ctx(t), runID(t)
-		a := short()
-		start := time.Now()
-		require.NoError(t, a.Beat(ctx, owner))
-		b := short()
-		alive, err := b.Alive(ctx, owner)
-		require.NoError(t, err)
-		require.True(t, alive, "alive within the lease")
+		a, b := short(), short()
+		// Alive within the lease: asserted when the answer came within it
+		// (a loaded machine may take longer between a beat and a read).
+		var start time.Time
+		for range 10 {
+			start = time.Now()
+			require.NoError(t, a.Beat(ctx, owner))
+			alive, err := b.Alive(ctx, owner)
+			require.NoError(t, err)
+			if time.Since(start) < ShortLease {
+				require.True(t, alive, "alive within the lease")
+				break
+			}
+		}
 		require.Eventually(t, func() bool {
 			alive, err := b.Alive(ctx, owner)
 			return err == nil && !alive
