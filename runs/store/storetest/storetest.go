@@ -73,7 +73,7 @@ func Run(t *testing.T, open Opener, known ...Break) {
 	t.Run("Close", c.close)
 	for clause := range k.m {
 		if !k.used[clause] {
-			t.Errorf("known break %q names no clause of the suite", clause)
+			t.Errorf("known break %q names no clause of the suite that checks for known breaks", clause)
 		}
 	}
 }
@@ -91,8 +91,9 @@ type knownBreaks struct {
 	used map[string]bool
 }
 
-// holds asserts one clause whose break is listed in known: it fails when
-// a clause not listed breaks, and when a listed one holds.
+// holds asserts a clause that a store may be known to break (Break): it
+// fails when the clause breaks and is not listed, and when it holds and
+// is.
 func (c *suite) holds(t *testing.T, ok bool, msg string, args ...any) {
 	t.Helper()
 	clause := strings.TrimPrefix(t.Name(), c.root)
