@@ -1,0 +1,22 @@
+package memstore_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stubbornhq/stubborn/runs/memstore"
+	"github.com/stubbornhq/stubborn/runs/store"
+	"github.com/stubbornhq/stubborn/runs/store/storetest"
+)
+
+// TestContract holds the memory store to the Store contract. Every
+// server of a process shares one Memory: each view is the same store.
+func TestContract(t *testing.T) {
+	storetest.Run(t, func(_ *testing.T, lease time.Duration) func() store.Store {
+		m := memstore.NewMemory(lease)
+		return func() store.Store { return m }
+	}, storetest.Break{
+		Clause: "States/RawStateOfUnknownRunIsNil",
+		Why:    "Memory.RawState (mem_unreadable.go) returns store.ErrNotFound with its nil state; the contract, and JetStream, give nil and no error",
+	})
+}
