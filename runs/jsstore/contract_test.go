@@ -34,8 +34,5 @@ func TestContract(t *testing.T) {
 			t.Cleanup(func() { _ = s.Close() })
 			return s
 		}
-	}, storetest.Break{
-		Clause: "Journal/AppendMustFollowTheJournalsLastSeq",
-		Why:    "JetStream.Append (jetstream.go, publish) fences on the stream sequence of the writer's cursor only: an event whose seq does not follow the journal's last is written",
 	})
 }

@@ -15,8 +15,5 @@ func TestContract(t *testing.T) {
 	storetest.Run(t, func(_ *testing.T, lease time.Duration) func() store.Store {
 		m := memstore.NewMemory(lease)
 		return func() store.Store { return m }
-	}, storetest.Break{
-		Clause: "States/RawStateOfUnknownRunIsNil",
-		Why:    "Memory.RawState (mem_unreadable.go) returns store.ErrNotFound with its nil state; the contract, and JetStream, give nil and no error",
 	})
 }

@@ -2,9 +2,6 @@ package memstore
 
 import (
 	"context"
-	"fmt"
-
-	"github.com/stubbornhq/stubborn/runs/store"
 )
 
 // forgetKeysOf implements keysOfRun.
@@ -24,9 +21,5 @@ func (s *Memory) ForgetKeysOf(_ context.Context, runID string) error {
 func (s *Memory) RawState(_ context.Context, runID string) ([]byte, string, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	data, ok := s.states[runID]
-	if !ok {
-		return nil, "", false, fmt.Errorf("%w: %q", store.ErrNotFound, runID)
-	}
-	return data, "", false, nil
+	return s.states[runID], "", false, nil // nil when it has none
 }

@@ -64,7 +64,9 @@ type Writer struct {
 // that lost the run.
 type Journal interface {
 	// Append records evs, consecutive events of one run in seq order (at
-	// least one), as one write: all of them or none. It fails with
+	// least one), as one write: all of them or none. The first follows the
+	// journal's last event (seq 1 for a new run): the caller numbers them
+	// (the engine's record), and a store need not check it. It fails with
 	// ErrConflict when the run's journal does not end where w's view of it
 	// does (w nil: the store's own view, which Events makes current) —
 	// another writer has written since — so a server that lost a run can
