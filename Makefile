@@ -51,20 +51,20 @@ test: checkgenerate lint breaking ## Lint, check gen/ is fresh and the API compa
 checkdocs: ## Run the docs' shell blocks and check the configuration reference against the parser (make test runs it too).
 	go test -count=1 -timeout=30m -v -run '^(TestDocsConventions|TestDocsShellBlocks|TestConfigReference)$$' ./internal/doccheck
 
-# The web console in a real browser (issue 20): consoletest/ drives
+# The web console in a real browser (issue 20): internal/consoletest/ drives
 # Debian's chromium, headless, with chromedp against an in-process server and
 # demo delegates on loopback. Its files have the build tag `browser`, so
 # `make test` needs only Go; this target needs chromium (apt-get install
 # chromium; .ci/run installs it). Without it the tests fail under CI and
-# skip elsewhere. Screenshots go to consoletest/testdata/artifacts/;
+# skip elsewhere. Screenshots go to internal/consoletest/testdata/artifacts/;
 # STUBBORN_UPDATE_SCREENSHOTS=1 also rewrites docs/console-run.png, and
 # STUBBORN_PERF_OUT=FILE collects the PERF figures (docs/PERFORMANCE.md).
 BROWSER_TEST_FLAGS ?= -race -count=1 -timeout=10m
 
 .PHONY: testbrowser
 testbrowser: ## The web console in headless chromium (chromedp; needs Debian's chromium).
-	go vet -tags browser ./consoletest/...
-	go test -tags browser $(BROWSER_TEST_FLAGS) ./consoletest/...
+	go vet -tags browser ./internal/consoletest/...
+	go test -tags browser $(BROWSER_TEST_FLAGS) ./internal/consoletest/...
 
 # Fuzz targets, as package:FuzzName[:count]. `go test` runs their seed
 # corpora (the f.Add seeds and testdata/fuzz/) like any test; `make fuzz`
@@ -86,16 +86,16 @@ testbrowser: ## The web console in headless chromium (chromedp; needs Debian's c
 # in two runs on two busy cores; 3000 took 18 to 41 s.
 FUZZTIME ?= 10000x
 FUZZ_TARGETS := \
-	./server:FuzzValidateRunRequest \
-	./server:FuzzAPI:3000x \
-	./server:FuzzDoorParse \
-	./conversation:FuzzChatRequest \
-	./conversation:FuzzMessagesRequest \
-	./conversation:FuzzResponsesRequest \
-	./delegates:FuzzParse \
-	./controls:FuzzCompileExpr \
-	./controls:FuzzJudgeAnswer \
-	./controls:FuzzJournalReplay
+	./internal/server:FuzzValidateRunRequest \
+	./internal/server:FuzzAPI:3000x \
+	./internal/server:FuzzDoorParse \
+	./internal/conversation:FuzzChatRequest \
+	./internal/conversation:FuzzMessagesRequest \
+	./internal/conversation:FuzzResponsesRequest \
+	./internal/delegates:FuzzParse \
+	./internal/controls:FuzzCompileExpr \
+	./internal/controls:FuzzJudgeAnswer \
+	./internal/controls:FuzzJournalReplay
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10000 inputs, or the target's own count).
@@ -118,14 +118,15 @@ checkgenerate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Fail if gen/ dif
 	if ! diff -r gen "$$tmp/gen"; then echo 'gen/ is stale: run make generate' >&2; exit 1; fi
 
 # The control algorithms, the engine and its stores stay readable: no
-# function in controls/ or runs/ (the engine, runs/store, runs/jsstore,
-# runs/memstore) over a cyclomatic complexity of 20 (gocyclo), tests aside.
+# function in internal/controls/ or internal/runs/ (the engine, its store
+# contract and its stores) over a cyclomatic complexity of 20 (gocyclo),
+# tests aside.
 .PHONY: lint
-lint: $(BUF) $(GOCYCLO) ## go vet, gofmt, gocyclo on controls/ and runs/, buf lint, buf format.
+lint: $(BUF) $(GOCYCLO) ## go vet, gofmt, gocyclo on internal/controls/ and internal/runs/, buf lint, buf format.
 	go vet ./...
 	@out=$$(find . -name '*.go' -not -path './gen/*' -not -path './.tools/*' -not -path './clients/*' -print0 | xargs -0 gofmt -l); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	gocyclo -over 20 -ignore '_test\.go$$' controls/ runs/
+	gocyclo -over 20 -ignore '_test\.go$$' internal/controls/ internal/runs/
 	buf lint
 	buf format -d --exit-code
 
@@ -156,7 +157,7 @@ baseline: $(BUF) ## At a release only: make proto/ as it is now the API `make br
 .PHONY: bench
 bench: ## Load harness: Stubborn beside a direct call and a plain gRPC proxy.
 	go run ./bench $(BENCH_FLAGS)
-	go test -run '^$$' -bench . -benchmem ./controls/... ./runs/...
+	go test -run '^$$' -bench . -benchmem ./internal/controls/... ./internal/runs/...
 
 # Temporal as a peer (issue 21, item 4): bench/temporal is a Go module of its
 # own, so the main module, `make test` and CI never build Temporal (its first

@@ -17,11 +17,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/stubbornhq/stubborn/delegates"
-	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
-	"github.com/stubbornhq/stubborn/runs/jsstore"
-	"github.com/stubbornhq/stubborn/server"
+	"github.com/stubbornhq/stubborn/internal/delegates"
+	"github.com/stubbornhq/stubborn/internal/delegates/demo"
+	"github.com/stubbornhq/stubborn/internal/runs/jsstore"
+	"github.com/stubbornhq/stubborn/internal/server"
 )
 
 // Delegate names in the Stubborn registry the harness builds.

@@ -22,7 +22,7 @@ import (
 
 	"github.com/stubbornhq/stubborn/delegatekit"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
-	"github.com/stubbornhq/stubborn/runs"
+	"github.com/stubbornhq/stubborn/internal/runs"
 )
 
 // The streaming scenarios (issue #33) measure streamed output with the

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stubbornhq/stubborn/delegates"
-	"github.com/stubbornhq/stubborn/server"
+	"github.com/stubbornhq/stubborn/internal/delegates"
+	"github.com/stubbornhq/stubborn/internal/server"
 )
 
 // smokeShape is a short answer for the smoke tests: 5 pieces of 40 bytes,

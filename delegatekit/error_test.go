@@ -12,10 +12,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/stubbornhq/stubborn/controls"
 	"github.com/stubbornhq/stubborn/delegatekit"
-	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/internal/controls"
+	"github.com/stubbornhq/stubborn/internal/delegates"
 )
 
 // TestErrorsAsStubbornReadsThem sends every helper's error over gRPC and

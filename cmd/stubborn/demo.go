@@ -20,13 +20,13 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/stubbornhq/stubborn/delegatekit"
-	"github.com/stubbornhq/stubborn/delegates"
-	"github.com/stubbornhq/stubborn/delegates/demo"
-	"github.com/stubbornhq/stubborn/fakemodel"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
-	"github.com/stubbornhq/stubborn/runs"
-	"github.com/stubbornhq/stubborn/runs/jsstore"
-	"github.com/stubbornhq/stubborn/server"
+	"github.com/stubbornhq/stubborn/internal/delegates"
+	"github.com/stubbornhq/stubborn/internal/delegates/demo"
+	"github.com/stubbornhq/stubborn/internal/fakemodel"
+	"github.com/stubbornhq/stubborn/internal/runs"
+	"github.com/stubbornhq/stubborn/internal/runs/jsstore"
+	"github.com/stubbornhq/stubborn/internal/server"
 )
 
 // demoDelegate is one demo delegate and how the registry declares it.

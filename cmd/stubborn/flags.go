@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stubbornhq/stubborn/delegates"
+	"github.com/stubbornhq/stubborn/internal/delegates"
 )
 
 // newFlagSet returns a flag set that reports errors instead of exiting,

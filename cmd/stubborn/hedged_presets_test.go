@@ -16,9 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/stubbornhq/stubborn/controls"
-	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/internal/controls"
+	"github.com/stubbornhq/stubborn/internal/delegates/demo"
 )
 
 // TestAHedgedRaceOfPresetsSurvivesSIGKILL (issue 31): a hedged race whose

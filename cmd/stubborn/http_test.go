@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stubbornhq/stubborn/delegates/demo"
+	"github.com/stubbornhq/stubborn/internal/delegates/demo"
 )
 
 // serve -http-listen answers the README's curl: a JSON POST to StartRun.

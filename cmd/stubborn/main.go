@@ -21,9 +21,9 @@ import (
 	"go.opentelemetry.io/otel"
 	"google.golang.org/grpc"
 
-	"github.com/stubbornhq/stubborn/delegates"
-	"github.com/stubbornhq/stubborn/server"
-	"github.com/stubbornhq/stubborn/telemetry"
+	"github.com/stubbornhq/stubborn/internal/delegates"
+	"github.com/stubbornhq/stubborn/internal/server"
+	"github.com/stubbornhq/stubborn/internal/telemetry"
 )
 
 const usage = `stubborn runs resilience controls over delegate gRPC services and models.

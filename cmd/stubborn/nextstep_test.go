@@ -17,9 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/stubbornhq/stubborn/delegates"
-	"github.com/stubbornhq/stubborn/delegates/demo"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/internal/delegates"
+	"github.com/stubbornhq/stubborn/internal/delegates/demo"
 )
 
 // Issue 35: the CLI says what to do next. These tests run the commands as

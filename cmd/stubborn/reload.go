@@ -17,7 +17,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/stubbornhq/stubborn/delegates"
+	"github.com/stubbornhq/stubborn/internal/delegates"
 )
 
 // reloadSettle is how long the config's directory must be quiet after a

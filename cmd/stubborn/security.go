@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/stubbornhq/stubborn/delegates"
-	"github.com/stubbornhq/stubborn/server"
+	"github.com/stubbornhq/stubborn/internal/delegates"
+	"github.com/stubbornhq/stubborn/internal/server"
 )
 
 // securityFlags are serve's TLS, plaintext and reflection flags.

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stubbornhq/stubborn/delegates"
+	"github.com/stubbornhq/stubborn/internal/delegates"
 )
 
 func TestTokenCommand(t *testing.T) {

@@ -11,10 +11,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/stubbornhq/stubborn/runs"
-	"github.com/stubbornhq/stubborn/runs/jsstore"
-	"github.com/stubbornhq/stubborn/runs/memstore"
-	"github.com/stubbornhq/stubborn/runs/store"
+	"github.com/stubbornhq/stubborn/internal/runs"
+	"github.com/stubbornhq/stubborn/internal/runs/jsstore"
+	"github.com/stubbornhq/stubborn/internal/runs/memstore"
+	"github.com/stubbornhq/stubborn/internal/runs/store"
 )
 
 // storeFlags choose where runs are kept.

@@ -23,8 +23,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
-	"github.com/stubbornhq/stubborn/runs"
-	"github.com/stubbornhq/stubborn/runs/jsstore"
+	"github.com/stubbornhq/stubborn/internal/runs"
+	"github.com/stubbornhq/stubborn/internal/runs/jsstore"
 )
 
 // healthNames are the services whose health says whether Stubborn serves.

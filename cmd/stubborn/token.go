@@ -9,7 +9,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/stubbornhq/stubborn/delegates"
+	"github.com/stubbornhq/stubborn/internal/delegates"
 )
 
 // cmdToken prints a new bearer token (32 random bytes, base64url) and the

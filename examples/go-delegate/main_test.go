@@ -16,9 +16,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/stubbornhq/stubborn/delegatekit"
-	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
-	"github.com/stubbornhq/stubborn/server"
+	"github.com/stubbornhq/stubborn/internal/delegates"
+	"github.com/stubbornhq/stubborn/internal/server"
 )
 
 func TestMain(m *testing.M) {

@@ -12,8 +12,8 @@ import (
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"github.com/stubbornhq/stubborn/delegates"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/internal/delegates"
 )
 
 // Key is a key of the config file, as the reference writes it: its full

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/stubbornhq/stubborn/delegates"
+	"github.com/stubbornhq/stubborn/internal/delegates"
 	"github.com/stubbornhq/stubborn/internal/doccheck"
 )
 

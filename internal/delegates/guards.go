@@ -1,0 +1,432 @@
+package delegates
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/internal/controls"
+)
+
+// defaultMaxQueueWait is how long a call waits for a delegate's bulkhead
+// slot or rate limit when its max_queue_wait is unset.
+const defaultMaxQueueWait = time.Second
+
+// Guards are the delegates' circuit breakers, bulkheads (max_concurrent)
+// and rate limits (requests_per_minute, tokens_per_minute) on one server:
+// shared by every run, and kept across config reloads (a delegate's guard
+// is built again only when its settings change, and a removed delegate's
+// stays for the runs that still call it). It implements controls.Guards.
+type Guards struct {
+	clock controls.Clock
+
+	// OnTransition, when set, is told of every change of a circuit
+	// breaker's state (metrics, logs). It must not block.
+	OnTransition func(delegate string, t Transition)
+	// OnRefused, when set, is told of every call a guard refused.
+	OnRefused func(delegate string, by stubbornv1.RefusedBy)
+
+	mu     sync.Mutex
+	byName map[string]*guard
+}
+
+var _ controls.Guards = (*Guards)(nil)
+
+// NewGuards returns guards on clock (nil: the wall clock) with none
+// configured.
+func NewGuards(clock controls.Clock) *Guards {
+	if clock == nil {
+		clock = controls.RealClock{}
+	}
+	return &Guards{clock: clock, byName: map[string]*guard{}}
+}
+
+// guardSettings are a delegate's guard settings.
+type guardSettings struct {
+	breaker       *CircuitBreaker
+	maxConcurrent int
+	rpm, tpm      int64
+	maxQueueWait  time.Duration
+	retryOn       *stubbornv1.RetryOn
+}
+
+// guard is one delegate's. A Configure changes it in place, part by part:
+// a breaker whose settings did not change keeps its state, a bulkhead its
+// calls in flight under the new max_concurrent, the rate window its counts
+// under the new limits.
+type guard struct {
+	mu       sync.Mutex
+	settings guardSettings
+	breaker  *breaker    // nil: none
+	bulk     *bulkhead   // nil: no max_concurrent
+	rate     *rateWindow // nil: no rate limit
+}
+
+// parts returns what Admit works with, as of now.
+func (gd *guard) parts() (guardSettings, *breaker, *bulkhead, *rateWindow) {
+	gd.mu.Lock()
+	defer gd.mu.Unlock()
+	return gd.settings, gd.breaker, gd.bulk, gd.rate
+}
+
+// Configure sets the guards of cfg's delegates.
+func (g *Guards) Configure(cfg *Config) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, d := range cfg.Delegates {
+		s := d.guardSettings()
+		gd, ok := g.byName[d.Name]
+		if !ok {
+			if s.breaker == nil && s.maxConcurrent == 0 && s.rpm == 0 && s.tpm == 0 {
+				continue // nothing to guard
+			}
+			gd = &guard{}
+			g.byName[d.Name] = gd
+		}
+		gd.mu.Lock()
+		if s.breaker == nil {
+			gd.breaker = nil
+		} else if gd.breaker == nil || !reflect.DeepEqual(gd.settings.breaker, s.breaker) {
+			gd.breaker = newBreaker(*s.breaker, g.clock.Now)
+		}
+		switch {
+		case s.maxConcurrent == 0:
+			gd.bulk = nil // calls in flight give their slots back to the old one
+		case gd.bulk == nil:
+			gd.bulk = &bulkhead{max: s.maxConcurrent}
+		default:
+			gd.bulk.setMax(s.maxConcurrent)
+		}
+		switch {
+		case s.rpm == 0 && s.tpm == 0:
+			gd.rate = nil
+		case gd.rate == nil:
+			gd.rate = &rateWindow{rpm: s.rpm, tpm: s.tpm}
+		default:
+			gd.rate.setLimits(s.rpm, s.tpm)
+		}
+		gd.settings = s
+		gd.mu.Unlock()
+	}
+}
+
+func (d Delegate) guardSettings() guardSettings {
+	s := guardSettings{
+		breaker: d.CircuitBreaker, maxConcurrent: d.MaxConcurrent,
+		rpm: int64(d.RequestsPerMinute), tpm: d.TokensPerMinute, maxQueueWait: defaultMaxQueueWait,
+	}
+	if d.MaxQueueWait != nil {
+		s.maxQueueWait = d.MaxQueueWait.Std()
+	}
+	if d.RetryOn != nil {
+		s.retryOn = d.RetryOn.Proto()
+	}
+	return s
+}
+
+func (g *Guards) get(name string) *guard {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.byName[name]
+}
+
+// refuse is the error of a call a guard of delegate name refused.
+func (g *Guards) refuse(name string, by stubbornv1.RefusedBy, format string, args ...any) error {
+	if g.OnRefused != nil {
+		g.OnRefused(name, by)
+	}
+	return &controls.CallError{
+		Code:    codes.Unavailable,
+		Message: fmt.Sprintf("delegate %q: ", name) + fmt.Sprintf(format, args...),
+		NotSent: true, Refused: true, RefusedBy: by,
+	}
+}
+
+// Admit asks to send one call to the named delegate (controls.Guards), in
+// this order: an open circuit breaker refuses it at once; a full bulkhead,
+// then the rate limits, make it wait, together up to the delegate's
+// max_queue_wait, then refuse it; last, a half-open breaker lets its
+// probes through and refuses the others. A call refused after it was
+// counted by the rate limits is uncounted, and gives its bulkhead slot
+// back.
+func (g *Guards) Admit(ctx context.Context, name string) (func(*stubbornv1.Result, error) string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	gd := g.get(name)
+	if gd == nil {
+		return func(*stubbornv1.Result, error) string { return "" }, nil
+	}
+	set, br, bulk, rate := gd.parts()
+	// An open breaker refuses before the call queues for anything.
+	if br != nil {
+		if why, open := br.openNow(); open {
+			return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, "%s", why)
+		}
+	}
+	start := g.clock.Now()
+	left := func() time.Duration { return set.maxQueueWait - g.clock.Now().Sub(start) }
+	if bulk != nil {
+		if err := g.wait(ctx, bulk, left()); err != nil {
+			if errors.Is(err, errQueueFull) {
+				return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_BULKHEAD,
+					"bulkhead full: %d calls in flight (max_concurrent), none ended within max_queue_wait %s", set.maxConcurrent, set.maxQueueWait)
+			}
+			return nil, err
+		}
+	}
+	release := func() {
+		if bulk != nil {
+			bulk.release()
+		}
+	}
+	var taken int64 = -1 // the second the rate limits counted the call in
+	if rate != nil {
+		for {
+			now := g.clock.Now()
+			ok, wait := rate.take(now)
+			if ok {
+				taken = now.Unix()
+				break
+			}
+			if wait <= 0 || wait > left() {
+				release()
+				return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT,
+					"rate limit reached (%s): no call could go within max_queue_wait %s", rateLimits(set), set.maxQueueWait)
+			}
+			if err := g.clock.Sleep(ctx, wait); err != nil {
+				release()
+				return nil, err
+			}
+		}
+	}
+	var (
+		gen     uint64
+		allowTr *Transition
+	)
+	if br != nil {
+		var (
+			ok  bool
+			why string
+		)
+		gen, ok, why, allowTr = br.allow()
+		g.transition(name, allowTr)
+		if !ok {
+			release()
+			if taken >= 0 {
+				rate.giveBack(taken)
+			}
+			return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, "%s", why)
+		}
+	}
+	var once sync.Once
+	return func(res *stubbornv1.Result, err error) (note string) {
+		once.Do(func() {
+			release()
+			if rate != nil && set.tpm > 0 {
+				rate.used(g.clock.Now(), tokensUsed(res))
+			}
+			if br == nil {
+				return
+			}
+			counted, failed := breakerCounts(err, set.retryOn)
+			tr := br.done(gen, counted, failed)
+			g.transition(name, tr)
+			if allowTr != nil {
+				note = fmt.Sprintf("circuit breaker %s → %s (%s): this call was a probe", allowTr.From, allowTr.To, allowTr.Why)
+			}
+			if tr != nil {
+				if note != "" {
+					note += "; "
+				}
+				note += fmt.Sprintf("circuit breaker %s → %s: %s", tr.From, tr.To, tr.Why)
+			}
+		})
+		return note
+	}, nil
+}
+
+// rateLimits says which rate limits a delegate has.
+func rateLimits(s guardSettings) string {
+	var parts []string
+	if s.rpm > 0 {
+		parts = append(parts, fmt.Sprintf("requests_per_minute %d", s.rpm))
+	}
+	if s.tpm > 0 {
+		parts = append(parts, fmt.Sprintf("tokens_per_minute %d", s.tpm))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// errQueueFull is wait's error when no slot freed within the wait.
+var errQueueFull = errors.New("queue wait over")
+
+// bulkhead counts the calls in flight to a delegate against max.
+type bulkhead struct {
+	mu            sync.Mutex
+	max, inFlight int
+	// freed, when not nil, is closed (and cleared) when a slot frees or
+	// max grows: a waiter tries again.
+	freed chan struct{}
+}
+
+// tryTake takes a slot, or returns a channel closed when one may free.
+func (b *bulkhead) tryTake() (bool, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inFlight < b.max {
+		b.inFlight++
+		return true, nil
+	}
+	if b.freed == nil {
+		b.freed = make(chan struct{})
+	}
+	return false, b.freed
+}
+
+func (b *bulkhead) notifyLocked() {
+	if b.freed != nil {
+		close(b.freed)
+		b.freed = nil
+	}
+}
+
+func (b *bulkhead) release() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.inFlight--
+	b.notifyLocked()
+}
+
+func (b *bulkhead) setMax(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.max = n
+	b.notifyLocked()
+}
+
+func (b *bulkhead) load() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.inFlight
+}
+
+// wait takes one of b's slots, waiting up to wait (on the guards' clock).
+func (g *Guards) wait(ctx context.Context, b *bulkhead, wait time.Duration) error {
+	ok, freed := b.tryTake()
+	if ok {
+		return nil
+	}
+	if wait <= 0 {
+		return errQueueFull
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	over := make(chan error, 1)
+	go func() { over <- g.clock.Sleep(wctx, wait) }()
+	for {
+		select {
+		case <-freed:
+			if ok, freed = b.tryTake(); ok {
+				if err := ctx.Err(); err != nil {
+					// Both were ready: a call whose run ended is not
+					// let through.
+					b.release()
+					return err
+				}
+				return nil
+			}
+		case err := <-over:
+			if err == nil {
+				return errQueueFull
+			}
+			return err // ctx ended
+		}
+	}
+}
+
+func (g *Guards) transition(name string, tr *Transition) {
+	if tr != nil && g.OnTransition != nil {
+		g.OnTransition(name, *tr)
+	}
+}
+
+// breakerCounts says how a call's end counts for a circuit breaker: a
+// transient failure (by on, else the retry rules) as a failure; an answer,
+// a permanent error (a 4xx, INVALID_ARGUMENT: the delegate answered) as a
+// success; the run's end (cancelled) and a refusal not at all.
+func breakerCounts(err error, on *stubbornv1.RetryOn) (counted, failed bool) {
+	if err == nil {
+		return true, false
+	}
+	var ce *controls.CallError
+	if !errors.As(err, &ce) || ce.Refused || ce.Code == codes.Canceled {
+		return false, false // the run ended, or Stubborn refused it
+	}
+	transient, _ := controls.TransientOn(ce, on)
+	return true, transient
+}
+
+// describe sets what ListDelegates shows of a delegate's guard.
+func (g *Guards) describe(name string, d *stubbornv1.DelegateDescription) {
+	gd := g.get(name)
+	if gd == nil {
+		return
+	}
+	_, br, bulk, rate := gd.parts()
+	if br != nil {
+		switch br.State() {
+		case breakerOpen:
+			d.CircuitBreaker = stubbornv1.BreakerState_BREAKER_STATE_OPEN
+		case breakerHalfOpen:
+			d.CircuitBreaker = stubbornv1.BreakerState_BREAKER_STATE_HALF_OPEN
+		default:
+			d.CircuitBreaker = stubbornv1.BreakerState_BREAKER_STATE_CLOSED
+		}
+		d.CircuitBreakerReason = br.reason()
+		if until, open := br.openUntil(); open {
+			d.CircuitBreakerOpenUntil = timestamppb.New(until)
+		}
+	}
+	if bulk != nil {
+		d.InFlight = int32(bulk.load())
+	}
+	if rate != nil {
+		d.RequestsLastMinute, d.TokensLastMinute = rate.usage(g.clock.Now())
+	}
+}
+
+// tokensUsed returns the tokens a model delegate's answer reports using,
+// from its data's usage: total_tokens, else input_tokens + output_tokens
+// (Anthropic), else prompt_tokens + completion_tokens (OpenAI); 0 when it
+// reports none.
+func tokensUsed(res *stubbornv1.Result) int64 {
+	usage := res.GetData().GetStructValue().GetFields()["usage"].GetStructValue().GetFields()
+	if usage == nil {
+		return 0
+	}
+	// The numbers are the delegate's: each is clamped, so that no sum
+	// overflows.
+	num := func(k string) int64 {
+		v := usage[k].GetNumberValue()
+		if !(v > 0) {
+			return 0
+		}
+		return int64(min(v, 1<<40))
+	}
+	if t := num("total_tokens"); t > 0 {
+		return t
+	}
+	if t := num("input_tokens") + num("output_tokens"); t > 0 {
+		return t
+	}
+	return num("prompt_tokens") + num("completion_tokens")
+}

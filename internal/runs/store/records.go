@@ -1,0 +1,202 @@
+package store
+
+import (
+	"cmp"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/internal/controls"
+)
+
+// ErrUnreadable: a run's stored records cannot be decoded.
+var ErrUnreadable = errors.New("the run's stored records cannot be read")
+
+// UnreadableRun is ErrUnreadable for run id, with why.
+func UnreadableRun(id string, err error) error {
+	return fmt.Errorf("%w: run %s: %v (it is left out of listings; DeleteRun removes it)", ErrUnreadable, id, err)
+}
+
+// ReadState decodes run id's stored state; its error is ErrUnreadable.
+func ReadState(id string, data []byte) (*stubbornv1.ControlState, error) {
+	st, err := DecodeState(data)
+	if err != nil {
+		return nil, UnreadableRun(id, err)
+	}
+	return st, nil
+}
+
+// HasRunFinished reports whether an event's encoding holds run_finished;
+// ok is false when it is not a message's encoding.
+func HasRunFinished(ev []byte) (finished, ok bool) {
+	for len(ev) > 0 {
+		num, typ, n := protowire.ConsumeTag(ev)
+		if n < 0 {
+			return false, false
+		}
+		m := protowire.ConsumeFieldValue(num, typ, ev[n:])
+		if m < 0 {
+			return false, false
+		}
+		if num == RunFinishedField && typ == protowire.BytesType {
+			finished = true
+		}
+		ev = ev[n+m:]
+	}
+	return finished, true
+}
+
+// StateDecodes counts the states decoded whole (DecodeState), for tests
+// of what a listing costs.
+var StateDecodes atomic.Int64
+
+func DecodeState(data []byte) (*stubbornv1.ControlState, error) {
+	StateDecodes.Add(1)
+	st := &stubbornv1.ControlState{}
+	if err := proto.Unmarshal(data, st); err != nil {
+		return nil, fmt.Errorf("undecodable run state: %w", err)
+	}
+	return st, nil
+}
+
+func IsTerminal(s stubbornv1.RunStatus) bool {
+	switch s {
+	case stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED,
+		stubbornv1.RunStatus_RUN_STATUS_FAILED, stubbornv1.RunStatus_RUN_STATUS_CANCELLED:
+		return true
+	}
+	return false
+}
+
+// ListKey orders runs for ListRuns: by creation time, then id.
+type ListKey struct {
+	Nanos int64
+	ID    string
+}
+
+func KeyOf(st *stubbornv1.ControlState) ListKey {
+	return ListKey{st.GetCreateTime().AsTime().UnixNano(), st.GetRunId()}
+}
+
+func (k ListKey) Compare(o ListKey) int {
+	if c := cmp.Compare(k.Nanos, o.Nanos); c != 0 {
+		return c
+	}
+	return strings.Compare(k.ID, o.ID)
+}
+
+// Before reports whether o comes after k in newest-first order.
+func (k ListKey) Before(o ListKey) bool { return o.Compare(k) < 0 }
+
+func (k ListKey) String() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(k.Nanos, 10) + "/" + k.ID))
+}
+
+func ParseListKey(s string) (ListKey, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return ListKey{}, err
+	}
+	nanos, id, ok := strings.Cut(string(b), "/")
+	if !ok || id == "" {
+		return ListKey{}, errors.New("no run id in the key")
+	}
+	n, err := strconv.ParseInt(nanos, 10, 64)
+	return ListKey{n, id}, err
+}
+
+// Summary is what a list of runs shows of st.
+func Summary(st *stubbornv1.ControlState) *stubbornv1.RunSummary {
+	return &stubbornv1.RunSummary{
+		RunId:      st.GetRunId(),
+		Control:    controls.ControlName(st.GetControl()),
+		Delegates:  controls.Named(st.GetControl()),
+		Status:     st.GetStatus(),
+		Attempts:   st.GetAttempts(),
+		CreateTime: st.GetCreateTime(),
+		UpdateTime: st.GetUpdateTime(),
+		Winner:     st.GetWinner(),
+		Brief:      BriefStart(st.GetTaskBrief()),
+	}
+}
+
+// SummaryBriefChars is how many characters of a run's brief its summary
+// keeps (RunSummary.brief).
+const SummaryBriefChars = 80
+
+// BriefStart is RunSummary.brief of a run whose task brief is brief: its
+// first SummaryBriefChars characters, "…" appended when it is longer.
+func BriefStart(brief string) string {
+	if start := controls.FirstChars(brief, SummaryBriefChars); len(start) < len(brief) {
+		return start + "…"
+	}
+	return brief
+}
+
+// DefaultKeyWindow is how long a key names its run when Config says
+// nothing: a day, as Stripe's idempotency keys.
+const DefaultKeyWindow = 24 * time.Hour
+
+// KeyEntry is what the store keeps of an idempotency key.
+type KeyEntry struct {
+	// RunID is the run the key names.
+	RunID string `json:"run_id"`
+	// Request is the hash of the request that started it.
+	Request string `json:"request"`
+	// At is when the entry was written.
+	At time.Time `json:"at"`
+	// Rev is the entry's revision in the store (compare-and-set).
+	Rev uint64 `json:"-"`
+}
+
+// ErrStoreFull: Manager.Start refuses a new run because the store has no
+// room for it (JetStreamConfig.MaxBytes). Runs in flight go on.
+var ErrStoreFull = errors.New("the run store is full")
+
+// ErrNotServing is a store's Send error when no server serves the commands
+// of the run's driver: it stopped, and its runs are about to be taken over.
+var ErrNotServing = errors.New("no server serves the commands of the run's driver")
+
+// DefaultLease is how long a server that stops beating keeps its runs
+// before other servers take them over.
+const DefaultLease = 10 * time.Second
+
+// ErrNoIndex: the store keeps no index of the runs' summaries.
+var ErrNoIndex = errors.New("the run store keeps no index of runs")
+
+// ErrNotFound: no run has that id.
+var ErrNotFound = errors.New("run not found")
+
+// StatusField reads the RunStatus in field num of an encoded message:
+// UNSPECIFIED when it has none or does not parse.
+func StatusField(b []byte, num protowire.Number) stubbornv1.RunStatus {
+	status := stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+	for len(b) > 0 {
+		n, typ, k := protowire.ConsumeTag(b)
+		if k < 0 {
+			return stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+		}
+		b = b[k:]
+		if n == num && typ == protowire.VarintType {
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+			}
+			status = stubbornv1.RunStatus(v)
+		}
+		m := protowire.ConsumeFieldValue(n, typ, b)
+		if m < 0 {
+			return stubbornv1.RunStatus_RUN_STATUS_UNSPECIFIED
+		}
+		b = b[m:]
+	}
+	return status
+}
