@@ -12,8 +12,8 @@ func TestBatchLenBoundsCountAndBytes(t *testing.T) {
 	assert.Equal(t, 3, batchLen(small, 3))
 	assert.Equal(t, 4, batchLen(small, 100))
 	assert.Equal(t, 1, batchLen(small, 1))
-	big := []Event{ev(MaxBatchBytes / 2), ev(MaxBatchBytes / 2), ev(1)}
-	assert.Equal(t, 2, batchLen(big, 100), "up to MaxBatchBytes")
-	huge := []Event{ev(MaxBatchBytes + 1), ev(1)}
+	big := []Event{ev(maxBatchBytes / 2), ev(maxBatchBytes / 2), ev(1)}
+	assert.Equal(t, 2, batchLen(big, 100), "up to maxBatchBytes")
+	huge := []Event{ev(maxBatchBytes + 1), ev(1)}
 	assert.Equal(t, 1, batchLen(huge, 100), "an event larger than the bound comes alone")
 }

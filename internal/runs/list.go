@@ -117,7 +117,7 @@ func candidates(keys map[string]store.ListKey, after *store.ListKey) []listCandi
 
 // pageOfStates sorts cands newest first and reads their states one at a
 // time, the fresher copy of the runs driven here, until the page is full:
-// pageSize runs, or the one that would take it past MaxListBytes (never
+// pageSize runs, or the one that would take it past maxListBytes (never
 // before the first). A run gone meanwhile, unreadable (logged), or no
 // longer passing f is left out. The token is the last run's key when
 // candidates remain.
@@ -143,7 +143,7 @@ func (m *Manager) pageOfStates(ctx context.Context, cands []listCandidate, f Fil
 			continue
 		}
 		st = controls.BoundState(st, controls.MaxStateBytes)
-		if size += proto.Size(st); len(page) > 0 && size > MaxListBytes {
+		if size += proto.Size(st); len(page) > 0 && size > maxListBytes {
 			return page, store.KeyOf(page[len(page)-1]).String(), nil
 		}
 		page = append(page, st)
@@ -199,7 +199,7 @@ func (m *Manager) listScanning(ctx context.Context, f Filter, after *store.ListK
 	}
 	n, size := 0, 0
 	for n < len(kept) {
-		if size += proto.Size(kept[n]); n > 0 && size > MaxListBytes {
+		if size += proto.Size(kept[n]); n > 0 && size > maxListBytes {
 			break
 		}
 		n++
@@ -216,7 +216,7 @@ func (m *Manager) listScanning(ctx context.Context, f Filter, after *store.ListK
 
 // paged sorts all newest first and returns its first page and the token
 // of the next ("" when this is the last). A page ends at pageSize runs, or
-// before the run that would take it past MaxListBytes (never before its
+// before the run that would take it past maxListBytes (never before its
 // first): a response a client with gRPC's default 4 MiB limit can read.
 // bound bounds each run of the page as it is sent.
 func paged[T proto.Message](all []T, key func(T) store.ListKey, bound func(T) T, pageSize int) ([]T, string) {
@@ -225,7 +225,7 @@ func paged[T proto.Message](all []T, key func(T) store.ListKey, bound func(T) T,
 	for n < len(all) && n < pageSize {
 		all[n] = bound(all[n])
 		size += proto.Size(all[n])
-		if n > 0 && size > MaxListBytes {
+		if n > 0 && size > maxListBytes {
 			break
 		}
 		n++
@@ -344,7 +344,7 @@ func pageAfter(token string) (*store.ListKey, error) {
 	return &k, nil
 }
 
-// MaxListBytes bounds the states of one page of List: below gRPC's
+// maxListBytes bounds the states of one page of List: below gRPC's
 // default 4 MiB message limit, with room for one run of the largest state
 // (controls.MaxStateBytes and an accepted result of max_result_bytes).
-const MaxListBytes = 3 << 20
+const maxListBytes = 3 << 20

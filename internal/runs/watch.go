@@ -115,16 +115,16 @@ func (m *Manager) WatchBatches(ctx context.Context, id string, afterSeq int64, m
 	return err
 }
 
-// MaxBatchBytes bounds the encoded events WatchBatches sends at once, below
+// maxBatchBytes bounds the encoded events WatchBatches sends at once, below
 // gRPC's default 4 MiB for a message a client receives; a batch has at
 // least one event whatever its size.
-const MaxBatchBytes = 1 << 20
+const maxBatchBytes = 1 << 20
 
 // batchLen is how many of evs, at most max and at least one, go in the next
 // batch.
 func batchLen(evs []store.Event, max int) int {
 	n, size := 1, len(evs[0].Data)
-	for n < len(evs) && n < max && size+len(evs[n].Data) <= MaxBatchBytes {
+	for n < len(evs) && n < max && size+len(evs[n].Data) <= maxBatchBytes {
 		size += len(evs[n].Data)
 		n++
 	}

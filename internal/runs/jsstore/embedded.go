@@ -26,9 +26,9 @@ const (
 	SyncInterval Durability = "interval"
 )
 
-// EmbeddedMaxPayload is the embedded NATS server's largest message: room
+// embeddedMaxPayload is the embedded NATS server's largest message: room
 // for an event of MaxEventBytes and its headers.
-const EmbeddedMaxPayload = 4 << 20
+const embeddedMaxPayload = 4 << 20
 
 // EmbeddedConfig configures the in-process NATS server.
 type EmbeddedConfig struct {
@@ -93,7 +93,7 @@ func StartEmbedded(cfg EmbeddedConfig) (_ *Embedded, err error) {
 		// A journal message holds an event of up to MaxEventBytes: NATS's
 		// default 1 MiB would cut a run's largest events (an answer of
 		// max_result_bytes with its brief).
-		MaxPayload: EmbeddedMaxPayload,
+		MaxPayload: embeddedMaxPayload,
 	}
 	switch cfg.Durability {
 	case SyncAlways:

@@ -55,7 +55,7 @@ func (e Event) Decode() (*stubbornv1.RunEvent, error) {
 // Field numbers of the RunEvent kinds that carry a state, and of their state.
 const (
 	runStartedField  protowire.Number = 10 // RunEvent.run_started
-	RunFinishedField protowire.Number = 17 // RunEvent.run_finished
+	runFinishedField protowire.Number = 17 // RunEvent.run_finished
 	stateField       protowire.Number = 1  // RunStarted.state, RunFinished.state
 )
 
@@ -71,7 +71,7 @@ func (e Event) StateBytes() []byte {
 			return nil
 		}
 		b = b[n:]
-		if typ == protowire.BytesType && (num == runStartedField || num == RunFinishedField) {
+		if typ == protowire.BytesType && (num == runStartedField || num == runFinishedField) {
 			kind, n := protowire.ConsumeBytes(b)
 			if n < 0 {
 				return nil

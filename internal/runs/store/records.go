@@ -46,7 +46,7 @@ func HasRunFinished(ev []byte) (finished, ok bool) {
 		if m < 0 {
 			return false, false
 		}
-		if num == RunFinishedField && typ == protowire.BytesType {
+		if num == runFinishedField && typ == protowire.BytesType {
 			finished = true
 		}
 		ev = ev[n+m:]
@@ -124,18 +124,18 @@ func Summary(st *stubbornv1.ControlState) *stubbornv1.RunSummary {
 		CreateTime: st.GetCreateTime(),
 		UpdateTime: st.GetUpdateTime(),
 		Winner:     st.GetWinner(),
-		Brief:      BriefStart(st.GetTaskBrief()),
+		Brief:      briefStart(st.GetTaskBrief()),
 	}
 }
 
-// SummaryBriefChars is how many characters of a run's brief its summary
+// summaryBriefChars is how many characters of a run's brief its summary
 // keeps (RunSummary.brief).
-const SummaryBriefChars = 80
+const summaryBriefChars = 80
 
-// BriefStart is RunSummary.brief of a run whose task brief is brief: its
-// first SummaryBriefChars characters, "…" appended when it is longer.
-func BriefStart(brief string) string {
-	if start := controls.FirstChars(brief, SummaryBriefChars); len(start) < len(brief) {
+// briefStart is RunSummary.brief of a run whose task brief is brief: its
+// first summaryBriefChars characters, "…" appended when it is longer.
+func briefStart(brief string) string {
+	if start := controls.FirstChars(brief, summaryBriefChars); len(start) < len(brief) {
 		return start + "…"
 	}
 	return brief
