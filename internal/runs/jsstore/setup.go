@@ -38,8 +38,11 @@ const (
 )
 
 // setupRetries reports whether a failed creation may succeed if made
-// again: no answer in time, no responders, a 503, or an asset that is being
-// created (or was just created differently) by another server.
+// again: no answer in time, no responders, a 503, an asset that is being
+// created (or was just created differently) by another server, or one that
+// a server of a cluster does not know yet (stream not found: another
+// replica, started at the same moment, created it an instant ago, or this
+// one did and the cluster is still placing it).
 func setupRetries(err error) bool {
 	if transient(err) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
 		return true
@@ -47,7 +50,7 @@ func setupRetries(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
-		case jetstream.JSErrCodeStreamNameInUse:
+		case jetstream.JSErrCodeStreamNameInUse, jetstream.JSErrCodeStreamNotFound:
 			return true
 		}
 		// JetStream's own "temporarily unavailable" and "creation in

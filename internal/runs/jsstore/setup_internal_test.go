@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -41,4 +42,24 @@ func TestAnUnansweredCreationIsBoundTo(t *testing.T) {
 		func(context.Context) (string, bool) { return "", false })
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.GreaterOrEqual(t, tries, 2, "tried again within the deadline")
+}
+
+// TestASetupStepTriesAgainWhatMayPass: what a cluster answers while
+// replicas create the store at the same moment (a stream another replica
+// creates, one not placed yet, no answer) is tried again; a request the
+// server refuses for good is not.
+func TestASetupStepTriesAgainWhatMayPass(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&jetstream.APIError{Code: 404, ErrorCode: jetstream.JSErrCodeStreamNotFound, Description: "stream not found"}, true},
+		{&jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamNameInUse, Description: "stream name already in use"}, true},
+		{&jetstream.APIError{Code: 503, Description: "JetStream system temporarily unavailable"}, true},
+		{context.DeadlineExceeded, true},
+		{&jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeBadRequest, Description: "bad request"}, false},
+		{errors.New("invalid configuration"), false},
+	} {
+		assert.Equal(t, c.want, setupRetries(c.err), "%v", c.err)
+	}
 }
