@@ -70,8 +70,12 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		// says now (a reload between a crash and this takeover).
 		presets = controls.PresetMap(recorded)
 	}
-	env := &controls.Env{
-		Delegates: flushing{deps.Delegates, r, controls.RunCall(snapshot)},
+	// The Env and its Delegates in one allocation: flushing, put in the
+	// interface as a value, would be one more.
+	de := &driveEnv{delegates: flushing{deps.Delegates, r, controls.RunCall(snapshot)}}
+	env := &de.Env
+	*env = controls.Env{
+		Delegates: &de.delegates,
 		Presets:   presets,
 		Budgets:   deps.Budgets,
 		Guards:    deps.Guards,
@@ -92,6 +96,13 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 	tr.Finish(out.Status, out.Result, out.Winner, out.Reason, out.Code)
 	r.flush() // run_finished, before the claim goes
 	m.retire(r)
+}
+
+// driveEnv is what a drive's controls reach (Env), with the run's
+// Delegates that Env.Delegates points to.
+type driveEnv struct {
+	controls.Env
+	delegates flushing
 }
 
 // bind gives run r what its control reaches while this server drives it

@@ -137,6 +137,10 @@ func (r *run) keep(ev *stubbornv1.RunEvent, enc store.Event, state []byte, statu
 	if r.lost {
 		return false
 	}
+	if r.pending == nil {
+		// Room for a one-attempt run's writes (two events each).
+		r.pending = make([]store.Event, 0, pendingCap)
+	}
 	r.pending = append(r.pending, enc)
 	if state != nil {
 		r.pendingState, r.pendingStatus = state, status
@@ -233,9 +237,9 @@ type runClock struct {
 	parkAfter time.Duration // 0 or less: never park
 }
 
-// clock returns run r's clock.
+// clock returns run r's clock (made by admit).
 func (m *Manager) clock(r *run) controls.Clock {
-	return runClock{m.cfg.Clock, r, m.cfg.ParkAfter}
+	return &r.runClock
 }
 
 func (c runClock) Sleep(ctx context.Context, d time.Duration) error {
@@ -304,7 +308,18 @@ func (r *run) flushThrough(last int64) {
 		return // abandoned meanwhile: the events are in the store, which its watchers follow now
 	}
 	r.written(evs)
+	if r.pending == nil && !r.done {
+		// The outbox's next events go where these were: nobody holds evs
+		// any more (the feed and the stores copy the events they keep),
+		// and nothing else is pending in that array (a flush through a
+		// seq leaves the rest in it as pending: then this is not nil).
+		r.pending = evs[:0]
+	}
 }
+
+// pendingCap is the outbox's first capacity (keep); flushThrough hands the
+// array back to the outbox once its events are written.
+const pendingCap = 4
 
 // take takes the pending events up to seq last (and their state, when
 // they are all that is pending), and counts them as being written. The
@@ -340,12 +355,12 @@ func (o *outbox) mustSave(finished bool, status stubbornv1.RunStatus) bool {
 // for good ends the run (endRefused); any other failure loses it here. The
 // caller holds flushMu.
 func (r *run) write(evs []store.Event) bool {
-	if r.mayWrite != nil && !r.mayWrite(r) {
+	if r.mgr != nil && !r.mgr.mayWrite(r) {
 		return false // taken over while this server's lease had lapsed: lost
 	}
 	err := r.store.Append(writeContext{r}, &r.jw, evs...)
-	var refused *store.RefusedError
-	if r.jw.Claimer != "" && evs[0].Seq == 1 && (err == nil || errors.As(err, &refused) && refused.Written > 0) {
+	refused := refusedBy(err)
+	if r.jw.Claimer != "" && evs[0].Seq == 1 && (err == nil || refused != nil && refused.Written > 0) {
 		r.mu.Lock()
 		r.firstLanded = true
 		r.mu.Unlock()
@@ -353,15 +368,29 @@ func (r *run) write(evs []store.Event) bool {
 	if err == nil {
 		return true
 	}
-	if errors.As(err, &refused) && r.endRefused(evs, refused) {
+	if refused != nil && r.endRefused(evs, refused) {
 		return false
 	}
 	r.log.Warn("run lost: its journal moved on without this server", "run_id", r.id, "err", err)
 	r.lose(err, errLost)
-	if r.onLost != nil {
-		r.onLost(r.id)
+	if r.mgr != nil {
+		r.mgr.lostHere(r.id)
 	}
 	return false
+}
+
+// refusedBy returns the store's refusal in err, or nil. Its own function:
+// errors.As takes the variable's address, which would put it on the heap
+// for every write, failed or not.
+func refusedBy(err error) *store.RefusedError {
+	if err == nil {
+		return nil
+	}
+	var refused *store.RefusedError
+	if errors.As(err, &refused) {
+		return refused
+	}
+	return nil
 }
 
 // saveState saves the run's state after a write (finished: its last). A

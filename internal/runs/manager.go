@@ -104,7 +104,7 @@ type Config struct {
 	Seed uint64
 	// MaxFinished is how many finished runs this server keeps in memory for
 	// fast GetRun and WatchRun; older ones are read from the store. 0 means
-	// 10,000.
+	// 1,000 (defaultMaxFinished).
 	MaxFinished int
 
 	// Store keeps the runs (required): jsstore.JetStream, or
@@ -196,6 +196,15 @@ type Manager struct {
 	relost map[string]*relost
 }
 
+// defaultMaxFinished is how many finished runs a Manager keeps in memory
+// unless told otherwise: the runs that just ended, whose callers may still
+// ask for them (a fraction of a second's worth at full load, minutes' at a
+// light one). Each one kept is about 2.4 KB of small objects that every
+// garbage collection marks: with 10,000 kept, a one-attempt run cost the
+// shipped server about 5 to 7 % more CPU (docs/PERFORMANCE.md, "The engine
+// in rooms: a cheaper durable run").
+const defaultMaxFinished = 1_000
+
 // New returns a Manager that beats as a live owner, serves commands for
 // its runs and takes over runs whose owner died. Close it when done.
 func New(cfg Config) (*Manager, error) {
@@ -203,7 +212,7 @@ func New(cfg Config) (*Manager, error) {
 		cfg.Clock = controls.RealClock{}
 	}
 	if cfg.MaxFinished <= 0 {
-		cfg.MaxFinished = 10_000
+		cfg.MaxFinished = defaultMaxFinished
 	}
 	if cfg.Lease <= 0 {
 		cfg.Lease = DefaultLease

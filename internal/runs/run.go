@@ -41,17 +41,20 @@ type runSetup struct {
 	ready  chan struct{} // closed once tracker is set
 	// writers is the manager's wait group of the runs' writers (kick).
 	writers *sync.WaitGroup
-	// onLost, when set, is told of a write that failed and lost the run
-	// here (Manager.lostHere): the store may still name this server its
-	// driver, and then nobody else would drive it.
-	onLost func(id string)
-	// mayWrite, when set, reports whether this copy may still write:
-	// false once this server's lease lapsed and the store names another
-	// driver (Manager.mayWrite; it loses the copy then).
-	mayWrite func(r *run) bool
+	// mgr, when set, is told of a write that failed and lost the run here
+	// (Manager.lostHere: the store may still name this server its driver,
+	// and then nobody else would drive it), and asked before each write
+	// whether this copy may still write (Manager.mayWrite: false once this
+	// server's lease lapsed and the store names another driver). A pointer,
+	// not two method values: those would be two allocations a run.
+	mgr *Manager
 	// maxEvent bounds an event's encoding (store.EventLimit).
 	maxEvent int
 	clock    controls.Clock
+	// runClock is the clock of the run's controls and trackers
+	// (Manager.clock), made once with the run: handed out as a pointer, it
+	// costs no allocation a drive or a tracker.
+	runClock runClock
 	// outputWindow and outputBytes coalesce streamed text (coalescer).
 	outputWindow time.Duration
 	outputBytes  int

@@ -277,7 +277,7 @@ func (m *Manager) admit(id, tenant string) (*run, error) {
 			id: id, tenant: tenant, store: m.store, log: m.log,
 			ready: make(chan struct{}), ended: make(chan struct{}),
 			maxEvent: maxEvent, clock: m.cfg.Clock, writers: &m.writes,
-			onLost: m.lostHere, mayWrite: m.mayWrite,
+			mgr:          m,
 			outputWindow: cmp.Or(m.cfg.OutputFlushInterval, DefaultOutputFlushInterval),
 			// An event carries at most outputBytes of text: far below any
 			// store's message, whatever the flag says.
@@ -286,6 +286,7 @@ func (m *Manager) admit(id, tenant string) (*run, error) {
 		runLife: runLife{lastStatus: -1},
 		outbox:  outbox{savedStatus: -1, saveEnd: !m.store.FinalInJournal()},
 	}
+	r.runClock = runClock{m.cfg.Clock, r, m.cfg.ParkAfter}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
