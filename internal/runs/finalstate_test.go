@@ -9,8 +9,6 @@ import (
 
 	runstore "github.com/stubbornhq/stubborn/internal/runs/store"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -24,45 +22,6 @@ import (
 	"github.com/stubbornhq/stubborn/internal/runs/internal/runstest"
 	"github.com/stubbornhq/stubborn/internal/runs/jsstore"
 )
-
-// statesBucket opens the JetStream store's bucket of saved states.
-func statesBucket(t *testing.T, nc *nats.Conn) jetstream.KeyValue {
-	t.Helper()
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	kv, err := js.KeyValue(runstest.Ctx(t), "stubborn_runs")
-	require.NoError(t, err)
-	return kv
-}
-
-// savedState reads the run's entry in the JetStream store's states bucket:
-// nil when there is none.
-func savedState(t *testing.T, kv jetstream.KeyValue, id string) *stubbornv1.ControlState {
-	t.Helper()
-	e, err := kv.Get(runstest.Ctx(t), id)
-	if err == jetstream.ErrKeyNotFound {
-		return nil
-	}
-	require.NoError(t, err)
-	st := &stubbornv1.ControlState{}
-	require.NoError(t, proto.Unmarshal(e.Value(), st))
-	return st
-}
-
-// startAsking starts a run on m whose one attempt fails, so that it asks
-// for a decision, and waits until that status is saved in states.
-func startAsking(t *testing.T, m *runs.Manager, g *runstest.Gated, states jetstream.KeyValue, brief string) string {
-	t.Helper()
-	ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
-	st, err := runstest.Start(m, context.Background(), brief, ask, nil)
-	require.NoError(t, err)
-	g.Answer(brief, controlstest.Fail(codes.Unavailable, "busy"))
-	require.Eventually(t, func() bool {
-		saved := savedState(t, states, st.GetRunId())
-		return saved != nil && saved.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
-	}, 5*time.Second, time.Millisecond, "the wait for a decision is saved")
-	return st.GetRunId()
-}
 
 // listed returns the runs List gives, by id, failing on a run listed twice.
 func listed(t *testing.T, m *runs.Manager) map[string]*stubbornv1.ControlState {
@@ -86,7 +45,7 @@ func listed(t *testing.T, m *runs.Manager) map[string]*stubbornv1.ControlState {
 // listed with its claim's state.
 func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 	store, nc := jstest.Open(t, jsstore.JetStreamConfig{Lease: time.Second})
-	states := statesBucket(t, nc)
+	states := runstest.StatesBucket(t, nc)
 
 	g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
 	m := runstest.NewManager(t, g, runs.Config{Store: store, Lease: time.Second})
@@ -102,7 +61,7 @@ func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, plainFinal.GetStatus())
 
 	// Waits for a decision (a saved state), then succeeds.
-	asked := startAsking(t, m, g, states, "asked")
+	asked := runstest.StartAsking(t, m, g, states, "asked")
 	g.Answer("asked", controlstest.OK("done"))
 	_, err = m.Decide(runstest.Ctx(t), asked, stubbornv1.Decision_DECISION_RETRY)
 	require.NoError(t, err)
@@ -114,9 +73,9 @@ func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return g.Called("going") == 1 }, 5*time.Second, time.Millisecond)
 
-	assert.Nil(t, savedState(t, states, plain.GetRunId()), "the plain run saved no state")
-	assert.True(t, proto.Equal(askedFinal, savedState(t, states, asked)), "the saved state of the asked run is its final one")
-	assert.Nil(t, savedState(t, states, going.GetRunId()), "the running run's state is its claim's")
+	assert.Nil(t, runstest.SavedState(t, states, plain.GetRunId()), "the plain run saved no state")
+	assert.True(t, proto.Equal(askedFinal, runstest.SavedState(t, states, asked)), "the saved state of the asked run is its final one")
+	assert.Nil(t, runstest.SavedState(t, states, going.GetRunId()), "the running run's state is its claim's")
 
 	for _, c := range []struct {
 		id   string
@@ -151,12 +110,12 @@ func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 func TestAResumedRunSavesItsFinalState(t *testing.T) {
 	const lease = 200 * time.Millisecond
 	store, nc := jstest.Open(t, jsstore.JetStreamConfig{Lease: lease})
-	states := statesBucket(t, nc)
+	states := runstest.StatesBucket(t, nc)
 
 	g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
 	first, err := runs.New(runs.Config{Delegates: g, Store: store, Lease: lease, Owner: "first"})
 	require.NoError(t, err)
-	id := startAsking(t, first, g, states, "b")
+	id := runstest.StartAsking(t, first, g, states, "b")
 	first.Kill()
 
 	second := runstest.NewManager(t, g, runs.Config{Store: store, Lease: lease, Owner: "second", SoleOwner: true})
@@ -165,7 +124,7 @@ func TestAResumedRunSavesItsFinalState(t *testing.T) {
 	require.NoError(t, err)
 	fin := runstest.Final(t, runstest.WatchAll(t, second, id, 0))
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_CANCELLED, fin.GetStatus())
-	require.Eventually(t, func() bool { return proto.Equal(fin, savedState(t, states, id)) },
+	require.Eventually(t, func() bool { return proto.Equal(fin, runstest.SavedState(t, states, id)) },
 		5*time.Second, time.Millisecond, "the final state is saved")
 	got, err := store.State(runstest.Ctx(t), id)
 	require.NoError(t, err)
@@ -234,7 +193,7 @@ func (a ambiguousStates) PutState(ctx context.Context, runID string, state []byt
 // over it.
 func TestASaveThatMayHaveLandedIsSavedOver(t *testing.T) {
 	store, nc := jstest.Open(t, jsstore.JetStreamConfig{Lease: time.Second})
-	states := statesBucket(t, nc)
+	states := runstest.StatesBucket(t, nc)
 	g := runstest.NewGated(controls.DelegateInfo{Idempotent: true})
 	g.Answer("brief", controlstest.Fail(codes.Unavailable, "busy"))
 	g.Answer("brief", controlstest.OK("x"))
@@ -243,7 +202,7 @@ func TestASaveThatMayHaveLandedIsSavedOver(t *testing.T) {
 	require.NoError(t, err)
 	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())
-	require.Eventually(t, func() bool { return proto.Equal(fin, savedState(t, states, st.GetRunId())) },
+	require.Eventually(t, func() bool { return proto.Equal(fin, runstest.SavedState(t, states, st.GetRunId())) },
 		5*time.Second, time.Millisecond, "the end is saved over the BACKING_OFF that may have landed")
 }
 
@@ -253,13 +212,13 @@ func TestASaveThatMayHaveLandedIsSavedOver(t *testing.T) {
 func TestSaveFinalStatesSavesEveryEnd(t *testing.T) {
 	store, nc := jstest.Open(t, jsstore.JetStreamConfig{Lease: time.Second, SaveFinalStates: true})
 	require.False(t, runs.ReadsFinalFromJournal(store))
-	states := statesBucket(t, nc)
+	states := runstest.StatesBucket(t, nc)
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK("x")}})
 	m := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
 	st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
-	require.Eventually(t, func() bool { return proto.Equal(fin, savedState(t, states, st.GetRunId())) },
+	require.Eventually(t, func() bool { return proto.Equal(fin, runstest.SavedState(t, states, st.GetRunId())) },
 		5*time.Second, time.Millisecond, "the end is saved")
 }
 

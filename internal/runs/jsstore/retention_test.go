@@ -111,7 +111,7 @@ func assertGone(t *testing.T, reader *runs.Manager, store *JetStream, states jet
 	evs, err := store.Events(runstest.Ctx(t), id, 0)
 	require.NoError(t, err)
 	assert.Empty(t, evs, "run %s: journal", id)
-	assert.Nil(t, savedState(t, states, id), "run %s: saved state", id)
+	assert.Nil(t, runstest.SavedState(t, states, id), "run %s: saved state", id)
 }
 
 // assertWhole checks that run id's journal is the events it had (a
@@ -145,7 +145,7 @@ func TestRetentionPurgesFinishedRunsOnly(t *testing.T) {
 	// to purge too. The janitor's passes are the test's own.
 	cfg := JetStreamConfig{Retention: time.Hour, Lease: time.Second, PurgeEvery: -1, SaveFinalStates: true}
 	store, nc := openJetStream(t, e, cfg)
-	states := openStates(t, nc)
+	states := runstest.StatesBucket(t, nc)
 	g := runstest.NewGated(controls.DelegateInfo{Idempotent: true}) // retried: it may ask for a decision
 	m := runstest.NewManager(t, g, runs.Config{Store: store, Lease: time.Second})
 	// Another server's view: no run in its memory.
@@ -159,9 +159,9 @@ func TestRetentionPurgesFinishedRunsOnly(t *testing.T) {
 	runstest.Final(t, runstest.WatchAll(t, m, done.GetRunId(), 0))
 	require.Eventually(t, func() bool {
 		owner, err := store.Driver(ctx, done.GetRunId())
-		return err == nil && owner == "" && savedState(t, states, done.GetRunId()) != nil
+		return err == nil && owner == "" && runstest.SavedState(t, states, done.GetRunId()) != nil
 	}, 5*time.Second, time.Millisecond, "the finished run is let go of")
-	asking := startAsking(t, m, g, states, "asking")
+	asking := runstest.StartAsking(t, m, g, states, "asking")
 	going, err := runstest.Start(m, context.Background(), "going", runstest.Chain("d"), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return g.Called("going") == 1 }, 5*time.Second, time.Millisecond)
@@ -205,7 +205,7 @@ func TestRetentionPurgesFinishedRunsOnly(t *testing.T) {
 		assert.Equal(t, m.Owner(), owner, "run %s keeps its owner", id)
 		assertWhole(t, store, id, had[id])
 	}
-	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, savedState(t, states, asking).GetStatus())
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, runstest.SavedState(t, states, asking).GetStatus())
 
 	// They finish, with their whole history and no second call.
 	_, err = m.Decide(ctx, asking, stubbornv1.Decision_DECISION_FAIL)
@@ -242,7 +242,7 @@ func TestAFullStoreRefusesNewRunsAndFinishesThoseAccepted(t *testing.T) {
 	const maxBytes = 64 << 10
 	cfg := JetStreamConfig{MaxBytes: maxBytes, Lease: time.Second, PurgeEvery: -1}
 	store, nc := openJetStream(t, e, cfg)
-	states := openStates(t, nc)
+	states := runstest.StatesBucket(t, nc)
 	g := runstest.NewGated(controls.DelegateInfo{})
 	m := runstest.NewManager(t, g, runs.Config{Store: store, Lease: time.Second})
 	readerStore, _ := openJetStream(t, e, cfg)

@@ -25,7 +25,7 @@ var garbage = []byte{0x0f, 0xff, 0xff, 0xff, 0xff, 0x01, 0x02}
 func damage(t *testing.T, nc *nats.Conn, id string) {
 	t.Helper()
 	ctx := runstest.Ctx(t)
-	_, err := openStates(t, nc).Put(ctx, id, garbage)
+	_, err := runstest.StatesBucket(t, nc).Put(ctx, id, garbage)
 	require.NoError(t, err)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
@@ -69,7 +69,7 @@ func TestAnUnreadableRunCostsOnlyThatRun(t *testing.T) {
 		return err == nil && found
 	}, 10*time.Second, 10*time.Millisecond)
 	damage(t, ncA, bad)
-	_, err := openStates(t, ncA).Put(ctx, stale, garbage)
+	_, err := runstest.StatesBucket(t, ncA).Put(ctx, stale, garbage)
 	require.NoError(t, err)
 
 	logs, logger := runstest.NewCapturedLogs()

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/internal/runs/memstore"
 	"github.com/stubbornhq/stubborn/internal/runs/store"
@@ -22,6 +24,7 @@ import (
 	"github.com/stubbornhq/stubborn/internal/controls/controlstest"
 	"github.com/stubbornhq/stubborn/internal/runs"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -222,4 +225,43 @@ func JournalHas(t *testing.T, store store.Store, id string, kind func(*stubbornv
 func Start(m *runs.Manager, ctx context.Context, brief string, spec *stubbornv1.ControlSpec, opts *stubbornv1.RunOptions) (*stubbornv1.ControlState, error) {
 	st, _, err := m.Start(ctx, runs.Task{Brief: brief}, spec, opts)
 	return st, err
+}
+
+// StatesBucket opens the JetStream store's bucket of saved states.
+func StatesBucket(t *testing.T, nc *nats.Conn) jetstream.KeyValue {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	kv, err := js.KeyValue(Ctx(t), "stubborn_runs")
+	require.NoError(t, err)
+	return kv
+}
+
+// SavedState reads the run's entry in the JetStream store's states bucket:
+// nil when there is none.
+func SavedState(t *testing.T, kv jetstream.KeyValue, id string) *stubbornv1.ControlState {
+	t.Helper()
+	e, err := kv.Get(Ctx(t), id)
+	if err == jetstream.ErrKeyNotFound {
+		return nil
+	}
+	require.NoError(t, err)
+	st := &stubbornv1.ControlState{}
+	require.NoError(t, proto.Unmarshal(e.Value(), st))
+	return st
+}
+
+// StartAsking starts a run on m whose one attempt fails, so that it asks
+// for a decision, and waits until that status is saved in states.
+func StartAsking(t *testing.T, m *runs.Manager, g *Gated, states jetstream.KeyValue, brief string) string {
+	t.Helper()
+	ask := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_Retry{Retry: &stubbornv1.RetrySpec{Target: "d", Attempts: new(int32)}}}
+	st, err := Start(m, context.Background(), brief, ask, nil)
+	require.NoError(t, err)
+	g.Answer(brief, controlstest.Fail(codes.Unavailable, "busy"))
+	require.Eventually(t, func() bool {
+		saved := SavedState(t, states, st.GetRunId())
+		return saved != nil && saved.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
+	}, 5*time.Second, time.Millisecond, "the wait for a decision is saved")
+	return st.GetRunId()
 }
