@@ -1,6 +1,7 @@
 package jsstore
 
 import (
+	"context"
 	"runtime"
 	"strings"
 	"testing"
@@ -27,8 +28,12 @@ func TestAListingCostsWhatItReturns(t *testing.T) {
 	require.Eventually(t, store.IndexReady, 10*time.Second, 10*time.Millisecond)
 	d := controlstest.NewDelegates(map[string][]controlstest.Reply{"a": {controlstest.OK(strings.Repeat("x", resultBytes))}})
 	m := runstest.NewManager(t, d, runs.Config{Store: store, Lease: time.Second})
-	a := runs.WithTenant(runstest.Ctx(t), "a")
-	b := runs.WithTenant(runstest.Ctx(t), "b")
+	// Thirty runs of 200 KB and sixty listings take more than Ctx's 10 s
+	// on a loaded machine under -race: a minute for the whole test.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := runs.WithTenant(ctx, "a")
+	b := runs.WithTenant(ctx, "b")
 	var ids []string
 	for range n {
 		st, err := runstest.Start(m, a, "brief", runstest.Chain("a"), nil)
