@@ -282,13 +282,32 @@ func (m *Manager) indexedSummaries(ctx context.Context, tenants []string) (map[s
 		if sum, ok := byID[id]; ok && store.IsTerminal(sum.GetStatus()) {
 			continue
 		}
-		if r := m.local(id); r != nil && !r.isLost() {
-			if cur, err := r.snapshot(); err == nil {
-				byID[id] = store.Summary(cur)
-			}
+		r := m.local(id)
+		if r == nil || r.isLost() {
+			continue
 		}
+		cur, err := r.snapshot()
+		if err != nil {
+			continue
+		}
+		if _, indexed := byID[id]; !indexed && r.isDone() && m.deletedElsewhere(ctx, id) {
+			continue
+		}
+		byID[id] = store.Summary(cur)
 	}
 	return byID, true, nil
+}
+
+// deletedElsewhere reports whether finished run id, driven here and gone
+// from the index, was deleted by another server whose news of it
+// (OnForget) has not come yet; it forgets the run here if so.
+func (m *Manager) deletedElsewhere(ctx context.Context, id string) bool {
+	deleted, err := m.store.DeletedRun(ctx, id)
+	if err != nil || !deleted {
+		return false
+	}
+	m.forgetFinished(id)
+	return true
 }
 
 // summariesOfStates is ListSummaries from the runs' states.
