@@ -495,14 +495,12 @@ func TestRetryMetricsAndSpanEvents(t *testing.T) {
 
 // TestTraceReachesTheDelegate: the caller's trace id reaches a delegate
 // instrumented with otelgrpc, through the run and the attempt, whether or
-// not Stubborn records spans itself.
+// not Stubborn records spans itself; when it only logs, the run's line
+// carries the trace id.
 func TestTraceReachesTheDelegate(t *testing.T) {
-	for _, recording := range []bool{true, false} {
-		name := "stubborn records spans"
-		if !recording {
-			name = "stubborn records nothing"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, mode := range []string{"stubborn records spans", "stubborn records nothing", "stubborn only logs"} {
+		recording := mode == "stubborn records spans"
+		t.Run(mode, func(t *testing.T) {
 			w3c := propagation.TraceContext{}
 			// The delegate's own tracing.
 			delegateSpans := tracetest.NewSpanRecorder()
@@ -522,7 +520,11 @@ func TestTraceReachesTheDelegate(t *testing.T) {
 			reg := &delegates.Config{Delegates: []delegates.Delegate{{Name: "traced", Target: addr, Idempotent: true}}}
 
 			p := newProviders()
+			lines := &syncBuffer{}
 			tc := telemetry.Config{Logger: slog.New(slog.DiscardHandler)}
+			if mode == "stubborn only logs" {
+				tc.Logger = slog.New(slog.NewJSONHandler(lines, nil))
+			}
 			if recording {
 				tc = p.config(tc.Logger)
 			}
@@ -556,6 +558,19 @@ func TestTraceReachesTheDelegate(t *testing.T) {
 
 			st := evs[0].GetRunStarted().GetState()
 			assert.Contains(t, st.GetTraceparent(), want.String(), "the run records the caller's trace")
+			if mode == "stubborn only logs" {
+				var finished map[string]any
+				for _, m := range lines.lines(t) {
+					if m["msg"] == "run finished" {
+						finished = m
+					}
+				}
+				require.NotNil(t, finished, "the run's line")
+				assert.Equal(t, want.String(), finished["trace_id"])
+				assert.Equal(t, st.GetRunId(), finished["run_id"])
+				assert.Equal(t, "succeeded", finished["status"])
+				assert.Equal(t, "fallback_chain", finished["control"])
+			}
 			if !recording {
 				return
 			}

@@ -64,6 +64,9 @@ func (t *Telemetry) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.Co
 		return passTrace(runCtx, reqCtx, st, resumed), nil
 	}
 	control := controlName(st.GetControl())
+	if t.off {
+		return t.logRun(runCtx, reqCtx, st, resumed, control)
+	}
 	controlAttr := controlKey.String(control)
 	attrs := []attribute.KeyValue{runIDKey.String(st.GetRunId()), controlAttr}
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
@@ -104,6 +107,32 @@ func (t *Telemetry) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.Co
 	t.live.Store(rs.id, rs)
 	rs.logControl = slog.String("control", control)
 	rs.resumed = resumed
+	return rs.ctx, rs.observe
+}
+
+// logRun is ObserveRun when nothing is recorded but the run's log lines
+// (no tracer and no meter provider): no spans, attribute sets or
+// measurements are made for every run and attempt only to be dropped. The
+// run's context carries the request's trace on (passTrace), and its spans
+// are that context's, which record nothing.
+func (t *Telemetry) logRun(runCtx, reqCtx context.Context, st *stubbornv1.ControlState, resumed bool, control string) (context.Context, func(ev *stubbornv1.RunEvent)) {
+	ctx := passTrace(runCtx, reqCtx, st, resumed)
+	rs := &runState{
+		t:            t,
+		id:           st.GetRunId(),
+		ctx:          ctx,
+		span:         trace.SpanFromContext(ctx),
+		start:        time.Now(),
+		attempts:     map[int32]*attemptState{},
+		lastDelegate: map[string]string{},
+		logControl:   slog.String("control", control),
+		resumed:      resumed,
+	}
+	rs.logAttrs = []slog.Attr{slog.String("run_id", rs.id)}
+	if sc := trace.SpanContextFromContext(reqCtx); sc.HasTraceID() {
+		rs.logAttrs = append(rs.logAttrs, slog.String("trace_id", sc.TraceID().String()))
+	}
+	t.live.Store(rs.id, rs)
 	return rs.ctx, rs.observe
 }
 
@@ -180,6 +209,16 @@ func (rs *runState) attemptLocked(n int32, delegate, path string) *attemptState 
 		}
 		return a
 	}
+	a := &attemptState{number: n, delegate: delegate, path: path, span: rs.span, start: time.Now()}
+	if !rs.t.off {
+		a.span = rs.startAttemptSpan(n, delegate, path)
+	}
+	rs.attempts[n] = a
+	return a
+}
+
+// startAttemptSpan starts attempt n's span. Callers hold rs.mu.
+func (rs *runState) startAttemptSpan(n int32, delegate, path string) trace.Span {
 	attrs := make([]attribute.KeyValue, 0, 4)
 	attrs = append(attrs, runIDKey.String(rs.id), delegateKey.String(delegate), attemptNumberKey.Int(int(n)))
 	if path != "" {
@@ -191,9 +230,7 @@ func (rs *runState) attemptLocked(n int32, delegate, path string) *attemptState 
 	}
 	_, span := rs.t.tracer.Start(parent, "stubborn.attempt "+delegate,
 		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
-	a := &attemptState{number: n, delegate: delegate, path: path, span: span, start: time.Now()}
-	rs.attempts[n] = a
-	return a
+	return span
 }
 
 // presetAttemptLocked returns the attempt that a nested preset's attempt at
@@ -265,18 +302,25 @@ func (rs *runState) observe(ev *stubbornv1.RunEvent) {
 		rs.abandonLocked()
 		return
 	}
+	rec := !rs.t.off // metrics and spans: none when nothing records them
 	if !rs.active {
 		rs.active = true
-		m.runsActive.Add(rs.ctx, 1, rs.control)
+		if rec {
+			m.runsActive.Add(rs.ctx, 1, rs.control)
+		}
 	}
 	switch k := ev.GetKind().(type) {
 	case *stubbornv1.RunEvent_RunStarted:
-		m.runsStarted.Add(rs.ctx, 1, rs.control)
+		if rec {
+			m.runsStarted.Add(rs.ctx, 1, rs.control)
+		}
 		// A run's end is its line at info (run finished); its start is
 		// one more line for every run, at thousands a second.
 		rs.log(slog.LevelDebug, "run started", rs.logControl, slog.Bool("resumed", rs.resumed))
 	case *stubbornv1.RunEvent_RunResumed:
-		m.runsResumed.Add(rs.ctx, 1, rs.control)
+		if rec {
+			m.runsResumed.Add(rs.ctx, 1, rs.control)
+		}
 		rs.span.AddEvent("stubborn.run_resumed", trace.WithAttributes(attribute.String("stubborn.owner", k.RunResumed.GetOwner())))
 		rs.log(slog.LevelInfo, "run resumed", rs.logControl, slog.String("owner", k.RunResumed.GetOwner()))
 	case *stubbornv1.RunEvent_AttemptStarted:
@@ -293,7 +337,9 @@ func (rs *runState) observe(ev *stubbornv1.RunEvent) {
 	case *stubbornv1.RunEvent_DecisionRequested:
 		if !rs.awaiting {
 			rs.awaiting = true
-			m.runsAwaiting.Add(rs.ctx, 1, rs.control)
+			if rec {
+				m.runsAwaiting.Add(rs.ctx, 1, rs.control)
+			}
 		}
 		reason := k.DecisionRequested.GetReason()
 		rs.span.AddEvent("stubborn.decision_requested", trace.WithAttributes(
@@ -303,7 +349,9 @@ func (rs *runState) observe(ev *stubbornv1.RunEvent) {
 	case *stubbornv1.RunEvent_DecisionReceived:
 		if rs.awaiting {
 			rs.awaiting = false
-			m.runsAwaiting.Add(rs.ctx, -1, rs.control)
+			if rec {
+				m.runsAwaiting.Add(rs.ctx, -1, rs.control)
+			}
 		}
 		d := decisionName(k.DecisionReceived.GetDecision())
 		rs.span.AddEvent("stubborn.decision_received", trace.WithAttributes(attribute.String("stubborn.decision", d)))
@@ -321,36 +369,18 @@ func (rs *runState) finishAttemptLocked(at *stubbornv1.Attempt) {
 	a.ended = true
 	outcome := at.GetOutcome()
 	outcomeName := outcomeName(outcome)
-	attrs := make([]attribute.KeyValue, 0, 5)
-	attrs = append(attrs, attemptOutcomeKey.String(outcomeName))
 	transient := false
 	var code codes.Code
 	if e := at.GetError(); e != nil {
 		code = codes.Code(e.GetCode())
-		if e.GetHttpStatus() != 0 {
-			attrs = append(attrs, upstreamHTTPStatusKey.Int(int(e.GetHttpStatus())))
-		}
 	}
-	switch outcome {
-	case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED:
-	case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_ERROR:
+	if outcome == stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_ERROR {
 		transient = isTransient(a.err, at.GetError())
-		attrs = append(attrs, errorAttrs(code)...)
-		a.span.SetStatus(otelcodes.Error, codeName(code))
-	case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED:
-		attrs = append(attrs, attribute.String("error.type", "rejected"))
-		a.span.SetStatus(otelcodes.Error, "rejected by the failure criteria")
 	}
-	if outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED {
-		attrs = append(attrs, attemptTransientKey.Bool(transient))
-	}
-	a.span.SetAttributes(attrs...)
-	a.span.End()
-
 	d := time.Since(a.start)
-	set := metric.WithAttributeSet(attribute.NewSet(delegateKey.String(a.delegate), attemptOutcomeKey.String(outcomeName)))
-	rs.t.m.attempts.Add(rs.ctx, 1, set)
-	rs.t.m.attemptDuration.Record(rs.ctx, d.Seconds(), set)
+	if !rs.t.off {
+		rs.recordAttempt(a, at, outcomeName, code, transient, d)
+	}
 
 	// An attempt that failed is worth a line at info; one that succeeded
 	// is told by its run's end (run finished), and at debug.
@@ -374,6 +404,34 @@ func (rs *runState) finishAttemptLocked(at *stubbornv1.Attempt) {
 	}
 }
 
+// recordAttempt ends attempt a's span and records its metrics: at, its
+// end, had outcomeName (code and transient for an error) after d.
+func (rs *runState) recordAttempt(a *attemptState, at *stubbornv1.Attempt, outcomeName string, code codes.Code, transient bool, d time.Duration) {
+	outcome := at.GetOutcome()
+	attrs := make([]attribute.KeyValue, 0, 5)
+	attrs = append(attrs, attemptOutcomeKey.String(outcomeName))
+	if s := at.GetError().GetHttpStatus(); s != 0 {
+		attrs = append(attrs, upstreamHTTPStatusKey.Int(int(s)))
+	}
+	switch outcome {
+	case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED:
+	case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_ERROR:
+		attrs = append(attrs, errorAttrs(code)...)
+		a.span.SetStatus(otelcodes.Error, codeName(code))
+	case stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED:
+		attrs = append(attrs, attribute.String("error.type", "rejected"))
+		a.span.SetStatus(otelcodes.Error, "rejected by the failure criteria")
+	}
+	if outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED {
+		attrs = append(attrs, attemptTransientKey.Bool(transient))
+	}
+	a.span.SetAttributes(attrs...)
+	a.span.End()
+	set := metric.WithAttributeSet(attribute.NewSet(delegateKey.String(a.delegate), attemptOutcomeKey.String(outcomeName)))
+	rs.t.m.attempts.Add(rs.ctx, 1, set)
+	rs.t.m.attemptDuration.Record(rs.ctx, d.Seconds(), set)
+}
+
 // isTransient says whether a failed call's error is one a retry may fix:
 // from the error the decorator saw, else from the recorded AttemptError.
 func isTransient(err error, ae *stubbornv1.AttemptError) bool {
@@ -392,20 +450,9 @@ func isTransient(err error, ae *stubbornv1.AttemptError) bool {
 func (rs *runState) failureLocked(fa *stubbornv1.FailureAnalyzed) {
 	f := fa.GetFailure()
 	reason := suppressedReason(f.GetNotRetriedCode(), f.GetNotRetriedReason())
-	attrs := []attribute.KeyValue{
-		attemptNumberKey.Int(int(f.GetAttempt())),
-		delegateKey.String(f.GetDelegate()),
-		attemptTransientKey.Bool(f.GetTransient()),
-		attribute.Bool("stubborn.will_retry", fa.GetWillRetry()),
+	if !rs.t.off {
+		rs.recordFailure(fa, reason)
 	}
-	if f.GetPath() != "" {
-		attrs = append(attrs, pathKey.String(f.GetPath()))
-	}
-	if reason != "" {
-		attrs = append(attrs, reasonKey.String(reason), attribute.String("stubborn.not_retried_reason", f.GetNotRetriedReason()))
-		rs.t.m.suppressed.Add(rs.ctx, 1, metric.WithAttributeSet(attribute.NewSet(delegateKey.String(f.GetDelegate()), reasonKey.String(reason))))
-	}
-	rs.span.AddEvent("stubborn.failure", trace.WithAttributes(attrs...))
 	la := []slog.Attr{
 		slog.Int("attempt", int(f.GetAttempt())), slog.String("delegate", f.GetDelegate()),
 		slog.Bool("will_retry", fa.GetWillRetry()),
@@ -423,9 +470,39 @@ func (rs *runState) failureLocked(fa *stubbornv1.FailureAnalyzed) {
 	rs.log(slog.LevelDebug, "failure analyzed", la...)
 }
 
+// recordFailure adds a failure's span event and counts it if a retry was
+// suppressed (reason).
+func (rs *runState) recordFailure(fa *stubbornv1.FailureAnalyzed, reason string) {
+	f := fa.GetFailure()
+	attrs := []attribute.KeyValue{
+		attemptNumberKey.Int(int(f.GetAttempt())),
+		delegateKey.String(f.GetDelegate()),
+		attemptTransientKey.Bool(f.GetTransient()),
+		attribute.Bool("stubborn.will_retry", fa.GetWillRetry()),
+	}
+	if f.GetPath() != "" {
+		attrs = append(attrs, pathKey.String(f.GetPath()))
+	}
+	if reason != "" {
+		attrs = append(attrs, reasonKey.String(reason), attribute.String("stubborn.not_retried_reason", f.GetNotRetriedReason()))
+		rs.t.m.suppressed.Add(rs.ctx, 1, metric.WithAttributeSet(attribute.NewSet(delegateKey.String(f.GetDelegate()), reasonKey.String(reason))))
+	}
+	rs.span.AddEvent("stubborn.failure", trace.WithAttributes(attrs...))
+}
+
 func (rs *runState) backoffLocked(path string, b *stubbornv1.BackoffScheduled) {
 	wait := b.GetWait().AsDuration()
 	delegate := rs.lastDelegate[path]
+	if !rs.t.off {
+		rs.recordBackoff(path, delegate, wait, b)
+	}
+	rs.log(slog.LevelDebug, "backoff scheduled",
+		slog.Int("attempt", int(b.GetNextAttempt())), slog.String("delegate", delegate),
+		slog.Duration("wait", wait), slog.Bool("from_hint", b.GetFromHint()))
+}
+
+// recordBackoff records a backoff's wait and adds its span event.
+func (rs *runState) recordBackoff(path, delegate string, wait time.Duration, b *stubbornv1.BackoffScheduled) {
 	rs.t.m.backoff.Record(rs.ctx, wait.Seconds(), metric.WithAttributeSet(attribute.NewSet(
 		delegateKey.String(delegate), backoffFromHintKey.Bool(b.GetFromHint()))))
 	attrs := []attribute.KeyValue{
@@ -439,36 +516,14 @@ func (rs *runState) backoffLocked(path string, b *stubbornv1.BackoffScheduled) {
 		attrs = append(attrs, pathKey.String(path))
 	}
 	rs.span.AddEvent("stubborn.backoff", trace.WithAttributes(attrs...))
-	rs.log(slog.LevelDebug, "backoff scheduled",
-		slog.Int("attempt", int(b.GetNextAttempt())), slog.String("delegate", delegate),
-		slog.Duration("wait", wait), slog.Bool("from_hint", b.GetFromHint()))
 }
 
 func (rs *runState) finishLocked(st *stubbornv1.ControlState) {
 	rs.done = true
 	status := statusName(st.GetStatus())
-	attrs := []attribute.KeyValue{runStatusKey.String(status), runAttemptsKey.Int(int(st.GetAttempts()))}
-	if w := st.GetWinner(); w != "" {
-		attrs = append(attrs, runWinnerKey.String(w))
-	}
-	rs.span.SetAttributes(attrs...)
-	switch st.GetStatus() {
-	case stubbornv1.RunStatus_RUN_STATUS_FAILED, stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED:
-		rs.span.SetStatus(otelcodes.Error, status)
-	}
-	rs.endAttemptsLocked()
-	rs.span.End()
-
 	d := time.Since(rs.start)
-	m := &rs.t.m
-	set := metric.WithAttributeSet(attribute.NewSet(controlKey.String(controlName(st.GetControl())), runStatusKey.String(status)))
-	m.runsFinished.Add(rs.ctx, 1, set)
-	m.runDuration.Record(rs.ctx, d.Seconds(), set)
-	if rs.awaiting {
-		m.runsAwaiting.Add(rs.ctx, -1, rs.control)
-	}
-	if rs.active {
-		m.runsActive.Add(rs.ctx, -1, rs.control)
+	if !rs.t.off {
+		rs.recordEnd(st, status, d)
 	}
 	la := []slog.Attr{
 		rs.logControl, slog.String("status", status), slog.Int("attempts", int(st.GetAttempts())),
@@ -485,15 +540,41 @@ func (rs *runState) finishLocked(st *stubbornv1.ControlState) {
 	rs.releaseLocked()
 }
 
+// recordEnd ends the run's spans and records its metrics: it ended as st
+// (status) after d.
+func (rs *runState) recordEnd(st *stubbornv1.ControlState, status string, d time.Duration) {
+	attrs := []attribute.KeyValue{runStatusKey.String(status), runAttemptsKey.Int(int(st.GetAttempts()))}
+	if w := st.GetWinner(); w != "" {
+		attrs = append(attrs, runWinnerKey.String(w))
+	}
+	rs.span.SetAttributes(attrs...)
+	switch st.GetStatus() {
+	case stubbornv1.RunStatus_RUN_STATUS_FAILED, stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED:
+		rs.span.SetStatus(otelcodes.Error, status)
+	}
+	rs.endAttemptsLocked()
+	rs.span.End()
+	m := &rs.t.m
+	set := metric.WithAttributeSet(attribute.NewSet(controlKey.String(controlName(st.GetControl())), runStatusKey.String(status)))
+	m.runsFinished.Add(rs.ctx, 1, set)
+	m.runDuration.Record(rs.ctx, d.Seconds(), set)
+	if rs.awaiting {
+		m.runsAwaiting.Add(rs.ctx, -1, rs.control)
+	}
+	if rs.active {
+		m.runsActive.Add(rs.ctx, -1, rs.control)
+	}
+}
+
 func (rs *runState) abandonLocked() {
 	rs.done = true
 	rs.span.SetAttributes(attribute.Bool("stubborn.run.abandoned", true))
 	rs.endAttemptsLocked()
 	rs.span.End()
-	if rs.awaiting {
+	if !rs.t.off && rs.awaiting {
 		rs.t.m.runsAwaiting.Add(rs.ctx, -1, rs.control)
 	}
-	if rs.active {
+	if !rs.t.off && rs.active {
 		rs.t.m.runsActive.Add(rs.ctx, -1, rs.control)
 	}
 	rs.log(slog.LevelInfo, "run no longer driven by this server", rs.logControl)

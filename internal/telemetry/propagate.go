@@ -44,11 +44,28 @@ func (c mdCarrier) Keys() []string {
 type propagatingServer struct{ prop propagation.TextMapPropagator }
 
 func (h propagatingServer) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
-	md, ok := metadata.FromIncomingContext(ctx)
-	if !ok {
-		return ctx
+	return h.prop.Extract(ctx, incomingCarrier{ctx})
+}
+
+// incomingCarrier reads a server call's request metadata as a
+// propagation.TextMapCarrier, each key as it is asked for: the whole
+// metadata is not copied for every call (metadata.FromIncomingContext).
+type incomingCarrier struct{ ctx context.Context }
+
+var _ propagation.TextMapCarrier = incomingCarrier{}
+
+func (c incomingCarrier) Get(key string) string {
+	if v := metadata.ValueFromIncomingContext(c.ctx, key); len(v) > 0 {
+		return v[0]
 	}
-	return h.prop.Extract(ctx, mdCarrier(md))
+	return ""
+}
+
+func (incomingCarrier) Set(string, string) {} // the request's metadata is read only
+
+func (c incomingCarrier) Keys() []string {
+	md, _ := metadata.FromIncomingContext(c.ctx)
+	return mdCarrier(md).Keys()
 }
 
 func (propagatingServer) HandleRPC(context.Context, stats.RPCStats) {}
