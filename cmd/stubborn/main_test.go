@@ -153,7 +153,7 @@ func TestPrintSaysWhyARaceCandidateStarted(t *testing.T) {
 		stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY:    "attempt 1 → d (started after the hedge delay): brief",
 		stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_EARLIER_FAILED: "attempt 1 → d (started early: the candidates before it failed): brief",
 		stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED:    "attempt 1 → d: brief",
-		stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_BALANCE_PICK:    "attempt 1 → d (picked by the balance): brief",
+		stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_BALANCE_PICK:   "attempt 1 → d (picked by the balance): brief",
 	} {
 		ev := &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptStarted{AttemptStarted: &stubbornv1.AttemptStarted{Attempt: attempt(1, reason)}}}
 		assert.Contains(t, describe(ev), want)
