@@ -290,13 +290,14 @@ func (AttemptOutcome) EnumDescriptor() ([]byte, []int) {
 }
 
 // AttemptStartReason says why an attempt started when it did:
-// Attempt.start_reason. Race candidates have one; see RaceSpec.hedge_delay.
+// Attempt.start_reason. Race candidates have one (see RaceSpec.hedge_delay),
+// and so do a balance's picks (see BalanceSpec).
 type AttemptStartReason int32
 
 const (
-	// No reason recorded: the attempt of a control other than race, whose
-	// start follows from the control itself, or one recorded by a server
-	// older than this field.
+	// No reason recorded: the attempt of a control other than race and
+	// balance, whose start follows from the control itself, or one recorded
+	// by a server older than this field.
 	AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED AttemptStartReason = 0
 	// Started when the race started: every candidate of a race without
 	// hedge_delay, and the first candidate of a hedged race.
@@ -4135,14 +4136,16 @@ type Attempt struct {
 	// control.
 	Path string `protobuf:"bytes,10,opt,name=path,proto3" json:"path,omitempty"`
 	// Why the attempt started when it did: set for a race's candidates (see
-	// RaceSpec.hedge_delay). ATTEMPT_START_REASON_UNSPECIFIED for an attempt
-	// of another control, whose start follows from the control itself (the
-	// first try, a retry after its backoff, the next delegate of a chain), and
-	// for an attempt recorded by a server older than this field.
+	// RaceSpec.hedge_delay) and a balance's picks (BALANCE_PICK).
+	// ATTEMPT_START_REASON_UNSPECIFIED for an attempt of another control,
+	// whose start follows from the control itself (the first try, a retry
+	// after its backoff, the next delegate of a chain), and for an attempt
+	// recorded by a server older than this field.
 	StartReason AttemptStartReason `protobuf:"varint,11,opt,name=start_reason,json=startReason,proto3,enum=stubborn.v1.AttemptStartReason" json:"start_reason,omitempty"`
 	// Why the attempt's delegate was picked, in words with the figures at
-	// that moment (for example "balance least_busy: 2 in flight (others 3,
-	// 5)"): set with ATTEMPT_START_REASON_BALANCE_PICK. Empty otherwise.
+	// that moment (for example "balance least_busy: 2 in flight (others b 3
+	// in flight)"): set with ATTEMPT_START_REASON_BALANCE_PICK. Empty
+	// otherwise.
 	StartDetail   string `protobuf:"bytes,12,opt,name=start_detail,json=startDetail,proto3" json:"start_detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

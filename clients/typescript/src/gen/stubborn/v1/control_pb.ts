@@ -2057,10 +2057,11 @@ export type Attempt = Message<"stubborn.v1.Attempt"> & {
 
   /**
    * Why the attempt started when it did: set for a race's candidates (see
-   * RaceSpec.hedge_delay). ATTEMPT_START_REASON_UNSPECIFIED for an attempt
-   * of another control, whose start follows from the control itself (the
-   * first try, a retry after its backoff, the next delegate of a chain), and
-   * for an attempt recorded by a server older than this field.
+   * RaceSpec.hedge_delay) and a balance's picks (BALANCE_PICK).
+   * ATTEMPT_START_REASON_UNSPECIFIED for an attempt of another control,
+   * whose start follows from the control itself (the first try, a retry
+   * after its backoff, the next delegate of a chain), and for an attempt
+   * recorded by a server older than this field.
    *
    * @generated from field: stubborn.v1.AttemptStartReason start_reason = 11;
    */
@@ -2068,8 +2069,9 @@ export type Attempt = Message<"stubborn.v1.Attempt"> & {
 
   /**
    * Why the attempt's delegate was picked, in words with the figures at
-   * that moment (for example "balance least_busy: 2 in flight (others 3,
-   * 5)"): set with ATTEMPT_START_REASON_BALANCE_PICK. Empty otherwise.
+   * that moment (for example "balance least_busy: 2 in flight (others b 3
+   * in flight)"): set with ATTEMPT_START_REASON_BALANCE_PICK. Empty
+   * otherwise.
    *
    * @generated from field: string start_detail = 12;
    */
@@ -2907,15 +2909,16 @@ export const AttemptOutcomeSchema: GenEnum<AttemptOutcome> = /*@__PURE__*/
 
 /**
  * AttemptStartReason says why an attempt started when it did:
- * Attempt.start_reason. Race candidates have one; see RaceSpec.hedge_delay.
+ * Attempt.start_reason. Race candidates have one (see RaceSpec.hedge_delay),
+ * and so do a balance's picks (see BalanceSpec).
  *
  * @generated from enum stubborn.v1.AttemptStartReason
  */
 export enum AttemptStartReason {
   /**
-   * No reason recorded: the attempt of a control other than race, whose
-   * start follows from the control itself, or one recorded by a server
-   * older than this field.
+   * No reason recorded: the attempt of a control other than race and
+   * balance, whose start follows from the control itself, or one recorded
+   * by a server older than this field.
    *
    * @generated from enum value: ATTEMPT_START_REASON_UNSPECIFIED = 0;
    */
@@ -3526,7 +3529,7 @@ export const DelegateHealthSchema: GenEnum<DelegateHealth> = /*@__PURE__*/
 
 /**
  * ControlService runs resilience controls (retry, retry-with-learning,
- * fallback-chain, race) over delegates named in the server's registry, and
+ * fallback-chain, race, balance) over delegates named in the server's registry, and
  * streams every attempt, backoff wait and failure analysis as it happens.
  *
  * Errors: INVALID_ARGUMENT for a malformed request (the message names the
