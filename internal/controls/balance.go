@@ -108,6 +108,9 @@ func (b *balancer) exhausted() Outcome {
 	if len(b.left) > 0 {
 		return b.noneLeft(b.tries)
 	}
+	if b.tries == 1 {
+		return exhausted("the balance's one target failed")
+	}
 	return exhausted("all %d targets of the balance failed", b.tries)
 }
 
@@ -117,6 +120,9 @@ func (b *balancer) noneLeft(tries int) Outcome {
 	why := "none could take the call: " + strings.Join(b.left, ", ")
 	if tries == 0 {
 		return exhausted("no target of the balance was called: %s", why)
+	}
+	if tries == 1 {
+		return exhausted("1 target of the balance failed and %s", why)
 	}
 	return exhausted("%d targets of the balance failed and %s", tries, why)
 }

@@ -183,7 +183,7 @@ func TestBalanceLeavesOutOpenAndSpent(t *testing.T) {
 	s.Set("b", controls.Standing{Open: true})
 	r = f.run(t, testCtx(t), balanceSpec(balanceOf(weighted, target("a", 0), target("b", 0))))
 	assert.Equal(t, exhausted, r.out.Status)
-	assert.Equal(t, "1 targets of the balance failed and none could take the call: b (circuit breaker open)", r.out.Reason)
+	assert.Equal(t, "1 target of the balance failed and none could take the call: b (circuit breaker open)", r.out.Reason)
 	fs := failureEvents(f.events.All())
 	require.Len(t, fs, 1)
 	assert.False(t, fs[0].GetWillRetry())

@@ -123,7 +123,7 @@ func TestBalanceOverGRPC(t *testing.T) {
 	// fragile's one failure opens its breaker.
 	st := run(&stubbornv1.BalanceSpec{Targets: targets("fragile"), Strategy: stubbornv1.BalanceStrategy_BALANCE_STRATEGY_LEAST_BUSY})
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_EXHAUSTED, st.GetStatus())
-	assert.Equal(t, "all 1 targets of the balance failed", st.GetStatusReason())
+	assert.Equal(t, "the balance's one target failed", st.GetStatusReason())
 	require.Len(t, st.GetAttemptLog(), 1)
 	assert.Equal(t, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_BALANCE_PICK, st.GetAttemptLog()[0].GetStartReason())
 	assert.Equal(t, "balance least_busy: 0 in flight", st.GetAttemptLog()[0].GetStartDetail())
