@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -158,4 +159,42 @@ func TestBalanceOverGRPC(t *testing.T) {
 	st = run(&stubbornv1.BalanceSpec{Targets: targets("spread", "down"), Strategy: stubbornv1.BalanceStrategy_BALANCE_STRATEGY_LATENCY})
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, st.GetStatus())
 	assert.Equal(t, "spread", st.GetWinner(), "down fails, if picked first; spread answers through echo")
+}
+
+// Over gRPC, the figures are the server's: least_busy sees a call in
+// flight, usage a rate limit spent.
+func TestBalanceWeighsTheServersTraffic(t *testing.T) {
+	zero := delegates.Duration(0)
+	e := startWith(t, setup{configure: func(c *delegates.Config) {
+		for i := range c.Delegates {
+			if c.Delegates[i].Name == "flaky" {
+				c.Delegates[i].RequestsPerMinute, c.Delegates[i].MaxQueueWait = 1, &zero
+			}
+		}
+	}})
+	ctx := testCtx(t)
+	run := func(b *stubbornv1.BalanceSpec) *stubbornv1.ControlState {
+		t.Helper()
+		s, err := e.client.Run(ctx, &stubbornv1.RunRequest{TaskBrief: "hello", Balance: b})
+		require.NoError(t, err)
+		return lastState(t, collect(t, s))
+	}
+
+	// A call to slow in flight: least_busy picks echo.
+	res, err := e.client.StartRun(ctx, &stubbornv1.StartRunRequest{TaskBrief: "take your time", Retry: &stubbornv1.RetrySpec{Target: "slow"}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return e.slow.Started() == 1 }, 10*time.Second, 5*time.Millisecond)
+	st := run(&stubbornv1.BalanceSpec{Targets: targets("slow", "echo"), Strategy: stubbornv1.BalanceStrategy_BALANCE_STRATEGY_LEAST_BUSY})
+	assert.Equal(t, "echo", st.GetWinner())
+	assert.Equal(t, "balance least_busy: 0 in flight (others slow 1 in flight)", st.GetAttemptLog()[0].GetStartDetail())
+	_, err = e.client.CancelRun(ctx, &stubbornv1.CancelRunRequest{RunId: res.GetRunId()})
+	require.NoError(t, err)
+
+	// flaky's one request a minute, spent: usage leaves it out.
+	st = run(&stubbornv1.BalanceSpec{Targets: targets("flaky"), Strategy: stubbornv1.BalanceStrategy_BALANCE_STRATEGY_USAGE})
+	require.Len(t, st.GetAttemptLog(), 1, "flaky's first call fails, and uses the minute's request")
+	assert.Equal(t, "balance usage: 100% of its rate limits left", st.GetAttemptLog()[0].GetStartDetail())
+	st = run(&stubbornv1.BalanceSpec{Targets: targets("flaky", "echo"), Strategy: stubbornv1.BalanceStrategy_BALANCE_STRATEGY_USAGE})
+	assert.Equal(t, "echo", st.GetWinner())
+	assert.Equal(t, "balance usage: 100% of its rate limits left; left out: flaky (rate limits spent)", st.GetAttemptLog()[0].GetStartDetail())
 }
