@@ -1,6 +1,7 @@
 package controls_test
 
 import (
+	"context"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -373,4 +374,47 @@ func TestBalanceNamesItsTargets(t *testing.T) {
 	got := controls.ExpandPresets(spec, controls.PresetMap{"p": chain("x")})
 	assert.Len(t, got, 1)
 	assert.True(t, strings.HasPrefix(controls.ControlName(got["p"]), "fallback"))
+}
+
+// TestBalanceTiesDrawnByWeight checks that equal figures are drawn by
+// weight with the run's randomness: the same seed, the same picks; over
+// many seeds the heavier target takes its share.
+func TestBalanceTiesDrawnByWeight(t *testing.T) {
+	t.Parallel()
+	spec := balanceSpec(balanceOf(leastBusy, target("light", 1), target("heavy", 9)))
+	wins := map[string]int{}
+	for i := range 200 {
+		f := newFixture(map[string][]controlstest.Reply{"light": {ok("l")}, "heavy": {ok("h")}})
+		f.env.Guards = controlstest.NewStandings() // every target idle: a tie
+		f.env.Rand = rand.New(rand.NewPCG(9, uint64(i)))
+		r := f.run(t, testCtx(t), spec)
+		require.Equal(t, succeeded, r.out.Status)
+		wins[r.out.Winner]++
+		assert.True(t, strings.HasSuffix(r.state.GetAttemptLog()[0].GetStartDetail(), "; a tie of 2 drawn by weight"))
+	}
+	assert.InDelta(t, 0.9, float64(wins["heavy"])/200, 0.07, "heavy won %d of 200", wins["heavy"])
+
+	again := func() string {
+		f := newFixture(map[string][]controlstest.Reply{"light": {ok("l")}, "heavy": {ok("h")}})
+		f.env.Guards = controlstest.NewStandings()
+		f.env.Rand = rand.New(rand.NewPCG(9, 3))
+		return f.run(t, testCtx(t), spec).out.Winner
+	}
+	assert.Equal(t, again(), again(), "the same seed, the same pick")
+}
+
+// TestBalanceStopsWithTheRun checks that a cancelled run stops the
+// balance: the call in flight is cancelled and no other target is picked.
+func TestBalanceStopsWithTheRun(t *testing.T) {
+	t.Parallel()
+	f, s := balanceFixture(map[string][]controlstest.Reply{"a": {hang}, "b": {ok("B")}}, 1)
+	s.Set("b", controls.Standing{InFlight: 1, Room: 1})
+	ctx, cancel := context.WithCancel(testCtx(t))
+	done := f.start(ctx, balanceSpec(balanceOf(leastBusy, target("a", 0), target("b", 0))))
+	f.waitStarted(t, "a")
+	cancel()
+	r := f.end(t, done)
+	assert.Equal(t, cancelled, r.out.Status)
+	assert.Equal(t, []string{"a"}, delegatesOf(r.calls))
+	assert.Equal(t, []stubbornv1.AttemptOutcome{attemptCancelled}, outcomes(r.state.GetAttemptLog()))
 }
