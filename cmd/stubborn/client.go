@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,6 +32,8 @@ type runFlags struct {
 	attemptTimeout, hedgeDelay            time.Duration
 	firstOutputTimeout, idleTimeout       time.Duration
 	onExhausted, idempotencyKey           string
+	strategy                              string
+	maxAttempts                           int
 	metadata                              metadataFlag
 }
 
@@ -52,10 +55,12 @@ func (m *metadataFlag) Set(v string) error {
 }
 
 func (f *runFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.control, "control", "fallback-chain", "retry | retry-with-learning | fallback-chain | race")
+	fs.StringVar(&f.control, "control", "fallback-chain", "retry | retry-with-learning | fallback-chain | race | balance")
 	fs.StringVar(&f.brief, "brief", "", "the task brief (required unless -request)")
 	fs.StringVar(&f.target, "target", "", "delegate for retry and retry-with-learning")
-	fs.StringVar(&f.list, "delegates", "", "comma-separated delegates for fallback-chain and race")
+	fs.StringVar(&f.list, "delegates", "", "comma-separated delegates for fallback-chain, race and balance (balance: NAME or NAME:WEIGHT, as a:3,b)")
+	fs.StringVar(&f.strategy, "strategy", "weighted", "balance: weighted | least-busy | latency | usage")
+	fs.IntVar(&f.maxAttempts, "max-attempts", 0, "balance: how many of its deployments to try at most; 0: all of them")
 	fs.IntVar(&f.attempts, "attempts", -1, "retry: the retries after the first try (RetrySpec.attempts; 2: at most 3 calls); -1: the server's default, 6")
 	fs.IntVar(&f.maxRetries, "max-retries", 0, "retry-with-learning: every attempt, the first included (max_retries; 3: at most 3 calls); 0: the server's default, 3")
 	fs.Var(&f.metadata, "metadata", "KEY=VALUE for options.metadata, sent to the delegates on every attempt (repeat for more)")
@@ -147,8 +152,14 @@ func (f *runFlags) build(stdin io.Reader) (*stubbornv1.RunRequest, error) {
 		if f.hedgeDelay != 0 {
 			req.Race.HedgeDelay = durationpb.New(f.hedgeDelay) // a negative one is the server's to refuse
 		}
+	case "balance":
+		b, err := f.balance(names)
+		if err != nil {
+			return nil, err
+		}
+		req.Balance = b
 	default:
-		return nil, fmt.Errorf("-control must be retry, retry-with-learning, fallback-chain or race, got %q", f.control)
+		return nil, fmt.Errorf("-control must be retry, retry-with-learning, fallback-chain, race or balance, got %q", f.control)
 	}
 	if err := f.checkComplete(control, names); err != nil {
 		return nil, err
@@ -169,7 +180,7 @@ func (f *runFlags) checkComplete(control string, names []string) error {
 		if strings.TrimSpace(f.target) == "" {
 			return fmt.Errorf("run: -control %s needs -target DELEGATE, the delegate it calls again (or -control fallback-chain or race with -delegates a,b)", control)
 		}
-	case "fallback-chain", "race":
+	case "fallback-chain", "race", "balance":
 		if len(names) == 0 {
 			return fmt.Errorf("run: -control %s%s needs -delegates a,b, the delegates it tries (or -control retry with -target for one delegate)", control, dflt)
 		}
@@ -193,12 +204,43 @@ func (f *runFlags) checkNames(control string) error {
 		if f.target == "" && f.list != "" {
 			return fmt.Errorf("-control %s names its one delegate with -target, not -delegates (which is for fallback-chain and race): -target %s", control, strings.Split(f.list, ",")[0])
 		}
-	case "fallback-chain", "race":
+	case "fallback-chain", "race", "balance":
 		if f.list == "" && f.target != "" {
 			return fmt.Errorf("-control %s names its delegates with -delegates, not -target (which is for retry and retry-with-learning): -delegates %s", control, f.target)
 		}
 	}
 	return nil
+}
+
+// balance builds a BalanceSpec from -delegates (NAME or NAME:WEIGHT),
+// -strategy and -max-attempts; the server checks the numbers' bounds.
+func (f *runFlags) balance(names []string) (*stubbornv1.BalanceSpec, error) {
+	b := &stubbornv1.BalanceSpec{}
+	for _, n := range names {
+		name, w, weighted := strings.Cut(n, ":")
+		t := &stubbornv1.BalanceTarget{Name: name}
+		if weighted {
+			v, err := strconv.ParseInt(w, 10, 32)
+			if err != nil {
+				return nil, fmt.Errorf("-delegates %q: the weight of %q must be a whole number, got %q", f.list, name, w)
+			}
+			t.Weight = ptr(int32(v))
+		}
+		b.Targets = append(b.Targets, t)
+	}
+	s := strings.ToUpper(strings.ReplaceAll(f.strategy, "-", "_"))
+	if !strings.HasPrefix(s, "BALANCE_STRATEGY_") {
+		s = "BALANCE_STRATEGY_" + s
+	}
+	v, ok := stubbornv1.BalanceStrategy_value[s]
+	if !ok || v == 0 {
+		return nil, fmt.Errorf("-strategy must be weighted, least-busy, latency or usage, got %q", f.strategy)
+	}
+	b.Strategy = stubbornv1.BalanceStrategy(v)
+	if f.maxAttempts != 0 {
+		b.MaxAttempts = ptr(int32(f.maxAttempts))
+	}
+	return b, nil
 }
 
 func ptr[T any](v T) *T { return &v }

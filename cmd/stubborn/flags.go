@@ -129,6 +129,7 @@ max_retries is every attempt, the first included (-max-retries 3: at most 3 call
 written against either contract mean what it says.`, names: []string{"attempts", "max-retries"}},
 			{title: "Retry's backoff", names: []string{"base-wait", "max-wait", "on-exhausted"}},
 			{title: "Race", names: []string{"hedge-delay"}},
+			{title: "Balance", about: "-delegates names its deployments, each NAME or NAME:WEIGHT (a:3,b).", names: []string{"strategy", "max-attempts"}},
 			{title: "Timeouts", names: []string{"run-timeout", "attempt-timeout", "first-output-timeout", "idle-timeout"}},
 			{title: "Connecting", names: []string{"addr", "wait"}},
 		},

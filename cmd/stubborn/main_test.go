@@ -104,6 +104,24 @@ func TestRunFlagsBuildRequests(t *testing.T) {
 				assert.Nil(t, r.GetOptions().GetFirstOutputTimeout(), "unset means the delegate's")
 				assert.Nil(t, r.GetOptions().GetIdleTimeout(), "unset means the delegate's")
 			}, ""},
+		{[]string{"-control", "balance", "-delegates", "a:3,b", "-strategy", "least-busy", "-max-attempts", "1", "-brief", "b"},
+			func(t *testing.T, r *stubbornv1.RunRequest) {
+				b := r.GetBalance()
+				require.Len(t, b.GetTargets(), 2)
+				assert.Equal(t, "a", b.GetTargets()[0].GetName())
+				assert.EqualValues(t, 3, b.GetTargets()[0].GetWeight())
+				assert.Nil(t, b.GetTargets()[1].Weight, "unset means 1")
+				assert.Equal(t, stubbornv1.BalanceStrategy_BALANCE_STRATEGY_LEAST_BUSY, b.GetStrategy())
+				assert.EqualValues(t, 1, b.GetMaxAttempts())
+			}, ""},
+		{[]string{"-control", "balance", "-delegates", "a,b", "-brief", "b"},
+			func(t *testing.T, r *stubbornv1.RunRequest) {
+				assert.Equal(t, stubbornv1.BalanceStrategy_BALANCE_STRATEGY_WEIGHTED, r.GetBalance().GetStrategy())
+				assert.Nil(t, r.GetBalance().MaxAttempts, "unset means every target")
+			}, ""},
+		{[]string{"-control", "balance", "-delegates", "a:x", "-brief", "b"}, nil, `the weight of "a" must be a whole number`},
+		{[]string{"-control", "balance", "-delegates", "a", "-strategy", "fastest", "-brief", "b"}, nil, "-strategy must be"},
+		{[]string{"-control", "balance", "-target", "a", "-brief", "b"}, nil, "names its delegates with -delegates"},
 		{[]string{"-control", "nope"}, nil, "-control must be"},
 		{[]string{"-control", "retry", "-on-exhausted", "maybe"}, nil, "-on-exhausted"},
 	}
@@ -135,6 +153,7 @@ func TestPrintSaysWhyARaceCandidateStarted(t *testing.T) {
 		stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY:    "attempt 1 → d (started after the hedge delay): brief",
 		stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_EARLIER_FAILED: "attempt 1 → d (started early: the candidates before it failed): brief",
 		stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED:    "attempt 1 → d: brief",
+		stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_BALANCE_PICK:   "attempt 1 → d (picked by the balance): brief",
 	} {
 		ev := &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptStarted{AttemptStarted: &stubbornv1.AttemptStarted{Attempt: attempt(1, reason)}}}
 		assert.Contains(t, describe(ev), want)
@@ -145,6 +164,21 @@ func TestPrintSaysWhyARaceCandidateStarted(t *testing.T) {
 		attempt(2, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY),
 	}}, true)
 	assert.Contains(t, out.String(), "#2 d: running (started after the hedge delay)", "an attempt in flight has no outcome yet")
+
+	// A balance's pick says its figures.
+	picked := attempt(1, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_BALANCE_PICK)
+	picked.StartDetail = "balance least_busy: 2 in flight (others e 3 in flight)"
+	ev := &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptStarted{AttemptStarted: &stubbornv1.AttemptStarted{Attempt: picked}}}
+	assert.Contains(t, describe(ev), "attempt 1 → d (balance least_busy: 2 in flight (others e 3 in flight)): brief")
+	out.Reset()
+	w := int32(3)
+	spec := &stubbornv1.ControlSpec{
+		Kind: &stubbornv1.ControlSpec_Balance{Balance: &stubbornv1.BalanceSpec{Targets: []*stubbornv1.BalanceTarget{{Name: "d", Weight: &w}, {Name: "e"}}}},
+	}
+	printState(&out, &stubbornv1.ControlState{RunId: "r", AttemptLog: []*stubbornv1.Attempt{picked}, Control: spec}, true)
+	assert.Contains(t, out.String(), "#1 d: running (balance least_busy: 2 in flight (others e 3 in flight))")
+	assert.Contains(t, out.String(), "control   balance of d, e")
+	assert.Equal(t, "balance (weighted) of d:3, e", controlName(spec))
 }
 
 // streamEvents builds the events of a run for the printer tests: seq

@@ -136,7 +136,7 @@ func describe(ev *stubbornv1.RunEvent) string {
 		if w := a.GetWaitBefore().AsDuration(); w > 0 {
 			s += fmt.Sprintf(" (after waiting %s)", round(w))
 		}
-		if r := startReasons[a.GetStartReason()]; r != "" {
+		if r := startWhy(a); r != "" {
 			s += " (" + r + ")"
 		}
 		first, rest, _ := strings.Cut(a.GetBrief(), "\n")
@@ -410,6 +410,8 @@ func summaryName(r *stubbornv1.RunSummary) string {
 		return "fallback-chain " + strings.Join(d, " → ")
 	case "race":
 		return "race of " + strings.Join(d, ", ")
+	case "balance":
+		return "balance of " + strings.Join(d, ", ")
 	}
 	return r.GetControl()
 }
@@ -424,6 +426,21 @@ func controlName(c *stubbornv1.ControlSpec) string {
 		return "fallback-chain " + strings.Join(k.FallbackChain.GetChain(), " → ")
 	case *stubbornv1.ControlSpec_Race:
 		return "race of " + strings.Join(k.Race.GetCandidates(), ", ")
+	case *stubbornv1.ControlSpec_Balance:
+		b := k.Balance
+		var ts []string
+		for _, t := range b.GetTargets() {
+			if t.Weight != nil {
+				ts = append(ts, fmt.Sprintf("%s:%d", t.GetName(), t.GetWeight()))
+			} else {
+				ts = append(ts, t.GetName())
+			}
+		}
+		strategy := strings.ToLower(strings.TrimPrefix(b.GetStrategy().String(), "BALANCE_STRATEGY_"))
+		if b.GetStrategy() == stubbornv1.BalanceStrategy_BALANCE_STRATEGY_UNSPECIFIED {
+			strategy = "weighted"
+		}
+		return "balance (" + strategy + ") of " + strings.Join(ts, ", ")
 	}
 	return "unknown control"
 }
@@ -491,7 +508,7 @@ func printState(w io.Writer, st *stubbornv1.ControlState, whole bool) {
 		if a.GetStartTime() != nil && a.GetEndTime() != nil {
 			line += " in " + round(a.GetEndTime().AsTime().Sub(a.GetStartTime().AsTime())).String()
 		}
-		if r := startReasons[a.GetStartReason()]; r != "" {
+		if r := startWhy(a); r != "" {
 			line += " (" + r + ")"
 		}
 		fmt.Fprintln(w, line)
@@ -516,9 +533,20 @@ func printState(w io.Writer, st *stubbornv1.ControlState, whole bool) {
 	fmt.Fprintln(w, "  (-json for the whole state: brief, options, each attempt's brief and result)")
 }
 
-// startReasons say why a race candidate started when it did
-// (Attempt.start_reason); other attempts have none.
+// startWhy says why an attempt started: a balance's pick with its
+// figures (Attempt.start_detail), else its start reason's words; "" for
+// none.
+func startWhy(a *stubbornv1.Attempt) string {
+	if d := a.GetStartDetail(); d != "" {
+		return d
+	}
+	return startReasons[a.GetStartReason()]
+}
+
+// startReasons say why a race candidate started when it did, or that a
+// balance picked it (Attempt.start_reason); other attempts have none.
 var startReasons = map[stubbornv1.AttemptStartReason]string{
+	stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_BALANCE_PICK:   "picked by the balance",
 	stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE:        "started with the race",
 	stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_HEDGE_DELAY:    "started after the hedge delay",
 	stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_EARLIER_FAILED: "started early: the candidates before it failed",

@@ -298,6 +298,38 @@ func TestConsoleHedgedRace(t *testing.T) {
 	}
 }
 
+// A balance started from the form: its targets' weights and strategy
+// reach the run, and each attempt shows why it was picked, with the
+// figures.
+func TestConsoleBalance(t *testing.T) {
+	s := startServer(t, setup{delegates: map[string]stubbornv1.DelegateServiceServer{
+		"slow": &demo.Slow{Delay: time.Minute},
+		"echo": demo.Echo{},
+	}})
+	ctx := testCtx(t)
+	b := newBrowser(t)
+	b.do("opening the start form", 30*time.Second,
+		chromedp.Navigate(s.url+"/#/start"),
+		chromedp.WaitVisible(chromedp.CSS(startForm)))
+	b.setSelect(startForm+` select[name=control]`, "balance")
+	b.typeInto(startForm+` input[name=delegates]`, "echo:3, slow")
+	b.setSelect(startForm+` select[name=strategy]`, "least_busy")
+	b.typeInto(startForm+` textarea[name=brief]`, "say hello")
+	b.do("starting the run", 10*time.Second, chromedp.Click(chromedp.CSS(`button[data-testid=start]`)))
+	b.waitJS("the run to succeed", q(runPage+`[data-status=RUN_STATUS_SUCCEEDED]`), 20*time.Second)
+	id := eval[string](b, q(runPage)+`.getAttribute('data-run-id')`)
+	st := s.waitStatus(t, ctx, id, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, 5*time.Second)
+	bal := st.GetControl().GetBalance()
+	if bal.GetStrategy() != stubbornv1.BalanceStrategy_BALANCE_STRATEGY_LEAST_BUSY || len(bal.GetTargets()) != 2 || bal.GetTargets()[0].GetWeight() != 3 {
+		t.Errorf("the form started %v, want a least_busy balance of echo:3, slow", bal)
+	}
+	reason := `(` + q(`[data-testid=attempt-detail][data-attempt="1"] [data-testid=start-reason]`) + `?.textContent ?? '')`
+	b.waitJS("attempt 1's pick", reason+`.startsWith('balance least_busy: 0 in flight')`, 5*time.Second)
+	if ex := b.log.Exceptions(); len(ex) > 0 {
+		t.Errorf("uncaught exceptions: %q", ex)
+	}
+}
+
 // A circuit breaker's decisions in the timeline: the attempt whose failure
 // opened it says so in its note; in the next run the delegate is skipped,
 // its failure's source the circuit breaker.

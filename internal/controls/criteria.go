@@ -205,6 +205,8 @@ func NewCriteria(spec *stubbornv1.ControlSpec, judge string, d Delegates) Criter
 		text, expr, exprField, w = k.FallbackChain.GetFailureCriteria(), k.FallbackChain.GetFailureWhen(), "failure_when", wordingFallbackChain
 	case *stubbornv1.ControlSpec_Race:
 		text, expr, exprField, w = k.Race.GetAcceptanceCriteria(), k.Race.GetAcceptWhen(), "accept_when", wordingRace
+	case *stubbornv1.ControlSpec_Balance:
+		text, expr, exprField, w = k.Balance.GetFailureCriteria(), k.Balance.GetFailureWhen(), "failure_when", wordingFallbackChain
 	}
 	if text == "" && expr == "" {
 		return nil

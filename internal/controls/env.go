@@ -213,6 +213,31 @@ type Guards interface {
 	Admit(ctx context.Context, delegate string) (done func(res *stubbornv1.Result, err error) string, err error)
 }
 
+// Standing is how a delegate stands as of now, as a balance control
+// weighs it (Standings).
+type Standing struct {
+	// Open says its circuit breaker refuses calls now (open, not yet
+	// half-open).
+	Open bool
+	// InFlight is how many calls to it this server has in flight.
+	InFlight int
+	// Latency is its recent latency on this server (time to first output
+	// for a stream); 0 when not measured yet.
+	Latency time.Duration
+	// Room is the share of its tightest rate limit left within the
+	// minute: 1 with no rate limit, 0 when spent.
+	Room float64
+}
+
+// Standings tell how delegates stand: what a balance control picks by.
+// Env's Guards (else its Delegates) offer it when they have it; without
+// it every delegate stands alike (Standing{Room: 1}).
+type Standings interface {
+	// Standing returns the named delegate's standing now. It must not
+	// block, and is read-only.
+	Standing(delegate string) Standing
+}
+
 // Presets resolves names that stand for a whole control rather than a
 // delegate, so that controls nest.
 type Presets interface {

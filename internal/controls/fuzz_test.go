@@ -78,6 +78,9 @@ func FuzzJournalReplay(f *testing.F) {
 		{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"a", "b", "c"}}}},
 		{Kind: &stubbornv1.ControlSpec_Race{Race: &stubbornv1.RaceSpec{Candidates: []string{"a", "b"}, AcceptWhen: `result.text != "bad"`}}},
 		{Kind: &stubbornv1.ControlSpec_Race{Race: &stubbornv1.RaceSpec{Candidates: []string{"a", "b", "c"}, HedgeDelay: durationpb.New(time.Second)}}},
+		{Kind: &stubbornv1.ControlSpec_Balance{Balance: &stubbornv1.BalanceSpec{
+			Targets: []*stubbornv1.BalanceTarget{{Name: "a", Weight: ptr(int32(3))}, {Name: "b"}, {Name: "c"}}, MaxAttempts: ptr(int32(2)),
+		}}},
 	}
 	for _, spec := range specs {
 		for _, answers := range [][]byte{{1, 1, 0}, {2, 0}, {1, 1, 1, 1, 1, 0}} {

@@ -199,6 +199,23 @@ func (t *Tracker) nextStartedAs(path, delegate string) bool {
 	return ev != nil && !t.journal.used[ev] && ev.GetAttemptStarted().GetAttempt().GetDelegate() == delegate
 }
 
+// nextPick returns the delegate the journal shows the attempt that comes
+// next at path went to, when it holds that attempt's start and it was not
+// replayed yet: a balance takes its pick from there instead of picking
+// again.
+func (t *Tracker) nextPick(path string) (string, bool) {
+	if t.journal == noJournal {
+		return "", false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ev := t.journal.startedAt[t.nextStep(path)]
+	if ev == nil || t.journal.used[ev] {
+		return "", false
+	}
+	return ev.GetAttemptStarted().GetAttempt().GetDelegate(), true
+}
+
 // answered reports whether the journal has attempt n's end: the attempt was
 // made, and counted wherever attempts are counted, before the run changed
 // hands.

@@ -3,7 +3,7 @@ package controls
 import stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 
 // ControlName is the name of a spec's control: "retry",
-// "retry_with_learning", "fallback_chain", "race", or "unknown".
+// "retry_with_learning", "fallback_chain", "race", "balance", or "unknown".
 func ControlName(spec *stubbornv1.ControlSpec) string {
 	switch spec.GetKind().(type) {
 	case *stubbornv1.ControlSpec_Retry:
@@ -14,12 +14,14 @@ func ControlName(spec *stubbornv1.ControlSpec) string {
 		return "fallback_chain"
 	case *stubbornv1.ControlSpec_Race:
 		return "race"
+	case *stubbornv1.ControlSpec_Balance:
+		return "balance"
 	}
 	return "unknown"
 }
 
 // Named returns the delegates and presets spec names, in its order: the
-// target (and the analyst), the chain, or the candidates.
+// target (and the analyst), the chain, the candidates, or the targets.
 func Named(spec *stubbornv1.ControlSpec) []string {
 	switch k := spec.GetKind().(type) {
 	case *stubbornv1.ControlSpec_Retry:
@@ -33,6 +35,12 @@ func Named(spec *stubbornv1.ControlSpec) []string {
 		return k.FallbackChain.GetChain()
 	case *stubbornv1.ControlSpec_Race:
 		return k.Race.GetCandidates()
+	case *stubbornv1.ControlSpec_Balance:
+		names := make([]string, len(k.Balance.GetTargets()))
+		for i, t := range k.Balance.GetTargets() {
+			names[i] = t.GetName()
+		}
+		return names
 	}
 	return nil
 }

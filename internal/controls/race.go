@@ -119,7 +119,7 @@ func (r *racer) running() bool {
 // it.
 func (r *racer) begin(reason stubbornv1.AttemptStartReason) {
 	i := len(r.numbers)
-	r.numbers = append(r.numbers, r.env.Tracker.beginAttempt(r.env.Path, r.candidates[i], r.brief, 0, reason))
+	r.numbers = append(r.numbers, r.env.Tracker.beginAttempt(r.env.Path, r.candidates[i], r.brief, 0, reason, ""))
 	r.pending[i] = true
 	if r.env.inHand(r.numbers[i], r.candidates[i]) {
 		r.done <- finish{index: i, a: r.answer(i)}

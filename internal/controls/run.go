@@ -64,6 +64,8 @@ func execute(ctx context.Context, env *Env, brief string, spec *stubbornv1.Contr
 		return race(ctx, env, brief, k.Race)
 	case *stubbornv1.ControlSpec_Retry:
 		return retryControl(ctx, env, brief, k.Retry)
+	case *stubbornv1.ControlSpec_Balance:
+		return balance(ctx, env, brief, k.Balance)
 	}
 	return failedWith(stubbornv1.StatusReason_STATUS_REASON_NO_CONTROL, "no control in spec")
 }

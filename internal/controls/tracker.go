@@ -217,13 +217,14 @@ func (t *Tracker) Resumed(owner, reason string) {
 // attempt_started. It returns the attempt's run-wide number: the
 // journal's, for an attempt it holds at this path and step.
 func (t *Tracker) BeginAttempt(path, delegate, brief string, waitBefore time.Duration) int32 {
-	return t.beginAttempt(path, delegate, brief, waitBefore, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED)
+	return t.beginAttempt(path, delegate, brief, waitBefore, stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED, "")
 }
 
 // beginAttempt is BeginAttempt with the reason the attempt starts now
-// (Attempt.start_reason), which a race's candidates have. A replayed
-// attempt keeps the journal's.
-func (t *Tracker) beginAttempt(path, delegate, brief string, waitBefore time.Duration, reason stubbornv1.AttemptStartReason) int32 {
+// (Attempt.start_reason), which a race's candidates and a balance's picks
+// have, and its words (Attempt.start_detail: a balance's figures). A
+// replayed attempt keeps the journal's.
+func (t *Tracker) beginAttempt(path, delegate, brief string, waitBefore time.Duration, reason stubbornv1.AttemptStartReason, detail string) int32 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	at := t.nextStep(path)
@@ -254,6 +255,7 @@ func (t *Tracker) beginAttempt(path, delegate, brief string, waitBefore time.Dur
 		StartTime:   copyTime(now),
 		Path:        path,
 		StartReason: reason,
+		StartDetail: detail,
 	}
 	if waitBefore > 0 {
 		a.WaitBefore = durationpb.New(waitBefore)

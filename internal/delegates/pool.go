@@ -56,6 +56,8 @@ type Pool struct {
 	// failures are the server's record of failed calls, for Describe
 	// (nil: none).
 	failures *Failures
+	// load counts the calls in flight and their latency (nil: none).
+	load *Traffic
 
 	mu     sync.Mutex
 	health map[string]healthAnswer
@@ -98,6 +100,10 @@ type PoolOptions struct {
 	// Previous, when set, is the pool this one replaces (a reload): what
 	// it knew of an unchanged delegate's health is kept.
 	Previous *Pool
+	// Traffic, when set, counts each delegate's calls in flight and keeps
+	// its recent latency (what a balance control weighs, through
+	// StandingGuards). A server shares one across its pools.
+	Traffic *Traffic
 }
 
 // NewPoolWith creates a client connection for every delegate in cfg with
@@ -114,6 +120,7 @@ func NewPoolWith(cfg *Config, o PoolOptions) (*Pool, error) {
 		wrapHTTP: o.HTTPTransport,
 		guards:   o.Guards,
 		failures: o.Failures,
+		load:     o.Traffic,
 		byKey:    make(map[string]*entry, len(cfg.Delegates)),
 		presets:  make(map[string]*stubbornv1.ControlSpec, len(cfg.Presets)),
 		health:   make(map[string]healthAnswer),
@@ -233,6 +240,55 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if p.load != nil {
+		var end func(*stubbornv1.Result, error)
+		c, end = p.measure(c)
+		r, err := p.call(ctx, e, c)
+		end(r, err)
+		return r, err
+	}
+	return p.call(ctx, e, c)
+}
+
+// measure counts c in flight (p.load) until end is called with its
+// answer, which measures its latency: to its first output when it
+// streams one, else to its answer. A call that failed fast says nothing
+// of how fast the delegate answers, and is not measured; one that timed
+// out is, since slow is what it was.
+func (p *Pool) measure(c controls.Call) (controls.Call, func(*stubbornv1.Result, error)) {
+	start := p.now()
+	done := p.load.begin(c.Delegate)
+	var (
+		mu    sync.Mutex
+		first time.Duration = -1
+	)
+	seen := func() {
+		mu.Lock()
+		if first < 0 {
+			first = p.now().Sub(start)
+		}
+		mu.Unlock()
+	}
+	if out := c.Output; out != nil {
+		c.Output = func(text string) { seen(); out(text) }
+	}
+	if deltas := c.Deltas; deltas != nil {
+		c.Deltas = func(ds []*stubbornv1.OutputDelta) { seen(); deltas(ds) }
+	}
+	return c, func(_ *stubbornv1.Result, err error) {
+		mu.Lock()
+		took := first
+		mu.Unlock()
+		if took < 0 {
+			took = p.now().Sub(start)
+		}
+		ce, _ := errors.AsType[*controls.CallError](err)
+		done(took, err == nil || (ce != nil && ce.Code == codes.DeadlineExceeded))
+	}
+}
+
+// call is Call for entry e, once counted.
+func (p *Pool) call(ctx context.Context, e *entry, c controls.Call) (*stubbornv1.Result, error) {
 	timeout := e.cfg.Timeout.Std()
 	if c.AttemptTimeout > 0 {
 		timeout = c.AttemptTimeout

@@ -22,11 +22,14 @@ import (
 // that controls nest: a fallback chain of [a retry of search-primary,
 // search-backup], for example. In YAML a preset is its name and exactly one
 // control, written with the fields of its stubborn.v1 message (durations
-// as Go durations, on_exhausted as ask or fail):
+// as Go durations, on_exhausted as ask or fail, a balance's strategy as
+// weighted, least_busy, latency or usage):
 //
 //	presets:
 //	  - name: search-with-retry
 //	    retry: {target: search-primary, attempts: 2, base_wait: 100ms, on_exhausted: fail}
+//	  - name: gpt
+//	    balance: {targets: [{name: gpt-east, weight: 3}, {name: gpt-west}], strategy: weighted}
 type Preset struct {
 	// Name is how runs refer to the preset; unique among delegates and
 	// presets.
@@ -35,11 +38,11 @@ type Preset struct {
 	Spec *stubbornv1.ControlSpec
 }
 
-// controlKeys are the YAML keys of the four controls, in ControlSpec order,
+// controlKeys are the YAML keys of the controls, in ControlSpec order,
 // and controlMessages their messages.
 var (
-	controlKeys     = []string{"retry", "retry_with_learning", "fallback_chain", "race"}
-	controlMessages = []proto.Message{&stubbornv1.RetrySpec{}, &stubbornv1.RetryWithLearningSpec{}, &stubbornv1.FallbackChainSpec{}, &stubbornv1.RaceSpec{}}
+	controlKeys     = []string{"retry", "retry_with_learning", "fallback_chain", "race", "balance"}
+	controlMessages = []proto.Message{&stubbornv1.RetrySpec{}, &stubbornv1.RetryWithLearningSpec{}, &stubbornv1.FallbackChainSpec{}, &stubbornv1.RaceSpec{}, &stubbornv1.BalanceSpec{}}
 )
 
 // UnmarshalYAML reads a preset: its name and exactly one control. Its
@@ -115,6 +118,8 @@ func (p *Preset) UnmarshalYAML(n *yaml.Node) error {
 		spec.Kind = &stubbornv1.ControlSpec_FallbackChain{FallbackChain: m}
 	case *stubbornv1.RaceSpec:
 		spec.Kind = &stubbornv1.ControlSpec_Race{Race: m}
+	case *stubbornv1.BalanceSpec:
+		spec.Kind = &stubbornv1.ControlSpec_Balance{Balance: m}
 	}
 	p.Spec = spec
 	return nil
@@ -175,6 +180,18 @@ func normalize(body map[string]any) (field string, err error) {
 				return k, fmt.Errorf("must be ask or fail (or ON_EXHAUSTED_ASK, ON_EXHAUSTED_FAIL), got %v", v)
 			}
 			body[k] = u
+		case k == "strategy":
+			// weighted, least_busy, latency, usage, or the .proto's
+			// BALANCE_STRATEGY_LATENCY, in any case.
+			s, _ := v.(string)
+			u := strings.ToUpper(s)
+			if !strings.HasPrefix(u, "BALANCE_STRATEGY_") {
+				u = "BALANCE_STRATEGY_" + u
+			}
+			if _, ok := stubbornv1.BalanceStrategy_value[u]; !ok || u == "BALANCE_STRATEGY_UNSPECIFIED" {
+				return k, fmt.Errorf("must be weighted, least_busy, latency or usage, got %v", v)
+			}
+			body[k] = u
 		}
 	}
 	return "", nil
@@ -191,6 +208,12 @@ func References(spec *stubbornv1.ControlSpec) []string {
 		return k.FallbackChain.GetChain()
 	case *stubbornv1.ControlSpec_Race:
 		return k.Race.GetCandidates()
+	case *stubbornv1.ControlSpec_Balance:
+		names := make([]string, len(k.Balance.GetTargets()))
+		for i, t := range k.Balance.GetTargets() {
+			names[i] = t.GetName()
+		}
+		return names
 	}
 	return nil
 }
@@ -231,6 +254,11 @@ func (c *Config) validatePresets(delegates map[string]int) []error {
 		}
 		if p.Spec.GetRace().GetHedgeDelay().AsDuration() < 0 {
 			bad("%s: race.hedge_delay must not be negative", where)
+		}
+		if b := p.Spec.GetBalance(); b != nil {
+			for _, msg := range CheckBalance("balance", b, c.Limits.MaxChain, c.Limits.MaxAttempts) {
+				bad("%s: %s", where, msg)
+			}
 		}
 	}
 	for i, p := range c.Presets {
@@ -285,6 +313,51 @@ func hasCriteria(spec *stubbornv1.ControlSpec) bool {
 		return k.FallbackChain.GetFailureCriteria() != "" || k.FallbackChain.GetFailureWhen() != ""
 	case *stubbornv1.ControlSpec_Race:
 		return k.Race.GetAcceptanceCriteria() != "" || k.Race.GetAcceptWhen() != ""
+	case *stubbornv1.ControlSpec_Balance:
+		return k.Balance.GetFailureCriteria() != "" || k.Balance.GetFailureWhen() != ""
 	}
 	return false
+}
+
+// MaxBalanceWeight is the largest weight of a balance's target.
+const MaxBalanceWeight = 1000
+
+// CheckBalance returns what is wrong with a balance spec's shape, each
+// message naming its field under field (targets empty, over maxChain or
+// with a name twice, a weight outside 1..MaxBalanceWeight, an unknown
+// strategy, max_attempts outside 1..maxAttempts); none when it is
+// well-formed. A limit of 0 or less is not checked. Whether the names
+// are known is the caller's to check.
+func CheckBalance(field string, b *stubbornv1.BalanceSpec, maxChain, maxAttempts int) []string {
+	var msgs []string
+	targets := b.GetTargets()
+	switch {
+	case len(targets) == 0:
+		msgs = append(msgs, field+".targets: at least one target is required")
+	case maxChain > 0 && len(targets) > maxChain:
+		msgs = append(msgs, fmt.Sprintf("%s.targets: %d targets, more than the limit of %d (limits.max_chain)", field, len(targets), maxChain))
+	}
+	seen := make(map[string]int, len(targets))
+	for i, t := range targets {
+		at := fmt.Sprintf("%s.targets[%d]", field, i)
+		if j, dup := seen[t.GetName()]; dup && t.GetName() != "" {
+			msgs = append(msgs, fmt.Sprintf("%s.name: %q is targets[%d] already", at, t.GetName(), j))
+		}
+		seen[t.GetName()] = i
+		if t.Weight != nil && (t.GetWeight() < 1 || t.GetWeight() > MaxBalanceWeight) {
+			msgs = append(msgs, fmt.Sprintf("%s.weight: must be 1 to %d, got %d", at, MaxBalanceWeight, t.GetWeight()))
+		}
+	}
+	if _, known := stubbornv1.BalanceStrategy_name[int32(b.GetStrategy())]; !known {
+		msgs = append(msgs, fmt.Sprintf("%s.strategy: unknown strategy %d", field, b.GetStrategy()))
+	}
+	if b.MaxAttempts != nil {
+		switch n := b.GetMaxAttempts(); {
+		case maxAttempts > 0 && (n < 1 || int(n) > maxAttempts):
+			msgs = append(msgs, fmt.Sprintf("%s.max_attempts: must be 1 to %d (limits.max_attempts), got %d", field, maxAttempts, n))
+		case n < 1:
+			msgs = append(msgs, fmt.Sprintf("%s.max_attempts: must be at least 1, got %d", field, n))
+		}
+	}
+	return msgs
 }

@@ -381,6 +381,8 @@ func (f *frontDoor) runRequest(r *http.Request, who context.Context, reg *regist
 		run.FallbackChain = k.FallbackChain
 	case *stubbornv1.ControlSpec_Race:
 		run.Race = k.Race
+	case *stubbornv1.ControlSpec_Balance:
+		run.Balance = k.Balance
 	}
 	return withCriteria(run, req.criteria)
 }
@@ -427,13 +429,15 @@ func withCriteria(run *stubbornv1.RunRequest, c map[string]string) (*stubbornv1.
 		return run, nil
 	}
 	bad := func(kind string) error {
-		return status.Errorf(codes.InvalidArgument, "stubborn: the model's control (%s) does not take these criteria: failure_criteria and failure_when go to a fallback chain or retry-with-learning, acceptance_criteria and accept_when to a race", kind)
+		return status.Errorf(codes.InvalidArgument, "stubborn: the model's control (%s) does not take these criteria: failure_criteria and failure_when go to a fallback chain, a balance or retry-with-learning, acceptance_criteria and accept_when to a race", kind)
 	}
 	switch {
 	case run.GetFallbackChain() != nil && c["acceptance_criteria"] == "" && c["accept_when"] == "":
 		run.FallbackChain.FailureCriteria, run.FallbackChain.FailureWhen = c["failure_criteria"], c["failure_when"]
 	case run.GetRetryWithLearning() != nil && c["acceptance_criteria"] == "" && c["accept_when"] == "":
 		run.RetryWithLearning.FailureCriteria, run.RetryWithLearning.FailureWhen = c["failure_criteria"], c["failure_when"]
+	case run.GetBalance() != nil && c["acceptance_criteria"] == "" && c["accept_when"] == "":
+		run.Balance.FailureCriteria, run.Balance.FailureWhen = c["failure_criteria"], c["failure_when"]
 	case run.GetRace() != nil && c["failure_criteria"] == "" && c["failure_when"] == "":
 		run.Race.AcceptanceCriteria, run.Race.AcceptWhen = c["acceptance_criteria"], c["accept_when"]
 	default:
@@ -445,6 +449,8 @@ func withCriteria(run *stubbornv1.RunRequest, c map[string]string) (*stubbornv1.
 			kind = "race"
 		case run.GetFallbackChain() != nil:
 			kind = "fallback_chain"
+		case run.GetBalance() != nil:
+			kind = "balance"
 		}
 		return nil, bad(kind)
 	}

@@ -68,7 +68,7 @@ func listRunsSummaries(t *testing.T, js bool) {
 
 	_, err = e.client.ListRuns(ctx, &stubbornv1.ListRunsRequest{Control: "retrying"})
 	assert.Equal(t, codes.InvalidArgument, status.Code(err))
-	assert.Contains(t, status.Convert(err).Message(), "control: must be one of retry, retry_with_learning, fallback_chain, race")
+	assert.Contains(t, status.Convert(err).Message(), "control: must be one of retry, retry_with_learning, fallback_chain, race, balance")
 	_, err = e.client.ListRuns(ctx, &stubbornv1.ListRunsRequest{View: 9})
 	assert.Contains(t, status.Convert(err).Message(), "view: unknown value 9")
 }

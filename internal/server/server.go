@@ -407,7 +407,7 @@ func (s *service) ListRuns(ctx context.Context, req *stubbornv1.ListRunsRequest)
 }
 
 // controlNames are the values of a control filter.
-var controlNames = []string{"retry", "retry_with_learning", "fallback_chain", "race"}
+var controlNames = []string{"retry", "retry_with_learning", "fallback_chain", "race", "balance"}
 
 // checkFilter adds what is wrong with a ListRuns or WatchRuns filter to v
 // and returns it.

@@ -308,7 +308,7 @@ func TestBadInputIsRejectedNamingTheField(t *testing.T) {
 		{"missing brief", &stubbornv1.RunRequest{FallbackChain: chain("echo")}, codes.InvalidArgument, "task_brief"},
 		{"blank brief", &stubbornv1.RunRequest{TaskBrief: " \n", FallbackChain: chain("echo")}, codes.InvalidArgument, "task_brief"},
 		{"brief over the limit", &stubbornv1.RunRequest{TaskBrief: strings.Repeat("b", 65), FallbackChain: chain("echo")}, codes.InvalidArgument, "task_brief: is 65 bytes, more than the limit of 64"},
-		{"no control", &stubbornv1.RunRequest{TaskBrief: "x"}, codes.InvalidArgument, "exactly one of retry, retry_with_learning, fallback_chain, race"},
+		{"no control", &stubbornv1.RunRequest{TaskBrief: "x"}, codes.InvalidArgument, "exactly one of retry, retry_with_learning, fallback_chain, race, balance"},
 		{"two controls", &stubbornv1.RunRequest{TaskBrief: "x", FallbackChain: chain("echo"), Race: &stubbornv1.RaceSpec{Candidates: []string{"echo"}}}, codes.InvalidArgument, "got fallback_chain and race"},
 		{"empty race", &stubbornv1.RunRequest{TaskBrief: "x", Race: &stubbornv1.RaceSpec{}}, codes.InvalidArgument, "race.candidates"},
 		{"negative attempts", &stubbornv1.RunRequest{TaskBrief: "x", Retry: &stubbornv1.RetrySpec{Target: "echo", Attempts: n(-1)}}, codes.InvalidArgument, "retry.attempts"},

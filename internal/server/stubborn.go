@@ -65,8 +65,11 @@ type Stubborn struct {
 	// failures keeps the delegates' recent failed calls (ListDelegates),
 	// across reloads like guards.
 	failures *delegates.Failures
-	dial     []grpc.DialOption
-	logger   *slog.Logger
+	// traffic counts the delegates' calls in flight and their latency
+	// (what a balance weighs), across reloads like guards.
+	traffic *delegates.Traffic
+	dial    []grpc.DialOption
+	logger  *slog.Logger
 	// reloadMu makes reloads one at a time.
 	reloadMu sync.Mutex
 	// door is the OpenAI-compatible front door (frontdoor.go), made by the
@@ -99,7 +102,8 @@ func New(cfg Config) (*Stubborn, error) {
 	}
 	s := &Stubborn{
 		tel: tel, logger: logger, guards: delegates.NewGuards(cfg.Clock), failures: delegates.NewFailures(cfg.Clock),
-		dial: append([]grpc.DialOption{grpc.WithStatsHandler(tel.ClientHandler())}, cfg.DialOptions...),
+		traffic: delegates.NewTraffic(),
+		dial:    append([]grpc.DialOption{grpc.WithStatsHandler(tel.ClientHandler())}, cfg.DialOptions...),
 	}
 	s.guards.OnTransition = func(delegate string, t delegates.Transition) {
 		tel.BreakerChanged(delegate, t.From.String(), t.To.String(), t.Why)
@@ -164,6 +168,7 @@ func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, opti
 	}
 	pool, err := delegates.NewPoolWith(cfg, delegates.PoolOptions{
 		Dial: s.dial, HTTPTransport: s.tel.HTTPTransport, Guards: s.guards, Failures: s.failures, Previous: prevPool,
+		Traffic: s.traffic,
 	})
 	if err != nil {
 		return nil, options{}, err
@@ -201,7 +206,8 @@ func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, opti
 	// The guards are the server's, kept across reloads; set now that the
 	// config is certain to be used.
 	s.guards.Configure(cfg)
-	reg.deps = runs.Deps{Delegates: calls, Presets: pool, Budgets: budgets, Criteria: criteriaFor(calls, cfg.Judge), Guards: s.guards}
+	reg.deps = runs.Deps{Delegates: calls, Presets: pool, Budgets: budgets, Criteria: criteriaFor(calls, cfg.Judge),
+		Guards: delegates.StandingGuards{Guards: s.guards, Traffic: s.traffic}} // a balance asks them how delegates stand
 	if len(cfg.Tenants) > 0 {
 		reg.authn = newAuthenticator(cfg.Tenants)
 	}

@@ -131,6 +131,7 @@ type runRequest interface {
 	GetRetryWithLearning() *stubbornv1.RetryWithLearningSpec
 	GetFallbackChain() *stubbornv1.FallbackChainSpec
 	GetRace() *stubbornv1.RaceSpec
+	GetBalance() *stubbornv1.BalanceSpec
 	GetOptions() *stubbornv1.RunOptions
 	GetTaskMessages() []*structpb.Struct
 	GetModelParams() *structpb.Struct
@@ -321,12 +322,18 @@ func (val *validator) runSpec(req runRequest) (*stubbornv1.ControlSpec, error) {
 		val.criteria(&v, "race", r.GetAcceptanceCriteria(), r.GetAcceptWhen(), "acceptance_criteria", "accept_when", judged)
 		val.duration(&v, "race.hedge_delay", r.GetHedgeDelay())
 	}
+	if r := req.GetBalance(); r != nil {
+		set = append(set, "balance")
+		spec.Kind = &stubbornv1.ControlSpec_Balance{Balance: r}
+		names = append(names, val.balance(&v, r)...)
+		val.criteria(&v, "balance", r.GetFailureCriteria(), r.GetFailureWhen(), "failure_criteria", "failure_when", judged)
+	}
 	switch len(set) {
 	case 0:
-		v.add("retry", "exactly one of retry, retry_with_learning, fallback_chain, race must be set; none is")
+		v.add("retry", "exactly one of retry, retry_with_learning, fallback_chain, race, balance must be set; none is")
 	case 1:
 	default:
-		v.add(set[1], "exactly one of retry, retry_with_learning, fallback_chain, race must be set; got %s", strings.Join(set, " and "))
+		v.add(set[1], "exactly one of retry, retry_with_learning, fallback_chain, race, balance must be set; got %s", strings.Join(set, " and "))
 	}
 	val.options(&v, req.GetOptions())
 	if err := v.err(); err != nil {
@@ -491,6 +498,28 @@ func (val *validator) list(v *violations, field string, names []string) []namedR
 			continue
 		}
 		refs = append(refs, val.name(v, f, n, false)...)
+	}
+	return refs
+}
+
+// balance checks a balance's shape (delegates.CheckBalance, within the
+// limits on a chain's length and on attempts) and returns its targets'
+// names to look up.
+func (val *validator) balance(v *violations, r *stubbornv1.BalanceSpec) []namedRef {
+	for _, msg := range delegates.CheckBalance("balance", r, val.limits.MaxChain, val.limits.MaxAttempts) {
+		field, what, _ := strings.Cut(msg, ": ")
+		v.add(field, "%s", what)
+	}
+	var refs []namedRef
+	// A list over the limit is refused as a whole, as the chain's.
+	targets := r.GetTargets()
+	for i, t := range targets[:min(len(targets), val.limits.MaxChain)] {
+		f := fmt.Sprintf("balance.targets[%d].name", i)
+		if t.GetName() == "" {
+			v.add(f, "must name a delegate or a preset")
+			continue
+		}
+		refs = append(refs, val.name(v, f, t.GetName(), false)...)
 	}
 	return refs
 }

@@ -20,7 +20,7 @@ import { attr, h, text } from "./dom";
 import { durMs, enumName, fmtMs, fmtTime, shortName, tsMs, words } from "./format";
 import type { Page } from "./main";
 import { sleep, statusBadge, terminal } from "./shared";
-import { resultText, startReasons, Timeline } from "./timeline";
+import { resultText, startWhy, Timeline } from "./timeline";
 import { ServerClock } from "./clock";
 
 export function runPage(id: string): Page {
@@ -399,6 +399,14 @@ export function describeControl(c: ControlSpec | undefined): string {
         (r.acceptanceCriteria ? ", acceptance criteria “" + r.acceptanceCriteria + "”" : "") +
         (r.acceptWhen ? ", accept_when " + r.acceptWhen : "");
     }
+    case "balance": {
+      const r = k.value;
+      const strategy = ["weighted", "weighted", "least busy", "latency", "usage"][r.strategy] ?? "weighted";
+      return "balance (" + strategy + ") of " + r.targets.map((t) => t.name + (t.weight !== undefined ? " ×" + t.weight : "")).join(", ") +
+        (r.maxAttempts !== undefined ? ", at most " + r.maxAttempts + " tried" : "") +
+        (r.failureCriteria ? ", failure criteria “" + r.failureCriteria + "”" : "") +
+        (r.failureWhen ? ", failure_when " + r.failureWhen : "");
+    }
   }
   return "–";
 }
@@ -429,7 +437,7 @@ function eventLine(ev: RunEvent): HTMLElement {
   let what = k.case ?? "?";
   switch (k.case) {
     case "attemptStarted": {
-      const why = startReasons[k.value.attempt?.startReason ?? 0];
+      const why = startWhy(k.value.attempt);
       what = "attempt " + k.value.attempt?.number + " started: " + k.value.attempt?.delegate + (why ? " (" + why + ")" : "");
       break;
     }

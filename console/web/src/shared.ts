@@ -17,6 +17,7 @@ export const controlNames: Record<string, string> = {
   retry_with_learning: "retry with learning",
   fallback_chain: "fallback chain",
   race: "race",
+  balance: "balance",
 };
 
 export function terminal(s: RunStatus): boolean {

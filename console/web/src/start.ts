@@ -4,6 +4,7 @@
 
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import {
+  BalanceStrategy,
   DelegateHealth,
   OnExhausted,
   type ControlState,
@@ -20,18 +21,19 @@ type Field = HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement;
 
 // Which controls use a field (all when absent).
 const uses: Record<string, string[]> = {
-  attempts: ["retry", "retry_with_learning"],
+  attempts: ["retry", "retry_with_learning", "balance"],
+  strategy: ["balance"],
   base_wait: ["retry"],
   max_wait: ["retry"],
   on_exhausted: ["retry"],
   decision_timeout: ["retry"],
-  failure_criteria: ["retry_with_learning", "fallback_chain"],
-  failure_when: ["retry_with_learning", "fallback_chain"],
+  failure_criteria: ["retry_with_learning", "fallback_chain", "balance"],
+  failure_when: ["retry_with_learning", "fallback_chain", "balance"],
   analyst: ["retry_with_learning"],
   acceptance_criteria: ["race"],
   accept_when: ["race"],
   hedge_delay: ["race"],
-  judge: ["retry_with_learning", "fallback_chain", "race"],
+  judge: ["retry_with_learning", "fallback_chain", "race", "balance"],
 };
 
 export function startPage(q: URLSearchParams): Page {
@@ -56,6 +58,8 @@ export function startPage(q: URLSearchParams): Page {
   const brief = h("textarea", { rows: 4, required: true, placeholder: "What the delegates should do" });
   const attempts = h("input", { type: "number", min: 0, step: 1, inputmode: "numeric", placeholder: "default" });
   const dur = (placeholder: string) => h("input", { type: "text", autocomplete: "off", spellcheck: "false", placeholder, pattern: "\\s*([0-9.]+(ns|us|µs|ms|s|m|h))+\\s*|\\s*0\\s*" });
+  const strategy = h("select", null, h("option", { value: "weighted" }, "weighted"), h("option", { value: "least_busy" }, "least busy"),
+    h("option", { value: "latency" }, "latency"), h("option", { value: "usage" }, "usage"));
   const onExhausted = h("select", null, h("option", { value: "ask" }, "ask (await a decision)"), h("option", { value: "fail" }, "fail"));
   const text1 = (placeholder = "") => h("input", { type: "text", autocomplete: "off", placeholder });
   const available = h("div", { class: "available", "aria-live": "polite" });
@@ -64,19 +68,21 @@ export function startPage(q: URLSearchParams): Page {
 
   const form = h("form", { class: "start-form", "data-testid": "start-form", novalidate: true },
     field("control", "Control", control),
-    field("delegates", "Delegates", delegates, "Comma-separated names of delegates or presets: the target for retry and retry with learning (one), the chain in order, or the race's candidates."),
+    field("delegates", "Delegates", delegates, "Comma-separated names of delegates or presets: the target for retry and retry with learning (one), the chain in order, the race's candidates, or the balance's deployments (name:weight, e.g. a:3, b)."),
     available,
     field("brief", "Brief", brief),
     h("fieldset", null, h("legend", null, "Retries"),
-      field("attempts", "Attempts", attempts, "retry: retries after the first try (default 6); retry with learning: attempts in all (default 3)."),
+      field("attempts", "Attempts", attempts, "retry: retries after the first try (default 6); retry with learning: attempts in all (default 3); balance: deployments tried at most (default all)."),
       field("base_wait", "Base wait", dur("1s"), "retry: backoff base, e.g. 100ms"),
       field("max_wait", "Max wait", dur("60s"), "retry: no wait exceeds it"),
       field("on_exhausted", "When retries run out", onExhausted),
       field("decision_timeout", "Decision timeout", dur("none"), "retry: how long a decision is awaited")),
     h("fieldset", null, h("legend", null, "Race"),
       field("hedge_delay", "Hedge delay", dur("none"), "race: start each next candidate only after this, or once all before it failed; none: all at once")),
+    h("fieldset", null, h("legend", null, "Balance"),
+      field("strategy", "Strategy", strategy, "balance: how the deployment is picked; a tie is drawn by weight")),
     h("fieldset", null, h("legend", null, "Judging"),
-      field("failure_criteria", "Failure criteria", text1("e.g. the answer is empty"), "retry with learning, fallback chain: judged by the judge delegate"),
+      field("failure_criteria", "Failure criteria", text1("e.g. the answer is empty"), "retry with learning, fallback chain, balance: judged by the judge delegate"),
       field("failure_when", "failure_when (CEL)", text1('e.g. result.text == ""')),
       field("acceptance_criteria", "Acceptance criteria", text1(), "race: judged by the judge delegate"),
       field("accept_when", "accept_when (CEL)", text1('e.g. size(result.text) > 10')),
@@ -164,6 +170,14 @@ export function startPage(q: URLSearchParams): Page {
       case "fallbackChain":
         set("control", "fallback_chain");
         set("delegates", k.value.chain.join(", "));
+        set("failure_criteria", k.value.failureCriteria);
+        set("failure_when", k.value.failureWhen);
+        break;
+      case "balance":
+        set("control", "balance");
+        set("delegates", k.value.targets.map((t) => t.name + (t.weight !== undefined ? ":" + t.weight : "")).join(", "));
+        set("attempts", k.value.maxAttempts === undefined ? "" : String(k.value.maxAttempts));
+        set("strategy", ["weighted", "weighted", "least_busy", "latency", "usage"][k.value.strategy] ?? "weighted");
         set("failure_criteria", k.value.failureCriteria);
         set("failure_when", k.value.failureWhen);
         break;
@@ -257,6 +271,21 @@ export function startPage(q: URLSearchParams): Page {
         break;
       case "fallback_chain":
         req.fallbackChain = { chain: names, failureCriteria: v("failure_criteria"), failureWhen: v("failure_when") };
+        break;
+      case "balance":
+        req.balance = {
+          targets: names.map((n) => {
+            const [name, w] = n.split(":").map((x) => x.trim());
+            if (w === undefined) return { name };
+            const weight = Number(w);
+            if (!Number.isInteger(weight)) throw new Error("Delegates: the weight of " + name + " is a whole number (write e.g. a:3, b); got “" + w + "”.");
+            return { name, weight };
+          }),
+          strategy: { weighted: BalanceStrategy.WEIGHTED, least_busy: BalanceStrategy.LEAST_BUSY, latency: BalanceStrategy.LATENCY, usage: BalanceStrategy.USAGE }[v("strategy")] ?? BalanceStrategy.WEIGHTED,
+          maxAttempts: count,
+          failureCriteria: v("failure_criteria"),
+          failureWhen: v("failure_when"),
+        };
         break;
       case "race":
         req.race = {

@@ -174,12 +174,21 @@ export const codes = [
 ];
 
 // Why a race candidate started when it did (Attempt.start_reason; see
-// RaceSpec.hedge_delay). Other attempts have none.
+// RaceSpec.hedge_delay), or why a balance picked its deployment. Other
+// attempts have none.
 export const startReasons: Record<number, string> = {
   [AttemptStartReason.AT_ONCE]: "started with the race",
   [AttemptStartReason.HEDGE_DELAY]: "started after the hedge delay",
   [AttemptStartReason.EARLIER_FAILED]: "started early: the candidates before it failed",
+  [AttemptStartReason.BALANCE_PICK]: "picked by the balance",
 };
+
+// startWhy is why an attempt started: a balance's pick with its figures
+// (Attempt.start_detail), else its start reason's words; "" for none.
+export function startWhy(a: { startReason: AttemptStartReason; startDetail: string } | undefined): string {
+  if (!a) return "";
+  return a.startDetail || startReasons[a.startReason] || "";
+}
 
 const sourceLabels: Record<number, string> = {
   [FailureSource.ERROR]: "error",
@@ -725,7 +734,7 @@ export class Timeline {
     const parts = ["attempt " + v.n, v.a.delegate + (v.a.path ? " at " + v.a.path : ""), outcomeName(v.a.outcome)];
     if (v.bar.dataset.stalled) parts.push("stalled");
     if (v.out?.discarded) parts.push("output discarded");
-    if (startReasons[v.a.startReason]) parts.push(startReasons[v.a.startReason]);
+    if (startWhy(v.a)) parts.push(startWhy(v.a));
     if (v.end !== undefined) parts.push(fmtMs(v.end - v.start));
     if (v.failure) parts.push((sourceLabels[v.failure.source] ?? "failed") + ": " + v.failure.reason);
     if (v.failure?.analysis) parts.push("analyst: " + v.failure.analysis);
@@ -747,7 +756,7 @@ export class Timeline {
       stalled(a, f) ? h("span", { class: "badge stalled", "data-testid": "stalled", title: "no output within the first output or idle timeout" }, "stalled") : null,
       v.end !== undefined ? h("span", { class: "dur" }, fmtMs(v.end - v.start)) : null,
       durMs(a.waitBefore) > 0 ? h("span", { class: "wait" }, "after a " + fmtMs(durMs(a.waitBefore)) + " backoff") : null,
-      startReasons[a.startReason] ? h("span", { class: "wait", "data-testid": "start-reason" }, startReasons[a.startReason]) : null);
+      startWhy(a) ? h("span", { class: "wait", "data-testid": "start-reason" }, startWhy(a)) : null);
     const lines: (HTMLElement | null)[] = [];
     if (f) {
       const src = sourceLabels[f.source] ?? "failed";

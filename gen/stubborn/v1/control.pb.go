@@ -290,13 +290,14 @@ func (AttemptOutcome) EnumDescriptor() ([]byte, []int) {
 }
 
 // AttemptStartReason says why an attempt started when it did:
-// Attempt.start_reason. Race candidates have one; see RaceSpec.hedge_delay.
+// Attempt.start_reason. Race candidates have one (see RaceSpec.hedge_delay),
+// and so do a balance's picks (see BalanceSpec).
 type AttemptStartReason int32
 
 const (
-	// No reason recorded: the attempt of a control other than race, whose
-	// start follows from the control itself, or one recorded by a server
-	// older than this field.
+	// No reason recorded: the attempt of a control other than race and
+	// balance, whose start follows from the control itself, or one recorded
+	// by a server older than this field.
 	AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED AttemptStartReason = 0
 	// Started when the race started: every candidate of a race without
 	// hedge_delay, and the first candidate of a hedged race.
@@ -309,6 +310,10 @@ const (
 	// before it had finished without an acceptable answer (failed, or
 	// rejected by the acceptance criteria).
 	AttemptStartReason_ATTEMPT_START_REASON_EARLIER_FAILED AttemptStartReason = 3
+	// Picked by a balance control's strategy out of its targets not tried
+	// yet (see BalanceSpec): Attempt.start_detail names the strategy and its
+	// figures at that moment.
+	AttemptStartReason_ATTEMPT_START_REASON_BALANCE_PICK AttemptStartReason = 4
 )
 
 // Enum value maps for AttemptStartReason.
@@ -318,12 +323,14 @@ var (
 		1: "ATTEMPT_START_REASON_AT_ONCE",
 		2: "ATTEMPT_START_REASON_HEDGE_DELAY",
 		3: "ATTEMPT_START_REASON_EARLIER_FAILED",
+		4: "ATTEMPT_START_REASON_BALANCE_PICK",
 	}
 	AttemptStartReason_value = map[string]int32{
 		"ATTEMPT_START_REASON_UNSPECIFIED":    0,
 		"ATTEMPT_START_REASON_AT_ONCE":        1,
 		"ATTEMPT_START_REASON_HEDGE_DELAY":    2,
 		"ATTEMPT_START_REASON_EARLIER_FAILED": 3,
+		"ATTEMPT_START_REASON_BALANCE_PICK":   4,
 	}
 )
 
@@ -728,6 +735,73 @@ func (StatusReason) EnumDescriptor() ([]byte, []int) {
 	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
 }
 
+// BalanceStrategy is how a balance control picks the next target.
+type BalanceStrategy int32
+
+const (
+	// The default: same as BALANCE_STRATEGY_WEIGHTED.
+	BalanceStrategy_BALANCE_STRATEGY_UNSPECIFIED BalanceStrategy = 0
+	// A random draw in proportion to the targets' weights, with the run's
+	// recorded randomness.
+	BalanceStrategy_BALANCE_STRATEGY_WEIGHTED BalanceStrategy = 1
+	// The target with the fewest calls in flight from this server; ties are
+	// drawn by weight.
+	BalanceStrategy_BALANCE_STRATEGY_LEAST_BUSY BalanceStrategy = 2
+	// The target with the lowest recent latency on this server (time to first
+	// output for a stream); a target not measured yet counts as fastest; ties
+	// are drawn by weight.
+	BalanceStrategy_BALANCE_STRATEGY_LATENCY BalanceStrategy = 3
+	// The target with the most room left under its rate limits
+	// (requests_per_minute, tokens_per_minute: the tightest one's share left);
+	// a target without limits has all its room; ties are drawn by weight.
+	BalanceStrategy_BALANCE_STRATEGY_USAGE BalanceStrategy = 4
+)
+
+// Enum value maps for BalanceStrategy.
+var (
+	BalanceStrategy_name = map[int32]string{
+		0: "BALANCE_STRATEGY_UNSPECIFIED",
+		1: "BALANCE_STRATEGY_WEIGHTED",
+		2: "BALANCE_STRATEGY_LEAST_BUSY",
+		3: "BALANCE_STRATEGY_LATENCY",
+		4: "BALANCE_STRATEGY_USAGE",
+	}
+	BalanceStrategy_value = map[string]int32{
+		"BALANCE_STRATEGY_UNSPECIFIED": 0,
+		"BALANCE_STRATEGY_WEIGHTED":    1,
+		"BALANCE_STRATEGY_LEAST_BUSY":  2,
+		"BALANCE_STRATEGY_LATENCY":     3,
+		"BALANCE_STRATEGY_USAGE":       4,
+	}
+)
+
+func (x BalanceStrategy) Enum() *BalanceStrategy {
+	p := new(BalanceStrategy)
+	*p = x
+	return p
+}
+
+func (x BalanceStrategy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BalanceStrategy) Descriptor() protoreflect.EnumDescriptor {
+	return file_stubborn_v1_control_proto_enumTypes[9].Descriptor()
+}
+
+func (BalanceStrategy) Type() protoreflect.EnumType {
+	return &file_stubborn_v1_control_proto_enumTypes[9]
+}
+
+func (x BalanceStrategy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BalanceStrategy.Descriptor instead.
+func (BalanceStrategy) EnumDescriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{9}
+}
+
 // RunView is how much of each run ListRuns returns.
 type RunView int32
 
@@ -765,11 +839,11 @@ func (x RunView) String() string {
 }
 
 func (RunView) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[9].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[10].Descriptor()
 }
 
 func (RunView) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[9]
+	return &file_stubborn_v1_control_proto_enumTypes[10]
 }
 
 func (x RunView) Number() protoreflect.EnumNumber {
@@ -778,7 +852,7 @@ func (x RunView) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunView.Descriptor instead.
 func (RunView) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 // BreakerState is a circuit breaker's state.
@@ -823,11 +897,11 @@ func (x BreakerState) String() string {
 }
 
 func (BreakerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[10].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[11].Descriptor()
 }
 
 func (BreakerState) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[10]
+	return &file_stubborn_v1_control_proto_enumTypes[11]
 }
 
 func (x BreakerState) Number() protoreflect.EnumNumber {
@@ -836,7 +910,7 @@ func (x BreakerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BreakerState.Descriptor instead.
 func (BreakerState) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 // DelegateHealth is a delegate's health as last seen.
@@ -885,11 +959,11 @@ func (x DelegateHealth) String() string {
 }
 
 func (DelegateHealth) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[11].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[12].Descriptor()
 }
 
 func (DelegateHealth) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[11]
+	return &file_stubborn_v1_control_proto_enumTypes[12]
 }
 
 func (x DelegateHealth) Number() protoreflect.EnumNumber {
@@ -898,7 +972,7 @@ func (x DelegateHealth) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DelegateHealth.Descriptor instead.
 func (DelegateHealth) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 // RetrySpec configures the retry control: the same delegate again, after a
@@ -1418,6 +1492,163 @@ func (x *RaceSpec) GetHedgeDelay() *durationpb.Duration {
 	return nil
 }
 
+// BalanceTarget is one deployment a balance control may pick.
+type BalanceTarget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A delegate or a preset. Required; must be in the registry; at most once
+	// in a balance.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The target's share for BALANCE_STRATEGY_WEIGHTED, and for the draw that
+	// breaks ties of the other strategies. Unset means 1; below 1 or over
+	// 1000 is INVALID_ARGUMENT.
+	Weight        *int32 `protobuf:"varint,2,opt,name=weight,proto3,oneof" json:"weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BalanceTarget) Reset() {
+	*x = BalanceTarget{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BalanceTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BalanceTarget) ProtoMessage() {}
+
+func (x *BalanceTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BalanceTarget.ProtoReflect.Descriptor instead.
+func (*BalanceTarget) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *BalanceTarget) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BalanceTarget) GetWeight() int32 {
+	if x != nil && x.Weight != nil {
+		return *x.Weight
+	}
+	return 0
+}
+
+// BalanceSpec configures balance: one call of the task to one target out of
+// the list, picked by the strategy. A target whose circuit breaker is open
+// or whose rate limits are spent is not picked; a target that is a preset
+// has no such standing and is never left out for it (its figures count as
+// the average of the others'). On a failure the fallback chain would move
+// on from (an error, a refusal, a rejection by the failure criteria, a
+// health check's NOT_SERVING), the next target is picked by the same
+// strategy among those not tried yet: each target at most once, at most
+// max_attempts in all. The first accepted result wins. When no target is
+// left to pick, because every one was tried or left out, the run ends
+// EXHAUSTED, and the status reason says which were left out and why. Each
+// attempt's start_reason is ATTEMPT_START_REASON_BALANCE_PICK and its
+// start_detail gives the strategy's figures; a resumed run takes its picks
+// from its journal and never picks again.
+type BalanceSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The deployments. Required: at least one, at most the server's limit on
+	// a chain's length; no name twice.
+	Targets []*BalanceTarget `protobuf:"bytes,1,rep,name=targets,proto3" json:"targets,omitempty"`
+	// How to pick. Unspecified means BALANCE_STRATEGY_WEIGHTED; a value this
+	// server does not know is INVALID_ARGUMENT.
+	Strategy BalanceStrategy `protobuf:"varint,2,opt,name=strategy,proto3,enum=stubborn.v1.BalanceStrategy" json:"strategy,omitempty"`
+	// How many targets to try at most. Unset means all of them; below 1, or
+	// over the server's limit on attempts, is INVALID_ARGUMENT.
+	MaxAttempts *int32 `protobuf:"varint,3,opt,name=max_attempts,json=maxAttempts,proto3,oneof" json:"max_attempts,omitempty"`
+	// As FallbackChainSpec.failure_criteria (the same judge brief). Empty
+	// means only errors are failures.
+	FailureCriteria string `protobuf:"bytes,4,opt,name=failure_criteria,json=failureCriteria,proto3" json:"failure_criteria,omitempty"`
+	// As RetryWithLearningSpec.failure_when. Empty means none.
+	FailureWhen   string `protobuf:"bytes,5,opt,name=failure_when,json=failureWhen,proto3" json:"failure_when,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BalanceSpec) Reset() {
+	*x = BalanceSpec{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BalanceSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BalanceSpec) ProtoMessage() {}
+
+func (x *BalanceSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BalanceSpec.ProtoReflect.Descriptor instead.
+func (*BalanceSpec) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *BalanceSpec) GetTargets() []*BalanceTarget {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+func (x *BalanceSpec) GetStrategy() BalanceStrategy {
+	if x != nil {
+		return x.Strategy
+	}
+	return BalanceStrategy_BALANCE_STRATEGY_UNSPECIFIED
+}
+
+func (x *BalanceSpec) GetMaxAttempts() int32 {
+	if x != nil && x.MaxAttempts != nil {
+		return *x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *BalanceSpec) GetFailureCriteria() string {
+	if x != nil {
+		return x.FailureCriteria
+	}
+	return ""
+}
+
+func (x *BalanceSpec) GetFailureWhen() string {
+	if x != nil {
+		return x.FailureWhen
+	}
+	return ""
+}
+
 // RunOptions are settings that apply to a whole run, whatever its control.
 type RunOptions struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1466,7 +1697,7 @@ type RunOptions struct {
 
 func (x *RunOptions) Reset() {
 	*x = RunOptions{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[5]
+	mi := &file_stubborn_v1_control_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1478,7 +1709,7 @@ func (x *RunOptions) String() string {
 func (*RunOptions) ProtoMessage() {}
 
 func (x *RunOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[5]
+	mi := &file_stubborn_v1_control_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1491,7 +1722,7 @@ func (x *RunOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunOptions.ProtoReflect.Descriptor instead.
 func (*RunOptions) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{5}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RunOptions) GetIdempotencyKey() string {
@@ -1551,8 +1782,8 @@ func (x *RunOptions) GetNeverAsk() bool {
 }
 
 // RunRequest starts a run and streams it. Exactly one of retry,
-// retry_with_learning, fallback_chain, race must be set; none or more than
-// one is INVALID_ARGUMENT.
+// retry_with_learning, fallback_chain, race, balance must be set; none or
+// more than one is INVALID_ARGUMENT.
 type RunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The task, sent to the delegates as the brief. Required (non-empty), at
@@ -1595,14 +1826,16 @@ type RunRequest struct {
 	// INVALID_ARGUMENT naming both. Unset means the task is task_messages,
 	// else task_brief. At most 4 times the server's brief limit in bytes
 	// (encoded), 1000 messages and 128 tools.
-	Conversation  *Conversation `protobuf:"bytes,9,opt,name=conversation,proto3" json:"conversation,omitempty"`
+	Conversation *Conversation `protobuf:"bytes,9,opt,name=conversation,proto3" json:"conversation,omitempty"`
+	// The balance control. Unset means another control is chosen.
+	Balance       *BalanceSpec `protobuf:"bytes,10,opt,name=balance,proto3" json:"balance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[6]
+	mi := &file_stubborn_v1_control_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1847,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[6]
+	mi := &file_stubborn_v1_control_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1860,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{6}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RunRequest) GetTaskBrief() string {
@@ -1693,6 +1926,13 @@ func (x *RunRequest) GetConversation() *Conversation {
 	return nil
 }
 
+func (x *RunRequest) GetBalance() *BalanceSpec {
+	if x != nil {
+		return x.Balance
+	}
+	return nil
+}
+
 // RunResponse is one event of the run started by Run.
 type RunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1704,7 +1944,7 @@ type RunResponse struct {
 
 func (x *RunResponse) Reset() {
 	*x = RunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[7]
+	mi := &file_stubborn_v1_control_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1716,7 +1956,7 @@ func (x *RunResponse) String() string {
 func (*RunResponse) ProtoMessage() {}
 
 func (x *RunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[7]
+	mi := &file_stubborn_v1_control_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1729,7 +1969,7 @@ func (x *RunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResponse.ProtoReflect.Descriptor instead.
 func (*RunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{7}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RunResponse) GetEvent() *RunEvent {
@@ -1772,14 +2012,16 @@ type StartRunRequest struct {
 	// temperature, max_tokens, stop, seed, user. Unset means none.
 	ModelParams *structpb.Struct `protobuf:"bytes,8,opt,name=model_params,json=modelParams,proto3" json:"model_params,omitempty"`
 	// As RunRequest.conversation.
-	Conversation  *Conversation `protobuf:"bytes,9,opt,name=conversation,proto3" json:"conversation,omitempty"`
+	Conversation *Conversation `protobuf:"bytes,9,opt,name=conversation,proto3" json:"conversation,omitempty"`
+	// As RunRequest.balance.
+	Balance       *BalanceSpec `protobuf:"bytes,10,opt,name=balance,proto3" json:"balance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StartRunRequest) Reset() {
 	*x = StartRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[8]
+	mi := &file_stubborn_v1_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1791,7 +2033,7 @@ func (x *StartRunRequest) String() string {
 func (*StartRunRequest) ProtoMessage() {}
 
 func (x *StartRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[8]
+	mi := &file_stubborn_v1_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1804,7 +2046,7 @@ func (x *StartRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRunRequest.ProtoReflect.Descriptor instead.
 func (*StartRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StartRunRequest) GetTaskBrief() string {
@@ -1870,6 +2112,13 @@ func (x *StartRunRequest) GetConversation() *Conversation {
 	return nil
 }
 
+func (x *StartRunRequest) GetBalance() *BalanceSpec {
+	if x != nil {
+		return x.Balance
+	}
+	return nil
+}
+
 // StartRunResponse says which run was started.
 type StartRunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1883,7 +2132,7 @@ type StartRunResponse struct {
 
 func (x *StartRunResponse) Reset() {
 	*x = StartRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[9]
+	mi := &file_stubborn_v1_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1895,7 +2144,7 @@ func (x *StartRunResponse) String() string {
 func (*StartRunResponse) ProtoMessage() {}
 
 func (x *StartRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[9]
+	mi := &file_stubborn_v1_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1908,7 +2157,7 @@ func (x *StartRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRunResponse.ProtoReflect.Descriptor instead.
 func (*StartRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StartRunResponse) GetRunId() string {
@@ -1947,7 +2196,7 @@ type WatchRunRequest struct {
 
 func (x *WatchRunRequest) Reset() {
 	*x = WatchRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[10]
+	mi := &file_stubborn_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1959,7 +2208,7 @@ func (x *WatchRunRequest) String() string {
 func (*WatchRunRequest) ProtoMessage() {}
 
 func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[10]
+	mi := &file_stubborn_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1972,7 +2221,7 @@ func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunRequest.ProtoReflect.Descriptor instead.
 func (*WatchRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WatchRunRequest) GetRunId() string {
@@ -2010,7 +2259,7 @@ type WatchRunResponse struct {
 
 func (x *WatchRunResponse) Reset() {
 	*x = WatchRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[11]
+	mi := &file_stubborn_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2022,7 +2271,7 @@ func (x *WatchRunResponse) String() string {
 func (*WatchRunResponse) ProtoMessage() {}
 
 func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[11]
+	mi := &file_stubborn_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2035,7 +2284,7 @@ func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunResponse.ProtoReflect.Descriptor instead.
 func (*WatchRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchRunResponse) GetEvent() *RunEvent {
@@ -2063,7 +2312,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[12]
+	mi := &file_stubborn_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2075,7 +2324,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[12]
+	mi := &file_stubborn_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2088,7 +2337,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -2114,7 +2363,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[13]
+	mi := &file_stubborn_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2375,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[13]
+	mi := &file_stubborn_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2388,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRunResponse) GetState() *ControlState {
@@ -2182,7 +2431,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[14]
+	mi := &file_stubborn_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2194,7 +2443,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[14]
+	mi := &file_stubborn_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2207,7 +2456,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListRunsRequest) GetStatus() RunStatus {
@@ -2282,7 +2531,7 @@ type RunSummary struct {
 
 func (x *RunSummary) Reset() {
 	*x = RunSummary{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[15]
+	mi := &file_stubborn_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2294,7 +2543,7 @@ func (x *RunSummary) String() string {
 func (*RunSummary) ProtoMessage() {}
 
 func (x *RunSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[15]
+	mi := &file_stubborn_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2307,7 +2556,7 @@ func (x *RunSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunSummary.ProtoReflect.Descriptor instead.
 func (*RunSummary) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RunSummary) GetRunId() string {
@@ -2392,7 +2641,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[16]
+	mi := &file_stubborn_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2404,7 +2653,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[16]
+	mi := &file_stubborn_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2417,7 +2666,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListRunsResponse) GetRuns() []*ControlState {
@@ -2463,7 +2712,7 @@ type WatchRunsRequest struct {
 
 func (x *WatchRunsRequest) Reset() {
 	*x = WatchRunsRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[17]
+	mi := &file_stubborn_v1_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2475,7 +2724,7 @@ func (x *WatchRunsRequest) String() string {
 func (*WatchRunsRequest) ProtoMessage() {}
 
 func (x *WatchRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[17]
+	mi := &file_stubborn_v1_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2488,7 +2737,7 @@ func (x *WatchRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunsRequest.ProtoReflect.Descriptor instead.
 func (*WatchRunsRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchRunsRequest) GetStatus() RunStatus {
@@ -2532,7 +2781,7 @@ type WatchRunsResponse struct {
 
 func (x *WatchRunsResponse) Reset() {
 	*x = WatchRunsResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[18]
+	mi := &file_stubborn_v1_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2544,7 +2793,7 @@ func (x *WatchRunsResponse) String() string {
 func (*WatchRunsResponse) ProtoMessage() {}
 
 func (x *WatchRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[18]
+	mi := &file_stubborn_v1_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2557,7 +2806,7 @@ func (x *WatchRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunsResponse.ProtoReflect.Descriptor instead.
 func (*WatchRunsResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchRunsResponse) GetRun() *RunSummary {
@@ -2583,7 +2832,7 @@ type ListDelegatesRequest struct {
 
 func (x *ListDelegatesRequest) Reset() {
 	*x = ListDelegatesRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[19]
+	mi := &file_stubborn_v1_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2595,7 +2844,7 @@ func (x *ListDelegatesRequest) String() string {
 func (*ListDelegatesRequest) ProtoMessage() {}
 
 func (x *ListDelegatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[19]
+	mi := &file_stubborn_v1_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2608,7 +2857,7 @@ func (x *ListDelegatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDelegatesRequest.ProtoReflect.Descriptor instead.
 func (*ListDelegatesRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{19}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{21}
 }
 
 // ListDelegatesResponse is the registry as the caller may use it.
@@ -2627,7 +2876,7 @@ type ListDelegatesResponse struct {
 
 func (x *ListDelegatesResponse) Reset() {
 	*x = ListDelegatesResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[20]
+	mi := &file_stubborn_v1_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2639,7 +2888,7 @@ func (x *ListDelegatesResponse) String() string {
 func (*ListDelegatesResponse) ProtoMessage() {}
 
 func (x *ListDelegatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[20]
+	mi := &file_stubborn_v1_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2652,7 +2901,7 @@ func (x *ListDelegatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDelegatesResponse.ProtoReflect.Descriptor instead.
 func (*ListDelegatesResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{20}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListDelegatesResponse) GetDelegates() []*DelegateDescription {
@@ -2753,7 +3002,7 @@ type DelegateDescription struct {
 
 func (x *DelegateDescription) Reset() {
 	*x = DelegateDescription{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[21]
+	mi := &file_stubborn_v1_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2765,7 +3014,7 @@ func (x *DelegateDescription) String() string {
 func (*DelegateDescription) ProtoMessage() {}
 
 func (x *DelegateDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[21]
+	mi := &file_stubborn_v1_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2778,7 +3027,7 @@ func (x *DelegateDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateDescription.ProtoReflect.Descriptor instead.
 func (*DelegateDescription) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{21}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DelegateDescription) GetName() string {
@@ -2963,7 +3212,7 @@ type DelegateFailure struct {
 
 func (x *DelegateFailure) Reset() {
 	*x = DelegateFailure{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[22]
+	mi := &file_stubborn_v1_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2975,7 +3224,7 @@ func (x *DelegateFailure) String() string {
 func (*DelegateFailure) ProtoMessage() {}
 
 func (x *DelegateFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[22]
+	mi := &file_stubborn_v1_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2988,7 +3237,7 @@ func (x *DelegateFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateFailure.ProtoReflect.Descriptor instead.
 func (*DelegateFailure) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{22}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DelegateFailure) GetTime() *timestamppb.Timestamp {
@@ -3039,7 +3288,7 @@ type PresetDescription struct {
 
 func (x *PresetDescription) Reset() {
 	*x = PresetDescription{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[23]
+	mi := &file_stubborn_v1_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3051,7 +3300,7 @@ func (x *PresetDescription) String() string {
 func (*PresetDescription) ProtoMessage() {}
 
 func (x *PresetDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[23]
+	mi := &file_stubborn_v1_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3064,7 +3313,7 @@ func (x *PresetDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PresetDescription.ProtoReflect.Descriptor instead.
 func (*PresetDescription) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{23}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PresetDescription) GetName() string {
@@ -3092,7 +3341,7 @@ type CancelRunRequest struct {
 
 func (x *CancelRunRequest) Reset() {
 	*x = CancelRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	mi := &file_stubborn_v1_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3104,7 +3353,7 @@ func (x *CancelRunRequest) String() string {
 func (*CancelRunRequest) ProtoMessage() {}
 
 func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	mi := &file_stubborn_v1_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3117,7 +3366,7 @@ func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
 func (*CancelRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{24}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CancelRunRequest) GetRunId() string {
@@ -3139,7 +3388,7 @@ type CancelRunResponse struct {
 
 func (x *CancelRunResponse) Reset() {
 	*x = CancelRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	mi := &file_stubborn_v1_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3151,7 +3400,7 @@ func (x *CancelRunResponse) String() string {
 func (*CancelRunResponse) ProtoMessage() {}
 
 func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	mi := &file_stubborn_v1_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3164,7 +3413,7 @@ func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
 func (*CancelRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{25}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CancelRunResponse) GetState() *ControlState {
@@ -3188,7 +3437,7 @@ type DeleteRunRequest struct {
 
 func (x *DeleteRunRequest) Reset() {
 	*x = DeleteRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[26]
+	mi := &file_stubborn_v1_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3200,7 +3449,7 @@ func (x *DeleteRunRequest) String() string {
 func (*DeleteRunRequest) ProtoMessage() {}
 
 func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[26]
+	mi := &file_stubborn_v1_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3213,7 +3462,7 @@ func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{26}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeleteRunRequest) GetRunId() string {
@@ -3239,7 +3488,7 @@ type DeleteRunResponse struct {
 
 func (x *DeleteRunResponse) Reset() {
 	*x = DeleteRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[27]
+	mi := &file_stubborn_v1_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3251,7 +3500,7 @@ func (x *DeleteRunResponse) String() string {
 func (*DeleteRunResponse) ProtoMessage() {}
 
 func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[27]
+	mi := &file_stubborn_v1_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3264,7 +3513,7 @@ func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{27}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{29}
 }
 
 // DecideRunRequest answers a run awaiting a decision.
@@ -3280,7 +3529,7 @@ type DecideRunRequest struct {
 
 func (x *DecideRunRequest) Reset() {
 	*x = DecideRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[28]
+	mi := &file_stubborn_v1_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3292,7 +3541,7 @@ func (x *DecideRunRequest) String() string {
 func (*DecideRunRequest) ProtoMessage() {}
 
 func (x *DecideRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[28]
+	mi := &file_stubborn_v1_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3305,7 +3554,7 @@ func (x *DecideRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRunRequest.ProtoReflect.Descriptor instead.
 func (*DecideRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{28}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DecideRunRequest) GetRunId() string {
@@ -3333,7 +3582,7 @@ type DecideRunResponse struct {
 
 func (x *DecideRunResponse) Reset() {
 	*x = DecideRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[29]
+	mi := &file_stubborn_v1_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3345,7 +3594,7 @@ func (x *DecideRunResponse) String() string {
 func (*DecideRunResponse) ProtoMessage() {}
 
 func (x *DecideRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[29]
+	mi := &file_stubborn_v1_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3358,7 +3607,7 @@ func (x *DecideRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRunResponse.ProtoReflect.Descriptor instead.
 func (*DecideRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{29}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DecideRunResponse) GetState() *ControlState {
@@ -3379,6 +3628,7 @@ type ControlSpec struct {
 	//	*ControlSpec_RetryWithLearning
 	//	*ControlSpec_FallbackChain
 	//	*ControlSpec_Race
+	//	*ControlSpec_Balance
 	Kind          isControlSpec_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3386,7 +3636,7 @@ type ControlSpec struct {
 
 func (x *ControlSpec) Reset() {
 	*x = ControlSpec{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[30]
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3398,7 +3648,7 @@ func (x *ControlSpec) String() string {
 func (*ControlSpec) ProtoMessage() {}
 
 func (x *ControlSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[30]
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3411,7 +3661,7 @@ func (x *ControlSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlSpec.ProtoReflect.Descriptor instead.
 func (*ControlSpec) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{30}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ControlSpec) GetKind() isControlSpec_Kind {
@@ -3457,6 +3707,15 @@ func (x *ControlSpec) GetRace() *RaceSpec {
 	return nil
 }
 
+func (x *ControlSpec) GetBalance() *BalanceSpec {
+	if x != nil {
+		if x, ok := x.Kind.(*ControlSpec_Balance); ok {
+			return x.Balance
+		}
+	}
+	return nil
+}
+
 type isControlSpec_Kind interface {
 	isControlSpec_Kind()
 }
@@ -3481,6 +3740,11 @@ type ControlSpec_Race struct {
 	Race *RaceSpec `protobuf:"bytes,4,opt,name=race,proto3,oneof"`
 }
 
+type ControlSpec_Balance struct {
+	// The balance control.
+	Balance *BalanceSpec `protobuf:"bytes,5,opt,name=balance,proto3,oneof"`
+}
+
 func (*ControlSpec_Retry) isControlSpec_Kind() {}
 
 func (*ControlSpec_RetryWithLearning) isControlSpec_Kind() {}
@@ -3488,6 +3752,8 @@ func (*ControlSpec_RetryWithLearning) isControlSpec_Kind() {}
 func (*ControlSpec_FallbackChain) isControlSpec_Kind() {}
 
 func (*ControlSpec_Race) isControlSpec_Kind() {}
+
+func (*ControlSpec_Balance) isControlSpec_Kind() {}
 
 // ControlState is a run: its inputs, where it is, and what it produced.
 type ControlState struct {
@@ -3563,7 +3829,7 @@ type ControlState struct {
 
 func (x *ControlState) Reset() {
 	*x = ControlState{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[31]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3575,7 +3841,7 @@ func (x *ControlState) String() string {
 func (*ControlState) ProtoMessage() {}
 
 func (x *ControlState) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[31]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3588,7 +3854,7 @@ func (x *ControlState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlState.ProtoReflect.Descriptor instead.
 func (*ControlState) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{31}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ControlState) GetRunId() string {
@@ -3766,7 +4032,7 @@ type AttemptError struct {
 
 func (x *AttemptError) Reset() {
 	*x = AttemptError{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3778,7 +4044,7 @@ func (x *AttemptError) String() string {
 func (*AttemptError) ProtoMessage() {}
 
 func (x *AttemptError) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3791,7 +4057,7 @@ func (x *AttemptError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptError.ProtoReflect.Descriptor instead.
 func (*AttemptError) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *AttemptError) GetCode() int32 {
@@ -3870,18 +4136,24 @@ type Attempt struct {
 	// control.
 	Path string `protobuf:"bytes,10,opt,name=path,proto3" json:"path,omitempty"`
 	// Why the attempt started when it did: set for a race's candidates (see
-	// RaceSpec.hedge_delay). ATTEMPT_START_REASON_UNSPECIFIED for an attempt
-	// of another control, whose start follows from the control itself (the
-	// first try, a retry after its backoff, the next delegate of a chain), and
-	// for an attempt recorded by a server older than this field.
-	StartReason   AttemptStartReason `protobuf:"varint,11,opt,name=start_reason,json=startReason,proto3,enum=stubborn.v1.AttemptStartReason" json:"start_reason,omitempty"`
+	// RaceSpec.hedge_delay) and a balance's picks (BALANCE_PICK).
+	// ATTEMPT_START_REASON_UNSPECIFIED for an attempt of another control,
+	// whose start follows from the control itself (the first try, a retry
+	// after its backoff, the next delegate of a chain), and for an attempt
+	// recorded by a server older than this field.
+	StartReason AttemptStartReason `protobuf:"varint,11,opt,name=start_reason,json=startReason,proto3,enum=stubborn.v1.AttemptStartReason" json:"start_reason,omitempty"`
+	// Why the attempt's delegate was picked, in words with the figures at
+	// that moment (for example "balance least_busy: 2 in flight (others b 3
+	// in flight)"): set with ATTEMPT_START_REASON_BALANCE_PICK. Empty
+	// otherwise.
+	StartDetail   string `protobuf:"bytes,12,opt,name=start_detail,json=startDetail,proto3" json:"start_detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Attempt) Reset() {
 	*x = Attempt{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[33]
+	mi := &file_stubborn_v1_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3893,7 +4165,7 @@ func (x *Attempt) String() string {
 func (*Attempt) ProtoMessage() {}
 
 func (x *Attempt) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[33]
+	mi := &file_stubborn_v1_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3906,7 +4178,7 @@ func (x *Attempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attempt.ProtoReflect.Descriptor instead.
 func (*Attempt) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{33}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Attempt) GetNumber() int32 {
@@ -3986,6 +4258,13 @@ func (x *Attempt) GetStartReason() AttemptStartReason {
 	return AttemptStartReason_ATTEMPT_START_REASON_UNSPECIFIED
 }
 
+func (x *Attempt) GetStartDetail() string {
+	if x != nil {
+		return x.StartDetail
+	}
+	return ""
+}
+
 // FailureRecord is the analysis of one failed attempt.
 type FailureRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -4031,7 +4310,7 @@ type FailureRecord struct {
 
 func (x *FailureRecord) Reset() {
 	*x = FailureRecord{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[34]
+	mi := &file_stubborn_v1_control_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4043,7 +4322,7 @@ func (x *FailureRecord) String() string {
 func (*FailureRecord) ProtoMessage() {}
 
 func (x *FailureRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[34]
+	mi := &file_stubborn_v1_control_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4056,7 +4335,7 @@ func (x *FailureRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureRecord.ProtoReflect.Descriptor instead.
 func (*FailureRecord) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{34}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *FailureRecord) GetAttempt() int32 {
@@ -4176,7 +4455,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[35]
+	mi := &file_stubborn_v1_control_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4188,7 +4467,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[35]
+	mi := &file_stubborn_v1_control_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4201,7 +4480,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{35}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -4421,7 +4700,7 @@ type RunStarted struct {
 
 func (x *RunStarted) Reset() {
 	*x = RunStarted{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[36]
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4433,7 +4712,7 @@ func (x *RunStarted) String() string {
 func (*RunStarted) ProtoMessage() {}
 
 func (x *RunStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[36]
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4446,7 +4725,7 @@ func (x *RunStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStarted.ProtoReflect.Descriptor instead.
 func (*RunStarted) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{36}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RunStarted) GetState() *ControlState {
@@ -4467,7 +4746,7 @@ type AttemptStarted struct {
 
 func (x *AttemptStarted) Reset() {
 	*x = AttemptStarted{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[37]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4479,7 +4758,7 @@ func (x *AttemptStarted) String() string {
 func (*AttemptStarted) ProtoMessage() {}
 
 func (x *AttemptStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[37]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4492,7 +4771,7 @@ func (x *AttemptStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptStarted.ProtoReflect.Descriptor instead.
 func (*AttemptStarted) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{37}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AttemptStarted) GetAttempt() *Attempt {
@@ -4523,7 +4802,7 @@ type AttemptFinished struct {
 
 func (x *AttemptFinished) Reset() {
 	*x = AttemptFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4535,7 +4814,7 @@ func (x *AttemptFinished) String() string {
 func (*AttemptFinished) ProtoMessage() {}
 
 func (x *AttemptFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4548,7 +4827,7 @@ func (x *AttemptFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptFinished.ProtoReflect.Descriptor instead.
 func (*AttemptFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{38}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AttemptFinished) GetAttempt() *Attempt {
@@ -4615,7 +4894,7 @@ type AttemptOutput struct {
 
 func (x *AttemptOutput) Reset() {
 	*x = AttemptOutput{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[39]
+	mi := &file_stubborn_v1_control_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4627,7 +4906,7 @@ func (x *AttemptOutput) String() string {
 func (*AttemptOutput) ProtoMessage() {}
 
 func (x *AttemptOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[39]
+	mi := &file_stubborn_v1_control_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4640,7 +4919,7 @@ func (x *AttemptOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptOutput.ProtoReflect.Descriptor instead.
 func (*AttemptOutput) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{39}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AttemptOutput) GetAttempt() int32 {
@@ -4695,7 +4974,7 @@ type FailureAnalyzed struct {
 
 func (x *FailureAnalyzed) Reset() {
 	*x = FailureAnalyzed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[40]
+	mi := &file_stubborn_v1_control_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4707,7 +4986,7 @@ func (x *FailureAnalyzed) String() string {
 func (*FailureAnalyzed) ProtoMessage() {}
 
 func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[40]
+	mi := &file_stubborn_v1_control_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4720,7 +4999,7 @@ func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureAnalyzed.ProtoReflect.Descriptor instead.
 func (*FailureAnalyzed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{40}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *FailureAnalyzed) GetFailure() *FailureRecord {
@@ -4763,7 +5042,7 @@ type BackoffScheduled struct {
 
 func (x *BackoffScheduled) Reset() {
 	*x = BackoffScheduled{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[41]
+	mi := &file_stubborn_v1_control_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4775,7 +5054,7 @@ func (x *BackoffScheduled) String() string {
 func (*BackoffScheduled) ProtoMessage() {}
 
 func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[41]
+	mi := &file_stubborn_v1_control_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4788,7 +5067,7 @@ func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackoffScheduled.ProtoReflect.Descriptor instead.
 func (*BackoffScheduled) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{41}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *BackoffScheduled) GetNextAttempt() int32 {
@@ -4846,7 +5125,7 @@ type DecisionRequested struct {
 
 func (x *DecisionRequested) Reset() {
 	*x = DecisionRequested{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[42]
+	mi := &file_stubborn_v1_control_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4858,7 +5137,7 @@ func (x *DecisionRequested) String() string {
 func (*DecisionRequested) ProtoMessage() {}
 
 func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[42]
+	mi := &file_stubborn_v1_control_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4871,7 +5150,7 @@ func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionRequested.ProtoReflect.Descriptor instead.
 func (*DecisionRequested) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{42}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DecisionRequested) GetReason() string {
@@ -4913,7 +5192,7 @@ type DecisionReceived struct {
 
 func (x *DecisionReceived) Reset() {
 	*x = DecisionReceived{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[43]
+	mi := &file_stubborn_v1_control_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4925,7 +5204,7 @@ func (x *DecisionReceived) String() string {
 func (*DecisionReceived) ProtoMessage() {}
 
 func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[43]
+	mi := &file_stubborn_v1_control_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4938,7 +5217,7 @@ func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionReceived.ProtoReflect.Descriptor instead.
 func (*DecisionReceived) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{43}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DecisionReceived) GetDecision() Decision {
@@ -4962,7 +5241,7 @@ type RunResumed struct {
 
 func (x *RunResumed) Reset() {
 	*x = RunResumed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[44]
+	mi := &file_stubborn_v1_control_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4974,7 +5253,7 @@ func (x *RunResumed) String() string {
 func (*RunResumed) ProtoMessage() {}
 
 func (x *RunResumed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[44]
+	mi := &file_stubborn_v1_control_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4987,7 +5266,7 @@ func (x *RunResumed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResumed.ProtoReflect.Descriptor instead.
 func (*RunResumed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{44}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RunResumed) GetOwner() string {
@@ -5015,7 +5294,7 @@ type RunFinished struct {
 
 func (x *RunFinished) Reset() {
 	*x = RunFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[45]
+	mi := &file_stubborn_v1_control_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5027,7 +5306,7 @@ func (x *RunFinished) String() string {
 func (*RunFinished) ProtoMessage() {}
 
 func (x *RunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[45]
+	mi := &file_stubborn_v1_control_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5040,7 +5319,7 @@ func (x *RunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFinished.ProtoReflect.Descriptor instead.
 func (*RunFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{45}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RunFinished) GetState() *ControlState {
@@ -5088,7 +5367,18 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\vaccept_when\x18\x03 \x01(\tR\n" +
 	"acceptWhen\x12:\n" +
 	"\vhedge_delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"hedgeDelay\"\xf3\x03\n" +
+	"hedgeDelay\"K\n" +
+	"\rBalanceTarget\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
+	"\x06weight\x18\x02 \x01(\x05H\x00R\x06weight\x88\x01\x01B\t\n" +
+	"\a_weight\"\x84\x02\n" +
+	"\vBalanceSpec\x124\n" +
+	"\atargets\x18\x01 \x03(\v2\x1a.stubborn.v1.BalanceTargetR\atargets\x128\n" +
+	"\bstrategy\x18\x02 \x01(\x0e2\x1c.stubborn.v1.BalanceStrategyR\bstrategy\x12&\n" +
+	"\fmax_attempts\x18\x03 \x01(\x05H\x00R\vmaxAttempts\x88\x01\x01\x12)\n" +
+	"\x10failure_criteria\x18\x04 \x01(\tR\x0ffailureCriteria\x12!\n" +
+	"\ffailure_when\x18\x05 \x01(\tR\vfailureWhenB\x0f\n" +
+	"\r_max_attempts\"\xf3\x03\n" +
 	"\n" +
 	"RunOptions\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12:\n" +
@@ -5102,7 +5392,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\tnever_ask\x18\b \x01(\bR\bneverAsk\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbf\x04\n" +
 	"\n" +
 	"RunRequest\x12\x1d\n" +
 	"\n" +
@@ -5114,9 +5404,11 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\aoptions\x18\x06 \x01(\v2\x17.stubborn.v1.RunOptionsR\aoptions\x12<\n" +
 	"\rtask_messages\x18\a \x03(\v2\x17.google.protobuf.StructR\ftaskMessages\x12:\n" +
 	"\fmodel_params\x18\b \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x12=\n" +
-	"\fconversation\x18\t \x01(\v2\x19.stubborn.v1.ConversationR\fconversation\":\n" +
+	"\fconversation\x18\t \x01(\v2\x19.stubborn.v1.ConversationR\fconversation\x122\n" +
+	"\abalance\x18\n" +
+	" \x01(\v2\x18.stubborn.v1.BalanceSpecR\abalance\":\n" +
 	"\vRunResponse\x12+\n" +
-	"\x05event\x18\x01 \x01(\v2\x15.stubborn.v1.RunEventR\x05event\"\x90\x04\n" +
+	"\x05event\x18\x01 \x01(\v2\x15.stubborn.v1.RunEventR\x05event\"\xc4\x04\n" +
 	"\x0fStartRunRequest\x12\x1d\n" +
 	"\n" +
 	"task_brief\x18\x01 \x01(\tR\ttaskBrief\x12,\n" +
@@ -5127,7 +5419,9 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\aoptions\x18\x06 \x01(\v2\x17.stubborn.v1.RunOptionsR\aoptions\x12<\n" +
 	"\rtask_messages\x18\a \x03(\v2\x17.google.protobuf.StructR\ftaskMessages\x12:\n" +
 	"\fmodel_params\x18\b \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x12=\n" +
-	"\fconversation\x18\t \x01(\v2\x19.stubborn.v1.ConversationR\fconversation\"Z\n" +
+	"\fconversation\x18\t \x01(\v2\x19.stubborn.v1.ConversationR\fconversation\x122\n" +
+	"\abalance\x18\n" +
+	" \x01(\v2\x18.stubborn.v1.BalanceSpecR\abalance\"Z\n" +
 	"\x10StartRunResponse\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12/\n" +
 	"\x05state\x18\x02 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"b\n" +
@@ -5232,12 +5526,13 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x121\n" +
 	"\bdecision\x18\x02 \x01(\x0e2\x15.stubborn.v1.DecisionR\bdecision\"D\n" +
 	"\x11DecideRunResponse\x12/\n" +
-	"\x05state\x18\x01 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"\x91\x02\n" +
+	"\x05state\x18\x01 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"\xc7\x02\n" +
 	"\vControlSpec\x12.\n" +
 	"\x05retry\x18\x01 \x01(\v2\x16.stubborn.v1.RetrySpecH\x00R\x05retry\x12T\n" +
 	"\x13retry_with_learning\x18\x02 \x01(\v2\".stubborn.v1.RetryWithLearningSpecH\x00R\x11retryWithLearning\x12G\n" +
 	"\x0efallback_chain\x18\x03 \x01(\v2\x1e.stubborn.v1.FallbackChainSpecH\x00R\rfallbackChain\x12+\n" +
-	"\x04race\x18\x04 \x01(\v2\x15.stubborn.v1.RaceSpecH\x00R\x04raceB\x06\n" +
+	"\x04race\x18\x04 \x01(\v2\x15.stubborn.v1.RaceSpecH\x00R\x04race\x124\n" +
+	"\abalance\x18\x05 \x01(\v2\x18.stubborn.v1.BalanceSpecH\x00R\abalanceB\x06\n" +
 	"\x04kind\"\xe2\b\n" +
 	"\fControlState\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
@@ -5279,7 +5574,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\bnot_sent\x18\x05 \x01(\bR\anotSent\x12\x18\n" +
 	"\arefused\x18\x06 \x01(\bR\arefused\x125\n" +
 	"\n" +
-	"refused_by\x18\a \x01(\x0e2\x16.stubborn.v1.RefusedByR\trefusedBy\"\xee\x03\n" +
+	"refused_by\x18\a \x01(\x0e2\x16.stubborn.v1.RefusedByR\trefusedBy\"\x91\x04\n" +
 	"\aAttempt\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x05R\x06number\x12\x1a\n" +
 	"\bdelegate\x18\x02 \x01(\tR\bdelegate\x12\x14\n" +
@@ -5294,7 +5589,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"waitBefore\x12\x12\n" +
 	"\x04path\x18\n" +
 	" \x01(\tR\x04path\x12B\n" +
-	"\fstart_reason\x18\v \x01(\x0e2\x1f.stubborn.v1.AttemptStartReasonR\vstartReason\"\x91\x03\n" +
+	"\fstart_reason\x18\v \x01(\x0e2\x1f.stubborn.v1.AttemptStartReasonR\vstartReason\x12!\n" +
+	"\fstart_detail\x18\f \x01(\tR\vstartDetail\"\x91\x03\n" +
 	"\rFailureRecord\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x1a\n" +
 	"\bdelegate\x18\x02 \x01(\tR\bdelegate\x12\x18\n" +
@@ -5395,12 +5691,13 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x18ATTEMPT_OUTCOME_REJECTED\x10\x03\x12\x1d\n" +
 	"\x19ATTEMPT_OUTCOME_CANCELLED\x10\x04\x12\x1b\n" +
 	"\x17ATTEMPT_OUTCOME_SKIPPED\x10\x05\x12\x1f\n" +
-	"\x1bATTEMPT_OUTCOME_INTERRUPTED\x10\x06*\xab\x01\n" +
+	"\x1bATTEMPT_OUTCOME_INTERRUPTED\x10\x06*\xd2\x01\n" +
 	"\x12AttemptStartReason\x12$\n" +
 	" ATTEMPT_START_REASON_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cATTEMPT_START_REASON_AT_ONCE\x10\x01\x12$\n" +
 	" ATTEMPT_START_REASON_HEDGE_DELAY\x10\x02\x12'\n" +
-	"#ATTEMPT_START_REASON_EARLIER_FAILED\x10\x03*\x94\x02\n" +
+	"#ATTEMPT_START_REASON_EARLIER_FAILED\x10\x03\x12%\n" +
+	"!ATTEMPT_START_REASON_BALANCE_PICK\x10\x04*\x94\x02\n" +
 	"\rFailureSource\x12\x1e\n" +
 	"\x1aFAILURE_SOURCE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14FAILURE_SOURCE_ERROR\x10\x01\x12\x18\n" +
@@ -5448,7 +5745,13 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x1bSTATUS_REASON_UNRECOVERABLE\x10\f\x12 \n" +
 	"\x1cSTATUS_REASON_INTERNAL_ERROR\x10\r\x12\x17\n" +
 	"\x13STATUS_REASON_OTHER\x10\x0e\x12)\n" +
-	"%STATUS_REASON_NONDETERMINISTIC_REPLAY\x10\x0f*L\n" +
+	"%STATUS_REASON_NONDETERMINISTIC_REPLAY\x10\x0f*\xad\x01\n" +
+	"\x0fBalanceStrategy\x12 \n" +
+	"\x1cBALANCE_STRATEGY_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19BALANCE_STRATEGY_WEIGHTED\x10\x01\x12\x1f\n" +
+	"\x1bBALANCE_STRATEGY_LEAST_BUSY\x10\x02\x12\x1c\n" +
+	"\x18BALANCE_STRATEGY_LATENCY\x10\x03\x12\x1a\n" +
+	"\x16BALANCE_STRATEGY_USAGE\x10\x04*L\n" +
 	"\aRunView\x12\x18\n" +
 	"\x14RUN_VIEW_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10RUN_VIEW_SUMMARY\x10\x01\x12\x11\n" +
@@ -5488,8 +5791,8 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 	return file_stubborn_v1_control_proto_rawDescData
 }
 
-var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 13)
+var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
 	(OnExhausted)(0),              // 1: stubborn.v1.OnExhausted
@@ -5500,206 +5803,214 @@ var file_stubborn_v1_control_proto_goTypes = []any{
 	(RefusedBy)(0),                // 6: stubborn.v1.RefusedBy
 	(NotRetried)(0),               // 7: stubborn.v1.NotRetried
 	(StatusReason)(0),             // 8: stubborn.v1.StatusReason
-	(RunView)(0),                  // 9: stubborn.v1.RunView
-	(BreakerState)(0),             // 10: stubborn.v1.BreakerState
-	(DelegateHealth)(0),           // 11: stubborn.v1.DelegateHealth
-	(*RetrySpec)(nil),             // 12: stubborn.v1.RetrySpec
-	(*RetryOn)(nil),               // 13: stubborn.v1.RetryOn
-	(*RetryWithLearningSpec)(nil), // 14: stubborn.v1.RetryWithLearningSpec
-	(*FallbackChainSpec)(nil),     // 15: stubborn.v1.FallbackChainSpec
-	(*RaceSpec)(nil),              // 16: stubborn.v1.RaceSpec
-	(*RunOptions)(nil),            // 17: stubborn.v1.RunOptions
-	(*RunRequest)(nil),            // 18: stubborn.v1.RunRequest
-	(*RunResponse)(nil),           // 19: stubborn.v1.RunResponse
-	(*StartRunRequest)(nil),       // 20: stubborn.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 21: stubborn.v1.StartRunResponse
-	(*WatchRunRequest)(nil),       // 22: stubborn.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 23: stubborn.v1.WatchRunResponse
-	(*GetRunRequest)(nil),         // 24: stubborn.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 25: stubborn.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 26: stubborn.v1.ListRunsRequest
-	(*RunSummary)(nil),            // 27: stubborn.v1.RunSummary
-	(*ListRunsResponse)(nil),      // 28: stubborn.v1.ListRunsResponse
-	(*WatchRunsRequest)(nil),      // 29: stubborn.v1.WatchRunsRequest
-	(*WatchRunsResponse)(nil),     // 30: stubborn.v1.WatchRunsResponse
-	(*ListDelegatesRequest)(nil),  // 31: stubborn.v1.ListDelegatesRequest
-	(*ListDelegatesResponse)(nil), // 32: stubborn.v1.ListDelegatesResponse
-	(*DelegateDescription)(nil),   // 33: stubborn.v1.DelegateDescription
-	(*DelegateFailure)(nil),       // 34: stubborn.v1.DelegateFailure
-	(*PresetDescription)(nil),     // 35: stubborn.v1.PresetDescription
-	(*CancelRunRequest)(nil),      // 36: stubborn.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 37: stubborn.v1.CancelRunResponse
-	(*DeleteRunRequest)(nil),      // 38: stubborn.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 39: stubborn.v1.DeleteRunResponse
-	(*DecideRunRequest)(nil),      // 40: stubborn.v1.DecideRunRequest
-	(*DecideRunResponse)(nil),     // 41: stubborn.v1.DecideRunResponse
-	(*ControlSpec)(nil),           // 42: stubborn.v1.ControlSpec
-	(*ControlState)(nil),          // 43: stubborn.v1.ControlState
-	(*AttemptError)(nil),          // 44: stubborn.v1.AttemptError
-	(*Attempt)(nil),               // 45: stubborn.v1.Attempt
-	(*FailureRecord)(nil),         // 46: stubborn.v1.FailureRecord
-	(*RunEvent)(nil),              // 47: stubborn.v1.RunEvent
-	(*RunStarted)(nil),            // 48: stubborn.v1.RunStarted
-	(*AttemptStarted)(nil),        // 49: stubborn.v1.AttemptStarted
-	(*AttemptFinished)(nil),       // 50: stubborn.v1.AttemptFinished
-	(*AttemptOutput)(nil),         // 51: stubborn.v1.AttemptOutput
-	(*FailureAnalyzed)(nil),       // 52: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 53: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 54: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 55: stubborn.v1.DecisionReceived
-	(*RunResumed)(nil),            // 56: stubborn.v1.RunResumed
-	(*RunFinished)(nil),           // 57: stubborn.v1.RunFinished
-	nil,                           // 58: stubborn.v1.RunOptions.MetadataEntry
-	nil,                           // 59: stubborn.v1.ControlState.PresetsEntry
-	(*durationpb.Duration)(nil),   // 60: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 61: google.protobuf.Struct
-	(*Conversation)(nil),          // 62: stubborn.v1.Conversation
-	(*timestamppb.Timestamp)(nil), // 63: google.protobuf.Timestamp
-	(*Result)(nil),                // 64: stubborn.v1.Result
-	(*OutputDelta)(nil),           // 65: stubborn.v1.OutputDelta
+	(BalanceStrategy)(0),          // 9: stubborn.v1.BalanceStrategy
+	(RunView)(0),                  // 10: stubborn.v1.RunView
+	(BreakerState)(0),             // 11: stubborn.v1.BreakerState
+	(DelegateHealth)(0),           // 12: stubborn.v1.DelegateHealth
+	(*RetrySpec)(nil),             // 13: stubborn.v1.RetrySpec
+	(*RetryOn)(nil),               // 14: stubborn.v1.RetryOn
+	(*RetryWithLearningSpec)(nil), // 15: stubborn.v1.RetryWithLearningSpec
+	(*FallbackChainSpec)(nil),     // 16: stubborn.v1.FallbackChainSpec
+	(*RaceSpec)(nil),              // 17: stubborn.v1.RaceSpec
+	(*BalanceTarget)(nil),         // 18: stubborn.v1.BalanceTarget
+	(*BalanceSpec)(nil),           // 19: stubborn.v1.BalanceSpec
+	(*RunOptions)(nil),            // 20: stubborn.v1.RunOptions
+	(*RunRequest)(nil),            // 21: stubborn.v1.RunRequest
+	(*RunResponse)(nil),           // 22: stubborn.v1.RunResponse
+	(*StartRunRequest)(nil),       // 23: stubborn.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 24: stubborn.v1.StartRunResponse
+	(*WatchRunRequest)(nil),       // 25: stubborn.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 26: stubborn.v1.WatchRunResponse
+	(*GetRunRequest)(nil),         // 27: stubborn.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 28: stubborn.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 29: stubborn.v1.ListRunsRequest
+	(*RunSummary)(nil),            // 30: stubborn.v1.RunSummary
+	(*ListRunsResponse)(nil),      // 31: stubborn.v1.ListRunsResponse
+	(*WatchRunsRequest)(nil),      // 32: stubborn.v1.WatchRunsRequest
+	(*WatchRunsResponse)(nil),     // 33: stubborn.v1.WatchRunsResponse
+	(*ListDelegatesRequest)(nil),  // 34: stubborn.v1.ListDelegatesRequest
+	(*ListDelegatesResponse)(nil), // 35: stubborn.v1.ListDelegatesResponse
+	(*DelegateDescription)(nil),   // 36: stubborn.v1.DelegateDescription
+	(*DelegateFailure)(nil),       // 37: stubborn.v1.DelegateFailure
+	(*PresetDescription)(nil),     // 38: stubborn.v1.PresetDescription
+	(*CancelRunRequest)(nil),      // 39: stubborn.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 40: stubborn.v1.CancelRunResponse
+	(*DeleteRunRequest)(nil),      // 41: stubborn.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 42: stubborn.v1.DeleteRunResponse
+	(*DecideRunRequest)(nil),      // 43: stubborn.v1.DecideRunRequest
+	(*DecideRunResponse)(nil),     // 44: stubborn.v1.DecideRunResponse
+	(*ControlSpec)(nil),           // 45: stubborn.v1.ControlSpec
+	(*ControlState)(nil),          // 46: stubborn.v1.ControlState
+	(*AttemptError)(nil),          // 47: stubborn.v1.AttemptError
+	(*Attempt)(nil),               // 48: stubborn.v1.Attempt
+	(*FailureRecord)(nil),         // 49: stubborn.v1.FailureRecord
+	(*RunEvent)(nil),              // 50: stubborn.v1.RunEvent
+	(*RunStarted)(nil),            // 51: stubborn.v1.RunStarted
+	(*AttemptStarted)(nil),        // 52: stubborn.v1.AttemptStarted
+	(*AttemptFinished)(nil),       // 53: stubborn.v1.AttemptFinished
+	(*AttemptOutput)(nil),         // 54: stubborn.v1.AttemptOutput
+	(*FailureAnalyzed)(nil),       // 55: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 56: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 57: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 58: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 59: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 60: stubborn.v1.RunFinished
+	nil,                           // 61: stubborn.v1.RunOptions.MetadataEntry
+	nil,                           // 62: stubborn.v1.ControlState.PresetsEntry
+	(*durationpb.Duration)(nil),   // 63: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 64: google.protobuf.Struct
+	(*Conversation)(nil),          // 65: stubborn.v1.Conversation
+	(*timestamppb.Timestamp)(nil), // 66: google.protobuf.Timestamp
+	(*Result)(nil),                // 67: stubborn.v1.Result
+	(*OutputDelta)(nil),           // 68: stubborn.v1.OutputDelta
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	60,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	63,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,   // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	60,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	60,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
-	13,  // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
-	60,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
-	60,  // 6: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	60,  // 7: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	58,  // 8: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
-	60,  // 9: stubborn.v1.RunOptions.first_output_timeout:type_name -> google.protobuf.Duration
-	60,  // 10: stubborn.v1.RunOptions.idle_timeout:type_name -> google.protobuf.Duration
-	12,  // 11: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 12: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 13: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 14: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
-	17,  // 15: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	61,  // 16: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
-	61,  // 17: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
-	62,  // 18: stubborn.v1.RunRequest.conversation:type_name -> stubborn.v1.Conversation
-	47,  // 19: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
-	12,  // 20: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 21: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 22: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 23: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
-	17,  // 24: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	61,  // 25: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
-	61,  // 26: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
-	62,  // 27: stubborn.v1.StartRunRequest.conversation:type_name -> stubborn.v1.Conversation
-	43,  // 28: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	47,  // 29: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	47,  // 30: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	43,  // 31: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
-	63,  // 32: stubborn.v1.GetRunResponse.server_time:type_name -> google.protobuf.Timestamp
-	0,   // 33: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	9,   // 34: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
-	0,   // 35: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	63,  // 36: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	63,  // 37: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
-	43,  // 38: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	27,  // 39: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
-	63,  // 40: stubborn.v1.ListRunsResponse.server_time:type_name -> google.protobuf.Timestamp
-	0,   // 41: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	27,  // 42: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
-	33,  // 43: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
-	35,  // 44: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	63,  // 45: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
-	60,  // 46: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
-	11,  // 47: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
-	10,  // 48: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
-	13,  // 49: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
-	60,  // 50: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
-	60,  // 51: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
-	63,  // 52: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
-	34,  // 53: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
-	63,  // 54: stubborn.v1.DelegateDescription.last_call_time:type_name -> google.protobuf.Timestamp
-	63,  // 55: stubborn.v1.DelegateDescription.failing_since:type_name -> google.protobuf.Timestamp
-	63,  // 56: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
-	42,  // 57: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	43,  // 58: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,   // 59: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	43,  // 60: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	12,  // 61: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 62: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 63: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 64: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	0,   // 65: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	64,  // 66: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	46,  // 67: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	45,  // 68: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	42,  // 69: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	17,  // 70: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	8,   // 71: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	63,  // 72: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	63,  // 73: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	63,  // 74: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	59,  // 75: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
-	61,  // 76: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
-	61,  // 77: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
-	62,  // 78: stubborn.v1.ControlState.conversation:type_name -> stubborn.v1.Conversation
-	60,  // 79: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	6,   // 80: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
-	63,  // 81: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	63,  // 82: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,   // 83: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	64,  // 84: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	44,  // 85: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	60,  // 86: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	4,   // 87: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
-	7,   // 88: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	5,   // 89: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	63,  // 90: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	0,   // 91: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
-	48,  // 92: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	49,  // 93: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	50,  // 94: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	52,  // 95: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	53,  // 96: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	54,  // 97: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	55,  // 98: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	57,  // 99: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	56,  // 100: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	51,  // 101: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
-	43,  // 102: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	45,  // 103: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	45,  // 104: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	65,  // 105: stubborn.v1.AttemptOutput.deltas:type_name -> stubborn.v1.OutputDelta
-	46,  // 106: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	60,  // 107: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	63,  // 108: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	60,  // 109: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	46,  // 110: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	63,  // 111: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	8,   // 112: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,   // 113: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	43,  // 114: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	42,  // 115: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
-	18,  // 116: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	20,  // 117: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	22,  // 118: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	24,  // 119: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	26,  // 120: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	29,  // 121: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	31,  // 122: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	36,  // 123: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	40,  // 124: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	38,  // 125: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	19,  // 126: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	21,  // 127: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	23,  // 128: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	25,  // 129: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	28,  // 130: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	30,  // 131: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	32,  // 132: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	37,  // 133: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	41,  // 134: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	39,  // 135: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	126, // [126:136] is the sub-list for method output_type
-	116, // [116:126] is the sub-list for method input_type
-	116, // [116:116] is the sub-list for extension type_name
-	116, // [116:116] is the sub-list for extension extendee
-	0,   // [0:116] is the sub-list for field type_name
+	63,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	63,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	14,  // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
+	63,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
+	18,  // 6: stubborn.v1.BalanceSpec.targets:type_name -> stubborn.v1.BalanceTarget
+	9,   // 7: stubborn.v1.BalanceSpec.strategy:type_name -> stubborn.v1.BalanceStrategy
+	63,  // 8: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	63,  // 9: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	61,  // 10: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	63,  // 11: stubborn.v1.RunOptions.first_output_timeout:type_name -> google.protobuf.Duration
+	63,  // 12: stubborn.v1.RunOptions.idle_timeout:type_name -> google.protobuf.Duration
+	13,  // 13: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	15,  // 14: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	16,  // 15: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	17,  // 16: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
+	20,  // 17: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
+	64,  // 18: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
+	64,  // 19: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
+	65,  // 20: stubborn.v1.RunRequest.conversation:type_name -> stubborn.v1.Conversation
+	19,  // 21: stubborn.v1.RunRequest.balance:type_name -> stubborn.v1.BalanceSpec
+	50,  // 22: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	13,  // 23: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	15,  // 24: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	16,  // 25: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	17,  // 26: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
+	20,  // 27: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
+	64,  // 28: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
+	64,  // 29: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
+	65,  // 30: stubborn.v1.StartRunRequest.conversation:type_name -> stubborn.v1.Conversation
+	19,  // 31: stubborn.v1.StartRunRequest.balance:type_name -> stubborn.v1.BalanceSpec
+	46,  // 32: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	50,  // 33: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	50,  // 34: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	46,  // 35: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	66,  // 36: stubborn.v1.GetRunResponse.server_time:type_name -> google.protobuf.Timestamp
+	0,   // 37: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	10,  // 38: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
+	0,   // 39: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
+	66,  // 40: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	66,  // 41: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	46,  // 42: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	30,  // 43: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
+	66,  // 44: stubborn.v1.ListRunsResponse.server_time:type_name -> google.protobuf.Timestamp
+	0,   // 45: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	30,  // 46: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
+	36,  // 47: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
+	38,  // 48: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
+	66,  // 49: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
+	63,  // 50: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	12,  // 51: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
+	11,  // 52: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
+	14,  // 53: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
+	63,  // 54: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
+	63,  // 55: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
+	66,  // 56: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
+	37,  // 57: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
+	66,  // 58: stubborn.v1.DelegateDescription.last_call_time:type_name -> google.protobuf.Timestamp
+	66,  // 59: stubborn.v1.DelegateDescription.failing_since:type_name -> google.protobuf.Timestamp
+	66,  // 60: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
+	45,  // 61: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	46,  // 62: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,   // 63: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	46,  // 64: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	13,  // 65: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	15,  // 66: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	16,  // 67: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	17,  // 68: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	19,  // 69: stubborn.v1.ControlSpec.balance:type_name -> stubborn.v1.BalanceSpec
+	0,   // 70: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	67,  // 71: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	49,  // 72: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	48,  // 73: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	45,  // 74: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	20,  // 75: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	8,   // 76: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	66,  // 77: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	66,  // 78: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	66,  // 79: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	62,  // 80: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
+	64,  // 81: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
+	64,  // 82: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
+	65,  // 83: stubborn.v1.ControlState.conversation:type_name -> stubborn.v1.Conversation
+	63,  // 84: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	6,   // 85: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
+	66,  // 86: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	66,  // 87: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,   // 88: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	67,  // 89: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	47,  // 90: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	63,  // 91: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,   // 92: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
+	7,   // 93: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	5,   // 94: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	66,  // 95: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	0,   // 96: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
+	51,  // 97: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	52,  // 98: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	53,  // 99: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	55,  // 100: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	56,  // 101: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	57,  // 102: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	58,  // 103: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	60,  // 104: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	59,  // 105: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	54,  // 106: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
+	46,  // 107: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	48,  // 108: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	48,  // 109: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	68,  // 110: stubborn.v1.AttemptOutput.deltas:type_name -> stubborn.v1.OutputDelta
+	49,  // 111: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	63,  // 112: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	66,  // 113: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	63,  // 114: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	49,  // 115: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	66,  // 116: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 117: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 118: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	46,  // 119: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	45,  // 120: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
+	21,  // 121: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	23,  // 122: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	25,  // 123: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	27,  // 124: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	29,  // 125: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	32,  // 126: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	34,  // 127: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	39,  // 128: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	43,  // 129: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	41,  // 130: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	22,  // 131: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	24,  // 132: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	26,  // 133: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	28,  // 134: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	31,  // 135: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	33,  // 136: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	35,  // 137: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	40,  // 138: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	44,  // 139: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	42,  // 140: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	131, // [131:141] is the sub-list for method output_type
+	121, // [121:131] is the sub-list for method input_type
+	121, // [121:121] is the sub-list for extension type_name
+	121, // [121:121] is the sub-list for extension extendee
+	0,   // [0:121] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -5711,13 +6022,16 @@ func file_stubborn_v1_control_proto_init() {
 	file_stubborn_v1_delegate_proto_init()
 	file_stubborn_v1_control_proto_msgTypes[0].OneofWrappers = []any{}
 	file_stubborn_v1_control_proto_msgTypes[2].OneofWrappers = []any{}
-	file_stubborn_v1_control_proto_msgTypes[30].OneofWrappers = []any{
+	file_stubborn_v1_control_proto_msgTypes[5].OneofWrappers = []any{}
+	file_stubborn_v1_control_proto_msgTypes[6].OneofWrappers = []any{}
+	file_stubborn_v1_control_proto_msgTypes[32].OneofWrappers = []any{
 		(*ControlSpec_Retry)(nil),
 		(*ControlSpec_RetryWithLearning)(nil),
 		(*ControlSpec_FallbackChain)(nil),
 		(*ControlSpec_Race)(nil),
+		(*ControlSpec_Balance)(nil),
 	}
-	file_stubborn_v1_control_proto_msgTypes[35].OneofWrappers = []any{
+	file_stubborn_v1_control_proto_msgTypes[37].OneofWrappers = []any{
 		(*RunEvent_RunStarted)(nil),
 		(*RunEvent_AttemptStarted)(nil),
 		(*RunEvent_AttemptFinished)(nil),
@@ -5734,8 +6048,8 @@ func file_stubborn_v1_control_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
-			NumEnums:      12,
-			NumMessages:   48,
+			NumEnums:      13,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,7 +36,7 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // ControlService runs resilience controls (retry, retry-with-learning,
-// fallback-chain, race) over delegates named in the server's registry, and
+// fallback-chain, race, balance) over delegates named in the server's registry, and
 // streams every attempt, backoff wait and failure analysis as it happens.
 //
 // Errors: INVALID_ARGUMENT for a malformed request (the message names the
@@ -232,7 +232,7 @@ func (c *controlServiceClient) DeleteRun(ctx context.Context, in *DeleteRunReque
 // for forward compatibility.
 //
 // ControlService runs resilience controls (retry, retry-with-learning,
-// fallback-chain, race) over delegates named in the server's registry, and
+// fallback-chain, race, balance) over delegates named in the server's registry, and
 // streams every attempt, backoff wait and failure analysis as it happens.
 //
 // Errors: INVALID_ARGUMENT for a malformed request (the message names the

@@ -405,3 +405,46 @@ func NewEnv(d *Delegates, clock *Clock, events *Events, brief string) *controls.
 	tr := controls.NewTracker(st, clock, events.Sink)
 	return &controls.Env{Delegates: d, Tracker: tr, Clock: clock}
 }
+
+// Standings is a fake of the guards a balance control asks how delegates
+// stand (controls.Standings): the test sets each delegate's standing, and
+// every call is admitted. A delegate not set stands with all its room.
+type Standings struct {
+	mu sync.Mutex
+	by map[string]controls.Standing
+}
+
+var (
+	_ controls.Standings = (*Standings)(nil)
+	_ controls.Guards    = (*Standings)(nil)
+)
+
+// NewStandings returns fake standings with none set.
+func NewStandings() *Standings {
+	return &Standings{by: map[string]controls.Standing{}}
+}
+
+// Set sets the delegate's standing.
+func (s *Standings) Set(delegate string, st controls.Standing) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.by[delegate] = st
+}
+
+// Standing returns what Set set, else Standing{Room: 1}.
+func (s *Standings) Standing(delegate string) controls.Standing {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st, ok := s.by[delegate]; ok {
+		return st
+	}
+	return controls.Standing{Room: 1}
+}
+
+// Admit admits every call.
+func (s *Standings) Admit(ctx context.Context, _ string) (func(*stubbornv1.Result, error) string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return func(*stubbornv1.Result, error) string { return "" }, nil
+}

@@ -17,9 +17,15 @@ ATTEMPT_OUTCOME_SKIPPED: AttemptOutcome
 ATTEMPT_OUTCOME_SUCCEEDED: AttemptOutcome
 ATTEMPT_OUTCOME_UNSPECIFIED: AttemptOutcome
 ATTEMPT_START_REASON_AT_ONCE: AttemptStartReason
+ATTEMPT_START_REASON_BALANCE_PICK: AttemptStartReason
 ATTEMPT_START_REASON_EARLIER_FAILED: AttemptStartReason
 ATTEMPT_START_REASON_HEDGE_DELAY: AttemptStartReason
 ATTEMPT_START_REASON_UNSPECIFIED: AttemptStartReason
+BALANCE_STRATEGY_LATENCY: BalanceStrategy
+BALANCE_STRATEGY_LEAST_BUSY: BalanceStrategy
+BALANCE_STRATEGY_UNSPECIFIED: BalanceStrategy
+BALANCE_STRATEGY_USAGE: BalanceStrategy
+BALANCE_STRATEGY_WEIGHTED: BalanceStrategy
 BREAKER_STATE_CLOSED: BreakerState
 BREAKER_STATE_HALF_OPEN: BreakerState
 BREAKER_STATE_OPEN: BreakerState
@@ -90,7 +96,7 @@ STATUS_REASON_UNRECOVERABLE: StatusReason
 STATUS_REASON_UNSPECIFIED: StatusReason
 
 class Attempt(_message.Message):
-    __slots__ = ["brief", "delegate", "end_time", "error", "number", "outcome", "path", "result", "start_reason", "start_time", "wait_before"]
+    __slots__ = ["brief", "delegate", "end_time", "error", "number", "outcome", "path", "result", "start_detail", "start_reason", "start_time", "wait_before"]
     BRIEF_FIELD_NUMBER: _ClassVar[int]
     DELEGATE_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +105,7 @@ class Attempt(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    START_DETAIL_FIELD_NUMBER: _ClassVar[int]
     START_REASON_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
     WAIT_BEFORE_FIELD_NUMBER: _ClassVar[int]
@@ -110,10 +117,11 @@ class Attempt(_message.Message):
     outcome: AttemptOutcome
     path: str
     result: _delegate_pb2.Result
+    start_detail: str
     start_reason: AttemptStartReason
     start_time: _timestamp_pb2.Timestamp
     wait_before: _duration_pb2.Duration
-    def __init__(self, number: _Optional[int] = ..., delegate: _Optional[str] = ..., brief: _Optional[str] = ..., start_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[_Union[AttemptOutcome, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., error: _Optional[_Union[AttemptError, _Mapping]] = ..., wait_before: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., path: _Optional[str] = ..., start_reason: _Optional[_Union[AttemptStartReason, str]] = ...) -> None: ...
+    def __init__(self, number: _Optional[int] = ..., delegate: _Optional[str] = ..., brief: _Optional[str] = ..., start_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[_Union[AttemptOutcome, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., error: _Optional[_Union[AttemptError, _Mapping]] = ..., wait_before: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., path: _Optional[str] = ..., start_reason: _Optional[_Union[AttemptStartReason, str]] = ..., start_detail: _Optional[str] = ...) -> None: ...
 
 class AttemptError(_message.Message):
     __slots__ = ["code", "http_status", "message", "not_sent", "refused", "refused_by", "retry_hint"]
@@ -179,6 +187,28 @@ class BackoffScheduled(_message.Message):
     wait: _duration_pb2.Duration
     def __init__(self, next_attempt: _Optional[int] = ..., wait: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., until: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., bound: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., from_hint: bool = ...) -> None: ...
 
+class BalanceSpec(_message.Message):
+    __slots__ = ["failure_criteria", "failure_when", "max_attempts", "strategy", "targets"]
+    FAILURE_CRITERIA_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_WHEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    failure_criteria: str
+    failure_when: str
+    max_attempts: int
+    strategy: BalanceStrategy
+    targets: _containers.RepeatedCompositeFieldContainer[BalanceTarget]
+    def __init__(self, targets: _Optional[_Iterable[_Union[BalanceTarget, _Mapping]]] = ..., strategy: _Optional[_Union[BalanceStrategy, str]] = ..., max_attempts: _Optional[int] = ..., failure_criteria: _Optional[str] = ..., failure_when: _Optional[str] = ...) -> None: ...
+
+class BalanceTarget(_message.Message):
+    __slots__ = ["name", "weight"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    weight: int
+    def __init__(self, name: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
+
 class CancelRunRequest(_message.Message):
     __slots__ = ["run_id"]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -192,16 +222,18 @@ class CancelRunResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
 
 class ControlSpec(_message.Message):
-    __slots__ = ["fallback_chain", "race", "retry", "retry_with_learning"]
+    __slots__ = ["balance", "fallback_chain", "race", "retry", "retry_with_learning"]
+    BALANCE_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_CHAIN_FIELD_NUMBER: _ClassVar[int]
     RACE_FIELD_NUMBER: _ClassVar[int]
     RETRY_FIELD_NUMBER: _ClassVar[int]
     RETRY_WITH_LEARNING_FIELD_NUMBER: _ClassVar[int]
+    balance: BalanceSpec
     fallback_chain: FallbackChainSpec
     race: RaceSpec
     retry: RetrySpec
     retry_with_learning: RetryWithLearningSpec
-    def __init__(self, retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ...) -> None: ...
+    def __init__(self, retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., balance: _Optional[_Union[BalanceSpec, _Mapping]] = ...) -> None: ...
 
 class ControlState(_message.Message):
     __slots__ = ["attempt_log", "attempts", "control", "conversation", "create_time", "end_time", "failure_history", "model_params", "options", "presets", "result", "run_id", "status", "status_reason", "status_reason_code", "task_brief", "task_messages", "tenant", "traceparent", "update_time", "winner"]
@@ -594,7 +626,8 @@ class RunOptions(_message.Message):
     def __init__(self, idempotency_key: _Optional[str] = ..., run_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., attempt_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., judge: _Optional[str] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., never_ask: bool = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ["conversation", "fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]
+    __slots__ = ["balance", "conversation", "fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]
+    BALANCE_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_CHAIN_FIELD_NUMBER: _ClassVar[int]
     MODEL_PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -604,6 +637,7 @@ class RunRequest(_message.Message):
     RETRY_WITH_LEARNING_FIELD_NUMBER: _ClassVar[int]
     TASK_BRIEF_FIELD_NUMBER: _ClassVar[int]
     TASK_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    balance: BalanceSpec
     conversation: _conversation_pb2.Conversation
     fallback_chain: FallbackChainSpec
     model_params: _struct_pb2.Struct
@@ -613,7 +647,7 @@ class RunRequest(_message.Message):
     retry_with_learning: RetryWithLearningSpec
     task_brief: str
     task_messages: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
-    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., conversation: _Optional[_Union[_conversation_pb2.Conversation, _Mapping]] = ...) -> None: ...
+    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., conversation: _Optional[_Union[_conversation_pb2.Conversation, _Mapping]] = ..., balance: _Optional[_Union[BalanceSpec, _Mapping]] = ...) -> None: ...
 
 class RunResponse(_message.Message):
     __slots__ = ["event"]
@@ -658,7 +692,8 @@ class RunSummary(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., control: _Optional[str] = ..., delegates: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[RunStatus, str]] = ..., attempts: _Optional[int] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., winner: _Optional[str] = ..., brief: _Optional[str] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
-    __slots__ = ["conversation", "fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]
+    __slots__ = ["balance", "conversation", "fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]
+    BALANCE_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_CHAIN_FIELD_NUMBER: _ClassVar[int]
     MODEL_PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -668,6 +703,7 @@ class StartRunRequest(_message.Message):
     RETRY_WITH_LEARNING_FIELD_NUMBER: _ClassVar[int]
     TASK_BRIEF_FIELD_NUMBER: _ClassVar[int]
     TASK_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    balance: BalanceSpec
     conversation: _conversation_pb2.Conversation
     fallback_chain: FallbackChainSpec
     model_params: _struct_pb2.Struct
@@ -677,7 +713,7 @@ class StartRunRequest(_message.Message):
     retry_with_learning: RetryWithLearningSpec
     task_brief: str
     task_messages: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
-    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., conversation: _Optional[_Union[_conversation_pb2.Conversation, _Mapping]] = ...) -> None: ...
+    def __init__(self, task_brief: _Optional[str] = ..., retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., conversation: _Optional[_Union[_conversation_pb2.Conversation, _Mapping]] = ..., balance: _Optional[_Union[BalanceSpec, _Mapping]] = ...) -> None: ...
 
 class StartRunResponse(_message.Message):
     __slots__ = ["run_id", "state"]
@@ -748,6 +784,9 @@ class NotRetried(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class StatusReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class BalanceStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class RunView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):

@@ -7,7 +7,7 @@ from stubborn.v1 import control_pb2 as stubborn_dot_v1_dot_control__pb2
 
 class ControlServiceStub(object):
     """ControlService runs resilience controls (retry, retry-with-learning,
-    fallback-chain, race) over delegates named in the server's registry, and
+    fallback-chain, race, balance) over delegates named in the server's registry, and
     streams every attempt, backoff wait and failure analysis as it happens.
 
     Errors: INVALID_ARGUMENT for a malformed request (the message names the
@@ -76,7 +76,7 @@ class ControlServiceStub(object):
 
 class ControlServiceServicer(object):
     """ControlService runs resilience controls (retry, retry-with-learning,
-    fallback-chain, race) over delegates named in the server's registry, and
+    fallback-chain, race, balance) over delegates named in the server's registry, and
     streams every attempt, backoff wait and failure analysis as it happens.
 
     Errors: INVALID_ARGUMENT for a malformed request (the message names the
@@ -243,7 +243,7 @@ def add_ControlServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class ControlService(object):
     """ControlService runs resilience controls (retry, retry-with-learning,
-    fallback-chain, race) over delegates named in the server's registry, and
+    fallback-chain, race, balance) over delegates named in the server's registry, and
     streams every attempt, backoff wait and failure analysis as it happens.
 
     Errors: INVALID_ARGUMENT for a malformed request (the message names the
