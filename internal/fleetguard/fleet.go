@@ -61,9 +61,6 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
-	// OnBreaker, when set, is told of every breaker record another
-	// replica wrote, as the watch brings it. It must not block.
-	OnBreaker func(delegate string, old, new Breaker)
 }
 
 // Fleet is this replica's view of the fleet's guard state.
@@ -84,6 +81,9 @@ type Fleet struct {
 	// pending are tokens counted but not yet written, by delegate and
 	// second (CountTokens); guarded by mu.
 	pending map[string]map[int64]int64
+
+	// onBreaker is SetOnBreaker's; guarded by mu.
+	onBreaker func(delegate string, old, new Breaker)
 
 	stop context.CancelFunc
 	wg   sync.WaitGroup
@@ -277,10 +277,19 @@ func (f *Fleet) put(name string, rec Breaker, rev uint64, watched bool) {
 		return
 	}
 	f.cache[name] = cached{rec: rec, rev: rev}
+	on := f.onBreaker
 	f.mu.Unlock()
-	if watched && f.cfg.OnBreaker != nil && rec.By != f.cfg.Replica {
-		f.cfg.OnBreaker(name, old.rec, rec)
+	if watched && on != nil && rec.By != f.cfg.Replica {
+		on(name, old.rec, rec)
 	}
+}
+
+// SetOnBreaker has fn told of every breaker record another replica wrote,
+// as the watch brings it. fn must not block.
+func (f *Fleet) SetOnBreaker(fn func(delegate string, old, new Breaker)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.onBreaker = fn
 }
 
 // key is a delegate's key: its name in base64url (a delegate's name may

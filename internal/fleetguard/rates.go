@@ -83,15 +83,17 @@ func (l *ledger) waitFor(now time.Time, reqs, tokens int64, fits func(reqs, toke
 // rpm requests and tpm tokens a minute (0: no limit): it grants what the
 // limits leave, counted from now's second for spanSecs, or none and how
 // long until some would be (0: not on their own). The calls are to be
-// made within LeaseLife, and what is left given back (Return).
-func (f *Fleet) Lease(ctx context.Context, name string, now time.Time, want, rpm, tpm int64) (granted int64, wait time.Duration, err error) {
+// made within LeaseLife. back gives back, in the same write, what an
+// earlier lease left unused.
+func (f *Fleet) Lease(ctx context.Context, name string, now time.Time, want, rpm, tpm int64, back Unused) (granted int64, wait time.Duration, err error) {
 	sec := now.Unix()
 	fits := func(reqs, tokens int64) bool { return (rpm == 0 || reqs < rpm) && (tpm == 0 || tokens < tpm) }
 	err = f.changeLedger(ctx, name, func(l *ledger) bool {
+		returned := l.giveBack(back, f.cfg.Replica)
 		reqs, tokens := l.live(sec)
 		if !fits(reqs, tokens) {
 			granted, wait = 0, l.waitFor(now, reqs, tokens, fits)
-			return false
+			return returned
 		}
 		granted = want
 		if rpm > 0 {
@@ -106,20 +108,29 @@ func (f *Fleet) Lease(ctx context.Context, name string, now time.Time, want, rpm
 	return granted, wait, nil
 }
 
-// Return gives back n calls of a lease granted in second sec, not made.
-func (f *Fleet) Return(ctx context.Context, name string, sec, n int64) error {
-	if n <= 0 {
+// Unused is what a lease granted in second Sec left unused.
+type Unused struct{ Sec, N int64 }
+
+// giveBack uncounts u; it says whether it changed anything.
+func (l *ledger) giveBack(u Unused, replica string) bool {
+	if u.N <= 0 {
+		return false
+	}
+	for i := range l.G {
+		if g := &l.G[i]; g.Sec == u.Sec && g.Replica == replica {
+			g.Reqs = max(g.Reqs-u.N, 0)
+			return true
+		}
+	}
+	return false // aged out already
+}
+
+// Return gives back what a lease left unused.
+func (f *Fleet) Return(ctx context.Context, name string, u Unused) error {
+	if u.N <= 0 {
 		return nil
 	}
-	return f.changeLedger(ctx, name, func(l *ledger) bool {
-		for i := range l.G {
-			if g := &l.G[i]; g.Sec == sec && g.Replica == f.cfg.Replica {
-				g.Reqs = max(g.Reqs-n, 0)
-				return true
-			}
-		}
-		return false // aged out already
-	})
+	return f.changeLedger(ctx, name, func(l *ledger) bool { return l.giveBack(u, f.cfg.Replica) })
 }
 
 // Usage returns the requests granted and the tokens reported within the

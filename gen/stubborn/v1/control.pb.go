@@ -781,6 +781,60 @@ func (RunView) EnumDescriptor() ([]byte, []int) {
 	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{9}
 }
 
+// GuardScope says whose counts a delegate's guards go by.
+type GuardScope int32
+
+const (
+	// The server shares no fleet's store.
+	GuardScope_GUARD_SCOPE_UNSPECIFIED GuardScope = 0
+	// The fleet's: every replica on the store sees and obeys the same
+	// circuit breaker and rate limits.
+	GuardScope_GUARD_SCOPE_FLEET GuardScope = 1
+	// This server's own, while it cannot reach the fleet's store.
+	GuardScope_GUARD_SCOPE_LOCAL GuardScope = 2
+)
+
+// Enum value maps for GuardScope.
+var (
+	GuardScope_name = map[int32]string{
+		0: "GUARD_SCOPE_UNSPECIFIED",
+		1: "GUARD_SCOPE_FLEET",
+		2: "GUARD_SCOPE_LOCAL",
+	}
+	GuardScope_value = map[string]int32{
+		"GUARD_SCOPE_UNSPECIFIED": 0,
+		"GUARD_SCOPE_FLEET":       1,
+		"GUARD_SCOPE_LOCAL":       2,
+	}
+)
+
+func (x GuardScope) Enum() *GuardScope {
+	p := new(GuardScope)
+	*p = x
+	return p
+}
+
+func (x GuardScope) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (GuardScope) Descriptor() protoreflect.EnumDescriptor {
+	return file_stubborn_v1_control_proto_enumTypes[10].Descriptor()
+}
+
+func (GuardScope) Type() protoreflect.EnumType {
+	return &file_stubborn_v1_control_proto_enumTypes[10]
+}
+
+func (x GuardScope) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use GuardScope.Descriptor instead.
+func (GuardScope) EnumDescriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
+}
+
 // BreakerState is a circuit breaker's state.
 type BreakerState int32
 
@@ -823,11 +877,11 @@ func (x BreakerState) String() string {
 }
 
 func (BreakerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[10].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[11].Descriptor()
 }
 
 func (BreakerState) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[10]
+	return &file_stubborn_v1_control_proto_enumTypes[11]
 }
 
 func (x BreakerState) Number() protoreflect.EnumNumber {
@@ -836,7 +890,7 @@ func (x BreakerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BreakerState.Descriptor instead.
 func (BreakerState) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 // DelegateHealth is a delegate's health as last seen.
@@ -885,11 +939,11 @@ func (x DelegateHealth) String() string {
 }
 
 func (DelegateHealth) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[11].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[12].Descriptor()
 }
 
 func (DelegateHealth) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[11]
+	return &file_stubborn_v1_control_proto_enumTypes[12]
 }
 
 func (x DelegateHealth) Number() protoreflect.EnumNumber {
@@ -898,7 +952,7 @@ func (x DelegateHealth) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DelegateHealth.Descriptor instead.
 func (DelegateHealth) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 // RetrySpec configures the retry control: the same delegate again, after a
@@ -2691,8 +2745,9 @@ type DelegateDescription struct {
 	Timeout *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Its health as this server last saw it.
 	Health DelegateHealth `protobuf:"varint,6,opt,name=health,proto3,enum=stubborn.v1.DelegateHealth" json:"health,omitempty"`
-	// Its circuit breaker's state on this server (each replica has its
-	// own). Unspecified means it has no circuit breaker.
+	// Its circuit breaker's state: the fleet's when guard_scope is
+	// GUARD_SCOPE_FLEET, else this server's own. Unspecified means it has no
+	// circuit breaker.
 	CircuitBreaker BreakerState `protobuf:"varint,7,opt,name=circuit_breaker,json=circuitBreaker,proto3,enum=stubborn.v1.BreakerState" json:"circuit_breaker,omitempty"`
 	// Why the circuit breaker last opened ("5 transient failures in a
 	// row"). Empty means it never opened.
@@ -2722,9 +2777,10 @@ type DelegateDescription struct {
 	// through: half-open). Unset unless circuit_breaker is
 	// BREAKER_STATE_OPEN.
 	CircuitBreakerOpenUntil *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=circuit_breaker_open_until,json=circuitBreakerOpenUntil,proto3" json:"circuit_breaker_open_until,omitempty"`
-	// Requests let through to it from this server within the last minute,
-	// as its rate limit counts them, when it has requests_per_minute or
-	// tokens_per_minute; else 0.
+	// Requests let through to it within the last minute, as its rate limit
+	// counts them, when it has requests_per_minute or tokens_per_minute;
+	// else 0. With guard_scope GUARD_SCOPE_FLEET, the fleet's: the calls
+	// every replica leased, those still unused included.
 	RequestsLastMinute int64 `protobuf:"varint,18,opt,name=requests_last_minute,json=requestsLastMinute,proto3" json:"requests_last_minute,omitempty"`
 	// Model tokens its answers reported using within the last minute, as
 	// its rate limit counts them, when it has tokens_per_minute; else 0.
@@ -2746,9 +2802,20 @@ type DelegateDescription struct {
 	// When its calls began failing: the end of the first failed call after
 	// its latest successful one, when the latest call failed. Unset when
 	// the latest call succeeded or there was none.
-	FailingSince  *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=failing_since,json=failingSince,proto3" json:"failing_since,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	FailingSince *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=failing_since,json=failingSince,proto3" json:"failing_since,omitempty"`
+	// Whose counts its circuit breaker and rate limits go by now: the
+	// fleet's (replicas sharing a NATS cluster through -nats-url) or this
+	// server's own. Unspecified for a server that keeps runs on its own
+	// (-memory, the embedded store).
+	GuardScope GuardScope `protobuf:"varint,24,opt,name=guard_scope,json=guardScope,proto3,enum=stubborn.v1.GuardScope" json:"guard_scope,omitempty"`
+	// Why guard_scope is GUARD_SCOPE_LOCAL on a server that shares a fleet's
+	// store ("no NATS server reachable"). Empty otherwise.
+	GuardScopeReason string `protobuf:"bytes,25,opt,name=guard_scope_reason,json=guardScopeReason,proto3" json:"guard_scope_reason,omitempty"`
+	// The replica that last opened its circuit breaker, when the breaker is
+	// the fleet's and opened at least once. Empty otherwise.
+	CircuitBreakerOpenedBy string `protobuf:"bytes,26,opt,name=circuit_breaker_opened_by,json=circuitBreakerOpenedBy,proto3" json:"circuit_breaker_opened_by,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *DelegateDescription) Reset() {
@@ -2940,6 +3007,27 @@ func (x *DelegateDescription) GetFailingSince() *timestamppb.Timestamp {
 		return x.FailingSince
 	}
 	return nil
+}
+
+func (x *DelegateDescription) GetGuardScope() GuardScope {
+	if x != nil {
+		return x.GuardScope
+	}
+	return GuardScope_GUARD_SCOPE_UNSPECIFIED
+}
+
+func (x *DelegateDescription) GetGuardScopeReason() string {
+	if x != nil {
+		return x.GuardScopeReason
+	}
+	return ""
+}
+
+func (x *DelegateDescription) GetCircuitBreakerOpenedBy() string {
+	if x != nil {
+		return x.CircuitBreakerOpenedBy
+	}
+	return ""
 }
 
 // DelegateFailure is one failed call to a delegate.
@@ -5183,7 +5271,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\tdelegates\x18\x01 \x03(\v2 .stubborn.v1.DelegateDescriptionR\tdelegates\x128\n" +
 	"\apresets\x18\x02 \x03(\v2\x1e.stubborn.v1.PresetDescriptionR\apresets\x12;\n" +
 	"\vserver_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"serverTime\"\xfb\b\n" +
+	"serverTime\"\x9e\n" +
+	"\n" +
 	"\x13DelegateDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1e\n" +
@@ -5210,7 +5299,11 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x0frecent_failures\x18\x14 \x03(\v2\x1c.stubborn.v1.DelegateFailureR\x0erecentFailures\x12@\n" +
 	"\x0elast_call_time\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\flastCallTime\x12$\n" +
 	"\x0elast_call_code\x18\x16 \x01(\x05R\flastCallCode\x12?\n" +
-	"\rfailing_since\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\ffailingSince\"\xa0\x01\n" +
+	"\rfailing_since\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\ffailingSince\x128\n" +
+	"\vguard_scope\x18\x18 \x01(\x0e2\x17.stubborn.v1.GuardScopeR\n" +
+	"guardScope\x12,\n" +
+	"\x12guard_scope_reason\x18\x19 \x01(\tR\x10guardScopeReason\x129\n" +
+	"\x19circuit_breaker_opened_by\x18\x1a \x01(\tR\x16circuitBreakerOpenedBy\"\xa0\x01\n" +
 	"\x0fDelegateFailure\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
@@ -5452,7 +5545,12 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\aRunView\x12\x18\n" +
 	"\x14RUN_VIEW_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10RUN_VIEW_SUMMARY\x10\x01\x12\x11\n" +
-	"\rRUN_VIEW_FULL\x10\x02*|\n" +
+	"\rRUN_VIEW_FULL\x10\x02*W\n" +
+	"\n" +
+	"GuardScope\x12\x1b\n" +
+	"\x17GUARD_SCOPE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11GUARD_SCOPE_FLEET\x10\x01\x12\x15\n" +
+	"\x11GUARD_SCOPE_LOCAL\x10\x02*|\n" +
 	"\fBreakerState\x12\x1d\n" +
 	"\x19BREAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BREAKER_STATE_CLOSED\x10\x01\x12\x16\n" +
@@ -5488,7 +5586,7 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 	return file_stubborn_v1_control_proto_rawDescData
 }
 
-var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
+var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 13)
 var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
@@ -5501,205 +5599,207 @@ var file_stubborn_v1_control_proto_goTypes = []any{
 	(NotRetried)(0),               // 7: stubborn.v1.NotRetried
 	(StatusReason)(0),             // 8: stubborn.v1.StatusReason
 	(RunView)(0),                  // 9: stubborn.v1.RunView
-	(BreakerState)(0),             // 10: stubborn.v1.BreakerState
-	(DelegateHealth)(0),           // 11: stubborn.v1.DelegateHealth
-	(*RetrySpec)(nil),             // 12: stubborn.v1.RetrySpec
-	(*RetryOn)(nil),               // 13: stubborn.v1.RetryOn
-	(*RetryWithLearningSpec)(nil), // 14: stubborn.v1.RetryWithLearningSpec
-	(*FallbackChainSpec)(nil),     // 15: stubborn.v1.FallbackChainSpec
-	(*RaceSpec)(nil),              // 16: stubborn.v1.RaceSpec
-	(*RunOptions)(nil),            // 17: stubborn.v1.RunOptions
-	(*RunRequest)(nil),            // 18: stubborn.v1.RunRequest
-	(*RunResponse)(nil),           // 19: stubborn.v1.RunResponse
-	(*StartRunRequest)(nil),       // 20: stubborn.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 21: stubborn.v1.StartRunResponse
-	(*WatchRunRequest)(nil),       // 22: stubborn.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 23: stubborn.v1.WatchRunResponse
-	(*GetRunRequest)(nil),         // 24: stubborn.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 25: stubborn.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 26: stubborn.v1.ListRunsRequest
-	(*RunSummary)(nil),            // 27: stubborn.v1.RunSummary
-	(*ListRunsResponse)(nil),      // 28: stubborn.v1.ListRunsResponse
-	(*WatchRunsRequest)(nil),      // 29: stubborn.v1.WatchRunsRequest
-	(*WatchRunsResponse)(nil),     // 30: stubborn.v1.WatchRunsResponse
-	(*ListDelegatesRequest)(nil),  // 31: stubborn.v1.ListDelegatesRequest
-	(*ListDelegatesResponse)(nil), // 32: stubborn.v1.ListDelegatesResponse
-	(*DelegateDescription)(nil),   // 33: stubborn.v1.DelegateDescription
-	(*DelegateFailure)(nil),       // 34: stubborn.v1.DelegateFailure
-	(*PresetDescription)(nil),     // 35: stubborn.v1.PresetDescription
-	(*CancelRunRequest)(nil),      // 36: stubborn.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 37: stubborn.v1.CancelRunResponse
-	(*DeleteRunRequest)(nil),      // 38: stubborn.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 39: stubborn.v1.DeleteRunResponse
-	(*DecideRunRequest)(nil),      // 40: stubborn.v1.DecideRunRequest
-	(*DecideRunResponse)(nil),     // 41: stubborn.v1.DecideRunResponse
-	(*ControlSpec)(nil),           // 42: stubborn.v1.ControlSpec
-	(*ControlState)(nil),          // 43: stubborn.v1.ControlState
-	(*AttemptError)(nil),          // 44: stubborn.v1.AttemptError
-	(*Attempt)(nil),               // 45: stubborn.v1.Attempt
-	(*FailureRecord)(nil),         // 46: stubborn.v1.FailureRecord
-	(*RunEvent)(nil),              // 47: stubborn.v1.RunEvent
-	(*RunStarted)(nil),            // 48: stubborn.v1.RunStarted
-	(*AttemptStarted)(nil),        // 49: stubborn.v1.AttemptStarted
-	(*AttemptFinished)(nil),       // 50: stubborn.v1.AttemptFinished
-	(*AttemptOutput)(nil),         // 51: stubborn.v1.AttemptOutput
-	(*FailureAnalyzed)(nil),       // 52: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 53: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 54: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 55: stubborn.v1.DecisionReceived
-	(*RunResumed)(nil),            // 56: stubborn.v1.RunResumed
-	(*RunFinished)(nil),           // 57: stubborn.v1.RunFinished
-	nil,                           // 58: stubborn.v1.RunOptions.MetadataEntry
-	nil,                           // 59: stubborn.v1.ControlState.PresetsEntry
-	(*durationpb.Duration)(nil),   // 60: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 61: google.protobuf.Struct
-	(*Conversation)(nil),          // 62: stubborn.v1.Conversation
-	(*timestamppb.Timestamp)(nil), // 63: google.protobuf.Timestamp
-	(*Result)(nil),                // 64: stubborn.v1.Result
-	(*OutputDelta)(nil),           // 65: stubborn.v1.OutputDelta
+	(GuardScope)(0),               // 10: stubborn.v1.GuardScope
+	(BreakerState)(0),             // 11: stubborn.v1.BreakerState
+	(DelegateHealth)(0),           // 12: stubborn.v1.DelegateHealth
+	(*RetrySpec)(nil),             // 13: stubborn.v1.RetrySpec
+	(*RetryOn)(nil),               // 14: stubborn.v1.RetryOn
+	(*RetryWithLearningSpec)(nil), // 15: stubborn.v1.RetryWithLearningSpec
+	(*FallbackChainSpec)(nil),     // 16: stubborn.v1.FallbackChainSpec
+	(*RaceSpec)(nil),              // 17: stubborn.v1.RaceSpec
+	(*RunOptions)(nil),            // 18: stubborn.v1.RunOptions
+	(*RunRequest)(nil),            // 19: stubborn.v1.RunRequest
+	(*RunResponse)(nil),           // 20: stubborn.v1.RunResponse
+	(*StartRunRequest)(nil),       // 21: stubborn.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 22: stubborn.v1.StartRunResponse
+	(*WatchRunRequest)(nil),       // 23: stubborn.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 24: stubborn.v1.WatchRunResponse
+	(*GetRunRequest)(nil),         // 25: stubborn.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 26: stubborn.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 27: stubborn.v1.ListRunsRequest
+	(*RunSummary)(nil),            // 28: stubborn.v1.RunSummary
+	(*ListRunsResponse)(nil),      // 29: stubborn.v1.ListRunsResponse
+	(*WatchRunsRequest)(nil),      // 30: stubborn.v1.WatchRunsRequest
+	(*WatchRunsResponse)(nil),     // 31: stubborn.v1.WatchRunsResponse
+	(*ListDelegatesRequest)(nil),  // 32: stubborn.v1.ListDelegatesRequest
+	(*ListDelegatesResponse)(nil), // 33: stubborn.v1.ListDelegatesResponse
+	(*DelegateDescription)(nil),   // 34: stubborn.v1.DelegateDescription
+	(*DelegateFailure)(nil),       // 35: stubborn.v1.DelegateFailure
+	(*PresetDescription)(nil),     // 36: stubborn.v1.PresetDescription
+	(*CancelRunRequest)(nil),      // 37: stubborn.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 38: stubborn.v1.CancelRunResponse
+	(*DeleteRunRequest)(nil),      // 39: stubborn.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 40: stubborn.v1.DeleteRunResponse
+	(*DecideRunRequest)(nil),      // 41: stubborn.v1.DecideRunRequest
+	(*DecideRunResponse)(nil),     // 42: stubborn.v1.DecideRunResponse
+	(*ControlSpec)(nil),           // 43: stubborn.v1.ControlSpec
+	(*ControlState)(nil),          // 44: stubborn.v1.ControlState
+	(*AttemptError)(nil),          // 45: stubborn.v1.AttemptError
+	(*Attempt)(nil),               // 46: stubborn.v1.Attempt
+	(*FailureRecord)(nil),         // 47: stubborn.v1.FailureRecord
+	(*RunEvent)(nil),              // 48: stubborn.v1.RunEvent
+	(*RunStarted)(nil),            // 49: stubborn.v1.RunStarted
+	(*AttemptStarted)(nil),        // 50: stubborn.v1.AttemptStarted
+	(*AttemptFinished)(nil),       // 51: stubborn.v1.AttemptFinished
+	(*AttemptOutput)(nil),         // 52: stubborn.v1.AttemptOutput
+	(*FailureAnalyzed)(nil),       // 53: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 54: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 55: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 56: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 57: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 58: stubborn.v1.RunFinished
+	nil,                           // 59: stubborn.v1.RunOptions.MetadataEntry
+	nil,                           // 60: stubborn.v1.ControlState.PresetsEntry
+	(*durationpb.Duration)(nil),   // 61: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 62: google.protobuf.Struct
+	(*Conversation)(nil),          // 63: stubborn.v1.Conversation
+	(*timestamppb.Timestamp)(nil), // 64: google.protobuf.Timestamp
+	(*Result)(nil),                // 65: stubborn.v1.Result
+	(*OutputDelta)(nil),           // 66: stubborn.v1.OutputDelta
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	60,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	61,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,   // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	60,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	60,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
-	13,  // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
-	60,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
-	60,  // 6: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	60,  // 7: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	58,  // 8: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
-	60,  // 9: stubborn.v1.RunOptions.first_output_timeout:type_name -> google.protobuf.Duration
-	60,  // 10: stubborn.v1.RunOptions.idle_timeout:type_name -> google.protobuf.Duration
-	12,  // 11: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 12: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 13: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 14: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
-	17,  // 15: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	61,  // 16: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
-	61,  // 17: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
-	62,  // 18: stubborn.v1.RunRequest.conversation:type_name -> stubborn.v1.Conversation
-	47,  // 19: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
-	12,  // 20: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 21: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 22: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 23: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
-	17,  // 24: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	61,  // 25: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
-	61,  // 26: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
-	62,  // 27: stubborn.v1.StartRunRequest.conversation:type_name -> stubborn.v1.Conversation
-	43,  // 28: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	47,  // 29: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	47,  // 30: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	43,  // 31: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
-	63,  // 32: stubborn.v1.GetRunResponse.server_time:type_name -> google.protobuf.Timestamp
+	61,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	61,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	14,  // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
+	61,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
+	61,  // 6: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	61,  // 7: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	59,  // 8: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	61,  // 9: stubborn.v1.RunOptions.first_output_timeout:type_name -> google.protobuf.Duration
+	61,  // 10: stubborn.v1.RunOptions.idle_timeout:type_name -> google.protobuf.Duration
+	13,  // 11: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	15,  // 12: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	16,  // 13: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	17,  // 14: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
+	18,  // 15: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
+	62,  // 16: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
+	62,  // 17: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
+	63,  // 18: stubborn.v1.RunRequest.conversation:type_name -> stubborn.v1.Conversation
+	48,  // 19: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	13,  // 20: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	15,  // 21: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	16,  // 22: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	17,  // 23: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
+	18,  // 24: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
+	62,  // 25: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
+	62,  // 26: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
+	63,  // 27: stubborn.v1.StartRunRequest.conversation:type_name -> stubborn.v1.Conversation
+	44,  // 28: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	48,  // 29: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	48,  // 30: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	44,  // 31: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	64,  // 32: stubborn.v1.GetRunResponse.server_time:type_name -> google.protobuf.Timestamp
 	0,   // 33: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
 	9,   // 34: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
 	0,   // 35: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	63,  // 36: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	63,  // 37: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
-	43,  // 38: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	27,  // 39: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
-	63,  // 40: stubborn.v1.ListRunsResponse.server_time:type_name -> google.protobuf.Timestamp
+	64,  // 36: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	64,  // 37: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	44,  // 38: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	28,  // 39: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
+	64,  // 40: stubborn.v1.ListRunsResponse.server_time:type_name -> google.protobuf.Timestamp
 	0,   // 41: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	27,  // 42: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
-	33,  // 43: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
-	35,  // 44: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	63,  // 45: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
-	60,  // 46: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
-	11,  // 47: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
-	10,  // 48: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
-	13,  // 49: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
-	60,  // 50: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
-	60,  // 51: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
-	63,  // 52: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
-	34,  // 53: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
-	63,  // 54: stubborn.v1.DelegateDescription.last_call_time:type_name -> google.protobuf.Timestamp
-	63,  // 55: stubborn.v1.DelegateDescription.failing_since:type_name -> google.protobuf.Timestamp
-	63,  // 56: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
-	42,  // 57: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	43,  // 58: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,   // 59: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	43,  // 60: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	12,  // 61: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	14,  // 62: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	15,  // 63: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	16,  // 64: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	0,   // 65: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	64,  // 66: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	46,  // 67: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	45,  // 68: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	42,  // 69: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	17,  // 70: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	8,   // 71: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	63,  // 72: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	63,  // 73: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	63,  // 74: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	59,  // 75: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
-	61,  // 76: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
-	61,  // 77: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
-	62,  // 78: stubborn.v1.ControlState.conversation:type_name -> stubborn.v1.Conversation
-	60,  // 79: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	6,   // 80: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
-	63,  // 81: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	63,  // 82: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,   // 83: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	64,  // 84: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	44,  // 85: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	60,  // 86: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	4,   // 87: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
-	7,   // 88: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	5,   // 89: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	63,  // 90: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	0,   // 91: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
-	48,  // 92: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	49,  // 93: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	50,  // 94: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	52,  // 95: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	53,  // 96: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	54,  // 97: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	55,  // 98: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	57,  // 99: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	56,  // 100: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	51,  // 101: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
-	43,  // 102: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	45,  // 103: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	45,  // 104: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	65,  // 105: stubborn.v1.AttemptOutput.deltas:type_name -> stubborn.v1.OutputDelta
-	46,  // 106: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	60,  // 107: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	63,  // 108: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	60,  // 109: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	46,  // 110: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	63,  // 111: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	8,   // 112: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,   // 113: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	43,  // 114: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	42,  // 115: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
-	18,  // 116: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	20,  // 117: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	22,  // 118: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	24,  // 119: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	26,  // 120: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	29,  // 121: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	31,  // 122: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	36,  // 123: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	40,  // 124: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	38,  // 125: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	19,  // 126: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	21,  // 127: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	23,  // 128: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	25,  // 129: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	28,  // 130: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	30,  // 131: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	32,  // 132: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	37,  // 133: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	41,  // 134: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	39,  // 135: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	126, // [126:136] is the sub-list for method output_type
-	116, // [116:126] is the sub-list for method input_type
-	116, // [116:116] is the sub-list for extension type_name
-	116, // [116:116] is the sub-list for extension extendee
-	0,   // [0:116] is the sub-list for field type_name
+	28,  // 42: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
+	34,  // 43: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
+	36,  // 44: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
+	64,  // 45: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
+	61,  // 46: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	12,  // 47: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
+	11,  // 48: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
+	14,  // 49: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
+	61,  // 50: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
+	61,  // 51: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
+	64,  // 52: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
+	35,  // 53: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
+	64,  // 54: stubborn.v1.DelegateDescription.last_call_time:type_name -> google.protobuf.Timestamp
+	64,  // 55: stubborn.v1.DelegateDescription.failing_since:type_name -> google.protobuf.Timestamp
+	10,  // 56: stubborn.v1.DelegateDescription.guard_scope:type_name -> stubborn.v1.GuardScope
+	64,  // 57: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
+	43,  // 58: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	44,  // 59: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,   // 60: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	44,  // 61: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	13,  // 62: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	15,  // 63: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	16,  // 64: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	17,  // 65: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	0,   // 66: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	65,  // 67: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	47,  // 68: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	46,  // 69: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	43,  // 70: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	18,  // 71: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	8,   // 72: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	64,  // 73: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	64,  // 74: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	64,  // 75: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	60,  // 76: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
+	62,  // 77: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
+	62,  // 78: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
+	63,  // 79: stubborn.v1.ControlState.conversation:type_name -> stubborn.v1.Conversation
+	61,  // 80: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	6,   // 81: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
+	64,  // 82: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	64,  // 83: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,   // 84: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	65,  // 85: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	45,  // 86: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	61,  // 87: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,   // 88: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
+	7,   // 89: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	5,   // 90: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	64,  // 91: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	0,   // 92: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
+	49,  // 93: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	50,  // 94: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	51,  // 95: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	53,  // 96: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	54,  // 97: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	55,  // 98: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	56,  // 99: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	58,  // 100: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	57,  // 101: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	52,  // 102: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
+	44,  // 103: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	46,  // 104: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	46,  // 105: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	66,  // 106: stubborn.v1.AttemptOutput.deltas:type_name -> stubborn.v1.OutputDelta
+	47,  // 107: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	61,  // 108: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	64,  // 109: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	61,  // 110: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	47,  // 111: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	64,  // 112: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 113: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 114: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	44,  // 115: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	43,  // 116: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
+	19,  // 117: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	21,  // 118: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	23,  // 119: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	25,  // 120: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	27,  // 121: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	30,  // 122: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	32,  // 123: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	37,  // 124: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	41,  // 125: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	39,  // 126: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	20,  // 127: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	22,  // 128: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	24,  // 129: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	26,  // 130: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	29,  // 131: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	31,  // 132: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	33,  // 133: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	38,  // 134: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	42,  // 135: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	40,  // 136: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	127, // [127:137] is the sub-list for method output_type
+	117, // [117:127] is the sub-list for method input_type
+	117, // [117:117] is the sub-list for extension type_name
+	117, // [117:117] is the sub-list for extension extendee
+	0,   // [0:117] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -5734,7 +5834,7 @@ func file_stubborn_v1_control_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
-			NumEnums:      12,
+			NumEnums:      13,
 			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
