@@ -77,6 +77,9 @@ type Fleet struct {
 	failedUntil time.Time
 	reason      string // why the replica is on its own counts; "" when not
 	local       bool   // last scope logged was local
+	// joined says the replica was up with the fleet once: a replica
+	// starting is not falling back.
+	joined bool
 
 	// pending are tokens counted but not yet written, by delegate and
 	// second (CountTokens); guarded by mu.
@@ -178,7 +181,11 @@ func (f *Fleet) fail(err error) {
 // logScopeLocked logs a change of scope, once each way.
 func (f *Fleet) logScopeLocked() {
 	up, why := f.upLocked()
+	if up {
+		f.joined = true
+	}
 	switch {
+	case !f.joined:
 	case !up && !f.local:
 		f.local = true
 		f.log.Warn("guards fall back to this replica's own counts", "replica", f.cfg.Replica, "why", why)
