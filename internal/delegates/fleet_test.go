@@ -204,3 +204,35 @@ func TestFleetFallbackAndRejoin(t *testing.T) {
 	assert.Equal(t, stubbornv1.GuardScope_GUARD_SCOPE_FLEET, desc.GetGuardScope())
 	assert.Equal(t, "r2", desc.GetCircuitBreakerOpenedBy())
 }
+
+// Cut off, a replica takes its share of the rate limits (the replicas it
+// last saw leasing divide them), counting the calls it sent meanwhile, and
+// the fleet's breaker as last seen open still refuses.
+func TestFleetFallbackTakesItsShare(t *testing.T) {
+	n := fleetguardtest.StartNATS(t)
+	clock := controlstest.NewClock()
+	zero := Duration(0)
+	d := Delegate{Name: "d", RequestsPerMinute: 30, MaxQueueWait: &zero}
+	g1, g2 := fleetGuards(t, n, "r1", clock, d), fleetGuards(t, n, "r2", clock, d)
+	require.NoError(t, call(g2, nil))
+	require.NoError(t, call(g1, nil)) // r1's lease read r2's grant: 2 replicas
+	n.Shutdown()
+	require.Eventually(t, func() bool { up, _ := g1.fleet.Scope(); return !up }, 5*time.Second, 10*time.Millisecond)
+	sent := 0
+	for range 30 {
+		if call(g1, nil) == nil {
+			sent++
+		}
+	}
+	assert.Equal(t, 14, sent, "half of 30, less the call it sent before")
+
+	cb := Delegate{Name: "d", CircuitBreaker: &CircuitBreaker{ConsecutiveFailures: 1, Cooldown: Duration(time.Hour)}}
+	n.Restart(t)
+	g3, g4 := fleetGuards(t, n, "r3", clock, cb), fleetGuards(t, n, "r4", clock, cb)
+	require.NoError(t, call(g3, transientErr))
+	require.Eventually(t, func() bool { return call(g4, nil) != nil }, time.Second, 5*time.Millisecond)
+	n.Shutdown()
+	require.Eventually(t, func() bool { up, _ := g4.fleet.Scope(); return !up }, 5*time.Second, 10*time.Millisecond)
+	err := call(g4, nil)
+	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, refusedBy(err), "the opening it saw stands")
+}

@@ -230,9 +230,13 @@ func (g *Guards) openWhy(fl *fleetguard.Fleet, name string, br *breaker) string 
 	if br == nil {
 		return ""
 	}
-	if fl != nil {
-		rec, _ := fl.Breaker(name)
-		return fleetOpenWhy(rec, g.clock.Now())
+	if g.fleet != nil {
+		// Cut off from the fleet, its breaker's last known opening
+		// still stands, besides this replica's own.
+		rec, _ := g.fleet.Breaker(name)
+		if why := fleetOpenWhy(rec, g.clock.Now()); why != "" || fl != nil {
+			return why
+		}
 	}
 	why, _ := br.openNow()
 	return why
@@ -264,9 +268,15 @@ func (g *Guards) takeRate(ctx context.Context, fl *fleetguard.Fleet, name string
 		}
 		// Cut off from the fleet's store: this replica's own counts.
 	}
+	share := int64(1)
+	if g.fleet != nil {
+		// Its share of the limits: the replicas still in the fleet go on
+		// leasing the whole of them.
+		share = int64(g.fleet.Peers(name))
+	}
 	for {
 		now := g.clock.Now()
-		ok, wait := rate.take(now)
+		ok, wait := rate.takeShare(now, share)
 		if ok {
 			return now.Unix(), false, nil
 		}

@@ -84,6 +84,9 @@ type Fleet struct {
 	// pending are tokens counted but not yet written, by delegate and
 	// second (CountTokens); guarded by mu.
 	pending map[string]map[int64]int64
+	// peers are the replicas each delegate's ledger last showed leasing
+	// (Peers); guarded by mu.
+	peers map[string]int
 
 	// onBreaker is SetOnBreaker's; guarded by mu.
 	onBreaker func(delegate string, old, new Breaker)
@@ -120,7 +123,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Fleet, error) {
 	if cfg.Memory {
 		st = jetstream.MemoryStorage
 	}
-	f := &Fleet{cfg: cfg, nc: nc, log: cfg.Logger, cache: map[string]cached{}, pending: map[string]map[int64]int64{}}
+	f := &Fleet{cfg: cfg, nc: nc, log: cfg.Logger, cache: map[string]cached{}, pending: map[string]map[int64]int64{}, peers: map[string]int{}}
 	if f.breakers, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: breakersBucket, History: 1, Storage: st, Replicas: cfg.Replicas,
 	}); err != nil {

@@ -200,7 +200,28 @@ func (f *Fleet) readLedger(ctx context.Context, name string) (ledger, uint64, er
 		// Unreadable: started afresh, overwritten at the next write.
 		return ledger{}, e.Revision(), nil
 	}
+	f.sawPeers(name, l)
 	return l, e.Revision(), nil
+}
+
+// sawPeers notes how many replicas the ledger shows leasing.
+func (f *Fleet) sawPeers(name string, l ledger) {
+	seen := map[string]bool{f.cfg.Replica: true}
+	for _, g := range l.G {
+		seen[g.Replica] = true
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.peers[name] = len(seen)
+}
+
+// Peers returns how many replicas (this one included) the delegate's
+// ledger last showed leasing; 1 before it was read. A replica cut off
+// from the fleet takes that share of the limits on its own counts.
+func (f *Fleet) Peers(name string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return max(f.peers[name], 1)
 }
 
 // flushEvery is how often the tokens counted are written to the ledgers.
