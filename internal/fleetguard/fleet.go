@@ -156,6 +156,9 @@ func (f *Fleet) Replica() string { return f.cfg.Replica }
 func (f *Fleet) Scope() (fleet bool, reason string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// What a caller is told is logged first, so that no call guarded on
+	// its own counts goes unlogged.
+	f.logScopeLocked()
 	return f.upLocked()
 }
 
@@ -232,6 +235,9 @@ func (f *Fleet) watchOnce(ctx context.Context, tick <-chan time.Time) {
 	fresh := map[string]cached{}
 	initial := true
 	lastMsg := time.Now()
+	// A reconnect may leave the watch's consumer silent until it finds out
+	// (its heartbeats are 5 s apart): the watch is made again at once.
+	reconnects := f.nc.Stats().Reconnects
 	for {
 		select {
 		case <-ctx.Done():
@@ -242,7 +248,7 @@ func (f *Fleet) watchOnce(ctx context.Context, tick <-chan time.Time) {
 			f.mu.Unlock()
 			// A watch that went silent over a lost connection is made
 			// again; the ordered consumer's heartbeats are 5 s apart.
-			if !f.nc.IsConnected() || (initial && time.Since(lastMsg) > 5*time.Second) {
+			if !f.nc.IsConnected() || f.nc.Stats().Reconnects != reconnects || (initial && time.Since(lastMsg) > 5*time.Second) {
 				return
 			}
 		case e, ok := <-w.Updates():
