@@ -101,7 +101,7 @@ func TestFleetGuardsCluster(t *testing.T) {
 			}
 			wg.Go(func() {
 				r := rs[i%len(rs)]
-				req := &stubbornv1.StartRunRequest{TaskBrief: "limited", Retry: &stubbornv1.RetrySpec{Target: "limited", Attempts: i32(1), OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL}}
+				req := &stubbornv1.StartRunRequest{TaskBrief: "limited", Retry: &stubbornv1.RetrySpec{Target: "limited", Attempts: i32(0), OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL}}
 				// A node killed may take the stream's leader with it: the
 				// runs wait for a new one, as the chaos suite's do.
 				for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
@@ -239,7 +239,7 @@ func runThrough(ctx context.Context, t *testing.T, r *replica, target string) {
 	t.Helper()
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	st, err := r.api().Run(cctx, &stubbornv1.RunRequest{TaskBrief: "fleet", Retry: &stubbornv1.RetrySpec{Target: target, Attempts: i32(1), OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL}})
+	st, err := r.api().Run(cctx, &stubbornv1.RunRequest{TaskBrief: "fleet", Retry: &stubbornv1.RetrySpec{Target: target, Attempts: i32(0), OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL}})
 	require.NoError(t, err)
 	for {
 		if _, err := st.Recv(); err != nil {
