@@ -18,19 +18,26 @@ import (
 //
 //	go test -run '^$' -bench Admit -benchtime 20000x ./internal/delegates/
 func BenchmarkAdmit(b *testing.B) {
-	d := Delegate{Name: "d", CircuitBreaker: &CircuitBreaker{ConsecutiveFailures: 5}, RequestsPerMinute: 1_000_000}
-	b.Run("local", func(b *testing.B) {
-		g := NewGuards(nil)
-		g.Configure(&Config{Delegates: []Delegate{d}})
-		benchAdmit(b, g)
-	})
-	b.Run("fleet", func(b *testing.B) {
-		c := fleetguardtest.StartCluster(b)
-		g := NewGuards(nil)
-		g.Configure(&Config{Delegates: []Delegate{d}})
-		g.UseFleet(c.Fleet(b, "bench"))
-		benchAdmit(b, g)
-	})
+	for _, tc := range []struct {
+		name string
+		d    Delegate
+	}{
+		{"breaker", Delegate{Name: "d", CircuitBreaker: &CircuitBreaker{ConsecutiveFailures: 5}}},
+		{"breaker+rpm", Delegate{Name: "d", CircuitBreaker: &CircuitBreaker{ConsecutiveFailures: 5}, RequestsPerMinute: 1_000_000}},
+	} {
+		b.Run(tc.name+"/local", func(b *testing.B) {
+			g := NewGuards(nil)
+			g.Configure(&Config{Delegates: []Delegate{tc.d}})
+			benchAdmit(b, g)
+		})
+		b.Run(tc.name+"/fleet", func(b *testing.B) {
+			c := fleetguardtest.StartCluster(b)
+			g := NewGuards(nil)
+			g.Configure(&Config{Delegates: []Delegate{tc.d}})
+			g.UseFleet(c.Fleet(b, "bench-"+tc.name))
+			benchAdmit(b, g)
+		})
+	}
 }
 
 func benchAdmit(b *testing.B, g *Guards) {

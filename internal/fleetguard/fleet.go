@@ -46,9 +46,6 @@ const casTries = 16
 // was read.
 var ErrConflict = errors.New("fleetguard: the record changed since it was read")
 
-// ErrDown is a call made while the replica is cut off from the fleet.
-var ErrDown = errors.New("fleetguard: cut off from the fleet's store")
-
 // Config configures a Fleet.
 type Config struct {
 	// Replica names this replica in the records it writes (OpenedBy).
