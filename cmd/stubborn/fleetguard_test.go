@@ -141,12 +141,10 @@ func TestFleetGuardsCluster(t *testing.T) {
 		}
 		opened := time.Now()
 		for _, r := range rs[1:] {
-			var last *stubbornv1.DelegateDescription
 			require.Eventually(t, func() bool {
 				d := describeDelegate(ctx, r, "flaky")
-				last = d
 				return d.GetCircuitBreaker() == stubbornv1.BreakerState_BREAKER_STATE_OPEN && d.GetCircuitBreakerOpenedBy() == rs[0].owner
-			}, time.Second, 20*time.Millisecond, "%s sees the breaker r0 (%s) opened; last: %v", r.name(), rs[0].owner, &last)
+			}, time.Second, 20*time.Millisecond, "%s sees the breaker r0 (%s) opened", r.name(), rs[0].owner)
 		}
 		assert.Less(t, time.Since(opened), time.Second)
 		mu.Lock()
@@ -179,6 +177,9 @@ func TestFleetGuardsCluster(t *testing.T) {
 				return describeDelegate(ctx, r, "flaky").GetCircuitBreaker() == stubbornv1.BreakerState_BREAKER_STATE_CLOSED
 			}, time.Second, 20*time.Millisecond, "the probes' answers close it on %s", r.name())
 		}
+		if t.Failed() {
+			logGuards(t, rs)
+		}
 	})
 
 	t.Run("blackholed", func(t *testing.T) {
@@ -198,17 +199,31 @@ func TestFleetGuardsCluster(t *testing.T) {
 			runThrough(ctx, t, rs[0], "flaky")
 		}
 		blackhole(rs[2], false)
-		var last *stubbornv1.DelegateDescription
 		require.Eventually(t, func() bool {
 			d := describeDelegate(ctx, rs[2], "flaky")
-			last = d
 			// Open, or half-open once its 3 s cooldown is over.
 			return d.GetGuardScope() == stubbornv1.GuardScope_GUARD_SCOPE_FLEET &&
 				d.GetCircuitBreaker() != stubbornv1.BreakerState_BREAKER_STATE_CLOSED && d.GetCircuitBreakerOpenedBy() == rs[0].owner
-		}, 30*time.Second, 100*time.Millisecond, "r2 rejoins and reads the breaker r0 opened; last: %v", &last)
+		}, 30*time.Second, 100*time.Millisecond, "r2 rejoins and reads the breaker r0 opened")
+		if t.Failed() {
+			logGuards(t, rs)
+		}
 		assert.Eventually(t, func() bool { return strings.Contains(rs[2].logs(), "guards are the fleet's again") },
 			time.Second, 20*time.Millisecond, "r2 logs its rejoining")
 	})
+}
+
+// logGuards logs what each replica logged of its guards and shows of
+// "flaky", for a failure's diagnosis.
+func logGuards(t *testing.T, rs []*replica) {
+	for _, r := range rs {
+		t.Logf("%s (%s): %v", r.name(), r.owner, describeDelegate(context.Background(), r, "flaky"))
+		for _, l := range strings.Split(r.logs(), "\n") {
+			if strings.Contains(l, "circuit breaker") || strings.Contains(l, "guards") {
+				t.Logf("%s: %s", r.name(), l)
+			}
+		}
+	}
 }
 
 // blackhole cuts r off from every NATS node (on) or lets it through again.

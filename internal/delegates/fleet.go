@@ -88,6 +88,10 @@ func fleetOpenWhy(rec fleetguard.Breaker, now time.Time) string {
 		rec.Reason, rec.OpenedBy, rec.Until.UTC().Format("2006-01-02T15:04:05.000Z07:00"))
 }
 
+// outcomeTimeout bounds each store call that writes what a call's end
+// did to the fleet's breaker (after the call: not on its path).
+const outcomeTimeout = 5 * time.Second
+
 // fleetProbe is a probe call the fleet's half-open breaker let through.
 type fleetProbe struct {
 	epoch uint64
@@ -154,10 +158,9 @@ func (g *Guards) fleetAllow(ctx context.Context, fl *fleetguard.Fleet, name stri
 func (g *Guards) fleetProbeDone(fl *fleetguard.Fleet, name string, cfg CircuitBreaker, p *fleetProbe, counted, failed bool) *Transition {
 	now := g.clock.Now()
 	var tr *Transition
-	// A probe's outcome is written even when its run ended: the record
-	// would otherwise wait a cooldown for it.
-	ctx := context.Background()
-	_, _, err := fl.ChangeBreaker(ctx, name, func(cur fleetguard.Breaker) (fleetguard.Breaker, bool) {
+	// A probe's outcome is written even when its run ended, and waits
+	// for a slow store: lost, the record would wait a cooldown for it.
+	_, _, err := fl.ChangeBreakerWithin(context.Background(), name, outcomeTimeout, func(cur fleetguard.Breaker) (fleetguard.Breaker, bool) {
 		tr = nil
 		if cur.StateOf() != fleetguard.StateHalfOpen || cur.Epoch != p.epoch {
 			return cur, false // a later opening, or closed by other probes
@@ -189,7 +192,7 @@ func (g *Guards) fleetProbeDone(fl *fleetguard.Fleet, name string, cfg CircuitBr
 // breaker can go back to counting.
 func (g *Guards) fleetOpen(fl *fleetguard.Fleet, name string, cfg CircuitBreaker, why string) bool {
 	now := g.clock.Now()
-	cur, _, err := fl.ChangeBreaker(context.Background(), name, func(cur fleetguard.Breaker) (fleetguard.Breaker, bool) {
+	cur, _, err := fl.ChangeBreakerWithin(context.Background(), name, outcomeTimeout, func(cur fleetguard.Breaker) (fleetguard.Breaker, bool) {
 		if cur.StateOf() != fleetguard.StateClosed {
 			return cur, false
 		}

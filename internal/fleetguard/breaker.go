@@ -59,7 +59,17 @@ func (f *Fleet) Breaker(name string) (Breaker, uint64) {
 // to leave it as it is. It is called again, with the record read anew,
 // while the write loses to another replica's. It returns the record as it
 // stands and whether change's was written.
+//
+// Each store call is bounded by a second: ChangeBreaker is made on a
+// call's path. ChangeBreakerWithin gives each up to timeout instead.
 func (f *Fleet) ChangeBreaker(ctx context.Context, name string, change func(cur Breaker) (next Breaker, ok bool)) (Breaker, bool, error) {
+	return f.ChangeBreakerWithin(ctx, name, opTimeout, change)
+}
+
+// ChangeBreakerWithin is ChangeBreaker with each store call bounded by
+// timeout: for a change made after a call, such as a probe's outcome, which
+// a slow store should not lose.
+func (f *Fleet) ChangeBreakerWithin(ctx context.Context, name string, timeout time.Duration, change func(cur Breaker) (next Breaker, ok bool)) (Breaker, bool, error) {
 	cur, rev := f.Breaker(name)
 	for range casTries {
 		next, ok := change(cur)
@@ -71,7 +81,7 @@ func (f *Fleet) ChangeBreaker(ctx context.Context, name string, change func(cur 
 		if err != nil {
 			return cur, false, err
 		}
-		octx, cancel := opCtx(ctx)
+		octx, cancel := context.WithTimeout(ctx, timeout)
 		var nrev uint64
 		if rev == 0 {
 			nrev, err = f.breakers.Create(octx, key(name), data)
@@ -89,7 +99,7 @@ func (f *Fleet) ChangeBreaker(ctx context.Context, name string, change func(cur 
 			}
 			return cur, false, err
 		}
-		if cur, rev, err = f.readBreaker(ctx, name); err != nil {
+		if cur, rev, err = f.readBreaker(ctx, name, timeout); err != nil {
 			return cur, false, err
 		}
 	}
@@ -97,8 +107,8 @@ func (f *Fleet) ChangeBreaker(ctx context.Context, name string, change func(cur 
 }
 
 // readBreaker reads the delegate's record from the store (not the cache).
-func (f *Fleet) readBreaker(ctx context.Context, name string) (Breaker, uint64, error) {
-	octx, cancel := opCtx(ctx)
+func (f *Fleet) readBreaker(ctx context.Context, name string, timeout time.Duration) (Breaker, uint64, error) {
+	octx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	e, err := f.breakers.Get(octx, key(name))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
