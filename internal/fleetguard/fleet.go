@@ -121,12 +121,12 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Fleet, error) {
 		st = jetstream.MemoryStorage
 	}
 	f := &Fleet{cfg: cfg, nc: nc, log: cfg.Logger, cache: map[string]cached{}, pending: map[string]map[int64]int64{}, peers: map[string]int{}}
-	if f.breakers, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	if f.breakers, err = createBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: breakersBucket, History: 1, Storage: st, Replicas: cfg.Replicas,
 	}); err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", breakersBucket, err)
 	}
-	if f.rates, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	if f.rates, err = createBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: ratesBucket, History: 1, Storage: st, Replicas: cfg.Replicas, TTL: ratesTTL,
 	}); err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", ratesBucket, err)
