@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/internal/controls"
@@ -235,4 +236,29 @@ func TestFleetFallbackTakesItsShare(t *testing.T) {
 	require.Eventually(t, func() bool { up, _ := g4.fleet.Scope(); return !up }, 5*time.Second, 10*time.Millisecond)
 	err := call(g4, nil)
 	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, refusedBy(err), "the opening it saw stands")
+}
+
+// The tokens one replica's answers report count against the fleet's
+// tokens_per_minute: once they reach the ledger, another replica's calls
+// wait for room, and are refused past max_queue_wait.
+func TestFleetTokensPerMinute(t *testing.T) {
+	n := fleetguardtest.StartNATS(t)
+	clock := controlstest.NewClock()
+	zero := Duration(0)
+	d := Delegate{Name: "d", TokensPerMinute: 1000, MaxQueueWait: &zero}
+	g1, g2 := fleetGuards(t, n, "r1", clock, d), fleetGuards(t, n, "r2", clock, d)
+	done, err := g1.Admit(context.Background(), "d")
+	require.NoError(t, err)
+	data, err := structpb.NewValue(map[string]any{"usage": map[string]any{"total_tokens": 1200}})
+	require.NoError(t, err)
+	done(&stubbornv1.Result{Data: data}, nil)
+	// g2 still holds calls leased before the tokens were reported, at
+	// most a lease's (10) within its life; past it, the ledger says no.
+	require.NoError(t, clock.Sleep(context.Background(), 2*time.Second))
+	require.Eventually(t, func() bool {
+		return refusedBy(call(g2, nil)) == stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT
+	}, 3*time.Second, 20*time.Millisecond, "r2 refused once r1's tokens reach the ledger")
+	desc := &stubbornv1.DelegateDescription{}
+	g2.describe("d", desc)
+	assert.EqualValues(t, 1200, desc.GetTokensLastMinute())
 }
