@@ -22,7 +22,7 @@ const LeaseLife = time.Second
 const spanSecs = 61 + int64(LeaseLife/time.Second)
 
 // maxGrants bounds a ledger's entries (one per replica and second within
-// spanSecs): past it the oldest are merged.
+// spanSecs, so 66 replicas' worth): past it the oldest are merged.
 const maxGrants = 4096
 
 // ledger is a delegate's rate ledger: what each replica was granted (and
@@ -42,8 +42,16 @@ type grant struct {
 func (l *ledger) live(sec int64) (reqs, tokens int64) {
 	l.G = slices.DeleteFunc(l.G, func(g grant) bool { return g.Sec <= sec-spanSecs || g.Sec > sec+spanSecs })
 	if len(l.G) > maxGrants {
+		// The oldest are merged into one grant of the newest of their
+		// seconds: counted a little longer, never less.
 		slices.SortFunc(l.G, func(a, b grant) int { return int(a.Sec - b.Sec) })
-		l.G = l.G[len(l.G)-maxGrants:]
+		cut := len(l.G) - maxGrants + 1
+		merged := grant{Sec: l.G[cut-1].Sec, Replica: "*"}
+		for _, g := range l.G[:cut] {
+			merged.Reqs += g.Reqs
+			merged.Tokens += g.Tokens
+		}
+		l.G = append([]grant{merged}, l.G[cut:]...)
 	}
 	for _, g := range l.G {
 		reqs += g.Reqs
