@@ -25,7 +25,8 @@ const defaultMaxQueueWait = time.Second
 // and rate limits (requests_per_minute, tokens_per_minute) on one server:
 // shared by every run, and kept across config reloads (a delegate's guard
 // is built again only when its settings change, and a removed delegate's
-// stays for the runs that still call it). It implements controls.Guards.
+// stays for the runs that still call it). With UseFleet, the breakers and
+// rate limits are the fleet's (fleet.go). It implements controls.Guards.
 type Guards struct {
 	clock controls.Clock
 
