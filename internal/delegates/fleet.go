@@ -340,3 +340,40 @@ func (g *Guards) describeFleet(name string, d *stubbornv1.DelegateDescription, b
 		}
 	}
 }
+
+// BreakerOpen reports whether the delegate's breaker refuses calls now,
+// within its cooldown (a half-open one is for Admit to judge): the
+// fleet's as this replica last saw it, else this server's own. It changes
+// nothing and makes no store round trip (for a balance weighing
+// deployments).
+func (g *Guards) BreakerOpen(name string) bool {
+	gd := g.get(name)
+	if gd == nil {
+		return false
+	}
+	_, br, _, _ := gd.parts()
+	return g.openWhy(g.fleetUp(), name, br) != ""
+}
+
+// RateUsage returns the requests and tokens counted against the
+// delegate's rate limits within the last minute, and its limits: the
+// fleet's as its ledger was last read (no store round trip), else this
+// server's own counts. ok is false when it has no rate limit.
+func (g *Guards) RateUsage(name string) (reqs, tokens, rpm, tpm int64, ok bool) {
+	gd := g.get(name)
+	if gd == nil {
+		return 0, 0, 0, 0, false
+	}
+	set, _, _, rate := gd.parts()
+	if rate == nil {
+		return 0, 0, 0, 0, false
+	}
+	now := g.clock.Now()
+	if fl := g.fleetUp(); fl != nil {
+		if reqs, tokens, read := fl.LastUsage(name, now); read {
+			return reqs, tokens, set.rpm, set.tpm, true
+		}
+	}
+	reqs, tokens = rate.usage(now)
+	return reqs, tokens, set.rpm, set.tpm, true
+}

@@ -63,6 +63,7 @@ func TestFleetBreakerIsTheFleets(t *testing.T) {
 	}, time.Second, 5*time.Millisecond, "r2 refuses within 1s of r1 opening the breaker")
 	err := call(g2, nil)
 	assert.Contains(t, err.Error(), "opened by replica r1")
+	assert.True(t, g2.BreakerOpen("d"), "what a balance weighs: the fleet's breaker")
 	desc := &stubbornv1.DelegateDescription{}
 	g2.describe("d", desc)
 	assert.Equal(t, stubbornv1.BreakerState_BREAKER_STATE_OPEN, desc.GetCircuitBreaker())
@@ -151,6 +152,12 @@ func TestFleetRateLimitIsTheFleets(t *testing.T) {
 	desc := &stubbornv1.DelegateDescription{}
 	gs[2].describe("d", desc)
 	assert.EqualValues(t, 40, desc.GetRequestsLastMinute())
+	// What a balance weighs: the fleet's use as last read, not this
+	// replica's own share of it.
+	reqs, _, rpm, _, ok := gs[2].RateUsage("d")
+	require.True(t, ok)
+	assert.EqualValues(t, 40, reqs)
+	assert.EqualValues(t, 40, rpm)
 	// Past the window (and the lease's life), the budget is back.
 	require.NoError(t, clock.Sleep(context.Background(), 62*time.Second))
 	assert.NoError(t, call(gs[0], nil))

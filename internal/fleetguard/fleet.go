@@ -84,6 +84,9 @@ type Fleet struct {
 	// peers are the replicas each delegate's ledger last showed leasing
 	// (Peers); guarded by mu.
 	peers map[string]int
+	// ledgers are each delegate's ledger as last read (LastUsage);
+	// guarded by mu.
+	ledgers map[string]ledger
 
 	// onBreaker is SetOnBreaker's; guarded by mu.
 	onBreaker func(delegate string, old, new Breaker)
@@ -120,7 +123,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Fleet, error) {
 	if cfg.Memory {
 		st = jetstream.MemoryStorage
 	}
-	f := &Fleet{cfg: cfg, nc: nc, log: cfg.Logger, cache: map[string]cached{}, pending: map[string]map[int64]int64{}, peers: map[string]int{}}
+	f := &Fleet{cfg: cfg, nc: nc, log: cfg.Logger, cache: map[string]cached{}, pending: map[string]map[int64]int64{}, peers: map[string]int{}, ledgers: map[string]ledger{}}
 	if f.breakers, err = createBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: breakersBucket, History: 1, Storage: st, Replicas: cfg.Replicas,
 	}); err != nil {

@@ -209,7 +209,26 @@ func (f *Fleet) readLedger(ctx context.Context, name string) (ledger, uint64, er
 		return ledger{}, e.Revision(), nil
 	}
 	f.sawPeers(name, l)
+	f.mu.Lock()
+	f.ledgers[name] = ledger{G: slices.Clone(l.G)}
+	f.mu.Unlock()
 	return l, e.Revision(), nil
+}
+
+// LastUsage returns the requests granted and tokens reported within the
+// minute before now, fleet-wide, as the delegate's ledger read last (at
+// this replica's latest lease: as stale as a lease's life while it calls
+// the delegate), with no round trip; ok false when it was never read.
+func (f *Fleet) LastUsage(name string, now time.Time) (reqs, tokens int64, ok bool) {
+	f.mu.Lock()
+	l, ok := f.ledgers[name]
+	l.G = slices.Clone(l.G)
+	f.mu.Unlock()
+	if !ok {
+		return 0, 0, false
+	}
+	reqs, tokens = l.live(now.Unix())
+	return reqs, tokens, true
 }
 
 // sawPeers notes how many replicas the ledger shows leasing.
