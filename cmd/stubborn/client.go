@@ -631,9 +631,17 @@ func guardTraits(d *stubbornv1.DelegateDescription) []string {
 	if st := d.GetCircuitBreaker(); st != stubbornv1.BreakerState_BREAKER_STATE_UNSPECIFIED {
 		b := "breaker " + strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(st.String(), "BREAKER_STATE_")), "_", "-")
 		if why := d.GetCircuitBreakerReason(); why != "" && st != stubbornv1.BreakerState_BREAKER_STATE_CLOSED {
+			if by := d.GetCircuitBreakerOpenedBy(); by != "" {
+				why += "; opened by " + by
+			}
 			b += " (" + why + ")"
 		}
 		out = append(out, b)
+	}
+	// Fleet-wide guards: said only when this server's are its own while it
+	// shares a fleet's store.
+	if d.GetGuardScope() == stubbornv1.GuardScope_GUARD_SCOPE_LOCAL {
+		out = append(out, "guards this server's own ("+d.GetGuardScopeReason()+")")
 	}
 	if n := d.GetMaxConcurrent(); n > 0 {
 		out = append(out, fmt.Sprintf("%d/%d in flight", d.GetInFlight(), n))

@@ -411,7 +411,7 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 	defer closeStore()
 	s, err := server.New(server.Config{
 		Registry: c.registry, Logger: logger, Telemetry: sdk.Config(logger), Runs: runsCfg,
-		ServerOptions: c.serverOpts, NoReflection: !c.sec.reflection,
+		ServerOptions: c.serverOpts, NoReflection: !c.sec.reflection, Fleet: storeConn.fleet,
 	})
 	if err != nil {
 		l.close()

@@ -2,15 +2,18 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/stubbornhq/stubborn/internal/fleetguard"
 	"github.com/stubbornhq/stubborn/internal/runs"
 	"github.com/stubbornhq/stubborn/internal/runs/jsstore"
 	"github.com/stubbornhq/stubborn/internal/runs/memstore"
@@ -128,6 +131,21 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 		closeNS()
 		return rc, nil, nil, err
 	}
+	closeFleet := func() {}
+	if f.natsURL != "" {
+		// Replicas sharing a NATS cluster share their delegates' breakers
+		// and rate limits (docs/fleet-guards.md), under the name the
+		// replica's runs go by.
+		rc.Owner = "stubborn-" + strings.ToLower(rand.Text()[:10])
+		fl, err := fleetguard.Open(ctx, nc, fleetguard.Config{Replica: rc.Owner, Replicas: js.Replicas, Logger: logger})
+		if err != nil {
+			_ = store.Close()
+			stopWatch()
+			return rc, nil, nil, fmt.Errorf("the fleet's guards: %w", err)
+		}
+		w.fleet, closeFleet = fl, fl.Close
+		logger.Info("delegate guards are the fleet's", "replica", rc.Owner)
+	}
 	// What the server found damaged when it read its files: logged, and
 	// runs whose journal may be lost are not resumed from their claims.
 	store.Damage(ctx, logger)
@@ -137,7 +155,7 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 	rc.Store = store
 	w.conn = nc
 	stopBeats := watchBeats(w, store.LastBeat, f.lease, logger)
-	return rc, w, func() { stopBeats(); stopWatch(); _ = store.Close(); closeNS() }, nil
+	return rc, w, func() { stopBeats(); closeFleet(); stopWatch(); _ = store.Close(); closeNS() }, nil
 }
 
 // maxPingsOut is how many pings may go unanswered before nats.go takes the
@@ -160,6 +178,9 @@ func pingInterval(lease time.Duration) time.Duration {
 type storeWatch struct {
 	fatal chan error // buffered: the first close for good
 	conn  *nats.Conn // nil with -memory; for tests
+	// fleet shares the delegates' guards with the other replicas; nil
+	// unless the store is a NATS cluster's (-nats-url).
+	fleet *fleetguard.Fleet
 
 	mu      sync.Mutex
 	down    bool       // the last state reported was not up; guarded by mu

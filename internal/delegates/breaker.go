@@ -314,3 +314,21 @@ func (b *breaker) openNow() (why string, open bool) {
 func (b *breaker) openWhy(until time.Time) string {
 	return fmt.Sprintf("circuit breaker open (%s) until %s", b.lastTrip, until.UTC().Format("2006-01-02T15:04:05.000Z07:00"))
 }
+
+// countOnly returns the generation of a call to count while the fleet's
+// breaker (fleet.go) decides what is let through: the local breaker is
+// closed then, its counts only finding when the delegate fails enough to
+// open the fleet's. One left open or half-open from a time on its own
+// counts is closed again, without a transition (the fleet's state is
+// the one reported).
+func (b *breaker) countOnly() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state != breakerClosed {
+		b.set(breakerClosed, "")
+	}
+	return b.generation
+}
+
+// settings returns the breaker's settings, defaults filled in.
+func (b *breaker) settings() CircuitBreaker { return b.cfg }

@@ -14,6 +14,7 @@ import (
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/internal/controls"
+	"github.com/stubbornhq/stubborn/internal/fleetguard"
 )
 
 // defaultMaxQueueWait is how long a call waits for a delegate's bulkhead
@@ -24,7 +25,8 @@ const defaultMaxQueueWait = time.Second
 // and rate limits (requests_per_minute, tokens_per_minute) on one server:
 // shared by every run, and kept across config reloads (a delegate's guard
 // is built again only when its settings change, and a removed delegate's
-// stays for the runs that still call it). It implements controls.Guards.
+// stays for the runs that still call it). With UseFleet, the breakers and
+// rate limits are the fleet's (fleet.go). It implements controls.Guards.
 type Guards struct {
 	clock controls.Clock
 
@@ -33,6 +35,10 @@ type Guards struct {
 	OnTransition func(delegate string, t Transition)
 	// OnRefused, when set, is told of every call a guard refused.
 	OnRefused func(delegate string, by stubbornv1.RefusedBy)
+
+	// fleet, when set (UseFleet), shares the breakers and rate limits
+	// with the other replicas on its store (fleet.go).
+	fleet *fleetguard.Fleet
 
 	mu     sync.Mutex
 	byName map[string]*guard
@@ -68,6 +74,8 @@ type guard struct {
 	breaker  *breaker    // nil: none
 	bulk     *bulkhead   // nil: no max_concurrent
 	rate     *rateWindow // nil: no rate limit
+	// lease is this replica's share of the fleet's rate budget (fleet.go).
+	lease fleetLease
 }
 
 // parts returns what Admit works with, as of now.
@@ -166,11 +174,11 @@ func (g *Guards) Admit(ctx context.Context, name string) (func(*stubbornv1.Resul
 		return func(*stubbornv1.Result, error) string { return "" }, nil
 	}
 	set, br, bulk, rate := gd.parts()
+	// The fleet's state, while this replica reaches it; else its own.
+	fl := g.fleetUp()
 	// An open breaker refuses before the call queues for anything.
-	if br != nil {
-		if why, open := br.openNow(); open {
-			return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, "%s", why)
-		}
+	if why := g.openWhy(fl, name, br); why != "" {
+		return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, "%s", why)
 	}
 	start := g.clock.Now()
 	left := func() time.Duration { return set.maxQueueWait - g.clock.Now().Sub(start) }
@@ -188,41 +196,21 @@ func (g *Guards) Admit(ctx context.Context, name string) (func(*stubbornv1.Resul
 			bulk.release()
 		}
 	}
-	var taken int64 = -1 // the second the rate limits counted the call in
-	if rate != nil {
-		for {
-			now := g.clock.Now()
-			ok, wait := rate.take(now)
-			if ok {
-				taken = now.Unix()
-				break
-			}
-			if wait <= 0 || wait > left() {
-				release()
-				return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT,
-					"rate limit reached (%s): no call could go within max_queue_wait %s", rateLimits(set), set.maxQueueWait)
-			}
-			if err := g.clock.Sleep(ctx, wait); err != nil {
-				release()
-				return nil, err
-			}
-		}
+	taken, fleetTaken, err := g.takeRate(ctx, fl, name, gd, set, rate, left)
+	if err != nil {
+		release()
+		return nil, err
 	}
-	var (
-		gen     uint64
-		allowTr *Transition
-	)
+	adm := admitted{g: g, name: name, set: set, br: br, rate: rate, fl: fl}
 	if br != nil {
-		var (
-			ok  bool
-			why string
-		)
-		gen, ok, why, allowTr = br.allow()
-		g.transition(name, allowTr)
-		if !ok {
+		why := adm.allow(ctx)
+		if why != "" {
 			release()
 			if taken >= 0 {
 				rate.giveBack(taken)
+				if fleetTaken {
+					gd.lease.giveBack(g.clock.Now())
+				}
 			}
 			return nil, g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, "%s", why)
 		}
@@ -231,27 +219,158 @@ func (g *Guards) Admit(ctx context.Context, name string) (func(*stubbornv1.Resul
 	return func(res *stubbornv1.Result, err error) (note string) {
 		once.Do(func() {
 			release()
-			if rate != nil && set.tpm > 0 {
-				rate.used(g.clock.Now(), tokensUsed(res))
-			}
-			if br == nil {
-				return
-			}
-			counted, failed := breakerCounts(err, set.retryOn)
-			tr := br.done(gen, counted, failed)
-			g.transition(name, tr)
-			if allowTr != nil {
-				note = fmt.Sprintf("circuit breaker %s → %s (%s): this call was a probe", allowTr.From, allowTr.To, allowTr.Why)
-			}
-			if tr != nil {
-				if note != "" {
-					note += "; "
-				}
-				note += fmt.Sprintf("circuit breaker %s → %s: %s", tr.From, tr.To, tr.Why)
-			}
+			note = adm.done(res, err)
 		})
 		return note
 	}, nil
+}
+
+// openWhy says why an open breaker (the fleet's when fl is set) refuses a
+// call now, or "".
+func (g *Guards) openWhy(fl *fleetguard.Fleet, name string, br *breaker) string {
+	if br == nil {
+		return ""
+	}
+	if g.fleet != nil {
+		// Cut off from the fleet, its breaker's last known opening
+		// still stands, besides this replica's own.
+		rec, _ := g.fleet.Breaker(name)
+		if why := fleetOpenWhy(rec, g.clock.Now()); why != "" || fl != nil {
+			return why
+		}
+	}
+	why, _ := br.openNow()
+	return why
+}
+
+// takeRate counts the call in under the rate limits (the fleet's when fl is
+// set), waiting up to left() for room. It returns the second the local
+// window counted it in (-1: no limits), whether a fleet lease did, or the
+// refusal.
+func (g *Guards) takeRate(ctx context.Context, fl *fleetguard.Fleet, name string, gd *guard, set guardSettings, rate *rateWindow, left func() time.Duration) (taken int64, fleetTaken bool, err error) {
+	if rate == nil {
+		return -1, false, nil
+	}
+	refused := func() error {
+		return g.refuse(name, stubbornv1.RefusedBy_REFUSED_BY_RATE_LIMIT,
+			"rate limit reached (%s): no call could go within max_queue_wait %s", rateLimits(set), set.maxQueueWait)
+	}
+	if fl != nil {
+		ok, fleetErr, err := g.fleetTake(ctx, fl, name, gd, set, left)
+		switch {
+		case ok:
+			now := g.clock.Now()
+			rate.count(now) // this replica's own counts, should it fall back
+			return now.Unix(), true, nil
+		case !fleetErr && err != nil:
+			return -1, false, err
+		case !fleetErr:
+			return -1, false, refused()
+		}
+		// Cut off from the fleet's store: this replica's own counts.
+	}
+	share := int64(1)
+	if g.fleet != nil {
+		// Its share of the limits: the replicas still in the fleet go on
+		// leasing the whole of them.
+		share = int64(g.fleet.Peers(name))
+	}
+	for {
+		now := g.clock.Now()
+		ok, wait := rate.takeShare(now, share)
+		if ok {
+			return now.Unix(), false, nil
+		}
+		if wait <= 0 || wait > left() {
+			return -1, false, refused()
+		}
+		if err := g.clock.Sleep(ctx, wait); err != nil {
+			return -1, false, err
+		}
+	}
+}
+
+// admitted is a call the guards let through, for its end to report to.
+type admitted struct {
+	g    *Guards
+	name string
+	set  guardSettings
+	br   *breaker
+	rate *rateWindow
+	fl   *fleetguard.Fleet // the fleet's breaker let it through
+	// gen is its local breaker generation; probe the fleet's probe it is
+	// (nil: none); allowTr the transition letting it through made.
+	gen     uint64
+	probe   *fleetProbe
+	allowTr *Transition
+}
+
+// allow asks the breaker (the fleet's when a.fl is set) to let the call
+// through: "" if it does, else why not.
+func (a *admitted) allow(ctx context.Context) string {
+	g := a.g
+	if a.fl != nil {
+		probe, why, tr, err := g.fleetAllow(ctx, a.fl, a.name, a.br.settings())
+		if err == nil {
+			g.transition(a.name, tr)
+			a.probe, a.allowTr = probe, tr
+			if why == "" && probe == nil {
+				a.gen = a.br.countOnly()
+			}
+			return why
+		}
+		a.fl = nil // cut off from the fleet's store: this replica's own breaker
+	}
+	gen, ok, why, tr := a.br.allow()
+	g.transition(a.name, tr)
+	a.gen, a.allowTr = gen, tr
+	if !ok {
+		return why
+	}
+	return ""
+}
+
+// done reports the call's end to the guards, and returns the note the
+// breaker's transitions make, if any.
+func (a *admitted) done(res *stubbornv1.Result, err error) (note string) {
+	g := a.g
+	if a.rate != nil && a.set.tpm > 0 {
+		now := g.clock.Now()
+		a.rate.used(now, tokensUsed(res))
+		if g.fleet != nil {
+			g.fleet.CountTokens(a.name, now.Unix(), tokensUsed(res))
+		}
+	}
+	if a.br == nil {
+		return ""
+	}
+	counted, failed := breakerCounts(err, a.set.retryOn)
+	var tr *Transition
+	switch {
+	case a.probe != nil:
+		tr = g.fleetProbeDone(a.fl, a.name, a.br.settings(), a.probe, counted, failed)
+	default:
+		tr = a.br.done(a.gen, counted, failed)
+		if tr != nil && tr.To == breakerOpen && a.fl != nil {
+			// This replica's counts open the fleet's breaker; its own
+			// goes back to counting once the fleet's stands open.
+			if g.fleetOpen(a.fl, a.name, a.br.settings(), tr.Why) {
+				tr.Why += fmt.Sprintf(" (opened for the fleet by replica %s)", a.fl.Replica())
+				a.br.countOnly()
+			}
+		}
+	}
+	g.transition(a.name, tr)
+	if a.allowTr != nil {
+		note = fmt.Sprintf("circuit breaker %s → %s (%s): this call was a probe", a.allowTr.From, a.allowTr.To, a.allowTr.Why)
+	}
+	if tr != nil {
+		if note != "" {
+			note += "; "
+		}
+		note += fmt.Sprintf("circuit breaker %s → %s: %s", tr.From, tr.To, tr.Why)
+	}
+	return note
 }
 
 // rateLimits says which rate limits a delegate has.
@@ -402,6 +521,7 @@ func (g *Guards) describe(name string, d *stubbornv1.DelegateDescription) {
 	if rate != nil {
 		d.RequestsLastMinute, d.TokensLastMinute = rate.usage(g.clock.Now())
 	}
+	g.describeFleet(name, d, br, rate)
 }
 
 // tokensUsed returns the tokens a model delegate's answer reports using,

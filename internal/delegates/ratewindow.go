@@ -33,8 +33,20 @@ type rateSlot struct {
 // returns how long until they would (0 when it never will on its own:
 // tokens alone are over and no slot ages out).
 func (w *rateWindow) take(now time.Time) (ok bool, wait time.Duration) {
+	return w.takeShare(now, 1)
+}
+
+// takeShare is take under a 1/share of the limits (at least 1 each): a
+// replica cut off from the fleet's ledger (fleet.go) takes its share of
+// them, share the replicas it last saw leasing.
+func (w *rateWindow) takeShare(now time.Time, share int64) (ok bool, wait time.Duration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	rpm, tpm := w.rpm, w.tpm
+	if share > 1 {
+		w.rpm, w.tpm = shareOf(rpm, share), shareOf(tpm, share)
+		defer func() { w.rpm, w.tpm = rpm, tpm }()
+	}
 	sec := now.Unix()
 	var live []rateSlot
 	var reqs, tokens int64
@@ -59,6 +71,14 @@ func (w *rateWindow) take(now time.Time) (ok bool, wait time.Duration) {
 		}
 	}
 	return false, 0
+}
+
+// shareOf is limit/share, at least 1; 0 (no limit) stays 0.
+func shareOf(limit, share int64) int64 {
+	if limit == 0 {
+		return 0
+	}
+	return max(limit/share, 1)
 }
 
 // usage returns the requests and tokens counted within the window as of
@@ -114,4 +134,13 @@ func (w *rateWindow) setLimits(rpm, tpm int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.rpm, w.tpm = rpm, tpm
+}
+
+// count counts a request at now whatever the limits: one the fleet's
+// ledger let through (fleet.go), so that this replica's own counts are
+// ready if it falls back to them.
+func (w *rateWindow) count(now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.slot(now.Unix()).reqs++
 }

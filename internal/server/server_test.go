@@ -30,6 +30,7 @@ import (
 	"github.com/stubbornhq/stubborn/internal/controls"
 	"github.com/stubbornhq/stubborn/internal/delegates"
 	"github.com/stubbornhq/stubborn/internal/delegates/demo"
+	"github.com/stubbornhq/stubborn/internal/fleetguard"
 	"github.com/stubbornhq/stubborn/internal/runs"
 	"github.com/stubbornhq/stubborn/internal/runs/jsstore"
 	"github.com/stubbornhq/stubborn/internal/runs/store"
@@ -109,6 +110,8 @@ type setup struct {
 	store store.Store
 	// configure, when set, changes the registry before the server starts.
 	configure func(*delegates.Config)
+	// fleet, when set, shares the guards with other servers (Config.Fleet).
+	fleet *fleetguard.Fleet
 }
 
 // delegateTLS serves delegates over TLS and tells the registry how to reach
@@ -168,7 +171,7 @@ func startWith(t testing.TB, su setup) *env {
 	if su.jetstream {
 		store = jetStreamStore(t)
 	}
-	st, err := server.New(server.Config{Registry: cfg, Logger: logger, Clock: su.clock, ServerOptions: su.serverOptions, Runs: runs.Config{Store: store}})
+	st, err := server.New(server.Config{Registry: cfg, Logger: logger, Clock: su.clock, ServerOptions: su.serverOptions, Runs: runs.Config{Store: store}, Fleet: su.fleet})
 	require.NoError(t, err)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -15,6 +15,7 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/internal/controls"
 	"github.com/stubbornhq/stubborn/internal/delegates"
+	"github.com/stubbornhq/stubborn/internal/fleetguard"
 	"github.com/stubbornhq/stubborn/internal/runs"
 	"github.com/stubbornhq/stubborn/internal/runs/memstore"
 	"github.com/stubbornhq/stubborn/internal/telemetry"
@@ -48,6 +49,10 @@ type Config struct {
 	// and Seed when Config sets them. The zero value keeps runs in memory
 	// and cancels them on Stop.
 	Runs runs.Config
+	// Fleet, when set, makes the delegates' circuit breakers and rate
+	// limits the fleet's: shared by the replicas on its NATS cluster
+	// (docs/fleet-guards.md). Nil keeps them this server's own.
+	Fleet *fleetguard.Fleet
 	// NoReflection leaves the reflection service out. Authentication (the
 	// Registry's tenants) applies to reflection as to the ControlService.
 	NoReflection bool
@@ -110,6 +115,9 @@ func New(cfg Config) (*Stubborn, error) {
 	}
 	s.guards.OnRefused = func(delegate string, by stubbornv1.RefusedBy) {
 		tel.Refused(delegate, guardName(by))
+	}
+	if cfg.Fleet != nil {
+		s.guards.UseFleet(cfg.Fleet)
 	}
 	reg, opts, err := s.build(cfg.Registry, nil)
 	if err != nil {

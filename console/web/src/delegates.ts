@@ -9,6 +9,7 @@
 import { toJsonString } from "@bufbuild/protobuf";
 import {
   BreakerState,
+  GuardScope,
   BreakerStateSchema,
   DelegateDescriptionSchema,
   DelegateHealth,
@@ -93,15 +94,23 @@ export function delegatesPage(): Page {
       }
       if (d.circuitBreakerReason) {
         breaker.push(h("div", { class: "reason", "data-testid": "breaker-reason" },
-          (d.circuitBreaker === BreakerState.CLOSED ? "last opened: " : "") + d.circuitBreakerReason));
+          (d.circuitBreaker === BreakerState.CLOSED ? "last opened: " : "") + d.circuitBreakerReason +
+          (d.circuitBreakerOpenedBy ? " (opened by " + d.circuitBreakerOpenedBy + ")" : "")));
       }
     }
+    // Fleet-wide guards: whose counts the breaker and the rate limits go by.
+    const scope = d.guardScope === GuardScope.FLEET ? h("div", { class: "muted", "data-testid": "guard-scope", "data-scope": "fleet" }, "the fleet's")
+      : d.guardScope === GuardScope.LOCAL ? h("div", { class: "reason", "data-testid": "guard-scope", "data-scope": "local" },
+        "this server's own: " + d.guardScopeReason)
+      : null;
+    if (scope && d.circuitBreaker !== BreakerState.UNSPECIFIED) breaker.push(scope);
 
     const inFlight = d.maxConcurrent > 0 ? d.inFlight + " of " + d.maxConcurrent : "no limit";
     const rate: (Node | string)[] = [];
     if (d.requestsPerMinute > 0 || d.tokensPerMinute > 0n) {
       rate.push(h("div", { "data-testid": "rate-requests" }, d.requestsLastMinute + (d.requestsPerMinute > 0 ? " of " + d.requestsPerMinute : "") + " requests"));
       if (d.tokensPerMinute > 0n) rate.push(h("div", { "data-testid": "rate-tokens" }, d.tokensLastMinute + " of " + d.tokensPerMinute + " tokens"));
+      if (scope) rate.push(scope.cloneNode(true) as HTMLElement);
     } else {
       rate.push(h("span", { class: "muted" }, "no limit"));
     }

@@ -855,6 +855,60 @@ func (RunView) EnumDescriptor() ([]byte, []int) {
 	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
+// GuardScope says whose counts a delegate's guards go by.
+type GuardScope int32
+
+const (
+	// The server shares no fleet's store.
+	GuardScope_GUARD_SCOPE_UNSPECIFIED GuardScope = 0
+	// The fleet's: every replica on the store sees and obeys the same
+	// circuit breaker and rate limits.
+	GuardScope_GUARD_SCOPE_FLEET GuardScope = 1
+	// This server's own, while it cannot reach the fleet's store.
+	GuardScope_GUARD_SCOPE_LOCAL GuardScope = 2
+)
+
+// Enum value maps for GuardScope.
+var (
+	GuardScope_name = map[int32]string{
+		0: "GUARD_SCOPE_UNSPECIFIED",
+		1: "GUARD_SCOPE_FLEET",
+		2: "GUARD_SCOPE_LOCAL",
+	}
+	GuardScope_value = map[string]int32{
+		"GUARD_SCOPE_UNSPECIFIED": 0,
+		"GUARD_SCOPE_FLEET":       1,
+		"GUARD_SCOPE_LOCAL":       2,
+	}
+)
+
+func (x GuardScope) Enum() *GuardScope {
+	p := new(GuardScope)
+	*p = x
+	return p
+}
+
+func (x GuardScope) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (GuardScope) Descriptor() protoreflect.EnumDescriptor {
+	return file_stubborn_v1_control_proto_enumTypes[11].Descriptor()
+}
+
+func (GuardScope) Type() protoreflect.EnumType {
+	return &file_stubborn_v1_control_proto_enumTypes[11]
+}
+
+func (x GuardScope) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use GuardScope.Descriptor instead.
+func (GuardScope) EnumDescriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{11}
+}
+
 // BreakerState is a circuit breaker's state.
 type BreakerState int32
 
@@ -897,11 +951,11 @@ func (x BreakerState) String() string {
 }
 
 func (BreakerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[11].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[12].Descriptor()
 }
 
 func (BreakerState) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[11]
+	return &file_stubborn_v1_control_proto_enumTypes[12]
 }
 
 func (x BreakerState) Number() protoreflect.EnumNumber {
@@ -910,7 +964,7 @@ func (x BreakerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BreakerState.Descriptor instead.
 func (BreakerState) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 // DelegateHealth is a delegate's health as last seen.
@@ -959,11 +1013,11 @@ func (x DelegateHealth) String() string {
 }
 
 func (DelegateHealth) Descriptor() protoreflect.EnumDescriptor {
-	return file_stubborn_v1_control_proto_enumTypes[12].Descriptor()
+	return file_stubborn_v1_control_proto_enumTypes[13].Descriptor()
 }
 
 func (DelegateHealth) Type() protoreflect.EnumType {
-	return &file_stubborn_v1_control_proto_enumTypes[12]
+	return &file_stubborn_v1_control_proto_enumTypes[13]
 }
 
 func (x DelegateHealth) Number() protoreflect.EnumNumber {
@@ -972,7 +1026,7 @@ func (x DelegateHealth) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DelegateHealth.Descriptor instead.
 func (DelegateHealth) EnumDescriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 // RetrySpec configures the retry control: the same delegate again, after a
@@ -2940,8 +2994,9 @@ type DelegateDescription struct {
 	Timeout *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Its health as this server last saw it.
 	Health DelegateHealth `protobuf:"varint,6,opt,name=health,proto3,enum=stubborn.v1.DelegateHealth" json:"health,omitempty"`
-	// Its circuit breaker's state on this server (each replica has its
-	// own). Unspecified means it has no circuit breaker.
+	// Its circuit breaker's state: the fleet's when guard_scope is
+	// GUARD_SCOPE_FLEET, else this server's own. Unspecified means it has no
+	// circuit breaker.
 	CircuitBreaker BreakerState `protobuf:"varint,7,opt,name=circuit_breaker,json=circuitBreaker,proto3,enum=stubborn.v1.BreakerState" json:"circuit_breaker,omitempty"`
 	// Why the circuit breaker last opened ("5 transient failures in a
 	// row"). Empty means it never opened.
@@ -2971,9 +3026,10 @@ type DelegateDescription struct {
 	// through: half-open). Unset unless circuit_breaker is
 	// BREAKER_STATE_OPEN.
 	CircuitBreakerOpenUntil *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=circuit_breaker_open_until,json=circuitBreakerOpenUntil,proto3" json:"circuit_breaker_open_until,omitempty"`
-	// Requests let through to it from this server within the last minute,
-	// as its rate limit counts them, when it has requests_per_minute or
-	// tokens_per_minute; else 0.
+	// Requests let through to it within the last minute, as its rate limit
+	// counts them, when it has requests_per_minute or tokens_per_minute;
+	// else 0. With guard_scope GUARD_SCOPE_FLEET, the fleet's: the calls
+	// every replica leased, those still unused included.
 	RequestsLastMinute int64 `protobuf:"varint,18,opt,name=requests_last_minute,json=requestsLastMinute,proto3" json:"requests_last_minute,omitempty"`
 	// Model tokens its answers reported using within the last minute, as
 	// its rate limit counts them, when it has tokens_per_minute; else 0.
@@ -2995,9 +3051,20 @@ type DelegateDescription struct {
 	// When its calls began failing: the end of the first failed call after
 	// its latest successful one, when the latest call failed. Unset when
 	// the latest call succeeded or there was none.
-	FailingSince  *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=failing_since,json=failingSince,proto3" json:"failing_since,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	FailingSince *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=failing_since,json=failingSince,proto3" json:"failing_since,omitempty"`
+	// Whose counts its circuit breaker and rate limits go by now: the
+	// fleet's (replicas sharing a NATS cluster through -nats-url) or this
+	// server's own. Unspecified for a server that keeps runs on its own
+	// (-memory, the embedded store).
+	GuardScope GuardScope `protobuf:"varint,24,opt,name=guard_scope,json=guardScope,proto3,enum=stubborn.v1.GuardScope" json:"guard_scope,omitempty"`
+	// Why guard_scope is GUARD_SCOPE_LOCAL on a server that shares a fleet's
+	// store ("no NATS server reachable"). Empty otherwise.
+	GuardScopeReason string `protobuf:"bytes,25,opt,name=guard_scope_reason,json=guardScopeReason,proto3" json:"guard_scope_reason,omitempty"`
+	// The replica that last opened its circuit breaker, when the breaker is
+	// the fleet's and opened at least once. Empty otherwise.
+	CircuitBreakerOpenedBy string `protobuf:"bytes,26,opt,name=circuit_breaker_opened_by,json=circuitBreakerOpenedBy,proto3" json:"circuit_breaker_opened_by,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *DelegateDescription) Reset() {
@@ -3189,6 +3256,27 @@ func (x *DelegateDescription) GetFailingSince() *timestamppb.Timestamp {
 		return x.FailingSince
 	}
 	return nil
+}
+
+func (x *DelegateDescription) GetGuardScope() GuardScope {
+	if x != nil {
+		return x.GuardScope
+	}
+	return GuardScope_GUARD_SCOPE_UNSPECIFIED
+}
+
+func (x *DelegateDescription) GetGuardScopeReason() string {
+	if x != nil {
+		return x.GuardScopeReason
+	}
+	return ""
+}
+
+func (x *DelegateDescription) GetCircuitBreakerOpenedBy() string {
+	if x != nil {
+		return x.CircuitBreakerOpenedBy
+	}
+	return ""
 }
 
 // DelegateFailure is one failed call to a delegate.
@@ -5477,7 +5565,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\tdelegates\x18\x01 \x03(\v2 .stubborn.v1.DelegateDescriptionR\tdelegates\x128\n" +
 	"\apresets\x18\x02 \x03(\v2\x1e.stubborn.v1.PresetDescriptionR\apresets\x12;\n" +
 	"\vserver_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"serverTime\"\xfb\b\n" +
+	"serverTime\"\x9e\n" +
+	"\n" +
 	"\x13DelegateDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1e\n" +
@@ -5504,7 +5593,11 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x0frecent_failures\x18\x14 \x03(\v2\x1c.stubborn.v1.DelegateFailureR\x0erecentFailures\x12@\n" +
 	"\x0elast_call_time\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\flastCallTime\x12$\n" +
 	"\x0elast_call_code\x18\x16 \x01(\x05R\flastCallCode\x12?\n" +
-	"\rfailing_since\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\ffailingSince\"\xa0\x01\n" +
+	"\rfailing_since\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\ffailingSince\x128\n" +
+	"\vguard_scope\x18\x18 \x01(\x0e2\x17.stubborn.v1.GuardScopeR\n" +
+	"guardScope\x12,\n" +
+	"\x12guard_scope_reason\x18\x19 \x01(\tR\x10guardScopeReason\x129\n" +
+	"\x19circuit_breaker_opened_by\x18\x1a \x01(\tR\x16circuitBreakerOpenedBy\"\xa0\x01\n" +
 	"\x0fDelegateFailure\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
@@ -5755,7 +5848,12 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\aRunView\x12\x18\n" +
 	"\x14RUN_VIEW_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10RUN_VIEW_SUMMARY\x10\x01\x12\x11\n" +
-	"\rRUN_VIEW_FULL\x10\x02*|\n" +
+	"\rRUN_VIEW_FULL\x10\x02*W\n" +
+	"\n" +
+	"GuardScope\x12\x1b\n" +
+	"\x17GUARD_SCOPE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11GUARD_SCOPE_FLEET\x10\x01\x12\x15\n" +
+	"\x11GUARD_SCOPE_LOCAL\x10\x02*|\n" +
 	"\fBreakerState\x12\x1d\n" +
 	"\x19BREAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BREAKER_STATE_CLOSED\x10\x01\x12\x16\n" +
@@ -5791,7 +5889,7 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 	return file_stubborn_v1_control_proto_rawDescData
 }
 
-var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 13)
+var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 14)
 var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
@@ -5805,212 +5903,214 @@ var file_stubborn_v1_control_proto_goTypes = []any{
 	(StatusReason)(0),             // 8: stubborn.v1.StatusReason
 	(BalanceStrategy)(0),          // 9: stubborn.v1.BalanceStrategy
 	(RunView)(0),                  // 10: stubborn.v1.RunView
-	(BreakerState)(0),             // 11: stubborn.v1.BreakerState
-	(DelegateHealth)(0),           // 12: stubborn.v1.DelegateHealth
-	(*RetrySpec)(nil),             // 13: stubborn.v1.RetrySpec
-	(*RetryOn)(nil),               // 14: stubborn.v1.RetryOn
-	(*RetryWithLearningSpec)(nil), // 15: stubborn.v1.RetryWithLearningSpec
-	(*FallbackChainSpec)(nil),     // 16: stubborn.v1.FallbackChainSpec
-	(*RaceSpec)(nil),              // 17: stubborn.v1.RaceSpec
-	(*BalanceTarget)(nil),         // 18: stubborn.v1.BalanceTarget
-	(*BalanceSpec)(nil),           // 19: stubborn.v1.BalanceSpec
-	(*RunOptions)(nil),            // 20: stubborn.v1.RunOptions
-	(*RunRequest)(nil),            // 21: stubborn.v1.RunRequest
-	(*RunResponse)(nil),           // 22: stubborn.v1.RunResponse
-	(*StartRunRequest)(nil),       // 23: stubborn.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 24: stubborn.v1.StartRunResponse
-	(*WatchRunRequest)(nil),       // 25: stubborn.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 26: stubborn.v1.WatchRunResponse
-	(*GetRunRequest)(nil),         // 27: stubborn.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 28: stubborn.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 29: stubborn.v1.ListRunsRequest
-	(*RunSummary)(nil),            // 30: stubborn.v1.RunSummary
-	(*ListRunsResponse)(nil),      // 31: stubborn.v1.ListRunsResponse
-	(*WatchRunsRequest)(nil),      // 32: stubborn.v1.WatchRunsRequest
-	(*WatchRunsResponse)(nil),     // 33: stubborn.v1.WatchRunsResponse
-	(*ListDelegatesRequest)(nil),  // 34: stubborn.v1.ListDelegatesRequest
-	(*ListDelegatesResponse)(nil), // 35: stubborn.v1.ListDelegatesResponse
-	(*DelegateDescription)(nil),   // 36: stubborn.v1.DelegateDescription
-	(*DelegateFailure)(nil),       // 37: stubborn.v1.DelegateFailure
-	(*PresetDescription)(nil),     // 38: stubborn.v1.PresetDescription
-	(*CancelRunRequest)(nil),      // 39: stubborn.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 40: stubborn.v1.CancelRunResponse
-	(*DeleteRunRequest)(nil),      // 41: stubborn.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 42: stubborn.v1.DeleteRunResponse
-	(*DecideRunRequest)(nil),      // 43: stubborn.v1.DecideRunRequest
-	(*DecideRunResponse)(nil),     // 44: stubborn.v1.DecideRunResponse
-	(*ControlSpec)(nil),           // 45: stubborn.v1.ControlSpec
-	(*ControlState)(nil),          // 46: stubborn.v1.ControlState
-	(*AttemptError)(nil),          // 47: stubborn.v1.AttemptError
-	(*Attempt)(nil),               // 48: stubborn.v1.Attempt
-	(*FailureRecord)(nil),         // 49: stubborn.v1.FailureRecord
-	(*RunEvent)(nil),              // 50: stubborn.v1.RunEvent
-	(*RunStarted)(nil),            // 51: stubborn.v1.RunStarted
-	(*AttemptStarted)(nil),        // 52: stubborn.v1.AttemptStarted
-	(*AttemptFinished)(nil),       // 53: stubborn.v1.AttemptFinished
-	(*AttemptOutput)(nil),         // 54: stubborn.v1.AttemptOutput
-	(*FailureAnalyzed)(nil),       // 55: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 56: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 57: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 58: stubborn.v1.DecisionReceived
-	(*RunResumed)(nil),            // 59: stubborn.v1.RunResumed
-	(*RunFinished)(nil),           // 60: stubborn.v1.RunFinished
-	nil,                           // 61: stubborn.v1.RunOptions.MetadataEntry
-	nil,                           // 62: stubborn.v1.ControlState.PresetsEntry
-	(*durationpb.Duration)(nil),   // 63: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 64: google.protobuf.Struct
-	(*Conversation)(nil),          // 65: stubborn.v1.Conversation
-	(*timestamppb.Timestamp)(nil), // 66: google.protobuf.Timestamp
-	(*Result)(nil),                // 67: stubborn.v1.Result
-	(*OutputDelta)(nil),           // 68: stubborn.v1.OutputDelta
+	(GuardScope)(0),               // 11: stubborn.v1.GuardScope
+	(BreakerState)(0),             // 12: stubborn.v1.BreakerState
+	(DelegateHealth)(0),           // 13: stubborn.v1.DelegateHealth
+	(*RetrySpec)(nil),             // 14: stubborn.v1.RetrySpec
+	(*RetryOn)(nil),               // 15: stubborn.v1.RetryOn
+	(*RetryWithLearningSpec)(nil), // 16: stubborn.v1.RetryWithLearningSpec
+	(*FallbackChainSpec)(nil),     // 17: stubborn.v1.FallbackChainSpec
+	(*RaceSpec)(nil),              // 18: stubborn.v1.RaceSpec
+	(*BalanceTarget)(nil),         // 19: stubborn.v1.BalanceTarget
+	(*BalanceSpec)(nil),           // 20: stubborn.v1.BalanceSpec
+	(*RunOptions)(nil),            // 21: stubborn.v1.RunOptions
+	(*RunRequest)(nil),            // 22: stubborn.v1.RunRequest
+	(*RunResponse)(nil),           // 23: stubborn.v1.RunResponse
+	(*StartRunRequest)(nil),       // 24: stubborn.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 25: stubborn.v1.StartRunResponse
+	(*WatchRunRequest)(nil),       // 26: stubborn.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 27: stubborn.v1.WatchRunResponse
+	(*GetRunRequest)(nil),         // 28: stubborn.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 29: stubborn.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 30: stubborn.v1.ListRunsRequest
+	(*RunSummary)(nil),            // 31: stubborn.v1.RunSummary
+	(*ListRunsResponse)(nil),      // 32: stubborn.v1.ListRunsResponse
+	(*WatchRunsRequest)(nil),      // 33: stubborn.v1.WatchRunsRequest
+	(*WatchRunsResponse)(nil),     // 34: stubborn.v1.WatchRunsResponse
+	(*ListDelegatesRequest)(nil),  // 35: stubborn.v1.ListDelegatesRequest
+	(*ListDelegatesResponse)(nil), // 36: stubborn.v1.ListDelegatesResponse
+	(*DelegateDescription)(nil),   // 37: stubborn.v1.DelegateDescription
+	(*DelegateFailure)(nil),       // 38: stubborn.v1.DelegateFailure
+	(*PresetDescription)(nil),     // 39: stubborn.v1.PresetDescription
+	(*CancelRunRequest)(nil),      // 40: stubborn.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 41: stubborn.v1.CancelRunResponse
+	(*DeleteRunRequest)(nil),      // 42: stubborn.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 43: stubborn.v1.DeleteRunResponse
+	(*DecideRunRequest)(nil),      // 44: stubborn.v1.DecideRunRequest
+	(*DecideRunResponse)(nil),     // 45: stubborn.v1.DecideRunResponse
+	(*ControlSpec)(nil),           // 46: stubborn.v1.ControlSpec
+	(*ControlState)(nil),          // 47: stubborn.v1.ControlState
+	(*AttemptError)(nil),          // 48: stubborn.v1.AttemptError
+	(*Attempt)(nil),               // 49: stubborn.v1.Attempt
+	(*FailureRecord)(nil),         // 50: stubborn.v1.FailureRecord
+	(*RunEvent)(nil),              // 51: stubborn.v1.RunEvent
+	(*RunStarted)(nil),            // 52: stubborn.v1.RunStarted
+	(*AttemptStarted)(nil),        // 53: stubborn.v1.AttemptStarted
+	(*AttemptFinished)(nil),       // 54: stubborn.v1.AttemptFinished
+	(*AttemptOutput)(nil),         // 55: stubborn.v1.AttemptOutput
+	(*FailureAnalyzed)(nil),       // 56: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 57: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 58: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 59: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 60: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 61: stubborn.v1.RunFinished
+	nil,                           // 62: stubborn.v1.RunOptions.MetadataEntry
+	nil,                           // 63: stubborn.v1.ControlState.PresetsEntry
+	(*durationpb.Duration)(nil),   // 64: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 65: google.protobuf.Struct
+	(*Conversation)(nil),          // 66: stubborn.v1.Conversation
+	(*timestamppb.Timestamp)(nil), // 67: google.protobuf.Timestamp
+	(*Result)(nil),                // 68: stubborn.v1.Result
+	(*OutputDelta)(nil),           // 69: stubborn.v1.OutputDelta
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	63,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	64,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,   // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	63,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	63,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
-	14,  // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
-	63,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
-	18,  // 6: stubborn.v1.BalanceSpec.targets:type_name -> stubborn.v1.BalanceTarget
+	64,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	64,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	15,  // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
+	64,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
+	19,  // 6: stubborn.v1.BalanceSpec.targets:type_name -> stubborn.v1.BalanceTarget
 	9,   // 7: stubborn.v1.BalanceSpec.strategy:type_name -> stubborn.v1.BalanceStrategy
-	63,  // 8: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	63,  // 9: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	61,  // 10: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
-	63,  // 11: stubborn.v1.RunOptions.first_output_timeout:type_name -> google.protobuf.Duration
-	63,  // 12: stubborn.v1.RunOptions.idle_timeout:type_name -> google.protobuf.Duration
-	13,  // 13: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	15,  // 14: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	16,  // 15: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	17,  // 16: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
-	20,  // 17: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	64,  // 18: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
-	64,  // 19: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
-	65,  // 20: stubborn.v1.RunRequest.conversation:type_name -> stubborn.v1.Conversation
-	19,  // 21: stubborn.v1.RunRequest.balance:type_name -> stubborn.v1.BalanceSpec
-	50,  // 22: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
-	13,  // 23: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	15,  // 24: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	16,  // 25: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	17,  // 26: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
-	20,  // 27: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	64,  // 28: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
-	64,  // 29: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
-	65,  // 30: stubborn.v1.StartRunRequest.conversation:type_name -> stubborn.v1.Conversation
-	19,  // 31: stubborn.v1.StartRunRequest.balance:type_name -> stubborn.v1.BalanceSpec
-	46,  // 32: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	50,  // 33: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	50,  // 34: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	46,  // 35: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
-	66,  // 36: stubborn.v1.GetRunResponse.server_time:type_name -> google.protobuf.Timestamp
+	64,  // 8: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	64,  // 9: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	62,  // 10: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	64,  // 11: stubborn.v1.RunOptions.first_output_timeout:type_name -> google.protobuf.Duration
+	64,  // 12: stubborn.v1.RunOptions.idle_timeout:type_name -> google.protobuf.Duration
+	14,  // 13: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	16,  // 14: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	17,  // 15: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	18,  // 16: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
+	21,  // 17: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
+	65,  // 18: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
+	65,  // 19: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
+	66,  // 20: stubborn.v1.RunRequest.conversation:type_name -> stubborn.v1.Conversation
+	20,  // 21: stubborn.v1.RunRequest.balance:type_name -> stubborn.v1.BalanceSpec
+	51,  // 22: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	14,  // 23: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	16,  // 24: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	17,  // 25: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	18,  // 26: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
+	21,  // 27: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
+	65,  // 28: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
+	65,  // 29: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
+	66,  // 30: stubborn.v1.StartRunRequest.conversation:type_name -> stubborn.v1.Conversation
+	20,  // 31: stubborn.v1.StartRunRequest.balance:type_name -> stubborn.v1.BalanceSpec
+	47,  // 32: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	51,  // 33: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	51,  // 34: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	47,  // 35: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	67,  // 36: stubborn.v1.GetRunResponse.server_time:type_name -> google.protobuf.Timestamp
 	0,   // 37: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
 	10,  // 38: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
 	0,   // 39: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	66,  // 40: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	66,  // 41: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
-	46,  // 42: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	30,  // 43: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
-	66,  // 44: stubborn.v1.ListRunsResponse.server_time:type_name -> google.protobuf.Timestamp
+	67,  // 40: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	67,  // 41: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	47,  // 42: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	31,  // 43: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
+	67,  // 44: stubborn.v1.ListRunsResponse.server_time:type_name -> google.protobuf.Timestamp
 	0,   // 45: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	30,  // 46: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
-	36,  // 47: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
-	38,  // 48: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	66,  // 49: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
-	63,  // 50: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
-	12,  // 51: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
-	11,  // 52: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
-	14,  // 53: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
-	63,  // 54: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
-	63,  // 55: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
-	66,  // 56: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
-	37,  // 57: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
-	66,  // 58: stubborn.v1.DelegateDescription.last_call_time:type_name -> google.protobuf.Timestamp
-	66,  // 59: stubborn.v1.DelegateDescription.failing_since:type_name -> google.protobuf.Timestamp
-	66,  // 60: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
-	45,  // 61: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	46,  // 62: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,   // 63: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	46,  // 64: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	13,  // 65: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	15,  // 66: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	16,  // 67: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	17,  // 68: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	19,  // 69: stubborn.v1.ControlSpec.balance:type_name -> stubborn.v1.BalanceSpec
-	0,   // 70: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	67,  // 71: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	49,  // 72: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	48,  // 73: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	45,  // 74: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	20,  // 75: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	8,   // 76: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	66,  // 77: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	66,  // 78: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	66,  // 79: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	62,  // 80: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
-	64,  // 81: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
-	64,  // 82: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
-	65,  // 83: stubborn.v1.ControlState.conversation:type_name -> stubborn.v1.Conversation
-	63,  // 84: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	6,   // 85: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
-	66,  // 86: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	66,  // 87: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,   // 88: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	67,  // 89: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	47,  // 90: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	63,  // 91: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	4,   // 92: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
-	7,   // 93: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	5,   // 94: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	66,  // 95: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	0,   // 96: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
-	51,  // 97: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	52,  // 98: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	53,  // 99: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	55,  // 100: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	56,  // 101: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	57,  // 102: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	58,  // 103: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	60,  // 104: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	59,  // 105: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	54,  // 106: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
-	46,  // 107: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	48,  // 108: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	48,  // 109: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	68,  // 110: stubborn.v1.AttemptOutput.deltas:type_name -> stubborn.v1.OutputDelta
-	49,  // 111: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	63,  // 112: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	66,  // 113: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	63,  // 114: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	49,  // 115: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	66,  // 116: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	8,   // 117: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,   // 118: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	46,  // 119: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	45,  // 120: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
-	21,  // 121: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	23,  // 122: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	25,  // 123: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	27,  // 124: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	29,  // 125: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	32,  // 126: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	34,  // 127: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	39,  // 128: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	43,  // 129: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	41,  // 130: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	22,  // 131: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	24,  // 132: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	26,  // 133: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	28,  // 134: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	31,  // 135: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	33,  // 136: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	35,  // 137: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	40,  // 138: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	44,  // 139: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	42,  // 140: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	131, // [131:141] is the sub-list for method output_type
-	121, // [121:131] is the sub-list for method input_type
-	121, // [121:121] is the sub-list for extension type_name
-	121, // [121:121] is the sub-list for extension extendee
-	0,   // [0:121] is the sub-list for field type_name
+	31,  // 46: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
+	37,  // 47: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
+	39,  // 48: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
+	67,  // 49: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
+	64,  // 50: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	13,  // 51: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
+	12,  // 52: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
+	15,  // 53: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
+	64,  // 54: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
+	64,  // 55: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
+	67,  // 56: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
+	38,  // 57: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
+	67,  // 58: stubborn.v1.DelegateDescription.last_call_time:type_name -> google.protobuf.Timestamp
+	67,  // 59: stubborn.v1.DelegateDescription.failing_since:type_name -> google.protobuf.Timestamp
+	11,  // 60: stubborn.v1.DelegateDescription.guard_scope:type_name -> stubborn.v1.GuardScope
+	67,  // 61: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
+	46,  // 62: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	47,  // 63: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,   // 64: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	47,  // 65: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	14,  // 66: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	16,  // 67: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	17,  // 68: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	18,  // 69: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	20,  // 70: stubborn.v1.ControlSpec.balance:type_name -> stubborn.v1.BalanceSpec
+	0,   // 71: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	68,  // 72: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	50,  // 73: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	49,  // 74: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	46,  // 75: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	21,  // 76: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	8,   // 77: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	67,  // 78: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	67,  // 79: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	67,  // 80: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	63,  // 81: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
+	65,  // 82: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
+	65,  // 83: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
+	66,  // 84: stubborn.v1.ControlState.conversation:type_name -> stubborn.v1.Conversation
+	64,  // 85: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	6,   // 86: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
+	67,  // 87: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	67,  // 88: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,   // 89: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	68,  // 90: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	48,  // 91: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	64,  // 92: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,   // 93: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
+	7,   // 94: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	5,   // 95: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	67,  // 96: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	0,   // 97: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
+	52,  // 98: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	53,  // 99: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	54,  // 100: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	56,  // 101: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	57,  // 102: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	58,  // 103: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	59,  // 104: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	61,  // 105: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	60,  // 106: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	55,  // 107: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
+	47,  // 108: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	49,  // 109: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	49,  // 110: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	69,  // 111: stubborn.v1.AttemptOutput.deltas:type_name -> stubborn.v1.OutputDelta
+	50,  // 112: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	64,  // 113: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	67,  // 114: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	64,  // 115: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	50,  // 116: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	67,  // 117: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 118: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 119: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	47,  // 120: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	46,  // 121: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
+	22,  // 122: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	24,  // 123: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	26,  // 124: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	28,  // 125: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	30,  // 126: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	33,  // 127: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	35,  // 128: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	40,  // 129: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	44,  // 130: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	42,  // 131: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	23,  // 132: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	25,  // 133: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	27,  // 134: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	29,  // 135: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	32,  // 136: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	34,  // 137: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	36,  // 138: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	41,  // 139: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	45,  // 140: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	43,  // 141: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	132, // [132:142] is the sub-list for method output_type
+	122, // [122:132] is the sub-list for method input_type
+	122, // [122:122] is the sub-list for extension type_name
+	122, // [122:122] is the sub-list for extension extendee
+	0,   // [0:122] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -6048,7 +6148,7 @@ func file_stubborn_v1_control_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
-			NumEnums:      13,
+			NumEnums:      14,
 			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,

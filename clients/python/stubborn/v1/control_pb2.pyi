@@ -47,6 +47,9 @@ FAILURE_SOURCE_HEALTH: FailureSource
 FAILURE_SOURCE_JUDGE: FailureSource
 FAILURE_SOURCE_RATE_LIMIT: FailureSource
 FAILURE_SOURCE_UNSPECIFIED: FailureSource
+GUARD_SCOPE_FLEET: GuardScope
+GUARD_SCOPE_LOCAL: GuardScope
+GUARD_SCOPE_UNSPECIFIED: GuardScope
 NOT_RETRIED_BUDGET: NotRetried
 NOT_RETRIED_DEADLINE: NotRetried
 NOT_RETRIED_EXHAUSTED: NotRetried
@@ -321,12 +324,15 @@ class DecisionRequested(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., deadline: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., reason_code: _Optional[_Union[StatusReason, str]] = ...) -> None: ...
 
 class DelegateDescription(_message.Message):
-    __slots__ = ["circuit_breaker", "circuit_breaker_open_until", "circuit_breaker_reason", "failing_since", "first_output_timeout", "health", "idempotent", "idle_timeout", "in_flight", "kind", "last_call_code", "last_call_time", "max_concurrent", "name", "read_only", "recent_failures", "requests_last_minute", "requests_per_minute", "retry_on", "stream", "timeout", "tokens_last_minute", "tokens_per_minute"]
+    __slots__ = ["circuit_breaker", "circuit_breaker_open_until", "circuit_breaker_opened_by", "circuit_breaker_reason", "failing_since", "first_output_timeout", "guard_scope", "guard_scope_reason", "health", "idempotent", "idle_timeout", "in_flight", "kind", "last_call_code", "last_call_time", "max_concurrent", "name", "read_only", "recent_failures", "requests_last_minute", "requests_per_minute", "retry_on", "stream", "timeout", "tokens_last_minute", "tokens_per_minute"]
     CIRCUIT_BREAKER_FIELD_NUMBER: _ClassVar[int]
+    CIRCUIT_BREAKER_OPENED_BY_FIELD_NUMBER: _ClassVar[int]
     CIRCUIT_BREAKER_OPEN_UNTIL_FIELD_NUMBER: _ClassVar[int]
     CIRCUIT_BREAKER_REASON_FIELD_NUMBER: _ClassVar[int]
     FAILING_SINCE_FIELD_NUMBER: _ClassVar[int]
     FIRST_OUTPUT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    GUARD_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    GUARD_SCOPE_REASON_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
@@ -347,9 +353,12 @@ class DelegateDescription(_message.Message):
     TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     circuit_breaker: BreakerState
     circuit_breaker_open_until: _timestamp_pb2.Timestamp
+    circuit_breaker_opened_by: str
     circuit_breaker_reason: str
     failing_since: _timestamp_pb2.Timestamp
     first_output_timeout: _duration_pb2.Duration
+    guard_scope: GuardScope
+    guard_scope_reason: str
     health: DelegateHealth
     idempotent: bool
     idle_timeout: _duration_pb2.Duration
@@ -368,7 +377,7 @@ class DelegateDescription(_message.Message):
     timeout: _duration_pb2.Duration
     tokens_last_minute: int
     tokens_per_minute: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ..., circuit_breaker: _Optional[_Union[BreakerState, str]] = ..., circuit_breaker_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., retry_on: _Optional[_Union[RetryOn, _Mapping]] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., stream: _Optional[str] = ..., circuit_breaker_open_until: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., recent_failures: _Optional[_Iterable[_Union[DelegateFailure, _Mapping]]] = ..., last_call_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_call_code: _Optional[int] = ..., failing_since: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ..., circuit_breaker: _Optional[_Union[BreakerState, str]] = ..., circuit_breaker_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., retry_on: _Optional[_Union[RetryOn, _Mapping]] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., stream: _Optional[str] = ..., circuit_breaker_open_until: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., recent_failures: _Optional[_Iterable[_Union[DelegateFailure, _Mapping]]] = ..., last_call_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_call_code: _Optional[int] = ..., failing_since: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., guard_scope: _Optional[_Union[GuardScope, str]] = ..., guard_scope_reason: _Optional[str] = ..., circuit_breaker_opened_by: _Optional[str] = ...) -> None: ...
 
 class DelegateFailure(_message.Message):
     __slots__ = ["attempt", "code", "message", "run_id", "time"]
@@ -790,6 +799,9 @@ class BalanceStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class RunView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class GuardScope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class BreakerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
