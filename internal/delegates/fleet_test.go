@@ -64,6 +64,7 @@ func TestFleetBreakerIsTheFleets(t *testing.T) {
 	err := call(g2, nil)
 	assert.Contains(t, err.Error(), "opened by replica r1")
 	assert.True(t, g2.BreakerOpen("d"), "what a balance weighs: the fleet's breaker")
+	assert.True(t, StandingGuards{Guards: g2}.Standing("d").Open, "a balance on r2 leaves d out")
 	desc := &stubbornv1.DelegateDescription{}
 	g2.describe("d", desc)
 	assert.Equal(t, stubbornv1.BreakerState_BREAKER_STATE_OPEN, desc.GetCircuitBreaker())

@@ -99,17 +99,12 @@ func (g StandingGuards) Standing(name string) controls.Standing {
 	if g.Guards == nil {
 		return st
 	}
-	gd := g.get(name)
-	if gd == nil {
-		return st
-	}
-	set, br, _, rate := gd.parts()
-	if br != nil {
-		_, st.Open = br.openNow()
-	}
-	if rate != nil {
-		reqs, tokens := rate.usage(g.clock.Now())
-		st.Room = min(roomLeft(reqs, set.rpm), roomLeft(tokens, set.tpm))
+	// With fleet-wide guards these are the fleet's, as last read (no
+	// store round trip): the local breaker stays closed while the fleet's
+	// governs.
+	st.Open = g.BreakerOpen(name)
+	if reqs, tokens, rpm, tpm, ok := g.RateUsage(name); ok {
+		st.Room = min(roomLeft(reqs, rpm), roomLeft(tokens, tpm))
 	}
 	return st
 }
