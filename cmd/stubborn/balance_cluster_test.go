@@ -93,7 +93,11 @@ presets:
 `, addrs["east"], cooldown, probes, addrs["west"]), 0o600))
 		configs = append(configs, config)
 	}
-	rs := startReplicas(t, c, configs, 3*time.Second)
+	// A lease longer than the NATS failover's stall (up to ~9 s here): a
+	// run taken over mid-call comes back with its call interrupted, which
+	// a balance counts as that target's failure, as a chain does (the
+	// chaos suite covers takeovers; this test is about the picks).
+	rs := startReplicas(t, c, configs, 15*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	for _, r := range rs {
