@@ -29,8 +29,8 @@ func TestGuardMetrics(t *testing.T) {
 	assert.EqualValues(t, 1, n)
 }
 
-// A transition of the fleet's breaker carries its scope and the replica
-// that opened it; this server's own carries scope local and no replica.
+// A transition of the fleet's breaker carries scope fleet and the replica
+// that opened it (bounded); this server's own carries neither.
 func TestBreakerTransitionNamesWhoOpenedIt(t *testing.T) {
 	r := newRecorder(t)
 	r.tel.BreakerChanged("own", "closed", "open", "3 transient failures in a row")
@@ -43,7 +43,7 @@ func TestBreakerTransitionNamesWhoOpenedIt(t *testing.T) {
 		got[attrString(dp.Attributes)] += dp.Value
 	}
 	assert.Equal(t, map[string]int64{
-		"stubborn.breaker.scope=local,stubborn.breaker.state=open,stubborn.delegate=own":                                                                         1,
+		"stubborn.breaker.state=open,stubborn.delegate=own":                                                                                                      1,
 		"stubborn.breaker.opened_by=stubborn-abc,stubborn.breaker.scope=fleet,stubborn.breaker.state=open,stubborn.delegate=east":                                1,
 		"stubborn.breaker.opened_by=stubborn-abc,stubborn.breaker.scope=fleet,stubborn.breaker.state=half-open,stubborn.delegate=east":                           1,
 		"stubborn.breaker.opened_by=" + strings.Repeat("x", maxReplicaName) + ",stubborn.breaker.scope=fleet,stubborn.breaker.state=open,stubborn.delegate=east": 1,

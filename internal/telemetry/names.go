@@ -57,8 +57,8 @@ const (
 	// breakerStateKey is a circuit breaker's new state: closed, open,
 	// half-open.
 	breakerStateKey = attribute.Key("stubborn.breaker.state")
-	// breakerScopeKey says whose breaker changed: local (this server's
-	// own) or fleet (the fleet-wide one, as this server saw it change).
+	// breakerScopeKey is fleet on a change of the fleet-wide breaker (as
+	// this server saw it); absent for this server's own breaker.
 	breakerScopeKey = attribute.Key("stubborn.breaker.scope")
 	// breakerOpenedByKey names the replica that opened the fleet's breaker
 	// (fleet scope only).

@@ -246,22 +246,21 @@ const maxReplicaName = 64
 // keeps (a registry holds far fewer).
 const maxBreakers = 10000
 
-// BreakerTransition records c: the transitions counter by delegate, new
-// state, scope (local, fleet) and, for the fleet's breaker, the replica
-// that opened it; the breaker's state for the state gauge; and a log line
-// (WARN when it opens).
+// BreakerTransition records c: the transitions counter by delegate and new
+// state, plus, for the fleet's breaker, scope fleet and the replica that
+// opened it; the breaker's state for the state gauge; and a log line (WARN
+// when it opens).
 func (t *Telemetry) BreakerTransition(c BreakerChange) {
-	scope := "local"
-	if c.Fleet {
-		scope = "fleet"
-	}
-	attrs := []attribute.KeyValue{delegateKey.String(c.Delegate), breakerStateKey.String(c.To), breakerScopeKey.String(scope)}
+	attrs := []attribute.KeyValue{delegateKey.String(c.Delegate), breakerStateKey.String(c.To)}
 	openedBy := c.OpenedBy
 	if len(openedBy) > maxReplicaName {
 		openedBy = openedBy[:maxReplicaName]
 	}
-	if c.Fleet && openedBy != "" {
-		attrs = append(attrs, breakerOpenedByKey.String(openedBy))
+	if c.Fleet {
+		attrs = append(attrs, breakerScopeKey.String("fleet"))
+		if openedBy != "" {
+			attrs = append(attrs, breakerOpenedByKey.String(openedBy))
+		}
 	}
 	t.m.breaker.Add(context.Background(), 1, metric.WithAttributeSet(attribute.NewSet(attrs...)))
 	t.breakers.set(c.Delegate, c.To)
@@ -271,7 +270,7 @@ func (t *Telemetry) BreakerTransition(c BreakerChange) {
 	}
 	args := []any{"delegate", c.Delegate, "from", c.From, "to", c.To, "why", c.Why}
 	if c.Fleet {
-		args = append(args, "scope", scope)
+		args = append(args, "scope", "fleet")
 		if openedBy != "" {
 			args = append(args, "opened_by", openedBy)
 		}
