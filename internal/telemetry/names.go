@@ -57,6 +57,12 @@ const (
 	// breakerStateKey is a circuit breaker's new state: closed, open,
 	// half-open.
 	breakerStateKey = attribute.Key("stubborn.breaker.state")
+	// breakerScopeKey is fleet on a change of the fleet-wide breaker (as
+	// this server saw it); absent for this server's own breaker.
+	breakerScopeKey = attribute.Key("stubborn.breaker.scope")
+	// breakerOpenedByKey names the replica that opened the fleet's breaker
+	// (fleet scope only).
+	breakerOpenedByKey = attribute.Key("stubborn.breaker.opened_by")
 	// guardKey names the guard that refused a call: circuit_breaker,
 	// bulkhead, rate_limit.
 	guardKey = attribute.Key("stubborn.guard")

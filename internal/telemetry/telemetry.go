@@ -61,6 +61,8 @@ type Telemetry struct {
 	// live holds the runs ObserveRun observes, by run id, until they end
 	// here: how Delegates finds the run a call belongs to.
 	live sync.Map
+	// breakers feeds the breaker state gauge.
+	breakers breakerStates
 }
 
 // New builds a Telemetry from cfg. It fails only when an instrument cannot
@@ -83,11 +85,17 @@ func New(cfg Config) (*Telemetry, error) {
 		t.logger = slog.Default()
 	}
 	t.tracer = t.tp.Tracer(scopeName)
-	m, err := newInstruments(t.mp.Meter(scopeName))
+	meter := t.mp.Meter(scopeName)
+	m, err := newInstruments(meter)
 	if err != nil {
 		return nil, err
 	}
 	t.m = m
+	if _, err := meter.Int64ObservableGauge("stubborn.delegate.breaker.state", metric.WithUnit("{breaker}"),
+		metric.WithDescription("Delegates' circuit breaker states as this server sees them (the fleet's when fleet-wide): 1 for the current state (closed, open, half-open), 0 for the others; a delegate appears from its first transition."),
+		metric.WithInt64Callback(t.breakers.observe)); err != nil {
+		return nil, err
+	}
 	return t, nil
 }
 
@@ -208,15 +216,106 @@ func newInstruments(m metric.Meter) (instruments, error) {
 	return in, nil
 }
 
-// BreakerChanged records a change of a delegate's circuit breaker to state
-// to (closed, open, half-open), and logs it: from, to and why.
+// BreakerChanged records a change of a delegate's circuit breaker (this
+// server's own) to state to (closed, open, half-open), and logs it: from,
+// to and why.
 func (t *Telemetry) BreakerChanged(delegate, from, to, why string) {
-	t.m.breaker.Add(context.Background(), 1, metric.WithAttributeSet(attribute.NewSet(delegateKey.String(delegate), breakerStateKey.String(to))))
+	t.BreakerTransition(BreakerChange{Delegate: delegate, From: from, To: to, Why: why})
+}
+
+// BreakerChange is a change of a delegate's circuit breaker.
+type BreakerChange struct {
+	Delegate string
+	// From and To are the states: closed, open, half-open.
+	From, To string
+	// Why says what made it change.
+	Why string
+	// Fleet says the breaker is the fleet's (fleet-wide guards on a
+	// shared store), as this server sees it, not this server's own.
+	Fleet bool
+	// OpenedBy names the replica that opened the fleet's breaker; empty
+	// when unknown or when the breaker is this server's own.
+	OpenedBy string
+}
+
+// maxReplicaName bounds the replica name a metric attribute carries (it
+// comes from the shared store).
+const maxReplicaName = 64
+
+// maxBreakers bounds the delegates whose breaker state the state gauge
+// keeps (a registry holds far fewer).
+const maxBreakers = 10000
+
+// BreakerTransition records c: the transitions counter by delegate and new
+// state, plus, for the fleet's breaker, scope fleet and the replica that
+// opened it; the breaker's state for the state gauge; and a log line (WARN
+// when it opens).
+func (t *Telemetry) BreakerTransition(c BreakerChange) {
+	attrs := []attribute.KeyValue{delegateKey.String(c.Delegate), breakerStateKey.String(c.To)}
+	openedBy := c.OpenedBy
+	if len(openedBy) > maxReplicaName {
+		openedBy = openedBy[:maxReplicaName]
+	}
+	if c.Fleet {
+		attrs = append(attrs, breakerScopeKey.String("fleet"))
+		if openedBy != "" {
+			attrs = append(attrs, breakerOpenedByKey.String(openedBy))
+		}
+	}
+	t.m.breaker.Add(context.Background(), 1, metric.WithAttributeSet(attribute.NewSet(attrs...)))
+	t.breakers.set(c.Delegate, c.To)
 	level := slog.LevelInfo
-	if to == "open" {
+	if c.To == "open" {
 		level = slog.LevelWarn
 	}
-	t.logger.Log(context.Background(), level, "circuit breaker changed", "delegate", delegate, "from", from, "to", to, "why", why)
+	args := []any{"delegate", c.Delegate, "from", c.From, "to", c.To, "why", c.Why}
+	if c.Fleet {
+		args = append(args, "scope", "fleet")
+		if openedBy != "" {
+			args = append(args, "opened_by", openedBy)
+		}
+	}
+	t.logger.Log(context.Background(), level, "circuit breaker changed", args...)
+}
+
+// breakerStates is each delegate's breaker state as the last transition
+// this server saw left it (the fleet's, for a fleet-wide breaker), for the
+// state gauge. A delegate with no transition yet is not listed: closed.
+type breakerStates struct {
+	mu sync.Mutex
+	by map[string]string
+}
+
+func (b *breakerStates) set(delegate, state string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.by == nil {
+		b.by = map[string]string{}
+	}
+	if _, known := b.by[delegate]; !known && len(b.by) >= maxBreakers {
+		return
+	}
+	b.by[delegate] = state
+}
+
+// breakerStateNames are the states the gauge reports, one point each.
+var breakerStateNames = []string{"closed", "open", "half-open"}
+
+// observe reports, for every delegate listed, 1 for its state and 0 for
+// the others, so that a query on state="open" finds the open ones.
+func (b *breakerStates) observe(_ context.Context, o metric.Int64Observer) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for d, st := range b.by {
+		for _, name := range breakerStateNames {
+			var v int64
+			if name == st {
+				v = 1
+			}
+			o.Observe(v, metric.WithAttributeSet(attribute.NewSet(delegateKey.String(d), breakerStateKey.String(name))))
+		}
+	}
+	return nil
 }
 
 // Refused records a call a delegate's guard (circuit_breaker, bulkhead,
