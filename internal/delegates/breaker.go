@@ -146,6 +146,10 @@ type Transition struct {
 	From, To BreakerState
 	// Why says what made it change.
 	Why string
+	// Fleet says the change is the fleet's breaker's (fleet-wide guards);
+	// OpenedBy then names the replica that last opened it.
+	Fleet    bool
+	OpenedBy string
 }
 
 // allow asks to send one call. It returns the call's generation, to pass

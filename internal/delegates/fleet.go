@@ -65,7 +65,7 @@ func fleetTransition(old, next fleetguard.Breaker) *Transition {
 	if to == breakerOpen {
 		why = fmt.Sprintf("%s (opened by replica %s)", next.Reason, next.OpenedBy)
 	}
-	return &Transition{From: from, To: to, Why: why}
+	return &Transition{From: from, To: to, Why: why, Fleet: true, OpenedBy: next.OpenedBy}
 }
 
 func stateOf(b fleetguard.Breaker) BreakerState {
@@ -137,7 +137,7 @@ func (g *Guards) fleetAllow(ctx context.Context, fl *fleetguard.Fleet, name stri
 	}
 	if took {
 		if from == breakerOpen {
-			tr = &Transition{From: breakerOpen, To: breakerHalfOpen, Why: "cooldown of " + cfg.Cooldown.String() + " over"}
+			tr = &Transition{From: breakerOpen, To: breakerHalfOpen, Why: "cooldown of " + cfg.Cooldown.String() + " over", Fleet: true, OpenedBy: cur.OpenedBy}
 		}
 		return &fleetProbe{epoch: cur.Epoch}, "", tr, nil
 	}
@@ -171,10 +171,10 @@ func (g *Guards) fleetProbeDone(fl *fleetguard.Fleet, name string, cfg CircuitBr
 		case failed:
 			cur = fleetguard.Breaker{State: fleetguard.StateOpen, Until: now.Add(cfg.Cooldown.Std()),
 				Reason: "a probe call failed", OpenedBy: fl.Replica(), Epoch: cur.Epoch + 1}
-			tr = &Transition{From: breakerHalfOpen, To: breakerOpen, Why: cur.Reason}
+			tr = &Transition{From: breakerHalfOpen, To: breakerOpen, Why: cur.Reason, Fleet: true, OpenedBy: cur.OpenedBy}
 		default:
 			if cur.Answered++; cur.Answered >= cfg.Probes {
-				tr = &Transition{From: breakerHalfOpen, To: breakerClosed, Why: fmt.Sprintf("%d probe call(s) answered", cur.Answered)}
+				tr = &Transition{From: breakerHalfOpen, To: breakerClosed, Why: fmt.Sprintf("%d probe call(s) answered", cur.Answered), Fleet: true, OpenedBy: cur.OpenedBy}
 				cur = fleetguard.Breaker{State: fleetguard.StateClosed, Reason: cur.Reason, OpenedBy: cur.OpenedBy, Epoch: cur.Epoch}
 			}
 		}

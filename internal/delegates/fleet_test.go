@@ -75,6 +75,8 @@ func TestFleetBreakerIsTheFleets(t *testing.T) {
 	require.NotEmpty(t, trs, "r2's metrics hear of the opening")
 	assert.Equal(t, breakerOpen, trs[0].To)
 	assert.Contains(t, trs[0].Why, "r1")
+	assert.True(t, trs[0].Fleet, "the metrics say it is the fleet's breaker")
+	assert.Equal(t, "r1", trs[0].OpenedBy)
 	mu.Unlock()
 
 	// The cooldown over: two probes in all, one through each replica.

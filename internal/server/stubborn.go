@@ -111,7 +111,10 @@ func New(cfg Config) (*Stubborn, error) {
 		dial:    append([]grpc.DialOption{grpc.WithStatsHandler(tel.ClientHandler())}, cfg.DialOptions...),
 	}
 	s.guards.OnTransition = func(delegate string, t delegates.Transition) {
-		tel.BreakerChanged(delegate, t.From.String(), t.To.String(), t.Why)
+		tel.BreakerTransition(telemetry.BreakerChange{
+			Delegate: delegate, From: t.From.String(), To: t.To.String(), Why: t.Why,
+			Fleet: t.Fleet, OpenedBy: t.OpenedBy,
+		})
 	}
 	s.guards.OnRefused = func(delegate string, by stubbornv1.RefusedBy) {
 		tel.Refused(delegate, guardName(by))
