@@ -308,6 +308,11 @@ func (g *Guards) describeFleet(name string, d *stubbornv1.DelegateDescription, b
 	if !up {
 		d.GuardScope = stubbornv1.GuardScope_GUARD_SCOPE_LOCAL
 		d.GuardScopeReason = why
+		if br != nil && br.State() != breakerClosed {
+			// Cut off, this replica guards on its own breaker: it
+			// opened it.
+			d.CircuitBreakerOpenedBy = g.fleet.Replica()
+		}
 		return
 	}
 	d.GuardScope = stubbornv1.GuardScope_GUARD_SCOPE_FLEET

@@ -216,6 +216,27 @@ func TestFleetFallbackAndRejoin(t *testing.T) {
 	assert.Equal(t, "r2", desc.GetCircuitBreakerOpenedBy())
 }
 
+// Cut off, a replica that opens its own breaker names itself as the one
+// that opened it.
+func TestFleetCutOffOpensItsOwnBreaker(t *testing.T) {
+	n := fleetguardtest.StartNATS(t)
+	clock := controlstest.NewClock()
+	d := Delegate{Name: "d", CircuitBreaker: &CircuitBreaker{ConsecutiveFailures: 2, Cooldown: Duration(time.Hour)}}
+	g1 := fleetGuards(t, n, "r1", clock, d)
+	n.Shutdown()
+	require.Eventually(t, func() bool { up, _ := g1.fleet.Scope(); return !up }, 5*time.Second, 10*time.Millisecond)
+	desc := &stubbornv1.DelegateDescription{}
+	g1.describe("d", desc)
+	assert.Empty(t, desc.GetCircuitBreakerOpenedBy(), "closed: opened by no one")
+	require.NoError(t, call(g1, transientErr))
+	require.NoError(t, call(g1, transientErr))
+	desc = &stubbornv1.DelegateDescription{}
+	g1.describe("d", desc)
+	assert.Equal(t, stubbornv1.GuardScope_GUARD_SCOPE_LOCAL, desc.GetGuardScope())
+	assert.Equal(t, stubbornv1.BreakerState_BREAKER_STATE_OPEN, desc.GetCircuitBreaker(), "its own breaker opened")
+	assert.Equal(t, "r1", desc.GetCircuitBreakerOpenedBy())
+}
+
 // Cut off, a replica takes its share of the rate limits (the replicas it
 // last saw leasing divide them), counting the calls it sent meanwhile, and
 // the fleet's breaker as last seen open still refuses.
