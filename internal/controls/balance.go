@@ -24,13 +24,13 @@ import (
 // the deployments it called before, in the same order.
 func balance(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.BalanceSpec) Outcome {
 	b := newBalancer(env, spec)
-	for tries := 0; tries < b.max; tries++ {
+	for b.tries < b.max {
 		if ctx.Err() != nil {
 			return stopped(ctx)
 		}
 		i, detail, ok := b.pick()
 		if !ok {
-			return b.noneLeft(tries)
+			return b.noneLeft(b.tries)
 		}
 		n, a := b.try(ctx, i, detail, taskBrief)
 		if ctx.Err() != nil {
@@ -46,7 +46,8 @@ func balance(ctx context.Context, env *Env, taskBrief string, spec *stubbornv1.B
 		}
 		// Another attempt follows when a target is left that may be
 		// picked; the journal's word, when it holds this failure.
-		rec, more := env.analysed(rec, func(*stubbornv1.FailureRecord) bool { return tries+1 < b.max && b.anyLeft() })
+		b.again(i, a)
+		rec, more := env.analysed(rec, func(*stubbornv1.FailureRecord) bool { return b.tries < b.max && b.anyLeft() })
 		next := ""
 		if more {
 			next = taskBrief
@@ -67,6 +68,9 @@ type balancer struct {
 	max      int
 	tried    []bool
 	tries    int
+	// forgiven counts the interrupted attempts not counted as tries
+	// (again).
+	forgiven int
 	// left is why the last pick left targets out, in words ("b (circuit
 	// breaker open)").
 	left []string
@@ -98,6 +102,24 @@ func (b *balancer) try(ctx context.Context, i int, detail, brief string) (int32,
 	a := env.answer(ctx, n, fmt.Sprintf("targets[%d]", i), name, brief)
 	endAttempt(env, n, a)
 	return n, a
+}
+
+// again makes target i, whose attempt a failed, one to pick again when
+// the call was interrupted (the server driving the run stopped, or lost
+// it, during the call) and the delegate may be asked twice (idempotent or
+// read_only): the deployment did not fail, and the attempt counts neither
+// as its one try nor toward max_attempts. At most one interruption a
+// target is forgiven, so that a run taken over again and again still ends.
+func (b *balancer) again(i int, a attemptResult) {
+	if a.outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_INTERRUPTED || b.forgiven >= len(b.targets) {
+		return
+	}
+	if info := b.env.Delegates.Info(b.targets[i].GetName()); !info.Idempotent && !info.ReadOnly {
+		return
+	}
+	b.forgiven++
+	b.tried[i] = false
+	b.tries--
 }
 
 // exhausted is the outcome once the attempts allowed were made and failed.

@@ -329,6 +329,45 @@ func TestBalanceReplayTakesPicksFromTheJournal(t *testing.T) {
 	}
 }
 
+// TestBalanceAsksAnInterruptedIdempotentTargetAgain: a run taken over
+// while its balance's call was in flight (the journal holds the pick, not
+// the answer) picks that target again when its delegate is idempotent —
+// the deployment did not fail — instead of counting it tried and ending
+// EXHAUSTED once the others failed; a delegate that is not idempotent is
+// not asked twice.
+func TestBalanceAsksAnInterruptedIdempotentTargetAgain(t *testing.T) {
+	t.Parallel()
+	spec := balanceSpec(balanceOf(weighted, target("a", 1), target("b", 1)))
+	unavailable := controlstest.Fail(codes.Unavailable, "busy")
+	s := controlstest.NewStandings()
+	// The first pick fails, the second is interrupted: its journal ends
+	// with its attempt_started.
+	_, journal := runBalance(t, spec, &byAttempt{answers: map[int32]controlstest.Reply{1: unavailable, 2: ok("won")}}, s, 1, nil)
+	picks := attemptDelegates(journal)
+	require.Len(t, picks, 2)
+	cut := len(journal)
+	for i, ev := range journal {
+		if ev.GetAttemptStarted().GetAttempt().GetNumber() == 2 {
+			cut = i + 1
+		}
+	}
+	held := journal[:cut]
+
+	d := &byAttempt{answers: map[int32]controlstest.Reply{3: ok("won again")}, info: controls.DelegateInfo{Idempotent: true}}
+	out, more := runBalance(t, spec, d, s, 99, held)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, out.Status, out.Reason)
+	again := attemptDelegates(more)
+	require.Len(t, again, 1, "one more attempt")
+	assert.Equal(t, strings.SplitN(picks[1], ":", 2)[0], strings.SplitN(again[0], ":", 2)[0], "the interrupted target, asked again")
+	assert.Equal(t, []int32{3}, d.called())
+
+	d = &byAttempt{answers: map[int32]controlstest.Reply{3: ok("never")}}
+	out, more = runBalance(t, spec, d, s, 99, held)
+	assert.Equal(t, exhausted, out.Status, "not idempotent: each target once")
+	assert.Empty(t, attemptDelegates(more))
+	assert.Empty(t, d.called())
+}
+
 // runBalance is runOnce with standings and seeded randomness.
 func runBalance(t *testing.T, spec *stubbornv1.ControlSpec, d *byAttempt, s *controlstest.Standings, seed uint64, journal []*stubbornv1.RunEvent) (controls.Outcome, []*stubbornv1.RunEvent) {
 	t.Helper()
