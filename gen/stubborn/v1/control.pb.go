@@ -666,6 +666,13 @@ const (
 	// another call's recorded answer. status_reason says what the journal had
 	// and what the control asked for.
 	StatusReason_STATUS_REASON_NONDETERMINISTIC_REPLAY StatusReason = 15
+	// The run's spend limit (RunOptions.spend_limit) does not allow the next
+	// delegate call: what the run has spent (RunCost) and the call's
+	// estimated input would pass max_cost or max_total_tokens. The run is
+	// AWAITING_DECISION (spend_limit.on_exhausted ASK, the default: a RETRY
+	// decision must raise the limit) or ended FAILED (FAIL, or a run that
+	// never asks).
+	StatusReason_STATUS_REASON_SPEND_LIMIT_REACHED StatusReason = 16
 )
 
 // Enum value maps for StatusReason.
@@ -687,6 +694,7 @@ var (
 		13: "STATUS_REASON_INTERNAL_ERROR",
 		14: "STATUS_REASON_OTHER",
 		15: "STATUS_REASON_NONDETERMINISTIC_REPLAY",
+		16: "STATUS_REASON_SPEND_LIMIT_REACHED",
 	}
 	StatusReason_value = map[string]int32{
 		"STATUS_REASON_UNSPECIFIED":             0,
@@ -705,6 +713,7 @@ var (
 		"STATUS_REASON_INTERNAL_ERROR":          13,
 		"STATUS_REASON_OTHER":                   14,
 		"STATUS_REASON_NONDETERMINISTIC_REPLAY": 15,
+		"STATUS_REASON_SPEND_LIMIT_REACHED":     16,
 	}
 )
 
@@ -1744,7 +1753,12 @@ type RunOptions struct {
 	// every nested preset's alike. false means each retry's on_exhausted
 	// decides. The OpenAI-compatible front door sets it: no HTTP request
 	// waits for a decision.
-	NeverAsk      bool `protobuf:"varint,8,opt,name=never_ask,json=neverAsk,proto3" json:"never_ask,omitempty"`
+	NeverAsk bool `protobuf:"varint,8,opt,name=never_ask,json=neverAsk,proto3" json:"never_ask,omitempty"`
+	// How much the run may spend on delegate calls (attempts, judges,
+	// analysts, race candidates) before it stops and asks a person, or fails
+	// (SpendLimit.on_exhausted). Unset means the default of the preset the
+	// control names at its top, if that preset has one, else no limit.
+	SpendLimit    *SpendLimit `protobuf:"bytes,9,opt,name=spend_limit,json=spendLimit,proto3" json:"spend_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1835,6 +1849,86 @@ func (x *RunOptions) GetNeverAsk() bool {
 	return false
 }
 
+func (x *RunOptions) GetSpendLimit() *SpendLimit {
+	if x != nil {
+		return x.SpendLimit
+	}
+	return nil
+}
+
+// SpendLimit caps what one run spends, priced by its delegates' prices
+// (DelegateDescription.price) from the usage they report. Before each
+// delegate call the run checks what it has spent plus the call's estimated
+// input (its bytes / 4 tokens); the check is journaled, so a resumed run
+// never decides it again.
+type SpendLimit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The most the run may cost, in the prices' unit (USD in the examples).
+	// 0 means no cost limit. At most 1e12.
+	MaxCost float64 `protobuf:"fixed64,1,opt,name=max_cost,json=maxCost,proto3" json:"max_cost,omitempty"`
+	// The most tokens (input + output, as reported or estimated) the run may
+	// use. 0 means no token limit. At most 1e15.
+	MaxTotalTokens int64 `protobuf:"varint,2,opt,name=max_total_tokens,json=maxTotalTokens,proto3" json:"max_total_tokens,omitempty"`
+	// What happens when the limit is reached: ON_EXHAUSTED_ASK (the default)
+	// waits for a person, whose DecideRun RETRY must carry a raised limit;
+	// ON_EXHAUSTED_FAIL ends the run FAILED. A run that never asks
+	// (RunOptions.never_ask, the front doors' runs) fails either way.
+	OnExhausted   OnExhausted `protobuf:"varint,3,opt,name=on_exhausted,json=onExhausted,proto3,enum=stubborn.v1.OnExhausted" json:"on_exhausted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpendLimit) Reset() {
+	*x = SpendLimit{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpendLimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpendLimit) ProtoMessage() {}
+
+func (x *SpendLimit) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpendLimit.ProtoReflect.Descriptor instead.
+func (*SpendLimit) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SpendLimit) GetMaxCost() float64 {
+	if x != nil {
+		return x.MaxCost
+	}
+	return 0
+}
+
+func (x *SpendLimit) GetMaxTotalTokens() int64 {
+	if x != nil {
+		return x.MaxTotalTokens
+	}
+	return 0
+}
+
+func (x *SpendLimit) GetOnExhausted() OnExhausted {
+	if x != nil {
+		return x.OnExhausted
+	}
+	return OnExhausted_ON_EXHAUSTED_UNSPECIFIED
+}
+
 // RunRequest starts a run and streams it. Exactly one of retry,
 // retry_with_learning, fallback_chain, race, balance must be set; none or
 // more than one is INVALID_ARGUMENT.
@@ -1889,7 +1983,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[8]
+	mi := &file_stubborn_v1_control_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1901,7 +1995,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[8]
+	mi := &file_stubborn_v1_control_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1914,7 +2008,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RunRequest) GetTaskBrief() string {
@@ -1998,7 +2092,7 @@ type RunResponse struct {
 
 func (x *RunResponse) Reset() {
 	*x = RunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[9]
+	mi := &file_stubborn_v1_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2104,7 @@ func (x *RunResponse) String() string {
 func (*RunResponse) ProtoMessage() {}
 
 func (x *RunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[9]
+	mi := &file_stubborn_v1_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2117,7 @@ func (x *RunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResponse.ProtoReflect.Descriptor instead.
 func (*RunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RunResponse) GetEvent() *RunEvent {
@@ -2075,7 +2169,7 @@ type StartRunRequest struct {
 
 func (x *StartRunRequest) Reset() {
 	*x = StartRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[10]
+	mi := &file_stubborn_v1_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2087,7 +2181,7 @@ func (x *StartRunRequest) String() string {
 func (*StartRunRequest) ProtoMessage() {}
 
 func (x *StartRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[10]
+	mi := &file_stubborn_v1_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2100,7 +2194,7 @@ func (x *StartRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRunRequest.ProtoReflect.Descriptor instead.
 func (*StartRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StartRunRequest) GetTaskBrief() string {
@@ -2186,7 +2280,7 @@ type StartRunResponse struct {
 
 func (x *StartRunResponse) Reset() {
 	*x = StartRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[11]
+	mi := &file_stubborn_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2198,7 +2292,7 @@ func (x *StartRunResponse) String() string {
 func (*StartRunResponse) ProtoMessage() {}
 
 func (x *StartRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[11]
+	mi := &file_stubborn_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2211,7 +2305,7 @@ func (x *StartRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRunResponse.ProtoReflect.Descriptor instead.
 func (*StartRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StartRunResponse) GetRunId() string {
@@ -2250,7 +2344,7 @@ type WatchRunRequest struct {
 
 func (x *WatchRunRequest) Reset() {
 	*x = WatchRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[12]
+	mi := &file_stubborn_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2262,7 +2356,7 @@ func (x *WatchRunRequest) String() string {
 func (*WatchRunRequest) ProtoMessage() {}
 
 func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[12]
+	mi := &file_stubborn_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2275,7 +2369,7 @@ func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunRequest.ProtoReflect.Descriptor instead.
 func (*WatchRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchRunRequest) GetRunId() string {
@@ -2313,7 +2407,7 @@ type WatchRunResponse struct {
 
 func (x *WatchRunResponse) Reset() {
 	*x = WatchRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[13]
+	mi := &file_stubborn_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2325,7 +2419,7 @@ func (x *WatchRunResponse) String() string {
 func (*WatchRunResponse) ProtoMessage() {}
 
 func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[13]
+	mi := &file_stubborn_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2338,7 +2432,7 @@ func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunResponse.ProtoReflect.Descriptor instead.
 func (*WatchRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchRunResponse) GetEvent() *RunEvent {
@@ -2366,7 +2460,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[14]
+	mi := &file_stubborn_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2378,7 +2472,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[14]
+	mi := &file_stubborn_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2391,7 +2485,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -2417,7 +2511,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[15]
+	mi := &file_stubborn_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2523,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[15]
+	mi := &file_stubborn_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2536,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetRunResponse) GetState() *ControlState {
@@ -2485,7 +2579,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[16]
+	mi := &file_stubborn_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2497,7 +2591,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[16]
+	mi := &file_stubborn_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2510,7 +2604,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListRunsRequest) GetStatus() RunStatus {
@@ -2578,14 +2672,17 @@ type RunSummary struct {
 	// The start of the run's task brief (at most 80 characters, cut at a
 	// character boundary, "…" appended when cut), to tell runs apart. Empty
 	// for a run listed before this field existed.
-	Brief         string `protobuf:"bytes,9,opt,name=brief,proto3" json:"brief,omitempty"`
+	Brief string `protobuf:"bytes,9,opt,name=brief,proto3" json:"brief,omitempty"`
+	// What the run has cost so far (RunCost.total). 0 for a run whose
+	// delegates have no price, and for a run listed before this field.
+	Cost          float64 `protobuf:"fixed64,10,opt,name=cost,proto3" json:"cost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunSummary) Reset() {
 	*x = RunSummary{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[17]
+	mi := &file_stubborn_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2597,7 +2694,7 @@ func (x *RunSummary) String() string {
 func (*RunSummary) ProtoMessage() {}
 
 func (x *RunSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[17]
+	mi := &file_stubborn_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2610,7 +2707,7 @@ func (x *RunSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunSummary.ProtoReflect.Descriptor instead.
 func (*RunSummary) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RunSummary) GetRunId() string {
@@ -2676,6 +2773,13 @@ func (x *RunSummary) GetBrief() string {
 	return ""
 }
 
+func (x *RunSummary) GetCost() float64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
 // ListRunsResponse is one page of runs.
 type ListRunsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2695,7 +2799,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[18]
+	mi := &file_stubborn_v1_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2707,7 +2811,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[18]
+	mi := &file_stubborn_v1_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2720,7 +2824,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListRunsResponse) GetRuns() []*ControlState {
@@ -2766,7 +2870,7 @@ type WatchRunsRequest struct {
 
 func (x *WatchRunsRequest) Reset() {
 	*x = WatchRunsRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[19]
+	mi := &file_stubborn_v1_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2778,7 +2882,7 @@ func (x *WatchRunsRequest) String() string {
 func (*WatchRunsRequest) ProtoMessage() {}
 
 func (x *WatchRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[19]
+	mi := &file_stubborn_v1_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2791,7 +2895,7 @@ func (x *WatchRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunsRequest.ProtoReflect.Descriptor instead.
 func (*WatchRunsRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{19}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchRunsRequest) GetStatus() RunStatus {
@@ -2835,7 +2939,7 @@ type WatchRunsResponse struct {
 
 func (x *WatchRunsResponse) Reset() {
 	*x = WatchRunsResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[20]
+	mi := &file_stubborn_v1_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2847,7 +2951,7 @@ func (x *WatchRunsResponse) String() string {
 func (*WatchRunsResponse) ProtoMessage() {}
 
 func (x *WatchRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[20]
+	mi := &file_stubborn_v1_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2860,7 +2964,7 @@ func (x *WatchRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunsResponse.ProtoReflect.Descriptor instead.
 func (*WatchRunsResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{20}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchRunsResponse) GetRun() *RunSummary {
@@ -2886,7 +2990,7 @@ type ListDelegatesRequest struct {
 
 func (x *ListDelegatesRequest) Reset() {
 	*x = ListDelegatesRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[21]
+	mi := &file_stubborn_v1_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2898,7 +3002,7 @@ func (x *ListDelegatesRequest) String() string {
 func (*ListDelegatesRequest) ProtoMessage() {}
 
 func (x *ListDelegatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[21]
+	mi := &file_stubborn_v1_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2911,7 +3015,7 @@ func (x *ListDelegatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDelegatesRequest.ProtoReflect.Descriptor instead.
 func (*ListDelegatesRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{21}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{22}
 }
 
 // ListDelegatesResponse is the registry as the caller may use it.
@@ -2930,7 +3034,7 @@ type ListDelegatesResponse struct {
 
 func (x *ListDelegatesResponse) Reset() {
 	*x = ListDelegatesResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[22]
+	mi := &file_stubborn_v1_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2942,7 +3046,7 @@ func (x *ListDelegatesResponse) String() string {
 func (*ListDelegatesResponse) ProtoMessage() {}
 
 func (x *ListDelegatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[22]
+	mi := &file_stubborn_v1_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2955,7 +3059,7 @@ func (x *ListDelegatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDelegatesResponse.ProtoReflect.Descriptor instead.
 func (*ListDelegatesResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{22}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListDelegatesResponse) GetDelegates() []*DelegateDescription {
@@ -3063,13 +3167,16 @@ type DelegateDescription struct {
 	// The replica that last opened its circuit breaker, when the breaker is
 	// the fleet's and opened at least once. Empty otherwise.
 	CircuitBreakerOpenedBy string `protobuf:"bytes,26,opt,name=circuit_breaker_opened_by,json=circuitBreakerOpenedBy,proto3" json:"circuit_breaker_opened_by,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// What its calls cost (the registry's price). Unset means no price: its
+	// calls cost 0.
+	Price         *Price `protobuf:"bytes,27,opt,name=price,proto3" json:"price,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DelegateDescription) Reset() {
 	*x = DelegateDescription{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[23]
+	mi := &file_stubborn_v1_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3081,7 +3188,7 @@ func (x *DelegateDescription) String() string {
 func (*DelegateDescription) ProtoMessage() {}
 
 func (x *DelegateDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[23]
+	mi := &file_stubborn_v1_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3094,7 +3201,7 @@ func (x *DelegateDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateDescription.ProtoReflect.Descriptor instead.
 func (*DelegateDescription) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{23}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DelegateDescription) GetName() string {
@@ -3279,6 +3386,91 @@ func (x *DelegateDescription) GetCircuitBreakerOpenedBy() string {
 	return ""
 }
 
+func (x *DelegateDescription) GetPrice() *Price {
+	if x != nil {
+		return x.Price
+	}
+	return nil
+}
+
+// Price is what a delegate's calls cost, in a currency-neutral unit (USD in
+// the examples), from the usage each call reports (Result.usage). A call
+// that reports no usage is estimated: 4 bytes a token of what it was sent
+// and what it answered.
+type Price struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Per million input tokens (Usage.input_tokens less cache_read_tokens).
+	InputPerMtok float64 `protobuf:"fixed64,1,opt,name=input_per_mtok,json=inputPerMtok,proto3" json:"input_per_mtok,omitempty"`
+	// Per million output tokens (Usage.output_tokens).
+	OutputPerMtok float64 `protobuf:"fixed64,2,opt,name=output_per_mtok,json=outputPerMtok,proto3" json:"output_per_mtok,omitempty"`
+	// Per million input tokens read from the provider's prompt cache
+	// (Usage.cache_read_tokens). 0 means they cost input_per_mtok.
+	CachedInputPerMtok float64 `protobuf:"fixed64,3,opt,name=cached_input_per_mtok,json=cachedInputPerMtok,proto3" json:"cached_input_per_mtok,omitempty"`
+	// Per call, whatever its usage (a per-request fee, or the price of a
+	// delegate that is not a model).
+	PerCall       float64 `protobuf:"fixed64,4,opt,name=per_call,json=perCall,proto3" json:"per_call,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Price) Reset() {
+	*x = Price{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Price) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Price) ProtoMessage() {}
+
+func (x *Price) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Price.ProtoReflect.Descriptor instead.
+func (*Price) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *Price) GetInputPerMtok() float64 {
+	if x != nil {
+		return x.InputPerMtok
+	}
+	return 0
+}
+
+func (x *Price) GetOutputPerMtok() float64 {
+	if x != nil {
+		return x.OutputPerMtok
+	}
+	return 0
+}
+
+func (x *Price) GetCachedInputPerMtok() float64 {
+	if x != nil {
+		return x.CachedInputPerMtok
+	}
+	return 0
+}
+
+func (x *Price) GetPerCall() float64 {
+	if x != nil {
+		return x.PerCall
+	}
+	return 0
+}
+
 // DelegateFailure is one failed call to a delegate.
 type DelegateFailure struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3300,7 +3492,7 @@ type DelegateFailure struct {
 
 func (x *DelegateFailure) Reset() {
 	*x = DelegateFailure{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	mi := &file_stubborn_v1_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3312,7 +3504,7 @@ func (x *DelegateFailure) String() string {
 func (*DelegateFailure) ProtoMessage() {}
 
 func (x *DelegateFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[24]
+	mi := &file_stubborn_v1_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3325,7 +3517,7 @@ func (x *DelegateFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateFailure.ProtoReflect.Descriptor instead.
 func (*DelegateFailure) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{24}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DelegateFailure) GetTime() *timestamppb.Timestamp {
@@ -3369,14 +3561,17 @@ type PresetDescription struct {
 	// How runs name it.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The control it stands for.
-	Spec          *ControlSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	Spec *ControlSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	// The spend limit of a run whose control names this preset at its top
+	// and sets none itself (RunOptions.spend_limit). Unset means none.
+	SpendLimit    *SpendLimit `protobuf:"bytes,3,opt,name=spend_limit,json=spendLimit,proto3" json:"spend_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PresetDescription) Reset() {
 	*x = PresetDescription{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	mi := &file_stubborn_v1_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3388,7 +3583,7 @@ func (x *PresetDescription) String() string {
 func (*PresetDescription) ProtoMessage() {}
 
 func (x *PresetDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[25]
+	mi := &file_stubborn_v1_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3401,7 +3596,7 @@ func (x *PresetDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PresetDescription.ProtoReflect.Descriptor instead.
 func (*PresetDescription) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{25}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PresetDescription) GetName() string {
@@ -3418,6 +3613,13 @@ func (x *PresetDescription) GetSpec() *ControlSpec {
 	return nil
 }
 
+func (x *PresetDescription) GetSpendLimit() *SpendLimit {
+	if x != nil {
+		return x.SpendLimit
+	}
+	return nil
+}
+
 // CancelRunRequest names a run to cancel.
 type CancelRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3429,7 +3631,7 @@ type CancelRunRequest struct {
 
 func (x *CancelRunRequest) Reset() {
 	*x = CancelRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[26]
+	mi := &file_stubborn_v1_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3441,7 +3643,7 @@ func (x *CancelRunRequest) String() string {
 func (*CancelRunRequest) ProtoMessage() {}
 
 func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[26]
+	mi := &file_stubborn_v1_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3454,7 +3656,7 @@ func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
 func (*CancelRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{26}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CancelRunRequest) GetRunId() string {
@@ -3476,7 +3678,7 @@ type CancelRunResponse struct {
 
 func (x *CancelRunResponse) Reset() {
 	*x = CancelRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[27]
+	mi := &file_stubborn_v1_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3488,7 +3690,7 @@ func (x *CancelRunResponse) String() string {
 func (*CancelRunResponse) ProtoMessage() {}
 
 func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[27]
+	mi := &file_stubborn_v1_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3501,7 +3703,7 @@ func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
 func (*CancelRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{27}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CancelRunResponse) GetState() *ControlState {
@@ -3525,7 +3727,7 @@ type DeleteRunRequest struct {
 
 func (x *DeleteRunRequest) Reset() {
 	*x = DeleteRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[28]
+	mi := &file_stubborn_v1_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3537,7 +3739,7 @@ func (x *DeleteRunRequest) String() string {
 func (*DeleteRunRequest) ProtoMessage() {}
 
 func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[28]
+	mi := &file_stubborn_v1_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3550,7 +3752,7 @@ func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{28}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteRunRequest) GetRunId() string {
@@ -3576,7 +3778,7 @@ type DeleteRunResponse struct {
 
 func (x *DeleteRunResponse) Reset() {
 	*x = DeleteRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[29]
+	mi := &file_stubborn_v1_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3588,7 +3790,7 @@ func (x *DeleteRunResponse) String() string {
 func (*DeleteRunResponse) ProtoMessage() {}
 
 func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[29]
+	mi := &file_stubborn_v1_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3601,7 +3803,7 @@ func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{29}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{31}
 }
 
 // DecideRunRequest answers a run awaiting a decision.
@@ -3610,14 +3812,20 @@ type DecideRunRequest struct {
 	// The run. Required; unknown is NOT_FOUND.
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// The answer. DECISION_UNSPECIFIED is INVALID_ARGUMENT.
-	Decision      Decision `protobuf:"varint,2,opt,name=decision,proto3,enum=stubborn.v1.Decision" json:"decision,omitempty"`
+	Decision Decision `protobuf:"varint,2,opt,name=decision,proto3,enum=stubborn.v1.Decision" json:"decision,omitempty"`
+	// A new spend limit for the run, with DECISION_RETRY. Required (and
+	// higher than the limit reached, max_cost or max_total_tokens) when the
+	// run waits with STATUS_REASON_SPEND_LIMIT_REACHED: a RETRY without it is
+	// FAILED_PRECONDITION naming spend_limit. Otherwise it replaces the run's
+	// limit from then on. Unset means the limit stays.
+	SpendLimit    *SpendLimit `protobuf:"bytes,3,opt,name=spend_limit,json=spendLimit,proto3" json:"spend_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DecideRunRequest) Reset() {
 	*x = DecideRunRequest{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[30]
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3629,7 +3837,7 @@ func (x *DecideRunRequest) String() string {
 func (*DecideRunRequest) ProtoMessage() {}
 
 func (x *DecideRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[30]
+	mi := &file_stubborn_v1_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3642,7 +3850,7 @@ func (x *DecideRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRunRequest.ProtoReflect.Descriptor instead.
 func (*DecideRunRequest) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{30}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DecideRunRequest) GetRunId() string {
@@ -3659,6 +3867,13 @@ func (x *DecideRunRequest) GetDecision() Decision {
 	return Decision_DECISION_UNSPECIFIED
 }
 
+func (x *DecideRunRequest) GetSpendLimit() *SpendLimit {
+	if x != nil {
+		return x.SpendLimit
+	}
+	return nil
+}
+
 // DecideRunResponse is the run's state right after the decision.
 type DecideRunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3670,7 +3885,7 @@ type DecideRunResponse struct {
 
 func (x *DecideRunResponse) Reset() {
 	*x = DecideRunResponse{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[31]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3682,7 +3897,7 @@ func (x *DecideRunResponse) String() string {
 func (*DecideRunResponse) ProtoMessage() {}
 
 func (x *DecideRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[31]
+	mi := &file_stubborn_v1_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3695,7 +3910,7 @@ func (x *DecideRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRunResponse.ProtoReflect.Descriptor instead.
 func (*DecideRunResponse) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{31}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DecideRunResponse) GetState() *ControlState {
@@ -3724,7 +3939,7 @@ type ControlSpec struct {
 
 func (x *ControlSpec) Reset() {
 	*x = ControlSpec{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3736,7 +3951,7 @@ func (x *ControlSpec) String() string {
 func (*ControlSpec) ProtoMessage() {}
 
 func (x *ControlSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[32]
+	mi := &file_stubborn_v1_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3749,7 +3964,7 @@ func (x *ControlSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlSpec.ProtoReflect.Descriptor instead.
 func (*ControlSpec) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{32}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ControlSpec) GetKind() isControlSpec_Kind {
@@ -3910,14 +4125,18 @@ type ControlState struct {
 	// The run's task as a typed conversation (RunRequest.conversation).
 	// Unset for a run of task_messages or a brief alone, and for runs
 	// accepted by a release before this field.
-	Conversation  *Conversation `protobuf:"bytes,21,opt,name=conversation,proto3" json:"conversation,omitempty"`
+	Conversation *Conversation `protobuf:"bytes,21,opt,name=conversation,proto3" json:"conversation,omitempty"`
+	// What the run has cost so far: every attempt's cost, judges' and
+	// analysts' included, by delegate. Unset until a priced call ended, and
+	// for runs accepted by a release before this field.
+	Cost          *RunCost `protobuf:"bytes,22,opt,name=cost,proto3" json:"cost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ControlState) Reset() {
 	*x = ControlState{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[33]
+	mi := &file_stubborn_v1_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3929,7 +4148,7 @@ func (x *ControlState) String() string {
 func (*ControlState) ProtoMessage() {}
 
 func (x *ControlState) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[33]
+	mi := &file_stubborn_v1_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3942,7 +4161,7 @@ func (x *ControlState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlState.ProtoReflect.Descriptor instead.
 func (*ControlState) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{33}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ControlState) GetRunId() string {
@@ -4092,6 +4311,90 @@ func (x *ControlState) GetConversation() *Conversation {
 	return nil
 }
 
+func (x *ControlState) GetCost() *RunCost {
+	if x != nil {
+		return x.Cost
+	}
+	return nil
+}
+
+// RunCost is what a run's delegate calls cost, priced with each delegate's
+// price (DelegateDescription.price) from the usage the calls reported, or,
+// for a call that reported none, from an estimate (estimated).
+type RunCost struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sum of the calls' costs, in the prices' unit.
+	Total float64 `protobuf:"fixed64,1,opt,name=total,proto3" json:"total,omitempty"`
+	// The same by delegate name (judges and analysts under their own names).
+	ByDelegate map[string]float64 `protobuf:"bytes,2,rep,name=by_delegate,json=byDelegate,proto3" json:"by_delegate,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	// Tokens the calls used (input + output), as reported or estimated:
+	// what SpendLimit.max_total_tokens counts.
+	TotalTokens int64 `protobuf:"varint,3,opt,name=total_tokens,json=totalTokens,proto3" json:"total_tokens,omitempty"`
+	// Some of the calls reported no usage: their cost and tokens are
+	// estimated from their text (4 bytes a token).
+	Estimated     bool `protobuf:"varint,4,opt,name=estimated,proto3" json:"estimated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunCost) Reset() {
+	*x = RunCost{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCost) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCost) ProtoMessage() {}
+
+func (x *RunCost) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCost.ProtoReflect.Descriptor instead.
+func (*RunCost) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *RunCost) GetTotal() float64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *RunCost) GetByDelegate() map[string]float64 {
+	if x != nil {
+		return x.ByDelegate
+	}
+	return nil
+}
+
+func (x *RunCost) GetTotalTokens() int64 {
+	if x != nil {
+		return x.TotalTokens
+	}
+	return 0
+}
+
+func (x *RunCost) GetEstimated() bool {
+	if x != nil {
+		return x.Estimated
+	}
+	return false
+}
+
 // AttemptError is the error a delegate call ended with.
 type AttemptError struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -4120,7 +4423,7 @@ type AttemptError struct {
 
 func (x *AttemptError) Reset() {
 	*x = AttemptError{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[34]
+	mi := &file_stubborn_v1_control_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4132,7 +4435,7 @@ func (x *AttemptError) String() string {
 func (*AttemptError) ProtoMessage() {}
 
 func (x *AttemptError) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[34]
+	mi := &file_stubborn_v1_control_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4145,7 +4448,7 @@ func (x *AttemptError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptError.ProtoReflect.Descriptor instead.
 func (*AttemptError) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{34}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AttemptError) GetCode() int32 {
@@ -4234,14 +4537,26 @@ type Attempt struct {
 	// that moment (for example "balance least_busy: 2 in flight (others b 3
 	// in flight)"): set with ATTEMPT_START_REASON_BALANCE_PICK. Empty
 	// otherwise.
-	StartDetail   string `protobuf:"bytes,12,opt,name=start_detail,json=startDetail,proto3" json:"start_detail,omitempty"`
+	StartDetail string `protobuf:"bytes,12,opt,name=start_detail,json=startDetail,proto3" json:"start_detail,omitempty"`
+	// What the call cost, priced with its delegate's price from the usage it
+	// reported (Result.usage), or estimated (cost_estimated). 0 for a
+	// delegate without a price, and while in flight. A preset's attempt
+	// costs nothing itself: its own attempts carry their costs.
+	Cost float64 `protobuf:"fixed64,13,opt,name=cost,proto3" json:"cost,omitempty"`
+	// The call reported no usage (a stream cut before its usage, a delegate
+	// that reports none): cost and tokens are estimated from the bytes sent
+	// and received, 4 a token. Never 0 for a priced delegate.
+	CostEstimated bool `protobuf:"varint,14,opt,name=cost_estimated,json=costEstimated,proto3" json:"cost_estimated,omitempty"`
+	// The tokens the call used, as reported, or estimated (cost_estimated).
+	// 0 while in flight.
+	TotalTokens   int64 `protobuf:"varint,15,opt,name=total_tokens,json=totalTokens,proto3" json:"total_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Attempt) Reset() {
 	*x = Attempt{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[35]
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4253,7 +4568,7 @@ func (x *Attempt) String() string {
 func (*Attempt) ProtoMessage() {}
 
 func (x *Attempt) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[35]
+	mi := &file_stubborn_v1_control_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4266,7 +4581,7 @@ func (x *Attempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attempt.ProtoReflect.Descriptor instead.
 func (*Attempt) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{35}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Attempt) GetNumber() int32 {
@@ -4353,6 +4668,27 @@ func (x *Attempt) GetStartDetail() string {
 	return ""
 }
 
+func (x *Attempt) GetCost() float64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+func (x *Attempt) GetCostEstimated() bool {
+	if x != nil {
+		return x.CostEstimated
+	}
+	return false
+}
+
+func (x *Attempt) GetTotalTokens() int64 {
+	if x != nil {
+		return x.TotalTokens
+	}
+	return 0
+}
+
 // FailureRecord is the analysis of one failed attempt.
 type FailureRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -4398,7 +4734,7 @@ type FailureRecord struct {
 
 func (x *FailureRecord) Reset() {
 	*x = FailureRecord{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[36]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4410,7 +4746,7 @@ func (x *FailureRecord) String() string {
 func (*FailureRecord) ProtoMessage() {}
 
 func (x *FailureRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[36]
+	mi := &file_stubborn_v1_control_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4423,7 +4759,7 @@ func (x *FailureRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureRecord.ProtoReflect.Descriptor instead.
 func (*FailureRecord) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{36}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *FailureRecord) GetAttempt() int32 {
@@ -4543,7 +4879,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[37]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4555,7 +4891,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[37]
+	mi := &file_stubborn_v1_control_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4568,7 +4904,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{37}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RunEvent) GetRunId() string {
@@ -4788,7 +5124,7 @@ type RunStarted struct {
 
 func (x *RunStarted) Reset() {
 	*x = RunStarted{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	mi := &file_stubborn_v1_control_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4800,7 +5136,7 @@ func (x *RunStarted) String() string {
 func (*RunStarted) ProtoMessage() {}
 
 func (x *RunStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[38]
+	mi := &file_stubborn_v1_control_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4813,7 +5149,7 @@ func (x *RunStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStarted.ProtoReflect.Descriptor instead.
 func (*RunStarted) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{38}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RunStarted) GetState() *ControlState {
@@ -4834,7 +5170,7 @@ type AttemptStarted struct {
 
 func (x *AttemptStarted) Reset() {
 	*x = AttemptStarted{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[39]
+	mi := &file_stubborn_v1_control_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4846,7 +5182,7 @@ func (x *AttemptStarted) String() string {
 func (*AttemptStarted) ProtoMessage() {}
 
 func (x *AttemptStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[39]
+	mi := &file_stubborn_v1_control_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4859,7 +5195,7 @@ func (x *AttemptStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptStarted.ProtoReflect.Descriptor instead.
 func (*AttemptStarted) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{39}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AttemptStarted) GetAttempt() *Attempt {
@@ -4890,7 +5226,7 @@ type AttemptFinished struct {
 
 func (x *AttemptFinished) Reset() {
 	*x = AttemptFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[40]
+	mi := &file_stubborn_v1_control_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4902,7 +5238,7 @@ func (x *AttemptFinished) String() string {
 func (*AttemptFinished) ProtoMessage() {}
 
 func (x *AttemptFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[40]
+	mi := &file_stubborn_v1_control_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4915,7 +5251,7 @@ func (x *AttemptFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptFinished.ProtoReflect.Descriptor instead.
 func (*AttemptFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{40}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AttemptFinished) GetAttempt() *Attempt {
@@ -4982,7 +5318,7 @@ type AttemptOutput struct {
 
 func (x *AttemptOutput) Reset() {
 	*x = AttemptOutput{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[41]
+	mi := &file_stubborn_v1_control_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4994,7 +5330,7 @@ func (x *AttemptOutput) String() string {
 func (*AttemptOutput) ProtoMessage() {}
 
 func (x *AttemptOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[41]
+	mi := &file_stubborn_v1_control_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5007,7 +5343,7 @@ func (x *AttemptOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptOutput.ProtoReflect.Descriptor instead.
 func (*AttemptOutput) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{41}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AttemptOutput) GetAttempt() int32 {
@@ -5062,7 +5398,7 @@ type FailureAnalyzed struct {
 
 func (x *FailureAnalyzed) Reset() {
 	*x = FailureAnalyzed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[42]
+	mi := &file_stubborn_v1_control_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5074,7 +5410,7 @@ func (x *FailureAnalyzed) String() string {
 func (*FailureAnalyzed) ProtoMessage() {}
 
 func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[42]
+	mi := &file_stubborn_v1_control_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5087,7 +5423,7 @@ func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureAnalyzed.ProtoReflect.Descriptor instead.
 func (*FailureAnalyzed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{42}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *FailureAnalyzed) GetFailure() *FailureRecord {
@@ -5130,7 +5466,7 @@ type BackoffScheduled struct {
 
 func (x *BackoffScheduled) Reset() {
 	*x = BackoffScheduled{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[43]
+	mi := &file_stubborn_v1_control_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5142,7 +5478,7 @@ func (x *BackoffScheduled) String() string {
 func (*BackoffScheduled) ProtoMessage() {}
 
 func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[43]
+	mi := &file_stubborn_v1_control_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5155,7 +5491,7 @@ func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackoffScheduled.ProtoReflect.Descriptor instead.
 func (*BackoffScheduled) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{43}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *BackoffScheduled) GetNextAttempt() int32 {
@@ -5213,7 +5549,7 @@ type DecisionRequested struct {
 
 func (x *DecisionRequested) Reset() {
 	*x = DecisionRequested{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[44]
+	mi := &file_stubborn_v1_control_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5225,7 +5561,7 @@ func (x *DecisionRequested) String() string {
 func (*DecisionRequested) ProtoMessage() {}
 
 func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[44]
+	mi := &file_stubborn_v1_control_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5238,7 +5574,7 @@ func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionRequested.ProtoReflect.Descriptor instead.
 func (*DecisionRequested) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{44}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DecisionRequested) GetReason() string {
@@ -5273,14 +5609,17 @@ func (x *DecisionRequested) GetReasonCode() StatusReason {
 type DecisionReceived struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The decision.
-	Decision      Decision `protobuf:"varint,1,opt,name=decision,proto3,enum=stubborn.v1.Decision" json:"decision,omitempty"`
+	Decision Decision `protobuf:"varint,1,opt,name=decision,proto3,enum=stubborn.v1.Decision" json:"decision,omitempty"`
+	// The spend limit the decision set (DecideRunRequest.spend_limit). Unset
+	// means the run's limit stayed.
+	SpendLimit    *SpendLimit `protobuf:"bytes,2,opt,name=spend_limit,json=spendLimit,proto3" json:"spend_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DecisionReceived) Reset() {
 	*x = DecisionReceived{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[45]
+	mi := &file_stubborn_v1_control_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5292,7 +5631,7 @@ func (x *DecisionReceived) String() string {
 func (*DecisionReceived) ProtoMessage() {}
 
 func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[45]
+	mi := &file_stubborn_v1_control_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5305,7 +5644,7 @@ func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionReceived.ProtoReflect.Descriptor instead.
 func (*DecisionReceived) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{45}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DecisionReceived) GetDecision() Decision {
@@ -5313,6 +5652,13 @@ func (x *DecisionReceived) GetDecision() Decision {
 		return x.Decision
 	}
 	return Decision_DECISION_UNSPECIFIED
+}
+
+func (x *DecisionReceived) GetSpendLimit() *SpendLimit {
+	if x != nil {
+		return x.SpendLimit
+	}
+	return nil
 }
 
 // RunResumed says a server took over a run whose owner stopped (a crash or
@@ -5329,7 +5675,7 @@ type RunResumed struct {
 
 func (x *RunResumed) Reset() {
 	*x = RunResumed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[46]
+	mi := &file_stubborn_v1_control_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5341,7 +5687,7 @@ func (x *RunResumed) String() string {
 func (*RunResumed) ProtoMessage() {}
 
 func (x *RunResumed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[46]
+	mi := &file_stubborn_v1_control_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5354,7 +5700,7 @@ func (x *RunResumed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResumed.ProtoReflect.Descriptor instead.
 func (*RunResumed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{46}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RunResumed) GetOwner() string {
@@ -5382,7 +5728,7 @@ type RunFinished struct {
 
 func (x *RunFinished) Reset() {
 	*x = RunFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[47]
+	mi := &file_stubborn_v1_control_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5394,7 +5740,7 @@ func (x *RunFinished) String() string {
 func (*RunFinished) ProtoMessage() {}
 
 func (x *RunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[47]
+	mi := &file_stubborn_v1_control_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5407,7 +5753,7 @@ func (x *RunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFinished.ProtoReflect.Descriptor instead.
 func (*RunFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{47}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RunFinished) GetState() *ControlState {
@@ -5466,7 +5812,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\fmax_attempts\x18\x03 \x01(\x05H\x00R\vmaxAttempts\x88\x01\x01\x12)\n" +
 	"\x10failure_criteria\x18\x04 \x01(\tR\x0ffailureCriteria\x12!\n" +
 	"\ffailure_when\x18\x05 \x01(\tR\vfailureWhenB\x0f\n" +
-	"\r_max_attempts\"\xf3\x03\n" +
+	"\r_max_attempts\"\xad\x04\n" +
 	"\n" +
 	"RunOptions\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\tR\x0eidempotencyKey\x12:\n" +
@@ -5477,10 +5823,17 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x05judge\x18\x05 \x01(\tR\x05judge\x12K\n" +
 	"\x14first_output_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x12firstOutputTimeout\x12<\n" +
 	"\fidle_timeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12\x1b\n" +
-	"\tnever_ask\x18\b \x01(\bR\bneverAsk\x1a;\n" +
+	"\tnever_ask\x18\b \x01(\bR\bneverAsk\x128\n" +
+	"\vspend_limit\x18\t \x01(\v2\x17.stubborn.v1.SpendLimitR\n" +
+	"spendLimit\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbf\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8e\x01\n" +
+	"\n" +
+	"SpendLimit\x12\x19\n" +
+	"\bmax_cost\x18\x01 \x01(\x01R\amaxCost\x12(\n" +
+	"\x10max_total_tokens\x18\x02 \x01(\x03R\x0emaxTotalTokens\x12;\n" +
+	"\fon_exhausted\x18\x03 \x01(\x0e2\x18.stubborn.v1.OnExhaustedR\vonExhausted\"\xbf\x04\n" +
 	"\n" +
 	"RunRequest\x12\x1d\n" +
 	"\n" +
@@ -5533,7 +5886,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\x12(\n" +
 	"\x04view\x18\x04 \x01(\x0e2\x14.stubborn.v1.RunViewR\x04view\x12\x18\n" +
 	"\acontrol\x18\x05 \x01(\tR\acontrol\x12\x1a\n" +
-	"\bdelegate\x18\x06 \x01(\tR\bdelegate\"\xcf\x02\n" +
+	"\bdelegate\x18\x06 \x01(\tR\bdelegate\"\xe3\x02\n" +
 	"\n" +
 	"RunSummary\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
@@ -5546,7 +5899,9 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\vupdate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12\x16\n" +
 	"\x06winner\x18\b \x01(\tR\x06winner\x12\x14\n" +
-	"\x05brief\x18\t \x01(\tR\x05brief\"\xdd\x01\n" +
+	"\x05brief\x18\t \x01(\tR\x05brief\x12\x12\n" +
+	"\x04cost\x18\n" +
+	" \x01(\x01R\x04cost\"\xdd\x01\n" +
 	"\x10ListRunsResponse\x12-\n" +
 	"\x04runs\x18\x01 \x03(\v2\x19.stubborn.v1.ControlStateR\x04runs\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x125\n" +
@@ -5565,7 +5920,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\tdelegates\x18\x01 \x03(\v2 .stubborn.v1.DelegateDescriptionR\tdelegates\x128\n" +
 	"\apresets\x18\x02 \x03(\v2\x1e.stubborn.v1.PresetDescriptionR\apresets\x12;\n" +
 	"\vserver_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"serverTime\"\x9e\n" +
+	"serverTime\"\xc8\n" +
 	"\n" +
 	"\x13DelegateDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
@@ -5597,16 +5952,24 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\vguard_scope\x18\x18 \x01(\x0e2\x17.stubborn.v1.GuardScopeR\n" +
 	"guardScope\x12,\n" +
 	"\x12guard_scope_reason\x18\x19 \x01(\tR\x10guardScopeReason\x129\n" +
-	"\x19circuit_breaker_opened_by\x18\x1a \x01(\tR\x16circuitBreakerOpenedBy\"\xa0\x01\n" +
+	"\x19circuit_breaker_opened_by\x18\x1a \x01(\tR\x16circuitBreakerOpenedBy\x12(\n" +
+	"\x05price\x18\x1b \x01(\v2\x12.stubborn.v1.PriceR\x05price\"\xa3\x01\n" +
+	"\x05Price\x12$\n" +
+	"\x0einput_per_mtok\x18\x01 \x01(\x01R\finputPerMtok\x12&\n" +
+	"\x0foutput_per_mtok\x18\x02 \x01(\x01R\routputPerMtok\x121\n" +
+	"\x15cached_input_per_mtok\x18\x03 \x01(\x01R\x12cachedInputPerMtok\x12\x19\n" +
+	"\bper_call\x18\x04 \x01(\x01R\aperCall\"\xa0\x01\n" +
 	"\x0fDelegateFailure\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x15\n" +
 	"\x06run_id\x18\x04 \x01(\tR\x05runId\x12\x18\n" +
-	"\aattempt\x18\x05 \x01(\x05R\aattempt\"U\n" +
+	"\aattempt\x18\x05 \x01(\x05R\aattempt\"\x8f\x01\n" +
 	"\x11PresetDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12,\n" +
-	"\x04spec\x18\x02 \x01(\v2\x18.stubborn.v1.ControlSpecR\x04spec\")\n" +
+	"\x04spec\x18\x02 \x01(\v2\x18.stubborn.v1.ControlSpecR\x04spec\x128\n" +
+	"\vspend_limit\x18\x03 \x01(\v2\x17.stubborn.v1.SpendLimitR\n" +
+	"spendLimit\")\n" +
 	"\x10CancelRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"D\n" +
 	"\x11CancelRunResponse\x12/\n" +
@@ -5614,10 +5977,12 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x10DeleteRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06cancel\x18\x02 \x01(\bR\x06cancel\"\x13\n" +
-	"\x11DeleteRunResponse\"\\\n" +
+	"\x11DeleteRunResponse\"\x96\x01\n" +
 	"\x10DecideRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x121\n" +
-	"\bdecision\x18\x02 \x01(\x0e2\x15.stubborn.v1.DecisionR\bdecision\"D\n" +
+	"\bdecision\x18\x02 \x01(\x0e2\x15.stubborn.v1.DecisionR\bdecision\x128\n" +
+	"\vspend_limit\x18\x03 \x01(\v2\x17.stubborn.v1.SpendLimitR\n" +
+	"spendLimit\"D\n" +
 	"\x11DecideRunResponse\x12/\n" +
 	"\x05state\x18\x01 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"\xc7\x02\n" +
 	"\vControlSpec\x12.\n" +
@@ -5626,7 +5991,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x0efallback_chain\x18\x03 \x01(\v2\x1e.stubborn.v1.FallbackChainSpecH\x00R\rfallbackChain\x12+\n" +
 	"\x04race\x18\x04 \x01(\v2\x15.stubborn.v1.RaceSpecH\x00R\x04race\x124\n" +
 	"\abalance\x18\x05 \x01(\v2\x18.stubborn.v1.BalanceSpecH\x00R\abalanceB\x06\n" +
-	"\x04kind\"\xe2\b\n" +
+	"\x04kind\"\x8c\t\n" +
 	"\fControlState\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x16.stubborn.v1.RunStatusR\x06status\x12+\n" +
@@ -5653,10 +6018,20 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\apresets\x18\x12 \x03(\v2&.stubborn.v1.ControlState.PresetsEntryR\apresets\x12<\n" +
 	"\rtask_messages\x18\x13 \x03(\v2\x17.google.protobuf.StructR\ftaskMessages\x12:\n" +
 	"\fmodel_params\x18\x14 \x01(\v2\x17.google.protobuf.StructR\vmodelParams\x12=\n" +
-	"\fconversation\x18\x15 \x01(\v2\x19.stubborn.v1.ConversationR\fconversation\x1aT\n" +
+	"\fconversation\x18\x15 \x01(\v2\x19.stubborn.v1.ConversationR\fconversation\x12(\n" +
+	"\x04cost\x18\x16 \x01(\v2\x14.stubborn.v1.RunCostR\x04cost\x1aT\n" +
 	"\fPresetsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12.\n" +
-	"\x05value\x18\x02 \x01(\v2\x18.stubborn.v1.ControlSpecR\x05value:\x028\x01\"\x83\x02\n" +
+	"\x05value\x18\x02 \x01(\v2\x18.stubborn.v1.ControlSpecR\x05value:\x028\x01\"\xe6\x01\n" +
+	"\aRunCost\x12\x14\n" +
+	"\x05total\x18\x01 \x01(\x01R\x05total\x12E\n" +
+	"\vby_delegate\x18\x02 \x03(\v2$.stubborn.v1.RunCost.ByDelegateEntryR\n" +
+	"byDelegate\x12!\n" +
+	"\ftotal_tokens\x18\x03 \x01(\x03R\vtotalTokens\x12\x1c\n" +
+	"\testimated\x18\x04 \x01(\bR\testimated\x1a=\n" +
+	"\x0fByDelegateEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x83\x02\n" +
 	"\fAttemptError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1f\n" +
@@ -5667,7 +6042,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\bnot_sent\x18\x05 \x01(\bR\anotSent\x12\x18\n" +
 	"\arefused\x18\x06 \x01(\bR\arefused\x125\n" +
 	"\n" +
-	"refused_by\x18\a \x01(\x0e2\x16.stubborn.v1.RefusedByR\trefusedBy\"\x91\x04\n" +
+	"refused_by\x18\a \x01(\x0e2\x16.stubborn.v1.RefusedByR\trefusedBy\"\xef\x04\n" +
 	"\aAttempt\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x05R\x06number\x12\x1a\n" +
 	"\bdelegate\x18\x02 \x01(\tR\bdelegate\x12\x14\n" +
@@ -5683,7 +6058,10 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x04path\x18\n" +
 	" \x01(\tR\x04path\x12B\n" +
 	"\fstart_reason\x18\v \x01(\x0e2\x1f.stubborn.v1.AttemptStartReasonR\vstartReason\x12!\n" +
-	"\fstart_detail\x18\f \x01(\tR\vstartDetail\"\x91\x03\n" +
+	"\fstart_detail\x18\f \x01(\tR\vstartDetail\x12\x12\n" +
+	"\x04cost\x18\r \x01(\x01R\x04cost\x12%\n" +
+	"\x0ecost_estimated\x18\x0e \x01(\bR\rcostEstimated\x12!\n" +
+	"\ftotal_tokens\x18\x0f \x01(\x03R\vtotalTokens\"\x91\x03\n" +
 	"\rFailureRecord\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x1a\n" +
 	"\bdelegate\x18\x02 \x01(\tR\bdelegate\x12\x18\n" +
@@ -5750,9 +6128,11 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x0ffailure_history\x18\x02 \x03(\v2\x1a.stubborn.v1.FailureRecordR\x0efailureHistory\x126\n" +
 	"\bdeadline\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12:\n" +
 	"\vreason_code\x18\x04 \x01(\x0e2\x19.stubborn.v1.StatusReasonR\n" +
-	"reasonCode\"E\n" +
+	"reasonCode\"\x7f\n" +
 	"\x10DecisionReceived\x121\n" +
-	"\bdecision\x18\x01 \x01(\x0e2\x15.stubborn.v1.DecisionR\bdecision\":\n" +
+	"\bdecision\x18\x01 \x01(\x0e2\x15.stubborn.v1.DecisionR\bdecision\x128\n" +
+	"\vspend_limit\x18\x02 \x01(\v2\x17.stubborn.v1.SpendLimitR\n" +
+	"spendLimit\":\n" +
 	"\n" +
 	"RunResumed\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x16\n" +
@@ -5820,7 +6200,7 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x12NOT_RETRIED_BUDGET\x10\t\x12*\n" +
 	"&NOT_RETRIED_INTERRUPTED_NOT_IDEMPOTENT\x10\n" +
 	"\x12\x15\n" +
-	"\x11NOT_RETRIED_OTHER\x10\v*\x9d\x04\n" +
+	"\x11NOT_RETRIED_OTHER\x10\v*\xc4\x04\n" +
 	"\fStatusReason\x12\x1d\n" +
 	"\x19STATUS_REASON_UNSPECIFIED\x10\x00\x12#\n" +
 	"\x1fSTATUS_REASON_RETRIES_EXHAUSTED\x10\x01\x12\x1d\n" +
@@ -5838,7 +6218,8 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"\x1bSTATUS_REASON_UNRECOVERABLE\x10\f\x12 \n" +
 	"\x1cSTATUS_REASON_INTERNAL_ERROR\x10\r\x12\x17\n" +
 	"\x13STATUS_REASON_OTHER\x10\x0e\x12)\n" +
-	"%STATUS_REASON_NONDETERMINISTIC_REPLAY\x10\x0f*\xad\x01\n" +
+	"%STATUS_REASON_NONDETERMINISTIC_REPLAY\x10\x0f\x12%\n" +
+	"!STATUS_REASON_SPEND_LIMIT_REACHED\x10\x10*\xad\x01\n" +
 	"\x0fBalanceStrategy\x12 \n" +
 	"\x1cBALANCE_STRATEGY_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19BALANCE_STRATEGY_WEIGHTED\x10\x01\x12\x1f\n" +
@@ -5890,7 +6271,7 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 14)
-var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
 	(OnExhausted)(0),              // 1: stubborn.v1.OnExhausted
@@ -5914,203 +6295,215 @@ var file_stubborn_v1_control_proto_goTypes = []any{
 	(*BalanceTarget)(nil),         // 19: stubborn.v1.BalanceTarget
 	(*BalanceSpec)(nil),           // 20: stubborn.v1.BalanceSpec
 	(*RunOptions)(nil),            // 21: stubborn.v1.RunOptions
-	(*RunRequest)(nil),            // 22: stubborn.v1.RunRequest
-	(*RunResponse)(nil),           // 23: stubborn.v1.RunResponse
-	(*StartRunRequest)(nil),       // 24: stubborn.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 25: stubborn.v1.StartRunResponse
-	(*WatchRunRequest)(nil),       // 26: stubborn.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 27: stubborn.v1.WatchRunResponse
-	(*GetRunRequest)(nil),         // 28: stubborn.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 29: stubborn.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 30: stubborn.v1.ListRunsRequest
-	(*RunSummary)(nil),            // 31: stubborn.v1.RunSummary
-	(*ListRunsResponse)(nil),      // 32: stubborn.v1.ListRunsResponse
-	(*WatchRunsRequest)(nil),      // 33: stubborn.v1.WatchRunsRequest
-	(*WatchRunsResponse)(nil),     // 34: stubborn.v1.WatchRunsResponse
-	(*ListDelegatesRequest)(nil),  // 35: stubborn.v1.ListDelegatesRequest
-	(*ListDelegatesResponse)(nil), // 36: stubborn.v1.ListDelegatesResponse
-	(*DelegateDescription)(nil),   // 37: stubborn.v1.DelegateDescription
-	(*DelegateFailure)(nil),       // 38: stubborn.v1.DelegateFailure
-	(*PresetDescription)(nil),     // 39: stubborn.v1.PresetDescription
-	(*CancelRunRequest)(nil),      // 40: stubborn.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 41: stubborn.v1.CancelRunResponse
-	(*DeleteRunRequest)(nil),      // 42: stubborn.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 43: stubborn.v1.DeleteRunResponse
-	(*DecideRunRequest)(nil),      // 44: stubborn.v1.DecideRunRequest
-	(*DecideRunResponse)(nil),     // 45: stubborn.v1.DecideRunResponse
-	(*ControlSpec)(nil),           // 46: stubborn.v1.ControlSpec
-	(*ControlState)(nil),          // 47: stubborn.v1.ControlState
-	(*AttemptError)(nil),          // 48: stubborn.v1.AttemptError
-	(*Attempt)(nil),               // 49: stubborn.v1.Attempt
-	(*FailureRecord)(nil),         // 50: stubborn.v1.FailureRecord
-	(*RunEvent)(nil),              // 51: stubborn.v1.RunEvent
-	(*RunStarted)(nil),            // 52: stubborn.v1.RunStarted
-	(*AttemptStarted)(nil),        // 53: stubborn.v1.AttemptStarted
-	(*AttemptFinished)(nil),       // 54: stubborn.v1.AttemptFinished
-	(*AttemptOutput)(nil),         // 55: stubborn.v1.AttemptOutput
-	(*FailureAnalyzed)(nil),       // 56: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 57: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 58: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 59: stubborn.v1.DecisionReceived
-	(*RunResumed)(nil),            // 60: stubborn.v1.RunResumed
-	(*RunFinished)(nil),           // 61: stubborn.v1.RunFinished
-	nil,                           // 62: stubborn.v1.RunOptions.MetadataEntry
-	nil,                           // 63: stubborn.v1.ControlState.PresetsEntry
-	(*durationpb.Duration)(nil),   // 64: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 65: google.protobuf.Struct
-	(*Conversation)(nil),          // 66: stubborn.v1.Conversation
-	(*timestamppb.Timestamp)(nil), // 67: google.protobuf.Timestamp
-	(*Result)(nil),                // 68: stubborn.v1.Result
-	(*OutputDelta)(nil),           // 69: stubborn.v1.OutputDelta
+	(*SpendLimit)(nil),            // 22: stubborn.v1.SpendLimit
+	(*RunRequest)(nil),            // 23: stubborn.v1.RunRequest
+	(*RunResponse)(nil),           // 24: stubborn.v1.RunResponse
+	(*StartRunRequest)(nil),       // 25: stubborn.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 26: stubborn.v1.StartRunResponse
+	(*WatchRunRequest)(nil),       // 27: stubborn.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 28: stubborn.v1.WatchRunResponse
+	(*GetRunRequest)(nil),         // 29: stubborn.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 30: stubborn.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 31: stubborn.v1.ListRunsRequest
+	(*RunSummary)(nil),            // 32: stubborn.v1.RunSummary
+	(*ListRunsResponse)(nil),      // 33: stubborn.v1.ListRunsResponse
+	(*WatchRunsRequest)(nil),      // 34: stubborn.v1.WatchRunsRequest
+	(*WatchRunsResponse)(nil),     // 35: stubborn.v1.WatchRunsResponse
+	(*ListDelegatesRequest)(nil),  // 36: stubborn.v1.ListDelegatesRequest
+	(*ListDelegatesResponse)(nil), // 37: stubborn.v1.ListDelegatesResponse
+	(*DelegateDescription)(nil),   // 38: stubborn.v1.DelegateDescription
+	(*Price)(nil),                 // 39: stubborn.v1.Price
+	(*DelegateFailure)(nil),       // 40: stubborn.v1.DelegateFailure
+	(*PresetDescription)(nil),     // 41: stubborn.v1.PresetDescription
+	(*CancelRunRequest)(nil),      // 42: stubborn.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 43: stubborn.v1.CancelRunResponse
+	(*DeleteRunRequest)(nil),      // 44: stubborn.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 45: stubborn.v1.DeleteRunResponse
+	(*DecideRunRequest)(nil),      // 46: stubborn.v1.DecideRunRequest
+	(*DecideRunResponse)(nil),     // 47: stubborn.v1.DecideRunResponse
+	(*ControlSpec)(nil),           // 48: stubborn.v1.ControlSpec
+	(*ControlState)(nil),          // 49: stubborn.v1.ControlState
+	(*RunCost)(nil),               // 50: stubborn.v1.RunCost
+	(*AttemptError)(nil),          // 51: stubborn.v1.AttemptError
+	(*Attempt)(nil),               // 52: stubborn.v1.Attempt
+	(*FailureRecord)(nil),         // 53: stubborn.v1.FailureRecord
+	(*RunEvent)(nil),              // 54: stubborn.v1.RunEvent
+	(*RunStarted)(nil),            // 55: stubborn.v1.RunStarted
+	(*AttemptStarted)(nil),        // 56: stubborn.v1.AttemptStarted
+	(*AttemptFinished)(nil),       // 57: stubborn.v1.AttemptFinished
+	(*AttemptOutput)(nil),         // 58: stubborn.v1.AttemptOutput
+	(*FailureAnalyzed)(nil),       // 59: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 60: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 61: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 62: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 63: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 64: stubborn.v1.RunFinished
+	nil,                           // 65: stubborn.v1.RunOptions.MetadataEntry
+	nil,                           // 66: stubborn.v1.ControlState.PresetsEntry
+	nil,                           // 67: stubborn.v1.RunCost.ByDelegateEntry
+	(*durationpb.Duration)(nil),   // 68: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 69: google.protobuf.Struct
+	(*Conversation)(nil),          // 70: stubborn.v1.Conversation
+	(*timestamppb.Timestamp)(nil), // 71: google.protobuf.Timestamp
+	(*Result)(nil),                // 72: stubborn.v1.Result
+	(*OutputDelta)(nil),           // 73: stubborn.v1.OutputDelta
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	64,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	68,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,   // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	64,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	64,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	68,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	68,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
 	15,  // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
-	64,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
+	68,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
 	19,  // 6: stubborn.v1.BalanceSpec.targets:type_name -> stubborn.v1.BalanceTarget
 	9,   // 7: stubborn.v1.BalanceSpec.strategy:type_name -> stubborn.v1.BalanceStrategy
-	64,  // 8: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	64,  // 9: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	62,  // 10: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
-	64,  // 11: stubborn.v1.RunOptions.first_output_timeout:type_name -> google.protobuf.Duration
-	64,  // 12: stubborn.v1.RunOptions.idle_timeout:type_name -> google.protobuf.Duration
-	14,  // 13: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	16,  // 14: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	17,  // 15: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	18,  // 16: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
-	21,  // 17: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	65,  // 18: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
-	65,  // 19: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
-	66,  // 20: stubborn.v1.RunRequest.conversation:type_name -> stubborn.v1.Conversation
-	20,  // 21: stubborn.v1.RunRequest.balance:type_name -> stubborn.v1.BalanceSpec
-	51,  // 22: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
-	14,  // 23: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
-	16,  // 24: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	17,  // 25: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	18,  // 26: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
-	21,  // 27: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	65,  // 28: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
-	65,  // 29: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
-	66,  // 30: stubborn.v1.StartRunRequest.conversation:type_name -> stubborn.v1.Conversation
-	20,  // 31: stubborn.v1.StartRunRequest.balance:type_name -> stubborn.v1.BalanceSpec
-	47,  // 32: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
-	51,  // 33: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
-	51,  // 34: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
-	47,  // 35: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
-	67,  // 36: stubborn.v1.GetRunResponse.server_time:type_name -> google.protobuf.Timestamp
-	0,   // 37: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	10,  // 38: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
-	0,   // 39: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	67,  // 40: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	67,  // 41: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
-	47,  // 42: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
-	31,  // 43: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
-	67,  // 44: stubborn.v1.ListRunsResponse.server_time:type_name -> google.protobuf.Timestamp
-	0,   // 45: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
-	31,  // 46: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
-	37,  // 47: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
-	39,  // 48: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	67,  // 49: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
-	64,  // 50: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
-	13,  // 51: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
-	12,  // 52: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
-	15,  // 53: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
-	64,  // 54: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
-	64,  // 55: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
-	67,  // 56: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
-	38,  // 57: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
-	67,  // 58: stubborn.v1.DelegateDescription.last_call_time:type_name -> google.protobuf.Timestamp
-	67,  // 59: stubborn.v1.DelegateDescription.failing_since:type_name -> google.protobuf.Timestamp
-	11,  // 60: stubborn.v1.DelegateDescription.guard_scope:type_name -> stubborn.v1.GuardScope
-	67,  // 61: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
-	46,  // 62: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
-	47,  // 63: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
-	2,   // 64: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
-	47,  // 65: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
-	14,  // 66: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
-	16,  // 67: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
-	17,  // 68: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
-	18,  // 69: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
-	20,  // 70: stubborn.v1.ControlSpec.balance:type_name -> stubborn.v1.BalanceSpec
-	0,   // 71: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	68,  // 72: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
-	50,  // 73: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
-	49,  // 74: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
-	46,  // 75: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
-	21,  // 76: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
-	8,   // 77: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	67,  // 78: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	67,  // 79: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	67,  // 80: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	63,  // 81: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
-	65,  // 82: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
-	65,  // 83: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
-	66,  // 84: stubborn.v1.ControlState.conversation:type_name -> stubborn.v1.Conversation
-	64,  // 85: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
-	6,   // 86: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
-	67,  // 87: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	67,  // 88: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
-	3,   // 89: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	68,  // 90: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
-	48,  // 91: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	64,  // 92: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
-	4,   // 93: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
-	7,   // 94: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
-	5,   // 95: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	67,  // 96: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
-	0,   // 97: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
-	52,  // 98: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
-	53,  // 99: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
-	54,  // 100: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	56,  // 101: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	57,  // 102: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	58,  // 103: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	59,  // 104: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	61,  // 105: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	60,  // 106: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	55,  // 107: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
-	47,  // 108: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
-	49,  // 109: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
-	49,  // 110: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	69,  // 111: stubborn.v1.AttemptOutput.deltas:type_name -> stubborn.v1.OutputDelta
-	50,  // 112: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	64,  // 113: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	67,  // 114: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	64,  // 115: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	50,  // 116: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	67,  // 117: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	8,   // 118: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,   // 119: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	47,  // 120: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	46,  // 121: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
-	22,  // 122: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	24,  // 123: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	26,  // 124: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	28,  // 125: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	30,  // 126: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	33,  // 127: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	35,  // 128: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	40,  // 129: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	44,  // 130: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	42,  // 131: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	23,  // 132: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	25,  // 133: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	27,  // 134: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	29,  // 135: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	32,  // 136: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	34,  // 137: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	36,  // 138: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	41,  // 139: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	45,  // 140: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	43,  // 141: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	132, // [132:142] is the sub-list for method output_type
-	122, // [122:132] is the sub-list for method input_type
-	122, // [122:122] is the sub-list for extension type_name
-	122, // [122:122] is the sub-list for extension extendee
-	0,   // [0:122] is the sub-list for field type_name
+	68,  // 8: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	68,  // 9: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	65,  // 10: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	68,  // 11: stubborn.v1.RunOptions.first_output_timeout:type_name -> google.protobuf.Duration
+	68,  // 12: stubborn.v1.RunOptions.idle_timeout:type_name -> google.protobuf.Duration
+	22,  // 13: stubborn.v1.RunOptions.spend_limit:type_name -> stubborn.v1.SpendLimit
+	1,   // 14: stubborn.v1.SpendLimit.on_exhausted:type_name -> stubborn.v1.OnExhausted
+	14,  // 15: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	16,  // 16: stubborn.v1.RunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	17,  // 17: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	18,  // 18: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
+	21,  // 19: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
+	69,  // 20: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
+	69,  // 21: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
+	70,  // 22: stubborn.v1.RunRequest.conversation:type_name -> stubborn.v1.Conversation
+	20,  // 23: stubborn.v1.RunRequest.balance:type_name -> stubborn.v1.BalanceSpec
+	54,  // 24: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
+	14,  // 25: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
+	16,  // 26: stubborn.v1.StartRunRequest.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	17,  // 27: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	18,  // 28: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
+	21,  // 29: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
+	69,  // 30: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
+	69,  // 31: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
+	70,  // 32: stubborn.v1.StartRunRequest.conversation:type_name -> stubborn.v1.Conversation
+	20,  // 33: stubborn.v1.StartRunRequest.balance:type_name -> stubborn.v1.BalanceSpec
+	49,  // 34: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
+	54,  // 35: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
+	54,  // 36: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
+	49,  // 37: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
+	71,  // 38: stubborn.v1.GetRunResponse.server_time:type_name -> google.protobuf.Timestamp
+	0,   // 39: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	10,  // 40: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
+	0,   // 41: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
+	71,  // 42: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	71,  // 43: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	49,  // 44: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
+	32,  // 45: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
+	71,  // 46: stubborn.v1.ListRunsResponse.server_time:type_name -> google.protobuf.Timestamp
+	0,   // 47: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
+	32,  // 48: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
+	38,  // 49: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
+	41,  // 50: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
+	71,  // 51: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
+	68,  // 52: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	13,  // 53: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
+	12,  // 54: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
+	15,  // 55: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
+	68,  // 56: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
+	68,  // 57: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
+	71,  // 58: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
+	40,  // 59: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
+	71,  // 60: stubborn.v1.DelegateDescription.last_call_time:type_name -> google.protobuf.Timestamp
+	71,  // 61: stubborn.v1.DelegateDescription.failing_since:type_name -> google.protobuf.Timestamp
+	11,  // 62: stubborn.v1.DelegateDescription.guard_scope:type_name -> stubborn.v1.GuardScope
+	39,  // 63: stubborn.v1.DelegateDescription.price:type_name -> stubborn.v1.Price
+	71,  // 64: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
+	48,  // 65: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
+	22,  // 66: stubborn.v1.PresetDescription.spend_limit:type_name -> stubborn.v1.SpendLimit
+	49,  // 67: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
+	2,   // 68: stubborn.v1.DecideRunRequest.decision:type_name -> stubborn.v1.Decision
+	22,  // 69: stubborn.v1.DecideRunRequest.spend_limit:type_name -> stubborn.v1.SpendLimit
+	49,  // 70: stubborn.v1.DecideRunResponse.state:type_name -> stubborn.v1.ControlState
+	14,  // 71: stubborn.v1.ControlSpec.retry:type_name -> stubborn.v1.RetrySpec
+	16,  // 72: stubborn.v1.ControlSpec.retry_with_learning:type_name -> stubborn.v1.RetryWithLearningSpec
+	17,  // 73: stubborn.v1.ControlSpec.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
+	18,  // 74: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
+	20,  // 75: stubborn.v1.ControlSpec.balance:type_name -> stubborn.v1.BalanceSpec
+	0,   // 76: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
+	72,  // 77: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	53,  // 78: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
+	52,  // 79: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
+	48,  // 80: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
+	21,  // 81: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
+	8,   // 82: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
+	71,  // 83: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	71,  // 84: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	71,  // 85: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	66,  // 86: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
+	69,  // 87: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
+	69,  // 88: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
+	70,  // 89: stubborn.v1.ControlState.conversation:type_name -> stubborn.v1.Conversation
+	50,  // 90: stubborn.v1.ControlState.cost:type_name -> stubborn.v1.RunCost
+	67,  // 91: stubborn.v1.RunCost.by_delegate:type_name -> stubborn.v1.RunCost.ByDelegateEntry
+	68,  // 92: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	6,   // 93: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
+	71,  // 94: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	71,  // 95: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	3,   // 96: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
+	72,  // 97: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	51,  // 98: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
+	68,  // 99: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	4,   // 100: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
+	7,   // 101: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
+	5,   // 102: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
+	71,  // 103: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	0,   // 104: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
+	55,  // 105: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
+	56,  // 106: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
+	57,  // 107: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
+	59,  // 108: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	60,  // 109: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	61,  // 110: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	62,  // 111: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	64,  // 112: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	63,  // 113: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	58,  // 114: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
+	49,  // 115: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
+	52,  // 116: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
+	52,  // 117: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
+	73,  // 118: stubborn.v1.AttemptOutput.deltas:type_name -> stubborn.v1.OutputDelta
+	53,  // 119: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	68,  // 120: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	71,  // 121: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	68,  // 122: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	53,  // 123: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	71,  // 124: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 125: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 126: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	22,  // 127: stubborn.v1.DecisionReceived.spend_limit:type_name -> stubborn.v1.SpendLimit
+	49,  // 128: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	48,  // 129: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
+	23,  // 130: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	25,  // 131: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	27,  // 132: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	29,  // 133: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	31,  // 134: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	34,  // 135: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	36,  // 136: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	42,  // 137: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	46,  // 138: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	44,  // 139: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	24,  // 140: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	26,  // 141: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	28,  // 142: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	30,  // 143: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	33,  // 144: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	35,  // 145: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	37,  // 146: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	43,  // 147: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	47,  // 148: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	45,  // 149: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	140, // [140:150] is the sub-list for method output_type
+	130, // [130:140] is the sub-list for method input_type
+	130, // [130:130] is the sub-list for extension type_name
+	130, // [130:130] is the sub-list for extension extendee
+	0,   // [0:130] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -6124,14 +6517,14 @@ func file_stubborn_v1_control_proto_init() {
 	file_stubborn_v1_control_proto_msgTypes[2].OneofWrappers = []any{}
 	file_stubborn_v1_control_proto_msgTypes[5].OneofWrappers = []any{}
 	file_stubborn_v1_control_proto_msgTypes[6].OneofWrappers = []any{}
-	file_stubborn_v1_control_proto_msgTypes[32].OneofWrappers = []any{
+	file_stubborn_v1_control_proto_msgTypes[34].OneofWrappers = []any{
 		(*ControlSpec_Retry)(nil),
 		(*ControlSpec_RetryWithLearning)(nil),
 		(*ControlSpec_FallbackChain)(nil),
 		(*ControlSpec_Race)(nil),
 		(*ControlSpec_Balance)(nil),
 	}
-	file_stubborn_v1_control_proto_msgTypes[37].OneofWrappers = []any{
+	file_stubborn_v1_control_proto_msgTypes[40].OneofWrappers = []any{
 		(*RunEvent_RunStarted)(nil),
 		(*RunEvent_AttemptStarted)(nil),
 		(*RunEvent_AttemptFinished)(nil),
@@ -6149,7 +6542,7 @@ func file_stubborn_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
 			NumEnums:      14,
-			NumMessages:   50,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -94,13 +94,16 @@ STATUS_REASON_OTHER: StatusReason
 STATUS_REASON_RETRIES_EXHAUSTED: StatusReason
 STATUS_REASON_RETRY_PAST_DEADLINE: StatusReason
 STATUS_REASON_RUN_TIMEOUT: StatusReason
+STATUS_REASON_SPEND_LIMIT_REACHED: StatusReason
 STATUS_REASON_STORE_REFUSED: StatusReason
 STATUS_REASON_UNRECOVERABLE: StatusReason
 STATUS_REASON_UNSPECIFIED: StatusReason
 
 class Attempt(_message.Message):
-    __slots__ = ["brief", "delegate", "end_time", "error", "number", "outcome", "path", "result", "start_detail", "start_reason", "start_time", "wait_before"]
+    __slots__ = ["brief", "cost", "cost_estimated", "delegate", "end_time", "error", "number", "outcome", "path", "result", "start_detail", "start_reason", "start_time", "total_tokens", "wait_before"]
     BRIEF_FIELD_NUMBER: _ClassVar[int]
+    COST_ESTIMATED_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
     DELEGATE_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -111,8 +114,11 @@ class Attempt(_message.Message):
     START_DETAIL_FIELD_NUMBER: _ClassVar[int]
     START_REASON_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WAIT_BEFORE_FIELD_NUMBER: _ClassVar[int]
     brief: str
+    cost: float
+    cost_estimated: bool
     delegate: str
     end_time: _timestamp_pb2.Timestamp
     error: AttemptError
@@ -123,8 +129,9 @@ class Attempt(_message.Message):
     start_detail: str
     start_reason: AttemptStartReason
     start_time: _timestamp_pb2.Timestamp
+    total_tokens: int
     wait_before: _duration_pb2.Duration
-    def __init__(self, number: _Optional[int] = ..., delegate: _Optional[str] = ..., brief: _Optional[str] = ..., start_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[_Union[AttemptOutcome, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., error: _Optional[_Union[AttemptError, _Mapping]] = ..., wait_before: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., path: _Optional[str] = ..., start_reason: _Optional[_Union[AttemptStartReason, str]] = ..., start_detail: _Optional[str] = ...) -> None: ...
+    def __init__(self, number: _Optional[int] = ..., delegate: _Optional[str] = ..., brief: _Optional[str] = ..., start_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[_Union[AttemptOutcome, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., error: _Optional[_Union[AttemptError, _Mapping]] = ..., wait_before: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., path: _Optional[str] = ..., start_reason: _Optional[_Union[AttemptStartReason, str]] = ..., start_detail: _Optional[str] = ..., cost: _Optional[float] = ..., cost_estimated: bool = ..., total_tokens: _Optional[int] = ...) -> None: ...
 
 class AttemptError(_message.Message):
     __slots__ = ["code", "http_status", "message", "not_sent", "refused", "refused_by", "retry_hint"]
@@ -239,7 +246,7 @@ class ControlSpec(_message.Message):
     def __init__(self, retry: _Optional[_Union[RetrySpec, _Mapping]] = ..., retry_with_learning: _Optional[_Union[RetryWithLearningSpec, _Mapping]] = ..., fallback_chain: _Optional[_Union[FallbackChainSpec, _Mapping]] = ..., race: _Optional[_Union[RaceSpec, _Mapping]] = ..., balance: _Optional[_Union[BalanceSpec, _Mapping]] = ...) -> None: ...
 
 class ControlState(_message.Message):
-    __slots__ = ["attempt_log", "attempts", "control", "conversation", "create_time", "end_time", "failure_history", "model_params", "options", "presets", "result", "run_id", "status", "status_reason", "status_reason_code", "task_brief", "task_messages", "tenant", "traceparent", "update_time", "winner"]
+    __slots__ = ["attempt_log", "attempts", "control", "conversation", "cost", "create_time", "end_time", "failure_history", "model_params", "options", "presets", "result", "run_id", "status", "status_reason", "status_reason_code", "task_brief", "task_messages", "tenant", "traceparent", "update_time", "winner"]
     class PresetsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -251,6 +258,7 @@ class ControlState(_message.Message):
     ATTEMPT_LOG_FIELD_NUMBER: _ClassVar[int]
     CONTROL_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     FAILURE_HISTORY_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +280,7 @@ class ControlState(_message.Message):
     attempts: int
     control: ControlSpec
     conversation: _conversation_pb2.Conversation
+    cost: RunCost
     create_time: _timestamp_pb2.Timestamp
     end_time: _timestamp_pb2.Timestamp
     failure_history: _containers.RepeatedCompositeFieldContainer[FailureRecord]
@@ -289,15 +298,17 @@ class ControlState(_message.Message):
     traceparent: str
     update_time: _timestamp_pb2.Timestamp
     winner: str
-    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., winner: _Optional[str] = ..., attempts: _Optional[int] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., attempt_log: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., task_brief: _Optional[str] = ..., control: _Optional[_Union[ControlSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., status_reason: _Optional[str] = ..., status_reason_code: _Optional[_Union[StatusReason, str]] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ..., tenant: _Optional[str] = ..., presets: _Optional[_Mapping[str, ControlSpec]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., conversation: _Optional[_Union[_conversation_pb2.Conversation, _Mapping]] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., result: _Optional[_Union[_delegate_pb2.Result, _Mapping]] = ..., winner: _Optional[str] = ..., attempts: _Optional[int] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., attempt_log: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., task_brief: _Optional[str] = ..., control: _Optional[_Union[ControlSpec, _Mapping]] = ..., options: _Optional[_Union[RunOptions, _Mapping]] = ..., status_reason: _Optional[str] = ..., status_reason_code: _Optional[_Union[StatusReason, str]] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ..., tenant: _Optional[str] = ..., presets: _Optional[_Mapping[str, ControlSpec]] = ..., task_messages: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., model_params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., conversation: _Optional[_Union[_conversation_pb2.Conversation, _Mapping]] = ..., cost: _Optional[_Union[RunCost, _Mapping]] = ...) -> None: ...
 
 class DecideRunRequest(_message.Message):
-    __slots__ = ["decision", "run_id"]
+    __slots__ = ["decision", "run_id", "spend_limit"]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEND_LIMIT_FIELD_NUMBER: _ClassVar[int]
     decision: Decision
     run_id: str
-    def __init__(self, run_id: _Optional[str] = ..., decision: _Optional[_Union[Decision, str]] = ...) -> None: ...
+    spend_limit: SpendLimit
+    def __init__(self, run_id: _Optional[str] = ..., decision: _Optional[_Union[Decision, str]] = ..., spend_limit: _Optional[_Union[SpendLimit, _Mapping]] = ...) -> None: ...
 
 class DecideRunResponse(_message.Message):
     __slots__ = ["state"]
@@ -306,10 +317,12 @@ class DecideRunResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
 
 class DecisionReceived(_message.Message):
-    __slots__ = ["decision"]
+    __slots__ = ["decision", "spend_limit"]
     DECISION_FIELD_NUMBER: _ClassVar[int]
+    SPEND_LIMIT_FIELD_NUMBER: _ClassVar[int]
     decision: Decision
-    def __init__(self, decision: _Optional[_Union[Decision, str]] = ...) -> None: ...
+    spend_limit: SpendLimit
+    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., spend_limit: _Optional[_Union[SpendLimit, _Mapping]] = ...) -> None: ...
 
 class DecisionRequested(_message.Message):
     __slots__ = ["deadline", "failure_history", "reason", "reason_code"]
@@ -324,7 +337,7 @@ class DecisionRequested(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., failure_history: _Optional[_Iterable[_Union[FailureRecord, _Mapping]]] = ..., deadline: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., reason_code: _Optional[_Union[StatusReason, str]] = ...) -> None: ...
 
 class DelegateDescription(_message.Message):
-    __slots__ = ["circuit_breaker", "circuit_breaker_open_until", "circuit_breaker_opened_by", "circuit_breaker_reason", "failing_since", "first_output_timeout", "guard_scope", "guard_scope_reason", "health", "idempotent", "idle_timeout", "in_flight", "kind", "last_call_code", "last_call_time", "max_concurrent", "name", "read_only", "recent_failures", "requests_last_minute", "requests_per_minute", "retry_on", "stream", "timeout", "tokens_last_minute", "tokens_per_minute"]
+    __slots__ = ["circuit_breaker", "circuit_breaker_open_until", "circuit_breaker_opened_by", "circuit_breaker_reason", "failing_since", "first_output_timeout", "guard_scope", "guard_scope_reason", "health", "idempotent", "idle_timeout", "in_flight", "kind", "last_call_code", "last_call_time", "max_concurrent", "name", "price", "read_only", "recent_failures", "requests_last_minute", "requests_per_minute", "retry_on", "stream", "timeout", "tokens_last_minute", "tokens_per_minute"]
     CIRCUIT_BREAKER_FIELD_NUMBER: _ClassVar[int]
     CIRCUIT_BREAKER_OPENED_BY_FIELD_NUMBER: _ClassVar[int]
     CIRCUIT_BREAKER_OPEN_UNTIL_FIELD_NUMBER: _ClassVar[int]
@@ -342,6 +355,7 @@ class DelegateDescription(_message.Message):
     LAST_CALL_TIME_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    PRICE_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     RECENT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_LAST_MINUTE_FIELD_NUMBER: _ClassVar[int]
@@ -368,6 +382,7 @@ class DelegateDescription(_message.Message):
     last_call_time: _timestamp_pb2.Timestamp
     max_concurrent: int
     name: str
+    price: Price
     read_only: bool
     recent_failures: _containers.RepeatedCompositeFieldContainer[DelegateFailure]
     requests_last_minute: int
@@ -377,7 +392,7 @@ class DelegateDescription(_message.Message):
     timeout: _duration_pb2.Duration
     tokens_last_minute: int
     tokens_per_minute: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ..., circuit_breaker: _Optional[_Union[BreakerState, str]] = ..., circuit_breaker_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., retry_on: _Optional[_Union[RetryOn, _Mapping]] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., stream: _Optional[str] = ..., circuit_breaker_open_until: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., recent_failures: _Optional[_Iterable[_Union[DelegateFailure, _Mapping]]] = ..., last_call_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_call_code: _Optional[int] = ..., failing_since: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., guard_scope: _Optional[_Union[GuardScope, str]] = ..., guard_scope_reason: _Optional[str] = ..., circuit_breaker_opened_by: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., idempotent: bool = ..., read_only: bool = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., health: _Optional[_Union[DelegateHealth, str]] = ..., circuit_breaker: _Optional[_Union[BreakerState, str]] = ..., circuit_breaker_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., retry_on: _Optional[_Union[RetryOn, _Mapping]] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., stream: _Optional[str] = ..., circuit_breaker_open_until: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., recent_failures: _Optional[_Iterable[_Union[DelegateFailure, _Mapping]]] = ..., last_call_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_call_code: _Optional[int] = ..., failing_since: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., guard_scope: _Optional[_Union[GuardScope, str]] = ..., guard_scope_reason: _Optional[str] = ..., circuit_breaker_opened_by: _Optional[str] = ..., price: _Optional[_Union[Price, _Mapping]] = ...) -> None: ...
 
 class DelegateFailure(_message.Message):
     __slots__ = ["attempt", "code", "message", "run_id", "time"]
@@ -508,12 +523,26 @@ class ListRunsResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[ControlState, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., summaries: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., server_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class PresetDescription(_message.Message):
-    __slots__ = ["name", "spec"]
+    __slots__ = ["name", "spec", "spend_limit"]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    SPEND_LIMIT_FIELD_NUMBER: _ClassVar[int]
     name: str
     spec: ControlSpec
-    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Union[ControlSpec, _Mapping]] = ...) -> None: ...
+    spend_limit: SpendLimit
+    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Union[ControlSpec, _Mapping]] = ..., spend_limit: _Optional[_Union[SpendLimit, _Mapping]] = ...) -> None: ...
+
+class Price(_message.Message):
+    __slots__ = ["cached_input_per_mtok", "input_per_mtok", "output_per_mtok", "per_call"]
+    CACHED_INPUT_PER_MTOK_FIELD_NUMBER: _ClassVar[int]
+    INPUT_PER_MTOK_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_PER_MTOK_FIELD_NUMBER: _ClassVar[int]
+    PER_CALL_FIELD_NUMBER: _ClassVar[int]
+    cached_input_per_mtok: float
+    input_per_mtok: float
+    output_per_mtok: float
+    per_call: float
+    def __init__(self, input_per_mtok: _Optional[float] = ..., output_per_mtok: _Optional[float] = ..., cached_input_per_mtok: _Optional[float] = ..., per_call: _Optional[float] = ...) -> None: ...
 
 class RaceSpec(_message.Message):
     __slots__ = ["accept_when", "acceptance_criteria", "candidates", "hedge_delay"]
@@ -567,6 +596,25 @@ class RetryWithLearningSpec(_message.Message):
     target: str
     def __init__(self, target: _Optional[str] = ..., max_retries: _Optional[int] = ..., failure_criteria: _Optional[str] = ..., failure_when: _Optional[str] = ..., analyst: _Optional[str] = ...) -> None: ...
 
+class RunCost(_message.Message):
+    __slots__ = ["by_delegate", "estimated", "total", "total_tokens"]
+    class ByDelegateEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    BY_DELEGATE_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    by_delegate: _containers.ScalarMap[str, float]
+    estimated: bool
+    total: float
+    total_tokens: int
+    def __init__(self, total: _Optional[float] = ..., by_delegate: _Optional[_Mapping[str, float]] = ..., total_tokens: _Optional[int] = ..., estimated: bool = ...) -> None: ...
+
 class RunEvent(_message.Message):
     __slots__ = ["attempt_finished", "attempt_output", "attempt_started", "backoff_scheduled", "decision_received", "decision_requested", "failure_analyzed", "path", "run_finished", "run_id", "run_resumed", "run_started", "seq", "status", "time"]
     ATTEMPT_FINISHED_FIELD_NUMBER: _ClassVar[int]
@@ -608,7 +656,7 @@ class RunFinished(_message.Message):
     def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
 
 class RunOptions(_message.Message):
-    __slots__ = ["attempt_timeout", "first_output_timeout", "idempotency_key", "idle_timeout", "judge", "metadata", "never_ask", "run_timeout"]
+    __slots__ = ["attempt_timeout", "first_output_timeout", "idempotency_key", "idle_timeout", "judge", "metadata", "never_ask", "run_timeout", "spend_limit"]
     class MetadataEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -624,6 +672,7 @@ class RunOptions(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     NEVER_ASK_FIELD_NUMBER: _ClassVar[int]
     RUN_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    SPEND_LIMIT_FIELD_NUMBER: _ClassVar[int]
     attempt_timeout: _duration_pb2.Duration
     first_output_timeout: _duration_pb2.Duration
     idempotency_key: str
@@ -632,7 +681,8 @@ class RunOptions(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     never_ask: bool
     run_timeout: _duration_pb2.Duration
-    def __init__(self, idempotency_key: _Optional[str] = ..., run_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., attempt_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., judge: _Optional[str] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., never_ask: bool = ...) -> None: ...
+    spend_limit: SpendLimit
+    def __init__(self, idempotency_key: _Optional[str] = ..., run_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., attempt_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., judge: _Optional[str] = ..., first_output_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., idle_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., never_ask: bool = ..., spend_limit: _Optional[_Union[SpendLimit, _Mapping]] = ...) -> None: ...
 
 class RunRequest(_message.Message):
     __slots__ = ["balance", "conversation", "fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]
@@ -679,10 +729,11 @@ class RunStarted(_message.Message):
     def __init__(self, state: _Optional[_Union[ControlState, _Mapping]] = ...) -> None: ...
 
 class RunSummary(_message.Message):
-    __slots__ = ["attempts", "brief", "control", "create_time", "delegates", "run_id", "status", "update_time", "winner"]
+    __slots__ = ["attempts", "brief", "control", "cost", "create_time", "delegates", "run_id", "status", "update_time", "winner"]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     BRIEF_FIELD_NUMBER: _ClassVar[int]
     CONTROL_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     DELEGATES_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -692,13 +743,24 @@ class RunSummary(_message.Message):
     attempts: int
     brief: str
     control: str
+    cost: float
     create_time: _timestamp_pb2.Timestamp
     delegates: _containers.RepeatedScalarFieldContainer[str]
     run_id: str
     status: RunStatus
     update_time: _timestamp_pb2.Timestamp
     winner: str
-    def __init__(self, run_id: _Optional[str] = ..., control: _Optional[str] = ..., delegates: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[RunStatus, str]] = ..., attempts: _Optional[int] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., winner: _Optional[str] = ..., brief: _Optional[str] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., control: _Optional[str] = ..., delegates: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[RunStatus, str]] = ..., attempts: _Optional[int] = ..., create_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., winner: _Optional[str] = ..., brief: _Optional[str] = ..., cost: _Optional[float] = ...) -> None: ...
+
+class SpendLimit(_message.Message):
+    __slots__ = ["max_cost", "max_total_tokens", "on_exhausted"]
+    MAX_COST_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ON_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    max_cost: float
+    max_total_tokens: int
+    on_exhausted: OnExhausted
+    def __init__(self, max_cost: _Optional[float] = ..., max_total_tokens: _Optional[int] = ..., on_exhausted: _Optional[_Union[OnExhausted, str]] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
     __slots__ = ["balance", "conversation", "fallback_chain", "model_params", "options", "race", "retry", "retry_with_learning", "task_brief", "task_messages"]
