@@ -5219,7 +5219,11 @@ type AttemptFinished struct {
 	OutputDiscarded bool `protobuf:"varint,3,opt,name=output_discarded,json=outputDiscarded,proto3" json:"output_discarded,omitempty"`
 	// How many bytes of text the attempt streamed (the attempt_output events'
 	// texts together). 0 for an attempt that streamed none.
-	OutputBytes   int64 `protobuf:"varint,4,opt,name=output_bytes,json=outputBytes,proto3" json:"output_bytes,omitempty"`
+	OutputBytes int64 `protobuf:"varint,4,opt,name=output_bytes,json=outputBytes,proto3" json:"output_bytes,omitempty"`
+	// The other delegate calls the attempt made: its judges'
+	// (failure_criteria), each priced as the attempt is. Their costs count
+	// in RunCost under the judges' names. Empty means none.
+	Calls         []*CallCost `protobuf:"bytes,5,rep,name=calls,proto3" json:"calls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5282,6 +5286,87 @@ func (x *AttemptFinished) GetOutputBytes() int64 {
 	return 0
 }
 
+func (x *AttemptFinished) GetCalls() []*CallCost {
+	if x != nil {
+		return x.Calls
+	}
+	return nil
+}
+
+// CallCost is what one delegate call that is not an attempt cost: a judge's
+// or an analyst's.
+type CallCost struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The delegate called.
+	Delegate string `protobuf:"bytes,1,opt,name=delegate,proto3" json:"delegate,omitempty"`
+	// What the call cost (as Attempt.cost).
+	Cost float64 `protobuf:"fixed64,2,opt,name=cost,proto3" json:"cost,omitempty"`
+	// The tokens it used, as reported or estimated.
+	TotalTokens int64 `protobuf:"varint,3,opt,name=total_tokens,json=totalTokens,proto3" json:"total_tokens,omitempty"`
+	// The call reported no usage: cost and tokens are estimated.
+	Estimated     bool `protobuf:"varint,4,opt,name=estimated,proto3" json:"estimated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallCost) Reset() {
+	*x = CallCost{}
+	mi := &file_stubborn_v1_control_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallCost) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallCost) ProtoMessage() {}
+
+func (x *CallCost) ProtoReflect() protoreflect.Message {
+	mi := &file_stubborn_v1_control_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallCost.ProtoReflect.Descriptor instead.
+func (*CallCost) Descriptor() ([]byte, []int) {
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *CallCost) GetDelegate() string {
+	if x != nil {
+		return x.Delegate
+	}
+	return ""
+}
+
+func (x *CallCost) GetCost() float64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+func (x *CallCost) GetTotalTokens() int64 {
+	if x != nil {
+		return x.TotalTokens
+	}
+	return 0
+}
+
+func (x *CallCost) GetEstimated() bool {
+	if x != nil {
+		return x.Estimated
+	}
+	return false
+}
+
 // AttemptOutput is the next piece of the text an attempt in flight streams.
 // The pieces of one attempt follow each other with no gap: offset is the
 // number of bytes (UTF-8) of that attempt's text before this piece. Several
@@ -5318,7 +5403,7 @@ type AttemptOutput struct {
 
 func (x *AttemptOutput) Reset() {
 	*x = AttemptOutput{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[44]
+	mi := &file_stubborn_v1_control_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5330,7 +5415,7 @@ func (x *AttemptOutput) String() string {
 func (*AttemptOutput) ProtoMessage() {}
 
 func (x *AttemptOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[44]
+	mi := &file_stubborn_v1_control_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5343,7 +5428,7 @@ func (x *AttemptOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptOutput.ProtoReflect.Descriptor instead.
 func (*AttemptOutput) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{44}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AttemptOutput) GetAttempt() int32 {
@@ -5391,14 +5476,17 @@ type FailureAnalyzed struct {
 	// Whether another attempt follows.
 	WillRetry bool `protobuf:"varint,2,opt,name=will_retry,json=willRetry,proto3" json:"will_retry,omitempty"`
 	// The brief the next attempt will get. Empty when no attempt follows.
-	NextBrief     string `protobuf:"bytes,3,opt,name=next_brief,json=nextBrief,proto3" json:"next_brief,omitempty"`
+	NextBrief string `protobuf:"bytes,3,opt,name=next_brief,json=nextBrief,proto3" json:"next_brief,omitempty"`
+	// What asking the analyst cost. Unset without an analyst, or when it
+	// was not asked.
+	AnalysisCost  *CallCost `protobuf:"bytes,4,opt,name=analysis_cost,json=analysisCost,proto3" json:"analysis_cost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FailureAnalyzed) Reset() {
 	*x = FailureAnalyzed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[45]
+	mi := &file_stubborn_v1_control_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5410,7 +5498,7 @@ func (x *FailureAnalyzed) String() string {
 func (*FailureAnalyzed) ProtoMessage() {}
 
 func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[45]
+	mi := &file_stubborn_v1_control_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5423,7 +5511,7 @@ func (x *FailureAnalyzed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailureAnalyzed.ProtoReflect.Descriptor instead.
 func (*FailureAnalyzed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{45}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *FailureAnalyzed) GetFailure() *FailureRecord {
@@ -5447,6 +5535,13 @@ func (x *FailureAnalyzed) GetNextBrief() string {
 	return ""
 }
 
+func (x *FailureAnalyzed) GetAnalysisCost() *CallCost {
+	if x != nil {
+		return x.AnalysisCost
+	}
+	return nil
+}
+
 // BackoffScheduled announces a wait before the next attempt.
 type BackoffScheduled struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -5466,7 +5561,7 @@ type BackoffScheduled struct {
 
 func (x *BackoffScheduled) Reset() {
 	*x = BackoffScheduled{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[46]
+	mi := &file_stubborn_v1_control_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5478,7 +5573,7 @@ func (x *BackoffScheduled) String() string {
 func (*BackoffScheduled) ProtoMessage() {}
 
 func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[46]
+	mi := &file_stubborn_v1_control_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5491,7 +5586,7 @@ func (x *BackoffScheduled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackoffScheduled.ProtoReflect.Descriptor instead.
 func (*BackoffScheduled) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{46}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *BackoffScheduled) GetNextAttempt() int32 {
@@ -5549,7 +5644,7 @@ type DecisionRequested struct {
 
 func (x *DecisionRequested) Reset() {
 	*x = DecisionRequested{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[47]
+	mi := &file_stubborn_v1_control_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5561,7 +5656,7 @@ func (x *DecisionRequested) String() string {
 func (*DecisionRequested) ProtoMessage() {}
 
 func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[47]
+	mi := &file_stubborn_v1_control_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5574,7 +5669,7 @@ func (x *DecisionRequested) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionRequested.ProtoReflect.Descriptor instead.
 func (*DecisionRequested) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{47}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DecisionRequested) GetReason() string {
@@ -5619,7 +5714,7 @@ type DecisionReceived struct {
 
 func (x *DecisionReceived) Reset() {
 	*x = DecisionReceived{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[48]
+	mi := &file_stubborn_v1_control_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5631,7 +5726,7 @@ func (x *DecisionReceived) String() string {
 func (*DecisionReceived) ProtoMessage() {}
 
 func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[48]
+	mi := &file_stubborn_v1_control_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5644,7 +5739,7 @@ func (x *DecisionReceived) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionReceived.ProtoReflect.Descriptor instead.
 func (*DecisionReceived) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{48}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DecisionReceived) GetDecision() Decision {
@@ -5675,7 +5770,7 @@ type RunResumed struct {
 
 func (x *RunResumed) Reset() {
 	*x = RunResumed{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[49]
+	mi := &file_stubborn_v1_control_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5687,7 +5782,7 @@ func (x *RunResumed) String() string {
 func (*RunResumed) ProtoMessage() {}
 
 func (x *RunResumed) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[49]
+	mi := &file_stubborn_v1_control_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5700,7 +5795,7 @@ func (x *RunResumed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResumed.ProtoReflect.Descriptor instead.
 func (*RunResumed) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{49}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RunResumed) GetOwner() string {
@@ -5728,7 +5823,7 @@ type RunFinished struct {
 
 func (x *RunFinished) Reset() {
 	*x = RunFinished{}
-	mi := &file_stubborn_v1_control_proto_msgTypes[50]
+	mi := &file_stubborn_v1_control_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5740,7 +5835,7 @@ func (x *RunFinished) String() string {
 func (*RunFinished) ProtoMessage() {}
 
 func (x *RunFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_stubborn_v1_control_proto_msgTypes[50]
+	mi := &file_stubborn_v1_control_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5753,7 +5848,7 @@ func (x *RunFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFinished.ProtoReflect.Descriptor instead.
 func (*RunFinished) Descriptor() ([]byte, []int) {
-	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{50}
+	return file_stubborn_v1_control_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RunFinished) GetState() *ControlState {
@@ -6099,24 +6194,31 @@ const file_stubborn_v1_control_proto_rawDesc = "" +
 	"RunStarted\x12/\n" +
 	"\x05state\x18\x01 \x01(\v2\x19.stubborn.v1.ControlStateR\x05state\"@\n" +
 	"\x0eAttemptStarted\x12.\n" +
-	"\aattempt\x18\x01 \x01(\v2\x14.stubborn.v1.AttemptR\aattempt\"\xa3\x01\n" +
+	"\aattempt\x18\x01 \x01(\v2\x14.stubborn.v1.AttemptR\aattempt\"\xd0\x01\n" +
 	"\x0fAttemptFinished\x12.\n" +
 	"\aattempt\x18\x01 \x01(\v2\x14.stubborn.v1.AttemptR\aattempt\x12\x12\n" +
 	"\x04note\x18\x02 \x01(\tR\x04note\x12)\n" +
 	"\x10output_discarded\x18\x03 \x01(\bR\x0foutputDiscarded\x12!\n" +
-	"\foutput_bytes\x18\x04 \x01(\x03R\voutputBytes\"\xa9\x01\n" +
+	"\foutput_bytes\x18\x04 \x01(\x03R\voutputBytes\x12+\n" +
+	"\x05calls\x18\x05 \x03(\v2\x15.stubborn.v1.CallCostR\x05calls\"{\n" +
+	"\bCallCost\x12\x1a\n" +
+	"\bdelegate\x18\x01 \x01(\tR\bdelegate\x12\x12\n" +
+	"\x04cost\x18\x02 \x01(\x01R\x04cost\x12!\n" +
+	"\ftotal_tokens\x18\x03 \x01(\x03R\vtotalTokens\x12\x1c\n" +
+	"\testimated\x18\x04 \x01(\bR\testimated\"\xa9\x01\n" +
 	"\rAttemptOutput\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12 \n" +
 	"\vprovisional\x18\x04 \x01(\bR\vprovisional\x120\n" +
-	"\x06deltas\x18\x05 \x03(\v2\x18.stubborn.v1.OutputDeltaR\x06deltas\"\x85\x01\n" +
+	"\x06deltas\x18\x05 \x03(\v2\x18.stubborn.v1.OutputDeltaR\x06deltas\"\xc1\x01\n" +
 	"\x0fFailureAnalyzed\x124\n" +
 	"\afailure\x18\x01 \x01(\v2\x1a.stubborn.v1.FailureRecordR\afailure\x12\x1d\n" +
 	"\n" +
 	"will_retry\x18\x02 \x01(\bR\twillRetry\x12\x1d\n" +
 	"\n" +
-	"next_brief\x18\x03 \x01(\tR\tnextBrief\"\xe4\x01\n" +
+	"next_brief\x18\x03 \x01(\tR\tnextBrief\x12:\n" +
+	"\ranalysis_cost\x18\x04 \x01(\v2\x15.stubborn.v1.CallCostR\fanalysisCost\"\xe4\x01\n" +
 	"\x10BackoffScheduled\x12!\n" +
 	"\fnext_attempt\x18\x01 \x01(\x05R\vnextAttempt\x12-\n" +
 	"\x04wait\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x120\n" +
@@ -6271,7 +6373,7 @@ func file_stubborn_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_stubborn_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 14)
-var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_stubborn_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_stubborn_v1_control_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: stubborn.v1.RunStatus
 	(OnExhausted)(0),              // 1: stubborn.v1.OnExhausted
@@ -6331,37 +6433,38 @@ var file_stubborn_v1_control_proto_goTypes = []any{
 	(*RunStarted)(nil),            // 55: stubborn.v1.RunStarted
 	(*AttemptStarted)(nil),        // 56: stubborn.v1.AttemptStarted
 	(*AttemptFinished)(nil),       // 57: stubborn.v1.AttemptFinished
-	(*AttemptOutput)(nil),         // 58: stubborn.v1.AttemptOutput
-	(*FailureAnalyzed)(nil),       // 59: stubborn.v1.FailureAnalyzed
-	(*BackoffScheduled)(nil),      // 60: stubborn.v1.BackoffScheduled
-	(*DecisionRequested)(nil),     // 61: stubborn.v1.DecisionRequested
-	(*DecisionReceived)(nil),      // 62: stubborn.v1.DecisionReceived
-	(*RunResumed)(nil),            // 63: stubborn.v1.RunResumed
-	(*RunFinished)(nil),           // 64: stubborn.v1.RunFinished
-	nil,                           // 65: stubborn.v1.RunOptions.MetadataEntry
-	nil,                           // 66: stubborn.v1.ControlState.PresetsEntry
-	nil,                           // 67: stubborn.v1.RunCost.ByDelegateEntry
-	(*durationpb.Duration)(nil),   // 68: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 69: google.protobuf.Struct
-	(*Conversation)(nil),          // 70: stubborn.v1.Conversation
-	(*timestamppb.Timestamp)(nil), // 71: google.protobuf.Timestamp
-	(*Result)(nil),                // 72: stubborn.v1.Result
-	(*OutputDelta)(nil),           // 73: stubborn.v1.OutputDelta
+	(*CallCost)(nil),              // 58: stubborn.v1.CallCost
+	(*AttemptOutput)(nil),         // 59: stubborn.v1.AttemptOutput
+	(*FailureAnalyzed)(nil),       // 60: stubborn.v1.FailureAnalyzed
+	(*BackoffScheduled)(nil),      // 61: stubborn.v1.BackoffScheduled
+	(*DecisionRequested)(nil),     // 62: stubborn.v1.DecisionRequested
+	(*DecisionReceived)(nil),      // 63: stubborn.v1.DecisionReceived
+	(*RunResumed)(nil),            // 64: stubborn.v1.RunResumed
+	(*RunFinished)(nil),           // 65: stubborn.v1.RunFinished
+	nil,                           // 66: stubborn.v1.RunOptions.MetadataEntry
+	nil,                           // 67: stubborn.v1.ControlState.PresetsEntry
+	nil,                           // 68: stubborn.v1.RunCost.ByDelegateEntry
+	(*durationpb.Duration)(nil),   // 69: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 70: google.protobuf.Struct
+	(*Conversation)(nil),          // 71: stubborn.v1.Conversation
+	(*timestamppb.Timestamp)(nil), // 72: google.protobuf.Timestamp
+	(*Result)(nil),                // 73: stubborn.v1.Result
+	(*OutputDelta)(nil),           // 74: stubborn.v1.OutputDelta
 }
 var file_stubborn_v1_control_proto_depIdxs = []int32{
-	68,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
+	69,  // 0: stubborn.v1.RetrySpec.max_wait:type_name -> google.protobuf.Duration
 	1,   // 1: stubborn.v1.RetrySpec.on_exhausted:type_name -> stubborn.v1.OnExhausted
-	68,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
-	68,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
+	69,  // 2: stubborn.v1.RetrySpec.base_wait:type_name -> google.protobuf.Duration
+	69,  // 3: stubborn.v1.RetrySpec.decision_timeout:type_name -> google.protobuf.Duration
 	15,  // 4: stubborn.v1.RetrySpec.retry_on:type_name -> stubborn.v1.RetryOn
-	68,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
+	69,  // 5: stubborn.v1.RaceSpec.hedge_delay:type_name -> google.protobuf.Duration
 	19,  // 6: stubborn.v1.BalanceSpec.targets:type_name -> stubborn.v1.BalanceTarget
 	9,   // 7: stubborn.v1.BalanceSpec.strategy:type_name -> stubborn.v1.BalanceStrategy
-	68,  // 8: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
-	68,  // 9: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
-	65,  // 10: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
-	68,  // 11: stubborn.v1.RunOptions.first_output_timeout:type_name -> google.protobuf.Duration
-	68,  // 12: stubborn.v1.RunOptions.idle_timeout:type_name -> google.protobuf.Duration
+	69,  // 8: stubborn.v1.RunOptions.run_timeout:type_name -> google.protobuf.Duration
+	69,  // 9: stubborn.v1.RunOptions.attempt_timeout:type_name -> google.protobuf.Duration
+	66,  // 10: stubborn.v1.RunOptions.metadata:type_name -> stubborn.v1.RunOptions.MetadataEntry
+	69,  // 11: stubborn.v1.RunOptions.first_output_timeout:type_name -> google.protobuf.Duration
+	69,  // 12: stubborn.v1.RunOptions.idle_timeout:type_name -> google.protobuf.Duration
 	22,  // 13: stubborn.v1.RunOptions.spend_limit:type_name -> stubborn.v1.SpendLimit
 	1,   // 14: stubborn.v1.SpendLimit.on_exhausted:type_name -> stubborn.v1.OnExhausted
 	14,  // 15: stubborn.v1.RunRequest.retry:type_name -> stubborn.v1.RetrySpec
@@ -6369,9 +6472,9 @@ var file_stubborn_v1_control_proto_depIdxs = []int32{
 	17,  // 17: stubborn.v1.RunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
 	18,  // 18: stubborn.v1.RunRequest.race:type_name -> stubborn.v1.RaceSpec
 	21,  // 19: stubborn.v1.RunRequest.options:type_name -> stubborn.v1.RunOptions
-	69,  // 20: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
-	69,  // 21: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
-	70,  // 22: stubborn.v1.RunRequest.conversation:type_name -> stubborn.v1.Conversation
+	70,  // 20: stubborn.v1.RunRequest.task_messages:type_name -> google.protobuf.Struct
+	70,  // 21: stubborn.v1.RunRequest.model_params:type_name -> google.protobuf.Struct
+	71,  // 22: stubborn.v1.RunRequest.conversation:type_name -> stubborn.v1.Conversation
 	20,  // 23: stubborn.v1.RunRequest.balance:type_name -> stubborn.v1.BalanceSpec
 	54,  // 24: stubborn.v1.RunResponse.event:type_name -> stubborn.v1.RunEvent
 	14,  // 25: stubborn.v1.StartRunRequest.retry:type_name -> stubborn.v1.RetrySpec
@@ -6379,41 +6482,41 @@ var file_stubborn_v1_control_proto_depIdxs = []int32{
 	17,  // 27: stubborn.v1.StartRunRequest.fallback_chain:type_name -> stubborn.v1.FallbackChainSpec
 	18,  // 28: stubborn.v1.StartRunRequest.race:type_name -> stubborn.v1.RaceSpec
 	21,  // 29: stubborn.v1.StartRunRequest.options:type_name -> stubborn.v1.RunOptions
-	69,  // 30: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
-	69,  // 31: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
-	70,  // 32: stubborn.v1.StartRunRequest.conversation:type_name -> stubborn.v1.Conversation
+	70,  // 30: stubborn.v1.StartRunRequest.task_messages:type_name -> google.protobuf.Struct
+	70,  // 31: stubborn.v1.StartRunRequest.model_params:type_name -> google.protobuf.Struct
+	71,  // 32: stubborn.v1.StartRunRequest.conversation:type_name -> stubborn.v1.Conversation
 	20,  // 33: stubborn.v1.StartRunRequest.balance:type_name -> stubborn.v1.BalanceSpec
 	49,  // 34: stubborn.v1.StartRunResponse.state:type_name -> stubborn.v1.ControlState
 	54,  // 35: stubborn.v1.WatchRunResponse.event:type_name -> stubborn.v1.RunEvent
 	54,  // 36: stubborn.v1.WatchRunResponse.events:type_name -> stubborn.v1.RunEvent
 	49,  // 37: stubborn.v1.GetRunResponse.state:type_name -> stubborn.v1.ControlState
-	71,  // 38: stubborn.v1.GetRunResponse.server_time:type_name -> google.protobuf.Timestamp
+	72,  // 38: stubborn.v1.GetRunResponse.server_time:type_name -> google.protobuf.Timestamp
 	0,   // 39: stubborn.v1.ListRunsRequest.status:type_name -> stubborn.v1.RunStatus
 	10,  // 40: stubborn.v1.ListRunsRequest.view:type_name -> stubborn.v1.RunView
 	0,   // 41: stubborn.v1.RunSummary.status:type_name -> stubborn.v1.RunStatus
-	71,  // 42: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
-	71,  // 43: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
+	72,  // 42: stubborn.v1.RunSummary.create_time:type_name -> google.protobuf.Timestamp
+	72,  // 43: stubborn.v1.RunSummary.update_time:type_name -> google.protobuf.Timestamp
 	49,  // 44: stubborn.v1.ListRunsResponse.runs:type_name -> stubborn.v1.ControlState
 	32,  // 45: stubborn.v1.ListRunsResponse.summaries:type_name -> stubborn.v1.RunSummary
-	71,  // 46: stubborn.v1.ListRunsResponse.server_time:type_name -> google.protobuf.Timestamp
+	72,  // 46: stubborn.v1.ListRunsResponse.server_time:type_name -> google.protobuf.Timestamp
 	0,   // 47: stubborn.v1.WatchRunsRequest.status:type_name -> stubborn.v1.RunStatus
 	32,  // 48: stubborn.v1.WatchRunsResponse.run:type_name -> stubborn.v1.RunSummary
 	38,  // 49: stubborn.v1.ListDelegatesResponse.delegates:type_name -> stubborn.v1.DelegateDescription
 	41,  // 50: stubborn.v1.ListDelegatesResponse.presets:type_name -> stubborn.v1.PresetDescription
-	71,  // 51: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
-	68,  // 52: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
+	72,  // 51: stubborn.v1.ListDelegatesResponse.server_time:type_name -> google.protobuf.Timestamp
+	69,  // 52: stubborn.v1.DelegateDescription.timeout:type_name -> google.protobuf.Duration
 	13,  // 53: stubborn.v1.DelegateDescription.health:type_name -> stubborn.v1.DelegateHealth
 	12,  // 54: stubborn.v1.DelegateDescription.circuit_breaker:type_name -> stubborn.v1.BreakerState
 	15,  // 55: stubborn.v1.DelegateDescription.retry_on:type_name -> stubborn.v1.RetryOn
-	68,  // 56: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
-	68,  // 57: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
-	71,  // 58: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
+	69,  // 56: stubborn.v1.DelegateDescription.first_output_timeout:type_name -> google.protobuf.Duration
+	69,  // 57: stubborn.v1.DelegateDescription.idle_timeout:type_name -> google.protobuf.Duration
+	72,  // 58: stubborn.v1.DelegateDescription.circuit_breaker_open_until:type_name -> google.protobuf.Timestamp
 	40,  // 59: stubborn.v1.DelegateDescription.recent_failures:type_name -> stubborn.v1.DelegateFailure
-	71,  // 60: stubborn.v1.DelegateDescription.last_call_time:type_name -> google.protobuf.Timestamp
-	71,  // 61: stubborn.v1.DelegateDescription.failing_since:type_name -> google.protobuf.Timestamp
+	72,  // 60: stubborn.v1.DelegateDescription.last_call_time:type_name -> google.protobuf.Timestamp
+	72,  // 61: stubborn.v1.DelegateDescription.failing_since:type_name -> google.protobuf.Timestamp
 	11,  // 62: stubborn.v1.DelegateDescription.guard_scope:type_name -> stubborn.v1.GuardScope
 	39,  // 63: stubborn.v1.DelegateDescription.price:type_name -> stubborn.v1.Price
-	71,  // 64: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
+	72,  // 64: stubborn.v1.DelegateFailure.time:type_name -> google.protobuf.Timestamp
 	48,  // 65: stubborn.v1.PresetDescription.spec:type_name -> stubborn.v1.ControlSpec
 	22,  // 66: stubborn.v1.PresetDescription.spend_limit:type_name -> stubborn.v1.SpendLimit
 	49,  // 67: stubborn.v1.CancelRunResponse.state:type_name -> stubborn.v1.ControlState
@@ -6426,84 +6529,86 @@ var file_stubborn_v1_control_proto_depIdxs = []int32{
 	18,  // 74: stubborn.v1.ControlSpec.race:type_name -> stubborn.v1.RaceSpec
 	20,  // 75: stubborn.v1.ControlSpec.balance:type_name -> stubborn.v1.BalanceSpec
 	0,   // 76: stubborn.v1.ControlState.status:type_name -> stubborn.v1.RunStatus
-	72,  // 77: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
+	73,  // 77: stubborn.v1.ControlState.result:type_name -> stubborn.v1.Result
 	53,  // 78: stubborn.v1.ControlState.failure_history:type_name -> stubborn.v1.FailureRecord
 	52,  // 79: stubborn.v1.ControlState.attempt_log:type_name -> stubborn.v1.Attempt
 	48,  // 80: stubborn.v1.ControlState.control:type_name -> stubborn.v1.ControlSpec
 	21,  // 81: stubborn.v1.ControlState.options:type_name -> stubborn.v1.RunOptions
 	8,   // 82: stubborn.v1.ControlState.status_reason_code:type_name -> stubborn.v1.StatusReason
-	71,  // 83: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
-	71,  // 84: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
-	71,  // 85: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
-	66,  // 86: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
-	69,  // 87: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
-	69,  // 88: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
-	70,  // 89: stubborn.v1.ControlState.conversation:type_name -> stubborn.v1.Conversation
+	72,  // 83: stubborn.v1.ControlState.create_time:type_name -> google.protobuf.Timestamp
+	72,  // 84: stubborn.v1.ControlState.update_time:type_name -> google.protobuf.Timestamp
+	72,  // 85: stubborn.v1.ControlState.end_time:type_name -> google.protobuf.Timestamp
+	67,  // 86: stubborn.v1.ControlState.presets:type_name -> stubborn.v1.ControlState.PresetsEntry
+	70,  // 87: stubborn.v1.ControlState.task_messages:type_name -> google.protobuf.Struct
+	70,  // 88: stubborn.v1.ControlState.model_params:type_name -> google.protobuf.Struct
+	71,  // 89: stubborn.v1.ControlState.conversation:type_name -> stubborn.v1.Conversation
 	50,  // 90: stubborn.v1.ControlState.cost:type_name -> stubborn.v1.RunCost
-	67,  // 91: stubborn.v1.RunCost.by_delegate:type_name -> stubborn.v1.RunCost.ByDelegateEntry
-	68,  // 92: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
+	68,  // 91: stubborn.v1.RunCost.by_delegate:type_name -> stubborn.v1.RunCost.ByDelegateEntry
+	69,  // 92: stubborn.v1.AttemptError.retry_hint:type_name -> google.protobuf.Duration
 	6,   // 93: stubborn.v1.AttemptError.refused_by:type_name -> stubborn.v1.RefusedBy
-	71,  // 94: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	71,  // 95: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
+	72,  // 94: stubborn.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	72,  // 95: stubborn.v1.Attempt.end_time:type_name -> google.protobuf.Timestamp
 	3,   // 96: stubborn.v1.Attempt.outcome:type_name -> stubborn.v1.AttemptOutcome
-	72,  // 97: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
+	73,  // 97: stubborn.v1.Attempt.result:type_name -> stubborn.v1.Result
 	51,  // 98: stubborn.v1.Attempt.error:type_name -> stubborn.v1.AttemptError
-	68,  // 99: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
+	69,  // 99: stubborn.v1.Attempt.wait_before:type_name -> google.protobuf.Duration
 	4,   // 100: stubborn.v1.Attempt.start_reason:type_name -> stubborn.v1.AttemptStartReason
 	7,   // 101: stubborn.v1.FailureRecord.not_retried_code:type_name -> stubborn.v1.NotRetried
 	5,   // 102: stubborn.v1.FailureRecord.source:type_name -> stubborn.v1.FailureSource
-	71,  // 103: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
+	72,  // 103: stubborn.v1.RunEvent.time:type_name -> google.protobuf.Timestamp
 	0,   // 104: stubborn.v1.RunEvent.status:type_name -> stubborn.v1.RunStatus
 	55,  // 105: stubborn.v1.RunEvent.run_started:type_name -> stubborn.v1.RunStarted
 	56,  // 106: stubborn.v1.RunEvent.attempt_started:type_name -> stubborn.v1.AttemptStarted
 	57,  // 107: stubborn.v1.RunEvent.attempt_finished:type_name -> stubborn.v1.AttemptFinished
-	59,  // 108: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
-	60,  // 109: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
-	61,  // 110: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
-	62,  // 111: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
-	64,  // 112: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
-	63,  // 113: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
-	58,  // 114: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
+	60,  // 108: stubborn.v1.RunEvent.failure_analyzed:type_name -> stubborn.v1.FailureAnalyzed
+	61,  // 109: stubborn.v1.RunEvent.backoff_scheduled:type_name -> stubborn.v1.BackoffScheduled
+	62,  // 110: stubborn.v1.RunEvent.decision_requested:type_name -> stubborn.v1.DecisionRequested
+	63,  // 111: stubborn.v1.RunEvent.decision_received:type_name -> stubborn.v1.DecisionReceived
+	65,  // 112: stubborn.v1.RunEvent.run_finished:type_name -> stubborn.v1.RunFinished
+	64,  // 113: stubborn.v1.RunEvent.run_resumed:type_name -> stubborn.v1.RunResumed
+	59,  // 114: stubborn.v1.RunEvent.attempt_output:type_name -> stubborn.v1.AttemptOutput
 	49,  // 115: stubborn.v1.RunStarted.state:type_name -> stubborn.v1.ControlState
 	52,  // 116: stubborn.v1.AttemptStarted.attempt:type_name -> stubborn.v1.Attempt
 	52,  // 117: stubborn.v1.AttemptFinished.attempt:type_name -> stubborn.v1.Attempt
-	73,  // 118: stubborn.v1.AttemptOutput.deltas:type_name -> stubborn.v1.OutputDelta
-	53,  // 119: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
-	68,  // 120: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
-	71,  // 121: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
-	68,  // 122: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
-	53,  // 123: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
-	71,  // 124: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
-	8,   // 125: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
-	2,   // 126: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
-	22,  // 127: stubborn.v1.DecisionReceived.spend_limit:type_name -> stubborn.v1.SpendLimit
-	49,  // 128: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
-	48,  // 129: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
-	23,  // 130: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
-	25,  // 131: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
-	27,  // 132: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
-	29,  // 133: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
-	31,  // 134: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
-	34,  // 135: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
-	36,  // 136: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
-	42,  // 137: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
-	46,  // 138: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
-	44,  // 139: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
-	24,  // 140: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
-	26,  // 141: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
-	28,  // 142: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
-	30,  // 143: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
-	33,  // 144: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
-	35,  // 145: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
-	37,  // 146: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
-	43,  // 147: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
-	47,  // 148: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
-	45,  // 149: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
-	140, // [140:150] is the sub-list for method output_type
-	130, // [130:140] is the sub-list for method input_type
-	130, // [130:130] is the sub-list for extension type_name
-	130, // [130:130] is the sub-list for extension extendee
-	0,   // [0:130] is the sub-list for field type_name
+	58,  // 118: stubborn.v1.AttemptFinished.calls:type_name -> stubborn.v1.CallCost
+	74,  // 119: stubborn.v1.AttemptOutput.deltas:type_name -> stubborn.v1.OutputDelta
+	53,  // 120: stubborn.v1.FailureAnalyzed.failure:type_name -> stubborn.v1.FailureRecord
+	58,  // 121: stubborn.v1.FailureAnalyzed.analysis_cost:type_name -> stubborn.v1.CallCost
+	69,  // 122: stubborn.v1.BackoffScheduled.wait:type_name -> google.protobuf.Duration
+	72,  // 123: stubborn.v1.BackoffScheduled.until:type_name -> google.protobuf.Timestamp
+	69,  // 124: stubborn.v1.BackoffScheduled.bound:type_name -> google.protobuf.Duration
+	53,  // 125: stubborn.v1.DecisionRequested.failure_history:type_name -> stubborn.v1.FailureRecord
+	72,  // 126: stubborn.v1.DecisionRequested.deadline:type_name -> google.protobuf.Timestamp
+	8,   // 127: stubborn.v1.DecisionRequested.reason_code:type_name -> stubborn.v1.StatusReason
+	2,   // 128: stubborn.v1.DecisionReceived.decision:type_name -> stubborn.v1.Decision
+	22,  // 129: stubborn.v1.DecisionReceived.spend_limit:type_name -> stubborn.v1.SpendLimit
+	49,  // 130: stubborn.v1.RunFinished.state:type_name -> stubborn.v1.ControlState
+	48,  // 131: stubborn.v1.ControlState.PresetsEntry.value:type_name -> stubborn.v1.ControlSpec
+	23,  // 132: stubborn.v1.ControlService.Run:input_type -> stubborn.v1.RunRequest
+	25,  // 133: stubborn.v1.ControlService.StartRun:input_type -> stubborn.v1.StartRunRequest
+	27,  // 134: stubborn.v1.ControlService.WatchRun:input_type -> stubborn.v1.WatchRunRequest
+	29,  // 135: stubborn.v1.ControlService.GetRun:input_type -> stubborn.v1.GetRunRequest
+	31,  // 136: stubborn.v1.ControlService.ListRuns:input_type -> stubborn.v1.ListRunsRequest
+	34,  // 137: stubborn.v1.ControlService.WatchRuns:input_type -> stubborn.v1.WatchRunsRequest
+	36,  // 138: stubborn.v1.ControlService.ListDelegates:input_type -> stubborn.v1.ListDelegatesRequest
+	42,  // 139: stubborn.v1.ControlService.CancelRun:input_type -> stubborn.v1.CancelRunRequest
+	46,  // 140: stubborn.v1.ControlService.DecideRun:input_type -> stubborn.v1.DecideRunRequest
+	44,  // 141: stubborn.v1.ControlService.DeleteRun:input_type -> stubborn.v1.DeleteRunRequest
+	24,  // 142: stubborn.v1.ControlService.Run:output_type -> stubborn.v1.RunResponse
+	26,  // 143: stubborn.v1.ControlService.StartRun:output_type -> stubborn.v1.StartRunResponse
+	28,  // 144: stubborn.v1.ControlService.WatchRun:output_type -> stubborn.v1.WatchRunResponse
+	30,  // 145: stubborn.v1.ControlService.GetRun:output_type -> stubborn.v1.GetRunResponse
+	33,  // 146: stubborn.v1.ControlService.ListRuns:output_type -> stubborn.v1.ListRunsResponse
+	35,  // 147: stubborn.v1.ControlService.WatchRuns:output_type -> stubborn.v1.WatchRunsResponse
+	37,  // 148: stubborn.v1.ControlService.ListDelegates:output_type -> stubborn.v1.ListDelegatesResponse
+	43,  // 149: stubborn.v1.ControlService.CancelRun:output_type -> stubborn.v1.CancelRunResponse
+	47,  // 150: stubborn.v1.ControlService.DecideRun:output_type -> stubborn.v1.DecideRunResponse
+	45,  // 151: stubborn.v1.ControlService.DeleteRun:output_type -> stubborn.v1.DeleteRunResponse
+	142, // [142:152] is the sub-list for method output_type
+	132, // [132:142] is the sub-list for method input_type
+	132, // [132:132] is the sub-list for extension type_name
+	132, // [132:132] is the sub-list for extension extendee
+	0,   // [0:132] is the sub-list for field type_name
 }
 
 func init() { file_stubborn_v1_control_proto_init() }
@@ -6542,7 +6647,7 @@ func file_stubborn_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stubborn_v1_control_proto_rawDesc), len(file_stubborn_v1_control_proto_rawDesc)),
 			NumEnums:      14,
-			NumMessages:   54,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

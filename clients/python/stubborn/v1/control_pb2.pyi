@@ -152,16 +152,18 @@ class AttemptError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., http_status: _Optional[int] = ..., retry_hint: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., not_sent: bool = ..., refused: bool = ..., refused_by: _Optional[_Union[RefusedBy, str]] = ...) -> None: ...
 
 class AttemptFinished(_message.Message):
-    __slots__ = ["attempt", "note", "output_bytes", "output_discarded"]
+    __slots__ = ["attempt", "calls", "note", "output_bytes", "output_discarded"]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_DISCARDED_FIELD_NUMBER: _ClassVar[int]
     attempt: Attempt
+    calls: _containers.RepeatedCompositeFieldContainer[CallCost]
     note: str
     output_bytes: int
     output_discarded: bool
-    def __init__(self, attempt: _Optional[_Union[Attempt, _Mapping]] = ..., note: _Optional[str] = ..., output_discarded: bool = ..., output_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, attempt: _Optional[_Union[Attempt, _Mapping]] = ..., note: _Optional[str] = ..., output_discarded: bool = ..., output_bytes: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[CallCost, _Mapping]]] = ...) -> None: ...
 
 class AttemptOutput(_message.Message):
     __slots__ = ["attempt", "deltas", "offset", "provisional", "text"]
@@ -218,6 +220,18 @@ class BalanceTarget(_message.Message):
     name: str
     weight: int
     def __init__(self, name: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
+
+class CallCost(_message.Message):
+    __slots__ = ["cost", "delegate", "estimated", "total_tokens"]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    DELEGATE_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    cost: float
+    delegate: str
+    estimated: bool
+    total_tokens: int
+    def __init__(self, delegate: _Optional[str] = ..., cost: _Optional[float] = ..., total_tokens: _Optional[int] = ..., estimated: bool = ...) -> None: ...
 
 class CancelRunRequest(_message.Message):
     __slots__ = ["run_id"]
@@ -421,14 +435,16 @@ class DeleteRunResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class FailureAnalyzed(_message.Message):
-    __slots__ = ["failure", "next_brief", "will_retry"]
+    __slots__ = ["analysis_cost", "failure", "next_brief", "will_retry"]
+    ANALYSIS_COST_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     NEXT_BRIEF_FIELD_NUMBER: _ClassVar[int]
     WILL_RETRY_FIELD_NUMBER: _ClassVar[int]
+    analysis_cost: CallCost
     failure: FailureRecord
     next_brief: str
     will_retry: bool
-    def __init__(self, failure: _Optional[_Union[FailureRecord, _Mapping]] = ..., will_retry: bool = ..., next_brief: _Optional[str] = ...) -> None: ...
+    def __init__(self, failure: _Optional[_Union[FailureRecord, _Mapping]] = ..., will_retry: bool = ..., next_brief: _Optional[str] = ..., analysis_cost: _Optional[_Union[CallCost, _Mapping]] = ...) -> None: ...
 
 class FailureRecord(_message.Message):
     __slots__ = ["analysis", "analysis_error", "attempt", "delegate", "not_retried_code", "not_retried_reason", "path", "reason", "source", "summary", "transient"]
