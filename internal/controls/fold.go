@@ -105,6 +105,12 @@ func apply(st *stubbornv1.ControlState, ev *stubbornv1.RunEvent) {
 		st.StatusReason, st.StatusReasonCode = k.DecisionRequested.GetReason(), k.DecisionRequested.GetReasonCode()
 	case *stubbornv1.RunEvent_DecisionReceived:
 		st.StatusReason, st.StatusReasonCode = "", stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED
+		if l := k.DecisionReceived.GetSpendLimit(); l != nil {
+			if st.Options == nil {
+				st.Options = &stubbornv1.RunOptions{}
+			}
+			st.Options.SpendLimit = l
+		}
 	case *stubbornv1.RunEvent_RunFinished:
 		if end := k.RunFinished.GetState(); end != nil && end != st {
 			st.Result, st.Winner = end.GetResult(), end.GetWinner()

@@ -225,7 +225,7 @@ func replayJournal(ctx context.Context, st *stubbornv1.ControlState, journal []*
 			if len(answers) > 0 && answers[i%len(answers)]&4 != 0 {
 				d = stubbornv1.Decision_DECISION_RETRY
 			}
-			if tr.Decide(d) == nil {
+			if tr.Decide(d, nil) == nil {
 				i++
 			}
 			runtime.Gosched()

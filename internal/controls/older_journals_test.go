@@ -131,7 +131,7 @@ func TestOlderJournalAwaitingADecisionStillWaits(t *testing.T) {
 	st := tr.Snapshot()
 	assert.Equal(t, "retries exhausted (1 of 1)", st.GetStatusReason())
 	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, st.GetStatusReasonCode())
-	require.Eventually(t, func() bool { return tr.Decide(stubbornv1.Decision_DECISION_FAIL) == nil }, patience, time.Millisecond)
+	require.Eventually(t, func() bool { return tr.Decide(stubbornv1.Decision_DECISION_FAIL, nil) == nil }, patience, time.Millisecond)
 	out := recv(t, done, "the resumed run to end")
 	assert.Equal(t, failed, out.Status)
 	assert.Equal(t, "decision: FAIL", out.Reason)

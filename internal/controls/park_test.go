@@ -157,10 +157,10 @@ func TestADecisionForAnEvictedWaitIsTakenByItsReplay(t *testing.T) {
 	require.False(t, returned)
 	assert.Equal(t, []controls.Wait{{Decision: true}}, clock.evicted, "no timeout: no end to the wait")
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, tr.Snapshot().GetStatus())
-	require.NoError(t, tr.Decide(stubbornv1.Decision_DECISION_RETRY), "the evicted tracker still awaits its decision")
+	require.NoError(t, tr.Decide(stubbornv1.Decision_DECISION_RETRY, nil), "the evicted tracker still awaits its decision")
 	assert.Equal(t, []string{"decision_requested", "decision_received"}, kinds(journal)[len(journal)-2:], "and records it")
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_RUNNING, tr.Snapshot().GetStatus())
-	assert.ErrorIs(t, tr.Decide(stubbornv1.Decision_DECISION_FAIL), controls.ErrNotAwaitingDecision, "once")
+	assert.ErrorIs(t, tr.Decide(stubbornv1.Decision_DECISION_FAIL, nil), controls.ErrNotAwaitingDecision, "once")
 
 	recorded := append([]*stubbornv1.RunEvent(nil), journal...)
 	journal = nil
@@ -179,7 +179,7 @@ func TestADecisionIsTakenWhileItsWaitSleeps(t *testing.T) {
 	clock.Block = true // the timeout never fires by itself: ctx ends the wait
 	tr := controls.NewReplayTracker(&stubbornv1.ControlState{RunId: "r"}, clock, nil, nil)
 	go func() {
-		for tr.Decide(stubbornv1.Decision_DECISION_FAIL) != nil {
+		for tr.Decide(stubbornv1.Decision_DECISION_FAIL, nil) != nil {
 			time.Sleep(time.Millisecond)
 		}
 	}()

@@ -213,7 +213,7 @@ func TestReplayKeepsWaitingForADecisionAndResumesABackoff(t *testing.T) {
 		out <- controls.Execute(context.Background(), &controls.Env{Delegates: d2, Tracker: tr2, Clock: clock}, "task", spec)
 	}()
 	// The resumed run is waiting again, without asking twice.
-	require.Eventually(t, func() bool { return tr2.Decide(stubbornv1.Decision_DECISION_RETRY) == nil }, 5e9, 1e6)
+	require.Eventually(t, func() bool { return tr2.Decide(stubbornv1.Decision_DECISION_RETRY, nil) == nil }, 5e9, 1e6)
 	o := <-out
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, o.Status, o.Reason)
 	assert.Equal(t, []int32{3}, d2.called(), "attempts 1 and 2 come from the journal")

@@ -534,7 +534,7 @@ func TestRetryAskRetryThenFail(t *testing.T) {
 		t.Run(onExhausted.String(), func(t *testing.T) {
 			t.Parallel()
 			h := newRetryHarness(declIdempotent, retryUnavailable)
-			if err := h.env.Tracker.Decide(stubbornv1.Decision_DECISION_RETRY); !errors.Is(err, controls.ErrNotAwaitingDecision) {
+			if err := h.env.Tracker.Decide(stubbornv1.Decision_DECISION_RETRY, nil); !errors.Is(err, controls.ErrNotAwaitingDecision) {
 				t.Fatalf("Decide before the run: %v, want ErrNotAwaitingDecision", err)
 			}
 			done := h.runAsync(t.Context(), retrySpec(2, onExhausted))
@@ -550,7 +550,7 @@ func TestRetryAskRetryThenFail(t *testing.T) {
 				t.Fatalf("waiting with reason code %v", st.GetStatusReasonCode())
 			}
 			checkNotRetried(t, h, nrExhausted, "retries exhausted (2 of 2)")
-			if err := h.env.Tracker.Decide(stubbornv1.Decision_DECISION_RETRY); err != nil {
+			if err := h.env.Tracker.Decide(stubbornv1.Decision_DECISION_RETRY, nil); err != nil {
 				t.Fatal(err)
 			}
 
@@ -562,12 +562,12 @@ func TestRetryAskRetryThenFail(t *testing.T) {
 				t.Fatalf("second wait: reason code %v", st.GetStatusReasonCode())
 			}
 			checkNotRetried(t, h, nrExhausted, "retries exhausted (2 of 2 in round 2)")
-			if err := h.env.Tracker.Decide(stubbornv1.Decision_DECISION_FAIL); err != nil {
+			if err := h.env.Tracker.Decide(stubbornv1.Decision_DECISION_FAIL, nil); err != nil {
 				t.Fatal(err)
 			}
 			checkRetryOutcome(t, <-done, failed, endDecisionFail, "decision: FAIL")
 			checkRetryCalls(t, h, 5)
-			if err := h.env.Tracker.Decide(stubbornv1.Decision_DECISION_RETRY); !errors.Is(err, controls.ErrNotAwaitingDecision) {
+			if err := h.env.Tracker.Decide(stubbornv1.Decision_DECISION_RETRY, nil); !errors.Is(err, controls.ErrNotAwaitingDecision) {
 				t.Errorf("Decide after the run: %v, want ErrNotAwaitingDecision", err)
 			}
 
@@ -613,7 +613,7 @@ func TestRetryAskRetryThenSuccess(t *testing.T) {
 	h := newRetryHarness(declIdempotent, retryUnavailable, controlstest.OK("finally"))
 	done := h.runAsync(t.Context(), retrySpec(0, onExhaustedAsk))
 	h.awaitAsk(t)
-	if err := h.env.Tracker.Decide(stubbornv1.Decision_DECISION_RETRY); err != nil {
+	if err := h.env.Tracker.Decide(stubbornv1.Decision_DECISION_RETRY, nil); err != nil {
 		t.Fatal(err)
 	}
 	out := <-done

@@ -565,7 +565,10 @@ func (t *Tracker) requestLocked(path, reason string, code stubbornv1.StatusReaso
 // none. A run whose wait was abandoned (its goroutine ended in the
 // clock's Sleep, see WaitOf) still awaits it here: Decide records the
 // decision, and the run's replay from its journal takes it.
-func (t *Tracker) Decide(d stubbornv1.Decision) error {
+//
+// limit, when not nil, is the run's spend limit from then on: the event
+// carries it, and folding it sets the run's options.spend_limit.
+func (t *Tracker) Decide(d stubbornv1.Decision, limit *stubbornv1.SpendLimit) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.decision == nil {
@@ -575,7 +578,7 @@ func (t *Tracker) Decide(d stubbornv1.Decision) error {
 	t.woken()
 	t.decision, t.woken = nil, nil
 	t.fold(t.now(), "", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_DecisionReceived{
-		DecisionReceived: &stubbornv1.DecisionReceived{Decision: d},
+		DecisionReceived: &stubbornv1.DecisionReceived{Decision: d, SpendLimit: limit},
 	}})
 	return nil
 }

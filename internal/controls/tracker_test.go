@@ -81,7 +81,7 @@ func TestTracker(t *testing.T) {
 	t.Run("Decide is refused when no decision is awaited", func(t *testing.T) {
 		t.Parallel()
 		tr := controls.NewTracker(&stubbornv1.ControlState{RunId: "r"}, controlstest.NewClock(), nil)
-		assert.ErrorIs(t, tr.Decide(stubbornv1.Decision_DECISION_RETRY), controls.ErrNotAwaitingDecision)
+		assert.ErrorIs(t, tr.Decide(stubbornv1.Decision_DECISION_RETRY, nil), controls.ErrNotAwaitingDecision)
 	})
 
 	t.Run("AwaitDecision returns what Decide answers", func(t *testing.T) {
@@ -114,7 +114,7 @@ func TestTracker(t *testing.T) {
 		req := events.All()[0].GetDecisionRequested()
 		assert.Equal(t, "retries exhausted", req.GetReason())
 		assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, req.GetReasonCode())
-		require.NoError(t, tr.Decide(stubbornv1.Decision_DECISION_RETRY))
+		require.NoError(t, tr.Decide(stubbornv1.Decision_DECISION_RETRY, nil))
 		assert.Equal(t, answer{d: stubbornv1.Decision_DECISION_RETRY}, recv(t, got, "AwaitDecision to return"))
 		assert.Equal(t, []string{"decision_requested", "decision_received"}, events.Kinds())
 		decided := tr.Snapshot()

@@ -224,7 +224,7 @@ func TestADecisionIsWrittenBeforeDecideReturns(t *testing.T) {
 				got, err := m.Get(context.Background(), st.GetRunId())
 				return err == nil && got.GetStatus() == stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION
 			}, 5*time.Second, time.Millisecond)
-			_, err = m.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+			_, err = m.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY, nil)
 			require.NoError(t, err)
 			recorded, err := store.Events(runstest.Ctx(t), st.GetRunId(), 0)
 			require.NoError(t, err)

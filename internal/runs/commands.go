@@ -16,9 +16,10 @@ func (m *Manager) Cancel(ctx context.Context, id string) (*stubbornv1.ControlSta
 	return m.command(ctx, &store.Command{RunID: id, Cancel: true})
 }
 
-// Decide answers a run awaiting a decision.
-func (m *Manager) Decide(ctx context.Context, id string, d stubbornv1.Decision) (*stubbornv1.ControlState, error) {
-	return m.command(ctx, &store.Command{RunID: id, Decision: d})
+// Decide answers a run awaiting a decision; limit, when not nil, is the
+// run's spend limit from then on (DecideRunRequest.spend_limit).
+func (m *Manager) Decide(ctx context.Context, id string, d stubbornv1.Decision, limit *stubbornv1.SpendLimit) (*stubbornv1.ControlState, error) {
+	return m.command(ctx, &store.Command{RunID: id, Decision: d, SpendLimit: store.CommandLimit(limit)})
 }
 
 // command carries out cmd here if this server drives the run, or sends it
@@ -171,13 +172,13 @@ func (m *Manager) handle(ctx context.Context, cmd *store.Command) (*stubbornv1.C
 		// Parked, or being parked: its tracker records the decision, and
 		// the run is woken to take it (decide).
 		r.waitMu.Unlock()
-		return m.decide(ctx, r, tr, cmd.Decision)
+		return m.decide(ctx, r, tr, cmd.Decision, cmd.SpendLimit.Proto())
 	}
 	if tr == nil {
 		r.waitMu.Unlock()
 		return nil, fmt.Errorf("%w (the run has ended)", ErrNotAwaitingDecision)
 	}
-	err := tr.Decide(cmd.Decision) // its wait, if any, is not parked now (evict)
+	err := tr.Decide(cmd.Decision, cmd.SpendLimit.Proto()) // its wait, if any, is not parked now (evict)
 	r.waitMu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("%w (status %s)", err, tr.Status())

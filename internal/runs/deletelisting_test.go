@@ -159,7 +159,7 @@ func deletedRunsLeaveNoEntry(t *testing.T, open func() store.Store) {
 			decided := make(chan struct{})
 			go func() {
 				defer close(decided)
-				_, _ = a.Decide(ctx, id, stubbornv1.Decision_DECISION_RETRY)
+				_, _ = a.Decide(ctx, id, stubbornv1.Decision_DECISION_RETRY, nil)
 			}()
 			require.NoError(t, by.Delete(ctx, id, true), kinds[i].brief)
 			<-decided

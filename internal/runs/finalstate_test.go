@@ -63,7 +63,7 @@ func TestOnJetStreamARunsEndIsReadFromItsJournal(t *testing.T) {
 	// Waits for a decision (a saved state), then succeeds.
 	asked := runstest.StartAsking(t, m, g, states, "asked")
 	g.Answer("asked", controlstest.OK("done"))
-	_, err = m.Decide(runstest.Ctx(t), asked, stubbornv1.Decision_DECISION_RETRY)
+	_, err = m.Decide(runstest.Ctx(t), asked, stubbornv1.Decision_DECISION_RETRY, nil)
 	require.NoError(t, err)
 	askedFinal := runstest.Final(t, runstest.WatchAll(t, m, asked, 0))
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, askedFinal.GetStatus())

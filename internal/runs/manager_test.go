@@ -95,9 +95,9 @@ func TestDecideOnlyWhenAwaiting(t *testing.T) {
 	st, err := runstest.Start(m, context.Background(), "brief", runstest.Chain("a"), nil)
 	require.NoError(t, err)
 	runstest.WatchAll(t, m, st.GetRunId(), 0)
-	_, err = m.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	_, err = m.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY, nil)
 	assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
-	_, err = m.Decide(context.Background(), "run_missing", stubbornv1.Decision_DECISION_RETRY)
+	_, err = m.Decide(context.Background(), "run_missing", stubbornv1.Decision_DECISION_RETRY, nil)
 	assert.ErrorIs(t, err, runs.ErrNotFound)
 }
 

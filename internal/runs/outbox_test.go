@@ -79,7 +79,7 @@ func TestNoStoreWriteUnderTheTrackersLock(t *testing.T) {
 	}
 
 	close(store.release)
-	_, err = m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_FAIL)
+	_, err = m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_FAIL, nil)
 	require.NoError(t, err)
 	fin := runstest.Final(t, runstest.WatchAll(t, m, st.GetRunId(), 0))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, fin.GetStatus())

@@ -99,7 +99,7 @@ func (m *Manager) wake(ctx context.Context, r *run) {
 // It returns the run's state with the decision, or ErrNotAwaitingDecision
 // when that parking is over (another call woke it first) or is not for a
 // decision.
-func (m *Manager) decide(ctx context.Context, r *run, tr *controls.Tracker, d stubbornv1.Decision) (*stubbornv1.ControlState, error) {
+func (m *Manager) decide(ctx context.Context, r *run, tr *controls.Tracker, d stubbornv1.Decision, limit *stubbornv1.SpendLimit) (*stubbornv1.ControlState, error) {
 	r.mu.Lock()
 	p, set := r.parking, r.parkingSet
 	r.mu.Unlock()
@@ -117,7 +117,7 @@ func (m *Manager) decide(ctx context.Context, r *run, tr *controls.Tracker, d st
 	if p == nil || p.tracker != tr || !p.decision || !p.claim() {
 		return nil, fmt.Errorf("%w (another decision, its timeout or a cancellation came first)", ErrNotAwaitingDecision)
 	}
-	err := tr.Decide(d)
+	err := tr.Decide(d, limit)
 	if err == nil {
 		r.flush() // decision_received, before the replay reads the journal
 	}

@@ -39,11 +39,11 @@ func TestALateDecisionDoesNotWakeAnotherWait(t *testing.T) {
 	require.Eventually(t, func() bool { p := parkedBy(); return p != nil && p.decision }, 5*time.Second, time.Millisecond)
 	first := parkedBy().tracker
 
-	_, err = m.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	_, err = m.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY, nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { p := parkedBy(); return p != nil && !p.decision }, 5*time.Second, time.Millisecond, "parked in the backoff")
 
-	st2, err := m.decide(context.Background(), r, first, stubbornv1.Decision_DECISION_FAIL)
+	st2, err := m.decide(context.Background(), r, first, stubbornv1.Decision_DECISION_FAIL, nil)
 	assert.Nil(t, st2)
 	assert.ErrorIs(t, err, ErrNotAwaitingDecision, "the decision it came for is taken")
 	assert.Equal(t, 1, m.Parked(), "the backoff still waits")

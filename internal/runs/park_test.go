@@ -173,7 +173,7 @@ func TestARunAwaitingADecisionIsParkedUntilDecided(t *testing.T) {
 	assert.Equal(t, "retries exhausted (0 of 0)", got.GetStatusReason())
 	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED, got.GetStatusReasonCode())
 
-	got, err = m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	got, err = m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY, nil)
 	require.NoError(t, err)
 	assert.NotEqual(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus(), "the decision is taken when Decide returns")
 	require.NotEmpty(t, got.GetAttemptLog(), "the replayed history is whole")
@@ -188,7 +188,7 @@ func TestARunAwaitingADecisionIsParkedUntilDecided(t *testing.T) {
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus(), fin.GetStatusReason())
 	assert.Len(t, d.Calls(), 2)
 
-	_, err = m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	_, err = m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY, nil)
 	assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
 }
 
@@ -203,7 +203,7 @@ func TestAParkedRunsDecisionIsWrittenBeforeTheOK(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
 
-	got, err := m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_FAIL)
+	got, err := m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_FAIL, nil)
 	require.NoError(t, err)
 	assert.NotEqual(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus())
 	written, err := store.Events(context.Background(), st.GetRunId(), 0)
@@ -245,7 +245,7 @@ func TestDecidingARunParkedInBackoffIsRefused(t *testing.T) {
 	st, err := runstest.Start(m, context.Background(), "brief", retryOf(), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return m.Parked() == 1 }, 5*time.Second, time.Millisecond)
-	_, err = m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+	_, err = m.Decide(runstest.Ctx(t), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY, nil)
 	assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
 	assert.Equal(t, 1, m.Parked(), "it still waits, parked")
 }

@@ -60,7 +60,7 @@ func TestAParkedCopyTakenOverUnawaresIsNotServed(t *testing.T) {
 	b := runstest.NewManager(t, d, runs.Config{Store: deadTo{open(), "a"}, Lease: lease, Owner: "b", Clock: controls.RealClock{}})
 	require.Eventually(t, func() bool { return b.Owns(id) }, 10*time.Second, 5*time.Millisecond, "b takes the run over")
 	require.Eventually(t, func() bool {
-		_, err := b.Decide(runstest.Ctx(t), id, stubbornv1.Decision_DECISION_FAIL)
+		_, err := b.Decide(runstest.Ctx(t), id, stubbornv1.Decision_DECISION_FAIL, nil)
 		return err == nil
 	}, 10*time.Second, 10*time.Millisecond, "decided through b")
 	reader := open()

@@ -187,7 +187,7 @@ func TestRestartResumesEveryRun(t *testing.T) {
 					b.Owns(awaiting.GetRunId())
 			}, 10*time.Second, 5*time.Millisecond, "the run awaiting a decision still awaits it")
 			assert.Equal(t, 1, g.Called("z"), "a run awaiting a decision calls nobody until decided")
-			_, err = b.Decide(context.Background(), awaiting.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+			_, err = b.Decide(context.Background(), awaiting.GetRunId(), stubbornv1.Decision_DECISION_RETRY, nil)
 			require.NoError(t, err)
 			for id, after := range seen {
 				rest := runstest.WatchAll(t, b, id, after)
@@ -220,12 +220,12 @@ func TestCommandsReachTheDriver(t *testing.T) {
 			}, 10*time.Second, 5*time.Millisecond, "b sees the state a saved")
 
 			g.Answer("ask", controlstest.OK("second time lucky"))
-			got, err := b.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+			got, err := b.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY, nil)
 			require.NoError(t, err, "b carries the decision to a")
 			assert.NotEqual(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus())
 			fin := runstest.Final(t, runstest.WatchAll(t, b, st.GetRunId(), 0)) // b follows a's run through the store
 			assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, fin.GetStatus())
-			_, err = b.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+			_, err = b.Decide(context.Background(), st.GetRunId(), stubbornv1.Decision_DECISION_RETRY, nil)
 			assert.ErrorIs(t, err, runs.ErrNotAwaitingDecision)
 
 			hang, err := runstest.Start(a, context.Background(), "hang", runstest.RetrySpec(1), nil)
@@ -264,7 +264,7 @@ func TestACommandWaitsForATakeover(t *testing.T) {
 			g.Answer("ask", controlstest.OK("after the takeover"))
 			ctx, cancel := context.WithTimeout(context.Background(), 20*lease)
 			defer cancel()
-			got, err := b.Decide(ctx, st.GetRunId(), stubbornv1.Decision_DECISION_RETRY)
+			got, err := b.Decide(ctx, st.GetRunId(), stubbornv1.Decision_DECISION_RETRY, nil)
 			require.NoError(t, err, "the decision waits for b to take the run over")
 			assert.NotEqual(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, got.GetStatus())
 			assert.True(t, b.Owns(st.GetRunId()))

@@ -53,8 +53,8 @@ func TestTenantsSeeOnlyTheirOwnRuns(t *testing.T) {
 				noop := func(runs.Event) error { return nil }
 				sameAsUnknown(t, m.Watch(ctx, id, 0, noop), m.Watch(ctx, unknown, 0, noop))
 
-				_, err = m.Decide(ctx, id, stubbornv1.Decision_DECISION_RETRY)
-				_, errU = m.Decide(ctx, unknown, stubbornv1.Decision_DECISION_RETRY)
+				_, err = m.Decide(ctx, id, stubbornv1.Decision_DECISION_RETRY, nil)
+				_, errU = m.Decide(ctx, unknown, stubbornv1.Decision_DECISION_RETRY, nil)
 				sameAsUnknown(t, err, errU)
 
 				_, err = m.Cancel(ctx, id)

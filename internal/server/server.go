@@ -462,7 +462,7 @@ func (s *service) DecideRun(ctx context.Context, req *stubbornv1.DecideRunReques
 	if err := v.err(); err != nil {
 		return nil, err
 	}
-	st, err := s.runs.Decide(ctx, req.GetRunId(), req.GetDecision())
+	st, err := s.runs.Decide(ctx, req.GetRunId(), req.GetDecision(), req.GetSpendLimit())
 	if err != nil {
 		return nil, toStatus(err)
 	}

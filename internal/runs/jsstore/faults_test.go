@@ -174,7 +174,7 @@ func TestADecisionIsAnsweredOnlyOnceRecorded(t *testing.T) {
 			require.Eventually(t, func() bool { return b.Owns(id) }, 10*time.Second, 5*time.Millisecond)
 			a.ResumeHeartbeats()
 
-			_, err := a.Decide(runstest.Ctx(t), id, stubbornv1.Decision_DECISION_FAIL)
+			_, err := a.Decide(runstest.Ctx(t), id, stubbornv1.Decision_DECISION_FAIL, nil)
 			if err != nil {
 				require.ErrorIs(t, err, runs.ErrUnavailable, "not recorded: UNAVAILABLE, never OK")
 				return
@@ -203,7 +203,7 @@ func TestAStaleCopyIsNotServed(t *testing.T) {
 			b := runstest.NewManager(t, d, runs.Config{Store: open(), Lease: lease, Owner: "b"})
 			require.Eventually(t, func() bool { return b.Owns(id) }, 10*time.Second, 5*time.Millisecond)
 			require.Eventually(t, func() bool {
-				_, err := b.Decide(runstest.Ctx(t), id, stubbornv1.Decision_DECISION_FAIL)
+				_, err := b.Decide(runstest.Ctx(t), id, stubbornv1.Decision_DECISION_FAIL, nil)
 				return err == nil
 			}, 10*time.Second, 5*time.Millisecond)
 			reader := open()

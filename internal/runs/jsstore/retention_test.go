@@ -208,7 +208,7 @@ func TestRetentionPurgesFinishedRunsOnly(t *testing.T) {
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, runstest.SavedState(t, states, asking).GetStatus())
 
 	// They finish, with their whole history and no second call.
-	_, err = m.Decide(ctx, asking, stubbornv1.Decision_DECISION_FAIL)
+	_, err = m.Decide(ctx, asking, stubbornv1.Decision_DECISION_FAIL, nil)
 	require.NoError(t, err)
 	g.Answer("going", controlstest.OK("ok"))
 	for _, id := range []string{asking, going.GetRunId()} {

@@ -249,6 +249,31 @@ type Command struct {
 	Cancel bool `json:"cancel,omitempty"`
 	// Decision answers a run awaiting a decision.
 	Decision stubbornv1.Decision `json:"decision,omitempty"`
+	// SpendLimit is the run's new spend limit, set with a Decision.
+	SpendLimit *SpendLimit `json:"spend_limit,omitempty"`
+}
+
+// SpendLimit is stubbornv1.SpendLimit as a Command carries it (JSON).
+type SpendLimit struct {
+	MaxCost        float64 `json:"max_cost,omitempty"`
+	MaxTotalTokens int64   `json:"max_total_tokens,omitempty"`
+	OnExhausted    int32   `json:"on_exhausted,omitempty"`
+}
+
+// CommandLimit is l as a Command carries it; nil for nil.
+func CommandLimit(l *stubbornv1.SpendLimit) *SpendLimit {
+	if l == nil {
+		return nil
+	}
+	return &SpendLimit{MaxCost: l.GetMaxCost(), MaxTotalTokens: l.GetMaxTotalTokens(), OnExhausted: int32(l.GetOnExhausted())}
+}
+
+// Proto is l as the API has it; nil for nil.
+func (l *SpendLimit) Proto() *stubbornv1.SpendLimit {
+	if l == nil {
+		return nil
+	}
+	return &stubbornv1.SpendLimit{MaxCost: l.MaxCost, MaxTotalTokens: l.MaxTotalTokens, OnExhausted: stubbornv1.OnExhausted(l.OnExhausted)}
 }
 
 // ErrConflict is returned when a write loses to another owner's.
