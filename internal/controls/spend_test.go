@@ -47,7 +47,6 @@ func pricedAt(p *stubbornv1.Price, script map[string][]controlstest.Reply, price
 	return f
 }
 
-
 func TestAnAttemptCostsItsUsageTimesItsDelegatesPrice(t *testing.T) {
 	t.Parallel()
 	f := pricedFixture(map[string][]controlstest.Reply{"m": {unavailable("busy"), usageAnswer("done", 1000, 500, 200)}}, "m")
@@ -211,7 +210,7 @@ func waitKind(t *testing.T, f *fixture, kind string) {
 func TestEveryControlStopsAtItsSpendLimit(t *testing.T) {
 	t.Parallel()
 	specs := map[string]*stubbornv1.ControlSpec{
-		"retry": retryOf("m", 5),
+		"retry":          retryOf("m", 5),
 		"fallback_chain": {Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"m", "m", "m"}}}},
 		"race":           {Kind: &stubbornv1.ControlSpec_Race{Race: &stubbornv1.RaceSpec{Candidates: []string{"m", "m", "m"}}}},
 		"balance": {Kind: &stubbornv1.ControlSpec_Balance{Balance: &stubbornv1.BalanceSpec{Targets: []*stubbornv1.BalanceTarget{

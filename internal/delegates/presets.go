@@ -36,6 +36,9 @@ type Preset struct {
 	Name string
 	// Spec is the control the preset runs.
 	Spec *stubbornv1.ControlSpec
+	// SpendLimit is the spend limit of the runs whose control names the
+	// preset at its top and set none (spend_limit); nil means none.
+	SpendLimit *SpendLimit
 }
 
 // controlKeys are the YAML keys of the controls, in ControlSpec order,
@@ -59,6 +62,15 @@ func (p *Preset) UnmarshalYAML(n *yaml.Node) error {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		switch k := n.Content[i]; {
 		case k.Value == "name":
+		case k.Value == "spend_limit":
+			var l SpendLimit
+			if err := n.Content[i+1].Decode(&l); err != nil {
+				return err
+			}
+			if bad := l.check(); len(bad) > 0 {
+				return nodeError(n, "", k.Line, strings.Join(bad, "; "))
+			}
+			p.SpendLimit = &l
 		case isControlKey(k.Value):
 			found = append(found, k.Value)
 		default:
@@ -148,6 +160,9 @@ func (p Preset) MarshalYAML() (any, error) {
 		return nil, err
 	}
 	body["name"] = p.Name
+	if p.SpendLimit != nil {
+		body["spend_limit"] = p.SpendLimit
+	}
 	return body, nil
 }
 

@@ -3,6 +3,7 @@ package delegates
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 )
@@ -48,6 +49,48 @@ func (p *Price) check() []string {
 		if math.IsNaN(f.v) || f.v < 0 || f.v > maxPrice {
 			bad = append(bad, fmt.Sprintf("price.%s: must be between 0 and %g (got %g)", f.name, float64(maxPrice), f.v))
 		}
+	}
+	return bad
+}
+
+// SpendLimit is a preset's default spend limit for the runs whose control
+// names it at its top (stubbornv1.SpendLimit): max_cost in the prices'
+// unit, max_total_tokens, and on_exhausted ask (the default) or fail.
+type SpendLimit struct {
+	MaxCost        float64 `yaml:"max_cost,omitempty"`
+	MaxTotalTokens int64   `yaml:"max_total_tokens,omitempty"`
+	OnExhausted    string  `yaml:"on_exhausted,omitempty"`
+}
+
+// Proto returns l as the API has it; nil for nil.
+func (l *SpendLimit) Proto() *stubbornv1.SpendLimit {
+	if l == nil {
+		return nil
+	}
+	out := &stubbornv1.SpendLimit{MaxCost: l.MaxCost, MaxTotalTokens: l.MaxTotalTokens}
+	if strings.EqualFold(l.OnExhausted, "fail") {
+		out.OnExhausted = stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL
+	}
+	return out
+}
+
+// check returns what is wrong with l, each naming its field.
+func (l *SpendLimit) check() []string {
+	if l == nil {
+		return nil
+	}
+	var bad []string
+	if math.IsNaN(l.MaxCost) || l.MaxCost < 0 || l.MaxCost > 1e12 {
+		bad = append(bad, fmt.Sprintf("spend_limit.max_cost: must be between 0 and 1e12 (got %g)", l.MaxCost))
+	}
+	if l.MaxTotalTokens < 0 || l.MaxTotalTokens > 1e15 {
+		bad = append(bad, fmt.Sprintf("spend_limit.max_total_tokens: must be between 0 and 1e15 (got %d)", l.MaxTotalTokens))
+	}
+	if o := strings.ToLower(l.OnExhausted); o != "" && o != "ask" && o != "fail" {
+		bad = append(bad, fmt.Sprintf("spend_limit.on_exhausted: must be ask or fail (got %q)", l.OnExhausted))
+	}
+	if l.MaxCost == 0 && l.MaxTotalTokens == 0 {
+		bad = append(bad, "spend_limit: sets neither max_cost nor max_total_tokens")
 	}
 	return bad
 }
