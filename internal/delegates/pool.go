@@ -440,6 +440,7 @@ func (p *Pool) Describe() ([]*stubbornv1.DelegateDescription, []*stubbornv1.Pres
 			Name: name, Kind: d.Kind(), Idempotent: d.Idempotent, ReadOnly: d.ReadOnly,
 			Timeout: durationpb.New(d.Timeout.Std()), Health: h,
 			MaxConcurrent: int32(d.MaxConcurrent), RequestsPerMinute: int32(d.RequestsPerMinute), TokensPerMinute: d.TokensPerMinute,
+			Price: d.Price.Proto(),
 		}
 		if d.RetryOn != nil {
 			desc.RetryOn = d.RetryOn.Proto()
