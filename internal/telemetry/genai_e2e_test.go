@@ -15,6 +15,7 @@ import (
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/internal/delegates"
 	"github.com/stubbornhq/stubborn/internal/fakemodel"
+	"github.com/stubbornhq/stubborn/internal/telemetry"
 )
 
 // TestGenAIOverAFakeModel: a server whose delegates are the fake model,
@@ -30,9 +31,11 @@ func TestGenAIOverAFakeModel(t *testing.T) {
 		}
 		return delegates.ModelAPI{BaseURL: base, Model: name + "-model"}
 	}
+	// The fake model reports 3 tokens in and 4 out: a call costs 3 + 8.
+	price := &delegates.Price{InputPerMTok: 1e6, OutputPerMTok: 2e6}
 	reg := &delegates.Config{Judge: "gpt", Delegates: []delegates.Delegate{
-		{Name: "gpt", OpenAI: &delegates.OpenAI{ModelAPI: api("gpt")}, Stream: "off", ReadOnly: true},
-		{Name: "gpt-stream", OpenAI: &delegates.OpenAI{ModelAPI: api("gpt-stream")}, Stream: "on", ReadOnly: true},
+		{Name: "gpt", OpenAI: &delegates.OpenAI{ModelAPI: api("gpt")}, Stream: "off", ReadOnly: true, Price: price},
+		{Name: "gpt-stream", OpenAI: &delegates.OpenAI{ModelAPI: api("gpt-stream")}, Stream: "on", ReadOnly: true, Price: price},
 		{Name: "claude", Anthropic: &delegates.Anthropic{ModelAPI: api("claude")}, Stream: "off", ReadOnly: true},
 	}}
 	p := newProviders()
@@ -42,6 +45,7 @@ func TestGenAIOverAFakeModel(t *testing.T) {
 		FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"gpt-stream"}, FailureCriteria: "the answer is empty"},
 	})
 	require.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, evs[len(evs)-1].GetRunFinished().GetState().GetStatus())
+	tenant := evs[len(evs)-1].GetRunFinished().GetState().GetTenant()
 	evs = runToEnd(t, testCtx(t), s.client, &stubbornv1.RunRequest{
 		TaskBrief:     "say something",
 		FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"claude"}},
@@ -103,4 +107,15 @@ func TestGenAIOverAFakeModel(t *testing.T) {
 	}
 	assert.EqualValues(t, 1, count(t, ms, "gen_ai.client.operation.time_to_first_chunk", first...))
 	assert.EqualValues(t, 1, count(t, ms, "gen_ai.client.operation.duration", first...))
+
+	cost, ok := ms["stubborn.run.cost"].Data.(metricdata.Sum[float64])
+	require.True(t, ok, "stubborn.run.cost is recorded")
+	got := map[string]float64{}
+	for _, dp := range cost.DataPoints {
+		v, _ := dp.Attributes.Value(telemetry.TenantKey)
+		assert.Equal(t, tenant, v.AsString())
+		d, _ := dp.Attributes.Value(telemetry.DelegateKey)
+		got[d.AsString()] += dp.Value
+	}
+	assert.Equal(t, map[string]float64{"gpt-stream": 11, "gpt": 11}, got, "the attempt and its judge, priced; claude has no price")
 }
