@@ -386,4 +386,3 @@ func TestFinishReasons(t *testing.T) {
 	}), "a choice with no reason is left out")
 	assert.Nil(t, finishReasons(nil))
 }
-
