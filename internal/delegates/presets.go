@@ -36,6 +36,9 @@ type Preset struct {
 	Name string
 	// Spec is the control the preset runs.
 	Spec *stubbornv1.ControlSpec
+	// Notify are the webhooks told when a run whose control names the
+	// preset at its top waits for a person (docs/notifications.md).
+	Notify []NotifyTarget
 }
 
 // controlKeys are the YAML keys of the controls, in ControlSpec order,
@@ -59,6 +62,11 @@ func (p *Preset) UnmarshalYAML(n *yaml.Node) error {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		switch k := n.Content[i]; {
 		case k.Value == "name":
+		case k.Value == "notify":
+			unknown = append(unknown, unknownNotifyKeys(n.Content[i+1])...)
+			if err := n.Content[i+1].Decode(&p.Notify); err != nil {
+				return err
+			}
 		case isControlKey(k.Value):
 			found = append(found, k.Value)
 		default:
@@ -148,6 +156,9 @@ func (p Preset) MarshalYAML() (any, error) {
 		return nil, err
 	}
 	body["name"] = p.Name
+	if len(p.Notify) > 0 {
+		body["notify"] = p.Notify
+	}
 	return body, nil
 }
 
