@@ -239,13 +239,11 @@ func (n *Notifier) ingestLoop() {
 	for {
 		select {
 		case <-n.ctx.Done():
+			n.drain()
 			return
 		case <-n.wake:
 		}
-		n.mu.Lock()
-		batch, dropped := n.inbox, n.dropped
-		n.inbox, n.dropped = nil, 0
-		n.mu.Unlock()
+		batch, dropped := n.take()
 		if dropped > 0 {
 			n.log.Error("notify: events dropped while the queue was out of reach; the sweep finds the runs awaiting a decision again", "dropped", dropped)
 		}
@@ -254,6 +252,32 @@ func (n *Notifier) ingestLoop() {
 		}
 	}
 }
+
+// take empties the inbox.
+func (n *Notifier) take() (batch []handed, dropped int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	batch, dropped = n.inbox, n.dropped
+	n.inbox, n.dropped = nil, 0
+	return batch, dropped
+}
+
+// drain queues what is left in the inbox at Close, once each, within
+// drainTimeout: the runs' last events (a sweep finds a run awaiting a
+// decision again, not a run that ended).
+func (n *Notifier) drain() {
+	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	batch, _ := n.take()
+	for _, h := range batch {
+		if err := n.queue(ctx, h); err != nil {
+			n.log.Warn("notify: a notice was not queued before the server stopped", "run_id", h.ev.GetRunId(), "seq", h.ev.GetSeq(), "err", err)
+		}
+	}
+}
+
+// drainTimeout bounds Close's queueing of the inbox.
+const drainTimeout = 2 * time.Second
 
 // queueWithRetry queues h's notices, trying again while the store is out
 // of reach, until Close.
@@ -434,7 +458,7 @@ func (n *Notifier) deliverDue() {
 	now := n.cfg.Now()
 	for _, e := range n.cfg.Queue.Pending() {
 		r := e.Record
-		if r.NextAt.After(now) || (r.Owner != "" && r.ClaimUntil.After(now)) || n.posting(e.Key) {
+		if r.NextAt.After(now) || r.ClaimUntil.After(now) || n.posting(e.Key) {
 			continue
 		}
 		select {
