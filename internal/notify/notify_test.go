@@ -63,8 +63,8 @@ type receiver struct {
 	*httptest.Server
 	down     atomic.Bool
 	mu       sync.Mutex
-	got      map[string]int   // delivered (2xx) per id
-	tries    int              // posts, answered or not
+	got      map[string]int // delivered (2xx) per id
+	tries    int            // posts, answered or not
 	bodies   map[string][]byte
 	inFlight map[string]int // posts of an id being answered now
 	overlap  bool           // two posts of one id at once
@@ -213,7 +213,7 @@ func TestNoticeShapes(t *testing.T) {
 	var slack struct {
 		Text   string `json:"text"`
 		Blocks []struct {
-			Type     string `json:"type"`
+			Type     string                `json:"type"`
 			Text     struct{ Text string } `json:"text"`
 			Elements []struct {
 				URL string `json:"url"`
