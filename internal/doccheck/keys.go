@@ -141,6 +141,7 @@ func (w *keyWalker) selfReading(t reflect.Type, path string) {
 		w.add(path, true)
 		w.add(join(path, "name"), false)
 		w.messageKeys((&stubbornv1.ControlSpec{}).ProtoReflect().Descriptor(), path)
+		w.valueKeys(reflect.TypeFor[[]delegates.NotifyTarget](), join(path, "notify")) // and its notify targets
 	default:
 		w.err = fmt.Errorf("%s (at %s) reads itself with UnmarshalYAML: doccheck does not know its keys; describe them in keyWalker.selfReading", t, path)
 	}
