@@ -29,6 +29,7 @@ type runFlags struct {
 	control, brief, target, list, request string
 	attempts, maxRetries                  int
 	maxWait, baseWait, runTimeout         time.Duration
+	limit                                 limitFlags
 	attemptTimeout, hedgeDelay            time.Duration
 	firstOutputTimeout, idleTimeout       time.Duration
 	onExhausted, idempotencyKey           string
@@ -74,6 +75,36 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.idleTimeout, "idle-timeout", 0, "a streamed attempt that goes this long between two outputs stalls, a transient failure (default: the delegate's idle_timeout)")
 	fs.StringVar(&f.idempotencyKey, "idempotency-key", "", "options.idempotency_key: the same key again (within the server's -idempotency-window) gets the run it started instead of a new one")
 	fs.StringVar(&f.request, "request", "", "read the whole RunRequest as protojson from this file (- for stdin)")
+	f.limit.register(fs)
+	fs.StringVar(&f.limit.onLimit, "on-limit", "ask", "what the run does when its spend limit stops it: ask (a person decides) | fail")
+}
+
+// limitFlags are a spend limit's flags: run's, and decide's raise.
+type limitFlags struct {
+	maxCost   float64
+	maxTokens int64
+	onLimit   string
+}
+
+func (l *limitFlags) register(fs *flag.FlagSet) {
+	fs.Float64Var(&l.maxCost, "max-cost", 0, "spend limit: the most the run may cost, in the delegates' price unit (0: no cost limit)")
+	fs.Int64Var(&l.maxTokens, "max-total-tokens", 0, "spend limit: the most tokens the run may use (0: no token limit)")
+}
+
+// proto is the spend limit the flags set; nil when they set none.
+func (l *limitFlags) proto() (*stubbornv1.SpendLimit, error) {
+	if l.maxCost == 0 && l.maxTokens == 0 {
+		return nil, nil
+	}
+	out := &stubbornv1.SpendLimit{MaxCost: l.maxCost, MaxTotalTokens: l.maxTokens}
+	switch strings.ToLower(l.onLimit) {
+	case "", "ask":
+	case "fail":
+		out.OnExhausted = stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL
+	default:
+		return nil, fmt.Errorf("-on-limit: want ask or fail, got %q", l.onLimit)
+	}
+	return out, nil
 }
 
 // build turns the flags into a RunRequest.
@@ -99,6 +130,11 @@ func (f *runFlags) build(stdin io.Reader) (*stubbornv1.RunRequest, error) {
 	if f.runTimeout > 0 {
 		req.Options.RunTimeout = durationpb.New(f.runTimeout)
 	}
+	limit, err := f.limit.proto()
+	if err != nil {
+		return nil, err
+	}
+	req.Options.SpendLimit = limit
 	if f.attemptTimeout > 0 {
 		req.Options.AttemptTimeout = durationpb.New(f.attemptTimeout)
 	}
@@ -389,6 +425,10 @@ func cmdUnary(ctx context.Context, name string, args []string, stdout io.Writer)
 	var cf clientFlags
 	cf.register(fs)
 	asJSON := fs.Bool("json", false, "print the run's whole state as protojson")
+	var raise limitFlags
+	if name == "decide" {
+		raise.register(fs) // a RETRY of a run its spend limit stopped raises it
+	}
 	id, rest, err := parseWithID(fs, args)
 	if err != nil {
 		return 2, err
@@ -440,7 +480,8 @@ func cmdUnary(ctx context.Context, name string, args []string, stdout io.Writer)
 		return 0, nil
 	case "decide":
 		var res *stubbornv1.DecideRunResponse
-		res, err = client.DecideRun(ctx, &stubbornv1.DecideRunRequest{RunId: id, Decision: decision})
+		limit, _ := raise.proto()
+		res, err = client.DecideRun(ctx, &stubbornv1.DecideRunRequest{RunId: id, Decision: decision, SpendLimit: limit})
 		st = res.GetState()
 		if err == nil && decision == stubbornv1.Decision_DECISION_FAIL && !finished(st) {
 			// The run ends at once: say how, rather than the status it

@@ -37,7 +37,7 @@ Usage:
   stubborn get    RUN_ID [-json]
   stubborn list   [-status STATUS] [-limit N | -all] [-json]
   stubborn cancel RUN_ID [-json]
-  stubborn decide RUN_ID retry|fail [-json]
+  stubborn decide RUN_ID retry|fail [-max-cost F] [-max-total-tokens N] [-json]
   stubborn delete RUN_ID [cancel] [-json]   forget a finished run now (cancel: cancel it first if it runs)
   stubborn registry [-json]   the delegates and presets the server lets you name (kind, health, idempotent, presets' specs)
   stubborn delegates [-listen HOST:FIRST_PORT]   serve the demo delegates and fake models (the targets of stubborn.yaml)

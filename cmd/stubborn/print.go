@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -511,6 +513,9 @@ func printState(w io.Writer, st *stubbornv1.ControlState, whole bool) {
 		if r := startWhy(a); r != "" {
 			line += " (" + r + ")"
 		}
+		if a.GetCost() > 0 {
+			line += ", cost " + costText(a.GetCost(), a.GetCostEstimated())
+		}
 		fmt.Fprintln(w, line)
 	}
 	for _, f := range st.GetFailureHistory() {
@@ -527,10 +532,55 @@ func printState(w io.Writer, st *stubbornv1.ControlState, whole bool) {
 	if st.GetWinner() != "" {
 		fmt.Fprintf(w, "  winner    %s\n", st.GetWinner())
 	}
+	if c := st.GetCost(); c != nil {
+		fmt.Fprintf(w, "  cost      %s, %d tokens%s\n", costText(c.GetTotal(), c.GetEstimated()), c.GetTotalTokens(), costByDelegate(c))
+	}
+	if l := st.GetOptions().GetSpendLimit(); l != nil {
+		fmt.Fprintf(w, "  limit     %s\n", limitText(l))
+	}
 	if st.GetResult() != nil {
 		fmt.Fprintf(w, "  result    %s\n", quote(answerText(st.GetResult()), errorQuote))
 	}
 	fmt.Fprintln(w, "  (-json for the whole state: brief, options, each attempt's brief and result)")
+}
+
+// costText is a cost as the CLI prints it: six significant digits, "~"
+// before an estimate.
+func costText(c float64, estimated bool) string {
+	s := strconv.FormatFloat(c, 'g', 6, 64)
+	if estimated {
+		s = "~" + s
+	}
+	return s
+}
+
+// costByDelegate is a run's cost by delegate, in name order, when it has
+// more than one: " (a 0.01, judge 0.002)".
+func costByDelegate(c *stubbornv1.RunCost) string {
+	if len(c.GetByDelegate()) < 2 {
+		return ""
+	}
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(c.GetByDelegate())) {
+		parts = append(parts, name+" "+costText(c.GetByDelegate()[name], false))
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+// limitText is a spend limit in words.
+func limitText(l *stubbornv1.SpendLimit) string {
+	var parts []string
+	if l.GetMaxCost() > 0 {
+		parts = append(parts, "max_cost "+strconv.FormatFloat(l.GetMaxCost(), 'g', -1, 64))
+	}
+	if l.GetMaxTotalTokens() > 0 {
+		parts = append(parts, fmt.Sprintf("max_total_tokens %d", l.GetMaxTotalTokens()))
+	}
+	then := "then ask"
+	if l.GetOnExhausted() == stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL {
+		then = "then fail"
+	}
+	return strings.Join(parts, ", ") + ", " + then
 }
 
 // startWhy says why an attempt started: a balance's pick with its

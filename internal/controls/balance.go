@@ -98,6 +98,9 @@ func (b *balancer) try(ctx context.Context, i int, detail, brief string) (int32,
 		env.Tracker.EndAttempt(n, stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SKIPPED, nil, nil, why)
 		return n, attemptResult{outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SKIPPED, failed: true, reason: why, summary: "Skipped: NOT_SERVING"}
 	}
+	if err := env.mayCall(ctx, name, brief, 1); err != nil {
+		return 0, attemptResult{outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED, err: err, failed: true, reason: "cancelled", summary: "Error: cancelled"}
+	}
 	n := env.Tracker.beginAttempt(env.Path, name, brief, 0, reason, detail)
 	a := env.answer(ctx, n, fmt.Sprintf("targets[%d]", i), name, brief)
 	endAttempt(env, n, a)

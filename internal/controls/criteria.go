@@ -88,7 +88,12 @@ type judgeCriteria struct {
 //   - the judge call fails: a *criteriaError `judge "<name>" failed:
 //     <message>`, so the attempt fails with it.
 func (j *judgeCriteria) Check(ctx context.Context, attempt int32, _ string, r *stubbornv1.Result) (Verdict, error) {
-	res, err := j.Delegates.Call(ctx, Call{Delegate: j.Name, Brief: judgeBrief(j.Wording, j.Criteria, r), Attempt: attempt})
+	brief := judgeBrief(j.Wording, j.Criteria, r)
+	res, err := j.Delegates.Call(ctx, Call{Delegate: j.Name, Brief: brief, Attempt: attempt})
+	var calls []*stubbornv1.CallCost
+	if cc := callCost(j.Delegates, j.Name, res, err, int64(len(brief))); cc != nil {
+		calls = []*stubbornv1.CallCost{cc}
+	}
 	if err != nil {
 		msg := Message(err)
 		if ctx.Err() != nil {
@@ -97,25 +102,26 @@ func (j *judgeCriteria) Check(ctx context.Context, attempt int32, _ string, r *s
 		return Verdict{}, &criteriaError{
 			Source: stubbornv1.FailureSource_FAILURE_SOURCE_JUDGE,
 			Msg:    fmt.Sprintf("judge %q failed: %s", j.Name, msg),
+			Calls:  calls,
 		}
 	}
 	answer := ResultString(res)
 	value, reason, ok := readJudgeAnswer(j.Wording, answer)
 	if !ok {
 		return Verdict{Note: fmt.Sprintf("judge %q's answer could not be read, so the result was accepted (fail open): %q",
-			j.Name, FirstChars(answer, 200))}, nil
+			j.Name, FirstChars(answer, 200)), Calls: calls}, nil
 	}
 	failed := value
 	if j.Wording == wordingRace {
 		failed = !value // is_acceptable
 	}
 	if !failed {
-		return Verdict{Note: fmt.Sprintf("judge %q accepted the result", j.Name)}, nil
+		return Verdict{Note: fmt.Sprintf("judge %q accepted the result", j.Name), Calls: calls}, nil
 	}
 	if reason == "" {
 		reason = fmt.Sprintf("judge %q gave no reason", j.Name)
 	}
-	return Verdict{Failed: true, Reason: reason, Note: fmt.Sprintf("judge %q rejected the result", j.Name)}, nil
+	return Verdict{Failed: true, Reason: reason, Note: fmt.Sprintf("judge %q rejected the result", j.Name), Calls: calls}, nil
 }
 
 // readJudgeAnswer finds the JSON object with the wording's field in a
@@ -169,6 +175,8 @@ type criteriaError struct {
 	Source stubbornv1.FailureSource
 	// Msg says what went wrong, naming the judge or the field.
 	Msg string
+	// Calls are what the judge's call cost, when one was made.
+	Calls []*stubbornv1.CallCost
 }
 
 func (e *criteriaError) Error() string { return e.Msg }
@@ -245,6 +253,7 @@ func (c *runCriteria) Check(ctx context.Context, attempt int32, delegate string,
 		}
 		notes = append(notes, v.Note)
 	}
+	var calls []*stubbornv1.CallCost
 	if c.judge != nil {
 		v, err := c.judge.Check(ctx, attempt, delegate, r)
 		if err != nil || v.Failed {
@@ -252,8 +261,9 @@ func (c *runCriteria) Check(ctx context.Context, attempt int32, delegate string,
 			return v, err
 		}
 		notes = append(notes, v.Note)
+		calls = v.Calls
 	}
-	return Verdict{Note: strings.Join(notes, "; ")}, nil
+	return Verdict{Note: strings.Join(notes, "; "), Calls: calls}, nil
 }
 
 func (c *runCriteria) record(attempt int32, s stubbornv1.FailureSource) {

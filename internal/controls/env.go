@@ -142,6 +142,9 @@ type DelegateInfo struct {
 	// delegate (the registry's retry_on), in place of Transient's rules;
 	// a run's RetrySpec.retry_on overrides it.
 	RetryOn *stubbornv1.RetryOn
+	// Price, when set, prices the delegate's calls (cost.go); nil means
+	// they cost nothing.
+	Price *stubbornv1.Price
 }
 
 // CallError is a failed delegate call, already classified by the delegates
@@ -254,6 +257,8 @@ type Verdict struct {
 	// Note carries extra words for the event, such as a judge's unreadable
 	// answer that was accepted (fail open).
 	Note string
+	// Calls are what the delegate calls made to judge cost (a judge's).
+	Calls []*stubbornv1.CallCost
 }
 
 // Criteria judges a delegate's result. A nil Criteria accepts every result.

@@ -99,8 +99,15 @@ func apply(st *stubbornv1.ControlState, ev *stubbornv1.RunEvent) {
 		if i := int(a.GetNumber()) - 1; i >= 0 && i < len(st.AttemptLog) {
 			st.AttemptLog[i] = a
 		}
+		addCost(st, a.GetDelegate(), a.GetCost(), a.GetTotalTokens(), a.GetCostEstimated())
+		for _, c := range k.AttemptFinished.GetCalls() {
+			addCost(st, c.GetDelegate(), c.GetCost(), c.GetTotalTokens(), c.GetEstimated())
+		}
 	case *stubbornv1.RunEvent_FailureAnalyzed:
 		st.FailureHistory = append(st.FailureHistory, k.FailureAnalyzed.GetFailure())
+		if c := k.FailureAnalyzed.GetAnalysisCost(); c != nil {
+			addCost(st, c.GetDelegate(), c.GetCost(), c.GetTotalTokens(), c.GetEstimated())
+		}
 	case *stubbornv1.RunEvent_DecisionRequested:
 		st.StatusReason, st.StatusReasonCode = k.DecisionRequested.GetReason(), k.DecisionRequested.GetReasonCode()
 	case *stubbornv1.RunEvent_DecisionReceived:

@@ -194,7 +194,7 @@ var endCodes = map[stubbornv1.RunStatus][]stubbornv1.StatusReason{
 		stubbornv1.StatusReason_STATUS_REASON_NOT_RETRIED, stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED,
 		stubbornv1.StatusReason_STATUS_REASON_RETRY_PAST_DEADLINE, stubbornv1.StatusReason_STATUS_REASON_DECISION_FAIL,
 		stubbornv1.StatusReason_STATUS_REASON_DECISION_TIMEOUT, stubbornv1.StatusReason_STATUS_REASON_RUN_TIMEOUT,
-		stubbornv1.StatusReason_STATUS_REASON_NO_CONTROL,
+		stubbornv1.StatusReason_STATUS_REASON_NO_CONTROL, stubbornv1.StatusReason_STATUS_REASON_SPEND_LIMIT_REACHED,
 	},
 }
 

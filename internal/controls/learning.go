@@ -110,7 +110,9 @@ func analystBrief(taskBrief string, rec *stubbornv1.FailureRecord) string {
 // error or an empty answer leaves no analysis, and rec.AnalysisError says
 // why. The call is not an attempt and is not in the attempt log.
 func analyse(ctx context.Context, env *Env, analyst, taskBrief string, rec *stubbornv1.FailureRecord) {
-	res, err := env.Delegates.Call(ctx, Call{Delegate: analyst, Brief: analystBrief(taskBrief, rec), Attempt: rec.GetAttempt()})
+	brief := analystBrief(taskBrief, rec)
+	res, err := env.Delegates.Call(ctx, Call{Delegate: analyst, Brief: brief, Attempt: rec.GetAttempt()})
+	env.Tracker.noteAnalysisCost(rec.GetAttempt(), callCost(env.Delegates, analyst, res, err, int64(len(brief))))
 	switch {
 	case ctx.Err() != nil:
 		rec.AnalysisError = fmt.Sprintf("analyst %q failed: cancelled", analyst)

@@ -80,6 +80,9 @@ type racer struct {
 	numbers    []int32      // of the candidates started, in list order
 	pending    map[int]bool // the candidates started and not finished
 	toCall     []int        // started, to call once the answers in hand are taken (goLive)
+	// held says the next candidate waits for the calls in flight: the
+	// run's spend limit does not let it start beside them (spend.go).
+	held bool
 }
 
 func newRacer(ctx context.Context, env *Env, brief string, spec *stubbornv1.RaceSpec) *racer {
@@ -106,6 +109,9 @@ func (r *racer) start() {
 	}
 	for range r.candidates {
 		r.begin(stubbornv1.AttemptStartReason_ATTEMPT_START_REASON_AT_ONCE)
+		if r.held || r.ctx.Err() != nil {
+			return
+		}
 	}
 }
 
@@ -119,6 +125,14 @@ func (r *racer) running() bool {
 // it.
 func (r *racer) begin(reason stubbornv1.AttemptStartReason) {
 	i := len(r.numbers)
+	if len(r.pending) > 0 {
+		if r.held = !r.env.mayStartNow(r.candidates[i], r.brief); r.held {
+			return
+		}
+	} else if r.env.mayCall(r.ctx, r.candidates[i], r.brief, 1) != nil {
+		return // the run stopped: the race sees it ended
+	}
+	r.held = false
 	r.numbers = append(r.numbers, r.env.Tracker.beginAttempt(r.env.Path, r.candidates[i], r.brief, 0, reason, ""))
 	r.pending[i] = true
 	if r.env.inHand(r.numbers[i], r.candidates[i]) {
@@ -179,7 +193,7 @@ func (r *racer) await(ctx context.Context) (finish, bool) {
 	}
 	r.goLive()
 	var timer <-chan struct{}
-	if next := len(r.numbers); next < len(r.candidates) {
+	if next := len(r.numbers); next < len(r.candidates) && !r.held {
 		timer = r.hedged(next, r.env.Tracker.startTime(r.numbers[next-1]).Add(r.hedge))
 	}
 	select {

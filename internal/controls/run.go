@@ -34,11 +34,13 @@ type Outcome struct {
 // does not call Tracker.Start or Tracker.Finish: the caller owns the run's
 // life.
 func Execute(ctx context.Context, env *Env, brief string, spec *stubbornv1.ControlSpec) Outcome {
-	if env.Path == "" && env.Tracker.journal != noJournal {
-		// The run's own control, replayed: a replay that finds the
-		// journal took another way (Tracker.divergeLocked) stops it
-		// through ctx, and the outcome says why. (A run that is not
-		// replayed cannot diverge, and pays nothing for it.)
+	if env.Path == "" && (env.Tracker.journal != noJournal || env.Tracker.limited()) {
+		// The run's own control, replayed or with a spend limit: a
+		// replay that finds the journal took another way
+		// (Tracker.divergeLocked), or a spend limit that ends the run
+		// (spend.go), stops it through ctx, and the outcome says why. (A
+		// run that is neither cannot be stopped so, and pays nothing for
+		// it.)
 		var stop context.CancelCauseFunc
 		ctx, stop = context.WithCancelCause(ctx)
 		defer stop(nil)
@@ -46,6 +48,9 @@ func Execute(ctx context.Context, env *Env, brief string, spec *stubbornv1.Contr
 			out := execute(ctx, env, brief, spec)
 			if nd, ok := errors.AsType[*nondeterminismError](context.Cause(ctx)); ok {
 				return failedWith(stubbornv1.StatusReason_STATUS_REASON_NONDETERMINISTIC_REPLAY, nd.Error())
+			}
+			if sp, ok := spendStopped(ctx); ok {
+				return sp
 			}
 			return out
 		}
@@ -188,6 +193,8 @@ type attemptResult struct {
 	reason  string // why, when failed
 	summary string // the failure record's summary, when failed
 	note    string // extra words for the attempt_finished event
+	// calls are what the judges asked about the answer cost.
+	calls []*stubbornv1.CallCost
 }
 
 // attempt calls a delegate (or runs a preset) once, judges the answer, and
@@ -196,6 +203,9 @@ type attemptResult struct {
 // it. The answer comes through env (see Env.answer). The caller checks
 // ctx.Err() afterwards.
 func attempt(ctx context.Context, env *Env, slot, delegate, brief string, waitBefore time.Duration) (int32, attemptResult) {
+	if err := env.mayCall(ctx, delegate, brief, 1); err != nil {
+		return 0, attemptResult{outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_CANCELLED, err: err, failed: true, reason: "cancelled", summary: "Error: cancelled"}
+	}
 	n := env.Tracker.BeginAttempt(env.Path, delegate, brief, waitBefore)
 	a := env.answer(ctx, n, slot, delegate, brief)
 	endAttempt(env, n, a)
@@ -281,9 +291,13 @@ func judge(ctx context.Context, env *Env, n int32, delegate string, res *stubbor
 	// MaxDataDepth.
 	res = BoundResult(res)
 	v, jerr := env.check(ctx, n, delegate, res)
+	calls := v.Calls
+	if ce, ok := errors.AsType[*criteriaError](jerr); ok {
+		calls = ce.Calls
+	}
 	rejected := attemptResult{
 		outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_REJECTED,
-		result:  res, failed: true, summary: FirstChars(ResultString(res), 200),
+		result:  res, failed: true, summary: FirstChars(ResultString(res), 200), calls: calls,
 	}
 	switch {
 	case jerr != nil:
@@ -294,7 +308,7 @@ func judge(ctx context.Context, env *Env, n int32, delegate string, res *stubbor
 		rejected.reason, rejected.note = Cut(v.Reason, MaxReasonBytes), Cut(v.Note, MaxReasonBytes)
 		return rejected
 	}
-	return attemptResult{outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED, result: res, note: Cut(v.Note, MaxReasonBytes)}
+	return attemptResult{outcome: stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED, result: res, note: Cut(v.Note, MaxReasonBytes), calls: calls}
 }
 
 // errCallPanicked is what a guard is told of a call that panicked.
@@ -341,5 +355,11 @@ func (e *Env) preset(name string) (*stubbornv1.ControlSpec, bool) {
 
 // endAttempt records how attempt n ended.
 func endAttempt(env *Env, n int32, a attemptResult) {
-	env.Tracker.EndAttempt(n, a.outcome, a.result, a.err, a.note)
+	pr := attemptPrice{calls: a.calls}
+	if d := env.Tracker.delegateOf(n); d != "" {
+		if _, isPreset := env.preset(d); !isPreset {
+			pr.price = env.Delegates.Info(d).Price
+		}
+	}
+	env.Tracker.endAttempt(n, a.outcome, a.result, a.err, a.note, pr)
 }

@@ -65,6 +65,12 @@ type Tracker struct {
 	// output is what each attempt streamed so far (attempt_output), by
 	// attempt number; nil until one streams.
 	output map[int32]*streamedOutput
+	// analysisCost is what asking the analyst about a failed attempt
+	// cost, by attempt number, until Failure records it.
+	analysisCost map[int32]*stubbornv1.CallCost
+	// reserved is the spend limit's share held by calls in flight (their
+	// estimated input), by attempt number (spend.go).
+	reserved map[int32]spend
 }
 
 // nondeterminismError is why a resumed run ended at a step its journal
@@ -280,8 +286,21 @@ func (t *Tracker) startTime(n int32) time.Time {
 // EndAttempt records how attempt n ended and emits attempt_finished. err,
 // when not nil, becomes the attempt's error.
 func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result *stubbornv1.Result, err error, note string) {
+	t.endAttempt(n, outcome, result, err, note, attemptPrice{})
+}
+
+// attemptPrice is how an attempt's end is priced: its delegate's price
+// (nil: none), and the judges' calls it made.
+type attemptPrice struct {
+	price *stubbornv1.Price
+	calls []*stubbornv1.CallCost
+}
+
+// endAttempt is EndAttempt, the attempt priced with pr (cost.go).
+func (t *Tracker) endAttempt(n int32, outcome stubbornv1.AttemptOutcome, result *stubbornv1.Result, err error, note string, pr attemptPrice) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	delete(t.reserved, n)
 	if t.journal.take(t.journal.finished[n]) != nil {
 		return // folded in already
 	}
@@ -301,10 +320,12 @@ func (t *Tracker) EndAttempt(n int32, outcome stubbornv1.AttemptOutcome, result 
 	if s := t.output[n]; s != nil {
 		out, streamed = s.text, s.text > 0 || s.deltas
 	}
+	t.priceLocked(a, result, err, out, pr.price)
 	t.fold(at, a.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptFinished{
 		AttemptFinished: &stubbornv1.AttemptFinished{
 			Attempt: a, Note: note,
 			OutputBytes: out, OutputDiscarded: streamed && outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED,
+			Calls: pr.calls,
 		},
 	}})
 }
@@ -432,11 +453,14 @@ func (t *Tracker) Failure(rec *stubbornv1.FailureRecord, willRetry bool, nextBri
 	if t.journal.take(t.journal.failures[rec.GetAttempt()]) != nil {
 		return // folded in already
 	}
+	cc := t.analysisCost[rec.GetAttempt()]
+	delete(t.analysisCost, rec.GetAttempt())
 	t.fold(t.now(), rec.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_FailureAnalyzed{
 		FailureAnalyzed: &stubbornv1.FailureAnalyzed{
-			Failure:   rec,
-			WillRetry: willRetry,
-			NextBrief: nextBrief,
+			Failure:      rec,
+			WillRetry:    willRetry,
+			NextBrief:    nextBrief,
+			AnalysisCost: cc,
 		},
 	}})
 }

@@ -210,11 +210,14 @@ type Delegate struct {
 	// transient (and its circuit breaker counts), in place of the retry
 	// control's rules; a run's retry.retry_on overrides it.
 	RetryOn *RetryOn `yaml:"retry_on,omitempty"`
+	// Price, when set, prices its calls from the usage they report
+	// (price.go); unset, its calls cost nothing.
+	Price *Price `yaml:"price,omitempty"`
 }
 
 // Info returns what the controls need to know about the delegate.
 func (d Delegate) Info() controls.DelegateInfo {
-	info := controls.DelegateInfo{Idempotent: d.Idempotent, ReadOnly: d.ReadOnly}
+	info := controls.DelegateInfo{Idempotent: d.Idempotent, ReadOnly: d.ReadOnly, Price: d.Price.Proto()}
 	if d.RetryOn != nil {
 		info.RetryOn = d.RetryOn.Proto()
 	}
@@ -460,6 +463,9 @@ func (c *Config) validate(lookupEnv func(string) (string, bool)) error {
 			bad("%s: %s", where, msg)
 		}
 		for _, msg := range d.checkGuards() {
+			bad("%s: %s", where, msg)
+		}
+		for _, msg := range d.Price.check() {
 			bad("%s: %s", where, msg)
 		}
 	}

@@ -47,6 +47,8 @@ type Pool struct {
 	presets map[string]*stubbornv1.ControlSpec
 	// presetOrder is the presets' names in config order.
 	presetOrder []string
+	// presetLimits are the presets' spend limits (PresetLimit).
+	presetLimits map[string]*stubbornv1.SpendLimit
 	// maxResult is limits.max_result_bytes.
 	maxResult int
 	// wrapHTTP wraps the HTTP kinds' transports, or is nil.
@@ -132,6 +134,12 @@ func NewPoolWith(cfg *Config, o PoolOptions) (*Pool, error) {
 	}
 	for _, pr := range cfg.Presets {
 		p.presets[pr.Name] = pr.Spec
+		if pr.SpendLimit != nil {
+			if p.presetLimits == nil {
+				p.presetLimits = map[string]*stubbornv1.SpendLimit{}
+			}
+			p.presetLimits[pr.Name] = pr.SpendLimit.Proto()
+		}
 		p.presetOrder = append(p.presetOrder, pr.Name)
 	}
 	for i, d := range cfg.Delegates {
@@ -187,6 +195,12 @@ func (p *Pool) Lookup(name string) (Delegate, bool) {
 func (p *Pool) Preset(name string) (*stubbornv1.ControlSpec, bool) {
 	spec, ok := p.presets[name]
 	return spec, ok
+}
+
+// PresetLimit returns the spend limit preset name gives the runs whose
+// control names it at its top; nil for none.
+func (p *Pool) PresetLimit(name string) *stubbornv1.SpendLimit {
+	return p.presetLimits[name]
 }
 
 // Known reports whether name is a delegate or a preset.
@@ -440,6 +454,7 @@ func (p *Pool) Describe() ([]*stubbornv1.DelegateDescription, []*stubbornv1.Pres
 			Name: name, Kind: d.Kind(), Idempotent: d.Idempotent, ReadOnly: d.ReadOnly,
 			Timeout: durationpb.New(d.Timeout.Std()), Health: h,
 			MaxConcurrent: int32(d.MaxConcurrent), RequestsPerMinute: int32(d.RequestsPerMinute), TokensPerMinute: d.TokensPerMinute,
+			Price: d.Price.Proto(),
 		}
 		if d.RetryOn != nil {
 			desc.RetryOn = d.RetryOn.Proto()
@@ -461,7 +476,7 @@ func (p *Pool) Describe() ([]*stubbornv1.DelegateDescription, []*stubbornv1.Pres
 	}
 	ps := make([]*stubbornv1.PresetDescription, 0, len(p.presetOrder))
 	for _, name := range p.presetOrder {
-		ps = append(ps, &stubbornv1.PresetDescription{Name: name, Spec: p.presets[name]})
+		ps = append(ps, &stubbornv1.PresetDescription{Name: name, Spec: p.presets[name], SpendLimit: p.presetLimits[name]})
 	}
 	return ds, ps
 }

@@ -36,6 +36,9 @@ type Preset struct {
 	Name string
 	// Spec is the control the preset runs.
 	Spec *stubbornv1.ControlSpec
+	// SpendLimit is the spend limit of the runs whose control names the
+	// preset at its top and set none (spend_limit); nil means none.
+	SpendLimit *SpendLimit
 	// Notify are the webhooks told when a run whose control names the
 	// preset at its top waits for a person (docs/notifications.md).
 	Notify []NotifyTarget
@@ -67,6 +70,15 @@ func (p *Preset) UnmarshalYAML(n *yaml.Node) error {
 			if err := n.Content[i+1].Decode(&p.Notify); err != nil {
 				return err
 			}
+		case k.Value == "spend_limit":
+			var l SpendLimit
+			if err := n.Content[i+1].Decode(&l); err != nil {
+				return err
+			}
+			if bad := l.check(); len(bad) > 0 {
+				return nodeError(n, "", k.Line, strings.Join(bad, "; "))
+			}
+			p.SpendLimit = &l
 		case isControlKey(k.Value):
 			found = append(found, k.Value)
 		default:
@@ -156,6 +168,9 @@ func (p Preset) MarshalYAML() (any, error) {
 		return nil, err
 	}
 	body["name"] = p.Name
+	if p.SpendLimit != nil {
+		body["spend_limit"] = p.SpendLimit
+	}
 	if len(p.Notify) > 0 {
 		body["notify"] = p.Notify
 	}

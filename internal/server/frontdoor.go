@@ -857,7 +857,12 @@ func (a *answering) whole(r *stubbornv1.Result, st *stubbornv1.ControlState, win
 	if winner != nil {
 		wu = a.d.usage(winner)
 	}
-	body["stubborn"], _ = json.Marshal(map[string]any{"run_id": a.runID, "winner": st.GetWinner(), "attempts": st.GetAttempts(), "winner_usage": wu})
+	ext := map[string]any{"run_id": a.runID, "winner": st.GetWinner(), "attempts": st.GetAttempts(), "winner_usage": wu}
+	if c := st.GetCost(); c != nil {
+		// The whole run's: every attempt, judge and analyst, priced.
+		ext["cost"] = map[string]any{"total": c.GetTotal(), "total_tokens": c.GetTotalTokens(), "estimated": c.GetEstimated()}
+	}
+	body["stubborn"], _ = json.Marshal(ext)
 	return json.Marshal(body)
 }
 

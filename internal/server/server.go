@@ -22,9 +22,11 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
+	"github.com/stubbornhq/stubborn/internal/controls"
 	"github.com/stubbornhq/stubborn/internal/delegates"
 	"github.com/stubbornhq/stubborn/internal/runs"
 	"github.com/stubbornhq/stubborn/internal/runs/jsstore"
@@ -247,7 +249,7 @@ func (s *service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 		}
 		ctx = withReservation(ctx, slot) // the run's observer takes it over
 	}
-	st, existing, err := s.runs.Start(ctx, taskOf(req, p.val.limits.MaxBriefBytes), spec, req.GetOptions())
+	st, existing, err := s.runs.Start(ctx, taskOf(req, p.val.limits.MaxBriefBytes), spec, withPresetLimit(req.GetOptions(), spec, reg.pool))
 	if err != nil || existing {
 		// No new run: its concurrency slot and its start are given back
 		// (the run an idempotency key named counts where it started).
@@ -266,6 +268,27 @@ func (s *service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 	}
 	logging.AddFields(ctx, logging.Fields{"run_id", st.GetRunId()}) // for the call's log line
 	return st, nil
+}
+
+// withPresetLimit returns the options of a run of spec: o, with the spend
+// limit of the first preset the control names (at its top) that has one
+// when o sets none. The run keeps it (its state's options), whatever the
+// registry says later.
+func withPresetLimit(o *stubbornv1.RunOptions, spec *stubbornv1.ControlSpec, pool *delegates.Pool) *stubbornv1.RunOptions {
+	if o.GetSpendLimit() != nil || pool == nil {
+		return o
+	}
+	for _, name := range controls.Named(spec) {
+		if l := pool.PresetLimit(name); l != nil {
+			o = proto.CloneOf(o)
+			if o == nil {
+				o = &stubbornv1.RunOptions{}
+			}
+			o.SpendLimit = proto.CloneOf(l)
+			return o
+		}
+	}
+	return o
 }
 
 // ReplayHeader is the response header of a Run or StartRun call whose
@@ -459,7 +482,11 @@ func (s *service) DecideRun(ctx context.Context, req *stubbornv1.DecideRunReques
 	default:
 		v.add("decision", "must be DECISION_RETRY or DECISION_FAIL, got %s", req.GetDecision())
 	}
+	checkSpendLimit(&v, "spend_limit", req.GetSpendLimit())
 	if err := v.err(); err != nil {
+		return nil, err
+	}
+	if err := s.raisesLimit(ctx, req); err != nil {
 		return nil, err
 	}
 	st, err := s.runs.Decide(ctx, req.GetRunId(), req.GetDecision(), req.GetSpendLimit())
@@ -467,6 +494,36 @@ func (s *service) DecideRun(ctx context.Context, req *stubbornv1.DecideRunReques
 		return nil, toStatus(err)
 	}
 	return &stubbornv1.DecideRunResponse{State: st}, nil
+}
+
+// raisesLimit checks that a RETRY of a run its spend limit stopped
+// carries a limit that lets it go on: one higher than the limit it
+// reached (max_cost or max_total_tokens, whichever it passed).
+func (s *service) raisesLimit(ctx context.Context, req *stubbornv1.DecideRunRequest) error {
+	if req.GetDecision() != stubbornv1.Decision_DECISION_RETRY {
+		return nil
+	}
+	st, err := s.runs.Get(ctx, req.GetRunId())
+	if err != nil {
+		return toStatus(err)
+	}
+	if st.GetStatus() != stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION ||
+		st.GetStatusReasonCode() != stubbornv1.StatusReason_STATUS_REASON_SPEND_LIMIT_REACHED {
+		return nil
+	}
+	old, l, spent := st.GetOptions().GetSpendLimit(), req.GetSpendLimit(), st.GetCost()
+	if l == nil {
+		return status.Errorf(codes.FailedPrecondition, "spend_limit: run %s waits because it reached its spend limit (%s): a RETRY must carry a higher spend_limit", req.GetRunId(), st.GetStatusReason())
+	}
+	costOK := l.GetMaxCost() == 0 || l.GetMaxCost() > spent.GetTotal() && l.GetMaxCost() > old.GetMaxCost()
+	tokensOK := l.GetMaxTotalTokens() == 0 || l.GetMaxTotalTokens() > spent.GetTotalTokens() && l.GetMaxTotalTokens() > old.GetMaxTotalTokens()
+	switch {
+	case !costOK:
+		return status.Errorf(codes.FailedPrecondition, "spend_limit.max_cost: %g does not raise the run's limit of %g (it has spent %g); set a higher one, or 0 for none", l.GetMaxCost(), old.GetMaxCost(), spent.GetTotal())
+	case !tokensOK:
+		return status.Errorf(codes.FailedPrecondition, "spend_limit.max_total_tokens: %d does not raise the run's limit of %d (it has used %d); set a higher one, or 0 for none", l.GetMaxTotalTokens(), old.GetMaxTotalTokens(), spent.GetTotalTokens())
+	}
+	return nil
 }
 
 // toStatus maps the runs layer's errors to gRPC status errors.

@@ -200,7 +200,7 @@ func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, opti
 	}
 	// Each attempt's call runs inside the attempt's span; its failure is
 	// kept for ListDelegates.
-	calls := s.failures.Record(s.tel.Delegates(pool), runs.TenantFrom) // the run's tenant (runs' drive puts it in the calls' context)
+	calls := s.failures.Record(s.tel.Delegates(pool, telemetry.ModelsFrom(modelOf(pool))), runs.TenantFrom) // the run's tenant (runs' drive puts it in the calls' context)
 	var budgets controls.Budgets
 	if b := cfg.RetryBudget; b != nil {
 		if prev != nil && reflect.DeepEqual(prev.cfg.RetryBudget, b) {
@@ -237,6 +237,22 @@ func (s *Stubborn) build(cfg *delegates.Config, prev *registry) (*registry, opti
 		reg.authn = newAuthenticator(cfg.Tenants)
 	}
 	return reg, opts, nil
+}
+
+// modelOf says which of pool's delegates are models, for the GenAI
+// conventions of their calls' telemetry.
+func modelOf(pool *delegates.Pool) func(string) (telemetry.Model, bool) {
+	return func(name string) (telemetry.Model, bool) {
+		d, ok := pool.Lookup(name)
+		switch {
+		case !ok:
+		case d.OpenAI != nil:
+			return telemetry.Model{Provider: "openai", Name: d.OpenAI.Model}, true // gen_ai.provider.name values
+		case d.Anthropic != nil:
+			return telemetry.Model{Provider: "anthropic", Name: d.Anthropic.Model}, true
+		}
+		return telemetry.Model{}, false
+	}
 }
 
 // Reload replaces the registry (delegates, presets, judge, retry budget,

@@ -3,6 +3,7 @@ package server
 import (
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -572,6 +573,30 @@ func (val *validator) options(v *violations, o *stubbornv1.RunOptions) {
 		v.add("options.idempotency_key", "must be printable ASCII (space to '~'): it is sent to delegates as a gRPC header")
 	}
 	val.metadata(v, o.GetMetadata())
+	checkSpendLimit(v, "options.spend_limit", o.GetSpendLimit())
+}
+
+// Bounds of a spend limit: far past any run's spend, and exact in a
+// float64 and in every client's number type.
+const (
+	maxSpendCost   = 1e12
+	maxSpendTokens = 1e15
+)
+
+// checkSpendLimit checks spend limit l (at field) against its bounds.
+func checkSpendLimit(v *violations, field string, l *stubbornv1.SpendLimit) {
+	if l == nil {
+		return
+	}
+	if c := l.GetMaxCost(); math.IsNaN(c) || c < 0 || c > maxSpendCost {
+		v.add(field+".max_cost", "must be between 0 and %g (0: no cost limit), got %g", float64(maxSpendCost), c)
+	}
+	if n := l.GetMaxTotalTokens(); n < 0 || n > maxSpendTokens {
+		v.add(field+".max_total_tokens", "must be between 0 and %d (0: no token limit), got %d", int64(maxSpendTokens), n)
+	}
+	if _, ok := stubbornv1.OnExhausted_name[int32(l.GetOnExhausted())]; !ok {
+		v.add(field+".on_exhausted", "must be ON_EXHAUSTED_ASK or ON_EXHAUSTED_FAIL, got %d", l.GetOnExhausted())
+	}
 }
 
 // printableASCII reports whether s is all printable ASCII, space included:

@@ -16,4 +16,5 @@ const (
 	RunIDKey            = runIDKey
 	RunStatusKey        = runStatusKey
 	RunWinnerKey        = runWinnerKey
+	TenantKey           = tenantKey
 )

@@ -63,6 +63,12 @@ const (
 	// breakerOpenedByKey names the replica that opened the fleet's breaker
 	// (fleet scope only).
 	breakerOpenedByKey = attribute.Key("stubborn.breaker.opened_by")
+	// tenantKey is the tenant whose run it is (ControlState.tenant): empty
+	// for the default tenant.
+	tenantKey = attribute.Key("stubborn.tenant")
+	// attemptCostKey is what an attempt's call cost (Attempt.cost), in the
+	// unit of the delegates' prices; absent when it cost nothing.
+	attemptCostKey = attribute.Key("stubborn.attempt.cost")
 	// guardKey names the guard that refused a call: circuit_breaker,
 	// bulkhead, rate_limit.
 	guardKey = attribute.Key("stubborn.guard")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -91,6 +92,7 @@ func (t *Telemetry) ObserveRun(runCtx, reqCtx context.Context, st *stubbornv1.Co
 	rs := &runState{
 		t:            t,
 		id:           st.GetRunId(),
+		tenant:       tenantKey.String(st.GetTenant()),
 		span:         span,
 		start:        time.Now(),
 		control:      metric.WithAttributeSet(attribute.NewSet(controlAttr)),
@@ -175,6 +177,7 @@ type runState struct {
 	control  metric.MeasurementOption // the control attribute, for run metrics
 	logAttrs []slog.Attr              // run_id, trace_id
 	resumed  bool
+	tenant   attribute.KeyValue // the run's tenant, for stubborn.run.cost
 
 	logControl slog.Attr
 
@@ -330,6 +333,11 @@ func (rs *runState) observe(ev *stubbornv1.RunEvent) {
 		rs.log(slog.LevelDebug, "attempt started", attemptAttrs(a)...)
 	case *stubbornv1.RunEvent_AttemptFinished:
 		rs.finishAttemptLocked(k.AttemptFinished.GetAttempt())
+		if rec {
+			for _, c := range k.AttemptFinished.GetCalls() { // its judges'
+				rs.addCost(c.GetDelegate(), c.GetCost())
+			}
+		}
 	case *stubbornv1.RunEvent_FailureAnalyzed:
 		rs.failureLocked(k.FailureAnalyzed)
 	case *stubbornv1.RunEvent_BackoffScheduled:
@@ -425,11 +433,26 @@ func (rs *runState) recordAttempt(a *attemptState, at *stubbornv1.Attempt, outco
 	if outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED {
 		attrs = append(attrs, attemptTransientKey.Bool(transient))
 	}
+	if c := at.GetCost(); c > 0 {
+		attrs = append(attrs, attemptCostKey.Float64(c))
+	}
 	a.span.SetAttributes(attrs...)
 	a.span.End()
+	rs.addCost(at.GetDelegate(), at.GetCost())
 	set := metric.WithAttributeSet(attribute.NewSet(delegateKey.String(a.delegate), attemptOutcomeKey.String(outcomeName)))
 	rs.t.m.attempts.Add(rs.ctx, 1, set)
 	rs.t.m.attemptDuration.Record(rs.ctx, d.Seconds(), set)
+}
+
+// addCost counts what a call of the run to delegate cost in
+// stubborn.run.cost. The events the run records from now on are the ones
+// observed (a resumed run's earlier ones are not), so a cost is counted
+// once. Callers record metrics (!rs.t.off).
+func (rs *runState) addCost(delegate string, cost float64) {
+	if !(cost > 0) || math.IsInf(cost, 1) { // no price, a preset's attempt; never NaN
+		return
+	}
+	rs.t.m.cost.Add(rs.ctx, cost, metric.WithAttributeSet(attribute.NewSet(rs.tenant, delegateKey.String(delegate))))
 }
 
 // isTransient says whether a failed call's error is one a retry may fix:
@@ -486,6 +509,9 @@ func (rs *runState) recordFailure(fa *stubbornv1.FailureAnalyzed, reason string)
 	if reason != "" {
 		attrs = append(attrs, reasonKey.String(reason), attribute.String("stubborn.not_retried_reason", f.GetNotRetriedReason()))
 		rs.t.m.suppressed.Add(rs.ctx, 1, metric.WithAttributeSet(attribute.NewSet(delegateKey.String(f.GetDelegate()), reasonKey.String(reason))))
+	}
+	if ac := fa.GetAnalysisCost(); ac != nil {
+		rs.addCost(ac.GetDelegate(), ac.GetCost())
 	}
 	rs.span.AddEvent("stubborn.failure", trace.WithAttributes(attrs...))
 }

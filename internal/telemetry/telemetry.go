@@ -157,7 +157,8 @@ var (
 	runBuckets     = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
 )
 
-// instruments are the stubborn.* metrics (README, "Observability").
+// instruments are the stubborn.* metrics (docs/observability.md) and the
+// GenAI conventions' gen_ai.client.* ones.
 type instruments struct {
 	runsStarted     metric.Int64Counter
 	runsResumed     metric.Int64Counter
@@ -172,6 +173,8 @@ type instruments struct {
 	breaker         metric.Int64Counter
 	refused         metric.Int64Counter
 	firstOutput     metric.Float64Histogram
+	cost            metric.Float64Counter
+	genai           genaiInstruments
 }
 
 func newInstruments(m metric.Meter) (instruments, error) {
@@ -208,6 +211,12 @@ func newInstruments(m metric.Meter) (instruments, error) {
 	in.breaker = counter("stubborn.delegate.breaker.transitions", "{transition}", "Changes of delegates' circuit breakers on this server, by delegate and new state (closed, open, half-open).")
 	in.refused = counter("stubborn.delegate.refused", "{call}", "Calls a delegate's guard refused (not sent), by delegate and guard (circuit_breaker, bulkhead, rate_limit).")
 	in.firstOutput = histogram("stubborn.attempt.first_output", "Time to first output of streamed attempts (from the call to the delegate's first piece of text), by delegate.", attemptBuckets)
+	cost, err := m.Float64Counter("stubborn.run.cost", metric.WithUnit("{cost}"),
+		metric.WithDescription("What runs' delegate calls cost (attempts, judges, analysts), in the unit of the delegates' prices, by tenant and delegate."))
+	in.cost = cost
+	errs = append(errs, err)
+	in.genai, err = newGenAIInstruments(m)
+	errs = append(errs, err)
 	for _, err := range errs {
 		if err != nil {
 			return instruments{}, err

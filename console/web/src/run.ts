@@ -107,6 +107,20 @@ export function runPage(id: string): Page {
     attemptsEl = h("span", null, String(Math.max(st.attempts, topAttempts)));
     rows.push(["Attempts", attemptsEl]);
     if (st.statusReason) rows.push(["Why", st.statusReason]);
+    if (st.cost) {
+      // "~" marks a cost partly estimated (calls that reported no usage).
+      const by = Object.entries(st.cost.byDelegate).sort(([a], [b]) => a.localeCompare(b))
+        .map(([d, c]) => d + " " + fmtCost(c)).join(", ");
+      rows.push(["Cost", (st.cost.estimated ? "~" : "") + fmtCost(st.cost.total) + " · " +
+        String(st.cost.totalTokens) + " tokens" + (by ? " (" + by + ")" : "")]);
+    }
+    const limit = st.options?.spendLimit;
+    if (limit && (limit.maxCost > 0 || limit.maxTotalTokens > 0n)) {
+      const parts: string[] = [];
+      if (limit.maxCost > 0) parts.push("max cost " + fmtCost(limit.maxCost));
+      if (limit.maxTotalTokens > 0n) parts.push("max " + String(limit.maxTotalTokens) + " tokens");
+      rows.push(["Spend limit", parts.join(", ") + (limit.onExhausted === OnExhausted.FAIL ? ", then fail" : ", then ask")]);
+    }
     const opts = describeOptions(st.options);
     if (opts) rows.push(["Options", opts]);
     if (st.tenant) rows.push(["Tenant", st.tenant]);
@@ -477,4 +491,9 @@ function eventLine(ev: RunEvent): HTMLElement {
   return h("li", null, h("span", { class: "seq" }, String(ev.seq)), " ",
     h("time", { datetime: t ? new Date(t).toISOString() : "" }, t ? new Date(t).toISOString().slice(11, 23) : ""), " ",
     ev.path ? h("span", { class: "path" }, ev.path) : null, " ", what);
+}
+
+// fmtCost writes a cost with up to six significant digits.
+function fmtCost(c: number): string {
+  return Number(c.toPrecision(6)).toString();
 }

@@ -125,6 +125,7 @@ func Summary(st *stubbornv1.ControlState) *stubbornv1.RunSummary {
 		UpdateTime: st.GetUpdateTime(),
 		Winner:     st.GetWinner(),
 		Brief:      briefStart(st.GetTaskBrief()),
+		Cost:       st.GetCost().GetTotal(),
 	}
 }
 
