@@ -140,6 +140,7 @@ func (w *keyWalker) selfReading(t reflect.Type, path string) {
 		// written with its message's fields.
 		w.add(path, true)
 		w.add(join(path, "name"), false)
+		w.structKeys(reflect.TypeFor[delegates.SpendLimit](), join(path, "spend_limit"))
 		w.messageKeys((&stubbornv1.ControlSpec{}).ProtoReflect().Descriptor(), path)
 		w.valueKeys(reflect.TypeFor[[]delegates.NotifyTarget](), join(path, "notify")) // and its notify targets
 	default:
