@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -168,4 +169,61 @@ func TestAPresetsSpendLimitIsItsRunsDefault(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, reg.GetPresets(), 1)
 	assert.InDelta(t, 5, reg.GetPresets()[0].GetSpendLimit().GetMaxCost(), 0)
+}
+
+// The whole flow: a retry-with-learning run over a priced model stops
+// before the call that would pass its limit and waits; the webhook gets a
+// signed notice with its cost within a second; GET of the link changes
+// nothing; POST with a raised limit lets the run go on; the link works
+// once.
+func TestASpendLimitedRunIsNotifiedAndRaisedByLink(t *testing.T) {
+	var calls atomic.Int32
+	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) <= 2 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = fmt.Fprint(w, `{"error": {"message": "busy", "type": "server_error"}}`)
+			return
+		}
+		fakemodel.New(fakemodel.Streams, 0).ServeHTTP(w, r)
+	}))
+	t.Cleanup(model.Close)
+	m := pricedModel("model", model.URL)
+	m.Price = &delegates.Price{PerCall: 1}
+	hook := newHookReceiver(t)
+	e := startNotifying(t, hook.URL, setup{entries: []delegates.Delegate{m}})
+	ctx := testCtx(t)
+
+	res, err := e.client.StartRun(ctx, &stubbornv1.StartRunRequest{TaskBrief: "go",
+		RetryWithLearning: &stubbornv1.RetryWithLearningSpec{Target: "model", MaxRetries: ptr(int32(5))},
+		Options:           &stubbornv1.RunOptions{SpendLimit: &stubbornv1.SpendLimit{MaxCost: 1.5}}})
+	require.NoError(t, err)
+	id := res.GetRunId()
+
+	n := awaitNotice(t, hook, time.Second)
+	assert.Zero(t, hook.bad.Load(), "signed")
+	assert.Equal(t, id, n.RunID)
+	assert.Equal(t, "STATUS_REASON_SPEND_LIMIT_REACHED", n.ReasonCode)
+	require.NotNil(t, n.Cost)
+	assert.InDelta(t, 1, n.Cost.Total, 1e-9, "one call at 1 before the limit")
+	assert.EqualValues(t, 1, calls.Load(), "the call that would pass 1.5 was not made")
+
+	code, _ := get(t, n.Decision.RetryURL)
+	assert.Equal(t, http.StatusOK, code)
+	st, err := e.client.GetRun(ctx, &stubbornv1.GetRunRequest{RunId: id})
+	require.NoError(t, err)
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_AWAITING_DECISION, st.GetState().GetStatus(), "a GET decides nothing")
+
+	code, body := post(t, n.Decision.RetryURL, url.Values{"max_cost": {"10"}})
+	require.Equal(t, http.StatusOK, code, body)
+	require.Eventually(t, func() bool {
+		g, err := e.client.GetRun(ctx, &stubbornv1.GetRunRequest{RunId: id})
+		return err == nil && g.GetState().GetStatus() == stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED
+	}, 10*time.Second, 10*time.Millisecond, "a raised limit lets the run go on")
+	g, err := e.client.GetRun(ctx, &stubbornv1.GetRunRequest{RunId: id})
+	require.NoError(t, err)
+	assert.InDelta(t, 10, g.GetState().GetOptions().GetSpendLimit().GetMaxCost(), 0)
+	assert.InDelta(t, 3, g.GetState().GetCost().GetTotal(), 1e-9)
+
+	code, _ = post(t, n.Decision.RetryURL, url.Values{"max_cost": {"20"}})
+	assert.Equal(t, http.StatusConflict, code, "the link works once")
 }
