@@ -238,6 +238,14 @@ func NewCriteria(spec *stubbornv1.ControlSpec, judge string, d Delegates) Criter
 	return c
 }
 
+// judgeName is the judge delegate's name; "" without one.
+func (c *runCriteria) judgeName() string {
+	if c.judge == nil {
+		return ""
+	}
+	return c.judge.Name
+}
+
 // Check applies the CEL expression, then, if it passed, the judge.
 func (c *runCriteria) Check(ctx context.Context, attempt int32, delegate string, r *stubbornv1.Result) (Verdict, error) {
 	if c.broken != nil {

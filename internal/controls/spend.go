@@ -52,7 +52,7 @@ func (e *Env) mayCall(ctx context.Context, delegate, brief string, calls int) er
 		if allowed {
 			return nil
 		}
-		need := t.estimate(price, brief, calls)
+		need := e.judged(t.estimate(price, brief, calls), brief, calls)
 		if !asked {
 			why, over := t.over(need)
 			if !over {
@@ -89,12 +89,26 @@ func (e *Env) mayStartNow(delegate, brief string) bool {
 	if asked, allowed := t.recordedSpendCheck(e.Path); allowed || asked {
 		return allowed
 	}
-	need := t.estimate(e.Delegates.Info(delegate).Price, brief, 1)
+	need := e.judged(t.estimate(e.Delegates.Info(delegate).Price, brief, 1), brief, 1)
 	if _, over := t.over(need); over {
 		return false
 	}
 	t.reserve(need)
 	return true
+}
+
+// judged is need with the input of the judge that will rule on each of
+// the calls' answers added (its brief holds the task and the answer: the
+// call's brief is the estimate): the check before an attempt covers its
+// judge's call too, which is then not checked again.
+func (e *Env) judged(need spendNeed, brief string, calls int) spendNeed {
+	j, ok := e.Criteria.(interface{ judgeName() string })
+	if !ok || j.judgeName() == "" {
+		return need
+	}
+	more := e.Tracker.estimate(e.Delegates.Info(j.judgeName()).Price, brief, calls)
+	need.cost, need.tokens = finite(need.cost+more.cost), need.tokens+more.tokens
+	return need
 }
 
 // spendNeed is what a call is estimated to spend before it is made, and

@@ -270,3 +270,24 @@ func TestASpendLimitedRunResumesFromEveryEvent(t *testing.T) {
 		assert.True(t, proto.Equal(wantCost, got), "cut %d: cost %v, want %v", cut, got, wantCost)
 	}
 }
+
+// The check before an attempt covers the judge that will rule on its
+// answer: an attempt whose call fits but whose judging would not is not
+// made.
+func TestTheCheckBeforeAnAttemptCoversItsJudge(t *testing.T) {
+	t.Parallel()
+	f := pricedAt(dear, map[string][]controlstest.Reply{"m": {controlstest.OK("fine")}, "judge": {controlstest.OK(`{"is_failure": false}`)}}, "m", "judge")
+	spec := &stubbornv1.ControlSpec{Kind: &stubbornv1.ControlSpec_FallbackChain{FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"m"}, FailureCriteria: "must be fine"}}}
+	f.env.Criteria = controls.NewCriteria(spec, "judge", f.env.Delegates)
+	limited(f, &stubbornv1.SpendLimit{MaxCost: 0.015, OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL})
+	r := f.run(t, testCtx(t), spec)
+	assert.Equal(t, stubbornv1.StatusReason_STATUS_REASON_SPEND_LIMIT_REACHED, r.out.Code, r.out.Reason)
+	assert.Empty(t, f.fakes.Calls(), "0.01 for the call and 0.01 for its judge pass 0.015")
+
+	g := pricedAt(dear, map[string][]controlstest.Reply{"m": {controlstest.OK("fine")}, "judge": {controlstest.OK(`{"is_failure": false}`)}}, "m", "judge")
+	g.env.Criteria = controls.NewCriteria(spec, "judge", g.env.Delegates)
+	limited(g, &stubbornv1.SpendLimit{MaxCost: 0.025, OnExhausted: stubbornv1.OnExhausted_ON_EXHAUSTED_FAIL})
+	r = g.run(t, testCtx(t), spec)
+	assert.Equal(t, succeeded, r.out.Status, r.out.Reason)
+	assert.InDelta(t, 0.02, r.state.GetCost().GetTotal(), 1e-9, "the call and its judge")
+}
