@@ -88,6 +88,23 @@ func callCost(d Delegates, delegate string, res *stubbornv1.Result, err error, s
 	return &stubbornv1.CallCost{Delegate: delegate, Cost: s.cost, TotalTokens: s.tokens, Estimated: s.estimated}
 }
 
+// addAttemptCost adds what an attempt that ended, and its judges' calls,
+// cost to the run's cost.
+func addAttemptCost(st *stubbornv1.ControlState, f *stubbornv1.AttemptFinished) {
+	a := f.GetAttempt()
+	addCost(st, a.GetDelegate(), a.GetCost(), a.GetTotalTokens(), a.GetCostEstimated())
+	for _, c := range f.GetCalls() {
+		addCallCost(st, c)
+	}
+}
+
+// addCallCost adds what call c (nil: none) cost to the run's cost.
+func addCallCost(st *stubbornv1.ControlState, c *stubbornv1.CallCost) {
+	if c != nil {
+		addCost(st, c.GetDelegate(), c.GetCost(), c.GetTotalTokens(), c.GetEstimated())
+	}
+}
+
 // addCost adds what a call of delegate cost to the run's cost.
 func addCost(st *stubbornv1.ControlState, delegate string, cost float64, tokens int64, estimated bool) {
 	if cost == 0 && tokens == 0 {

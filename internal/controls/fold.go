@@ -79,45 +79,21 @@ func apply(st *stubbornv1.ControlState, ev *stubbornv1.RunEvent) {
 			// preset's are in the log under their path.
 			st.Attempts++
 		}
-		// In its place by number: a replay of concurrent branches may
-		// reach a later attempt before an earlier one, whose place waits
-		// for it (a journal, in seq order, has them in order).
-		i := int(a.GetNumber()) - 1
-		switch {
-		case i < 0 || i == len(st.AttemptLog):
-			st.AttemptLog = append(st.AttemptLog, a)
-		case i < len(st.AttemptLog):
-			st.AttemptLog[i] = a
-		default:
-			for len(st.AttemptLog) < i {
-				st.AttemptLog = append(st.AttemptLog, &stubbornv1.Attempt{Number: int32(len(st.AttemptLog)) + 1})
-			}
-			st.AttemptLog = append(st.AttemptLog, a)
-		}
+		placeAttempt(st, a)
 	case *stubbornv1.RunEvent_AttemptFinished:
 		a := k.AttemptFinished.GetAttempt()
 		if i := int(a.GetNumber()) - 1; i >= 0 && i < len(st.AttemptLog) {
 			st.AttemptLog[i] = a
 		}
-		addCost(st, a.GetDelegate(), a.GetCost(), a.GetTotalTokens(), a.GetCostEstimated())
-		for _, c := range k.AttemptFinished.GetCalls() {
-			addCost(st, c.GetDelegate(), c.GetCost(), c.GetTotalTokens(), c.GetEstimated())
-		}
+		addAttemptCost(st, k.AttemptFinished)
 	case *stubbornv1.RunEvent_FailureAnalyzed:
 		st.FailureHistory = append(st.FailureHistory, k.FailureAnalyzed.GetFailure())
-		if c := k.FailureAnalyzed.GetAnalysisCost(); c != nil {
-			addCost(st, c.GetDelegate(), c.GetCost(), c.GetTotalTokens(), c.GetEstimated())
-		}
+		addCallCost(st, k.FailureAnalyzed.GetAnalysisCost())
 	case *stubbornv1.RunEvent_DecisionRequested:
 		st.StatusReason, st.StatusReasonCode = k.DecisionRequested.GetReason(), k.DecisionRequested.GetReasonCode()
 	case *stubbornv1.RunEvent_DecisionReceived:
 		st.StatusReason, st.StatusReasonCode = "", stubbornv1.StatusReason_STATUS_REASON_UNSPECIFIED
-		if l := k.DecisionReceived.GetSpendLimit(); l != nil {
-			if st.Options == nil {
-				st.Options = &stubbornv1.RunOptions{}
-			}
-			st.Options.SpendLimit = l
-		}
+		setLimit(st, k.DecisionReceived.GetSpendLimit())
 	case *stubbornv1.RunEvent_RunFinished:
 		if end := k.RunFinished.GetState(); end != nil && end != st {
 			st.Result, st.Winner = end.GetResult(), end.GetWinner()
@@ -129,6 +105,36 @@ func apply(st *stubbornv1.ControlState, ev *stubbornv1.RunEvent) {
 	if ev.GetTime() != nil {
 		st.UpdateTime = ev.GetTime() // st takes ev's messages
 	}
+}
+
+// placeAttempt puts attempt a, just started, in st's log in its place by
+// number: a replay of concurrent branches may reach a later attempt before
+// an earlier one, whose place waits for it (a journal, in seq order, has
+// them in order).
+func placeAttempt(st *stubbornv1.ControlState, a *stubbornv1.Attempt) {
+	i := int(a.GetNumber()) - 1
+	switch {
+	case i < 0 || i == len(st.AttemptLog):
+		st.AttemptLog = append(st.AttemptLog, a)
+	case i < len(st.AttemptLog):
+		st.AttemptLog[i] = a
+	default:
+		for len(st.AttemptLog) < i {
+			st.AttemptLog = append(st.AttemptLog, &stubbornv1.Attempt{Number: int32(len(st.AttemptLog)) + 1})
+		}
+		st.AttemptLog = append(st.AttemptLog, a)
+	}
+}
+
+// setLimit makes l (nil: none) the run's spend limit from then on.
+func setLimit(st *stubbornv1.ControlState, l *stubbornv1.SpendLimit) {
+	if l == nil {
+		return
+	}
+	if st.Options == nil {
+		st.Options = &stubbornv1.RunOptions{}
+	}
+	st.Options.SpendLimit = l
 }
 
 // Fold returns the state a run's events fold to, in seq order from its
