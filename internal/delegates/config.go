@@ -72,6 +72,8 @@ type Config struct {
 	// no authentication: every caller is the default tenant.
 	Tenants []Tenant `yaml:"tenants,omitempty"`
 
+	SpendLimit *TenantSpendLimit `yaml:"spend_limit,omitempty"` // the default tenant's spend limit (tenantspend.go)
+
 	// keys says which of the keys whose loss a reload refuses
 	// (guardedKeys) the file wrote, for [Config.CheckReplaces]. A Config
 	// built in code writes none.
@@ -483,6 +485,7 @@ func (c *Config) validate(lookupEnv func(string) (string, bool)) error {
 		names[p.Name] = true
 	}
 	c.validateTenants(names, bad)
+	c.validateTenantSpend(bad)
 	return errors.Join(errs...)
 }
 

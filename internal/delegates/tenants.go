@@ -54,6 +54,8 @@ type Tenant struct {
 	// sees, lists, follows, decides, cancels and deletes them as its own.
 	// At most one tenant sets it.
 	DefaultRuns bool `yaml:"default_runs,omitempty"`
+
+	SpendLimit *TenantSpendLimit `yaml:"spend_limit,omitempty"` // what it may spend a day or a month (tenantspend.go)
 }
 
 // HashToken returns the hex SHA-256 digest of a bearer token, as
