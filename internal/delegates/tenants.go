@@ -48,14 +48,15 @@ type Tenant struct {
 	// config's limits; set ones apply besides them, so a tenant gets the
 	// smaller of the two.
 	Limits Limits `yaml:"limits,omitempty"`
+	// SpendLimit is what the tenant may spend a day or a month
+	// (tenantspend.go); nil means no limit.
+	SpendLimit *TenantSpendLimit `yaml:"spend_limit,omitempty"`
 	// DefaultRuns makes the tenant the owner of the default tenant's
 	// runs: those started while the server had no tenants, which no
 	// tenant would see otherwise (one awaiting a decision included). It
 	// sees, lists, follows, decides, cancels and deletes them as its own.
 	// At most one tenant sets it.
 	DefaultRuns bool `yaml:"default_runs,omitempty"`
-
-	SpendLimit *TenantSpendLimit `yaml:"spend_limit,omitempty"` // what it may spend a day or a month (tenantspend.go)
 }
 
 // HashToken returns the hex SHA-256 digest of a bearer token, as

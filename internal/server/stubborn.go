@@ -18,6 +18,7 @@ import (
 	"github.com/stubbornhq/stubborn/internal/fleetguard"
 	"github.com/stubbornhq/stubborn/internal/runs"
 	"github.com/stubbornhq/stubborn/internal/runs/memstore"
+	"github.com/stubbornhq/stubborn/internal/spend"
 	"github.com/stubbornhq/stubborn/internal/telemetry"
 )
 
@@ -53,6 +54,10 @@ type Config struct {
 	// limits the fleet's: shared by the replicas on its NATS cluster
 	// (docs/fleet-guards.md). Nil keeps them this server's own.
 	Fleet *fleetguard.Fleet
+	// Spend is the ledger of the tenants' spend (tenantspend.go), which
+	// replicas sharing a store share. Nil keeps it in memory, this
+	// server's own.
+	Spend spend.Ledger
 	// NoReflection leaves the reflection service out. Authentication (the
 	// Registry's tenants) applies to reflection as to the ControlService.
 	NoReflection bool
@@ -153,9 +158,12 @@ func New(cfg Config) (*Stubborn, error) {
 	if cfg.Seed != 0 {
 		rc.Seed = cfg.Seed
 	}
+	ts := newTenantSpend(cfg.Spend, clockNow(cfg.Clock), logger)
+	rc.Observer = ts.observer(rc.Observer) // counts the tenants' spend
 	m, err := runs.New(rc)
 	if err != nil {
 		regs.release(reg)
+		ts.close()
 		return nil, err
 	}
 	opts.ActiveRuns = active
@@ -164,6 +172,7 @@ func New(cfg Config) (*Stubborn, error) {
 	opts.regs = regs
 	serverOpts := append([]grpc.ServerOption{grpc.StatsHandler(tel.ServerHandler())}, cfg.ServerOptions...)
 	s.svc = newService(m, opts)
+	s.svc.spend = ts
 	s.GRPC, s.Health = newGRPCServer(s.svc, opts, serverOpts...)
 	s.Runs = m
 	return s, nil
@@ -331,6 +340,7 @@ func (s *Stubborn) Stop(grace time.Duration) {
 		s.GRPC.Stop()
 		<-done
 	}
+	s.svc.spend.close() // the runs have ended: their spend is all seen
 	// The runs have ended here: the current registry is the last held.
 	s.svc.regs.retire()
 	if s.doorClose != nil {
