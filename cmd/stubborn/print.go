@@ -110,8 +110,13 @@ func (p *printer) event(ev *stubbornv1.RunEvent) {
 	} else {
 		line = describe(ev)
 	}
-	if ev.GetDecisionRequested() != nil {
-		line += fmt.Sprintf(" — answer with `stubborn decide%s %s retry|fail`", p.addrFlag(), ev.GetRunId())
+	if req := ev.GetDecisionRequested(); req != nil {
+		if req.GetReasonCode() == stubbornv1.StatusReason_STATUS_REASON_SPEND_LIMIT_REACHED {
+			// A RETRY must raise the limit the run reached.
+			line += fmt.Sprintf(" — answer with `stubborn decide%s %s retry -max-cost N` (N above the limit) or `… fail`", p.addrFlag(), ev.GetRunId())
+		} else {
+			line += fmt.Sprintf(" — answer with `stubborn decide%s %s retry|fail`", p.addrFlag(), ev.GetRunId())
+		}
 	}
 	fmt.Fprintf(p.w, "%3d %s %s%s\n", ev.GetSeq(), ev.GetTime().AsTime().Local().Format("15:04:05.000"), where, line)
 }
@@ -149,6 +154,9 @@ func describe(ev *stubbornv1.RunEvent) string {
 		return s
 	case *stubbornv1.RunEvent_AttemptFinished:
 		s := describeFinished(k.AttemptFinished, 0)
+		if a := k.AttemptFinished.GetAttempt(); a.GetCost() > 0 {
+			s += " (cost " + costText(a.GetCost(), a.GetCostEstimated()) + ")"
+		}
 		if k.AttemptFinished.GetOutputDiscarded() {
 			s += "\n      " + discardedLine(k.AttemptFinished)
 		}
@@ -196,6 +204,9 @@ func describe(ev *stubbornv1.RunEvent) string {
 		}
 		if st.GetStatusReason() != "" {
 			s += " (" + st.GetStatusReason() + ")"
+		}
+		if c := st.GetCost(); c != nil {
+			s += ", cost " + costText(c.GetTotal(), c.GetEstimated())
 		}
 		return s
 	}

@@ -517,7 +517,7 @@ func (s *service) raisesLimit(ctx context.Context, req *stubbornv1.DecideRunRequ
 	}
 	old, l, spent := st.GetOptions().GetSpendLimit(), req.GetSpendLimit(), st.GetCost()
 	if l == nil {
-		return status.Errorf(codes.FailedPrecondition, "spend_limit: run %s waits because it reached its spend limit (%s): a RETRY must carry a higher spend_limit", req.GetRunId(), st.GetStatusReason())
+		return status.Errorf(codes.FailedPrecondition, "spend_limit: run %s waits at its spend limit (%s): a RETRY must carry a higher spend_limit", req.GetRunId(), strings.TrimPrefix(st.GetStatusReason(), "spend limit reached: "))
 	}
 	costOK := l.GetMaxCost() == 0 || l.GetMaxCost() > spent.GetTotal() && l.GetMaxCost() > old.GetMaxCost()
 	tokensOK := l.GetMaxTotalTokens() == 0 || l.GetMaxTotalTokens() > spent.GetTotalTokens() && l.GetMaxTotalTokens() > old.GetMaxTotalTokens()
