@@ -99,7 +99,7 @@ model front doors (OpenAI's POST /v1/chat/completions, Anthropic's POST /v1/mess
 an embedded NATS JetStream under -data-dir unless -nats-url or -memory says otherwise.`,
 		groups: []flagGroup{
 			{title: "Configuration", names: []string{"config", "watch-config"}},
-			{title: "Listening", names: []string{"listen", "http-listen", "reflection"}},
+			{title: "Listening", names: []string{"listen", "http-listen", "public-url", "reflection"}},
 			{title: "Store", about: "Where runs are kept, and how they are written.", names: []string{
 				"data-dir", "nats-url", "memory", "durability", "sync-period", "replicas", "lease", "write-retry", "output-flush-interval", "output-flush-bytes",
 			}},

@@ -114,7 +114,7 @@ func TestServeHelpGroupedByPurpose(t *testing.T) {
 		assert.False(t, seen[f[1]], "-%s twice", f[1])
 		seen[f[1]] = true
 	}
-	assert.Len(t, seen, 31)
+	assert.Len(t, seen, 32)
 }
 
 // run -h shows -attempts and -max-retries side by side, each saying what

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/stubbornhq/stubborn/internal/delegates"
+	"github.com/stubbornhq/stubborn/internal/notify"
 	"github.com/stubbornhq/stubborn/internal/server"
 	"github.com/stubbornhq/stubborn/internal/telemetry"
 )
@@ -147,7 +148,9 @@ type serveConfig struct {
 	listen, metricsListen string
 	httpListen            string
 	pprofListen           string
-	logger                *slog.Logger
+	// publicURL is -public-url: where people reach the HTTP listener.
+	publicURL string
+	logger    *slog.Logger
 	// logs is the logger's buffer (nil: none), to Close when serve ends.
 	logs     *logBuffer
 	registry *delegates.Config
@@ -180,6 +183,7 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 	metricsListen := fs.String("metrics-listen", "", "address to serve Prometheus metrics on, at /metrics (none when empty)")
 	httpListen := fs.String("http-listen", "", "address to serve the web console, the model front doors (POST /v1/chat/completions, /v1/messages) and the API over HTTP on (Connect, gRPC-Web and JSON, for browsers and curl); none when empty; TLS and loopback rules as -listen")
 	httpAllowedHosts := fs.String("http-allowed-hosts", "", "comma-separated hosts (names or addresses, each with an optional :port) whose Host the -http-listen listener answers besides loopback (localhost, 127.0.0.0/8, ::1) and its own address; any other Host is refused (421), against DNS rebinding")
+	publicURL := fs.String("public-url", "", "the base URL people reach -http-listen at (https://stubborn.example.com, say): the notify targets' decision links and console links are built on it, and the listener answers its host; required when the config lists notify targets")
 	pprofListen := fs.String("pprof-listen", "", "address to serve Go's profiles on, at /debug/pprof/ (net/http/pprof; none when empty); no authentication; TLS and loopback rules as -listen")
 	c := &serveConfig{}
 	c.sec.register(fs)
@@ -189,6 +193,7 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 	}
 	c.listen, c.metricsListen, c.httpListen, c.pprofListen = *listen, *metricsListen, *httpListen, *pprofListen
 	c.configPath, c.watchConfig = *configPath, *watchConfig
+	c.publicURL = strings.TrimRight(*publicURL, "/")
 	for _, h := range strings.Split(*httpAllowedHosts, ",") {
 		if h = strings.TrimSpace(h); h != "" {
 			c.httpAllowedHosts = append(c.httpAllowedHosts, h)
@@ -218,6 +223,9 @@ func parseServe(ctx context.Context, args []string) (*serveConfig, error) {
 		return nil, err
 	}
 	if c.serverOpts, err = c.sec.serverOptions(c.registry); err != nil {
+		return nil, err
+	}
+	if err := checkPublicURL(c.registry, c.publicURL, c.httpListen); err != nil {
 		return nil, err
 	}
 	if !c.sec.tls() {
@@ -413,6 +421,7 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 		Spend:    storeConn.spend,
 		Registry: c.registry, Logger: logger, Telemetry: sdk.Config(logger), Runs: runsCfg,
 		ServerOptions: c.serverOpts, NoReflection: !c.sec.reflection, Fleet: storeConn.fleet,
+		Notify: server.NotifyConfig{PublicURL: c.publicURL, Queue: storeConn.notices},
 	})
 	if err != nil {
 		l.close()
@@ -463,4 +472,22 @@ func serveUntil(ctx context.Context, s *server.Stubborn, lis net.Listener, fatal
 		return 1, err
 	}
 	return 0, nil
+}
+
+// checkPublicURL refuses notify targets without -public-url, and a
+// -public-url without -http-listen to serve its links.
+func checkPublicURL(reg *delegates.Config, publicURL, httpListen string) error {
+	if publicURL == "" {
+		if reg.HasNotify() {
+			return errors.New("the config lists notify targets: give -public-url, the base URL people reach -http-listen at (the decision links are built on it)")
+		}
+		return nil
+	}
+	if err := notify.CheckPublicURL(publicURL); err != nil {
+		return err
+	}
+	if httpListen == "" {
+		return errors.New("-public-url needs -http-listen: the listener that serves the decision links")
+	}
+	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/stubbornhq/stubborn/internal/fleetguard"
+	"github.com/stubbornhq/stubborn/internal/notify"
 	"github.com/stubbornhq/stubborn/internal/runs"
 	"github.com/stubbornhq/stubborn/internal/runs/jsstore"
 	"github.com/stubbornhq/stubborn/internal/runs/memstore"
@@ -132,7 +133,16 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 		closeNS()
 		return rc, nil, nil, err
 	}
-	closeFleet := func() {}
+	// The notices to notify targets, and the decision links' key, live
+	// beside the runs: durable as they are, shared by the replicas.
+	notices, err := notify.OpenKV(ctx, nc, max(js.Replicas, 1), logger)
+	if err != nil {
+		_ = store.Close()
+		stopWatch()
+		return rc, nil, nil, fmt.Errorf("the notices' bucket: %w", err)
+	}
+	w.notices = notices
+	closeFleet := notices.Close
 	if f.natsURL != "" {
 		// Replicas sharing a NATS cluster share their delegates' breakers
 		// and rate limits (docs/fleet-guards.md), under the name the
@@ -144,7 +154,7 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 			stopWatch()
 			return rc, nil, nil, fmt.Errorf("the fleet's guards: %w", err)
 		}
-		w.fleet, closeFleet = fl, fl.Close
+		w.fleet, closeFleet = fl, func() { fl.Close(); notices.Close() }
 		logger.Info("delegate guards are the fleet's", "replica", rc.Owner)
 	}
 	// What the server found damaged when it read its files: logged, and
@@ -192,6 +202,9 @@ type storeWatch struct {
 	// fleet shares the delegates' guards with the other replicas; nil
 	// unless the store is a NATS cluster's (-nats-url).
 	fleet *fleetguard.Fleet
+	// notices keeps the notify targets' notices in the store's JetStream,
+	// shared by the replicas; nil with -memory (kept in process).
+	notices notify.Queue
 
 	mu      sync.Mutex
 	down    bool       // the last state reported was not up; guarded by mu

@@ -74,6 +74,9 @@ type Config struct {
 	// credentials, allowed delegates and limits (see Tenant). Empty means
 	// no authentication: every caller is the default tenant.
 	Tenants []Tenant `yaml:"tenants,omitempty"`
+	// Notify are the webhooks told when the default tenant's runs wait
+	// for a person (docs/notifications.md).
+	Notify []NotifyTarget `yaml:"notify,omitempty"`
 
 	// keys says which of the keys whose loss a reload refuses
 	// (guardedKeys) the file wrote, for [Config.CheckReplaces]. A Config
@@ -487,6 +490,7 @@ func (c *Config) validate(lookupEnv func(string) (string, bool)) error {
 		names[p.Name] = true
 	}
 	c.validateTenants(names, bad)
+	c.validateNotify(lookupEnv, bad)
 	return errors.Join(errs...)
 }
 

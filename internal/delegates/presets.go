@@ -39,6 +39,9 @@ type Preset struct {
 	// SpendLimit is the spend limit of the runs whose control names the
 	// preset at its top and set none (spend_limit); nil means none.
 	SpendLimit *SpendLimit
+	// Notify are the webhooks told when a run whose control names the
+	// preset at its top waits for a person (docs/notifications.md).
+	Notify []NotifyTarget
 }
 
 // controlKeys are the YAML keys of the controls, in ControlSpec order,
@@ -62,6 +65,11 @@ func (p *Preset) UnmarshalYAML(n *yaml.Node) error {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		switch k := n.Content[i]; {
 		case k.Value == "name":
+		case k.Value == "notify":
+			unknown = append(unknown, unknownNotifyKeys(n.Content[i+1])...)
+			if err := n.Content[i+1].Decode(&p.Notify); err != nil {
+				return err
+			}
 		case k.Value == "spend_limit":
 			var l SpendLimit
 			if err := n.Content[i+1].Decode(&l); err != nil {
@@ -162,6 +170,9 @@ func (p Preset) MarshalYAML() (any, error) {
 	body["name"] = p.Name
 	if p.SpendLimit != nil {
 		body["spend_limit"] = p.SpendLimit
+	}
+	if len(p.Notify) > 0 {
+		body["notify"] = p.Notify
 	}
 	return body, nil
 }

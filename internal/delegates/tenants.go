@@ -57,6 +57,9 @@ type Tenant struct {
 	// sees, lists, follows, decides, cancels and deletes them as its own.
 	// At most one tenant sets it.
 	DefaultRuns bool `yaml:"default_runs,omitempty"`
+	// Notify are the webhooks told when the tenant's runs wait for a
+	// person (docs/notifications.md).
+	Notify []NotifyTarget `yaml:"notify,omitempty"`
 }
 
 // HashToken returns the hex SHA-256 digest of a bearer token, as

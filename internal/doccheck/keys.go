@@ -142,6 +142,7 @@ func (w *keyWalker) selfReading(t reflect.Type, path string) {
 		w.add(join(path, "name"), false)
 		w.structKeys(reflect.TypeFor[delegates.SpendLimit](), join(path, "spend_limit"))
 		w.messageKeys((&stubbornv1.ControlSpec{}).ProtoReflect().Descriptor(), path)
+		w.valueKeys(reflect.TypeFor[[]delegates.NotifyTarget](), join(path, "notify")) // and its notify targets
 	default:
 		w.err = fmt.Errorf("%s (at %s) reads itself with UnmarshalYAML: doccheck does not know its keys; describe them in keyWalker.selfReading", t, path)
 	}

@@ -79,7 +79,7 @@ const (
 // checkHost. That is what keeps a web page whose name an attacker's DNS
 // rebinds to 127.0.0.1 from calling the API in a user's browser.
 func (s *Stubborn) HTTPHandler(allowedHosts ...string) (http.Handler, error) {
-	hosts, err := newHostPolicy(allowedHosts)
+	hosts, err := newHostPolicy(append(allowedHosts, s.publicHosts()...))
 	if err != nil {
 		return nil, err
 	}
@@ -103,6 +103,7 @@ func (s *Stubborn) HTTPHandler(allowedHosts ...string) (http.Handler, error) {
 	mux.Handle("POST /v1/messages", boundBody(http.HandlerFunc(s.door.messages), refuseBodyAs(anthropicDialect{})))
 	mux.Handle("POST /v1/responses", boundBody(http.HandlerFunc(s.door.responses), refuseBodyAs(responsesDialect{})))
 	mux.Handle("GET /v1/models", http.HandlerFunc(s.door.models))
+	s.routeDecide(mux) // the decision links of the notices (notify.go)
 	// Everything else is the web console (index.html at "/", its assets;
 	// 404 for the rest), which calls the API above on the same origin.
 	mux.Handle("/", console.Handler())

@@ -112,6 +112,8 @@ type setup struct {
 	configure func(*delegates.Config)
 	// fleet, when set, shares the guards with other servers (Config.Fleet).
 	fleet *fleetguard.Fleet
+	// notify tells people when runs wait (Config.Notify).
+	notify server.NotifyConfig
 }
 
 // delegateTLS serves delegates over TLS and tells the registry how to reach
@@ -171,7 +173,7 @@ func startWith(t testing.TB, su setup) *env {
 	if su.jetstream {
 		store = jetStreamStore(t)
 	}
-	st, err := server.New(server.Config{Registry: cfg, Logger: logger, Clock: su.clock, ServerOptions: su.serverOptions, Runs: runs.Config{Store: store}, Fleet: su.fleet})
+	st, err := server.New(server.Config{Registry: cfg, Logger: logger, Clock: su.clock, ServerOptions: su.serverOptions, Runs: runs.Config{Store: store}, Fleet: su.fleet, Notify: su.notify})
 	require.NoError(t, err)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/stubbornhq/stubborn/internal/controls"
 	"github.com/stubbornhq/stubborn/internal/delegates"
 	"github.com/stubbornhq/stubborn/internal/fleetguard"
+	"github.com/stubbornhq/stubborn/internal/notify"
 	"github.com/stubbornhq/stubborn/internal/runs"
 	"github.com/stubbornhq/stubborn/internal/runs/memstore"
 	"github.com/stubbornhq/stubborn/internal/spend"
@@ -61,6 +62,9 @@ type Config struct {
 	// NoReflection leaves the reflection service out. Authentication (the
 	// Registry's tenants) applies to reflection as to the ControlService.
 	NoReflection bool
+	// Notify tells people when runs wait for them (notify targets in the
+	// Registry, decision links on the HTTP listener).
+	Notify NotifyConfig
 }
 
 // Stubborn is a ready server: the gRPC server with every service registered,
@@ -88,6 +92,10 @@ type Stubborn struct {
 	door      *frontDoor
 	doorErr   error
 	doorClose func()
+	// notifier posts notices and serves decision links (notify.go); nil
+	// without a public URL. publicURL is Config.Notify.PublicURL.
+	notifier  *notify.Notifier
+	publicURL string
 }
 
 // New builds a Stubborn server from cfg. Serve it, then Stop it.
@@ -152,6 +160,10 @@ func New(cfg Config) (*Stubborn, error) {
 	// under, and the observer), and the clock and seed when it has them.
 	rc.Bind = regs.bind
 	rc.Observer = active.Observer(tel)
+	if err := s.newNotifier(cfg, regs, &rc); err != nil {
+		regs.release(reg)
+		return nil, err
+	}
 	if cfg.Clock != nil {
 		rc.Clock = cfg.Clock
 	}
@@ -175,6 +187,8 @@ func New(cfg Config) (*Stubborn, error) {
 	s.svc.spend = ts
 	s.GRPC, s.Health = newGRPCServer(s.svc, opts, serverOpts...)
 	s.Runs = m
+	s.publicURL = cfg.Notify.PublicURL
+	s.startNotifier(m)
 	return s, nil
 }
 
@@ -272,6 +286,9 @@ func (s *Stubborn) Reload(cfg *delegates.Config) error {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
 	regs := s.svc.regs
+	if err := checkNotify(cfg, s.publicURL); err != nil {
+		return err
+	}
 	reg, _, err := s.build(cfg, regs.current())
 	if err != nil {
 		return err
@@ -329,6 +346,7 @@ func (s *Stubborn) Serve(lis net.Listener) error { return s.GRPC.Serve(lis) }
 func (s *Stubborn) Stop(grace time.Duration) {
 	s.Health.Shutdown()
 	s.Runs.Close()
+	s.stopNotifier() // after the runs: their last events are queued
 	done := make(chan struct{})
 	go func() {
 		s.GRPC.GracefulStop()
