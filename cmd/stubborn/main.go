@@ -418,6 +418,7 @@ func cmdServe(ctx context.Context, args []string) (int, error) {
 	}
 	defer closeStore()
 	s, err := server.New(server.Config{
+		Spend:    storeConn.spend,
 		Registry: c.registry, Logger: logger, Telemetry: sdk.Config(logger), Runs: runsCfg,
 		ServerOptions: c.serverOpts, NoReflection: !c.sec.reflection, Fleet: storeConn.fleet,
 		Notify: server.NotifyConfig{PublicURL: c.publicURL, Queue: storeConn.notices},

@@ -19,6 +19,7 @@ import (
 	"github.com/stubbornhq/stubborn/internal/runs/jsstore"
 	"github.com/stubbornhq/stubborn/internal/runs/memstore"
 	"github.com/stubbornhq/stubborn/internal/runs/store"
+	"github.com/stubbornhq/stubborn/internal/spend"
 )
 
 // storeFlags choose where runs are kept.
@@ -162,6 +163,14 @@ func (f *storeFlags) open(ctx context.Context, logger *slog.Logger) (runs.Config
 	if damaged() {
 		store.MarkDamaged()
 	}
+	// The tenants' spend is kept beside the runs, shared by the replicas.
+	if w.spend, err = spend.OpenKV(ctx, nc, spend.KVConfig{Replicas: js.Replicas}); err != nil {
+		closeFleet()
+		stopWatch()
+		_ = store.Close()
+		closeNS()
+		return rc, nil, nil, fmt.Errorf("the tenants' spend: %w", err)
+	}
 	rc.Store = store
 	w.conn = nc
 	stopBeats := watchBeats(w, store.LastBeat, f.lease, logger)
@@ -188,6 +197,8 @@ func pingInterval(lease time.Duration) time.Duration {
 type storeWatch struct {
 	fatal chan error // buffered: the first close for good
 	conn  *nats.Conn // nil with -memory; for tests
+	// spend is the tenants' spend; nil with -memory (the server keeps it).
+	spend spend.Ledger
 	// fleet shares the delegates' guards with the other replicas; nil
 	// unless the store is a NATS cluster's (-nats-url).
 	fleet *fleetguard.Fleet

@@ -67,6 +67,9 @@ type Config struct {
 	// RetryBudget, when set, limits the retry control's retries per delegate
 	// the way gRPC's retry throttling does. Nil means no budget.
 	RetryBudget *RetryBudget `yaml:"retry_budget,omitempty"`
+	// SpendLimit is the default tenant's spend limit for a day or a month
+	// (tenantspend.go); a config with tenants sets theirs instead.
+	SpendLimit *TenantSpendLimit `yaml:"spend_limit,omitempty"`
 	// Tenants are the callers the server lets in, each with its
 	// credentials, allowed delegates and limits (see Tenant). Empty means
 	// no authentication: every caller is the default tenant.
@@ -434,6 +437,7 @@ func (c *Config) validate(lookupEnv func(string) (string, bool)) error {
 		errs = append(errs, fmt.Errorf("%w: %s", errInvalidConfig, fmt.Sprintf(format, args...)))
 	}
 	validateLimits("limits", c.Limits, bad)
+	c.validateTenantSpend(bad)
 	seen := make(map[string]int, len(c.Delegates))
 	for i, d := range c.Delegates {
 		where := fmt.Sprintf("delegates[%d]", i)

@@ -48,6 +48,9 @@ type Tenant struct {
 	// config's limits; set ones apply besides them, so a tenant gets the
 	// smaller of the two.
 	Limits Limits `yaml:"limits,omitempty"`
+	// SpendLimit is what the tenant may spend a day or a month
+	// (tenantspend.go); nil means no limit.
+	SpendLimit *TenantSpendLimit `yaml:"spend_limit,omitempty"`
 	// DefaultRuns makes the tenant the owner of the default tenant's
 	// runs: those started while the server had no tenants, which no
 	// tenant would see otherwise (one awaiting a decision included). It

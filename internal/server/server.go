@@ -92,6 +92,7 @@ type service struct {
 	// malformed holds the requests the server's codec could not decode,
 	// until the interceptors answer them (malformed.go).
 	malformed malformedRequests
+	spend     *tenantSpend // the tenants' spend limits (tenantspend.go); nil: none
 }
 
 var _ stubbornv1.ControlServiceServer = (*service)(nil)
@@ -233,6 +234,9 @@ func (s *service) start(ctx context.Context, req runRequest) (*stubbornv1.Contro
 	}
 	ctx = context.WithValue(ctx, registryKey{}, reg)
 	p := reg.policy(ctx)
+	if err := s.spend.admit(ctx, reg.cfg, p.tenant); err != nil {
+		return nil, err // a tenant over its spend limit takes no start from its rate
+	}
 	undo, err := s.takeStart(p)
 	if err != nil {
 		return nil, err

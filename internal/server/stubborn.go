@@ -19,6 +19,7 @@ import (
 	"github.com/stubbornhq/stubborn/internal/notify"
 	"github.com/stubbornhq/stubborn/internal/runs"
 	"github.com/stubbornhq/stubborn/internal/runs/memstore"
+	"github.com/stubbornhq/stubborn/internal/spend"
 	"github.com/stubbornhq/stubborn/internal/telemetry"
 )
 
@@ -54,6 +55,10 @@ type Config struct {
 	// limits the fleet's: shared by the replicas on its NATS cluster
 	// (docs/fleet-guards.md). Nil keeps them this server's own.
 	Fleet *fleetguard.Fleet
+	// Spend is the ledger of the tenants' spend (tenantspend.go), which
+	// replicas sharing a store share. Nil keeps it in memory, this
+	// server's own.
+	Spend spend.Ledger
 	// NoReflection leaves the reflection service out. Authentication (the
 	// Registry's tenants) applies to reflection as to the ControlService.
 	NoReflection bool
@@ -165,9 +170,12 @@ func New(cfg Config) (*Stubborn, error) {
 	if cfg.Seed != 0 {
 		rc.Seed = cfg.Seed
 	}
+	ts := newTenantSpend(cfg.Spend, clockNow(cfg.Clock), logger)
+	rc.Observer = ts.observer(rc.Observer) // counts the tenants' spend
 	m, err := runs.New(rc)
 	if err != nil {
 		regs.release(reg)
+		ts.close()
 		return nil, err
 	}
 	opts.ActiveRuns = active
@@ -176,6 +184,7 @@ func New(cfg Config) (*Stubborn, error) {
 	opts.regs = regs
 	serverOpts := append([]grpc.ServerOption{grpc.StatsHandler(tel.ServerHandler())}, cfg.ServerOptions...)
 	s.svc = newService(m, opts)
+	s.svc.spend = ts
 	s.GRPC, s.Health = newGRPCServer(s.svc, opts, serverOpts...)
 	s.Runs = m
 	s.publicURL = cfg.Notify.PublicURL
@@ -349,6 +358,7 @@ func (s *Stubborn) Stop(grace time.Duration) {
 		s.GRPC.Stop()
 		<-done
 	}
+	s.svc.spend.close() // the runs have ended: their spend is all seen
 	// The runs have ended here: the current registry is the last held.
 	s.svc.regs.retire()
 	if s.doorClose != nil {
