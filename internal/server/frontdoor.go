@@ -153,6 +153,11 @@ func failureOf(err error) failure {
 		f.status, f.code = http.StatusNotFound, "model_not_found"
 	case codes.ResourceExhausted:
 		f.status, f.code, f.retryAfter = http.StatusTooManyRequests, "rate_limit_exceeded", max(retryAfter, time.Second)
+		if spendLimited(st) {
+			// What OpenAI answers an account out of credit: an SDK
+			// tells it from a rate limit by this code.
+			f.code = "insufficient_quota"
+		}
 	case codes.Unavailable:
 		f.status, f.code, f.retryAfter = http.StatusServiceUnavailable, "unavailable", retryAfter
 	case codes.AlreadyExists:
@@ -165,6 +170,21 @@ func failureOf(err error) failure {
 		f.status, f.code = http.StatusInternalServerError, "internal_error"
 	}
 	return f
+}
+
+// spendLimited reports whether st refuses a tenant over its spend limit
+// (tenantspend.go), not a rate.
+func spendLimited(st *status.Status) bool {
+	for _, d := range st.Details() {
+		if qf, ok := d.(*errdetails.QuotaFailure); ok {
+			for _, v := range qf.GetViolations() {
+				if strings.Contains(v.GetDescription(), "spend limit") {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // refuseBodyAs is a door's answer to a body boundBody refuses (over

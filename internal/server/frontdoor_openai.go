@@ -53,6 +53,9 @@ func (openAIDialect) errorBody(f failure) any {
 		kind = "permission_error"
 	case http.StatusTooManyRequests:
 		kind = "rate_limit_error"
+		if f.code == "insufficient_quota" {
+			kind = f.code // OpenAI's type and code for an account out of credit
+		}
 	}
 	var param any
 	if f.param != "" {

@@ -153,7 +153,8 @@ func TestATenantOverItsDailySpendLimitIsRefusedUntilMidnight(t *testing.T) {
 	}
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&oe))
 	assert.Equal(t, want, oe.Error.Message)
-	assert.Equal(t, "rate_limit_error", oe.Error.Type)
+	assert.Equal(t, "insufficient_quota", oe.Error.Type, "as OpenAI answers an account out of credit")
+	assert.Equal(t, "insufficient_quota", oe.Error.Code)
 
 	resp = postMessages(t, e.base, tokenA, `{"model": "good", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}`)
 	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
