@@ -130,6 +130,7 @@ app_hash=$(sed -n 's/^token_sha256: *//p' "$work/app.token")
 node_token=$("$stubborn" token | tee "$work/node.token" | sed -n 's/^token: *//p')
 go_token=$("$stubborn" token | tee "$work/go.token" | sed -n 's/^token: *//p')
 anthropic_token=$("$stubborn" token | tee "$work/anthropic.token" | sed -n 's/^token: *//p')
+broke_token=$("$stubborn" token | tee "$work/broke.token" | sed -n 's/^token: *//p')
 hash() { printf '%s\n' "$1" | "$stubborn" token -hash; }
 [[ $(hash "$app_token") == "$app_hash" ]] || { echo "FAIL: stubborn token -hash disagrees with stubborn token" >&2; exit 1; }
 
@@ -137,6 +138,7 @@ cat >"$work/stubborn.yaml" <<EOF
 delegates:
   - {name: busy, openai: {base_url: "$url_busy/v1", model: busy-model}, read_only: true, timeout: 10s}
   - {name: good, openai: {base_url: "$url_good/v1", model: good-model}, read_only: true, timeout: 10s}
+  - {name: priced-good, openai: {base_url: "$url_good/v1", model: good-model}, read_only: true, timeout: 10s, price: {per_call: 1}}
   - {name: breaks, openai: {base_url: "$url_breaks/v1", model: breaks-model}, read_only: true, timeout: 10s}
   - {name: throttle, openai: {base_url: "$url_throttle/v1", model: throttle-model}, read_only: true, timeout: 10s}
   - {name: stall, openai: {base_url: "$url_stall/v1", model: stall-model}, read_only: true, timeout: 10s, first_output_timeout: 500ms}
@@ -173,6 +175,9 @@ tenants:
   - name: limited-anthropic
     token_sha256: [$(hash "$anthropic_token")]
     limits: {run_starts_per_second: 0.001}
+  - name: broke
+    token_sha256: [$(hash "$broke_token")]
+    spend_limit: {max_cost: 0.5, period: day}
 EOF
 
 "$stubborn" serve -config "$work/stubborn.yaml" -listen 127.0.0.1:0 -http-listen 127.0.0.1:0 -memory \
@@ -185,7 +190,7 @@ export STUBBORN_TOKEN=$app_token
 wait_for 20 "$stubborn" list -addr "$addr"
 echo "== front door: stubborn serve, gRPC $addr, HTTP $http; fake models$(for n in "${fakes[@]}"; do v=url_$n; printf ' %s %s' "$n" "${!v}"; done)"
 
-export FRONTDOOR_BASE_URL=$http/v1 FRONTDOOR_API_KEY=$app_token FRONTDOOR_THROTTLE_HITS_URL=$url_throttle/hits FRONTDOOR_TOOLS_URL=$url_tools
+export FRONTDOOR_BASE_URL=$http/v1 FRONTDOOR_API_KEY=$app_token FRONTDOOR_BROKE_API_KEY=$broke_token FRONTDOOR_THROTTLE_HITS_URL=$url_throttle/hits FRONTDOOR_TOOLS_URL=$url_tools
 failed=0
 # sdk NAME KEY KINDS COMMAND...: runs COMMAND, then reads back the runs it
 # printed as "run KIND ID" for each of KINDS.

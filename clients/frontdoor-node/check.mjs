@@ -29,6 +29,7 @@ async function main() {
   const baseURL = env("FRONTDOOR_BASE_URL");
   const apiKey = env("FRONTDOOR_API_KEY");
   const limitedKey = env("FRONTDOOR_LIMITED_API_KEY");
+  const brokeKey = env("FRONTDOOR_BROKE_API_KEY");
   const hitsURL = env("FRONTDOOR_THROTTLE_HITS_URL");
 
   // The change an app makes: the base URL and the API key.
@@ -148,6 +149,20 @@ async function main() {
     const err = await expectAPIError("limited tenant, second run", limited.chat.completions.create({ model: "good", messages }), OpenAI.RateLimitError, 429, "rate_limit_exceeded");
     check(err.headers.get("retry-after"), "limited tenant: a 429 without Retry-After");
     console.log(`ok: over the tenant's rate is OpenAI.RateLimitError 429, Retry-After ${err.headers.get("retry-after")}`);
+  }
+
+  // The tenant's daily spend limit (0.5): its first run costs 1 (the
+  // stubborn field says so), then 429 insufficient_quota until midnight UTC.
+  {
+    const broke = new OpenAI({ baseURL, apiKey: brokeKey, maxRetries: 0 });
+    const first = await broke.chat.completions.create({ model: "priced-good", messages });
+    check(first.choices[0]?.message?.content === want, `broke tenant, first run: ${JSON.stringify(first)}`);
+    check(first.stubborn?.cost?.total === 1, `broke tenant, first run: stubborn.cost ${JSON.stringify(first.stubborn)}, want total 1`);
+    const err = await expectAPIError("broke tenant, second run", broke.chat.completions.create({ model: "priced-good", messages }), OpenAI.RateLimitError, 429, "insufficient_quota");
+    const after = Number(err.headers.get("retry-after"));
+    check(after > 0 && after <= 86400, `broke tenant: Retry-After ${err.headers.get("retry-after")}, want the seconds until midnight UTC`);
+    check(/daily spend limit/.test(err.message) && /resets at/.test(err.message), `broke tenant: ${err.message}`);
+    console.log(`ok: over the tenant's daily spend limit is OpenAI.RateLimitError 429 insufficient_quota, Retry-After ${after}s: ${err.message}`);
   }
 
   await whole(client, env("FRONTDOOR_TOOLS_URL"));

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"sync"
 	"time"
 
@@ -32,8 +33,9 @@ type KV struct {
 	stop    context.CancelFunc
 	done    chan struct{}
 
-	mu    sync.Mutex
-	cache map[string]Entry // guarded by mu: the records not settled
+	mu         sync.Mutex
+	cache      map[string]Entry // guarded by mu: the records not settled
+	signingKey []byte           // guarded by mu: nil until read (SigningKey)
 }
 
 var _ Queue = (*KV)(nil)
@@ -70,26 +72,43 @@ func OpenKV(ctx context.Context, nc *nats.Conn, replicas int, logger *slog.Logge
 	return q, nil
 }
 
+// bucketTry bounds one try at creating or binding a bucket.
+const bucketTry = 5 * time.Second
+
 // bucket creates cfg's bucket, or binds to it as another replica made it.
+// Each try has a deadline of its own: replicas starting together on a
+// fresh cluster change the same streams at once, and JetStream's meta
+// leader may leave such a request unanswered (make chaos's
+// concurrent-start saw one try wait out the whole setup); the tries
+// spread with a jittered backoff.
 func bucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 	}
+	wait := 100 * time.Millisecond
 	for {
-		kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+		tctx, cancel := context.WithTimeout(ctx, bucketTry)
+		kv, err := js.CreateOrUpdateKeyValue(tctx, cfg)
+		if err != nil {
+			var berr error
+			if kv, berr = js.KeyValue(tctx, cfg.Bucket); berr == nil {
+				err = nil
+			}
+		}
+		cancel()
 		if err == nil {
 			return kv, nil
 		}
-		if kv, berr := js.KeyValue(ctx, cfg.Bucket); berr == nil {
-			return kv, nil
-		}
+		t := time.NewTimer(time.Duration(mrand.Int64N(int64(wait))) + 1)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return nil, err
-		case <-time.After(200 * time.Millisecond):
+		case <-t.C:
 		}
+		wait = min(2*wait, 2*time.Second)
 	}
 }
 
@@ -211,8 +230,27 @@ func (q *KV) Delete(ctx context.Context, key string, rev uint64) error {
 	return err
 }
 
-// SigningKey implements Queue: the first replica to ask makes it.
+// SigningKey implements Queue: the first replica to ask makes it; once
+// read, it is kept (it never changes).
 func (q *KV) SigningKey(ctx context.Context) ([]byte, error) {
+	q.mu.Lock()
+	kept := q.signingKey
+	q.mu.Unlock()
+	if kept != nil {
+		return kept, nil
+	}
+	key, err := q.readSigningKey(ctx)
+	if err == nil {
+		q.mu.Lock()
+		q.signingKey = key
+		q.mu.Unlock()
+	}
+	return key, err
+}
+
+// readSigningKey makes the signing key, or reads the one another replica
+// made.
+func (q *KV) readSigningKey(ctx context.Context) ([]byte, error) {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key) // never fails (crypto/rand)
 	if _, err := q.keys.Create(ctx, signingKeyKey, key); err == nil {
