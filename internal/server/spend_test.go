@@ -81,9 +81,11 @@ func TestCostOverModelsStreamedOrNotJudgesIncluded(t *testing.T) {
 	assert.True(t, st.GetCost().GetEstimated())
 }
 
-func TestASpendLimitAsksAndARaisedLimitLetsTheRunGoOn(t *testing.T) {
-	var calls atomic.Int32
-	flaky := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// busyTwice is a model at 1 a call that answers 503 twice, then as the
+// fake model does; calls counts the requests it had.
+func busyTwice(t *testing.T) (delegates.Delegate, *atomic.Int32) {
+	calls := &atomic.Int32{}
+	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) <= 2 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = fmt.Fprint(w, `{"error": {"message": "busy", "type": "server_error"}}`)
@@ -91,9 +93,14 @@ func TestASpendLimitAsksAndARaisedLimitLetsTheRunGoOn(t *testing.T) {
 		}
 		fakemodel.New(fakemodel.Streams, 0).ServeHTTP(w, r)
 	}))
-	t.Cleanup(flaky.Close)
-	m := pricedModel("model", flaky.URL)
+	t.Cleanup(model.Close)
+	m := pricedModel("model", model.URL)
 	m.Price = &delegates.Price{PerCall: 1}
+	return m, calls
+}
+
+func TestASpendLimitAsksAndARaisedLimitLetsTheRunGoOn(t *testing.T) {
+	m, calls := busyTwice(t)
 	e := startWith(t, setup{entries: []delegates.Delegate{m}})
 	ctx := testCtx(t)
 
@@ -177,18 +184,7 @@ func TestAPresetsSpendLimitIsItsRunsDefault(t *testing.T) {
 // nothing; POST with a raised limit lets the run go on; the link works
 // once.
 func TestASpendLimitedRunIsNotifiedAndRaisedByLink(t *testing.T) {
-	var calls atomic.Int32
-	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if calls.Add(1) <= 2 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = fmt.Fprint(w, `{"error": {"message": "busy", "type": "server_error"}}`)
-			return
-		}
-		fakemodel.New(fakemodel.Streams, 0).ServeHTTP(w, r)
-	}))
-	t.Cleanup(model.Close)
-	m := pricedModel("model", model.URL)
-	m.Price = &delegates.Price{PerCall: 1}
+	m, calls := busyTwice(t)
 	hook := newHookReceiver(t)
 	e := startNotifying(t, hook.URL, setup{entries: []delegates.Delegate{m}})
 	ctx := testCtx(t)
