@@ -30,8 +30,12 @@ import (
 // and starts the run, so a crash does not block a key for its window.
 
 // keyClaimGrace is how long an entry without a run is taken for a start
-// under way before a new start replaces it.
-const keyClaimGrace = 10 * time.Second
+// under way before a new start replaces it. It must outlast a start that
+// stalls, not only one that died: a start whose first write waits on a
+// NATS node stopped for 12 s (make chaos nats-sigstop) lands it after
+// that, and a replacement made meanwhile started the key's run twice
+// (10 s was not enough). A start that died blocks its key this long.
+const keyClaimGrace = 30 * time.Second
 
 // keyPoll is how often a start that found a key's entry without its run
 // looks again, until keyClaimGrace.
