@@ -34,8 +34,10 @@ import (
 // stalls, not only one that died: a start whose first write waits on a
 // NATS node stopped for 12 s (make chaos nats-sigstop) lands it after
 // that, and a replacement made meanwhile started the key's run twice
-// (10 s was not enough). A start that died blocks its key this long.
-const keyClaimGrace = 30 * time.Second
+// (10 s was not enough; a replica stopped 13 s lands its start too). A
+// start that died blocks its key this long: a client retrying for half a
+// minute gets its run.
+const keyClaimGrace = 20 * time.Second
 
 // keyPoll is how often a start that found a key's entry without its run
 // looks again, until keyClaimGrace.
