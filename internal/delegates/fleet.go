@@ -191,12 +191,16 @@ func (g *Guards) fleetProbeDone(fl *fleetguard.Fleet, name string, cfg CircuitBr
 // whether the fleet's record now stands open or half-open: the local
 // breaker can go back to counting.
 func (g *Guards) fleetOpen(fl *fleetguard.Fleet, name string, cfg CircuitBreaker, why string) bool {
-	now := g.clock.Now()
+	return g.fleetOpenUntil(fl, name, why, g.clock.Now().Add(cfg.Cooldown.Std()))
+}
+
+// fleetOpenUntil is fleetOpen with the cooldown's end.
+func (g *Guards) fleetOpenUntil(fl *fleetguard.Fleet, name, why string, until time.Time) bool {
 	cur, _, err := fl.ChangeBreakerWithin(context.Background(), name, outcomeTimeout, func(cur fleetguard.Breaker) (fleetguard.Breaker, bool) {
 		if cur.StateOf() != fleetguard.StateClosed {
 			return cur, false
 		}
-		return fleetguard.Breaker{State: fleetguard.StateOpen, Until: now.Add(cfg.Cooldown.Std()),
+		return fleetguard.Breaker{State: fleetguard.StateOpen, Until: until,
 			Reason: why, OpenedBy: fl.Replica(), Epoch: cur.Epoch + 1}, true
 	})
 	return err == nil && cur.StateOf() != fleetguard.StateClosed

@@ -237,6 +237,32 @@ func TestFleetCutOffOpensItsOwnBreaker(t *testing.T) {
 	assert.Equal(t, "r1", desc.GetCircuitBreakerOpenedBy())
 }
 
+// A breaker a replica opened on its own counts while cut off opens the
+// fleet's when it is back: the other replicas, and it, refuse the
+// delegate until its cooldown ends, rather than each find it failing
+// again.
+func TestFleetCutOffBreakerOpensTheFleetsOnRejoin(t *testing.T) {
+	n := fleetguardtest.StartNATS(t)
+	clock := controlstest.NewClock()
+	d := Delegate{Name: "d", CircuitBreaker: &CircuitBreaker{ConsecutiveFailures: 2, Cooldown: Duration(time.Hour)}}
+	g1 := fleetGuards(t, n, "r1", clock, d)
+	n.Shutdown()
+	require.Eventually(t, func() bool { up, _ := g1.fleet.Scope(); return !up }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, call(g1, transientErr))
+	require.NoError(t, call(g1, transientErr))
+	require.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, refusedBy(call(g1, nil)), "its own breaker opened")
+	n.Restart(t)
+	g2 := fleetGuards(t, n, "r2", clock, d)
+	require.Eventually(t, func() bool { up, _ := g1.fleet.Scope(); return up }, 15*time.Second, 20*time.Millisecond, "r1 rejoins")
+	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, refusedBy(call(g1, nil)), "back, r1 still refuses")
+	require.Eventually(t, func() bool {
+		return refusedBy(call(g2, nil)) == stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER
+	}, 5*time.Second, 20*time.Millisecond, "r2 obeys the breaker r1 opened while cut off")
+	desc := &stubbornv1.DelegateDescription{}
+	g2.describe("d", desc)
+	assert.Equal(t, "r1", desc.GetCircuitBreakerOpenedBy())
+}
+
 // Cut off, a replica takes its share of the rate limits (the replicas it
 // last saw leasing divide them), counting the calls it sent meanwhile, and
 // the fleet's breaker as last seen open still refuses.

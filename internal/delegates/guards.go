@@ -310,6 +310,13 @@ type admitted struct {
 func (a *admitted) allow(ctx context.Context) string {
 	g := a.g
 	if a.fl != nil {
+		if until, open := a.br.openUntil(); open {
+			// Opened on this replica's own counts while it was cut off
+			// from the fleet's store: the fleet's breaker opens with it
+			// (else the fleet's, closed, would let through the calls this
+			// replica found failing, one replica after another).
+			g.fleetOpenUntil(a.fl, a.name, a.br.reason(), until)
+		}
 		probe, why, tr, err := g.fleetAllow(ctx, a.fl, a.name, a.br.settings())
 		if err == nil {
 			g.transition(a.name, tr)
