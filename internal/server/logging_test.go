@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"strings"
 	"sync"
@@ -85,6 +86,63 @@ func TestLogsHoldNoBriefResultOrToken(t *testing.T) {
 			if level == slog.LevelInfo {
 				assert.NotContains(t, out, secret, "a brief, result or criteria is logged at info")
 			}
+		})
+	}
+}
+
+// TestTheCallLineHasItsFieldsAndOnlyWhenWritten reads the "finished call"
+// lines of a Run that succeeds and a StartRun refused, with the server at
+// info and at debug: a refused call's line at info has the call's fields,
+// its code and error, the run's tenant; a call that succeeded has its
+// line at debug only, with the run's id.
+func TestTheCallLineHasItsFieldsAndOnlyWhenWritten(t *testing.T) {
+	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {
+		t.Run(level.String(), func(t *testing.T) {
+			var logs syncBuffer
+			e := startWith(t, setup{
+				tenants: twoTenants(delegates.Limits{}, delegates.Limits{}),
+				logger:  slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: level})),
+				limits:  delegates.Limits{MaxBriefBytes: 200},
+			})
+			ctxA := as(testCtx(t), tokenA)
+			s, err := e.client.Run(ctxA, &stubbornv1.RunRequest{TaskBrief: "hello", FallbackChain: &stubbornv1.FallbackChainSpec{Chain: []string{"echo"}}})
+			require.NoError(t, err)
+			runID := lastState(t, collect(t, s)).GetRunId()
+			_, err = e.client.StartRun(ctxA, echoRun(strings.Repeat("x", 300)))
+			require.Equal(t, codes.InvalidArgument, status.Code(err))
+
+			lines := map[string]map[string]any{}
+			for l := range strings.Lines(logs.String()) {
+				var m map[string]any
+				require.NoError(t, json.Unmarshal([]byte(l), &m), l)
+				if m["msg"] == "finished call" {
+					lines[m["grpc.method"].(string)] = m
+				}
+			}
+			refused := lines["StartRun"]
+			require.NotNil(t, refused, "the refused call's line, at info")
+			assert.Equal(t, "INFO", refused["level"])
+			for k, want := range map[string]any{
+				"protocol": "grpc", "grpc.component": "server", "grpc.service": "stubborn.v1.ControlService",
+				"grpc.method_type": "unary", "grpc.code": "InvalidArgument", "tenant": "a",
+			} {
+				assert.Equal(t, want, refused[k], k)
+			}
+			for _, k := range []string{"peer.address", "grpc.start_time", "grpc.request.deadline", "grpc.error", "grpc.time_ms"} {
+				assert.NotEmpty(t, refused[k], k)
+			}
+			assert.Contains(t, refused["grpc.error"], "task_brief")
+			run, ok := lines["Run"]
+			if level > slog.LevelDebug {
+				assert.False(t, ok, "a call that succeeded is logged at debug")
+				return
+			}
+			require.True(t, ok, "the Run's line, at debug")
+			assert.Equal(t, "DEBUG", run["level"])
+			assert.Equal(t, runID, run["run_id"])
+			assert.Equal(t, "OK", run["grpc.code"])
+			assert.Equal(t, "server_stream", run["grpc.method_type"])
+			assert.NotContains(t, run, "grpc.error")
 		})
 	}
 }

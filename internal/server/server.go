@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
@@ -30,7 +29,6 @@ import (
 	"github.com/stubbornhq/stubborn/internal/delegates"
 	"github.com/stubbornhq/stubborn/internal/runs"
 	"github.com/stubbornhq/stubborn/internal/runs/jsstore"
-	"github.com/stubbornhq/stubborn/internal/telemetry"
 )
 
 // options configure the ControlService.
@@ -115,43 +113,29 @@ func (s *service) policy(ctx context.Context) *policy {
 // registered. The returned health server lets the caller flip the status on
 // shutdown.
 //
-// The logging interceptor logs one line per call when it finishes: method,
-// code, duration, peer, trace_id, run_id and tenant; at debug for a call
-// that succeeded (callLevel). It never logs payloads
-// (requests, responses: briefs, results) nor metadata (tokens): payload
-// logging is an opt-in of go-grpc-middleware (logging.PayloadReceived,
-// PayloadSent) that this server does not ask for. When the logger writes
-// nothing even at ERROR (slog.DiscardHandler, say), the interceptor is left
-// out: it would build every call's fields for nothing. That is decided here,
-// once: a logger whose level is raised later gets no call lines.
+// The logging interceptor (callLog) logs one line per call when it
+// finishes: method, code, duration, peer, trace_id, run_id and tenant; at
+// debug for a call that succeeded (callLevel), built only when the logger
+// writes that level. It never logs payloads (requests, responses: briefs,
+// results) nor metadata (tokens). When the logger writes nothing even at
+// ERROR (slog.DiscardHandler, say), the interceptor is left out. That is
+// decided here, once: a logger whose level is raised later gets no call
+// lines.
 func newGRPCServer(svc *service, o options, extra ...grpc.ServerOption) (*grpc.Server, *health.Server) {
 	logger := o.Logger
 	if logger == nil {
 		logger = slog.Default()
 	}
-	logAdapter := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		logger.Log(ctx, slog.Level(lvl), msg, fields...)
-	})
 	onPanic := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		logger.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error")
 	})
-	logOpts := []logging.Option{
-		logging.WithLogOnEvents(logging.FinishCall),
-		// A call that succeeded is logged at debug: at thousands of runs a
-		// second, a line for each is a cost (docs/PERFORMANCE.md, issue
-		// 32); any other code at the library's level for it.
-		logging.WithLevels(callLevel),
-		// trace_id, and run_id for an RPC about a run.
-		logging.WithFieldsFromContextAndCallMeta(func(ctx context.Context, c interceptors.CallMeta) logging.Fields {
-			return telemetry.LogFields(ctx, loggable(c.ReqOrNil))
-		}),
-	}
 	var unary []grpc.UnaryServerInterceptor
 	var stream []grpc.StreamServerInterceptor
 	if logger.Enabled(context.Background(), slog.LevelError) {
-		unary = append(unary, logging.UnaryServerInterceptor(logAdapter, logOpts...))
-		stream = append(stream, logging.StreamServerInterceptor(logAdapter, logOpts...))
+		u, st := callLog(logger)
+		unary = append(unary, u)
+		stream = append(stream, st)
 	}
 	unary = append(unary, recovery.UnaryServerInterceptor(onPanic))
 	stream = append(stream, recovery.StreamServerInterceptor(onPanic))
