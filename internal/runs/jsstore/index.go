@@ -77,6 +77,9 @@ type indexer struct {
 	log *slog.Logger
 	// deleted reads whether a run has a tombstone (JetStream.DeletedRun).
 	deleted func(ctx context.Context, runID string) (bool, error)
+	// anyDeleted reads whether the store holds any tombstone
+	// (JetStream.anyTombstones).
+	anyDeleted func(ctx context.Context) (bool, error)
 
 	mu sync.Mutex
 	// pending holds the states of each run not yet indexed, encoded, in
@@ -119,7 +122,7 @@ const indexRetry = time.Second
 // startIndexer starts the indexer of s's index, and its reconcile.
 func (s *JetStream) startIndexer(kv jetstream.KeyValue, log *slog.Logger) {
 	ctx, cancel := context.WithCancel(context.Background())
-	x := &indexer{kv: kv, log: log, deleted: s.DeletedRun, pending: map[string][][]byte{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), reconciled: make(chan struct{})}
+	x := &indexer{kv: kv, log: log, deleted: s.DeletedRun, anyDeleted: s.anyTombstones, pending: map[string][][]byte{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), reconciled: make(chan struct{})}
 	s.index = x
 	var wg sync.WaitGroup
 	// The summaries of the runs that change are written from the first,
@@ -204,10 +207,14 @@ func (x *indexer) loop(ctx context.Context) {
 		x.pending = make(map[string][][]byte, len(batch))
 		x.writing = batch
 		x.mu.Unlock()
+		var done []indexed
 		for runID, states := range batch {
-			if !x.indexRun(ctx, runID, states) {
+			if !x.indexRun(ctx, runID, states, &done) {
 				return
 			}
+		}
+		if !x.undeletedAll(ctx, done) {
+			return
 		}
 		x.mu.Lock()
 		x.writing = nil
@@ -220,11 +227,20 @@ func (x *indexer) loop(ctx context.Context) {
 	}
 }
 
+// indexed is a summary a batch wrote, to be taken back if its run has a
+// tombstone (undeletedAll), with the states from it on, written again if
+// that check fails.
+type indexed struct {
+	key, runID string
+	states     [][]byte
+}
+
 // indexRun writes the summaries of run runID's states that the index
 // must show: the last of each status in a row, and once the run has
-// ended, its end only. A failed write puts the states from it on back
-// (retryLater). It reports false when ctx ended meanwhile.
-func (x *indexer) indexRun(ctx context.Context, runID string, states [][]byte) bool {
+// ended, its end only, and adds them to done. A failed write puts the
+// states from it on back (retryLater). It reports false when ctx ended
+// meanwhile.
+func (x *indexer) indexRun(ctx context.Context, runID string, states [][]byte, done *[]indexed) bool {
 	sums, tenants := x.summaries(runID, states)
 	end := -1 // the last state that says the run ended
 	for i, sum := range sums {
@@ -239,12 +255,39 @@ func (x *indexer) indexRun(ctx context.Context, runID string, states [][]byte) b
 		if end >= 0 && i != end {
 			continue // the run has ended: its end is all there is to say
 		}
-		if err := x.write(ctx, tenants[i], sum); err != nil {
+		key, err := x.write(ctx, tenants[i], sum)
+		if err != nil {
 			if ctx.Err() != nil {
 				return false
 			}
 			x.retryLater(runID, states[i:], err)
 			return true
+		}
+		if key != "" {
+			*done = append(*done, indexed{key: key, runID: runID, states: states[i:]})
+		}
+	}
+	return true
+}
+
+// undeletedAll takes back each summary in done whose run has a tombstone
+// (undeleted), once every write of the batch is done. When the store
+// holds no tombstone at all, read after those writes, none was deleted
+// (a deletion writes its tombstone before it purges the index): one read
+// a batch instead of one a summary. It reports false when ctx ended.
+func (x *indexer) undeletedAll(ctx context.Context, done []indexed) bool {
+	if len(done) == 0 {
+		return true
+	}
+	if some, err := x.anyDeleted(ctx); err == nil && !some {
+		return true
+	}
+	for _, w := range done {
+		if err := x.undeleted(ctx, w.key, w.runID); err != nil {
+			if ctx.Err() != nil {
+				return false
+			}
+			x.retryLater(w.runID, w.states, err)
 		}
 	}
 	return true
@@ -264,38 +307,35 @@ func (x *indexer) summaries(runID string, states [][]byte) ([]*stubbornv1.RunSum
 	return sums, tenants
 }
 
-// summaryOf decodes a state into its summary and tenant; ok is false for
-// a state the store could not read either.
+// summaryOf decodes a state's summary and tenant (store.DecodeSummary:
+// the fields they are read from alone); ok is false when those do not
+// decode.
 func summaryOf(state []byte) (sum *stubbornv1.RunSummary, tenant string, ok bool) {
-	st, err := store.DecodeState(state)
-	if err != nil {
-		return nil, "", false
-	}
-	return store.Summary(st), st.GetTenant(), true
+	sum, tenant, err := store.DecodeSummary(state)
+	return sum, tenant, err == nil
 }
 
 // write indexes one summary of tenant, unless the index has a newer one
 // (newerIndexed): several servers write a run's summaries — the one that
 // lost it may write one it had queued after the one that took it over
-// wrote the run's end — and the index must end with the journal's.
+// wrote the run's end — and the index must end with the journal's. It
+// returns the summary's key, "" when there was nothing to index.
 //
-// A summary written of a run deleted meanwhile is taken back (undeleted).
-func (x *indexer) write(ctx context.Context, tenant string, sum *stubbornv1.RunSummary) error {
+// A summary written of a run deleted meanwhile is taken back once the
+// batch is written (undeletedAll).
+func (x *indexer) write(ctx context.Context, tenant string, sum *stubbornv1.RunSummary) (string, error) {
 	v, err := indexEntry(tenant, sum)
 	if err != nil {
-		return nil // nothing to index
+		return "", nil // nothing to index
 	}
 	key := indexKey(tenant, sum.GetRunId())
 	if err := x.put(ctx, key, v, tenant, sum); err != nil {
-		return err
-	}
-	if err := x.undeleted(ctx, key, sum.GetRunId()); err != nil {
-		return err
+		return "", err
 	}
 	if x.failing.CompareAndSwap(true, false) {
 		x.log.Info("run index: writing it works again")
 	}
-	return nil
+	return key, nil
 }
 
 // put writes entry v of run sum to key, unless the index has a newer one.

@@ -37,10 +37,14 @@ func TestTheIndexEndsWithTheRunsEnd(t *testing.T) {
 		require.True(t, ok)
 		return got.GetStatus()
 	}
-	require.NoError(t, s.index.write(ctx, "", sum(stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF, now)))
-	require.NoError(t, s.index.write(ctx, "", sum(stubbornv1.RunStatus_RUN_STATUS_RUNNING, now.Add(-time.Second))))
+	write := func(sum *stubbornv1.RunSummary) {
+		_, err := s.index.write(ctx, "", sum)
+		require.NoError(t, err)
+	}
+	write(sum(stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF, now))
+	write(sum(stubbornv1.RunStatus_RUN_STATUS_RUNNING, now.Add(-time.Second)))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF, indexed(), "an older update does not replace a newer one")
-	require.NoError(t, s.index.write(ctx, "", sum(stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, now.Add(time.Second))))
-	require.NoError(t, s.index.write(ctx, "", sum(stubbornv1.RunStatus_RUN_STATUS_RUNNING, now.Add(time.Hour))))
+	write(sum(stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, now.Add(time.Second)))
+	write(sum(stubbornv1.RunStatus_RUN_STATUS_RUNNING, now.Add(time.Hour)))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, indexed(), "nothing replaces the run's end")
 }

@@ -30,6 +30,17 @@ func (s *JetStream) DeletedRun(ctx context.Context, runID string) (bool, error) 
 	}
 }
 
+// anyTombstones reports whether the store holds any tombstone, or any
+// other record in their bucket: with none, no run has been deleted (within
+// the retention). One read of the bucket's stream state.
+func (s *JetStream) anyTombstones(ctx context.Context) (bool, error) {
+	st, err := s.deleted.Status(ctx)
+	if err != nil {
+		return false, err
+	}
+	return st.Values() > 0, nil
+}
+
 // tombstone records that run runID is deleted, before anything of it is
 // purged; it returns once the store has it.
 func (s *JetStream) tombstone(ctx context.Context, runID string) error {

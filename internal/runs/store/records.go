@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
 	"github.com/stubbornhq/stubborn/internal/controls"
@@ -65,6 +66,48 @@ func DecodeState(data []byte) (*stubbornv1.ControlState, error) {
 		return nil, fmt.Errorf("undecodable run state: %w", err)
 	}
 	return st, nil
+}
+
+// summaryFields marks the fields of a ControlState that its Summary and
+// its tenant are read from: DecodeSummary decodes those alone.
+var summaryFields = func() (f [32]bool) {
+	fields := (&stubbornv1.ControlState{}).ProtoReflect().Descriptor().Fields()
+	for _, name := range []string{"run_id", "status", "winner", "attempts", "task_brief", "control", "create_time", "update_time", "tenant", "cost"} {
+		fd := fields.ByName(protoreflect.Name(name))
+		if fd == nil || int(fd.Number()) >= len(f) {
+			panic("store: ControlState has no field " + name + " below 32")
+		}
+		f[fd.Number()] = true
+	}
+	return f
+}()
+
+// DecodeSummary decodes the summary and the tenant of a run's encoded
+// state, as Summary(DecodeState(data)) and its tenant, decoding only the
+// fields they are read from: the run's result, attempts, failure history,
+// options and conversation are skipped, not decoded (the listing index
+// writes a summary for each run's end).
+func DecodeSummary(data []byte) (sum *stubbornv1.RunSummary, tenant string, err error) {
+	kept := make([]byte, 0, min(len(data), 1024))
+	for b := data; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, "", fmt.Errorf("undecodable run state: %w", protowire.ParseError(n))
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return nil, "", fmt.Errorf("undecodable run state: %w", protowire.ParseError(m))
+		}
+		if num > 0 && int(num) < len(summaryFields) && summaryFields[num] {
+			kept = append(kept, b[:n+m]...)
+		}
+		b = b[n+m:]
+	}
+	st := &stubbornv1.ControlState{}
+	if err := proto.Unmarshal(kept, st); err != nil {
+		return nil, "", fmt.Errorf("undecodable run state: %w", err)
+	}
+	return Summary(st), st.GetTenant(), nil
 }
 
 func IsTerminal(s stubbornv1.RunStatus) bool {
