@@ -37,7 +37,11 @@ type Ratio struct {
 	Throughput  float64 `json:"throughput"`
 	P50         float64 `json:"p50"`
 	P99         float64 `json:"p99"`
-	CPU         float64 `json:"cpu_per_op"`
+	// CPU is the CPU time per call of every process of each side (the
+	// client's, the server's, the delegate's); ServerCPU, for the shipped
+	// scenarios, the server process's alone (the proxy, `stubborn serve`).
+	CPU       float64 `json:"cpu_per_op"`
+	ServerCPU float64 `json:"server_cpu_per_op,omitempty"`
 	// The targets this row is judged by, 0 for none; Stretch the issue's
 	// stretch goal.
 	ThroughputAtLeast float64 `json:"throughput_at_least,omitempty"`
@@ -162,6 +166,9 @@ func ratios(load []LoadResult) []Ratio {
 			if b.CPUusPerOp > 0 {
 				r.CPU = a.CPUusPerOp / b.CPUusPerOp
 			}
+			if b.ServerCPUusPerOp > 0 {
+				r.ServerCPU = a.ServerCPUusPerOp / b.ServerCPUusPerOp
+			}
 			if c == hi {
 				r.ThroughputAtLeast, r.ThroughputStretch = p.throughput, p.throughputStretch
 			}
@@ -183,8 +190,8 @@ func printRatios(w io.Writer, rs []Ratio, what string) {
 			continue
 		}
 		fmt.Fprintf(w, "### %s (%s)\n\n", g.title, what)
-		fmt.Fprintln(w, "| ratio | store | concurrency | throughput | p50 | p99 | CPU/op | target |")
-		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|---|")
+		fmt.Fprintln(w, "| ratio | store | concurrency | throughput | p50 | p99 | CPU/op all | CPU/op server | target |")
+		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|---|")
 		for _, r := range group {
 			var targets []string
 			if r.ThroughputAtLeast > 0 {
@@ -197,8 +204,8 @@ func printRatios(w io.Writer, rs []Ratio, what string) {
 			if len(targets) > 0 {
 				target = strings.Join(targets, "; ")
 			}
-			fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s |\n", r.Label, r.Store, r.Concurrency,
-				ratioStr(r.Throughput), ratioStr(r.P50), ratioStr(r.P99), ratioStr(r.CPU), target)
+			fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s | %s |\n", r.Label, r.Store, r.Concurrency,
+				ratioStr(r.Throughput), ratioStr(r.P50), ratioStr(r.P99), ratioStr(r.CPU), orDash(r.ServerCPU, ratioStr), target)
 		}
 		fmt.Fprintln(w)
 	}

@@ -257,6 +257,7 @@ func medianOf(files []string) (*Report, error) {
 		m.P50 = median(vs, func(v Ratio) float64 { return v.P50 })
 		m.P99 = median(vs, func(v Ratio) float64 { return v.P99 })
 		m.CPU = median(vs, func(v Ratio) float64 { return v.CPU })
+		m.ServerCPU = median(vs, func(v Ratio) float64 { return v.ServerCPU })
 		out.Ratios = append(out.Ratios, m)
 	}
 	out.Runs = len(reps)
