@@ -88,26 +88,38 @@ var summaryFields = func() (f [32]bool) {
 // options and conversation are skipped, not decoded (the listing index
 // writes a summary for each run's end).
 func DecodeSummary(data []byte) (sum *stubbornv1.RunSummary, tenant string, err error) {
-	kept := make([]byte, 0, min(len(data), 1024))
-	for b := data; len(b) > 0; {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, "", fmt.Errorf("undecodable run state: %w", protowire.ParseError(n))
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return nil, "", fmt.Errorf("undecodable run state: %w", protowire.ParseError(m))
-		}
-		if num > 0 && int(num) < len(summaryFields) && summaryFields[num] {
-			kept = append(kept, b[:n+m]...)
-		}
-		b = b[n+m:]
+	// The fields kept are copied out whole, into a buffer of their size.
+	size := 0
+	if err := eachSummaryField(data, func(f []byte) { size += len(f) }); err != nil {
+		return nil, "", err
 	}
+	kept := make([]byte, 0, size)
+	_ = eachSummaryField(data, func(f []byte) { kept = append(kept, f...) })
 	st := &stubbornv1.ControlState{}
 	if err := proto.Unmarshal(kept, st); err != nil {
 		return nil, "", fmt.Errorf("undecodable run state: %w", err)
 	}
 	return Summary(st), st.GetTenant(), nil
+}
+
+// eachSummaryField calls fn with the encoding (tag and value) of each
+// field of an encoded ControlState that summaryFields marks, in order.
+func eachSummaryField(data []byte, fn func([]byte)) error {
+	for b := data; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return fmt.Errorf("undecodable run state: %w", protowire.ParseError(n))
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return fmt.Errorf("undecodable run state: %w", protowire.ParseError(m))
+		}
+		if int(num) < len(summaryFields) && summaryFields[num] {
+			fn(b[:n+m])
+		}
+		b = b[n+m:]
+	}
+	return nil
 }
 
 func IsTerminal(s stubbornv1.RunStatus) bool {
