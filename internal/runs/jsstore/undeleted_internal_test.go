@@ -25,11 +25,9 @@ func TestABatchReadsTombstonesOnlyWhenThereAreAny(t *testing.T) {
 	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
+	s := openOn(t, e)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := NewJetStream(ctx, e.Conn, JetStreamConfig{Memory: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
 	var reads atomic.Int64
 	s.index.deleted = func(ctx context.Context, runID string) (bool, error) {
 		reads.Add(1)
