@@ -38,21 +38,35 @@ func ReadState(id string, data []byte) (*stubbornv1.ControlState, error) {
 // HasRunFinished reports whether an event's encoding holds run_finished;
 // ok is false when it is not a message's encoding.
 func HasRunFinished(ev []byte) (finished, ok bool) {
-	for len(ev) > 0 {
-		num, typ, n := protowire.ConsumeTag(ev)
-		if n < 0 {
-			return false, false
-		}
-		m := protowire.ConsumeFieldValue(num, typ, ev[n:])
-		if m < 0 {
-			return false, false
-		}
+	err := eachField(ev, func(num protowire.Number, typ protowire.Type, _ []byte) {
 		if num == runFinishedField && typ == protowire.BytesType {
 			finished = true
 		}
-		ev = ev[n+m:]
+	})
+	if err != nil {
+		return false, false
 	}
 	return finished, true
+}
+
+// eachField calls fn with the number, the wire type and the encoding (tag
+// and value) of each top-level field of a message's encoding, in order;
+// it fails, having called fn for the fields before, when data is not a
+// message's encoding.
+func eachField(data []byte, fn func(num protowire.Number, typ protowire.Type, field []byte)) error {
+	for b := data; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return protowire.ParseError(m)
+		}
+		fn(num, typ, b[:n+m])
+		b = b[n+m:]
+	}
+	return nil
 }
 
 // StateDecodes counts the states decoded whole (DecodeState), for tests
@@ -105,19 +119,13 @@ func DecodeSummary(data []byte) (sum *stubbornv1.RunSummary, tenant string, err 
 // eachSummaryField calls fn with the encoding (tag and value) of each
 // field of an encoded ControlState that summaryFields marks, in order.
 func eachSummaryField(data []byte, fn func([]byte)) error {
-	for b := data; len(b) > 0; {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return fmt.Errorf("undecodable run state: %w", protowire.ParseError(n))
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return fmt.Errorf("undecodable run state: %w", protowire.ParseError(m))
-		}
+	err := eachField(data, func(num protowire.Number, _ protowire.Type, field []byte) {
 		if int(num) < len(summaryFields) && summaryFields[num] {
-			fn(b[:n+m])
+			fn(field)
 		}
-		b = b[n+m:]
+	})
+	if err != nil {
+		return fmt.Errorf("undecodable run state: %w", err)
 	}
 	return nil
 }
