@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
@@ -186,6 +187,23 @@ func TestATenantsMonthlyLimitResetsOnTheFirstOfTheMonth(t *testing.T) {
 	require.NoError(t, startGood(ctx, e.client), "February")
 }
 
+// readAgain is cfg as a reload reads it from its file: delegates and
+// tenants of its own. A pool resolves its model delegates' settings into
+// their config (ModelAPI.check), while the runs the pool before it started
+// still read theirs.
+func readAgain(cfg *delegates.Config) *delegates.Config {
+	c := *cfg
+	c.Delegates = slices.Clone(cfg.Delegates)
+	for i, d := range c.Delegates {
+		if d.OpenAI != nil {
+			o := *d.OpenAI
+			c.Delegates[i].OpenAI = &o
+		}
+	}
+	c.Tenants = slices.Clone(cfg.Tenants)
+	return &c
+}
+
 func TestAReloadChangesATenantsSpendLimit(t *testing.T) {
 	clock := controlstest.NewManualClock()
 	cfg := spendConfig(t, nil) // no limit: the spend is counted all the same
@@ -194,16 +212,14 @@ func TestAReloadChangesATenantsSpendLimit(t *testing.T) {
 	runGood(t, ctx, e.client)
 	require.NoError(t, startGood(ctx, e.client))
 
-	lower := *cfg
-	lower.Tenants = []delegates.Tenant{cfg.Tenants[0], cfg.Tenants[1]}
+	lower := readAgain(cfg)
 	lower.Tenants[0].SpendLimit = &delegates.TenantSpendLimit{MaxCost: 1, Period: "day"}
-	require.NoError(t, e.st.Reload(&lower))
+	require.NoError(t, e.st.Reload(lower))
 	require.True(t, refused(ctx, e.client), "a limit set by a reload counts the day's spend so far")
 
-	higher := lower
-	higher.Tenants = []delegates.Tenant{cfg.Tenants[0], cfg.Tenants[1]}
+	higher := readAgain(cfg)
 	higher.Tenants[0].SpendLimit = &delegates.TenantSpendLimit{MaxCost: 1000, Period: "day"}
-	require.NoError(t, e.st.Reload(&higher))
+	require.NoError(t, e.st.Reload(higher))
 	require.NoError(t, startGood(ctx, e.client), "raised")
 }
 
