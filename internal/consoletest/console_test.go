@@ -267,7 +267,7 @@ func TestConsoleFailAndCancel(t *testing.T) {
 // slow with the race, echo once the delay had passed (slow still running).
 func TestConsoleHedgedRace(t *testing.T) {
 	s := startServer(t, setup{delegates: map[string]stubbornv1.DelegateServiceServer{
-		"slow": &demo.Slow{Delay: time.Minute},
+		"slow": &demo.Slow{Delay: 200 * time.Millisecond}, // either pick succeeds: a tie of 0 in flight is drawn by weight
 		"echo": demo.Echo{},
 	}})
 	ctx := testCtx(t)
@@ -303,7 +303,7 @@ func TestConsoleHedgedRace(t *testing.T) {
 // figures.
 func TestConsoleBalance(t *testing.T) {
 	s := startServer(t, setup{delegates: map[string]stubbornv1.DelegateServiceServer{
-		"slow": &demo.Slow{Delay: time.Minute},
+		"slow": &demo.Slow{Delay: 200 * time.Millisecond}, // either pick succeeds: a tie of 0 in flight is drawn by weight
 		"echo": demo.Echo{},
 	}})
 	ctx := testCtx(t)

@@ -130,6 +130,11 @@ type breaker struct {
 	answered    int // half-open: probes answered
 	// lastTrip says why it last opened.
 	lastTrip string
+	// Fleet-wide guards, cut off from the fleet's store: the fleet's
+	// opening this breaker follows (follow), by epoch and by whom it was
+	// opened; openedBy is "" for an opening on this breaker's own counts.
+	followed uint64
+	openedBy string
 }
 
 type bucketCount struct {
@@ -233,6 +238,9 @@ func (b *breaker) set(to BreakerState, why string) *Transition {
 	b.generation++
 	b.consecutive, b.probes, b.answered = 0, 0, 0
 	b.buckets = [breakerBuckets]bucketCount{}
+	if to != breakerHalfOpen { // a half-open one keeps the opening's
+		b.openedBy = ""
+	}
 	if to == breakerOpen {
 		b.openedAt = b.now()
 	}
@@ -317,6 +325,44 @@ func (b *breaker) openNow() (why string, open bool) {
 
 func (b *breaker) openWhy(until time.Time) string {
 	return fmt.Sprintf("circuit breaker open (%s) until %s", b.lastTrip, until.UTC().Format("2006-01-02T15:04:05.000Z07:00"))
+}
+
+// follow puts a closed breaker in the state of the fleet's opening of
+// epoch (open until until, for why, by whom), as this replica last saw it
+// before it was cut off from the fleet's store: once that cooldown ends,
+// its own probes go first, not every call it sends. Each opening is
+// followed once: a breaker its probes closed stays closed.
+func (b *breaker) follow(epoch uint64, until time.Time, why, by string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state != breakerClosed || epoch == b.followed {
+		return
+	}
+	b.followed = epoch
+	b.set(breakerOpen, why)
+	b.openedAt, b.lastTrip, b.openedBy = until.Add(-b.cfg.Cooldown.Std()), why, by
+}
+
+// ownOpenUntil is openUntil for an opening on this breaker's own counts
+// (not one it follows of the fleet's).
+func (b *breaker) ownOpenUntil() (until time.Time, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.openedBy != "" {
+		return time.Time{}, false
+	}
+	return b.openUntilLocked()
+}
+
+// follower returns the replica that opened the fleet's breaker this one
+// follows in its state, "" when it is in a state of its own.
+func (b *breaker) follower() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state == breakerClosed {
+		return ""
+	}
+	return b.openedBy
 }
 
 // countOnly returns the generation of a call to count while the fleet's

@@ -1,6 +1,7 @@
 package delegates
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -314,8 +315,8 @@ func (g *Guards) describeFleet(name string, d *stubbornv1.DelegateDescription, b
 		d.GuardScopeReason = why
 		if br != nil && br.State() != breakerClosed {
 			// Cut off, this replica guards on its own breaker: it
-			// opened it.
-			d.CircuitBreakerOpenedBy = g.fleet.Replica()
+			// opened it, or follows the fleet's opening it last saw.
+			d.CircuitBreakerOpenedBy = cmp.Or(br.follower(), g.fleet.Replica())
 		}
 		return
 	}

@@ -295,6 +295,41 @@ func TestFleetFallbackTakesItsShare(t *testing.T) {
 	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, refusedBy(err), "the opening it saw stands")
 }
 
+// Cut off past the cooldown of the fleet's opening it last saw, a replica
+// does not send every call: its breaker follows that opening, so its own
+// probe goes first (one here), the others refused while it is in flight;
+// a probe that fails opens its breaker again, one that answers closes it,
+// for good.
+func TestFleetCutOffPastTheCooldownProbesFirst(t *testing.T) {
+	n := fleetguardtest.StartNATS(t)
+	clock := controlstest.NewClock()
+	d := Delegate{Name: "d", CircuitBreaker: &CircuitBreaker{ConsecutiveFailures: 1, Cooldown: Duration(time.Minute), Probes: 1}}
+	g1, g2 := fleetGuards(t, n, "r1", clock, d), fleetGuards(t, n, "r2", clock, d)
+	require.NoError(t, call(g1, transientErr))
+	require.Eventually(t, func() bool { return call(g2, nil) != nil }, time.Second, 5*time.Millisecond, "r2 sees r1's opening")
+	n.Shutdown()
+	require.Eventually(t, func() bool { up, _ := g2.fleet.Scope(); return !up }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, clock.Sleep(context.Background(), time.Minute))
+
+	probe, err := g2.Admit(context.Background(), "d")
+	require.NoError(t, err, "past the cooldown, a probe")
+	err = call(g2, nil)
+	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, refusedBy(err), "a second call while the probe is in flight")
+	assert.Contains(t, err.Error(), "probe")
+	desc := &stubbornv1.DelegateDescription{}
+	g2.describe("d", desc)
+	assert.Equal(t, stubbornv1.GuardScope_GUARD_SCOPE_LOCAL, desc.GetGuardScope())
+	assert.Equal(t, "r1", desc.GetCircuitBreakerOpenedBy(), "the opening it follows is r1's")
+	probe(nil, transientErr)
+	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, refusedBy(call(g2, nil)), "the probe failed: open again")
+
+	require.NoError(t, clock.Sleep(context.Background(), time.Minute))
+	require.NoError(t, call(g2, nil), "the next probe answers")
+	for i := range 3 {
+		require.NoError(t, call(g2, nil), "closed on its probe's answer: call %d", i)
+	}
+}
+
 // The tokens one replica's answers report count against the fleet's
 // tokens_per_minute: once they reach the ledger, another replica's calls
 // wait for room, and are refused past max_queue_wait.

@@ -310,7 +310,7 @@ type admitted struct {
 func (a *admitted) allow(ctx context.Context) string {
 	g := a.g
 	if a.fl != nil {
-		if until, open := a.br.openUntil(); open {
+		if until, open := a.br.ownOpenUntil(); open {
 			// Opened on this replica's own counts while it was cut off
 			// from the fleet's store: the fleet's breaker opens with it
 			// (else the fleet's, closed, would let through the calls this
@@ -327,6 +327,14 @@ func (a *admitted) allow(ctx context.Context) string {
 			return why
 		}
 		a.fl = nil // cut off from the fleet's store: this replica's own breaker
+	}
+	if g.fleet != nil {
+		// Cut off, the fleet's breaker as last seen open or half-open
+		// stands in this replica's own: past its cooldown, this replica's
+		// probes go first, not every call (openWhy refused within it).
+		if rec, _ := g.fleet.Breaker(a.name); rec.StateOf() != fleetguard.StateClosed {
+			a.br.follow(rec.Epoch, rec.Until, rec.Reason, rec.OpenedBy)
+		}
 	}
 	gen, ok, why, tr := a.br.allow()
 	g.transition(a.name, tr)
