@@ -330,6 +330,27 @@ func TestFleetCutOffPastTheCooldownProbesFirst(t *testing.T) {
 	}
 }
 
+// A replica's own opening, made while cut off, stands while the fleet's
+// store does not answer, even for a call admitted as the fleet was seen up
+// a moment before: it does not close it and go through.
+func TestFleetOwnOpeningStandsWhileTheStoreIsDown(t *testing.T) {
+	n := fleetguardtest.StartNATS(t)
+	clock := controlstest.NewClock()
+	d := Delegate{Name: "d", CircuitBreaker: &CircuitBreaker{ConsecutiveFailures: 2, Cooldown: Duration(time.Hour)}}
+	g := fleetGuards(t, n, "r1", clock, d)
+	require.NoError(t, call(g, nil), "the fleet's record read")
+	n.Shutdown()
+	require.Eventually(t, func() bool { up, _ := g.fleet.Scope(); return !up }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, call(g, transientErr))
+	require.NoError(t, call(g, transientErr))
+	require.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, refusedBy(call(g, nil)), "its own breaker opened")
+
+	set, br, _, _ := g.get("d").parts()
+	late := admitted{g: g, name: "d", set: set, br: br, fl: g.fleet} // admitted as the fleet was up
+	assert.Contains(t, late.allow(context.Background()), "circuit breaker open")
+	assert.Equal(t, stubbornv1.RefusedBy_REFUSED_BY_CIRCUIT_BREAKER, refusedBy(call(g, nil)), "its own opening still stands")
+}
+
 // The tokens one replica's answers report count against the fleet's
 // tokens_per_minute: once they reach the ledger, another replica's calls
 // wait for room, and are refused past max_queue_wait.

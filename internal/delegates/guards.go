@@ -310,20 +310,7 @@ type admitted struct {
 func (a *admitted) allow(ctx context.Context) string {
 	g := a.g
 	if a.fl != nil {
-		if until, open := a.br.ownOpenUntil(); open {
-			// Opened on this replica's own counts while it was cut off
-			// from the fleet's store: the fleet's breaker opens with it
-			// (else the fleet's, closed, would let through the calls this
-			// replica found failing, one replica after another).
-			g.fleetOpenUntil(a.fl, a.name, a.br.reason(), until)
-		}
-		probe, why, tr, err := g.fleetAllow(ctx, a.fl, a.name, a.br.settings())
-		if err == nil {
-			g.transition(a.name, tr)
-			a.probe, a.allowTr = probe, tr
-			if why == "" && probe == nil {
-				a.gen = a.br.countOnly()
-			}
+		if why, ok := a.allowByFleet(ctx); ok {
 			return why
 		}
 		a.fl = nil // cut off from the fleet's store: this replica's own breaker
@@ -343,6 +330,32 @@ func (a *admitted) allow(ctx context.Context) string {
 		return why
 	}
 	return ""
+}
+
+// allowByFleet asks the fleet's breaker to let the call through: "" if it
+// does, else why not; ok is false when this replica is cut off from the
+// fleet's store (its own breaker judges then).
+func (a *admitted) allowByFleet(ctx context.Context) (why string, ok bool) {
+	g := a.g
+	// Opened on this replica's own counts while it was cut off from the
+	// fleet's store: the fleet's breaker opens with it (else the fleet's,
+	// closed, would let through the calls this replica found failing, one
+	// replica after another). Until the fleet's record stands open, its
+	// own opening stands: an Admit that found the fleet up a moment
+	// before the store stopped answering does not close it.
+	if until, open := a.br.ownOpenUntil(); open && !g.fleetOpenUntil(a.fl, a.name, a.br.reason(), until) {
+		return "", false
+	}
+	probe, why, tr, err := g.fleetAllow(ctx, a.fl, a.name, a.br.settings())
+	if err != nil {
+		return "", false
+	}
+	g.transition(a.name, tr)
+	a.probe, a.allowTr = probe, tr
+	if why == "" && probe == nil {
+		a.gen = a.br.countOnly()
+	}
+	return why, true
 }
 
 // done reports the call's end to the guards, and returns the note the
