@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -254,17 +257,33 @@ presets:
 			t.Logf("r%d saw east's breaker open %s after east was killed (opened by %s, until %s)", i, s.at.Sub(killedAt).Round(time.Millisecond), s.by, s.until.Format("15:04:05.000"))
 		}
 		// After the cooldown: the fleet's probes, probes a cooldown at
-		// most (each failing probe opens it again for a cooldown).
+		// most (each failing probe opens it again for a cooldown). A
+		// replica cut off from the fleet's store meanwhile (the killed
+		// node's stall) guards on its own breaker, which follows the
+		// fleet's opening it last saw: its own probes, as many at most.
+		cutOff := make([][]span, len(rs))
+		for i, r := range rs {
+			cutOff[i] = cutOffSpans(r.logs())
+		}
 		var after []string
+		own := make([][]string, len(rs))
 		for _, cl := range calls {
-			if cl.delegate == "east" && !cl.at.Before(first) {
+			if cl.delegate != "east" || cl.at.Before(first) {
+				continue
+			}
+			if within(cutOff[cl.replica], cl.at) {
+				own[cl.replica] = append(own[cl.replica], cl.String())
+			} else {
 				after = append(after, cl.String())
 			}
 		}
 		most := probes * (1 + int(end.Sub(first)/cooldown))
 		assert.LessOrEqual(t, len(after), most, "east's calls after the cooldown are the fleet's probes: %v", after)
-		assert.NotEmpty(t, after, "the fleet probes east after the cooldown")
-		t.Logf("east's calls after its cooldown (%s of test left): %d (bound %d): %v", end.Sub(first).Round(time.Millisecond), len(after), most, after)
+		for i, o := range own {
+			assert.LessOrEqual(t, len(o), most, "r%d, cut off from the fleet's store (%v), probes on its own: %v", i, cutOff[i], o)
+		}
+		assert.NotEmpty(t, slices.Concat(append(own, after)...), "east is probed after the cooldown")
+		t.Logf("east's calls after its cooldown (%s of test left): the fleet's %d (bound %d): %v; cut-off replicas' own: %v", end.Sub(first).Round(time.Millisecond), len(after), most, after, own)
 		if t.Failed() {
 			logGuards(t, rs)
 			for _, cl := range calls {
@@ -274,6 +293,53 @@ presets:
 			}
 		}
 	})
+}
+
+// span is a time a replica's guards were cut off from the fleet's store;
+// to is zero while they still are.
+type span struct{ from, to time.Time }
+
+func (s span) String() string {
+	if s.to.IsZero() {
+		return s.from.Format("15:04:05.000") + "–"
+	}
+	return s.from.Format("15:04:05.000") + "–" + s.to.Format("15:04:05.000")
+}
+
+// cutOffSpans reads from a replica's log the times its guards fell back to
+// its own counts, to when they were the fleet's again.
+func cutOffSpans(logs string) []span {
+	var spans []span
+	for l := range strings.Lines(logs) {
+		var line struct {
+			Time time.Time `json:"time"`
+			Msg  string    `json:"msg"`
+		}
+		if json.Unmarshal([]byte(l), &line) != nil {
+			continue
+		}
+		switch {
+		case line.Msg == "guards fall back to this replica's own counts":
+			if len(spans) == 0 || !spans[len(spans)-1].to.IsZero() {
+				spans = append(spans, span{from: line.Time})
+			}
+		case line.Msg == "guards are the fleet's again" && len(spans) > 0 && spans[len(spans)-1].to.IsZero():
+			spans[len(spans)-1].to = line.Time
+		}
+	}
+	return spans
+}
+
+// within reports whether a call that reached a delegate at at was admitted
+// while its replica was cut off: within a span, or up to a second after
+// its end (the journal's write of the attempt comes between the two).
+func within(spans []span, at time.Time) bool {
+	for _, s := range spans {
+		if !at.Before(s.from) && (s.to.IsZero() || at.Before(s.to.Add(time.Second))) {
+			return true
+		}
+	}
+	return false
 }
 
 // balanceRun is how one run of TestBalanceCluster ended.
