@@ -89,7 +89,11 @@ type indexer struct {
 	pending map[string][][]byte
 	// writing is the batch taken from pending that loop is writing.
 	writing map[string][][]byte
-	wake    chan struct{}
+	// revs holds what this indexer wrote to each key of a run not ended,
+	// and at which revision (at most maxRevs): the run's next write
+	// expects it, rather than finds the key taken and reads it first.
+	revs map[string]wroteRev
+	wake chan struct{}
 
 	// ready is set once this process has reconciled the index.
 	ready atomic.Bool
@@ -115,6 +119,10 @@ const indexDelay = 20 * time.Millisecond
 // maxPendingStates bounds the states of one run waiting to be indexed.
 const maxPendingStates = 8
 
+// maxRevs bounds the revisions an indexer remembers (indexer.revs): the
+// runs in flight it indexed, and those it indexed that ended elsewhere.
+const maxRevs = 4096
+
 // indexRetry is how long the indexer waits after a failed write before
 // it tries again.
 const indexRetry = time.Second
@@ -122,7 +130,7 @@ const indexRetry = time.Second
 // startIndexer starts the indexer of s's index, and its reconcile.
 func (s *JetStream) startIndexer(kv jetstream.KeyValue, log *slog.Logger) {
 	ctx, cancel := context.WithCancel(context.Background())
-	x := &indexer{kv: kv, log: log, deleted: s.DeletedRun, anyDeleted: s.anyTombstones, pending: map[string][][]byte{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), reconciled: make(chan struct{})}
+	x := &indexer{kv: kv, log: log, deleted: s.DeletedRun, anyDeleted: s.anyTombstones, pending: map[string][][]byte{}, revs: map[string]wroteRev{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), reconciled: make(chan struct{})}
 	s.index = x
 	var wg sync.WaitGroup
 	// The summaries of the runs that change are written from the first,
@@ -347,8 +355,18 @@ func (x *indexer) write(ctx context.Context, tenant string, sum *stubbornv1.RunS
 // expects the key's subject to be empty, or at the revision it read.)
 func (x *indexer) put(ctx context.Context, key string, v []byte, tenant string, sum *stubbornv1.RunSummary) error {
 	// Most runs are indexed once (their end, or their start and their
-	// end): created at the first try, without a read before.
-	_, err := x.kv.Update(ctx, key, v, 0)
+	// end): created at the first try, or updated at the revision this
+	// indexer wrote the run's start at, without a read before.
+	prev, ok := x.revOf(key)
+	if ok && (newerIndexed(prev.sum, sum) || sameIndexed(prev.sum, sum)) {
+		return nil
+	}
+	rev, err := x.kv.Update(ctx, key, v, prev.rev)
+	if err == nil {
+		x.wrote(key, rev, sum)
+		return nil
+	}
+	x.wrote(key, 0, nil)
 	if !conflict(err) {
 		return err
 	}
@@ -362,11 +380,13 @@ func (x *indexer) put(ctx context.Context, key string, v []byte, tenant string, 
 		case err != nil:
 			return err
 		default:
-			if have, ok := parseIndexEntry(e.Value(), tenant); ok && (newerIndexed(have, sum) ||
-				have.GetStatus() == sum.GetStatus() && have.GetUpdateTime().AsTime().Equal(sum.GetUpdateTime().AsTime())) {
+			if have, ok := parseIndexEntry(e.Value(), tenant); ok && (newerIndexed(have, sum) || sameIndexed(have, sum)) {
 				return nil // newer, or the same (an end noted again: indexEnd)
 			}
-			_, err = x.kv.Update(ctx, key, v, e.Revision())
+			rev, err = x.kv.Update(ctx, key, v, e.Revision())
+		}
+		if err == nil {
+			x.wrote(key, rev, sum)
 		}
 		if !conflict(err) {
 			return err
@@ -374,6 +394,38 @@ func (x *indexer) put(ctx context.Context, key string, v []byte, tenant string, 
 		// Written meanwhile by another server, or deleted: read again.
 	}
 	return nil // deleted (or written by others each time: theirs stands)
+}
+
+// wroteRev is a summary this indexer wrote, and its revision.
+type wroteRev struct {
+	rev uint64
+	sum *stubbornv1.RunSummary
+}
+
+// revOf returns what this indexer last wrote to key, of a run not ended;
+// ok false (a zero revision: the key expected empty) if nothing.
+func (x *indexer) revOf(key string) (wroteRev, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	w, ok := x.revs[key]
+	return w, ok
+}
+
+// wrote remembers that key holds sum, of a run not ended, at rev; a run's
+// end (or a failed write, sum nil) forgets it. When maxRevs are held (runs
+// that ended on other servers), they are all forgotten: their next writes
+// read the key first.
+func (x *indexer) wrote(key string, rev uint64, sum *stubbornv1.RunSummary) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if sum == nil || store.IsTerminal(sum.GetStatus()) {
+		delete(x.revs, key)
+		return
+	}
+	if len(x.revs) >= maxRevs {
+		clear(x.revs)
+	}
+	x.revs[key] = wroteRev{rev: rev, sum: sum}
 }
 
 // conflict reports whether err is a write's refusal for the key's
@@ -411,6 +463,12 @@ func newerIndexed(have, sum *stubbornv1.RunSummary) bool {
 		return false
 	}
 	return have.GetUpdateTime().AsTime().After(sum.GetUpdateTime().AsTime())
+}
+
+// sameIndexed reports whether have, the summary indexed, says what sum
+// says: its status at its time (an end noted again: indexEnd).
+func sameIndexed(have, sum *stubbornv1.RunSummary) bool {
+	return have.GetStatus() == sum.GetStatus() && have.GetUpdateTime().AsTime().Equal(sum.GetUpdateTime().AsTime())
 }
 
 // retryLater puts the states of a run whose write failed back, before

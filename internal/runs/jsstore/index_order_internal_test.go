@@ -2,9 +2,12 @@ package jsstore
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -47,4 +50,70 @@ func TestTheIndexEndsWithTheRunsEnd(t *testing.T) {
 	write(sum(stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, now.Add(time.Second)))
 	write(sum(stubbornv1.RunStatus_RUN_STATUS_RUNNING, now.Add(time.Hour)))
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, indexed(), "nothing replaces the run's end")
+}
+
+// countingGets is a key-value bucket that counts its Gets.
+type countingGets struct {
+	jetstream.KeyValue
+	gets atomic.Int32
+}
+
+func (c *countingGets) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	c.gets.Add(1)
+	return c.KeyValue.Get(ctx, key)
+}
+
+// A run the indexer indexed at its start is indexed at its end without a
+// read of its key first (the indexer remembers the revision it wrote);
+// another server's write between the two is still read and weighed. The
+// revisions remembered are bounded.
+func TestTheIndexerWritesARunsEndAtTheRevisionItWrote(t *testing.T) {
+	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := NewJetStream(ctx, e.Conn, JetStreamConfig{Memory: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	kv := &countingGets{KeyValue: s.index.kv}
+	s.index.kv = kv
+	now := time.Now()
+	sum := func(id string, status stubbornv1.RunStatus, at time.Time) *stubbornv1.RunSummary {
+		return &stubbornv1.RunSummary{RunId: id, Status: status, UpdateTime: timestamppb.New(at)}
+	}
+	write := func(sum *stubbornv1.RunSummary) {
+		_, err := s.index.write(ctx, "", sum)
+		require.NoError(t, err)
+	}
+	indexed := func(id string) stubbornv1.RunStatus {
+		e, err := kv.KeyValue.Get(ctx, indexKey("", id))
+		require.NoError(t, err)
+		got, ok := parseIndexEntry(e.Value(), "")
+		require.True(t, ok)
+		return got.GetStatus()
+	}
+
+	write(sum("run_a", stubbornv1.RunStatus_RUN_STATUS_RUNNING, now))
+	write(sum("run_a", stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, now.Add(time.Second)))
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, indexed("run_a"))
+	assert.Zero(t, kv.gets.Load(), "the end written at the start's revision, unread")
+
+	write(sum("run_b", stubbornv1.RunStatus_RUN_STATUS_RUNNING, now))
+	// Another server takes run_b over and writes its end.
+	v, err := indexEntry("", sum("run_b", stubbornv1.RunStatus_RUN_STATUS_FAILED, now.Add(2*time.Second)))
+	require.NoError(t, err)
+	_, err = kv.KeyValue.Put(ctx, indexKey("", "run_b"), v)
+	require.NoError(t, err)
+	write(sum("run_b", stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF, now.Add(time.Second)))
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, indexed("run_b"), "the other server's end stands")
+	assert.Positive(t, kv.gets.Load(), "the key, written by another, read and weighed")
+
+	for i := range maxRevs + 10 {
+		write(sum(fmt.Sprintf("run_%d", i), stubbornv1.RunStatus_RUN_STATUS_RUNNING, now))
+	}
+	s.index.mu.Lock()
+	held := len(s.index.revs)
+	s.index.mu.Unlock()
+	assert.LessOrEqual(t, held, maxRevs, "revisions remembered")
 }
