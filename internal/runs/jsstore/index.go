@@ -6,11 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
@@ -73,8 +75,11 @@ func indexTenant(tenant string) string {
 // indexer writes the summaries of the states the store writes, the
 // latest of each run, one write at a time, off the runs' path.
 type indexer struct {
-	kv  jetstream.KeyValue
-	log *slog.Logger
+	kv jetstream.KeyValue
+	// async publishes a batch's writes at once (sendAll), with a timeout
+	// of its own for their acknowledgements; nil: one at a time.
+	async jetstream.JetStream
+	log   *slog.Logger
 	// deleted reads whether a run has a tombstone (JetStream.DeletedRun).
 	deleted func(ctx context.Context, runID string) (bool, error)
 	// anyDeleted reads whether the store holds any tombstone
@@ -123,6 +128,10 @@ const maxPendingStates = 8
 // runs in flight it indexed, and those it indexed that ended elsewhere.
 const maxRevs = 4096
 
+// indexAckWait bounds the wait for the acknowledgement of a batch's
+// write (sendAll); one that does not come is written again one at a time.
+const indexAckWait = 5 * time.Second
+
 // indexRetry is how long the indexer waits after a failed write before
 // it tries again.
 const indexRetry = time.Second
@@ -131,6 +140,12 @@ const indexRetry = time.Second
 func (s *JetStream) startIndexer(kv jetstream.KeyValue, log *slog.Logger) {
 	ctx, cancel := context.WithCancel(context.Background())
 	x := &indexer{kv: kv, log: log, deleted: s.DeletedRun, anyDeleted: s.anyTombstones, pending: map[string][][]byte{}, revs: map[string]wroteRev{}, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), reconciled: make(chan struct{})}
+	// Its own JetStream context: a write's acknowledgement it waits for
+	// ends within indexAckWait, and async publishes of the runs' writes
+	// never queue behind it.
+	if js, err := jetstream.New(s.nc, jetstream.WithPublishAsyncTimeout(indexAckWait)); err == nil {
+		x.async = js
+	}
 	s.index = x
 	var wg sync.WaitGroup
 	// The summaries of the runs that change are written from the first,
@@ -216,10 +231,8 @@ func (x *indexer) loop(ctx context.Context) {
 		x.writing = batch
 		x.mu.Unlock()
 		var done []indexed
-		for runID, states := range batch {
-			if !x.indexRun(ctx, runID, states, &done) {
-				return
-			}
+		if !x.writeBatch(ctx, batch, &done) {
+			return
 		}
 		if !x.undeletedAll(ctx, done) {
 			return
@@ -243,12 +256,18 @@ type indexed struct {
 	states     [][]byte
 }
 
-// indexRun writes the summaries of run runID's states that the index
-// must show: the last of each status in a row, and once the run has
-// ended, its end only, and adds them to done. A failed write puts the
-// states from it on back (retryLater). It reports false when ctx ended
-// meanwhile.
-func (x *indexer) indexRun(ctx context.Context, runID string, states [][]byte, done *[]indexed) bool {
+// indexWrite is a summary of run runID (of tenant) a batch writes, with
+// the run's states from it on, put back if the write fails.
+type indexWrite struct {
+	runID, tenant string
+	sum           *stubbornv1.RunSummary
+	states        [][]byte
+}
+
+// plan returns the summaries of run runID's states that the index must
+// show, in order: the last of each status in a row, and once the run has
+// ended, its end only.
+func (x *indexer) plan(runID string, states [][]byte) []indexWrite {
 	sums, tenants := x.summaries(runID, states)
 	end := -1 // the last state that says the run ended
 	for i, sum := range sums {
@@ -256,6 +275,7 @@ func (x *indexer) indexRun(ctx context.Context, runID string, states [][]byte, d
 			end = i
 		}
 	}
+	var ws []indexWrite
 	for i, sum := range sums {
 		if sum == nil || i+1 < len(sums) && sums[i+1] != nil && sums[i+1].GetStatus() == sum.GetStatus() {
 			continue // nothing to index, or the next state has its status too
@@ -263,19 +283,105 @@ func (x *indexer) indexRun(ctx context.Context, runID string, states [][]byte, d
 		if end >= 0 && i != end {
 			continue // the run has ended: its end is all there is to say
 		}
-		key, err := x.write(ctx, tenants[i], sum)
-		if err != nil {
-			if ctx.Err() != nil {
-				return false
-			}
-			x.retryLater(runID, states[i:], err)
-			return true
+		ws = append(ws, indexWrite{runID: runID, tenant: tenants[i], sum: sum, states: states[i:]})
+	}
+	return ws
+}
+
+// writeBatch writes the summaries the batch's states call for (plan) and
+// adds them to done: the first of each run's all at once (sent together,
+// their acknowledgements awaited together: sendAll), then the rest of
+// each run's, and any first that was not written so, one at a time. A
+// failed write puts the run's states from it on back (retryLater). It
+// reports false when ctx ended meanwhile.
+func (x *indexer) writeBatch(ctx context.Context, batch map[string][][]byte, done *[]indexed) bool {
+	plans := make([][]indexWrite, 0, len(batch))
+	for runID, states := range batch {
+		if ws := x.plan(runID, states); len(ws) > 0 {
+			plans = append(plans, ws)
 		}
-		if key != "" {
-			*done = append(*done, indexed{key: key, runID: runID, states: states[i:]})
+	}
+	sent := x.sendAll(ctx, plans)
+	for i, ws := range plans {
+		for j, w := range ws {
+			if j == 0 && sent[i] {
+				*done = append(*done, indexed{key: indexKey(w.tenant, w.sum.GetRunId()), runID: w.runID, states: w.states})
+				continue
+			}
+			key, err := x.write(ctx, w.tenant, w.sum)
+			if err != nil {
+				if ctx.Err() != nil {
+					return false
+				}
+				x.retryLater(w.runID, w.states, err)
+				break
+			}
+			if key != "" {
+				*done = append(*done, indexed{key: key, runID: w.runID, states: w.states})
+			}
 		}
 	}
 	return true
+}
+
+// sendBatch bounds the writes sendAll has in flight at once.
+const sendBatch = 256
+
+// sendAll writes the first summary of each of plans as one burst of
+// publishes, each expecting its key at the revision this indexer last
+// wrote it at (revOf; empty if none), and awaits their acknowledgements:
+// one round trip for the batch instead of one a run. sent[i] reports that
+// plans[i]'s first was written (or needs no write: the index has it, or
+// newer); any other (a key written by another server, a run deleted, a
+// failed publish) is for the one-at-a-time write, which reads the key.
+func (x *indexer) sendAll(ctx context.Context, plans [][]indexWrite) (sent []bool) {
+	sent = make([]bool, len(plans))
+	if x.async == nil {
+		return sent
+	}
+	type inFlight struct {
+		i   int
+		key string
+		sum *stubbornv1.RunSummary
+		ack jetstream.PubAckFuture
+	}
+	for from := 0; from < len(plans); from += sendBatch {
+		var flying []inFlight
+		for i := from; i < min(from+sendBatch, len(plans)); i++ {
+			w := plans[i][0]
+			v, err := indexEntry(w.tenant, w.sum)
+			if err != nil {
+				continue
+			}
+			key := indexKey(w.tenant, w.sum.GetRunId())
+			prev, ok := x.revOf(key)
+			if ok && (newerIndexed(prev.sum, w.sum) || sameIndexed(prev.sum, w.sum)) {
+				sent[i] = true
+				continue
+			}
+			ack, err := x.async.PublishMsgAsync(&nats.Msg{Subject: kvSubject(indexBucket, key), Data: v},
+				jetstream.WithExpectLastSequencePerSubject(prev.rev))
+			if err != nil {
+				break // the rest one at a time
+			}
+			flying = append(flying, inFlight{i: i, key: key, sum: w.sum, ack: ack})
+		}
+		for _, f := range flying {
+			select {
+			case pa := <-f.ack.Ok():
+				x.wrote(f.key, pa.Sequence, f.sum)
+				sent[f.i] = true
+			case <-f.ack.Err():
+				x.wrote(f.key, 0, nil)
+			case <-ctx.Done():
+				return sent
+			}
+		}
+	}
+	if slices.Contains(sent, true) && x.failing.CompareAndSwap(true, false) {
+		x.log.Info("run index: writing it works again")
+	}
+	return sent
 }
 
 // undeletedAll takes back each summary in done whose run has a tombstone
@@ -429,10 +535,13 @@ func (x *indexer) wrote(key string, rev uint64, sum *stubbornv1.RunSummary) {
 }
 
 // conflict reports whether err is a write's refusal for the key's
-// revision: another write came first.
+// revision: another write came first (or, on a replicated bucket, is in
+// process: JSErrCodeStreamWrongLastSequenceConstant).
 func conflict(err error) bool {
 	var apiErr *jetstream.APIError
-	return errors.Is(err, jetstream.ErrKeyExists) || errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) ||
+		errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // undeleted takes back the entry at key of run runID if the run has a

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	stubbornv1 "github.com/stubbornhq/stubborn/gen/stubborn/v1"
@@ -116,4 +117,81 @@ func TestTheIndexerWritesARunsEndAtTheRevisionItWrote(t *testing.T) {
 	held := len(s.index.revs)
 	s.index.mu.Unlock()
 	assert.LessOrEqual(t, held, maxRevs, "revisions remembered")
+}
+
+// countingUpdates is a key-value bucket that counts its Updates and Gets.
+type countingUpdates struct {
+	jetstream.KeyValue
+	updates, gets atomic.Int32
+}
+
+func (c *countingUpdates) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	c.updates.Add(1)
+	return c.KeyValue.Update(ctx, key, value, rev)
+}
+
+func (c *countingUpdates) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	c.gets.Add(1)
+	return c.KeyValue.Get(ctx, key)
+}
+
+// A batch's summaries go out at once (sendAll), not one write and its
+// acknowledgement after another; a key another server wrote meanwhile is
+// written one at a time, read and weighed: its newer summary stands. A
+// run that changed status twice within the batch has both written, in
+// order.
+func TestTheIndexersBatchGoesOutAtOnce(t *testing.T) {
+	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := NewJetStream(ctx, e.Conn, JetStreamConfig{Memory: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	kv := &countingUpdates{KeyValue: s.index.kv}
+	s.index.kv = kv
+	now := time.Now()
+	state := func(id string, status stubbornv1.RunStatus, at time.Time) []byte {
+		b, err := proto.Marshal(&stubbornv1.ControlState{RunId: id, Status: status, CreateTime: timestamppb.New(now), UpdateTime: timestamppb.New(at)})
+		require.NoError(t, err)
+		return b
+	}
+	indexedAs := func(id string) stubbornv1.RunStatus {
+		e, err := kv.KeyValue.Get(ctx, indexKey("", id))
+		require.NoError(t, err)
+		got, ok := parseIndexEntry(e.Value(), "")
+		require.True(t, ok)
+		return got.GetStatus()
+	}
+	// Another server wrote run_taken's end already.
+	v, err := indexEntry("", &stubbornv1.RunSummary{RunId: "run_taken", Status: stubbornv1.RunStatus_RUN_STATUS_FAILED, UpdateTime: timestamppb.New(now.Add(time.Hour))})
+	require.NoError(t, err)
+	_, err = kv.KeyValue.Put(ctx, indexKey("", "run_taken"), v)
+	require.NoError(t, err)
+
+	batch := map[string][][]byte{
+		"run_taken": {state("run_taken", stubbornv1.RunStatus_RUN_STATUS_RUNNING, now)},
+		"run_twice": {
+			state("run_twice", stubbornv1.RunStatus_RUN_STATUS_RUNNING, now),
+			state("run_twice", stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF, now.Add(time.Second)),
+		},
+	}
+	for i := range 40 {
+		id := fmt.Sprintf("run_%02d", i)
+		batch[id] = [][]byte{state(id, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, now)}
+	}
+	var done []indexed
+	require.True(t, s.index.writeBatch(ctx, batch, &done))
+	for i := range 40 {
+		assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, indexedAs(fmt.Sprintf("run_%02d", i)))
+	}
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_FAILED, indexedAs("run_taken"), "the other server's newer summary stands")
+	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_BACKING_OFF, indexedAs("run_twice"), "the later status last")
+	// One at a time: run_taken's first try and its write after the read,
+	// and run_twice's second summary; the 40 runs and run_twice's first
+	// went out together.
+	assert.LessOrEqual(t, kv.updates.Load(), int32(3), "writes one at a time")
+	assert.Equal(t, int32(1), kv.gets.Load(), "the key another server wrote, read")
+	assert.Equal(t, 43, len(done), "every summary written or weighed (the 40, run_taken, run_twice's two) is checked against the tombstones")
 }
