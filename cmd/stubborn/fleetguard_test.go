@@ -141,10 +141,13 @@ func TestFleetGuardsCluster(t *testing.T) {
 		}
 		opened := time.Now()
 		for _, r := range rs[1:] {
-			require.Eventually(t, func() bool {
+			if !assert.Eventually(t, func() bool {
 				d := describeDelegate(ctx, r, "flaky")
 				return d.GetCircuitBreaker() == stubbornv1.BreakerState_BREAKER_STATE_OPEN && d.GetCircuitBreakerOpenedBy() == rs[0].owner
-			}, time.Second, 20*time.Millisecond, "%s sees the breaker r0 (%s) opened", r.name(), rs[0].owner)
+			}, time.Second, 20*time.Millisecond, "%s sees the breaker r0 (%s) opened", r.name(), rs[0].owner) {
+				logGuards(t, rs)
+				t.FailNow()
+			}
 		}
 		assert.Less(t, time.Since(opened), time.Second)
 		mu.Lock()

@@ -177,6 +177,9 @@ func (s *JetStream) IndexReconciled() <-chan struct{} { return s.index.reconcile
 func (x *indexer) stop() {
 	x.cancel()
 	<-x.done
+	if x.async != nil {
+		x.async.CleanupPublisher() // its reply subscription, and any acknowledgement awaited
+	}
 }
 
 // note hands the indexer a state the store wrote (encoded).
