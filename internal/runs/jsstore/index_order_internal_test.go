@@ -22,14 +22,9 @@ import (
 // end. Of two non-final summaries the later update stays. Before, the
 // last write won, and the listing said RUNNING for good.
 func TestTheIndexEndsWithTheRunsEnd(t *testing.T) {
-	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := NewJetStream(ctx, e.Conn, JetStreamConfig{Memory: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
+	s := openMemoryStorage(t)
 	now := time.Now()
 	sum := func(status stubbornv1.RunStatus, at time.Time) *stubbornv1.RunSummary {
 		return &stubbornv1.RunSummary{RunId: "run_x", Status: status, UpdateTime: timestamppb.New(at)}
@@ -53,31 +48,15 @@ func TestTheIndexEndsWithTheRunsEnd(t *testing.T) {
 	assert.Equal(t, stubbornv1.RunStatus_RUN_STATUS_SUCCEEDED, indexed(), "nothing replaces the run's end")
 }
 
-// countingGets is a key-value bucket that counts its Gets.
-type countingGets struct {
-	jetstream.KeyValue
-	gets atomic.Int32
-}
-
-func (c *countingGets) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	c.gets.Add(1)
-	return c.KeyValue.Get(ctx, key)
-}
-
 // A run the indexer indexed at its start is indexed at its end without a
 // read of its key first (the indexer remembers the revision it wrote);
 // another server's write between the two is still read and weighed. The
 // revisions remembered are bounded.
 func TestTheIndexerWritesARunsEndAtTheRevisionItWrote(t *testing.T) {
-	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := NewJetStream(ctx, e.Conn, JetStreamConfig{Memory: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
-	kv := &countingGets{KeyValue: s.index.kv}
+	s := openMemoryStorage(t)
+	kv := &countingKV{KeyValue: s.index.kv}
 	s.index.kv = kv
 	now := time.Now()
 	sum := func(id string, status stubbornv1.RunStatus, at time.Time) *stubbornv1.RunSummary {
@@ -119,37 +98,16 @@ func TestTheIndexerWritesARunsEndAtTheRevisionItWrote(t *testing.T) {
 	assert.LessOrEqual(t, held, maxRevs, "revisions remembered")
 }
 
-// countingUpdates is a key-value bucket that counts its Updates and Gets.
-type countingUpdates struct {
-	jetstream.KeyValue
-	updates, gets atomic.Int32
-}
-
-func (c *countingUpdates) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
-	c.updates.Add(1)
-	return c.KeyValue.Update(ctx, key, value, rev)
-}
-
-func (c *countingUpdates) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	c.gets.Add(1)
-	return c.KeyValue.Get(ctx, key)
-}
-
 // A batch's summaries go out at once (sendAll), not one write and its
 // acknowledgement after another; a key another server wrote meanwhile is
 // written one at a time, read and weighed: its newer summary stands. A
 // run that changed status twice within the batch has both written, in
 // order.
 func TestTheIndexersBatchGoesOutAtOnce(t *testing.T) {
-	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := NewJetStream(ctx, e.Conn, JetStreamConfig{Memory: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
-	kv := &countingUpdates{KeyValue: s.index.kv}
+	s := openMemoryStorage(t)
+	kv := &countingKV{KeyValue: s.index.kv}
 	s.index.kv = kv
 	now := time.Now()
 	state := func(id string, status stubbornv1.RunStatus, at time.Time) []byte {
@@ -194,4 +152,33 @@ func TestTheIndexersBatchGoesOutAtOnce(t *testing.T) {
 	assert.LessOrEqual(t, kv.updates.Load(), int32(3), "writes one at a time")
 	assert.Equal(t, int32(1), kv.gets.Load(), "the key another server wrote, read")
 	assert.Equal(t, 43, len(done), "every summary written or weighed (the 40, run_taken, run_twice's two) is checked against the tombstones")
+}
+
+// openMemoryStorage opens a JetStream store on memory storage of an
+// embedded server of its own, both closed when the test ends.
+func openMemoryStorage(t *testing.T) *JetStream {
+	t.Helper()
+	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	s, err := NewJetStream(context.Background(), e.Conn, JetStreamConfig{Memory: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// countingKV is a key-value bucket that counts its Updates and Gets.
+type countingKV struct {
+	jetstream.KeyValue
+	updates, gets atomic.Int32
+}
+
+func (c *countingKV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	c.updates.Add(1)
+	return c.KeyValue.Update(ctx, key, value, rev)
+}
+
+func (c *countingKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	c.gets.Add(1)
+	return c.KeyValue.Get(ctx, key)
 }
