@@ -73,7 +73,7 @@ func indexTenant(tenant string) string {
 }
 
 // indexer writes the summaries of the states the store writes, the
-// latest of each run, one write at a time, off the runs' path.
+// latest of each run, in batches (writeBatch), off the runs' path.
 type indexer struct {
 	kv jetstream.KeyValue
 	// async publishes a batch's writes at once (sendAll), with a timeout
