@@ -238,6 +238,7 @@ func (f *Fleet) watchOnce(ctx context.Context, tick <-chan time.Time) {
 	// A reconnect may leave the watch's consumer silent until it finds out
 	// (its heartbeats are 5 s apart): the watch is made again at once.
 	reconnects := f.nc.Stats().Reconnects
+	var lag lagCheck
 	for {
 		select {
 		case <-ctx.Done():
@@ -251,11 +252,21 @@ func (f *Fleet) watchOnce(ctx context.Context, tick <-chan time.Time) {
 			if !f.nc.IsConnected() || f.nc.Stats().Reconnects != reconnects || (initial && time.Since(lastMsg) > 5*time.Second) {
 				return
 			}
+			// So is one whose consumer died with a server while this
+			// replica's connection lived (its stream's leader killed):
+			// nats.go would make it again only after two missed heartbeats.
+			if !initial && lag.due(time.Now()) && lag.stale(f.lastSeq(ctx)) {
+				f.log.Warn("the fleet's breakers watch fell behind; watching again", "replica", f.cfg.Replica, "seen", lag.seen, "stored", lag.behind)
+				return
+			}
 		case e, ok := <-w.Updates():
 			if !ok {
 				return
 			}
 			lastMsg = time.Now()
+			if e != nil {
+				lag.seen = max(lag.seen, e.Revision())
+			}
 			if e == nil {
 				initial = false
 				f.mu.Lock()
@@ -281,6 +292,56 @@ func (f *Fleet) watchOnce(ctx context.Context, tick <-chan time.Time) {
 			f.put(name, rec, e.Revision(), true)
 		}
 	}
+}
+
+// lagEvery is how often a watch compares what it has seen with the
+// breakers' stream: a watch whose consumer died unnoticed is made again
+// within two of these.
+const lagEvery = time.Second
+
+// lagCheck finds a watch that stopped bringing the records: the stream's
+// last sequence, read at one check, not seen by the next.
+type lagCheck struct {
+	seen   uint64    // the highest revision the watch brought
+	behind uint64    // the stream's last sequence when the watch had not seen it; 0 when caught up
+	next   time.Time // when the stream is read next
+}
+
+func (l *lagCheck) due(now time.Time) bool {
+	if now.Before(l.next) {
+		return false
+	}
+	l.next = now.Add(lagEvery)
+	return true
+}
+
+// stale takes the stream's last sequence (0: unknown) and says whether the
+// watch still has not seen the one the check before found.
+func (l *lagCheck) stale(last uint64) bool {
+	if l.behind != 0 && l.seen < l.behind {
+		return true
+	}
+	l.behind = 0
+	if last > l.seen {
+		l.behind = last
+	}
+	return false
+}
+
+// lastSeq is the breakers' stream's last sequence; 0 when the store does
+// not answer (the watch is judged again at the next check).
+func (f *Fleet) lastSeq(ctx context.Context) uint64 {
+	ctx, cancel := opCtx(ctx)
+	defer cancel()
+	st, err := f.breakers.Status(ctx)
+	if err != nil {
+		return 0
+	}
+	si, ok := st.(interface{ StreamInfo() *jetstream.StreamInfo })
+	if !ok || si.StreamInfo() == nil {
+		return 0
+	}
+	return si.StreamInfo().State.LastSeq
 }
 
 // put caches a record read at rev, unless a later one is cached; from the

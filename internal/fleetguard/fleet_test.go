@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -161,4 +163,35 @@ func TestScopeFallsBackAndRejoins(t *testing.T) {
 		rec, _ := f1.Breaker("d")
 		return up && rec.OpenedBy == "r2"
 	}, 15*time.Second, 50*time.Millisecond, "r1 rejoins and reads the record r2 wrote meanwhile")
+}
+
+// A watch whose consumer dies while the replica's connection lives (its
+// stream's leader killed, in a cluster) is made again within a couple of
+// seconds, not after nats.go's missed heartbeats: the replica sees the
+// records written meanwhile.
+func TestWatchWhoseConsumerDiedIsMadeAgain(t *testing.T) {
+	n := fleetguardtest.StartNATS(t)
+	f1, f2 := n.Fleet(t, "r1", nil), n.Fleet(t, "r2", nil)
+	nc, err := nats.Connect(n.ClientURL())
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := context.Background()
+	stream, err := js.Stream(ctx, "KV_stubborn_guard_breakers")
+	require.NoError(t, err)
+	var killed int
+	for name := range stream.ConsumerNames(ctx).Name() {
+		require.NoError(t, stream.DeleteConsumer(ctx, name))
+		killed++
+	}
+	require.Equal(t, 2, killed, "one watch a replica")
+	_, _, err = f2.ChangeBreaker(ctx, "d", func(fleetguard.Breaker) (fleetguard.Breaker, bool) {
+		return fleetguard.Breaker{State: fleetguard.StateOpen, OpenedBy: "r2"}, true
+	})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		rec, _ := f1.Breaker("d")
+		return rec.OpenedBy == "r2"
+	}, 4*time.Second, 20*time.Millisecond, "r1 sees r2's opening though its watch's consumer died")
 }
