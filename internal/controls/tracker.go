@@ -71,7 +71,14 @@ type Tracker struct {
 	// reserved is the spend limit's share held by calls in flight (their
 	// estimated input), by attempt number (spend.go).
 	reserved map[int32]spend
+	// stamps are timestamps not yet given out (stamp): a run's events take
+	// several each, made a chunk at a time.
+	stamps []timestamppb.Timestamp
 }
+
+// stampChunk is how many timestamps the tracker makes at once: a run of
+// one attempt takes nine.
+const stampChunk = 12
 
 // nondeterminismError is why a resumed run ended at a step its journal
 // recorded otherwise: its control now starts attempt Attempt to another
@@ -155,7 +162,28 @@ func (t *Tracker) Status() stubbornv1.RunStatus {
 
 // now returns the clock's time, as an event's time. Callers hold t.mu.
 func (t *Tracker) now() *timestamppb.Timestamp {
-	return timestamppb.New(t.clock.Now())
+	now := t.clock.Now()
+	return t.stamp(now.Unix(), int32(now.Nanosecond()))
+}
+
+// copyTime returns a copy of ts (nil for nil). Callers hold t.mu.
+func (t *Tracker) copyTime(ts *timestamppb.Timestamp) *timestamppb.Timestamp {
+	if ts == nil {
+		return nil
+	}
+	return t.stamp(ts.GetSeconds(), ts.GetNanos())
+}
+
+// stamp returns a new timestamp, from the tracker's chunk. Callers hold
+// t.mu.
+func (t *Tracker) stamp(seconds int64, nanos int32) *timestamppb.Timestamp {
+	if len(t.stamps) == 0 {
+		t.stamps = make([]timestamppb.Timestamp, stampChunk)
+	}
+	ts := &t.stamps[0]
+	t.stamps = t.stamps[1:]
+	ts.Seconds, ts.Nanos = seconds, nanos
+	return ts
 }
 
 // fold stamps ev, a change that happens now at path, with its path, its
@@ -258,7 +286,7 @@ func (t *Tracker) beginAttempt(path, delegate, brief string, waitBefore time.Dur
 		Number:      n,
 		Delegate:    delegate,
 		Brief:       brief,
-		StartTime:   copyTime(now),
+		StartTime:   t.copyTime(now),
 		Path:        path,
 		StartReason: reason,
 		StartDetail: detail,
@@ -309,7 +337,7 @@ func (t *Tracker) endAttempt(n int32, outcome stubbornv1.AttemptOutcome, result 
 	}
 	at := t.now()
 	a := t.state.AttemptLog[n-1] // changed in place: the event's is the log's
-	a.EndTime = copyTime(at)
+	a.EndTime = t.copyTime(at)
 	a.Outcome = outcome
 	a.Result = result
 	if err != nil {
@@ -649,7 +677,7 @@ func (t *Tracker) finishLocked(status stubbornv1.RunStatus, result *stubbornv1.R
 	// carries it whole (cut to MaxStateBytes), and folded in again as a
 	// no-op.
 	at := t.now()
-	t.state.Status, t.state.UpdateTime, t.state.EndTime = status, at, copyTime(at)
+	t.state.Status, t.state.UpdateTime, t.state.EndTime = status, at, t.copyTime(at)
 	t.state.Result = result
 	t.state.Winner = winner
 	t.state.StatusReason, t.state.StatusReasonCode = reason, code

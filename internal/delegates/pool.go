@@ -255,50 +255,65 @@ func (p *Pool) Call(ctx context.Context, c controls.Call) (*stubbornv1.Result, e
 		return nil, err
 	}
 	if p.load != nil {
-		var end func(*stubbornv1.Result, error)
-		c, end = p.measure(c)
+		m := p.measure(&c)
 		r, err := p.call(ctx, e, c)
-		end(r, err)
+		m.end(err)
 		return r, err
 	}
 	return p.call(ctx, e, c)
 }
 
-// measure counts c in flight (p.load) until end is called with its
-// answer, which measures its latency: to its first output when it
-// streams one, else to its answer. A call that failed fast says nothing
-// of how fast the delegate answers, and is not measured; one that timed
-// out is, since slow is what it was.
-func (p *Pool) measure(c controls.Call) (controls.Call, func(*stubbornv1.Result, error)) {
-	start := p.now()
-	done := p.load.begin(c.Delegate)
-	var (
-		mu    sync.Mutex
-		first time.Duration = -1
-	)
-	seen := func() {
-		mu.Lock()
-		if first < 0 {
-			first = p.now().Sub(start)
-		}
-		mu.Unlock()
+// measurement is one call counted in flight (Pool.load) until its end,
+// which measures its latency: to its first output when it streams one,
+// else to its answer.
+type measurement struct {
+	p      *Pool
+	start  time.Time
+	flight flight
+	out    func(text string)
+	deltas func(ds []*stubbornv1.OutputDelta)
+
+	mu    sync.Mutex
+	first time.Duration // to the first output; -1 before it
+}
+
+// measure counts c in flight and has its output, if any, pass through the
+// measurement. A call that failed fast says nothing of how fast the
+// delegate answers, and is not measured (end); one that timed out is,
+// since slow is what it was.
+func (p *Pool) measure(c *controls.Call) *measurement {
+	m := &measurement{p: p, start: p.now(), flight: p.load.begin(c.Delegate), out: c.Output, deltas: c.Deltas, first: -1}
+	if c.Output != nil {
+		c.Output = m.output
 	}
-	if out := c.Output; out != nil {
-		c.Output = func(text string) { seen(); out(text) }
+	if c.Deltas != nil {
+		c.Deltas = m.delta
 	}
-	if deltas := c.Deltas; deltas != nil {
-		c.Deltas = func(ds []*stubbornv1.OutputDelta) { seen(); deltas(ds) }
+	return m
+}
+
+func (m *measurement) seen() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.first < 0 {
+		m.first = m.p.now().Sub(m.start)
 	}
-	return c, func(_ *stubbornv1.Result, err error) {
-		mu.Lock()
-		took := first
-		mu.Unlock()
-		if took < 0 {
-			took = p.now().Sub(start)
-		}
-		ce, _ := errors.AsType[*controls.CallError](err)
-		done(took, err == nil || (ce != nil && ce.Code == codes.DeadlineExceeded))
+}
+
+func (m *measurement) output(text string) { m.seen(); m.out(text) }
+
+func (m *measurement) delta(ds []*stubbornv1.OutputDelta) { m.seen(); m.deltas(ds) }
+
+// end ends the call counted, which answered err.
+func (m *measurement) end(err error) {
+	m.mu.Lock()
+	took := m.first
+	m.mu.Unlock()
+	if took < 0 {
+		took = m.p.now().Sub(m.start)
 	}
+	ce, _ := errors.AsType[*controls.CallError](err)
+	m.flight.end(took, err == nil || (ce != nil && ce.Code == codes.DeadlineExceeded))
 }
 
 // call is Call for entry e, once counted.

@@ -32,33 +32,45 @@ func NewTraffic() *Traffic {
 	return &Traffic{by: map[string]*delegateLoad{}}
 }
 
-// begin counts a call to the delegate in flight; end, called once when it
-// ends, uncounts it and, when measured, adds took to the recent latency.
-func (l *Traffic) begin(name string) (end func(took time.Duration, measured bool)) {
+// flight is one call counted in flight by begin, until its end.
+type flight struct {
+	l     *Traffic
+	d     *delegateLoad
+	ended bool // guarded by l.mu
+}
+
+// begin counts a call to the delegate in flight; its end, called when it
+// ends (a second call counts for nothing), uncounts it and, when measured,
+// adds took to the recent latency.
+func (l *Traffic) begin(name string) flight {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	d := l.by[name]
 	if d == nil {
 		d = &delegateLoad{}
 		l.by[name] = d
 	}
 	d.inFlight++
-	l.mu.Unlock()
-	var once sync.Once
-	return func(took time.Duration, measured bool) {
-		once.Do(func() {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			d.inFlight--
-			if !measured || took < 0 {
-				return
-			}
-			if d.latency == 0 {
-				d.latency = max(took, time.Nanosecond) // measured: never reads as "not yet"
-				return
-			}
-			d.latency = max(time.Duration(float64(d.latency)*(1-latencyWeight)+float64(took)*latencyWeight), time.Nanosecond)
-		})
+	return flight{l: l, d: d}
+}
+
+func (f *flight) end(took time.Duration, measured bool) {
+	f.l.mu.Lock()
+	defer f.l.mu.Unlock()
+	if f.ended {
+		return
 	}
+	f.ended = true
+	d := f.d
+	d.inFlight--
+	if !measured || took < 0 {
+		return
+	}
+	if d.latency == 0 {
+		d.latency = max(took, time.Nanosecond) // measured: never reads as "not yet"
+		return
+	}
+	d.latency = max(time.Duration(float64(d.latency)*(1-latencyWeight)+float64(took)*latencyWeight), time.Nanosecond)
 }
 
 // of returns the delegate's calls in flight and recent latency (0 when

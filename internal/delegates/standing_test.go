@@ -56,15 +56,15 @@ func TestStandingReadsTheGuards(t *testing.T) {
 func TestTrafficCountsAndAverages(t *testing.T) {
 	tr := NewTraffic()
 	s := StandingGuards{Traffic: tr}
-	end1 := tr.begin("d")
-	end2 := tr.begin("d")
+	call1, call2 := tr.begin("d"), tr.begin("d")
 	assert.Equal(t, controls.Standing{InFlight: 2, Room: 1}, s.Standing("d"))
-	end1(100*time.Millisecond, true)
-	end1(time.Hour, true) // a second end counts for nothing
+	call1.end(100*time.Millisecond, true)
+	call1.end(time.Hour, true) // a second end counts for nothing
 	assert.Equal(t, controls.Standing{InFlight: 1, Latency: 100 * time.Millisecond, Room: 1}, s.Standing("d"))
-	end2(time.Second, false) // not measured: a fast failure
+	call2.end(time.Second, false) // not measured: a fast failure
 	assert.Equal(t, controls.Standing{Latency: 100 * time.Millisecond, Room: 1}, s.Standing("d"))
-	tr.begin("d")(500*time.Millisecond, true)
+	call3 := tr.begin("d")
+	call3.end(500*time.Millisecond, true)
 	assert.Equal(t, 200*time.Millisecond, s.Standing("d").Latency, "three quarters of the old, a quarter of the new")
 	assert.Equal(t, controls.Standing{Room: 1}, s.Standing("other"))
 }

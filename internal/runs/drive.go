@@ -59,11 +59,14 @@ func (m *Manager) drive(ctx context.Context, r *run, tr *controls.Tracker, state
 		}
 	}
 	// What the criteria, the call context and the control read of the run
-	// never changes once it is accepted: no need for a copy of the state.
-	snapshot := constantPart(state)
+	// never changes once it is accepted: no need for a copy of the state;
+	// the run's constant part (track) is that.
 	r.mu.Lock()
-	deps := r.deps
+	deps, snapshot := r.deps, r.base
 	r.mu.Unlock()
+	if snapshot == nil {
+		snapshot = constantPart(state)
+	}
 	presets := deps.Presets
 	if recorded := snapshot.GetPresets(); len(recorded) > 0 {
 		// The tree the run was accepted with, whatever the registry

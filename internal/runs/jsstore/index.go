@@ -177,9 +177,11 @@ func (s *JetStream) IndexReconciled() <-chan struct{} { return s.index.reconcile
 func (x *indexer) stop() {
 	x.cancel()
 	<-x.done
-	if x.async != nil {
-		x.async.CleanupPublisher() // its reply subscription, and any acknowledgement awaited
-	}
+	// The async publisher's reply subscription and its goroutine end with
+	// the store's connection (Close), not with CleanupPublisher here:
+	// nats.go starts that goroutine as the first publish goes out, and
+	// one that had not run yet when CleanupPublisher took its status
+	// channel away would wait on a nil channel forever.
 }
 
 // note hands the indexer a state the store wrote (encoded).

@@ -100,6 +100,10 @@ func (s *Memory) Append(_ context.Context, w *store.Writer, add ...store.Event) 
 	}
 	// An event's encoding is never changed once recorded, so the store
 	// keeps and hands out the recorder's own, without copying.
+	if evs == nil {
+		// A run's journal takes four events or more: room for them at once.
+		evs = make([]store.Event, 0, max(len(add), 4))
+	}
 	s.events[first.RunID] = append(evs, add...)
 	if w != nil {
 		w.Cursor = uint64(len(evs) + len(add))
