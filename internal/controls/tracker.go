@@ -224,9 +224,7 @@ func (t *Tracker) Start() {
 	if t.journal.take(t.journal.runStarted) != nil {
 		return // folded in already (NewReplayTracker)
 	}
-	t.fold(t.now(), "", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunStarted{
-		RunStarted: &stubbornv1.RunStarted{State: t.state},
-	}})
+	t.fold(t.now(), "", newRunStarted(t.state))
 }
 
 // Resumed emits run_resumed: owner took the run over. It follows the
@@ -282,21 +280,13 @@ func (t *Tracker) beginAttempt(path, delegate, brief string, waitBefore time.Dur
 	}
 	n := t.nextNumber()
 	now := t.now()
-	a := &stubbornv1.Attempt{
-		Number:      n,
-		Delegate:    delegate,
-		Brief:       brief,
-		StartTime:   t.copyTime(now),
-		Path:        path,
-		StartReason: reason,
-		StartDetail: detail,
-	}
+	ev, a := newAttemptStarted()
+	a.Number, a.Delegate, a.Brief, a.StartTime, a.Path = n, delegate, brief, t.copyTime(now), path
+	a.StartReason, a.StartDetail = reason, detail
 	if waitBefore > 0 {
 		a.WaitBefore = durationpb.New(waitBefore)
 	}
-	t.fold(now, path, &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptStarted{
-		AttemptStarted: &stubbornv1.AttemptStarted{Attempt: a},
-	}})
+	t.fold(now, path, ev)
 	return n
 }
 
@@ -349,13 +339,10 @@ func (t *Tracker) endAttempt(n int32, outcome stubbornv1.AttemptOutcome, result 
 		out, streamed = s.text, s.text > 0 || s.deltas
 	}
 	t.priceLocked(a, result, err, out, pr.price)
-	t.fold(at, a.GetPath(), &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_AttemptFinished{
-		AttemptFinished: &stubbornv1.AttemptFinished{
-			Attempt: a, Note: note,
-			OutputBytes: out, OutputDiscarded: streamed && outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED,
-			Calls: pr.calls,
-		},
-	}})
+	ev, af := newAttemptFinished()
+	af.Attempt, af.Note, af.Calls = a, note, pr.calls
+	af.OutputBytes, af.OutputDiscarded = out, streamed && outcome != stubbornv1.AttemptOutcome_ATTEMPT_OUTCOME_SUCCEEDED
+	t.fold(at, a.GetPath(), ev)
 }
 
 // outputOf returns what a delegate that streams gives attempt n's output
@@ -681,9 +668,7 @@ func (t *Tracker) finishLocked(status stubbornv1.RunStatus, result *stubbornv1.R
 	t.state.Result = result
 	t.state.Winner = winner
 	t.state.StatusReason, t.state.StatusReasonCode = reason, code
-	t.fold(at, "", &stubbornv1.RunEvent{Kind: &stubbornv1.RunEvent_RunFinished{
-		RunFinished: &stubbornv1.RunFinished{State: BoundState(t.state, MaxStateBytes)},
-	}})
+	t.fold(at, "", newRunFinished(BoundState(t.state, MaxStateBytes)))
 }
 
 // copyTime returns a copy of ts, as proto.CloneOf would, without its
