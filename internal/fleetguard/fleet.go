@@ -227,6 +227,9 @@ func (f *Fleet) watchLoop(ctx context.Context) {
 func (f *Fleet) watchOnce(ctx context.Context, tick <-chan time.Time) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Every write up to the stream's last sequence now is in the watch's
+	// first read or gone (purged, compacted): none for the watch to see.
+	floor := f.streamNow(ctx)
 	w, err := f.breakers.WatchAll(wctx)
 	if err != nil {
 		return
@@ -238,7 +241,7 @@ func (f *Fleet) watchOnce(ctx context.Context, tick <-chan time.Time) {
 	// A reconnect may leave the watch's consumer silent until it finds out
 	// (its heartbeats are 5 s apart): the watch is made again at once.
 	reconnects := f.nc.Stats().Reconnects
-	var lag lagCheck
+	lag := lagCheck{leader: floor.leader}
 	for {
 		select {
 		case <-ctx.Done():
@@ -255,9 +258,11 @@ func (f *Fleet) watchOnce(ctx context.Context, tick <-chan time.Time) {
 			// So is one whose consumer died with a server while this
 			// replica's connection lived (its stream's leader killed):
 			// nats.go would make it again only after two missed heartbeats.
-			if !initial && lag.due(time.Now()) && lag.stale(f.lastSeq(ctx)) {
-				f.log.Warn("the fleet's breakers watch fell behind; watching again", "replica", f.cfg.Replica, "seen", lag.seen, "stored", lag.behind)
-				return
+			if now := time.Now(); !initial && lag.due(now) {
+				if why := lag.stale(now, f.streamNow(ctx)); why != "" {
+					f.log.Warn("the fleet's breakers watch is made again", "replica", f.cfg.Replica, "why", why)
+					return
+				}
 			}
 		case e, ok := <-w.Updates():
 			if !ok {
@@ -269,6 +274,7 @@ func (f *Fleet) watchOnce(ctx context.Context, tick <-chan time.Time) {
 			}
 			if e == nil {
 				initial = false
+				lag.seen = max(lag.seen, floor.last)
 				f.mu.Lock()
 				f.cache, f.watching = fresh, true
 				f.logScopeLocked()
@@ -295,16 +301,30 @@ func (f *Fleet) watchOnce(ctx context.Context, tick <-chan time.Time) {
 }
 
 // lagEvery is how often a watch compares what it has seen with the
-// breakers' stream: a watch whose consumer died unnoticed is made again
-// within two of these.
-const lagEvery = time.Second
+// breakers' stream; lagFor is how long the stream may hold a write the
+// watch has not brought before the watch is made again.
+const (
+	lagEvery = time.Second
+	lagFor   = 2 * time.Second
+)
+
+// streamState is what a watch is judged by: the breakers' stream's last
+// sequence and its leader ("" when it has none, or unknown).
+type streamState struct {
+	last   uint64
+	leader string
+	ok     bool // the store answered
+}
 
 // lagCheck finds a watch that stopped bringing the records: the stream's
-// last sequence, read at one check, not seen by the next.
+// leader changed since it was made (its consumer lived on the old one), or
+// a sequence the stream held lagFor ago has still not come.
 type lagCheck struct {
-	seen   uint64    // the highest revision the watch brought
-	behind uint64    // the stream's last sequence when the watch had not seen it; 0 when caught up
-	next   time.Time // when the stream is read next
+	seen     uint64    // the highest revision the watch brought, or the floor it was made at
+	leader   string    // the stream's leader when the watch was made
+	behind   uint64    // a last sequence the watch had not seen; 0 when caught up
+	behindAt time.Time // when behind was read
+	next     time.Time // when the stream is read next
 }
 
 func (l *lagCheck) due(now time.Time) bool {
@@ -315,33 +335,49 @@ func (l *lagCheck) due(now time.Time) bool {
 	return true
 }
 
-// stale takes the stream's last sequence (0: unknown) and says whether the
-// watch still has not seen the one the check before found.
-func (l *lagCheck) stale(last uint64) bool {
-	if l.behind != 0 && l.seen < l.behind {
-		return true
+// stale takes the stream as read now and says why the watch is to be made
+// again, or "".
+func (l *lagCheck) stale(now time.Time, st streamState) string {
+	if !st.ok {
+		return "" // judged again when the store answers
 	}
-	l.behind = 0
-	if last > l.seen {
-		l.behind = last
+	if l.leader != "" && st.leader != "" && st.leader != l.leader {
+		return fmt.Sprintf("the stream's leader moved from %s to %s", l.leader, st.leader)
 	}
-	return false
+	if l.leader == "" {
+		l.leader = st.leader
+	}
+	if l.behind != 0 && l.seen >= l.behind {
+		l.behind = 0
+	}
+	if l.behind != 0 && now.Sub(l.behindAt) >= lagFor {
+		return fmt.Sprintf("it brought sequence %d, the stream held %d %s ago", l.seen, l.behind, lagFor)
+	}
+	if l.behind == 0 && st.last > l.seen {
+		l.behind, l.behindAt = st.last, now
+	}
+	return ""
 }
 
-// lastSeq is the breakers' stream's last sequence; 0 when the store does
-// not answer (the watch is judged again at the next check).
-func (f *Fleet) lastSeq(ctx context.Context) uint64 {
+// streamNow reads the breakers' stream's state (ok false when the store
+// does not answer).
+func (f *Fleet) streamNow(ctx context.Context) streamState {
 	ctx, cancel := opCtx(ctx)
 	defer cancel()
 	st, err := f.breakers.Status(ctx)
 	if err != nil {
-		return 0
+		return streamState{}
 	}
 	si, ok := st.(interface{ StreamInfo() *jetstream.StreamInfo })
 	if !ok || si.StreamInfo() == nil {
-		return 0
+		return streamState{}
 	}
-	return si.StreamInfo().State.LastSeq
+	info := si.StreamInfo()
+	out := streamState{last: info.State.LastSeq, ok: true}
+	if info.Cluster != nil {
+		out.leader = info.Cluster.Leader
+	}
+	return out
 }
 
 // put caches a record read at rev, unless a later one is cached; from the

@@ -195,3 +195,30 @@ func TestWatchWhoseConsumerDiedIsMadeAgain(t *testing.T) {
 		return rec.OpenedBy == "r2"
 	}, 4*time.Second, 20*time.Millisecond, "r1 sees r2's opening though its watch's consumer died")
 }
+
+// A stream whose last sequence is gone (its tail purged) leaves nothing a
+// watch can bring: the watch is not made again and again.
+func TestWatchOfAPurgedTailStands(t *testing.T) {
+	n := fleetguardtest.StartNATS(t)
+	f1 := n.Fleet(t, "r1", nil)
+	ctx := context.Background()
+	_, _, err := f1.ChangeBreaker(ctx, "d", func(fleetguard.Breaker) (fleetguard.Breaker, bool) {
+		return fleetguard.Breaker{State: fleetguard.StateOpen, OpenedBy: "r1"}, true
+	})
+	require.NoError(t, err)
+	nc, err := nats.Connect(n.ClientURL())
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	stream, err := js.Stream(ctx, "KV_stubborn_guard_breakers")
+	require.NoError(t, err)
+	require.NoError(t, stream.Purge(ctx))
+	f2 := n.Fleet(t, "r2", nil) // watches the purged stream from the start
+	for deadline := time.Now().Add(4 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for _, f := range []*fleetguard.Fleet{f1, f2} {
+			up, why := f.Scope()
+			require.True(t, up, "%s's watch is not made again over a purged tail: %s", f.Replica(), why)
+		}
+	}
+}
