@@ -61,12 +61,7 @@ func TestReadingAFinishedJournalRemembersNothing(t *testing.T) {
 // connection stays up. The API refuses such ids first (server/validate.go);
 // this is the store's own guard.
 func TestNoRunIDReachesASubjectUnbounded(t *testing.T) {
-	e, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
-	s, err := NewJetStream(context.Background(), e.Conn, JetStreamConfig{Memory: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
+	s := openMemoryStorage(t)
 	ctx := context.Background()
 	long := strings.Repeat("a", 5000)
 	evs, err := s.Events(ctx, long, 0)
@@ -78,6 +73,6 @@ func TestNoRunIDReachesASubjectUnbounded(t *testing.T) {
 	owner, err := s.Driver(ctx, long)
 	require.NoError(t, err)
 	assert.Empty(t, owner)
-	assert.False(t, e.Conn.IsClosed(), "the connection is up")
-	require.NoError(t, e.Conn.FlushTimeout(5*time.Second))
+	assert.False(t, s.nc.IsClosed(), "the connection is up")
+	require.NoError(t, s.nc.FlushTimeout(5*time.Second))
 }
