@@ -10,6 +10,7 @@ func (s *Memory) DeleteRun(_ context.Context, runID string) error {
 	s.feed.deleted(runID, s.states[runID])
 	s.tombstoneLocked(runID)
 	delete(s.events, runID)
+	delete(s.journals, runID)
 	delete(s.states, runID)
 	delete(s.owners, runID)
 	s.rememberPrunedLocked(runID)

@@ -31,8 +31,9 @@ type Memory struct {
 	pruned      map[string]struct{}
 	prunedOrder []string
 	mu          sync.Mutex
-	events      map[string][]store.Event
-	states      map[string][]byte // encoded: pointer-free, nothing for the GC to scan
+	events      map[string][]store.Event // the journals of runs not finished
+	journals    map[string]packed        // finished runs' journals (pack.go)
+	states      map[string][]byte        // encoded: pointer-free, nothing for the GC to scan
 	owners      map[string]string
 	beats       map[string]time.Time
 	left        map[string]time.Time // when each owner left (Leave), for a lease
@@ -73,6 +74,7 @@ func NewMemory(lease time.Duration) *Memory {
 		maxFinished: DefaultMemoryRuns,
 		clock:       time.Now,
 		events:      map[string][]store.Event{},
+		journals:    map[string]packed{},
 		states:      map[string][]byte{},
 		owners:      map[string]string{},
 		beats:       map[string]time.Time{},
@@ -92,25 +94,41 @@ func (s *Memory) Append(_ context.Context, w *store.Writer, add ...store.Event) 
 	defer s.mu.Unlock()
 	first, ev := add[0], add[len(add)-1]
 	evs := s.events[first.RunID]
+	if evs == nil {
+		if p, ok := s.journals[first.RunID]; ok {
+			// Appended to after its run_finished: never done by the
+			// Manager; kept as any journal would.
+			evs = p.events(first.RunID, 0)
+			delete(s.journals, first.RunID)
+			s.events[first.RunID] = evs
+		}
+	}
 	if first.Seq != int64(len(evs))+1 {
 		return fmt.Errorf("%w: event %d of run %s, journal has %d", store.ErrConflict, first.Seq, first.RunID, len(evs))
 	}
 	if w != nil && w.Cursor != uint64(len(evs)) {
 		return fmt.Errorf("%w: run %s's journal has %d events, its writer knew of %d", store.ErrConflict, first.RunID, len(evs), w.Cursor)
 	}
-	// An event's encoding is never changed once recorded, so the store
-	// keeps and hands out the recorder's own, without copying.
-	if evs == nil {
-		// A run's journal takes four events or more: room for them at once.
-		evs = make([]store.Event, 0, max(len(add), 4))
-	}
-	s.events[first.RunID] = append(evs, add...)
 	if w != nil {
 		w.Cursor = uint64(len(evs) + len(add))
 	}
 	if ev.Finished {
-		s.finished = append(s.finished, finishedRun{ev.RunID, s.clock()})
+		// An event's encoding is never changed once recorded: the
+		// readers that were handed the recorder's own keep them, and
+		// the journal is kept packed from now on.
+		all := append(evs, add...) // past the length readers were handed
+		delete(s.events, first.RunID)
+		s.journals[first.RunID] = pack(all)
+		s.finished = append(s.finished, finishedRun{ev.RunID, s.clock().UTC()})
 		s.pruneLocked()
+	} else {
+		// An event's encoding is never changed once recorded, so the
+		// store keeps and hands out the recorder's own, without copying.
+		if evs == nil {
+			// A run's journal takes four events or more: room for them at once.
+			evs = make([]store.Event, 0, max(len(add), 4))
+		}
+		s.events[first.RunID] = append(evs, add...)
 	}
 	if s.changed != nil {
 		close(s.changed)
@@ -152,6 +170,7 @@ func (s *Memory) pruneLocked() {
 			break
 		}
 		delete(s.events, f.id)
+		delete(s.journals, f.id)
 		delete(s.states, f.id)
 		s.rememberPrunedLocked(f.id)
 		n++
@@ -252,10 +271,14 @@ func (s *Memory) since(runID string, after int64) ([]store.Event, <-chan struct{
 func (s *Memory) sinceOrGone(runID string, after int64) (_ []store.Event, _ <-chan struct{}, gone, finished bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	evs, ok := s.events[runID]
 	if after < 0 {
 		after = 0
 	}
+	if p, ok := s.journals[runID]; ok {
+		evs := p.events(runID, after)
+		return evs, nil, false, len(evs) == 0
+	}
+	evs, ok := s.events[runID]
 	if after >= int64(len(evs)) {
 		if !ok {
 			if _, saved := s.states[runID]; !saved {
@@ -311,6 +334,9 @@ func (s *Memory) PutState(_ context.Context, runID string, state []byte) error {
 	defer s.mu.Unlock()
 	if _, gone := s.pruned[runID]; gone {
 		return nil
+	}
+	if p, ok := s.journals[runID]; ok {
+		state = p.share(state)
 	}
 	s.states[runID] = state
 	s.feed.saved(state)
