@@ -330,7 +330,9 @@ func (rs *runState) observe(ev *stubbornv1.RunEvent) {
 		a := k.AttemptStarted.GetAttempt()
 		rs.attemptLocked(a.GetNumber(), a.GetDelegate(), a.GetPath())
 		rs.lastDelegate[a.GetPath()] = a.GetDelegate()
-		rs.log(slog.LevelDebug, "attempt started", attemptAttrs(a)...)
+		if rs.t.logger.Enabled(rs.ctx, slog.LevelDebug) { // its attributes are made for a line only
+			rs.log(slog.LevelDebug, "attempt started", attemptAttrs(a)...)
+		}
 	case *stubbornv1.RunEvent_AttemptFinished:
 		rs.finishAttemptLocked(k.AttemptFinished.GetAttempt())
 		if rec {
@@ -476,6 +478,9 @@ func (rs *runState) failureLocked(fa *stubbornv1.FailureAnalyzed) {
 	if !rs.t.off {
 		rs.recordFailure(fa, reason)
 	}
+	if !rs.t.logger.Enabled(rs.ctx, slog.LevelDebug) {
+		return // its attributes are made for a line only
+	}
 	la := []slog.Attr{
 		slog.Int("attempt", int(f.GetAttempt())), slog.String("delegate", f.GetDelegate()),
 		slog.Bool("will_retry", fa.GetWillRetry()),
@@ -486,10 +491,9 @@ func (rs *runState) failureLocked(fa *stubbornv1.FailureAnalyzed) {
 	if reason != "" {
 		la = append(la, slog.String("not_retried", reason), slog.String("not_retried_reason", f.GetNotRetriedReason()))
 	}
-	if rs.t.logger.Enabled(rs.ctx, slog.LevelDebug) {
-		// The reason may be a judge's words about the answer: debug only.
-		la = append(la, slog.String("reason", f.GetReason()))
-	}
+	// The reason may be a judge's words about the answer: debug only, as
+	// the line.
+	la = append(la, slog.String("reason", f.GetReason()))
 	rs.log(slog.LevelDebug, "failure analyzed", la...)
 }
 
