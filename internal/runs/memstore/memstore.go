@@ -62,7 +62,8 @@ type finishedRun struct {
 }
 
 // DefaultMemoryRuns is how many finished runs a Memory store keeps unless
-// told otherwise: about 200 MB of runs with one or two attempts.
+// told otherwise: about 100 MB of runs of one attempt (a finished run is
+// its packed journal, which its final state shares: pack.go).
 const DefaultMemoryRuns = 100_000
 
 // NewMemory returns an empty in-memory store whose owners count as dead
