@@ -62,7 +62,7 @@ type finishedRun struct {
 }
 
 // DefaultMemoryRuns is how many finished runs a Memory store keeps unless
-// told otherwise: about 100 MB of runs of one attempt (a finished run is
+// told otherwise: about 110 MB of runs of one attempt (a finished run is
 // its packed journal, which its final state shares: pack.go).
 const DefaultMemoryRuns = 100_000
 
