@@ -92,7 +92,7 @@ func (n *Notifier) lookup(ctx context.Context, tok string) (*request, int, error
 	if err != nil {
 		return nil, http.StatusServiceUnavailable, errors.New("the run is out of reach: try again in a moment")
 	}
-	evs, err := n.cfg.Events(ctx, c.Run, c.Seq-1)
+	evs, err := n.eventsFrom(ctx, c.Run, c.Seq)
 	if err != nil {
 		return nil, http.StatusServiceUnavailable, errors.New("the run's journal is out of reach: try again in a moment")
 	}
@@ -115,6 +115,34 @@ func (n *Notifier) lookup(ctx context.Context, tok string) (*request, int, error
 		}
 	}
 	return req, 0, nil
+}
+
+// requestWait bounds how long a link waits for the request it names to
+// reach the run's journal: a run hands its request to the notifier when it
+// records it, a moment before the journal has it (longer while the store
+// elects a leader), and a notice may be out and clicked meanwhile.
+const requestWait = 5 * time.Second
+
+// requestPoll is how often the journal is read again meanwhile.
+const requestPoll = 20 * time.Millisecond
+
+// eventsFrom returns run's events from seq on, waiting up to requestWait
+// while the journal ends before seq.
+func (n *Notifier) eventsFrom(ctx context.Context, run string, seq int64) ([]*stubbornv1.RunEvent, error) {
+	deadline := time.Now().Add(requestWait)
+	for {
+		evs, err := n.cfg.Events(ctx, run, seq-1)
+		if err != nil || len(evs) > 0 || !time.Now().Before(deadline) {
+			return evs, err
+		}
+		t := time.NewTimer(requestPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 func decisionWord(d stubbornv1.Decision) string {

@@ -140,3 +140,67 @@ func TestSpendLimitedRetryAsksForANewLimit(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
 }
+
+// TestALinkClickedBeforeItsRequestIsWrittenWaitsForIt: a run hands its
+// request for a decision to the notifier as it records it, a moment before
+// its journal has it; a link clicked meanwhile (the notice was quick) shows
+// the request once the journal has it, not "no such request".
+func TestALinkClickedBeforeItsRequestIsWrittenWaitsForIt(t *testing.T) {
+	rc := newReceiver(t)
+	fake := &spendRuns{tenant: "team"}
+	ev := &stubbornv1.RunEvent{RunId: "r7", Seq: 3, Time: timestamppb.Now(), Kind: &stubbornv1.RunEvent_DecisionRequested{DecisionRequested: &stubbornv1.DecisionRequested{
+		Reason: "retries exhausted", ReasonCode: stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED,
+	}}}
+	var (
+		mu      sync.Mutex
+		written bool
+		reads   int
+	)
+	cfg := notify.Config{
+		PublicURL: "https://stubborn.example.com", Queue: notify.NewMemory(),
+		Targets: func(string, []string) []delegates.NotifyTarget { return []delegates.NotifyTarget{target(rc.URL, "")} },
+		Secret:  func(string, string) (string, bool) { return secret, true },
+		Events: func(_ context.Context, id string, after int64) ([]*stubbornv1.RunEvent, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if !written {
+				return nil, nil
+			}
+			reads++
+			if after < 3 {
+				return []*stubbornv1.RunEvent{ev}, nil
+			}
+			return nil, nil
+		},
+		Poll: 5 * time.Millisecond,
+	}
+	n, err := notify.New(cfg)
+	require.NoError(t, err)
+	n.Start(fake)
+	t.Cleanup(n.Close)
+	_, observe := n.Observer(nil).ObserveRun(context.Background(), context.Background(), &stubbornv1.ControlState{RunId: "r7", Tenant: "team"}, false)
+	observe(ev)
+	eventually(t, 5*time.Second, func() bool { return rc.delivered()["r7.3"] == 1 }, "the notice arrives before the journal has its request")
+	rc.mu.Lock()
+	var notice notify.Notice
+	require.NoError(t, json.Unmarshal(rc.bodies["r7.3"], &notice))
+	rc.mu.Unlock()
+
+	srv := httptest.NewServer(n.Handler())
+	t.Cleanup(srv.Close)
+	link := srv.URL + strings.TrimPrefix(notice.Decision.RetryURL, "https://stubborn.example.com")
+	time.AfterFunc(200*time.Millisecond, func() {
+		mu.Lock()
+		written = true
+		mu.Unlock()
+	})
+	resp, err := http.Get(link)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	assert.Contains(t, string(body), "retries exhausted")
+	mu.Lock()
+	assert.Positive(t, reads, "the page was made from the journal once it had the request")
+	mu.Unlock()
+}
