@@ -3,6 +3,7 @@ package notify_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -50,46 +51,53 @@ func (r *spendRuns) Decide(ctx context.Context, id string, d stubbornv1.Decision
 	return &stubbornv1.ControlState{RunId: id, Status: stubbornv1.RunStatus_RUN_STATUS_RUNNING}, nil
 }
 
+// linkOf starts a notifier over fake whose journal is events, has it
+// notify ev (run r's request, of tenant "team") to a receiver, and returns
+// the notice and its retry link on a test server of the notifier's handler.
+func linkOf(t *testing.T, fake notify.Runs, ev *stubbornv1.RunEvent, events func(context.Context, string, int64) ([]*stubbornv1.RunEvent, error)) (notify.Notice, string) {
+	t.Helper()
+	rc := newReceiver(t)
+	n, err := notify.New(notify.Config{
+		PublicURL: "https://stubborn.example.com", Queue: notify.NewMemory(),
+		Targets: func(string, []string) []delegates.NotifyTarget { return []delegates.NotifyTarget{target(rc.URL, "")} },
+		Secret:  func(string, string) (string, bool) { return secret, true },
+		Events:  events,
+		Poll:    5 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	n.Start(fake)
+	t.Cleanup(n.Close)
+	_, observe := n.Observer(nil).ObserveRun(context.Background(), context.Background(), &stubbornv1.ControlState{RunId: ev.GetRunId(), Tenant: "team"}, false)
+	observe(ev)
+	id := fmt.Sprintf("%s.%d", ev.GetRunId(), ev.GetSeq())
+	eventually(t, 5*time.Second, func() bool { return rc.delivered()[id] == 1 }, "the notice arrives")
+	rc.mu.Lock()
+	var notice notify.Notice
+	require.NoError(t, json.Unmarshal(rc.bodies[id], &notice))
+	rc.mu.Unlock()
+	srv := httptest.NewServer(n.Handler())
+	t.Cleanup(srv.Close)
+	return notice, srv.URL + strings.TrimPrefix(notice.Decision.RetryURL, "https://stubborn.example.com")
+}
+
 // TestSpendLimitedRetryAsksForANewLimit: the retry page of a run waiting
 // for a raised spend limit has a max_cost field (twice the limit), and its
 // POST passes the new limit, which must be above the old one.
 func TestSpendLimitedRetryAsksForANewLimit(t *testing.T) {
-	rc := newReceiver(t)
 	fake := &spendRuns{tenant: "team"}
 	ev := &stubbornv1.RunEvent{RunId: "r9", Seq: 4, Time: timestamppb.Now(), Kind: &stubbornv1.RunEvent_DecisionRequested{DecisionRequested: &stubbornv1.DecisionRequested{
 		Reason: "spend limit reached", ReasonCode: stubbornv1.StatusReason_STATUS_REASON_SPEND_LIMIT_REACHED,
 	}}}
-	cfg := notify.Config{
-		PublicURL: "https://stubborn.example.com", Queue: notify.NewMemory(),
-		Targets: func(string, []string) []delegates.NotifyTarget { return []delegates.NotifyTarget{target(rc.URL, "")} },
-		Secret:  func(string, string) (string, bool) { return secret, true },
-		Events: func(_ context.Context, id string, after int64) ([]*stubbornv1.RunEvent, error) {
-			if after < 4 {
-				return []*stubbornv1.RunEvent{ev}, nil
-			}
-			return nil, nil
-		},
-		Poll: 5 * time.Millisecond,
-	}
-	n, err := notify.New(cfg)
-	require.NoError(t, err)
-	n.Start(fake)
-	t.Cleanup(n.Close)
-	st := &stubbornv1.ControlState{RunId: "r9", Tenant: "team"}
-	_, observe := n.Observer(nil).ObserveRun(context.Background(), context.Background(), st, false)
-	observe(ev)
-	eventually(t, 5*time.Second, func() bool { return rc.delivered()["r9.4"] == 1 }, "the notice arrives")
-	rc.mu.Lock()
-	var notice notify.Notice
-	require.NoError(t, json.Unmarshal(rc.bodies["r9.4"], &notice))
-	rc.mu.Unlock()
+	notice, link := linkOf(t, fake, ev, func(_ context.Context, id string, after int64) ([]*stubbornv1.RunEvent, error) {
+		if after < 4 {
+			return []*stubbornv1.RunEvent{ev}, nil
+		}
+		return nil, nil
+	})
 	assert.Equal(t, "STATUS_REASON_SPEND_LIMIT_REACHED", notice.ReasonCode)
 	require.NotNil(t, notice.Cost)
 	assert.InDelta(t, 0.49, notice.Cost.Total, 1e-9, "the cost is the run's state's")
 
-	srv := httptest.NewServer(n.Handler())
-	t.Cleanup(srv.Close)
-	link := srv.URL + strings.TrimPrefix(notice.Decision.RetryURL, "https://stubborn.example.com")
 	resp, err := http.Get(link)
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
@@ -146,53 +154,25 @@ func TestSpendLimitedRetryAsksForANewLimit(t *testing.T) {
 // its journal has it; a link clicked meanwhile (the notice was quick) shows
 // the request once the journal has it, not "no such request".
 func TestALinkClickedBeforeItsRequestIsWrittenWaitsForIt(t *testing.T) {
-	rc := newReceiver(t)
-	fake := &spendRuns{tenant: "team"}
 	ev := &stubbornv1.RunEvent{RunId: "r7", Seq: 3, Time: timestamppb.Now(), Kind: &stubbornv1.RunEvent_DecisionRequested{DecisionRequested: &stubbornv1.DecisionRequested{
 		Reason: "retries exhausted", ReasonCode: stubbornv1.StatusReason_STATUS_REASON_RETRIES_EXHAUSTED,
 	}}}
 	var (
-		mu      sync.Mutex
-		written bool
-		reads   int
+		mu            sync.Mutex
+		before, reads int
 	)
-	cfg := notify.Config{
-		PublicURL: "https://stubborn.example.com", Queue: notify.NewMemory(),
-		Targets: func(string, []string) []delegates.NotifyTarget { return []delegates.NotifyTarget{target(rc.URL, "")} },
-		Secret:  func(string, string) (string, bool) { return secret, true },
-		Events: func(_ context.Context, id string, after int64) ([]*stubbornv1.RunEvent, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if !written {
-				return nil, nil
-			}
-			reads++
-			if after < 3 {
-				return []*stubbornv1.RunEvent{ev}, nil
-			}
-			return nil, nil
-		},
-		Poll: 5 * time.Millisecond,
-	}
-	n, err := notify.New(cfg)
-	require.NoError(t, err)
-	n.Start(fake)
-	t.Cleanup(n.Close)
-	_, observe := n.Observer(nil).ObserveRun(context.Background(), context.Background(), &stubbornv1.ControlState{RunId: "r7", Tenant: "team"}, false)
-	observe(ev)
-	eventually(t, 5*time.Second, func() bool { return rc.delivered()["r7.3"] == 1 }, "the notice arrives before the journal has its request")
-	rc.mu.Lock()
-	var notice notify.Notice
-	require.NoError(t, json.Unmarshal(rc.bodies["r7.3"], &notice))
-	rc.mu.Unlock()
-
-	srv := httptest.NewServer(n.Handler())
-	t.Cleanup(srv.Close)
-	link := srv.URL + strings.TrimPrefix(notice.Decision.RetryURL, "https://stubborn.example.com")
-	time.AfterFunc(200*time.Millisecond, func() {
+	_, link := linkOf(t, &spendRuns{tenant: "team"}, ev, func(_ context.Context, id string, after int64) ([]*stubbornv1.RunEvent, error) {
 		mu.Lock()
-		written = true
-		mu.Unlock()
+		defer mu.Unlock()
+		if before < 3 {
+			before++
+			return nil, nil // the journal has not the request yet: its first three reads
+		}
+		reads++
+		if after < 3 {
+			return []*stubbornv1.RunEvent{ev}, nil
+		}
+		return nil, nil
 	})
 	resp, err := http.Get(link)
 	require.NoError(t, err)
