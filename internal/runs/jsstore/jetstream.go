@@ -435,7 +435,7 @@ func (s *JetStream) expectedLast(w *store.Writer, runID string) uint64 {
 func journalMsg(evs []store.Event) *nats.Msg {
 	msg := &nats.Msg{Subject: eventsSubject + evs[0].RunID, Data: evs[0].Data}
 	if len(evs) > 1 {
-		msg.Data = packEvents(evs)
+		msg.Data = store.PackEvents(evs)
 		msg.Header = nats.Header{eventsHeader: []string{strconv.Itoa(len(evs))}}
 	}
 	return msg
@@ -522,20 +522,6 @@ func packedSize(ev store.Event) int { return binary.MaxVarintLen64 + len(ev.Data
 // message without it is the encoding of one event.
 const eventsHeader = "Stubborn-Events"
 
-// packEvents lays evs out as a message with eventsHeader holds them.
-func packEvents(evs []store.Event) []byte {
-	n := 0
-	for _, ev := range evs {
-		n += packedSize(ev)
-	}
-	b := make([]byte, 0, n)
-	for _, ev := range evs {
-		b = binary.AppendUvarint(b, uint64(len(ev.Data)))
-		b = append(b, ev.Data...)
-	}
-	return b
-}
-
 // unpackEvents decodes a journal message: one event, or as many as its
 // eventsHeader says.
 func unpackEvents(data []byte, h nats.Header) ([]store.Event, error) {
@@ -549,17 +535,17 @@ func unpackEvents(data []byte, h nats.Header) ([]store.Event, error) {
 		return nil, fmt.Errorf("journal message: bad %s header %q", eventsHeader, count)
 	}
 	evs := make([]store.Event, 0, n)
-	for len(data) > 0 {
-		size, k := binary.Uvarint(data)
-		if k <= 0 || size > uint64(len(data)-k) {
-			return nil, errors.New("journal message: truncated event")
-		}
-		ev, _, err := store.DecodeEvent(data[k : k+int(size) : k+int(size)])
-		if err != nil {
-			return nil, err
-		}
-		evs = append(evs, ev)
-		data = data[k+int(size):]
+	var undecodable error
+	err = store.EachPacked(data, func(enc []byte) error {
+		ev, _, err := store.DecodeEvent(enc)
+		evs, undecodable = append(evs, ev), err
+		return err
+	})
+	switch {
+	case undecodable != nil:
+		return nil, undecodable
+	case err != nil:
+		return nil, errors.New("journal message: truncated event")
 	}
 	if len(evs) != n {
 		return nil, fmt.Errorf("journal message: %d events, its header says %d", len(evs), n)

@@ -1,6 +1,8 @@
 package store
 
 import (
+	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -122,6 +124,39 @@ func CheckAppend(evs []Event) error {
 		if ev.RunID != evs[0].RunID || ev.Seq != evs[0].Seq+int64(i) {
 			return fmt.Errorf("appending to run %s: event %d of run %s does not follow event %d", evs[0].RunID, ev.Seq, ev.RunID, evs[0].Seq+int64(i)-1)
 		}
+	}
+	return nil
+}
+
+// PackEvents lays evs out one after the other, each its encoding after its
+// length (a uvarint): a JetStream journal message that holds several events,
+// and a finished run's journal in the memory store.
+func PackEvents(evs []Event) []byte {
+	n := 0
+	for _, ev := range evs {
+		n += protowire.SizeVarint(uint64(len(ev.Data))) + len(ev.Data)
+	}
+	b := make([]byte, 0, n)
+	for _, ev := range evs {
+		b = binary.AppendUvarint(b, uint64(len(ev.Data)))
+		b = append(b, ev.Data...)
+	}
+	return b
+}
+
+// EachPacked calls fn with each encoding PackEvents laid out in b, in order,
+// as a part of b; it stops at fn's first error, and fails on a b cut short.
+func EachPacked(b []byte, fn func(data []byte) error) error {
+	for len(b) > 0 {
+		size, k := binary.Uvarint(b)
+		if k <= 0 || size > uint64(len(b)-k) {
+			return errors.New("packed events: truncated event")
+		}
+		end := k + int(size)
+		if err := fn(b[k:end:end]); err != nil {
+			return err
+		}
+		b = b[end:]
 	}
 	return nil
 }

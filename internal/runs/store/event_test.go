@@ -1,6 +1,8 @@
 package store
 
 import (
+	"bytes"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -38,4 +40,28 @@ func TestEventStateIsTheEncodingOfTheCarriedState(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, other.StateBytes(), "attempt_started carries no state")
 	assert.Nil(t, Event{Data: []byte{0xff}}.StateBytes(), "garbage has no state")
+}
+
+// TestPackedEventsReadBackAndACutOneFails: EachPacked gives back each
+// encoding PackEvents laid out, in order, whatever its length (varints of
+// one to three bytes); a packing cut inside an event fails.
+func TestPackedEventsReadBackAndACutOneFails(t *testing.T) {
+	var evs []Event
+	for _, n := range []int{0, 1, 127, 128, 70_000} {
+		evs = append(evs, Event{Data: bytes.Repeat([]byte{byte(n)}, n)})
+	}
+	b := PackEvents(evs)
+	var got [][]byte
+	require.NoError(t, EachPacked(b, func(d []byte) error { got = append(got, d); return nil }))
+	require.Len(t, got, len(evs))
+	for i := range evs {
+		assert.Equal(t, evs[i].Data, got[i], "event %d", i)
+	}
+	// Inside the third event's bytes, inside the fourth's two-byte length,
+	// and the last byte gone.
+	for _, cut := range []int{5, 132, len(b) - 1} {
+		assert.Error(t, EachPacked(b[:cut], func([]byte) error { return nil }), "cut at %d", cut)
+	}
+	stop := errors.New("stop")
+	assert.ErrorIs(t, EachPacked(b, func([]byte) error { return stop }), stop)
 }
