@@ -267,7 +267,9 @@ func TestConsoleFailAndCancel(t *testing.T) {
 // slow with the race, echo once the delay had passed (slow still running).
 func TestConsoleHedgedRace(t *testing.T) {
 	s := startServer(t, setup{delegates: map[string]stubbornv1.DelegateServiceServer{
-		"slow": &demo.Slow{Delay: 200 * time.Millisecond}, // either pick succeeds: a tie of 0 in flight is drawn by weight
+		// Far slower than the hedge delay: echo, started after it, wins
+		// whatever the machine's load (a delay equal to it was a tie).
+		"slow": &demo.Slow{Delay: 2 * time.Second},
 		"echo": demo.Echo{},
 	}})
 	ctx := testCtx(t)
