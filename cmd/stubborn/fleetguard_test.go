@@ -144,12 +144,15 @@ func TestFleetGuardsCluster(t *testing.T) {
 			if !assert.Eventually(t, func() bool {
 				d := describeDelegate(ctx, r, "flaky")
 				return d.GetCircuitBreaker() == stubbornv1.BreakerState_BREAKER_STATE_OPEN && d.GetCircuitBreakerOpenedBy() == rs[0].owner
-			}, time.Second, 20*time.Millisecond, "%s sees the breaker r0 (%s) opened", r.name(), rs[0].owner) {
+			}, 2*time.Second, 20*time.Millisecond, "%s sees the breaker r0 (%s) opened", r.name(), rs[0].owner) {
 				logGuards(t, rs)
 				t.FailNow()
 			}
 		}
-		assert.Less(t, time.Since(opened), time.Second)
+		// Within the cooldown (3 s), with room for the refused calls below;
+		// 1 s was missed under CI's load (a watch made again after the
+		// node killed above takes up to a second more).
+		assert.Less(t, time.Since(opened), 2*time.Second)
 		mu.Lock()
 		before := len(flakyAt)
 		mu.Unlock()
