@@ -77,7 +77,7 @@ func TestFleetGuardsCluster(t *testing.T) {
     target: %q
     idempotent: true
     timeout: 5s
-    circuit_breaker: {consecutive_failures: 3, cooldown: 3s, probes: 2}
+    circuit_breaker: {consecutive_failures: 3, cooldown: 6s, probes: 2}
 `, limited, flaky), 0o600))
 	rs := startReplicas(t, c, []string{config, config, config}, 3*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -144,15 +144,16 @@ func TestFleetGuardsCluster(t *testing.T) {
 			if !assert.Eventually(t, func() bool {
 				d := describeDelegate(ctx, r, "flaky")
 				return d.GetCircuitBreaker() == stubbornv1.BreakerState_BREAKER_STATE_OPEN && d.GetCircuitBreakerOpenedBy() == rs[0].owner
-			}, 2*time.Second, 20*time.Millisecond, "%s sees the breaker r0 (%s) opened", r.name(), rs[0].owner) {
+			}, 4*time.Second, 20*time.Millisecond, "%s sees the breaker r0 (%s) opened", r.name(), rs[0].owner) {
 				logGuards(t, rs)
 				t.FailNow()
 			}
 		}
-		// Within the cooldown (3 s), with room for the refused calls below;
-		// 1 s was missed under CI's load (a watch made again after the
-		// node killed above takes up to a second more).
-		assert.Less(t, time.Since(opened), 2*time.Second)
+		// Within the cooldown (6 s), with room for the refused calls below:
+		// a watch that died with the node killed above is made again within
+		// about 3 s (fleetguard's lag check), and 1 s was missed under CI's
+		// load.
+		assert.Less(t, time.Since(opened), 5*time.Second)
 		mu.Lock()
 		before := len(flakyAt)
 		mu.Unlock()
@@ -167,7 +168,7 @@ func TestFleetGuardsCluster(t *testing.T) {
 
 		// After the cooldown: 2 probes in all, whatever replica asks.
 		flakyDown.Store(false)
-		time.Sleep(time.Until(opened.Add(3200 * time.Millisecond)))
+		time.Sleep(time.Until(opened.Add(6200 * time.Millisecond)))
 		var wg sync.WaitGroup
 		for i := range 9 {
 			wg.Go(func() { runThrough(ctx, t, rs[i%3], "flaky") })
@@ -207,7 +208,7 @@ func TestFleetGuardsCluster(t *testing.T) {
 		blackhole(rs[2], false)
 		require.Eventually(t, func() bool {
 			d := describeDelegate(ctx, rs[2], "flaky")
-			// Open, or half-open once its 3 s cooldown is over.
+			// Open, or half-open once its 6 s cooldown is over.
 			return d.GetGuardScope() == stubbornv1.GuardScope_GUARD_SCOPE_FLEET &&
 				d.GetCircuitBreaker() != stubbornv1.BreakerState_BREAKER_STATE_CLOSED && d.GetCircuitBreakerOpenedBy() == rs[0].owner
 		}, 30*time.Second, 100*time.Millisecond, "r2 rejoins and reads the breaker r0 opened")
