@@ -92,8 +92,11 @@ type indexer struct {
 	// the last is replaced), so that a follower sees every status a run
 	// goes through unless the index lags that far behind.
 	pending map[string][][]byte
-	// writing is the batch taken from pending that loop is writing.
+	// writing is the batch taken from pending that loop is writing;
+	// written is closed once that batch is written and checked for
+	// deleted runs (undeletedAll).
 	writing map[string][][]byte
+	written chan struct{}
 	// revs holds what this indexer wrote to each key of a run not ended,
 	// and at which revision (at most maxRevs): the run's next write
 	// expects it, rather than finds the key taken and reads it first.
@@ -217,8 +220,57 @@ func (x *indexer) noteEvents(evs []store.Event) {
 	}
 }
 
+// wroteBatch ends the batch in flight, if any: settle waits no more.
+func (x *indexer) wroteBatch() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.written != nil {
+		close(x.written)
+	}
+	x.writing, x.written = nil, nil
+}
+
+// settleWait bounds settle's wait for a batch in flight.
+const settleWait = indexAckWait + time.Second
+
+// settle drops run runID's states yet to be indexed and waits until no
+// batch in flight holds it (for up to settleWait, or ctx): DeleteRun
+// calls it after the run's tombstone, before the purge, so that no
+// summary of the run is written after the purge and seen until the
+// batch's check takes it back (undeletedAll). A write from elsewhere (a
+// takeover's indexEnd, another server's indexer) is still taken back that
+// way. It returns the last of the run's states it dropped or saw in
+// flight (nil if none): the deletion's purge marker is written under its
+// tenant's key even if no summary of the run was (unindexDeleted).
+func (x *indexer) settle(ctx context.Context, runID string) (last []byte) {
+	ctx, cancel := context.WithTimeout(ctx, settleWait)
+	defer cancel()
+	for {
+		x.mu.Lock()
+		if q := x.pending[runID]; len(q) > 0 {
+			last = q[len(q)-1]
+		}
+		delete(x.pending, runID)
+		q, inFlight := x.writing[runID]
+		if len(q) > 0 && last == nil {
+			last = q[len(q)-1]
+		}
+		written := x.written
+		x.mu.Unlock()
+		if !inFlight {
+			return last
+		}
+		select {
+		case <-written:
+		case <-ctx.Done():
+			return last
+		}
+	}
+}
+
 // loop writes what the store noted, in batches, until ctx ends.
 func (x *indexer) loop(ctx context.Context) {
+	defer x.wroteBatch() // one stopped halfway: nobody waits for it (settle)
 	for {
 		select {
 		case <-ctx.Done():
@@ -233,7 +285,7 @@ func (x *indexer) loop(ctx context.Context) {
 		x.mu.Lock()
 		batch := x.pending
 		x.pending = make(map[string][][]byte, len(batch))
-		x.writing = batch
+		x.writing, x.written = batch, make(chan struct{})
 		x.mu.Unlock()
 		var done []indexed
 		if !x.writeBatch(ctx, batch, &done) {
@@ -242,9 +294,7 @@ func (x *indexer) loop(ctx context.Context) {
 		if !x.undeletedAll(ctx, done) {
 			return
 		}
-		x.mu.Lock()
-		x.writing = nil
-		x.mu.Unlock()
+		x.wroteBatch()
 		if x.failing.Load() {
 			if !sleep(ctx, indexRetry) {
 				return

@@ -335,7 +335,7 @@ func (s *JetStream) purgeRun(ctx context.Context, runID string, seq uint64) (boo
 	}
 	// A NATS server older than 2.11: the purge marker Release left does
 	// not expire.
-	if err := s.purgeRecords(ctx, runID, seq, s.markerTTL == 0, false); err != nil {
+	if err := s.purgeRecords(ctx, runID, seq, s.markerTTL == 0, false, nil); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -349,11 +349,12 @@ func (s *JetStream) purgeRun(ctx context.Context, runID string, seq uint64) (boo
 //
 // A run deleted (DeleteRun, and again redoDeletes) leaves a purge marker
 // in the index instead of nothing: the index's followers are told of the
-// deletion (FollowSummaries). A run the janitor purges leaves none.
-func (s *JetStream) purgeRecords(ctx context.Context, runID string, seq uint64, owner, deleted bool) error {
+// deletion (FollowSummaries); last is the run's last state not yet
+// indexed, if any (indexer.settle). A run the janitor purges leaves none.
+func (s *JetStream) purgeRecords(ctx context.Context, runID string, seq uint64, owner, deleted bool, last []byte) error {
 	if validKey(runID) {
 		if deleted {
-			if err := s.unindexDeleted(ctx, runID); err != nil {
+			if err := s.unindexDeleted(ctx, runID, last); err != nil {
 				return fmt.Errorf("run %s: purging its summary: %w", runID, err)
 			}
 		}
@@ -397,12 +398,18 @@ func (s *JetStream) purgeRecords(ctx context.Context, runID string, seq uint64, 
 }
 
 // unindexDeleted replaces deleted run runID's summary in the index with a
-// purge marker (a rollup: the summaries before it go), if it has one.
-func (s *JetStream) unindexDeleted(ctx context.Context, runID string) error {
+// purge marker (a rollup: the summaries before it go), if it has one. One
+// never indexed gets a marker all the same if last, its last state this
+// server had yet to index, names its tenant: it was listed (ListRuns adds
+// the runs driven here), and the index's followers are told it is gone.
+func (s *JetStream) unindexDeleted(ctx context.Context, runID string, last []byte) error {
 	prefix := kvSubject(indexBucket, "")
 	msg, err := s.janitor.indexStream.GetLastMsgForSubject(ctx, prefix+"*."+runID)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
+		if id, tenant, _, ok := peekListing(last); ok && id == runID {
+			return s.index.kv.Purge(ctx, indexKey(tenant, runID))
+		}
 		return nil // never indexed, or purged already
 	case err != nil:
 		return err

@@ -13,8 +13,9 @@ import (
 // forgetSubject carries the ids of deleted runs to every server.
 const forgetSubject = "stubborn.forget"
 
-// DeleteRun implements runDeleter: the run's tombstone is written, then
-// its summary, state, owner entry and whole journal are purged, then every
+// DeleteRun implements runDeleter: the run's tombstone is written, its
+// summaries this server has yet to index are dropped (indexer.settle),
+// then its summary, state, owner entry and whole journal are purged, then every
 // server is told (tombstone.go: a crash at any step resumes nothing).
 func (s *JetStream) DeleteRun(ctx context.Context, runID string) error {
 	if !validKey(runID) {
@@ -26,7 +27,8 @@ func (s *JetStream) DeleteRun(ctx context.Context, runID string) error {
 	if err := s.crashAt("tombstone"); err != nil {
 		return err
 	}
-	if err := s.purgeRecords(ctx, runID, 0, true, true); err != nil {
+	last := s.index.settle(ctx, runID)
+	if err := s.purgeRecords(ctx, runID, 0, true, true, last); err != nil {
 		return err
 	}
 	return s.nc.Publish(forgetSubject, []byte(runID))

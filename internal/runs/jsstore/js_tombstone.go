@@ -84,7 +84,7 @@ func (s *JetStream) redoDeletes(ctx context.Context, log *slog.Logger) int {
 	for range redoDeletesWorkers {
 		wg.Go(func() {
 			for id := range ids {
-				if err := s.purgeRecords(ctx, id, 0, true, true); err != nil {
+				if err := s.purgeRecords(ctx, id, 0, true, true, nil); err != nil {
 					mu.Lock()
 					failed = err
 					mu.Unlock()
