@@ -477,7 +477,7 @@ type commandReply struct {
 }
 
 // Serve answers commands sent to owner until stop, once the NATS server
-// has the subscription.
+// has the subscription; stop returns once it has the unsubscription.
 func (s *JetStream) Serve(ctx context.Context, owner string, handle func(context.Context, *store.Command) (*stubbornv1.ControlState, error)) (func(), error) {
 	sub, err := s.nc.Subscribe(commandSubject+owner, func(msg *nats.Msg) {
 		go func() {
@@ -511,8 +511,21 @@ func (s *JetStream) Serve(ctx context.Context, owner string, handle func(context
 		_ = sub.Unsubscribe()
 		return nil, err
 	}
-	return func() { _ = sub.Unsubscribe() }, nil
+	return func() {
+		// Once the NATS server has the unsubscription: a command sent
+		// from then on finds no responder (Send: ErrNotServing) and waits
+		// for the run's next driver, rather than going to this connection,
+		// unanswered, until the sender's deadline.
+		_ = sub.Unsubscribe()
+		fctx, cancel := context.WithTimeout(context.Background(), unserveWait)
+		defer cancel()
+		_ = s.nc.FlushWithContext(fctx)
+	}, nil
 }
+
+// unserveWait bounds how long the end of Serve waits for the NATS server
+// to have the unsubscription (a connection down has none to send).
+const unserveWait = 2 * time.Second
 
 // Send asks owner to carry out cmd and waits for its answer.
 func (s *JetStream) Send(ctx context.Context, owner string, cmd *store.Command) (*stubbornv1.ControlState, error) {
