@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -65,8 +66,11 @@ type Fleet struct {
 	cfg      Config
 	nc       *nats.Conn
 	breakers jetstream.KeyValue
-	rates    jetstream.KeyValue
-	log      *slog.Logger
+	// stream is the breakers' bucket's stream, read by sequence when the
+	// watch lags (readMissed); nil if it could not be bound.
+	stream jetstream.Stream
+	rates  jetstream.KeyValue
+	log    *slog.Logger
 
 	mu          sync.Mutex
 	cache       map[string]cached // breaker records by delegate
@@ -128,6 +132,9 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Fleet, error) {
 		Bucket: breakersBucket, History: 1, Storage: st, Replicas: cfg.Replicas,
 	}); err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", breakersBucket, err)
+	}
+	if stream, err := js.Stream(ctx, kvStream(breakersBucket)); err == nil {
+		f.stream = stream
 	}
 	if f.rates, err = createBucket(ctx, js, jetstream.KeyValueConfig{
 		Bucket: ratesBucket, History: 1, Storage: st, Replicas: cfg.Replicas, TTL: ratesTTL,
@@ -242,6 +249,7 @@ func (f *Fleet) watchOnce(ctx context.Context, tick <-chan time.Time) {
 	// (its heartbeats are 5 s apart): the watch is made again at once.
 	reconnects := f.nc.Stats().Reconnects
 	lag := lagCheck{leader: floor.leader}
+	var read uint64 // the last sequence readMissed read
 	for {
 		select {
 		case <-ctx.Done():
@@ -259,9 +267,17 @@ func (f *Fleet) watchOnce(ctx context.Context, tick <-chan time.Time) {
 			// replica's connection lived (its stream's leader killed):
 			// nats.go would make it again only after two missed heartbeats.
 			if now := time.Now(); !initial && lag.due(now) {
-				if why := lag.stale(now, f.streamNow(ctx)); why != "" {
+				st := f.streamNow(ctx)
+				if why := lag.stale(now, st); why != "" {
 					f.log.Warn("the fleet's breakers watch is made again", "replica", f.cfg.Replica, "why", why)
 					return
+				}
+				// What the stream holds that the watch has not brought is
+				// read by sequence meanwhile: a watch whose consumer died
+				// is made again only lagFor later, and making it may wait
+				// on a cluster that lost a node.
+				if st.ok && st.last > max(lag.seen, read) {
+					read = f.readMissed(ctx, max(lag.seen, read)+1, st.last)
 				}
 			}
 		case e, ok := <-w.Updates():
@@ -281,15 +297,9 @@ func (f *Fleet) watchOnce(ctx context.Context, tick <-chan time.Time) {
 				f.mu.Unlock()
 				continue
 			}
-			name, err := keyName(e.Key())
-			if err != nil {
+			name, rec, ok := record(e.Key(), e.Operation() == jetstream.KeyValuePut, e.Value())
+			if !ok {
 				continue
-			}
-			var rec Breaker
-			if e.Operation() == jetstream.KeyValuePut {
-				if json.Unmarshal(e.Value(), &rec) != nil {
-					continue
-				}
 			}
 			if initial {
 				fresh[name] = cached{rec: rec, rev: e.Revision()}
@@ -379,6 +389,65 @@ func (f *Fleet) streamNow(ctx context.Context) streamState {
 	}
 	return out
 }
+
+// record decodes a breaker's entry: its key, whether it is a put (a
+// delete or a purge is the zero record: closed) and its value. ok is false
+// for an entry that is not a breaker's.
+func record(k string, put bool, v []byte) (name string, rec Breaker, ok bool) {
+	name, err := keyName(k)
+	if err != nil {
+		return "", Breaker{}, false
+	}
+	if put && json.Unmarshal(v, &rec) != nil {
+		return "", Breaker{}, false
+	}
+	return name, rec, true
+}
+
+// maxMissed bounds the sequences one readMissed reads: the last ones (the
+// watch made again brings all).
+const maxMissed = 64
+
+// readMissed reads the breakers' stream's messages from sequence from to
+// to by sequence (a direct read any of the stream's servers answers, no
+// consumer) and caches each record that is newer than the one cached, as
+// the watch would have. It returns the last sequence it read through:
+// to, or the one before a read that failed.
+func (f *Fleet) readMissed(ctx context.Context, from, to uint64) uint64 {
+	if f.stream == nil {
+		return from - 1
+	}
+	if to-from >= maxMissed {
+		from = to - maxMissed + 1
+	}
+	prefix := "$KV." + breakersBucket + "."
+	for seq := from; seq <= to; seq++ {
+		octx, cancel := opCtx(ctx)
+		m, err := f.stream.GetMsg(octx, seq)
+		cancel()
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // replaced by a later write of its key (History 1)
+		}
+		if err != nil {
+			return seq - 1
+		}
+		k, ok := strings.CutPrefix(m.Subject, prefix)
+		if !ok {
+			continue
+		}
+		put := m.Header.Get(kvOperation) == ""
+		if name, rec, ok := record(k, put, m.Data); ok {
+			f.put(name, rec, seq, true)
+		}
+	}
+	return to
+}
+
+// kvOperation is the header of a KV delete's or purge's marker.
+const kvOperation = "KV-Operation"
+
+// kvStream is the name of the stream that holds KV bucket b.
+func kvStream(b string) string { return "KV_" + b }
 
 // put caches a record read at rev, unless a later one is cached; from the
 // watch, a record another replica wrote is passed to OnBreaker.

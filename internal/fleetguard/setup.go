@@ -73,6 +73,11 @@ func bindBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyVa
 	return kv, info.Replicas == max(cfg.Replicas, 1) && info.Storage == cfg.Storage && info.MaxAge == cfg.TTL
 }
 
+// errCodeNoPeers is JetStream's "no suitable peers for placement" (a peer
+// offline, such as one of a cluster starting that has not joined yet):
+// nats.go names no constant for it.
+const errCodeNoPeers jetstream.ErrorCode = 10005
+
 // mayPass says whether a failed creation may succeed if made again.
 func mayPass(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
@@ -83,7 +88,7 @@ func mayPass(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
-		case jetstream.JSErrCodeStreamNameInUse, jetstream.JSErrCodeStreamNotFound:
+		case jetstream.JSErrCodeStreamNameInUse, jetstream.JSErrCodeStreamNotFound, errCodeNoPeers:
 			return true
 		}
 		return apiErr.Code == 500 || apiErr.Code == 503

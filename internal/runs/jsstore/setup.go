@@ -30,6 +30,10 @@ const (
 	setupTry      = 5 * time.Second
 )
 
+// errCodeNoPeers is JetStream's "no suitable peers for placement" (a peer
+// offline): nats.go names no constant for it.
+const errCodeNoPeers jetstream.ErrorCode = 10005
+
 // Backoff between tries: full jitter from setupBackoff, doubling up to
 // setupBackoffCap.
 const (
@@ -39,10 +43,11 @@ const (
 
 // setupRetries reports whether a failed creation may succeed if made
 // again: no answer in time, no responders, a 503, an asset that is being
-// created (or was just created differently) by another server, or one that
+// created (or was just created differently) by another server, one that
 // a server of a cluster does not know yet (stream not found: another
 // replica, started at the same moment, created it an instant ago, or this
-// one did and the cluster is still placing it).
+// one did and the cluster is still placing it), or too few servers up to
+// place its copies (one of a cluster starting has not joined yet).
 func setupRetries(err error) bool {
 	if transient(err) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
 		return true
@@ -50,7 +55,7 @@ func setupRetries(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
-		case jetstream.JSErrCodeStreamNameInUse, jetstream.JSErrCodeStreamNotFound:
+		case jetstream.JSErrCodeStreamNameInUse, jetstream.JSErrCodeStreamNotFound, errCodeNoPeers:
 			return true
 		}
 		// JetStream's own "temporarily unavailable" and "creation in

@@ -46,7 +46,8 @@ func TestAnUnansweredCreationIsBoundTo(t *testing.T) {
 
 // TestASetupStepTriesAgainWhatMayPass: what a cluster answers while
 // replicas create the store at the same moment (a stream another replica
-// creates, one not placed yet, no answer) is tried again; a request the
+// creates, one not placed yet, a peer not joined yet, no answer) is tried
+// again; a request the
 // server refuses for good is not.
 func TestASetupStepTriesAgainWhatMayPass(t *testing.T) {
 	for _, c := range []struct {
@@ -56,6 +57,7 @@ func TestASetupStepTriesAgainWhatMayPass(t *testing.T) {
 		{&jetstream.APIError{Code: 404, ErrorCode: jetstream.JSErrCodeStreamNotFound, Description: "stream not found"}, true},
 		{&jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamNameInUse, Description: "stream name already in use"}, true},
 		{&jetstream.APIError{Code: 503, Description: "JetStream system temporarily unavailable"}, true},
+		{&jetstream.APIError{Code: 400, ErrorCode: 10005, Description: "no suitable peers for placement, peer offline"}, true},
 		{context.DeadlineExceeded, true},
 		{&jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeBadRequest, Description: "bad request"}, false},
 		{errors.New("invalid configuration"), false},
